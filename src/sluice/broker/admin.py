@@ -1,0 +1,260 @@
+"""Topic administration on behalf of clients: create, delete, describe configs.
+
+Creation validates everything first (name, counts, assignment, every config value), then
+writes the topic's znode; the controller gives its partitions leaders, and the request waits
+(up to its timeout) until this broker's metadata shows them, as Kafka does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from sluice.cluster.assignment import AssignmentError, assign_replicas
+from sluice.cluster.layout import TopicAssignment
+from sluice.cluster.zkstore import TopicExistsError
+from sluice.protocol.errors import ErrorCode
+from sluice.storage.config import LogConfig, known_topic_configs
+
+if TYPE_CHECKING:
+    from sluice.broker.broker import Broker
+
+log = logging.getLogger("sluice.admin")
+
+TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+TOPIC_NAME_MAX = 249
+CONFIG_SOURCE_TOPIC = 1
+CONFIG_SOURCE_DEFAULT = 5
+CONFIG_SOURCE_STATIC_BROKER = 4
+
+#: Topic configs that are not log configs but that Sluice knows and validates.
+REPLICATION_CONFIGS: dict[str, tuple[str, str]] = {
+    "min.insync.replicas": ("1", "Fewest in-sync replicas that must have a record before acks=all succeeds."),
+    "unclean.leader.election.enable": ("false", "Allow an out-of-sync replica to lead (may lose data)."),
+}
+
+
+def validate_topic_name(name: str) -> str | None:
+    if not name:
+        return "topic name is empty"
+    if name in (".", ".."):
+        return f"topic name {name!r} is not allowed"
+    if len(name) > TOPIC_NAME_MAX:
+        return f"topic name is {len(name)} characters long; the limit is {TOPIC_NAME_MAX}"
+    if not TOPIC_NAME.match(name):
+        return f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'"
+    return None
+
+
+def validate_topic_config(config: dict[str, str], replication_factor: int) -> str | None:
+    known = known_topic_configs()
+    for key, value in config.items():
+        if key not in known and key not in REPLICATION_CONFIGS:
+            return f"unknown topic config {key!r}"
+    try:
+        LogConfig.from_topic_config({k: v for k, v in config.items() if k not in REPLICATION_CONFIGS})
+    except ValueError as exc:
+        return str(exc)
+    if "min.insync.replicas" in config:
+        try:
+            mir = int(config["min.insync.replicas"])
+        except ValueError:
+            return f"min.insync.replicas must be an integer, got {config['min.insync.replicas']!r}"
+        if mir < 1:
+            return f"min.insync.replicas must be at least 1, got {mir}"
+        if mir > replication_factor:
+            return (f"min.insync.replicas={mir} is larger than the replication factor {replication_factor}: "
+                    "no acks=all write could ever succeed")
+    if config.get("unclean.leader.election.enable", "false") not in ("true", "false"):
+        return "unclean.leader.election.enable must be true or false"
+    return None
+
+
+class TopicAdmin:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+
+    def default_replication_factor(self, live: int) -> int:
+        configured = self.broker.config.default_replication_factor
+        return configured if configured > 0 else max(1, min(3, live))
+
+    async def create_topics(self, topics: list[dict[str, Any]], timeout_ms: int, validate_only: bool) -> list[dict[str, Any]]:
+        results = []
+        created: list[str] = []
+        seen: set[str] = set()
+        for t in topics:
+            name = t["name"]
+            if name in seen:
+                results.append(self._create_error(name, ErrorCode.INVALID_REQUEST, "topic listed twice in one request"))
+                continue
+            seen.add(name)
+            outcome = await self._create_one(t, validate_only)
+            results.append(outcome)
+            if outcome["error_code"] == ErrorCode.NONE and not validate_only:
+                created.append(name)
+        if created:
+            await self._wait_for(lambda: all(self._has_leaders(n) for n in created), timeout_ms)
+            for r in results:
+                if r["name"] in created and not self._has_leaders(r["name"]):
+                    r["error_code"] = ErrorCode.REQUEST_TIMED_OUT
+                    r["error_message"] = "topic was created but its partitions have no leader yet"
+        return results
+
+    def _create_error(self, name: str, code: ErrorCode, message: str) -> dict[str, Any]:
+        return {"name": name, "error_code": code, "error_message": message, "num_partitions": -1,
+                "replication_factor": -1, "configs": [], "topic_id": uuid.UUID(int=0)}
+
+    async def _create_one(self, t: dict[str, Any], validate_only: bool) -> dict[str, Any]:
+        name = t["name"]
+        problem = validate_topic_name(name)
+        if problem:
+            return self._create_error(name, ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
+        if self.broker.metadata.topic(name) is not None:
+            return self._create_error(name, ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        live = sorted(self.broker.metadata.brokers())
+        config = {c["name"]: c["value"] for c in t.get("configs") or [] if c.get("value") is not None}
+        manual = t.get("assignments") or []
+        if manual:
+            if t.get("num_partitions", -1) != -1 or t.get("replication_factor", -1) != -1:
+                return self._create_error(name, ErrorCode.INVALID_REQUEST,
+                                          "give either an explicit assignment or counts, not both")
+            replicas = {a["partition_index"]: tuple(a["broker_ids"]) for a in manual}
+            if sorted(replicas) != list(range(len(replicas))):
+                return self._create_error(name, ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                                          "partition indexes must be 0..N-1")
+            sizes = {len(r) for r in replicas.values()}
+            if len(sizes) != 1 or any(len(set(r)) != len(r) for r in replicas.values()):
+                return self._create_error(name, ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                                          "every partition needs the same number of distinct replicas")
+            unknown = {b for r in replicas.values() for b in r} - set(live)
+            if unknown:
+                return self._create_error(name, ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                                          f"assignment names brokers that are not live: {sorted(unknown)}")
+            rf = sizes.pop()
+        else:
+            partitions = t.get("num_partitions", -1)
+            partitions = self.broker.config.num_partitions if partitions == -1 else partitions
+            rf = t.get("replication_factor", -1)
+            rf = self.default_replication_factor(len(live)) if rf == -1 else rf
+            if partitions < 1:
+                return self._create_error(name, ErrorCode.INVALID_PARTITIONS,
+                                          f"number of partitions must be at least 1, got {partitions}")
+            if rf < 1:
+                return self._create_error(name, ErrorCode.INVALID_REPLICATION_FACTOR,
+                                          f"replication factor must be at least 1, got {rf}")
+            try:
+                replicas = assign_replicas(live, partitions, rf, start_index=zlib.crc32(name.encode()) % max(1, len(live)))
+            except AssignmentError as exc:
+                return self._create_error(name, ErrorCode.INVALID_REPLICATION_FACTOR, str(exc))
+        if rf >= 3 and "min.insync.replicas" not in config:
+            # Cluster default for replicated topics (incident A): an acks=all write must reach
+            # at least two replicas, so one failure cannot lose it.
+            config["min.insync.replicas"] = "2"
+        problem = validate_topic_config(config, rf)
+        if problem:
+            return self._create_error(name, ErrorCode.INVALID_CONFIG, problem)
+        assignment = TopicAssignment(name, uuid.uuid4(), replicas, config)
+        if not validate_only:
+            try:
+                await asyncio.to_thread(self.broker.store.create_topic, assignment)
+            except TopicExistsError as exc:
+                return self._create_error(name, ErrorCode.TOPIC_ALREADY_EXISTS, str(exc))
+            log.info("event=topic_created topic=%s partitions=%d replication_factor=%d config=%s",
+                     name, len(replicas), rf, config)
+        return {
+            "name": name,
+            "topic_id": assignment.topic_id,
+            "error_code": ErrorCode.NONE,
+            "error_message": None,
+            "num_partitions": len(replicas),
+            "replication_factor": rf,
+            "configs": [
+                {"name": k, "value": v, "read_only": False, "config_source": CONFIG_SOURCE_TOPIC, "is_sensitive": False}
+                for k, v in sorted(config.items())
+            ],
+        }
+
+    async def auto_create(self, names: list[str]) -> None:
+        await self.create_topics([{"name": n, "num_partitions": -1, "replication_factor": -1} for n in names],
+                                 5000, False)
+
+    def _has_leaders(self, name: str) -> bool:
+        parts = self.broker.metadata.partitions(name)
+        return bool(parts) and all(p.state is not None and p.state.leader >= 0 for p in parts)
+
+    async def _wait_for(self, condition: Any, timeout_ms: int) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0, timeout_ms) / 1000.0
+        while not condition():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def delete_topics(self, names: list[str], timeout_ms: int) -> list[dict[str, Any]]:
+        results = []
+        marked = []
+        for name in names:
+            assignment = self.broker.metadata.topic(name)
+            if assignment is None:
+                results.append({"name": name, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                "error_message": f"topic {name!r} does not exist", "topic_id": uuid.UUID(int=0)})
+                continue
+            await asyncio.to_thread(self.broker.store.mark_topic_for_deletion, name)
+            log.info("event=topic_marked_for_deletion topic=%s", name)
+            marked.append(name)
+            results.append({"name": name, "error_code": ErrorCode.NONE, "error_message": None,
+                            "topic_id": assignment.topic_id})
+        if marked:
+            done = await self._wait_for(lambda: all(self.broker.metadata.topic(n) is None for n in marked), timeout_ms)
+            if not done:
+                for r in results:
+                    if r["name"] in marked and self.broker.metadata.topic(r["name"]) is not None:
+                        r["error_code"] = ErrorCode.REQUEST_TIMED_OUT
+        return results
+
+    def describe_topic_config(self, name: str) -> tuple[list[dict[str, Any]], ErrorCode, str | None]:
+        assignment = self.broker.metadata.topic(name)
+        if assignment is None:
+            return [], ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+        entries = []
+        catalogue = dict(known_topic_configs())
+        catalogue.update(REPLICATION_CONFIGS)
+        for key, (default, doc) in sorted(catalogue.items()):
+            overridden = key in assignment.config
+            entries.append({
+                "name": key,
+                "value": assignment.config[key] if overridden else default,
+                "read_only": False,
+                "is_default": not overridden,
+                "config_source": CONFIG_SOURCE_TOPIC if overridden else CONFIG_SOURCE_DEFAULT,
+                "is_sensitive": False,
+                "synonyms": [],
+                "config_type": 0,
+                "documentation": doc,
+            })
+        return entries, ErrorCode.NONE, None
+
+    def describe_broker_config(self, name: str) -> tuple[list[dict[str, Any]], ErrorCode, str | None]:
+        cfg = self.broker.config
+        if name not in ("", str(cfg.broker_id)):
+            return [], ErrorCode.INVALID_REQUEST, f"this is broker {cfg.broker_id}, not {name}"
+        values = {
+            "broker.id": str(cfg.broker_id),
+            "log.dirs": str(cfg.data_dir),
+            "num.partitions": str(cfg.num_partitions),
+            "auto.create.topics.enable": str(cfg.auto_create_topics).lower(),
+            "socket.request.max.bytes": str(cfg.socket_request_max_bytes),
+            "zookeeper.connect": cfg.zookeeper,
+            "offsets.topic.num.partitions": str(cfg.offsets_topic_partitions),
+        }
+        return [
+            {"name": k, "value": v, "read_only": True, "is_default": False,
+             "config_source": CONFIG_SOURCE_STATIC_BROKER, "is_sensitive": False, "synonyms": [],
+             "config_type": 0, "documentation": None}
+            for k, v in sorted(values.items())
+        ], ErrorCode.NONE, None

@@ -1,0 +1,206 @@
+"""One broker process: its ZooKeeper session, logs, controller candidacy and Kafka listener.
+
+Start-up order follows Kafka's: lock the data directory, reach ZooKeeper and refuse a
+duplicate broker id, recover every local log, listen, register the ephemeral broker znode,
+then follow the cluster's metadata (which makes this broker leader of its partitions) and
+stand for controller. Shutdown closes logs cleanly so the next start skips recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from kazoo.exceptions import NoNodeError
+
+from sluice.broker.admin import TopicAdmin
+from sluice.broker.config import BrokerConfig
+from sluice.broker.metadata import MetadataCache
+from sluice.broker.producer_ids import ProducerIdManager
+from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.server import KafkaServer
+from sluice.cluster import layout
+from sluice.cluster.controller import Controller
+from sluice.cluster.layout import BrokerRegistration
+from sluice.cluster.zkstore import BrokerIdInUseError, ZkStore
+
+log = logging.getLogger("sluice.broker")
+
+LOCK_FILE = ".lock"
+
+
+class DataDirInUseError(RuntimeError):
+    pass
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.store = ZkStore(config.zookeeper, session_timeout_s=config.zk_session_timeout_s)
+        self.metadata = MetadataCache(self.store, self._on_metadata_change)
+        self.replicas = ReplicaManager(config.broker_id, config.data_dir, self.metadata)
+        self.admin = TopicAdmin(self)
+        self.producer_ids = ProducerIdManager(self.store, config.broker_id)
+        self.controller = Controller(self.store, config.broker_id, sweep_interval_s=config.controller_sweep_interval_s)
+        self.server = KafkaServer(self)
+        self.stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._lock_fd: int | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(sig, self.request_stop)
+        self._lock_data_dir()
+        await asyncio.to_thread(self.store.start)
+        try:
+            await asyncio.to_thread(self._refuse_duplicate_id)
+            known = await asyncio.to_thread(self._known_topics)
+            self.replicas.load_local_logs(known)
+            await self.server.start(self.config.host, self.config.port)
+            host, port = self.config.advertised
+            reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)
+            epoch = await asyncio.to_thread(self.store.register_broker, reg)
+            self.store.client.add_listener(self._on_session_state)
+            await asyncio.to_thread(self.metadata.start)
+            self.controller.start()
+            log.info(
+                "event=broker_started id=%d listen=%s:%d broker_epoch=%d zookeeper=%s pid=%d",
+                self.config.broker_id, host, port, epoch, self.store.address, os.getpid(),
+            )
+            await self._housekeeping_until_stopped()
+        finally:
+            await self._shutdown()
+
+    def request_stop(self) -> None:
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def _housekeeping_until_stopped(self) -> None:
+        assert self._stop_event is not None
+        flush_every = self.config.flush_check_interval_ms / 1000.0
+        next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1000.0
+        while not self._stop_event.is_set():
+            try:
+                await asyncio.wait_for(self._stop_event.wait(), timeout=flush_every)
+            except TimeoutError:
+                pass
+            now_ms = int(time.time() * 1000)
+            self.replicas.flush_due(now_ms)
+            if time.monotonic() >= next_retention:
+                self.replicas.enforce_retention(now_ms)
+                next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1000.0
+
+    async def _shutdown(self) -> None:
+        self.stopping = True
+        log.info("event=broker_stopping id=%d", self.config.broker_id)
+        await self.server.stop()
+        await asyncio.to_thread(self.controller.stop)
+        self.replicas.close_all()
+        await asyncio.to_thread(self.store.stop)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        log.info("event=broker_stopped id=%d", self.config.broker_id)
+
+    # -- start-up checks -------------------------------------------------------------------------
+
+    def _lock_data_dir(self) -> None:
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        path = Path(self.config.data_dir) / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirInUseError(
+                f"data directory {self.config.data_dir} is in use by another running broker; "
+                "each broker needs its own --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _refuse_duplicate_id(self) -> None:
+        try:
+            data, stat = self.store.client.get(layout.broker_path(self.config.broker_id))
+        except NoNodeError:
+            return
+        if stat.ephemeralOwner == self.store.session_id:
+            return
+        other = BrokerRegistration.decode(self.config.broker_id, data)
+        raise BrokerIdInUseError(
+            f"broker id {self.config.broker_id} is already registered by a live broker at "
+            f"{other.host}:{other.port} (pid {other.pid}); refusing to start a second broker with "
+            "the same id. Stop that broker or pick another --id."
+        )
+
+    def _known_topics(self) -> dict[str, layout.TopicAssignment]:
+        result = {}
+        for name in self.store.topics():
+            t = self.store.topic(name)
+            if t is not None:
+                result[name] = t
+        return result
+
+    # -- cluster events --------------------------------------------------------------------------
+
+    def _on_metadata_change(self, kind: str, topic: str, partition: int) -> None:
+        """Called on kazoo's thread: hand the change to the event loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._apply_metadata_change, kind, topic, partition)
+        except RuntimeError:
+            pass
+
+    def _apply_metadata_change(self, kind: str, topic: str, partition: int) -> None:
+        if self.stopping:
+            return
+        try:
+            if kind == "partition":
+                self.replicas.on_partition_state(topic, partition)
+            elif kind == "topic":
+                assignment = self.metadata.topic(topic)
+                for p in assignment.replicas if assignment else ():
+                    self.replicas.on_partition_state(topic, p)
+            elif kind == "topic_deleted":
+                self.replicas.on_topic_deleted(topic)
+        except Exception:
+            log.exception("event=metadata_change_failed kind=%s topic=%s partition=%d", kind, topic, partition)
+
+    def _on_session_state(self, state: str) -> None:
+        # A lost session drops our ephemeral znode; when it comes back, register again.
+        from kazoo.protocol.states import KazooState
+
+        if state == KazooState.LOST:
+            log.warning("event=zookeeper_session_lost id=%d", self.config.broker_id)
+        elif state == KazooState.CONNECTED and self._loop is not None and not self.stopping:
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._reregister()))
+
+    async def _reregister(self) -> None:
+        host, port = self.config.advertised
+        reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)
+        try:
+            await asyncio.to_thread(self.store.register_broker, reg)
+        except BrokerIdInUseError as exc:
+            log.error("event=reregister_refused id=%d error=%s", self.config.broker_id, exc)
+            self.request_stop()
+        except Exception as exc:
+            log.warning("event=reregister_failed id=%d error=%r", self.config.broker_id, exc)
+
+
+def run_broker(config: BrokerConfig) -> None:
+    """Run one broker in the foreground until SIGTERM/SIGINT."""
+    import uvloop
+
+    uvloop.run(Broker(config).run())

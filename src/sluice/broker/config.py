@@ -1,0 +1,43 @@
+"""Broker configuration: what one broker process needs to know about itself and its cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Kafka's default for ``socket.request.max.bytes``: frames above it close the connection.
+SOCKET_REQUEST_MAX_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    broker_id: int
+    data_dir: Path
+    zookeeper: str
+    host: str = "127.0.0.1"
+    port: int = 9092
+    advertised_host: str | None = None
+    rack: str | None = None
+    zk_session_timeout_s: float = 6.0
+    socket_request_max_bytes: int = SOCKET_REQUEST_MAX_BYTES
+    #: Partitions of a topic created without a count (Kafka's ``num.partitions``).
+    num_partitions: int = 1
+    #: ``-1``: min(3, live brokers), which is Kafka's behaviour for ``default.replication.factor``
+    #: on a cluster of three or more and the only workable value on a smaller one.
+    default_replication_factor: int = -1
+    auto_create_topics: bool = False
+    offsets_topic_partitions: int = 50
+    flush_check_interval_ms: int = 1000
+    retention_check_interval_ms: int = 60_000
+    #: Period of the controller's leaderless-partition sweep (I5).
+    controller_sweep_interval_s: float = 2.0
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return (self.advertised_host or self.host, self.port)
+
+    def __post_init__(self) -> None:
+        if self.broker_id < 0:
+            raise ValueError(f"broker id must be >= 0, got {self.broker_id}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")

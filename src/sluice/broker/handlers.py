@@ -1,0 +1,288 @@
+"""Request handlers: one coroutine per Kafka API, from a decoded request dict to a response dict.
+
+Handlers validate what the client sent, call the replica manager or the admin paths, and
+answer with the error codes real clients understand. A handler never raises for bad client
+input; an exception out of a handler is a Sluice bug, logged by the server, which then closes
+that one connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
+from sluice.protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from sluice.broker.broker import Broker
+
+log = logging.getLogger("sluice.handlers")
+
+Body = dict[str, Any]
+Handler = Callable[["Broker", RequestHeader, Body], Awaitable[Body | None]]
+
+ZERO_UUID = uuid.UUID(int=0)
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+
+
+async def api_versions(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    return {
+        "error_code": ErrorCode.NONE,
+        "api_keys": [
+            {"api_key": int(k), "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED.items())
+        ],
+        "throttle_time_ms": 0,
+    }
+
+
+async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    cache = broker.metadata
+    requested = req.get("topics")
+    all_topics = cache.topics()
+    names: list[str | None]
+    if requested is None:
+        names = sorted(all_topics)
+    else:
+        names = []
+        for t in requested:
+            name = t.get("name")
+            if name is None and t.get("topic_id") not in (None, ZERO_UUID):
+                found = cache.topic_by_id(t["topic_id"])
+                name = found.name if found else None
+            names.append(name)
+    if requested and req.get("allow_auto_topic_creation") and broker.config.auto_create_topics:
+        missing = [n for n in names if n and n not in all_topics]
+        if missing:
+            await broker.admin.auto_create(missing)
+            all_topics = cache.topics()
+    live = cache.brokers()
+    topics = []
+    for name in names:
+        assignment = all_topics.get(name) if name else None
+        if assignment is None:
+            topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "topic_id": ZERO_UUID,
+                           "is_internal": False, "partitions": []})
+            continue
+        partitions = []
+        for info in cache.partitions(assignment.name):
+            state = info.state
+            leader = state.leader if state else -1
+            error = ErrorCode.NONE if leader >= 0 and leader in live else ErrorCode.LEADER_NOT_AVAILABLE
+            partitions.append({
+                "error_code": error,
+                "partition_index": info.partition,
+                "leader_id": leader if error is ErrorCode.NONE else -1,
+                "leader_epoch": state.leader_epoch if state else -1,
+                "replica_nodes": list(info.replicas),
+                "isr_nodes": list(state.isr) if state else [],
+                "offline_replicas": [r for r in info.replicas if r not in live],
+            })
+        topics.append({
+            "error_code": ErrorCode.NONE,
+            "name": assignment.name,
+            "topic_id": assignment.topic_id,
+            "is_internal": assignment.name.startswith("__"),
+            "partitions": partitions,
+        })
+    return {
+        "throttle_time_ms": 0,
+        "brokers": [
+            {"node_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
+            for b in sorted(live.values(), key=lambda b: b.broker_id)
+        ],
+        "cluster_id": cache.cluster_id,
+        "controller_id": cache.controller_id,
+        "topics": topics,
+    }
+
+
+async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | None:
+    acks = req["acks"]
+    responses = []
+    if req.get("transactional_id") is not None:
+        log.info("event=produce_rejected reason=transactions_unsupported client=%s", header.client_id)
+    for topic in req["topic_data"]:
+        name = topic["name"]
+        parts = []
+        for pd in topic["partition_data"]:
+            if acks not in (0, 1, -1):
+                parts.append({"index": pd["index"], "error_code": ErrorCode.INVALID_REQUIRED_ACKS, "base_offset": -1})
+                continue
+            if req.get("transactional_id") is not None:
+                parts.append({"index": pd["index"], "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                              "base_offset": -1,
+                              "error_message": "Sluice does not support transactional producers"})
+                continue
+            result = broker.replicas.append(name, pd["index"], pd["records"])
+            parts.append({
+                "index": pd["index"],
+                "error_code": result.error,
+                "base_offset": result.base_offset,
+                "log_append_time_ms": result.log_append_time,
+                "log_start_offset": result.log_start_offset,
+                "error_message": result.message,
+            })
+        responses.append({"name": name, "partition_responses": parts})
+    if acks == 0:
+        return None
+    return {"responses": responses, "throttle_time_ms": 0}
+
+
+async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0, req["max_wait_ms"]) / 1000.0
+    min_bytes = max(0, req["min_bytes"])
+    max_bytes = req["max_bytes"] if req.get("max_bytes", 0) > 0 else 50 * 1024 * 1024
+    requested = []
+    for t in req["topics"]:
+        name = t.get("topic") or ""
+        if not name and t.get("topic_id") not in (None, ZERO_UUID):
+            found = broker.metadata.topic_by_id(t["topic_id"])
+            name = found.name if found else ""
+        for p in t["partitions"]:
+            requested.append((name, t, p))
+    while True:
+        total = 0
+        responses: dict[str, list[Body]] = {}
+        topic_ids: dict[str, Any] = {}
+        for name, t, p in requested:
+            remaining = max_bytes - total
+            result = broker.replicas.read(
+                name, p["partition"], p["fetch_offset"], min(p["partition_max_bytes"], max(0, remaining)),
+                p.get("current_leader_epoch", -1), min_one_batch=(total == 0),
+            )
+            total += result.size
+            records = result.records.chunks if result.records is not None else b""
+            responses.setdefault(name, []).append({
+                "partition_index": p["partition"],
+                "error_code": result.error,
+                "high_watermark": result.high_watermark,
+                "last_stable_offset": result.high_watermark,
+                "log_start_offset": result.log_start_offset,
+                "aborted_transactions": [] if req.get("isolation_level", 0) == 1 else None,
+                "preferred_read_replica": -1,
+                "records": records,
+            })
+            topic_ids[name] = t.get("topic_id", ZERO_UUID)
+        has_error = any(p["error_code"] != ErrorCode.NONE for ps in responses.values() for p in ps)
+        now = loop.time()
+        if total >= min_bytes or has_error or now >= deadline or not requested:
+            break
+        waiter: asyncio.Future[None] = loop.create_future()
+        broker.replicas.add_waiter([(name, p["partition"]) for name, _, p in requested], waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout=deadline - now)
+        except TimeoutError:
+            pass
+        if broker.stopping:
+            break
+    return {
+        "throttle_time_ms": 0,
+        "error_code": ErrorCode.NONE,
+        "session_id": 0,
+        "responses": [
+            {"topic": name, "topic_id": topic_ids[name], "partitions": parts} for name, parts in responses.items()
+        ],
+    }
+
+
+async def list_offsets(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    topics = []
+    for t in req["topics"]:
+        parts = []
+        for p in t["partitions"]:
+            error, ts, offset, epoch = broker.replicas.list_offset(
+                t["name"], p["partition_index"], p["timestamp"], p.get("current_leader_epoch", -1)
+            )
+            parts.append({
+                "partition_index": p["partition_index"],
+                "error_code": error,
+                "timestamp": ts,
+                "offset": offset,
+                "leader_epoch": epoch,
+                "old_style_offsets": [offset] if offset >= 0 else [],
+            })
+        topics.append({"name": t["name"], "partitions": parts})
+    return {"throttle_time_ms": 0, "topics": topics}
+
+
+async def create_topics(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    results = await broker.admin.create_topics(req["topics"], req.get("timeout_ms", 30000), req.get("validate_only", False))
+    return {"throttle_time_ms": 0, "topics": results}
+
+
+async def delete_topics(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    names: list[str] = list(req.get("topic_names") or [])
+    for t in req.get("topics") or []:
+        name = t.get("name")
+        if name is None and t.get("topic_id") not in (None, ZERO_UUID):
+            found = broker.metadata.topic_by_id(t["topic_id"])
+            name = found.name if found else None
+        if name is not None:
+            names.append(name)
+    results = await broker.admin.delete_topics(names, req.get("timeout_ms", 30000))
+    return {"throttle_time_ms": 0, "responses": results}
+
+
+async def init_producer_id(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    if req.get("transactional_id") is not None:
+        log.info("event=init_producer_id_rejected reason=transactions_unsupported client=%s", header.client_id)
+        return {"throttle_time_ms": 0, "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                "producer_id": -1, "producer_epoch": -1}
+    pid = req.get("producer_id", -1)
+    epoch = req.get("producer_epoch", -1)
+    if pid is not None and pid >= 0:
+        # KIP-360: an idempotent producer may bump its epoch to reset its sequence numbers.
+        if epoch >= 32766:
+            pid, epoch = await broker.producer_ids.next_id(), 0
+        else:
+            epoch += 1
+    else:
+        pid, epoch = await broker.producer_ids.next_id(), 0
+    return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "producer_id": pid, "producer_epoch": epoch}
+
+
+async def describe_configs(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    results = []
+    for res in req["resources"]:
+        rtype, rname = res["resource_type"], res["resource_name"]
+        keys = res.get("configuration_keys")
+        if rtype == RESOURCE_TOPIC:
+            entries, error, message = broker.admin.describe_topic_config(rname)
+        elif rtype == RESOURCE_BROKER:
+            entries, error, message = broker.admin.describe_broker_config(rname)
+        else:
+            entries, error, message = [], ErrorCode.INVALID_REQUEST, f"resource type {rtype} is not supported"
+        if keys is not None:
+            entries = [e for e in entries if e["name"] in keys]
+        results.append({
+            "error_code": error,
+            "error_message": message,
+            "resource_type": rtype,
+            "resource_name": rname,
+            "configs": entries,
+        })
+    return {"throttle_time_ms": 0, "results": results}
+
+
+HANDLERS: dict[int, Handler] = {
+    ApiKey.API_VERSIONS: api_versions,
+    ApiKey.METADATA: metadata,
+    ApiKey.PRODUCE: produce,
+    ApiKey.FETCH: fetch,
+    ApiKey.LIST_OFFSETS: list_offsets,
+    ApiKey.CREATE_TOPICS: create_topics,
+    ApiKey.DELETE_TOPICS: delete_topics,
+    ApiKey.INIT_PRODUCER_ID: init_producer_id,
+    ApiKey.DESCRIBE_CONFIGS: describe_configs,
+}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

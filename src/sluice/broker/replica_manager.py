@@ -1,0 +1,234 @@
+"""The partitions this broker hosts, and the produce, fetch and list-offsets paths over them.
+
+Runs on the broker's event loop. Leadership comes from the partition states in ZooKeeper (via
+the metadata cache); a state with an older leader epoch than the one this broker already
+acted on is refused (a stale controller's decision must not undo a newer one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.broker.metadata import MetadataCache
+from sluice.broker.partition import Partition, parse_partition_dir_name
+from sluice.cluster.layout import TopicAssignment
+from sluice.protocol.errors import ErrorCode
+from sluice.storage import errors as storage_errors
+from sluice.storage.log import ReadResult
+
+log = logging.getLogger("sluice.replica_manager")
+
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    error: ErrorCode
+    base_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    error: ErrorCode
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: ReadResult | None = None
+
+    @property
+    def size(self) -> int:
+        return self.records.size_bytes if self.records is not None else 0
+
+
+class ReplicaManager:
+    def __init__(self, broker_id: int, data_dir: Path, metadata: MetadataCache):
+        self.broker_id = broker_id
+        self.data_dir = data_dir
+        self.metadata = metadata
+        self.partitions: dict[tuple[str, int], Partition] = {}
+
+    # -- startup ---------------------------------------------------------------------------------
+
+    def load_local_logs(self, known_topics: dict[str, TopicAssignment]) -> None:
+        """Open (and so recover) every partition directory; delete those of deleted topics."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        for directory in sorted(self.data_dir.iterdir()):
+            if not directory.is_dir():
+                continue
+            parsed = parse_partition_dir_name(directory.name)
+            if parsed is None:
+                continue
+            topic, index = parsed
+            topic_id = Partition.read_topic_id(directory)
+            assignment = known_topics.get(topic)
+            if assignment is None or (topic_id is not None and topic_id != assignment.topic_id):
+                log.info("event=stray_log_deleted dir=%s reason=topic_deleted_or_recreated", directory.name)
+                shutil.rmtree(directory, ignore_errors=True)
+                continue
+            started = time.monotonic()
+            part = Partition.open(self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id)
+            self.partitions[(topic, index)] = part
+            log.info(
+                "event=log_loaded partition=%s log_start=%d log_end=%d took_ms=%d",
+                part.name, part.log.log_start_offset, part.log.log_end_offset,
+                (time.monotonic() - started) * 1000,
+            )
+
+    # -- reacting to cluster metadata --------------------------------------------------------------
+
+    def on_partition_state(self, topic: str, index: int) -> None:
+        assignment = self.metadata.topic(topic)
+        current = self.metadata.partition_state(topic, index)
+        if assignment is None or current is None:
+            return
+        replicas = assignment.replicas.get(index, ())
+        if self.broker_id not in replicas:
+            return
+        state, _ = current
+        part = self.partitions.get((topic, index))
+        if part is None:
+            part = Partition.open(self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id)
+            self.partitions[(topic, index)] = part
+        if state.leader_epoch < part.leader_epoch:
+            log.warning(
+                "event=stale_leader_epoch_refused partition=%s epoch=%d current=%d",
+                part.name, state.leader_epoch, part.leader_epoch,
+            )
+            return
+        if state.leader == self.broker_id:
+            if not part.is_leader or state.leader_epoch > part.leader_epoch:
+                part.become_leader(state.leader_epoch, state.isr, replicas)
+            else:
+                part.isr = state.isr
+        elif part.is_leader or state.leader_epoch > part.leader_epoch:
+            part.become_follower(state.leader, state.leader_epoch, replicas)
+
+    def on_topic_deleted(self, topic: str) -> None:
+        for key in [k for k in self.partitions if k[0] == topic]:
+            part = self.partitions.pop(key)
+            part.close()
+            part.log.delete()
+            log.info("event=log_deleted partition=%s", part.name)
+
+    def leader_partition(self, topic: str, index: int) -> tuple[Partition | None, ErrorCode]:
+        part = self.partitions.get((topic, index))
+        if part is not None and part.is_leader:
+            return part, ErrorCode.NONE
+        assignment = self.metadata.topic(topic)
+        if assignment is None or index not in assignment.replicas:
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+    # -- produce -----------------------------------------------------------------------------------
+
+    def append(self, topic: str, index: int, records: memoryview | bytes | None) -> ProduceResult:
+        part, error = self.leader_partition(topic, index)
+        if part is None:
+            return ProduceResult(error)
+        if records is None or len(records) == 0:
+            return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message="the request carried no record batch")
+        try:
+            info = part.append(records)
+        except storage_errors.RecordTooLargeError as exc:
+            return ProduceResult(ErrorCode.MESSAGE_TOO_LARGE, message=str(exc))
+        except storage_errors.OutOfOrderSequenceError as exc:
+            return ProduceResult(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, message=str(exc))
+        except storage_errors.InvalidProducerEpochError as exc:
+            return ProduceResult(ErrorCode.INVALID_PRODUCER_EPOCH, message=str(exc))
+        except (storage_errors.CorruptRecordError, storage_errors.InvalidRecordError) as exc:
+            log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
+            return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))
+        return ProduceResult(ErrorCode.NONE, info.first_offset, info.log_append_time, part.log.log_start_offset)
+
+    # -- fetch -------------------------------------------------------------------------------------
+
+    def read(
+        self, topic: str, index: int, offset: int, max_bytes: int, current_leader_epoch: int, min_one_batch: bool
+    ) -> FetchResult:
+        part, error = self.leader_partition(topic, index)
+        if part is None:
+            return FetchResult(error)
+        epoch_error = self.check_leader_epoch(part, current_leader_epoch)
+        if epoch_error is not ErrorCode.NONE:
+            return FetchResult(epoch_error, part.high_watermark, part.log.log_start_offset)
+        if offset > part.high_watermark and offset <= part.log.log_end_offset:
+            # Data past the high watermark exists but is not committed yet: nothing to return.
+            return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset)
+        try:
+            result = part.read(offset, max_bytes, min_one_batch=min_one_batch)
+        except storage_errors.OffsetOutOfRangeError:
+            return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, part.high_watermark, part.log.log_start_offset)
+        return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset, result)
+
+    @staticmethod
+    def check_leader_epoch(part: Partition, current_leader_epoch: int) -> ErrorCode:
+        if current_leader_epoch < 0 or current_leader_epoch == part.leader_epoch:
+            return ErrorCode.NONE
+        if current_leader_epoch < part.leader_epoch:
+            return ErrorCode.FENCED_LEADER_EPOCH
+        return ErrorCode.UNKNOWN_LEADER_EPOCH
+
+    def add_waiter(self, keys: list[tuple[str, int]], fut: asyncio.Future[None]) -> None:
+        for key in keys:
+            part = self.partitions.get(key)
+            if part is not None:
+                part.add_waiter(fut)
+
+    # -- list offsets ------------------------------------------------------------------------------
+
+    def list_offset(
+        self, topic: str, index: int, timestamp: int, current_leader_epoch: int
+    ) -> tuple[ErrorCode, int, int, int]:
+        """(error, timestamp, offset, leader_epoch) for one partition."""
+        part, error = self.leader_partition(topic, index)
+        if part is None:
+            return error, -1, -1, -1
+        epoch_error = self.check_leader_epoch(part, current_leader_epoch)
+        if epoch_error is not ErrorCode.NONE:
+            return epoch_error, -1, -1, -1
+        if timestamp == LATEST_TIMESTAMP:
+            return ErrorCode.NONE, -1, part.high_watermark, part.leader_epoch
+        if timestamp == EARLIEST_TIMESTAMP:
+            return ErrorCode.NONE, -1, part.log.log_start_offset, part.leader_epoch
+        if timestamp == MAX_TIMESTAMP:
+            found = part.log.max_timestamp_offset() if hasattr(part.log, "max_timestamp_offset") else None
+            if found is None:
+                return ErrorCode.NONE, -1, -1, part.leader_epoch
+            return ErrorCode.NONE, found[1], found[0], part.leader_epoch
+        if timestamp < 0:
+            return ErrorCode.INVALID_REQUEST, -1, -1, -1
+        hit = part.log.offset_for_timestamp(timestamp)
+        if hit is None or hit[0] >= part.high_watermark:
+            return ErrorCode.NONE, -1, -1, part.leader_epoch
+        return ErrorCode.NONE, hit[1], hit[0], part.leader_epoch
+
+    # -- housekeeping ------------------------------------------------------------------------------
+
+    def flush_due(self, now_ms: int) -> None:
+        for part in list(self.partitions.values()):
+            if part.log.needs_flush_by_time(now_ms):
+                part.log.flush()
+
+    def enforce_retention(self, now_ms: int) -> None:
+        for part in list(self.partitions.values()):
+            deleted = part.log.delete_old_segments(now_ms)
+            if deleted:
+                log.info("event=retention partition=%s segments_deleted=%d", part.name, deleted)
+
+    def close_all(self) -> None:
+        for part in self.partitions.values():
+            try:
+                part.close()
+            except Exception:
+                log.exception("event=close_failed partition=%s", part.name)
+        self.partitions.clear()
+

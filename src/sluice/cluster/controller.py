@@ -1,0 +1,246 @@
+"""The cluster controller: one broker at a time decides partition leadership.
+
+Election is an ephemeral ``/controller`` znode plus an increment of ``/controller_epoch``.
+Every write the controller makes is a multi-op that checks the version of
+``/controller_epoch`` (``ZkStore.commit_fenced``), so a deposed controller cannot write (I4).
+
+The controller keeps no state between events: each event runs a *reconcile* pass that reads
+live brokers, topics and partition states from ZooKeeper and writes only what differs from
+what the rules in ``cluster.election`` decide. That is slower than an incremental cache but
+cannot act on a stale view, which is what left incident B's partition leaderless. Events are
+processed one at a time from one bounded queue, on the controller's own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import orjson
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import KazooState
+
+from sluice.cluster import layout
+from sluice.cluster.election import offline_partition_leader, offline_state_isr, unclean_partition_leader
+from sluice.cluster.layout import PartitionState
+from sluice.cluster.zkstore import ControllerDeposedError, FencedOp, ZkStore
+
+log = logging.getLogger("sluice.controller")
+
+EVENT_QUEUE_MAX = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerTerm:
+    epoch: int
+    epoch_zk_version: int
+
+
+class Controller:
+    """Runs inside every broker; acts only while this broker holds ``/controller``."""
+
+    def __init__(self, store: ZkStore, broker_id: int, *, sweep_interval_s: float = 2.0):
+        self.store = store
+        self.broker_id = broker_id
+        self.sweep_interval_s = sweep_interval_s
+        self.term: ControllerTerm | None = None
+        self._events: queue.Queue[str] = queue.Queue(maxsize=EVENT_QUEUE_MAX)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"controller-{broker_id}", daemon=True)
+
+    @property
+    def is_active(self) -> bool:
+        return self.term is not None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+        self.store.client.add_listener(self._on_session_state)
+        self.store.watch_data(layout.CONTROLLER, lambda data, stat: self._post("controller_changed"))
+        self.store.watch_children(layout.BROKER_IDS, lambda children: self._post("brokers_changed"))
+        self.store.watch_children(layout.TOPICS, lambda children: self._post("topics_changed"))
+        self.store.watch_children(layout.DELETE_TOPICS, lambda children: self._post("topics_changed"))
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._post("stop")
+        self._thread.join(timeout=5)
+        if self.term is not None:
+            self._resign("broker stopping")
+
+    def _post(self, event: str) -> None:
+        try:
+            self._events.put_nowait(event)
+        except queue.Full:
+            # A full queue already holds a reconcile that will see the newest state.
+            pass
+
+    def _on_session_state(self, state: KazooState) -> None:
+        if state == KazooState.LOST and self.term is not None:
+            log.info("event=controller_session_lost broker=%d epoch=%d", self.broker_id, self.term.epoch)
+            self.term = None
+        if state == KazooState.CONNECTED:
+            self._post("controller_changed")
+
+    # -- the event loop --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_sweep = time.monotonic()
+        while not self._stopped.is_set():
+            timeout = max(0.0, next_sweep - time.monotonic())
+            try:
+                event = self._events.get(timeout=timeout)
+            except queue.Empty:
+                event = "sweep"
+            if event == "stop":
+                return
+            if event == "sweep":
+                next_sweep = time.monotonic() + self.sweep_interval_s
+            try:
+                self._handle(event)
+            except ControllerDeposedError as exc:
+                self._resign(str(exc))
+            except Exception:
+                log.exception("event=controller_error broker=%d event=%s", self.broker_id, event)
+
+    def _handle(self, event: str) -> None:
+        if self.term is None:
+            if event in ("controller_changed", "sweep"):
+                self._try_elect()
+            if self.term is None:
+                return
+        self.reconcile()
+
+    def _try_elect(self) -> None:
+        payload = orjson.dumps({"version": 1, "brokerid": self.broker_id, "timestamp": int(time.time() * 1000)})
+        try:
+            self.store.client.create(layout.CONTROLLER, payload, ephemeral=True)
+        except NodeExistsError:
+            return
+        # We hold /controller: take the next epoch with a conditional write.
+        while True:
+            epoch, version = self.store.controller_epoch()
+            try:
+                if version < 0:
+                    self.store.client.create(layout.CONTROLLER_EPOCH, layout.encode_int(1))
+                    _, st = self.store.client.get(layout.CONTROLLER_EPOCH)
+                    self.term = ControllerTerm(1, int(st.version))
+                else:
+                    st = self.store.client.set(layout.CONTROLLER_EPOCH, layout.encode_int(epoch + 1), version)
+                    self.term = ControllerTerm(epoch + 1, int(st.version))
+                break
+            except (BadVersionError, NodeExistsError):
+                continue
+        log.info("event=controller_elected broker=%d epoch=%d", self.broker_id, self.term.epoch)
+
+    def _resign(self, why: str) -> None:
+        if self.term is None:
+            return
+        log.info("event=controller_resigned broker=%d epoch=%d reason=%r", self.broker_id, self.term.epoch, why)
+        self.term = None
+        try:
+            data, _ = self.store.client.get(layout.CONTROLLER)
+            if orjson.loads(data).get("brokerid") == self.broker_id:
+                self.store.client.delete(layout.CONTROLLER)
+        except (NoNodeError, Exception):
+            pass
+
+    # -- reconcile -----------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Bring ZooKeeper's partition states in line with the election rules."""
+        term = self.term
+        if term is None:
+            return
+        live = set(self.store.live_brokers())
+        for name in self.store.topics_marked_for_deletion():
+            self._delete_topic(term, name)
+        for name in self.store.topics():
+            assignment = self.store.topic(name)
+            if assignment is None:
+                continue
+            ops: list[FencedOp] = []
+            changes: list[str] = []
+            unclean = assignment.config.get("unclean.leader.election.enable", "false") == "true"
+            make_parent = not self.store.client.exists(layout.partitions_path(name))
+            for p, replicas in sorted(assignment.replicas.items()):
+                current = self.store.partition_state(name, p)
+                if current is None:
+                    ops.extend(self._initial_state_ops(term, name, p, replicas, live, make_parent))
+                    make_parent = False
+                    changes.append(f"{name}-{p}:new")
+                    continue
+                state, version = current
+                if state.leader != -1 and state.leader in live:
+                    continue
+                new_state = self._elect(term, state, replicas, live, unclean)
+                if new_state is None or new_state == state:
+                    continue
+                ops.append(FencedOp("set", layout.partition_state_path(name, p), new_state.encode(), version))
+                changes.append(
+                    f"{name}-{p}:leader {state.leader}->{new_state.leader} epoch={new_state.leader_epoch} "
+                    f"isr={list(new_state.isr)}"
+                )
+            if ops:
+                try:
+                    self.store.commit_fenced(term.epoch_zk_version, ops)
+                except (BadVersionError, NodeExistsError, NoNodeError) as exc:
+                    # A broker changed an ISR concurrently; the next pass reads it afresh.
+                    log.info("event=controller_retry topic=%s reason=%s", name, type(exc).__name__)
+                    self._post("sweep")
+                    continue
+                for change in changes:
+                    log.info("event=partition_state_changed controller_epoch=%d %s", term.epoch, change)
+
+    def _initial_state_ops(
+        self, term: ControllerTerm, topic: str, p: int, replicas: tuple[int, ...], live: set[int], make_parent: bool
+    ) -> list[FencedOp]:
+        live_replicas = tuple(r for r in replicas if r in live)
+        if live_replicas:
+            state = PartitionState(live_replicas[0], 0, live_replicas, term.epoch)
+        else:
+            # No replica has data yet, so every one of them is in sync.
+            state = PartitionState(-1, 0, tuple(replicas), term.epoch)
+        ops = [FencedOp("create", layout.partitions_path(topic))] if make_parent else []
+        if make_parent or not self.store.client.exists(layout.partition_path(topic, p)):
+            ops.append(FencedOp("create", layout.partition_path(topic, p)))
+        ops.append(FencedOp("create", layout.partition_state_path(topic, p), state.encode()))
+        return ops
+
+    def _elect(
+        self, term: ControllerTerm, state: PartitionState, replicas: tuple[int, ...], live: set[int], unclean: bool
+    ) -> PartitionState | None:
+        election = offline_partition_leader(replicas, state.isr, live)
+        if election is None and unclean:
+            election = unclean_partition_leader(replicas, live)
+            if election is not None:
+                log.warning(
+                    "event=unclean_leader_election leader=%d isr_was=%s may_lose_offsets_after_its_end",
+                    election.leader,
+                    list(state.isr),
+                )
+        if election is not None:
+            return PartitionState(election.leader, state.leader_epoch + 1, election.isr, term.epoch)
+        if state.leader == -1:
+            return None
+        return PartitionState(-1, state.leader_epoch + 1, offline_state_isr(state.isr, live), term.epoch)
+
+    def _delete_topic(self, term: ControllerTerm, name: str) -> None:
+        ops: list[FencedOp] = []
+        client = self.store.client
+        if client.exists(layout.topic_path(name)):
+            if client.exists(layout.partitions_path(name)):
+                for p in client.get_children(layout.partitions_path(name)):
+                    base = f"{layout.partitions_path(name)}/{p}"
+                    for child in client.get_children(base):
+                        ops.append(FencedOp("delete", f"{base}/{child}"))
+                    ops.append(FencedOp("delete", base))
+                ops.append(FencedOp("delete", layout.partitions_path(name)))
+            ops.append(FencedOp("delete", layout.topic_path(name)))
+        ops.append(FencedOp("delete", layout.delete_topic_path(name)))
+        self.store.commit_fenced(term.epoch_zk_version, ops)
+        log.info("event=topic_deleted controller_epoch=%d topic=%s", term.epoch, name)

@@ -1,0 +1,188 @@
+"""The ZooKeeper layout of a Sluice cluster and the codecs of its znodes.
+
+Every path lives under the cluster's chroot (default ``/sluice``); kazoo applies the chroot,
+so the paths here are relative to it. Znode payloads are JSON objects with a ``version`` field
+so that a later format can be told apart from this one. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+BROKER_IDS = "/brokers/ids"
+TOPICS = "/brokers/topics"
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
+DELETE_TOPICS = "/admin/delete_topics"
+REASSIGN_PARTITIONS = "/admin/reassign_partitions"
+PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+CLUSTER_ID = "/cluster/id"
+TASKS = "/tasks"
+
+#: Paths every cluster has; created (empty) by the first broker that starts.
+PERSISTENT_PATHS = (BROKER_IDS, TOPICS, "/admin", DELETE_TOPICS, "/cluster", TASKS)
+
+
+def broker_path(broker_id: int) -> str:
+    return f"{BROKER_IDS}/{broker_id}"
+
+
+def topic_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}"
+
+
+def partitions_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}/partitions"
+
+
+def partition_path(topic: str, partition: int) -> str:
+    return f"{TOPICS}/{topic}/partitions/{partition}"
+
+
+def partition_state_path(topic: str, partition: int) -> str:
+    return f"{TOPICS}/{topic}/partitions/{partition}/state"
+
+
+def delete_topic_path(topic: str) -> str:
+    return f"{DELETE_TOPICS}/{topic}"
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+
+
+def _loads(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"znode {what} does not hold JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ValueError(f"znode {what} holds {type(obj).__name__}, expected a JSON object")
+    return obj
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistration:
+    """What ``/brokers/ids/{id}`` holds: where a live broker listens."""
+
+    broker_id: int
+    host: str
+    port: int
+    pid: int
+    rack: str | None = None
+
+    def encode(self) -> bytes:
+        return _dumps(
+            {"version": 1, "host": self.host, "port": self.port, "pid": self.pid, "rack": self.rack}
+        )
+
+    @classmethod
+    def decode(cls, broker_id: int, data: bytes) -> BrokerRegistration:
+        obj = _loads(data, broker_path(broker_id))
+        return cls(broker_id, str(obj["host"]), int(obj["port"]), int(obj.get("pid", -1)), obj.get("rack"))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicAssignment:
+    """What ``/brokers/topics/{t}`` holds: the topic's id, replica assignment and config."""
+
+    name: str
+    topic_id: uuid.UUID
+    replicas: dict[int, tuple[int, ...]]
+    config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.replicas)
+
+    def encode(self) -> bytes:
+        return _dumps(
+            {
+                "version": 1,
+                "topic_id": str(self.topic_id),
+                "partitions": {str(p): list(r) for p, r in sorted(self.replicas.items())},
+                "config": dict(sorted(self.config.items())),
+            }
+        )
+
+    @classmethod
+    def decode(cls, name: str, data: bytes) -> TopicAssignment:
+        obj = _loads(data, topic_path(name))
+        replicas = {int(p): tuple(int(b) for b in r) for p, r in obj["partitions"].items()}
+        config = {str(k): str(v) for k, v in obj.get("config", {}).items()}
+        return cls(name, uuid.UUID(obj["topic_id"]), replicas, config)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """What ``.../partitions/{p}/state`` holds: leadership as the controller last decided it.
+
+    ``leader == -1`` means the partition is offline. The ISR is never empty (I6): when the last
+    in-sync replica dies it stays in the ISR so that the partition comes back with it.
+    """
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+
+    def __post_init__(self) -> None:
+        assert self.isr, "I6: an ISR is never written empty"
+        assert self.leader == -1 or self.leader in self.isr, "a leader is always in the ISR"
+
+    def encode(self) -> bytes:
+        return _dumps(
+            {
+                "version": 1,
+                "leader": self.leader,
+                "leader_epoch": self.leader_epoch,
+                "isr": list(self.isr),
+                "controller_epoch": self.controller_epoch,
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes, what: str = "partition state") -> PartitionState:
+        obj = _loads(data, what)
+        return cls(
+            int(obj["leader"]),
+            int(obj["leader_epoch"]),
+            tuple(int(b) for b in obj["isr"]),
+            int(obj["controller_epoch"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdBlock:
+    """What ``/latest_producer_id_block`` holds: the last block of producer ids handed out."""
+
+    broker_id: int
+    first: int
+    size: int
+
+    @property
+    def next_first(self) -> int:
+        return self.first + self.size
+
+    def encode(self) -> bytes:
+        return _dumps({"version": 1, "broker": self.broker_id, "block_start": self.first, "size": self.size})
+
+    @classmethod
+    def decode(cls, data: bytes) -> ProducerIdBlock:
+        obj = _loads(data, PRODUCER_ID_BLOCK)
+        return cls(int(obj["broker"]), int(obj["block_start"]), int(obj["size"]))
+
+
+def encode_int(value: int) -> bytes:
+    return str(value).encode()
+
+
+def decode_int(data: bytes, what: str) -> int:
+    try:
+        return int(data.decode() or "0")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"znode {what} does not hold an integer: {data[:40]!r}") from exc

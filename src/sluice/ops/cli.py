@@ -1,0 +1,355 @@
+"""The ``sluice`` command line."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sluice.ops import launcher
+from sluice.ops.logging_setup import configure as configure_logging
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Sluice: change-data sync on a replicated log.")
+cluster_app = typer.Typer(no_args_is_help=True, help="Run a local cluster (ZooKeeper + brokers).")
+broker_app = typer.Typer(no_args_is_help=True, help="Run and manage brokers.")
+topic_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(broker_app, name="broker")
+app.add_typer(topic_app, name="topic")
+
+console = Console()
+err = Console(stderr=True)
+
+
+DEFAULT_BOOTSTRAP = "localhost:9092"
+
+Bootstrap = Annotated[
+    str,
+    typer.Option("--bootstrap-server", "-b", envvar="SLUICE_BOOTSTRAP",
+                 help="HOST:PORT of a broker (default: $SLUICE_BOOTSTRAP, else localhost:9092)"),
+]
+ClusterDir = Annotated[Path, typer.Option("--dir", help="Directory of the local cluster")]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+# -- cluster ---------------------------------------------------------------------------------------
+
+
+@cluster_app.command("up")
+def cluster_up(
+    brokers: Annotated[int, typer.Option("--brokers", help="Number of brokers")] = 1,
+    directory: ClusterDir = launcher.DEFAULT_DIR,
+    zookeeper: Annotated[str | None, typer.Option("--zookeeper", help="Use this ensemble (HOST:PORT/CHROOT) instead of starting one")] = None,
+    zk_session_timeout: Annotated[float, typer.Option(help="ZooKeeper session timeout of the brokers, seconds")] = 6.0,
+) -> None:
+    """Start a local ZooKeeper (unless --zookeeper names one) and N brokers; wait until ready."""
+    started = time.monotonic()
+    try:
+        cluster = launcher.cluster_up(directory, brokers, zookeeper, zk_session_timeout_s=zk_session_timeout)
+    except (RuntimeError, TimeoutError, ValueError, FileNotFoundError) as exc:
+        raise fail(str(exc)) from None
+    print(f"bootstrap.servers={cluster.bootstrap_servers}")
+    print(f"zookeeper={cluster.zookeeper}")
+    err.print(f"[green]cluster up[/] in {time.monotonic() - started:.1f} s: {len(cluster.brokers)} broker(s), dir {cluster.directory}")
+
+
+@cluster_app.command("status")
+def cluster_status(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
+    """Per broker: id, address, pid, alive, controller."""
+    from sluice.cluster.zkstore import ZkStore
+
+    try:
+        cluster = launcher.LocalCluster.load(directory.resolve())
+    except FileNotFoundError as exc:
+        raise fail(str(exc)) from None
+    registered: set[int] = set()
+    controller = -1
+    zk_ok = True
+    store = ZkStore(cluster.zookeeper, connect_timeout_s=5.0)
+    try:
+        store.start()
+        registered = set(store.live_brokers())
+        controller = store.controller_id()
+    except Exception as exc:
+        zk_ok = False
+        err.print(f"[yellow]ZooKeeper {cluster.zookeeper} is not reachable: {exc}[/]")
+    finally:
+        try:
+            store.stop()
+        except Exception:
+            pass
+    table = Table(title=f"cluster in {cluster.directory}")
+    for col in ("id", "address", "pid", "alive", "registered", "controller"):
+        table.add_column(col)
+    for b in cluster.brokers:
+        alive = launcher.pid_alive(b.pid)
+        table.add_row(
+            str(b.broker_id), b.address, str(b.pid), "yes" if alive else "[red]no[/]",
+            ("yes" if b.broker_id in registered else "[red]no[/]") if zk_ok else "?",
+            "*" if b.broker_id == controller else "",
+        )
+    console.print(table)
+    print(f"zookeeper={cluster.zookeeper}")
+    print(f"controller={controller}")
+
+
+@cluster_app.command("down")
+def cluster_down(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
+    """Stop everything `cluster up` started in DIR."""
+    try:
+        stopped = launcher.cluster_down(directory)
+    except FileNotFoundError as exc:
+        raise fail(str(exc)) from None
+    err.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+
+
+# -- broker ----------------------------------------------------------------------------------------
+
+
+@broker_app.command("start")
+def broker_start(
+    broker_id: Annotated[int, typer.Option("--id", help="Broker id (unique in the cluster)")],
+    port: Annotated[int, typer.Option("--port")],
+    data_dir: Annotated[Path, typer.Option("--data-dir")],
+    zookeeper: Annotated[str, typer.Option("--zookeeper", help="HOST:PORT[/CHROOT]; chroot defaults to /sluice")],
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    zk_session_timeout: Annotated[float, typer.Option(help="seconds")] = 6.0,
+    auto_create_topics: Annotated[bool, typer.Option(help="Create unknown topics on metadata requests")] = False,
+    log_level: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Run one broker in the foreground."""
+    from sluice.broker.broker import DataDirInUseError, run_broker
+    from sluice.broker.config import BrokerConfig
+    from sluice.cluster.zkstore import BrokerIdInUseError
+
+    configure_logging(log_level)
+    try:
+        config = BrokerConfig(
+            broker_id=broker_id, data_dir=data_dir.resolve(), zookeeper=zookeeper, host=host, port=port,
+            zk_session_timeout_s=zk_session_timeout, auto_create_topics=auto_create_topics,
+        )
+        run_broker(config)
+    except (BrokerIdInUseError, DataDirInUseError, ConnectionError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"broker {broker_id} could not start: {exc}") from None
+
+
+# -- topics ----------------------------------------------------------------------------------------
+
+
+def _admin(bootstrap: str):  # type: ignore[no-untyped-def]
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+
+
+def _parse_configs(configs: list[str]) -> dict[str, str]:
+    result = {}
+    for item in configs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fail(f"--config takes key=value, got {item!r}")
+        result[key] = value
+    return result
+
+
+@topic_app.command("create")
+def topic_create(
+    name: str,
+    partitions: Annotated[int, typer.Option("--partitions", "-p")] = 1,
+    replication_factor: Annotated[int, typer.Option("--replication-factor", "-r", help="-1: cluster default")] = -1,
+    config: Annotated[list[str] | None, typer.Option("--config", "-c", help="key=value, repeatable")] = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    cfg = _parse_configs(config or [])
+    futures = _admin(bootstrap).create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=cfg)],
+        operation_timeout=30, request_timeout=40,
+    )
+    try:
+        futures[name].result()
+    except Exception as exc:
+        raise fail(f"topic {name!r} was not created: {_kafka_error_text(exc)}") from None
+    console.print(f"created topic {name} with {partitions} partition(s)")
+
+
+def _kafka_error_text(exc: Exception) -> str:
+    arg = exc.args[0] if exc.args else exc
+    text = getattr(arg, "str", None)
+    return text() if callable(text) else str(arg)
+
+
+@topic_app.command("list")
+def topic_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
+    md = _admin(bootstrap).list_topics(timeout=15)
+    for name in sorted(md.topics):
+        print(name)
+
+
+@topic_app.command("delete")
+def topic_delete(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
+    futures = _admin(bootstrap).delete_topics([name], operation_timeout=30, request_timeout=40)
+    try:
+        futures[name].result()
+    except Exception as exc:
+        raise fail(f"topic {name!r} was not deleted: {_kafka_error_text(exc)}") from None
+    console.print(f"deleted topic {name}")
+
+
+@topic_app.command("describe")
+def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
+    """Per partition: leader, replicas, ISR, log start and end offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    md = _admin(bootstrap).list_topics(topic=name, timeout=15)
+    topic = md.topics.get(name)
+    if topic is None or (topic.error is not None and topic.error.code() == 3):
+        raise fail(f"topic {name!r} does not exist")
+    live = set(md.brokers)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "sluice-cli", "enable.auto.commit": False,
+                         "log_level": 3})
+    table = Table(title=f"topic {name} ({len(topic.partitions)} partitions)")
+    for col in ("partition", "leader", "replicas", "isr", "log start", "log end", "status"):
+        table.add_column(col)
+    try:
+        for pid in sorted(topic.partitions):
+            p = topic.partitions[pid]
+            status = "ok"
+            start = end = "-"
+            if p.leader < 0:
+                status = (f"[red]offline[/]: no live in-sync replica (isr {p.isrs}, live brokers {sorted(live)})")
+            else:
+                try:
+                    lo, hi = consumer.get_watermark_offsets(TopicPartition(name, pid), timeout=10)
+                    start, end = str(lo), str(hi)
+                except Exception as exc:
+                    status = f"[yellow]offsets unavailable[/]: {_kafka_error_text(exc)}"
+                if len(p.isrs) < len(p.replicas):
+                    status = f"[yellow]under-replicated[/]: out of sync {sorted(set(p.replicas) - set(p.isrs))}"
+            table.add_row(str(pid), str(p.leader), str(p.replicas), str(p.isrs), start, end, status)
+    finally:
+        consumer.close()
+    console.print(table)
+
+
+# -- console producer and consumer ----------------------------------------------------------------
+
+
+@app.command("produce")
+def produce(
+    topic: str,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    key_separator: Annotated[str | None, typer.Option(help="Split each line into key and value at this string")] = None,
+    acks: Annotated[str, typer.Option()] = "all",
+) -> None:
+    """Send each line of standard input as one record (idempotent, acks=all by default)."""
+    from confluent_kafka import Producer
+
+    failures: list[str] = []
+    sent = 0
+
+    def on_delivery(error: object, msg: object) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "enable.idempotence": acks == "all",
+                         "linger.ms": 5, "log_level": 3})
+    for line in sys.stdin:
+        line = line.rstrip("\n")
+        key: str | None = None
+        if key_separator is not None and key_separator in line:
+            key, line = line.split(key_separator, 1)
+        while True:
+            try:
+                producer.produce(topic, value=line.encode(), key=key.encode() if key is not None else None,
+                                 on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        sent += 1
+        producer.poll(0)
+    remaining = producer.flush(60)
+    if failures or remaining:
+        raise fail(f"{len(failures) + remaining} of {sent} record(s) were not acknowledged: {failures[:3]}")
+    err.print(f"{sent} record(s) acknowledged")
+
+
+@app.command("consume")
+def consume(
+    topic: str,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    from_beginning: Annotated[bool, typer.Option("--from-beginning")] = False,
+    max_messages: Annotated[int, typer.Option("--max-messages", help="Stop after N records (0: run until Ctrl-C)")] = 0,
+    timeout: Annotated[float, typer.Option(help="Stop after this many seconds without a record (0: never)")] = 0,
+    print_key: Annotated[bool, typer.Option("--print-key")] = False,
+) -> None:
+    """Print records of TOPIC by partition assignment (no consumer group)."""
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "sluice-console", "enable.auto.commit": False,
+                         "log_level": 3, "enable.partition.eof": False})
+    md = consumer.list_topics(topic, timeout=15)
+    if topic not in md.topics or md.topics[topic].error is not None:
+        consumer.close()
+        raise fail(f"topic {topic!r} does not exist")
+    start = OFFSET_BEGINNING if from_beginning else OFFSET_END
+    consumer.assign([TopicPartition(topic, p, start) for p in sorted(md.topics[topic].partitions)])
+    count = 0
+    last = time.monotonic()
+    try:
+        while max_messages <= 0 or count < max_messages:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                if timeout and time.monotonic() - last > timeout:
+                    break
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise fail(f"consume failed: {msg.error().str()}")
+            last = time.monotonic()
+            value = msg.value().decode(errors="replace") if msg.value() is not None else "null"
+            if print_key:
+                key = msg.key().decode(errors="replace") if msg.key() is not None else "null"
+                print(f"{key}\t{value}")
+            else:
+                print(value)
+            count += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    err.print(f"{count} record(s) consumed")
+
+
+@app.command("demo")
+def demo(
+    directory: ClusterDir = Path(".sluice/demo"),
+    records: Annotated[int, typer.Option(help="Records to produce")] = 10_000,
+    keep: Annotated[bool, typer.Option(help="Leave the cluster running afterwards")] = False,
+) -> None:
+    """Start a local cluster, create a topic, produce and consume a sample, and report."""
+    from sluice.ops.demo import run_demo
+
+    ok = run_demo(directory, records=records, keep=keep, console=console)
+    raise typer.Exit(0 if ok else 1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Per-topic log configuration, parsed from Kafka's topic config names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Final
+
+__all__ = ["LONG_MAX", "LogConfig", "known_topic_configs"]
+
+LONG_MAX: Final = 2**63 - 1
+_DAY_MS: Final = 24 * 60 * 60 * 1000
+_TIMESTAMP_TYPES: Final = ("CreateTime", "LogAppendTime")
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Settings of one partition's log. Defaults are Kafka's.
+
+    ``flush_messages``/``flush_ms`` of ``LONG_MAX`` mean "never force a flush" (Kafka's default:
+    durability comes from replication). ``retention_ms``/``retention_bytes`` of -1 mean no limit.
+    """
+
+    segment_bytes: int = 1 << 30
+    segment_ms: int = 7 * _DAY_MS
+    retention_ms: int = 7 * _DAY_MS
+    retention_bytes: int = -1
+    flush_messages: int = LONG_MAX
+    flush_ms: int = LONG_MAX
+    index_interval_bytes: int = 4096
+    max_message_bytes: int = 1048588
+    message_timestamp_type: str = "CreateTime"
+    cleanup_policy: str = "delete"
+    min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False
+
+    def __post_init__(self) -> None:
+        _check("segment.bytes", self.segment_bytes, self.segment_bytes >= 14, "must be >= 14")
+        _check("segment.ms", self.segment_ms, self.segment_ms >= 1, "must be >= 1")
+        _check("retention.ms", self.retention_ms, self.retention_ms >= -1, "must be >= -1")
+        _check("retention.bytes", self.retention_bytes, self.retention_bytes >= -1, "must be >= -1")
+        _check("flush.messages", self.flush_messages, self.flush_messages >= 1, "must be >= 1")
+        _check("flush.ms", self.flush_ms, self.flush_ms >= 0, "must be >= 0")
+        _check(
+            "index.interval.bytes", self.index_interval_bytes, self.index_interval_bytes >= 0, "must be >= 0"
+        )
+        _check("max.message.bytes", self.max_message_bytes, self.max_message_bytes >= 0, "must be >= 0")
+        _check(
+            "message.timestamp.type",
+            self.message_timestamp_type,
+            self.message_timestamp_type in _TIMESTAMP_TYPES,
+            "must be CreateTime or LogAppendTime",
+        )
+        _check(
+            "cleanup.policy",
+            self.cleanup_policy,
+            self.cleanup_policy == "delete",
+            "only 'delete' is supported (log compaction is not implemented)",
+        )
+        _check("min.insync.replicas", self.min_insync_replicas, self.min_insync_replicas >= 1, "must be >= 1")
+
+    @property
+    def log_append_time(self) -> bool:
+        """True when the broker stamps batches with its own clock (LogAppendTime)."""
+        return self.message_timestamp_type == "LogAppendTime"
+
+    @classmethod
+    def from_topic_config(cls, config: Mapping[str, str], base: LogConfig | None = None) -> LogConfig:
+        """Build from Kafka topic config names (``segment.bytes`` ...) over ``base`` (or defaults).
+
+        Raises ValueError naming the key and value for unknown keys and invalid values.
+        """
+        values: dict[str, Any] = {} if base is None else {f.name: getattr(base, f.name) for f in fields(cls)}
+        for key, raw in config.items():
+            spec = _SPECS.get(key)
+            if spec is None:
+                raise ValueError(f"unknown topic config {key!r} (value {raw!r})")
+            try:
+                values[spec.attr] = spec.parse(raw)
+            except ValueError as exc:
+                raise ValueError(f"invalid value {raw!r} for topic config {key!r}: {exc}") from None
+        return cls(**values)
+
+    def to_topic_config(self) -> dict[str, str]:
+        """Kafka config names -> string values, for DescribeConfigs."""
+        return {key: spec.render(getattr(self, spec.attr)) for key, spec in _SPECS.items()}
+
+
+def _check(key: str, value: object, ok: bool, why: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid value {value!r} for topic config {key!r}: {why}")
+
+
+def _parse_long(raw: str) -> int:
+    value = int(raw.strip())
+    if not -(2**63) <= value <= LONG_MAX:
+        raise ValueError("out of int64 range")
+    return value
+
+
+def _parse_int(raw: str) -> int:
+    value = int(raw.strip())
+    if not -(2**31) <= value <= 2**31 - 1:
+        raise ValueError("out of int32 range")
+    return value
+
+
+def _parse_bool(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v not in ("true", "false"):
+        raise ValueError("must be true or false")
+    return v == "true"
+
+
+def _parse_str(raw: str) -> str:
+    return raw.strip()
+
+
+def _render(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    attr: str
+    parse: Callable[[str], Any]
+    doc: str
+    render: Callable[[Any], str] = _render
+
+
+_SPECS: Final[dict[str, _Spec]] = {
+    "segment.bytes": _Spec("segment_bytes", _parse_int, "Maximum size of a single log segment file."),
+    "segment.ms": _Spec("segment_ms", _parse_long, "Time after which a segment is rolled even if not full."),
+    "retention.ms": _Spec(
+        "retention_ms", _parse_long, "Maximum age of a segment before deletion; -1 = forever."
+    ),
+    "retention.bytes": _Spec(
+        "retention_bytes",
+        _parse_long,
+        "Maximum partition size before old segments are deleted; -1 = no limit.",
+    ),
+    "flush.messages": _Spec("flush_messages", _parse_long, "Force an fsync after this many messages."),
+    "flush.ms": _Spec("flush_ms", _parse_long, "Force an fsync when data is older than this many ms."),
+    "index.interval.bytes": _Spec("index_interval_bytes", _parse_int, "Bytes between offset index entries."),
+    "max.message.bytes": _Spec("max_message_bytes", _parse_int, "Largest record batch size allowed."),
+    "message.timestamp.type": _Spec("message_timestamp_type", _parse_str, "CreateTime or LogAppendTime."),
+    "cleanup.policy": _Spec("cleanup_policy", _parse_str, "Retention policy; only 'delete' is supported."),
+    "min.insync.replicas": _Spec("min_insync_replicas", _parse_int, "Minimum in-sync replicas for acks=all."),
+    "unclean.leader.election.enable": _Spec(
+        "unclean_leader_election_enable", _parse_bool, "Allow out-of-sync replicas to become leader."
+    ),
+}
+
+
+def known_topic_configs() -> dict[str, tuple[str, str]]:
+    """Kafka config name -> (default value as a string, documentation), for DescribeConfigs."""
+    defaults = LogConfig()
+    return {key: (spec.render(getattr(defaults, spec.attr)), spec.doc) for key, spec in _SPECS.items()}

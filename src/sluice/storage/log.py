@@ -1,0 +1,648 @@
+"""``PartitionLog``: one partition's log in one directory, in Kafka's on-disk layout.
+
+Directory contents::
+
+    00000000000000000000.log         concatenated v2 record batches, exactly as served
+    00000000000000000000.index       sparse offset index (see index.py)
+    00000000000000000000.timeindex   sparse time index
+    leader-epoch-checkpoint          Kafka's text format (see leader_epoch.py)
+    00000000000000001234.snapshot    producer state after every batch below offset 1234
+    recovery-point                   text: every batch below this offset was fsynced
+    .sluice-clean-shutdown           written by close(), removed by open()
+
+The log start offset is always the base offset of the first segment (DeleteRecords, which
+could move it inside a segment, is not supported yet), so it needs no checkpoint.
+
+Threading: every method is meant to be called from one thread (the broker's event loop),
+except ``flush``, which may run concurrently on a worker thread. A lock guards the state that
+``flush`` reads; segment-level locks make sure a file is never fsynced after being closed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from sluice.protocol.records import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
+    MIN_BATCH_LENGTH,
+    BatchHeader,
+    CorruptRecordError,
+    InvalidRecordError,
+    parse_header,
+    set_base_offset,
+    set_log_append_time,
+    set_partition_leader_epoch,
+    validate_batch,
+)
+from sluice.storage.config import LONG_MAX, LogConfig
+from sluice.storage.errors import (
+    LogClosedError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    UnexpectedAppendOffsetError,
+)
+from sluice.storage.fsutil import atomic_write
+from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
+from sluice.storage.producer_state import ProducerStateManager, list_snapshots
+from sluice.storage.segment import LogSegment
+
+__all__ = ["CLEAN_SHUTDOWN_FILE", "RECOVERY_POINT_FILE", "AppendInfo", "PartitionLog", "ReadResult"]
+
+CLEAN_SHUTDOWN_FILE: Final = ".sluice-clean-shutdown"
+RECOVERY_POINT_FILE: Final = "recovery-point"
+_LOG_SUFFIX: Final = ".log"
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """Outcome of an append. ``log_append_time`` is -1 unless the topic uses LogAppendTime.
+
+    For a duplicate idempotent batch nothing was appended and the offsets are the original ones.
+    For an empty follower append ``record_count`` is 0 and ``last_offset`` = ``first_offset`` - 1.
+    """
+
+    first_offset: int
+    last_offset: int
+    log_append_time: int
+    log_start_offset: int
+    duplicate: bool
+    record_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Whole batches read from one segment. ``first_offset`` is the base offset of the first
+    batch returned (-1 when ``records`` is empty)."""
+
+    records: bytes
+    first_offset: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+class PartitionLog:
+    """One partition's log. Create with ``PartitionLog.open``."""
+
+    def __init__(self, directory: Path, config: LogConfig, now_ms: Callable[[], int]) -> None:
+        self._dir = directory
+        self.config = config
+        self._now_ms = now_ms
+        self._lock = threading.RLock()
+        self._segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self._leo = 0
+        self._recovery_point = 0
+        self._unflushed_messages = 0
+        self._last_flush_ms = now_ms()
+        self._closed = False
+        self._epochs: LeaderEpochCache
+        self._producers = ProducerStateManager()
+
+    # --- opening and recovery ---------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, directory: Path, config: LogConfig, *, now_ms: Callable[[], int] = _wall_clock_ms
+    ) -> PartitionLog:
+        """Open (creating if needed) the log in ``directory``, recovering after an unclean stop."""
+        directory.mkdir(parents=True, exist_ok=True)
+        log = cls(directory, config, now_ms)
+        log._load()
+        return log
+
+    def _new_segment(self, base_offset: int) -> LogSegment:
+        return LogSegment(
+            self._dir,
+            base_offset,
+            index_interval_bytes=self.config.index_interval_bytes,
+            created_ms=self._now_ms(),
+        )
+
+    def _load(self) -> None:
+        d = self._dir
+        for p in d.iterdir():
+            if p.name.endswith(".tmp") or p.name.endswith(".deleted"):
+                p.unlink()
+        marker = d / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists()
+        bases = sorted(
+            int(p.stem) for p in d.glob("*" + _LOG_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
+        )
+        for suffix in (".index", ".timeindex"):
+            for p in d.glob("*" + suffix):
+                if p.stem.isdigit() and int(p.stem) not in bases:
+                    p.unlink()  # orphan index
+        self._segments = [self._new_segment(b) for b in bases] or [self._new_segment(0)]
+        self._bases = [s.base_offset for s in self._segments]
+
+        rebuild_epochs = False
+        try:
+            self._epochs = LeaderEpochCache(d)
+        except ValueError:
+            (d / LEADER_EPOCH_CHECKPOINT).unlink()
+            self._epochs = LeaderEpochCache(d)
+            rebuild_epochs = True
+
+        first_recover = len(self._segments)
+        if not clean:
+            rp = self._read_recovery_point()
+            first_recover = max(0, bisect_right(self._bases, rp) - 1)
+        for seg in self._segments[:first_recover]:
+            if not seg.load_indexes():
+                seg.rebuild(validate=False)
+        i = first_recover
+        while i < len(self._segments):
+            seg = self._segments[i]
+            if i > 0 and seg.base_offset < self._segments[i - 1].next_offset:
+                self._drop_segments_from(i)  # overlaps its predecessor: cannot be trusted
+                break
+            if seg.rebuild(validate=True, on_batch=self._recover_epoch):
+                self._drop_segments_from(i + 1)  # torn or corrupt batch: nothing after it survives
+                break
+            i += 1
+
+        self._leo = self._segments[-1].next_offset
+        self._epochs.truncate_from_end(self._leo)
+        self._epochs.truncate_from_start(self.log_start_offset)
+        if rebuild_epochs:
+            for h in self._iter_headers(self.log_start_offset):
+                self._recover_epoch(h)
+        self._load_producer_state()
+        if clean:
+            self._recovery_point = self._leo
+        else:
+            for seg in self._segments[first_recover:]:
+                seg.flush()
+            self._recovery_point = self._leo
+            self._write_recovery_point()
+        try:
+            marker.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _recover_epoch(self, header: BatchHeader) -> None:
+        if header.partition_leader_epoch > self._epochs.latest_epoch():
+            self._epochs.assign(header.partition_leader_epoch, header.base_offset)
+
+    def _read_recovery_point(self) -> int:
+        try:
+            return int((self._dir / RECOVERY_POINT_FILE).read_text(encoding="ascii").strip())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def _write_recovery_point(self, *, durable: bool = False) -> None:
+        atomic_write(
+            self._dir / RECOVERY_POINT_FILE, f"{self._recovery_point}\n".encode("ascii"), durable=durable
+        )
+
+    def _load_producer_state(self) -> None:
+        """Rebuild producer state: newest valid snapshot <= LEO, then a header scan to the LEO."""
+        mgr: ProducerStateManager | None = None
+        start = self.log_start_offset
+        for offset, path in reversed(list_snapshots(self._dir)):
+            if offset > self._leo:
+                path.unlink()
+                continue
+            if mgr is None:
+                try:
+                    mgr = ProducerStateManager.from_bytes(path.read_bytes())
+                    start = max(offset, self.log_start_offset)
+                except (OSError, ValueError):
+                    path.unlink()
+        self._producers = mgr if mgr is not None else ProducerStateManager()
+        for h in self._iter_headers(start):
+            self._producers.update(h)
+
+    def _iter_headers(self, start_offset: int) -> Iterator[BatchHeader]:
+        """Headers of every batch whose last offset >= ``start_offset``, across segments."""
+        i = max(0, bisect_right(self._bases, start_offset) - 1)
+        for seg in self._segments[i:]:
+            pos = 0
+            if seg.base_offset <= start_offset:
+                found = seg.translate(start_offset)
+                if found is None:
+                    continue
+                pos = found[0]
+            for _pos, h in seg.scan(pos):
+                yield h
+
+    def _drop_segments_from(self, i: int) -> None:
+        """Delete segments[i:] (files included)."""
+        with self._lock:
+            for seg in self._segments[i:]:
+                seg.delete()
+            del self._segments[i:]
+            del self._bases[i:]
+
+    # --- properties -------------------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The next offset to be assigned."""
+        return self._leo
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def recovery_point(self) -> int:
+        """Every batch below this offset has been fsynced."""
+        return self._recovery_point
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self._dir} is closed")
+
+    # --- appends ----------------------------------------------------------------------------------
+
+    def _parse_batches(
+        self, data: bytes | bytearray | memoryview, *, leader: bool
+    ) -> list[tuple[int, BatchHeader]]:
+        """Parse and validate every batch; raise before anything is written."""
+        out: list[tuple[int, BatchHeader]] = []
+        pos, end = 0, len(data)
+        cfg = self.config
+        while pos < end:
+            if pos + HEADER_SIZE > end:
+                raise CorruptRecordError(f"truncated batch header at position {pos} ({end - pos} bytes left)")
+            h = parse_header(data, pos)
+            if h.magic != MAGIC:
+                raise InvalidRecordError(
+                    f"batch at position {pos} has magic {h.magic}; only magic 2 is supported"
+                )
+            if h.batch_length < MIN_BATCH_LENGTH or pos + h.batch_length + LOG_OVERHEAD > end:
+                raise CorruptRecordError(
+                    f"batch at position {pos} has batchLength {h.batch_length} but {end - pos} bytes remain"
+                )
+            size = h.batch_length + LOG_OVERHEAD
+            if leader and size > cfg.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {size} bytes exceeds max.message.bytes {cfg.max_message_bytes}"
+                )
+            validate_batch(data, pos, h, strict_counts=leader)
+            if leader and h.is_control:
+                raise InvalidRecordError("clients may not append control batches")
+            out.append((pos, h))
+            pos += size
+        if end > self.config.segment_bytes:
+            raise RecordTooLargeError(
+                f"append of {end} bytes exceeds segment.bytes {self.config.segment_bytes}"
+            )
+        return out
+
+    def _maybe_roll(
+        self, add_bytes: int, max_timestamp: int, first_offset: int, last_offset: int, now: int
+    ) -> None:
+        active = self._segments[-1]
+        if not active.should_roll(
+            add_bytes, max_timestamp, last_offset, now, self.config.segment_bytes, self.config.segment_ms
+        ):
+            return
+        assert first_offset >= active.next_offset
+        with self._lock:
+            active.on_roll()
+            seg = self._new_segment(first_offset)
+            self._segments.append(seg)
+            self._bases.append(first_offset)
+        # State after every batch below the new segment: lets retention and recovery start here.
+        self._producers.write_snapshot(self._dir, first_offset, durable=False)
+
+    def append_as_leader(
+        self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int | None = None
+    ) -> AppendInfo:
+        """Validate, assign offsets, stamp and append ``records`` (one or more batches).
+
+        Raises CorruptRecordError, InvalidRecordError, RecordTooLargeError,
+        OutOfOrderSequenceError or InvalidProducerEpochError, having appended nothing.
+        """
+        self._check_open()
+        if len(records) == 0:
+            raise InvalidRecordError("produce request carries no record batches")
+        batches = self._parse_batches(records, leader=True)
+        dup = self._producers.check([h for _, h in batches])
+        if dup is not None:
+            return AppendInfo(
+                dup.first_offset,
+                dup.last_offset,
+                -1,
+                self.log_start_offset,
+                True,
+                dup.last_offset - dup.first_offset + 1,
+            )
+        now = self._now_ms() if now_ms is None else now_ms
+        log_append = self.config.log_append_time
+        buf = bytearray(records)
+        first_offset = offset = self._leo
+        stamped: list[tuple[int, BatchHeader]] = []
+        count = 0
+        max_ts = -1
+        for pos, _h in batches:
+            set_base_offset(buf, pos, offset)
+            set_partition_leader_epoch(buf, pos, leader_epoch)
+            if log_append:
+                set_log_append_time(buf, pos, now)
+            h = parse_header(buf, pos)
+            stamped.append((pos, h))
+            offset += h.last_offset_delta + 1
+            count += h.records_count
+            max_ts = max(max_ts, h.max_timestamp)
+        last_offset = offset - 1
+        self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
+        self._segments[-1].append(buf, stamped)
+        with self._lock:
+            assert offset > self._leo, "log end offset must grow"
+            self._leo = offset
+            self._unflushed_messages += count
+        if leader_epoch >= 0 and leader_epoch > self._epochs.latest_epoch():
+            self._epochs.assign(leader_epoch, first_offset)
+        for _pos, h in stamped:
+            self._producers.update(h)
+        self._maybe_flush_by_messages()
+        return AppendInfo(
+            first_offset, last_offset, now if log_append else -1, self.log_start_offset, False, count
+        )
+
+    def append_as_follower(self, records: bytes | bytearray | memoryview) -> AppendInfo:
+        """Append batches that already carry offsets (from the leader), as they are.
+
+        Offsets must start at or above the log end offset and ascend. Updates the leader-epoch
+        cache from the batches' partitionLeaderEpoch and the producer state (unchecked).
+        """
+        self._check_open()
+        batches = self._parse_batches(records, leader=False)
+        if not batches:
+            return AppendInfo(self._leo, self._leo - 1, -1, self.log_start_offset, False, 0)
+        expected = self._leo
+        count = 0
+        max_ts = -1
+        for _pos, h in batches:
+            if h.base_offset < expected:
+                raise UnexpectedAppendOffsetError(
+                    f"follower batch at offset {h.base_offset} is below the expected offset {expected} "
+                    f"(log end offset {self._leo})"
+                )
+            expected = h.base_offset + h.last_offset_delta + 1
+            count += h.records_count
+            max_ts = max(max_ts, h.max_timestamp)
+        first_offset = batches[0][1].base_offset
+        self._maybe_roll(len(records), max_ts, first_offset, expected - 1, self._now_ms())
+        active = self._segments[-1]
+        if expected - 1 - active.base_offset > 2**31 - 1 or first_offset < active.base_offset:
+            raise UnexpectedAppendOffsetError(
+                f"follower batches {first_offset}..{expected - 1} do not fit segment {active.base_offset}"
+            )
+        active.append(records, batches)
+        with self._lock:
+            self._leo = expected
+            self._unflushed_messages += count
+        for _pos, h in batches:
+            self._recover_epoch(h)
+            self._producers.update(h)
+        self._maybe_flush_by_messages()
+        return AppendInfo(first_offset, expected - 1, -1, self.log_start_offset, False, count)
+
+    def _maybe_flush_by_messages(self) -> None:
+        fm = self.config.flush_messages
+        if fm != LONG_MAX and self._unflushed_messages >= fm:
+            self.flush()
+
+    def needs_flush_by_time(self, now_ms: int) -> bool:
+        """True when unflushed data is older than ``flush.ms`` (for the broker's periodic flusher)."""
+        fms = self.config.flush_ms
+        return fms != LONG_MAX and self._unflushed_messages > 0 and now_ms - self._last_flush_ms >= fms
+
+    # --- reads ------------------------------------------------------------------------------------
+
+    def read(
+        self, offset: int, *, max_bytes: int, max_offset: int | None = None, min_one_batch: bool = True
+    ) -> ReadResult:
+        """Whole batches from the one containing ``offset``, within one segment.
+
+        Stops before exceeding ``max_bytes`` (but returns the first batch whole if
+        ``min_one_batch``) and before any batch whose base offset >= ``max_offset``.
+        """
+        self._check_open()
+        leo, lso = self._leo, self.log_start_offset
+        if offset < lso or offset > leo:
+            raise OffsetOutOfRangeError(f"offset {offset} is outside the log range [{lso}, {leo}]")
+        limit_offset = leo if max_offset is None else min(max_offset, leo)
+        empty = ReadResult(b"", -1, lso, leo)
+        if offset >= limit_offset:
+            return empty
+        i = max(0, bisect_right(self._bases, offset) - 1)
+        for seg in self._segments[i:]:
+            found = seg.translate(offset) if seg.base_offset <= offset else seg.translate(seg.base_offset)
+            if found is None:
+                continue
+            start, header = found
+            if header.base_offset >= limit_offset:
+                return empty
+            end = seg.size
+            if limit_offset < seg.next_offset:
+                end = seg.position_of_base_at_least(limit_offset, start)
+            first_size = header.batch_length + LOG_OVERHEAD
+            if end - start > max_bytes:
+                if first_size > max_bytes:
+                    if not min_one_batch:
+                        return empty
+                    end = start + first_size
+                else:
+                    end = seg.boundary_at_or_below(start + max_bytes, start)
+            assert end > start
+            data = seg.read(start, end - start)
+            assert len(data) == end - start, f"short read of {seg.path.name} at {start}"
+            assert parse_header(data, 0).base_offset == header.base_offset
+            return ReadResult(data, header.base_offset, lso, leo)
+        return empty
+
+    def offset_for_timestamp(self, ts_ms: int) -> tuple[int, int] | None:
+        """(base offset, max timestamp) of the first batch whose max timestamp >= ``ts_ms``."""
+        self._check_open()
+        for seg in self._segments:
+            if seg.max_timestamp >= ts_ms:
+                found = seg.find_timestamp(ts_ms)
+                if found is not None:
+                    return found
+        return None
+
+    # --- truncation and retention -------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch at and after ``offset`` (rounding down to the containing batch)."""
+        self._check_open()
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot truncate to negative offset {offset}")
+        if offset >= self._leo:
+            return
+        if offset < self.log_start_offset:
+            self.truncate_fully_and_start_at(offset)
+            return
+        with self._lock:
+            i = bisect_right(self._bases, offset) - 1
+            self._drop_segments_from(i + 1)
+            seg = self._segments[i]
+            seg.truncate_to(offset)
+            self._leo = seg.next_offset
+            assert self._leo <= offset
+            self._recovery_point = min(self._recovery_point, self._leo)
+        self._write_recovery_point()
+        self._epochs.truncate_from_end(self._leo)
+        self._load_producer_state()
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete everything and restart the log, empty, at ``offset``."""
+        self._check_open()
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot start the log at negative offset {offset}")
+        with self._lock:
+            for seg in self._segments:
+                seg.delete()
+            for _off, path in list_snapshots(self._dir):
+                path.unlink()
+            self._segments = [self._new_segment(offset)]
+            self._bases = [offset]
+            self._leo = offset
+            self._recovery_point = offset
+            self._unflushed_messages = 0
+        self._write_recovery_point()
+        self._epochs.clear()
+        self._producers = ProducerStateManager()
+
+    def delete_old_segments(self, now_ms: int, *, high_watermark: int | None = None) -> int:
+        """Apply retention.ms / retention.bytes; returns the number of segments deleted.
+
+        Deletes a prefix of segments, never the active one, and (if given) only segments lying
+        wholly below ``high_watermark``. A segment expires when its largest timestamp (or file
+        mtime if it has none) is older than retention.ms.
+        """
+        self._check_open()
+        cfg = self.config
+        if cfg.retention_ms < 0 and cfg.retention_bytes < 0:
+            return 0
+        total = self.size_bytes
+        n = 0
+        for i, seg in enumerate(self._segments[:-1]):
+            next_base = self._bases[i + 1]
+            if high_watermark is not None and next_base > high_watermark:
+                break
+            largest = seg.max_timestamp if seg.max_timestamp >= 0 else int(seg.path.stat().st_mtime * 1000)
+            by_time = cfg.retention_ms >= 0 and now_ms - largest > cfg.retention_ms
+            by_size = cfg.retention_bytes >= 0 and total - seg.size >= cfg.retention_bytes
+            if not (by_time or by_size):
+                break
+            total -= seg.size
+            n += 1
+        if n == 0:
+            return 0
+        with self._lock:
+            doomed = self._segments[:n]
+            del self._segments[:n]
+            del self._bases[:n]
+        for seg in doomed:
+            seg.delete()
+        lso = self.log_start_offset
+        self._recovery_point = max(self._recovery_point, lso)
+        self._epochs.truncate_from_start(lso)
+        snaps = list_snapshots(self._dir)
+        below = [p for off, p in snaps if off < lso]
+        for p in below[:-1]:  # keep the newest snapshot below the log start
+            p.unlink()
+        return n
+
+    # --- leader epochs ----------------------------------------------------------------------------
+
+    def latest_epoch(self) -> int:
+        return self._epochs.latest_epoch()
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """OffsetsForLeaderEpoch: see ``LeaderEpochCache.end_offset_for``."""
+        return self._epochs.end_offset_for(epoch, self._leo)
+
+    def assign_epoch(self, epoch: int, start_offset: int) -> None:
+        """Record that ``epoch`` starts at ``start_offset`` (e.g. on becoming leader)."""
+        self._epochs.assign(epoch, start_offset)
+
+    @property
+    def epoch_entries(self) -> list[tuple[int, int]]:
+        return self._epochs.entries
+
+    # --- durability and lifecycle -----------------------------------------------------------------
+
+    def flush(self) -> None:
+        """fsync every dirty segment and index, then advance the recovery point. Thread-safe."""
+        with self._lock:
+            if self._closed:
+                return
+            segs = [s for s in self._segments if s.is_dirty or s is self._segments[-1]]
+            leo = self._leo
+            msgs = self._unflushed_messages
+        for s in segs:
+            s.flush()
+        with self._lock:
+            self._unflushed_messages -= msgs
+            self._last_flush_ms = self._now_ms()
+            if leo > self._recovery_point and not self._closed:
+                self._recovery_point = leo
+                self._write_recovery_point()
+
+    def close(self) -> None:
+        """Flush, snapshot producer state, write the clean-shutdown marker and close files."""
+        if self._closed:
+            return
+        self._segments[-1].on_roll()  # persist the active segment's max timestamp
+        self.flush()
+        self._producers.write_snapshot(self._dir, self._leo, durable=True)
+        with self._lock:
+            self._recovery_point = self._leo
+            self._write_recovery_point(durable=True)
+            for seg in self._segments:
+                seg.close()
+            self._closed = True
+        atomic_write(self._dir / CLEAN_SHUTDOWN_FILE, b"", durable=True)
+
+    def abandon(self) -> None:
+        """Close file handles without flushing or writing the clean-shutdown marker.
+
+        Simulates a crash of the process (for tests and fault injection).
+        """
+        with self._lock:
+            for seg in self._segments:
+                seg.close()
+            self._closed = True
+
+    def delete(self) -> None:
+        """Close and remove the whole directory (topic deletion)."""
+        self.abandon()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({str(self._dir)!r}, start={self.log_start_offset}, end={self._leo}, "
+            f"segments={len(self._segments)})"
+        )
