@@ -130,18 +130,36 @@ class Broker:
         self._lock_fd = fd
 
     def _refuse_duplicate_id(self) -> None:
-        try:
-            data, stat = self.store.client.get(layout.broker_path(self.config.broker_id))
-        except NoNodeError:
-            return
-        if stat.ephemeralOwner == self.store.session_id:
-            return
-        other = BrokerRegistration.decode(self.config.broker_id, data)
-        raise BrokerIdInUseError(
-            f"broker id {self.config.broker_id} is already registered by a live broker at "
-            f"{other.host}:{other.port} (pid {other.pid}); refusing to start a second broker with "
-            "the same id. Stop that broker or pick another --id."
-        )
+        """Refuse to start while another live broker holds this id.
+
+        A znode left by a broker that died (kill -9) outlives it until its session expires, so
+        a stale one is waited out for a session timeout; one that is still there after that
+        belongs to a broker that keeps its session alive.
+        """
+        path = layout.broker_path(self.config.broker_id)
+        deadline = time.monotonic() + self.config.zk_session_timeout_s * 1.5 + 2.0
+        announced = False
+        while True:
+            try:
+                data, stat = self.store.client.get(path)
+            except NoNodeError:
+                return
+            if stat.ephemeralOwner == self.store.session_id:
+                return
+            other = BrokerRegistration.decode(self.config.broker_id, data)
+            if time.monotonic() >= deadline:
+                raise BrokerIdInUseError(
+                    f"broker id {self.config.broker_id} is already registered by a live broker at "
+                    f"{other.host}:{other.port} (pid {other.pid}); refusing to start a second broker with "
+                    "the same id. Stop that broker or pick another --id."
+                )
+            if not announced:
+                log.info(
+                    "event=waiting_for_stale_registration id=%d held_by=%s:%d pid=%d",
+                    self.config.broker_id, other.host, other.port, other.pid,
+                )
+                announced = True
+            time.sleep(0.2)
 
     def _known_topics(self) -> dict[str, layout.TopicAssignment]:
         result = {}

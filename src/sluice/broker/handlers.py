@@ -32,12 +32,34 @@ RESOURCE_BROKER = 4
 
 
 async def api_versions(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    # Advertise only what this broker handles, so clients never pick an API it would refuse.
     return {
         "error_code": ErrorCode.NONE,
         "api_keys": [
-            {"api_key": int(k), "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED.items())
+            {"api_key": int(k), "min_version": lo, "max_version": hi}
+            for k, (lo, hi) in sorted(SUPPORTED.items())
+            if k in HANDLERS
         ],
         "throttle_time_ms": 0,
+    }
+
+
+async def find_coordinator(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    """No group coordinator runs yet: clients are told to retry, never refused outright."""
+    keys = req.get("coordinator_keys") or [req.get("key", "")]
+    message = "the group coordinator is not available on this broker yet"
+    return {
+        "throttle_time_ms": 0,
+        "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        "error_message": message,
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+        "coordinators": [
+            {"key": k, "node_id": -1, "host": "", "port": -1, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+             "error_message": message}
+            for k in keys
+        ],
     }
 
 
@@ -158,7 +180,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 p.get("current_leader_epoch", -1), min_one_batch=(total == 0),
             )
             total += result.size
-            records = result.records.chunks if result.records is not None else b""
+            records = result.records.records if result.records is not None else b""
             responses.setdefault(name, []).append({
                 "partition_index": p["partition"],
                 "error_code": result.error,
@@ -281,6 +303,7 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DELETE_TOPICS: delete_topics,
     ApiKey.INIT_PRODUCER_ID: init_producer_id,
     ApiKey.DESCRIBE_CONFIGS: describe_configs,
+    ApiKey.FIND_COORDINATOR: find_coordinator,
 }
 
 

@@ -174,7 +174,8 @@ def topic_create(
     from confluent_kafka.admin import NewTopic
 
     cfg = _parse_configs(config or [])
-    futures = _admin(bootstrap).create_topics(
+    admin = _admin(bootstrap)
+    futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=cfg)],
         operation_timeout=30, request_timeout=40,
     )
@@ -200,7 +201,8 @@ def topic_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
 
 @topic_app.command("delete")
 def topic_delete(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
-    futures = _admin(bootstrap).delete_topics([name], operation_timeout=30, request_timeout=40)
+    admin = _admin(bootstrap)
+    futures = admin.delete_topics([name], operation_timeout=30, request_timeout=40)
     try:
         futures[name].result()
     except Exception as exc:

@@ -92,6 +92,15 @@ class ReadResult:
     log_start_offset: int
     log_end_offset: int
 
+    @property
+    def size_bytes(self) -> int:
+        return len(self.records)
+
+    @property
+    def chunks(self) -> list[bytes]:
+        """The records as a list of chunks, for the wire encoder's zero-copy path."""
+        return [self.records] if self.records else []
+
 
 class PartitionLog:
     """One partition's log. Create with ``PartitionLog.open``."""

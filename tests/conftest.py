@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sluice.ops.ports import free_port
+from sluice.ops.zookeeper import LocalZooKeeper
+from tests.support.cluster import TestCluster
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real ZooKeeper for the whole run; each cluster gets its own chroot in it."""
+    server = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper"), free_port(), force_sync=False)
+    server.start()
+    try:
+        yield server.connect_string
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def make_cluster(zookeeper: str, tmp_path: Path) -> Iterator[Callable[..., TestCluster]]:
+    clusters: list[TestCluster] = []
+
+    def make(brokers: int = 1, session_timeout_s: float = 6.0) -> TestCluster:
+        c = TestCluster(zookeeper, tmp_path / f"cluster-{len(clusters)}", brokers, session_timeout_s)
+        clusters.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in clusters:
+            try:
+                c.down()
+            except Exception:
+                pass
+
+
+@pytest.fixture
+def cluster(make_cluster: Callable[..., TestCluster]) -> TestCluster:
+    return make_cluster(1)

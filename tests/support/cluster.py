@@ -1,0 +1,84 @@
+"""Test harness: real brokers as subprocesses on a shared real ZooKeeper, one chroot per test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sluice.ops import launcher
+from sluice.ops.launcher import BrokerProcess, LocalCluster
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """Poll ``condition`` until it returns a truthy value; fail with ``what`` after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:
+            last_exc = exc
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))
+
+
+class TestCluster:
+    def __init__(self, zookeeper: str, directory: Path, brokers: int, session_timeout_s: float = 6.0):
+        self.chroot = f"/t-{uuid.uuid4().hex[:10]}"
+        self.directory = directory
+        self.cluster: LocalCluster = launcher.cluster_up(
+            directory, brokers, f"{zookeeper}{self.chroot}", zk_session_timeout_s=session_timeout_s
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap_servers
+
+    @property
+    def zookeeper(self) -> str:
+        return self.cluster.zookeeper
+
+    def broker(self, broker_id: int) -> BrokerProcess:
+        return self.cluster.broker(broker_id)
+
+    def kill(self, broker_id: int, sig: int = signal.SIGKILL) -> None:
+        b = self.broker(broker_id)
+        os.kill(b.pid, sig)
+        if sig == signal.SIGKILL:
+            wait_until(lambda: not launcher.pid_alive(b.pid) or _reap(b.pid), 10, f"broker {broker_id} to die")
+
+    def stop(self, broker_id: int) -> None:
+        launcher.stop_pid(self.broker(broker_id).pid)
+
+    def restart(self, broker_id: int) -> None:
+        b = self.broker(broker_id)
+        if launcher.pid_alive(b.pid):
+            launcher.stop_pid(b.pid)
+        _reap(b.pid)
+        # The dead broker's ephemeral znode lingers until its session expires; wait it out.
+        launcher.start_broker_process(self.cluster, b)
+        self.cluster.save()
+        launcher.wait_broker_ready(self.cluster, b, timeout_s=60)
+
+    def log_text(self, broker_id: int) -> str:
+        return Path(self.broker(broker_id).log_file).read_text(errors="replace")
+
+    def down(self) -> None:
+        launcher.cluster_down(self.directory)
+        for b in self.cluster.brokers:
+            _reap(b.pid)
+
+
+def _reap(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return not launcher.pid_alive(pid)
