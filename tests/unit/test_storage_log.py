@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from _storage_helpers import Clock, batch, offsets_in, open_log, read_all
 
 from sluice.protocol.records import (
     TIMESTAMP_LOG_APPEND_TIME,
@@ -27,6 +26,7 @@ from sluice.storage import (
     UnexpectedAppendOffsetError,
     known_topic_configs,
 )
+from tests.unit._storage_helpers import Clock, batch, offsets_in, open_log, read_all
 
 
 def test_append_assigns_offsets_and_stamps(tmp_path: Path) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _storage_helpers import batch, open_log
 
 from sluice.protocol.records import BatchHeader
 from sluice.storage import InvalidProducerEpochError, OutOfOrderSequenceError, PartitionLog
 from sluice.storage.producer_state import ProducerStateManager
+from tests.unit._storage_helpers import batch, open_log
 
 
 def _p(n: int, seq: int, *, pid: int = 1, epoch: int = 0) -> bytes:

@@ -7,11 +7,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from _storage_helpers import Clock, batch, open_log, read_all
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.storage import PartitionLog
+from tests.unit._storage_helpers import Clock, batch, open_log, read_all
 
 
 def _fill(path: Path, n: int, **cfg: object) -> tuple[list[int], int]:
@@ -157,7 +157,7 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(ops=_ops)
 def test_model(ops: list[tuple[str, object]]) -> None:
     d = Path(tempfile.mkdtemp()) / "p"

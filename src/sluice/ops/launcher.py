@@ -174,6 +174,7 @@ def cluster_up(
         b = BrokerProcess(bid, host, ports[i + 1], str(directory / f"broker-{bid}"), str(directory / f"broker-{bid}.log"))
         cluster.brokers.append(b)
     try:
+        ensure_chroot(zookeeper)
         for b in cluster.brokers:
             start_broker_process(cluster, b)
         cluster.save()
@@ -184,6 +185,22 @@ def cluster_up(
         cluster_down(directory)
         raise
     return cluster
+
+
+def ensure_chroot(zookeeper: str) -> None:
+    """Create the cluster's chroot so that chrooted sessions (ours and the brokers') can use it."""
+    from kazoo.client import KazooClient
+
+    from sluice.cluster.zkstore import split_zookeeper_address
+
+    hosts, chroot = split_zookeeper_address(zookeeper)
+    zk = KazooClient(hosts=hosts, timeout=10.0)
+    zk.start(timeout=15)
+    try:
+        zk.ensure_path(chroot)
+    finally:
+        zk.stop()
+        zk.close()
 
 
 def wait_controller(cluster: LocalCluster, timeout_s: float = 30.0) -> int:
