@@ -30,6 +30,7 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interv
 
 
 class TestCluster:
+    __test__ = False  # a harness, not a test class
     def __init__(self, zookeeper: str, directory: Path, brokers: int, session_timeout_s: float = 6.0):
         self.chroot = f"/t-{uuid.uuid4().hex[:10]}"
         self.directory = directory

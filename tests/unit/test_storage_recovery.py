@@ -157,7 +157,7 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(ops=_ops)
 def test_model(ops: list[tuple[str, object]]) -> None:
     d = Path(tempfile.mkdtemp()) / "p"
