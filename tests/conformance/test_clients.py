@@ -54,8 +54,14 @@ def assert_intact(read: dict[int, list[int]]) -> None:
 
 
 def read_with_confluent(bootstrap: str, topic: str) -> dict[int, list[int]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "conformance-reader",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "conformance-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     read: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
     eof: set[int] = set()
@@ -79,8 +85,15 @@ def test_confluent_kafka_roundtrip_all_codecs(cluster: TestCluster) -> None:
     create_topic(cluster.bootstrap, topic)
     errors: list[str] = []
     for codec in CODECS:
-        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True,
-                             "compression.type": codec, "linger.ms": 5})
+        producer = Producer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "compression.type": codec,
+                "linger.ms": 5,
+            }
+        )
 
         def on_delivery(err: object, msg: object) -> None:
             if err is not None:
@@ -91,8 +104,13 @@ def test_confluent_kafka_roundtrip_all_codecs(cluster: TestCluster) -> None:
                 continue
             while True:
                 try:
-                    producer.produce(topic, value=value_of(i), key=str(i).encode(), partition=i % PARTITIONS,
-                                     on_delivery=on_delivery)
+                    producer.produce(
+                        topic,
+                        value=value_of(i),
+                        key=str(i).encode(),
+                        partition=i % PARTITIONS,
+                        on_delivery=on_delivery,
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -108,16 +126,30 @@ def test_kafka_python_roundtrip_all_codecs(cluster: TestCluster) -> None:
     topic = "conf-kafka-python"
     create_topic(cluster.bootstrap, topic)
     for codec in CODECS:
-        producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, acks="all", enable_idempotence=True,
-                                 compression_type=codec, linger_ms=5, batch_size=256 * 1024)
-        futures = [producer.send(topic, value=value_of(i), partition=i % PARTITIONS)
-                   for i in range(RECORDS) if codec_of(i) == codec]
+        producer = KafkaProducer(
+            bootstrap_servers=cluster.bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            compression_type=codec,
+            linger_ms=5,
+            batch_size=256 * 1024,
+        )
+        futures = [
+            producer.send(topic, value=value_of(i), partition=i % PARTITIONS)
+            for i in range(RECORDS)
+            if codec_of(i) == codec
+        ]
         producer.flush(timeout=120)
         for f in futures:
             f.get(timeout=30)
         producer.close()
-    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, group_id=None, enable_auto_commit=False,
-                             auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)
+    consumer = KafkaConsumer(
+        bootstrap_servers=cluster.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+    )
     tps = [KTP(topic, p) for p in range(PARTITIONS)]
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)
@@ -141,18 +173,32 @@ def test_aiokafka_roundtrip_all_codecs(cluster: TestCluster) -> None:
 
     async def run() -> dict[int, list[int]]:
         for codec in CODECS:
-            producer = AIOKafkaProducer(bootstrap_servers=cluster.bootstrap, acks="all", enable_idempotence=True,
-                                        compression_type=codec, linger_ms=5, max_batch_size=256 * 1024)
+            producer = AIOKafkaProducer(
+                bootstrap_servers=cluster.bootstrap,
+                acks="all",
+                enable_idempotence=True,
+                compression_type=codec,
+                linger_ms=5,
+                max_batch_size=256 * 1024,
+            )
             await producer.start()
             try:
-                futs = [await producer.send(topic, value=value_of(i), partition=i % PARTITIONS)
-                        for i in range(RECORDS) if codec_of(i) == codec]
+                futs = [
+                    await producer.send(topic, value=value_of(i), partition=i % PARTITIONS)
+                    for i in range(RECORDS)
+                    if codec_of(i) == codec
+                ]
                 await producer.flush()
                 await asyncio.gather(*futs)
             finally:
                 await producer.stop()
-        consumer = AIOKafkaConsumer(bootstrap_servers=cluster.bootstrap, group_id=None, enable_auto_commit=False,
-                                    auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cluster.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+        )
         await consumer.start()
         read: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
         try:
@@ -184,12 +230,46 @@ def test_kcat_roundtrip_all_codecs(cluster: TestCluster, tmp_path: Path) -> None
             lines = [value_of(i) for i in range(RECORDS) if codec_of(i) == codec and i % PARTITIONS == p]
             path = tmp_path / f"{codec}-{p}.txt"
             path.write_bytes(b"\n".join(lines) + b"\n")
-            _kcat(["-P", "-b", cluster.bootstrap, "-t", topic, "-p", str(p), "-z", codec,
-                   "-X", "enable.idempotence=true", "-X", "acks=all", "-X", "linger.ms=5", "-l", str(path)])
+            _kcat(
+                [
+                    "-P",
+                    "-b",
+                    cluster.bootstrap,
+                    "-t",
+                    topic,
+                    "-p",
+                    str(p),
+                    "-z",
+                    codec,
+                    "-X",
+                    "enable.idempotence=true",
+                    "-X",
+                    "acks=all",
+                    "-X",
+                    "linger.ms=5",
+                    "-l",
+                    str(path),
+                ]
+            )
     read: dict[int, list[int]] = {}
     for p in range(PARTITIONS):
-        out = _kcat(["-C", "-b", cluster.bootstrap, "-t", topic, "-p", str(p), "-o", "beginning", "-e", "-q",
-                     "-f", "%s\n"]).stdout
+        out = _kcat(
+            [
+                "-C",
+                "-b",
+                cluster.bootstrap,
+                "-t",
+                topic,
+                "-p",
+                str(p),
+                "-o",
+                "beginning",
+                "-e",
+                "-q",
+                "-f",
+                "%s\n",
+            ]
+        ).stdout
         read[p] = [index_of(v) for v in out.split(b"\n") if v]
     assert_intact(read)
 
@@ -198,10 +278,16 @@ def test_produce_to_missing_topic_gets_unknown_topic(cluster: TestCluster) -> No
     errors: list[object] = []
     # The broker answers UNKNOWN_TOPIC_OR_PARTITION in metadata; librdkafka waits this long for
     # the topic to appear before it fails the send with _UNKNOWN_TOPIC.
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "message.timeout.ms": 10000,
-                         "topic.metadata.propagation.max.ms": 1000, "enable.idempotence": True})
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "acks": "all",
+            "message.timeout.ms": 10000,
+            "topic.metadata.propagation.max.ms": 1000,
+            "enable.idempotence": True,
+        }
+    )
     producer.produce("no-such-topic", value=b"x", on_delivery=lambda err, msg: errors.append(err))
     producer.flush(10)
     assert len(errors) == 1 and errors[0] is not None
     assert errors[0].code() in (3, -188), errors[0]  # UNKNOWN_TOPIC_OR_PART or _UNKNOWN_TOPIC
-

@@ -19,13 +19,20 @@ pytestmark = pytest.mark.timeout(180)
 
 def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str] | None = None) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, partitions, 1, config=config or {})],
-                        operation_timeout=30)[name].result(timeout=40)
+    admin.create_topics([NewTopic(name, partitions, 1, config=config or {})], operation_timeout=30)[
+        name
+    ].result(timeout=40)
 
 
 def read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[int, bytes]]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "durability-reader",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "durability-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
     eof: set[int] = set()
@@ -46,7 +53,9 @@ def read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tupl
     return out
 
 
-def test_kill9_under_acks_all_with_flush_messages_1_loses_no_acknowledged_record(cluster: TestCluster) -> None:
+def test_kill9_under_acks_all_with_flush_messages_1_loses_no_acknowledged_record(
+    cluster: TestCluster,
+) -> None:
     topic = "durable"
     create_topic(cluster.bootstrap, topic, 3, {"flush.messages": "1"})
     acked: dict[bytes, tuple[int, int]] = {}
@@ -63,12 +72,22 @@ def test_kill9_under_acks_all_with_flush_messages_1_loses_no_acknowledged_record
                 failed += 1
 
     def produce() -> None:
-        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True,
-                             "linger.ms": 2, "message.timeout.ms": 60000, "retry.backoff.ms": 100})
+        producer = Producer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 2,
+                "message.timeout.ms": 60000,
+                "retry.backoff.ms": 100,
+            }
+        )
         i = 0
         while not stop.is_set():
             try:
-                producer.produce(topic, value=f"r{i:08d}".encode(), key=str(i).encode(), on_delivery=on_delivery)
+                producer.produce(
+                    topic, value=f"r{i:08d}".encode(), key=str(i).encode(), on_delivery=on_delivery
+                )
                 i += 1
             except BufferError:
                 producer.poll(0.01)
@@ -111,8 +130,15 @@ def segment_files(data_dir: Path, topic: str, partition: int) -> list[Path]:
 def test_torn_last_segment_recovers_every_complete_batch(cluster: TestCluster) -> None:
     topic = "torn"
     create_topic(cluster.bootstrap, topic, 1)
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 0, "batch.num.messages": 7})
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 0,
+            "batch.num.messages": 7,
+        }
+    )
     for i in range(3000):
         producer.produce(topic, value=f"t{i:06d}".encode(), partition=0)
         if i % 50 == 0:

@@ -26,11 +26,15 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interv
         except Exception as exc:
             last_exc = exc
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))
+    raise AssertionError(
+        f"timed out after {timeout_s} s waiting for {what}"
+        + (f" (last error: {last_exc!r})" if last_exc else "")
+    )
 
 
 class TestCluster:
     __test__ = False  # a harness, not a test class
+
     def __init__(self, zookeeper: str, directory: Path, brokers: int, session_timeout_s: float = 6.0):
         self.chroot = f"/t-{uuid.uuid4().hex[:10]}"
         self.directory = directory
@@ -53,7 +57,9 @@ class TestCluster:
         b = self.broker(broker_id)
         os.kill(b.pid, sig)
         if sig == signal.SIGKILL:
-            wait_until(lambda: not launcher.pid_alive(b.pid) or _reap(b.pid), 10, f"broker {broker_id} to die")
+            wait_until(
+                lambda: not launcher.pid_alive(b.pid) or _reap(b.pid), 10, f"broker {broker_id} to die"
+            )
 
     def stop(self, broker_id: int) -> None:
         launcher.stop_pid(self.broker(broker_id).pid)

@@ -259,15 +259,27 @@ def test_leader_epoch_cache(tmp_path: Path) -> None:
 
 def test_config_parsing() -> None:
     cfg = LogConfig.from_topic_config(
-        {"segment.bytes": "1024", "retention.ms": "-1", "message.timestamp.type": "LogAppendTime",
-         "flush.messages": "1", "min.insync.replicas": "2", "unclean.leader.election.enable": "true"}
+        {
+            "segment.bytes": "1024",
+            "retention.ms": "-1",
+            "message.timestamp.type": "LogAppendTime",
+            "flush.messages": "1",
+            "min.insync.replicas": "2",
+            "unclean.leader.election.enable": "true",
+        }
     )
     assert cfg.segment_bytes == 1024 and cfg.retention_ms == -1 and cfg.log_append_time
     assert cfg.flush_messages == 1 and cfg.min_insync_replicas == 2 and cfg.unclean_leader_election_enable
     assert cfg.to_topic_config()["segment.bytes"] == "1024"
-    for key, value in [("segment.bytes", "abc"), ("segment.bytes", "1"), ("cleanup.policy", "compact"),
-                       ("message.timestamp.type", "Now"), ("no.such.key", "1"), ("flush.messages", "0"),
-                       ("unclean.leader.election.enable", "yes")]:
+    for key, value in [
+        ("segment.bytes", "abc"),
+        ("segment.bytes", "1"),
+        ("cleanup.policy", "compact"),
+        ("message.timestamp.type", "Now"),
+        ("no.such.key", "1"),
+        ("flush.messages", "0"),
+        ("unclean.leader.election.enable", "yes"),
+    ]:
         with pytest.raises(ValueError, match=key.replace(".", r"\.")) as exc:
             LogConfig.from_topic_config({key: value})
         assert value in str(exc.value)

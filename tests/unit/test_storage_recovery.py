@@ -108,8 +108,12 @@ def test_unclean_open_rebuilds_producer_state_and_epochs(tmp_path: Path) -> None
     assert log.epoch_entries == entries
     dup = log.append_as_leader(batch(3, producer_id=7, producer_epoch=0, base_sequence=27), leader_epoch=2)
     assert dup.duplicate and dup.first_offset == 27
-    assert log.append_as_leader(batch(1, producer_id=7, producer_epoch=0, base_sequence=30),
-                                leader_epoch=2).first_offset == 30
+    assert (
+        log.append_as_leader(
+            batch(1, producer_id=7, producer_epoch=0, base_sequence=30), leader_epoch=2
+        ).first_offset
+        == 30
+    )
 
 
 def test_lost_segment_tail_after_crash_deletes_later_segments(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ def validate_topic_name(name: str) -> str | None:
 
 def validate_topic_config(config: dict[str, str], replication_factor: int) -> str | None:
     known = known_topic_configs()
-    for key, value in config.items():
+    for key in config:
         if key not in known and key not in REPLICATION_CONFIGS:
             return f"unknown topic config {key!r}"
     try:
@@ -67,8 +67,10 @@ def validate_topic_config(config: dict[str, str], replication_factor: int) -> st
         if mir < 1:
             return f"min.insync.replicas must be at least 1, got {mir}"
         if mir > replication_factor:
-            return (f"min.insync.replicas={mir} is larger than the replication factor {replication_factor}: "
-                    "no acks=all write could ever succeed")
+            return (
+                f"min.insync.replicas={mir} is larger than the replication factor {replication_factor}: "
+                "no acks=all write could ever succeed"
+            )
     if config.get("unclean.leader.election.enable", "false") not in ("true", "false"):
         return "unclean.leader.election.enable must be true or false"
     return None
@@ -82,14 +84,18 @@ class TopicAdmin:
         configured = self.broker.config.default_replication_factor
         return configured if configured > 0 else max(1, min(3, live))
 
-    async def create_topics(self, topics: list[dict[str, Any]], timeout_ms: int, validate_only: bool) -> list[dict[str, Any]]:
+    async def create_topics(
+        self, topics: list[dict[str, Any]], timeout_ms: int, validate_only: bool
+    ) -> list[dict[str, Any]]:
         results = []
         created: list[str] = []
         seen: set[str] = set()
         for t in topics:
             name = t["name"]
             if name in seen:
-                results.append(self._create_error(name, ErrorCode.INVALID_REQUEST, "topic listed twice in one request"))
+                results.append(
+                    self._create_error(name, ErrorCode.INVALID_REQUEST, "topic listed twice in one request")
+                )
                 continue
             seen.add(name)
             outcome = await self._create_one(t, validate_only)
@@ -105,8 +111,15 @@ class TopicAdmin:
         return results
 
     def _create_error(self, name: str, code: ErrorCode, message: str) -> dict[str, Any]:
-        return {"name": name, "error_code": code, "error_message": message, "num_partitions": -1,
-                "replication_factor": -1, "configs": [], "topic_id": uuid.UUID(int=0)}
+        return {
+            "name": name,
+            "error_code": code,
+            "error_message": message,
+            "num_partitions": -1,
+            "replication_factor": -1,
+            "configs": [],
+            "topic_id": uuid.UUID(int=0),
+        }
 
     async def _create_one(self, t: dict[str, Any], validate_only: bool) -> dict[str, Any]:
         name = t["name"]
@@ -120,20 +133,28 @@ class TopicAdmin:
         manual = t.get("assignments") or []
         if manual:
             if t.get("num_partitions", -1) != -1 or t.get("replication_factor", -1) != -1:
-                return self._create_error(name, ErrorCode.INVALID_REQUEST,
-                                          "give either an explicit assignment or counts, not both")
+                return self._create_error(
+                    name, ErrorCode.INVALID_REQUEST, "give either an explicit assignment or counts, not both"
+                )
             replicas = {a["partition_index"]: tuple(a["broker_ids"]) for a in manual}
             if sorted(replicas) != list(range(len(replicas))):
-                return self._create_error(name, ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                                          "partition indexes must be 0..N-1")
+                return self._create_error(
+                    name, ErrorCode.INVALID_REPLICA_ASSIGNMENT, "partition indexes must be 0..N-1"
+                )
             sizes = {len(r) for r in replicas.values()}
             if len(sizes) != 1 or any(len(set(r)) != len(r) for r in replicas.values()):
-                return self._create_error(name, ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                                          "every partition needs the same number of distinct replicas")
+                return self._create_error(
+                    name,
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    "every partition needs the same number of distinct replicas",
+                )
             unknown = {b for r in replicas.values() for b in r} - set(live)
             if unknown:
-                return self._create_error(name, ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                                          f"assignment names brokers that are not live: {sorted(unknown)}")
+                return self._create_error(
+                    name,
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"assignment names brokers that are not live: {sorted(unknown)}",
+                )
             rf = sizes.pop()
         else:
             partitions = t.get("num_partitions", -1)
@@ -141,13 +162,21 @@ class TopicAdmin:
             rf = t.get("replication_factor", -1)
             rf = self.default_replication_factor(len(live)) if rf == -1 else rf
             if partitions < 1:
-                return self._create_error(name, ErrorCode.INVALID_PARTITIONS,
-                                          f"number of partitions must be at least 1, got {partitions}")
+                return self._create_error(
+                    name,
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"number of partitions must be at least 1, got {partitions}",
+                )
             if rf < 1:
-                return self._create_error(name, ErrorCode.INVALID_REPLICATION_FACTOR,
-                                          f"replication factor must be at least 1, got {rf}")
+                return self._create_error(
+                    name,
+                    ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"replication factor must be at least 1, got {rf}",
+                )
             try:
-                replicas = assign_replicas(live, partitions, rf, start_index=zlib.crc32(name.encode()) % max(1, len(live)))
+                replicas = assign_replicas(
+                    live, partitions, rf, start_index=zlib.crc32(name.encode()) % max(1, len(live))
+                )
             except AssignmentError as exc:
                 return self._create_error(name, ErrorCode.INVALID_REPLICATION_FACTOR, str(exc))
         if rf >= 3 and "min.insync.replicas" not in config:
@@ -163,8 +192,13 @@ class TopicAdmin:
                 await asyncio.to_thread(self.broker.store.create_topic, assignment)
             except TopicExistsError as exc:
                 return self._create_error(name, ErrorCode.TOPIC_ALREADY_EXISTS, str(exc))
-            log.info("event=topic_created topic=%s partitions=%d replication_factor=%d config=%s",
-                     name, len(replicas), rf, config)
+            log.info(
+                "event=topic_created topic=%s partitions=%d replication_factor=%d config=%s",
+                name,
+                len(replicas),
+                rf,
+                config,
+            )
         return {
             "name": name,
             "topic_id": assignment.topic_id,
@@ -173,14 +207,21 @@ class TopicAdmin:
             "num_partitions": len(replicas),
             "replication_factor": rf,
             "configs": [
-                {"name": k, "value": v, "read_only": False, "config_source": CONFIG_SOURCE_TOPIC, "is_sensitive": False}
+                {
+                    "name": k,
+                    "value": v,
+                    "read_only": False,
+                    "config_source": CONFIG_SOURCE_TOPIC,
+                    "is_sensitive": False,
+                }
                 for k, v in sorted(config.items())
             ],
         }
 
     async def auto_create(self, names: list[str]) -> None:
-        await self.create_topics([{"name": n, "num_partitions": -1, "replication_factor": -1} for n in names],
-                                 5000, False)
+        await self.create_topics(
+            [{"name": n, "num_partitions": -1, "replication_factor": -1} for n in names], 5000, False
+        )
 
     def _has_leaders(self, name: str) -> bool:
         parts = self.broker.metadata.partitions(name)
@@ -201,16 +242,30 @@ class TopicAdmin:
         for name in names:
             assignment = self.broker.metadata.topic(name)
             if assignment is None:
-                results.append({"name": name, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                                "error_message": f"topic {name!r} does not exist", "topic_id": uuid.UUID(int=0)})
+                results.append(
+                    {
+                        "name": name,
+                        "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        "error_message": f"topic {name!r} does not exist",
+                        "topic_id": uuid.UUID(int=0),
+                    }
+                )
                 continue
             await asyncio.to_thread(self.broker.store.mark_topic_for_deletion, name)
             log.info("event=topic_marked_for_deletion topic=%s", name)
             marked.append(name)
-            results.append({"name": name, "error_code": ErrorCode.NONE, "error_message": None,
-                            "topic_id": assignment.topic_id})
+            results.append(
+                {
+                    "name": name,
+                    "error_code": ErrorCode.NONE,
+                    "error_message": None,
+                    "topic_id": assignment.topic_id,
+                }
+            )
         if marked:
-            done = await self._wait_for(lambda: all(self.broker.metadata.topic(n) is None for n in marked), timeout_ms)
+            done = await self._wait_for(
+                lambda: all(self.broker.metadata.topic(n) is None for n in marked), timeout_ms
+            )
             if not done:
                 for r in results:
                     if r["name"] in marked and self.broker.metadata.topic(r["name"]) is not None:
@@ -226,17 +281,19 @@ class TopicAdmin:
         catalogue.update(REPLICATION_CONFIGS)
         for key, (default, doc) in sorted(catalogue.items()):
             overridden = key in assignment.config
-            entries.append({
-                "name": key,
-                "value": assignment.config[key] if overridden else default,
-                "read_only": False,
-                "is_default": not overridden,
-                "config_source": CONFIG_SOURCE_TOPIC if overridden else CONFIG_SOURCE_DEFAULT,
-                "is_sensitive": False,
-                "synonyms": [],
-                "config_type": 0,
-                "documentation": doc,
-            })
+            entries.append(
+                {
+                    "name": key,
+                    "value": assignment.config[key] if overridden else default,
+                    "read_only": False,
+                    "is_default": not overridden,
+                    "config_source": CONFIG_SOURCE_TOPIC if overridden else CONFIG_SOURCE_DEFAULT,
+                    "is_sensitive": False,
+                    "synonyms": [],
+                    "config_type": 0,
+                    "documentation": doc,
+                }
+            )
         return entries, ErrorCode.NONE, None
 
     def describe_broker_config(self, name: str) -> tuple[list[dict[str, Any]], ErrorCode, str | None]:
@@ -252,9 +309,21 @@ class TopicAdmin:
             "zookeeper.connect": cfg.zookeeper,
             "offsets.topic.num.partitions": str(cfg.offsets_topic_partitions),
         }
-        return [
-            {"name": k, "value": v, "read_only": True, "is_default": False,
-             "config_source": CONFIG_SOURCE_STATIC_BROKER, "is_sensitive": False, "synonyms": [],
-             "config_type": 0, "documentation": None}
-            for k, v in sorted(values.items())
-        ], ErrorCode.NONE, None
+        return (
+            [
+                {
+                    "name": k,
+                    "value": v,
+                    "read_only": True,
+                    "is_default": False,
+                    "config_source": CONFIG_SOURCE_STATIC_BROKER,
+                    "is_sensitive": False,
+                    "synonyms": [],
+                    "config_type": 0,
+                    "documentation": None,
+                }
+                for k, v in sorted(values.items())
+            ],
+            ErrorCode.NONE,
+            None,
+        )

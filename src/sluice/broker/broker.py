@@ -46,7 +46,9 @@ class Broker:
         self.replicas = ReplicaManager(config.broker_id, config.data_dir, self.metadata)
         self.admin = TopicAdmin(self)
         self.producer_ids = ProducerIdManager(self.store, config.broker_id)
-        self.controller = Controller(self.store, config.broker_id, sweep_interval_s=config.controller_sweep_interval_s)
+        self.controller = Controller(
+            self.store, config.broker_id, sweep_interval_s=config.controller_sweep_interval_s
+        )
         self.server = KafkaServer(self)
         self.stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -75,7 +77,12 @@ class Broker:
             self.controller.start()
             log.info(
                 "event=broker_started id=%d listen=%s:%d broker_epoch=%d zookeeper=%s pid=%d",
-                self.config.broker_id, host, port, epoch, self.store.address, os.getpid(),
+                self.config.broker_id,
+                host,
+                port,
+                epoch,
+                self.store.address,
+                os.getpid(),
             )
             await self._housekeeping_until_stopped()
         finally:
@@ -156,7 +163,10 @@ class Broker:
             if not announced:
                 log.info(
                     "event=waiting_for_stale_registration id=%d held_by=%s:%d pid=%d",
-                    self.config.broker_id, other.host, other.port, other.pid,
+                    self.config.broker_id,
+                    other.host,
+                    other.port,
+                    other.pid,
                 )
                 announced = True
             time.sleep(0.2)
@@ -194,7 +204,9 @@ class Broker:
             elif kind == "topic_deleted":
                 self.replicas.on_topic_deleted(topic)
         except Exception:
-            log.exception("event=metadata_change_failed kind=%s topic=%s partition=%d", kind, topic, partition)
+            log.exception(
+                "event=metadata_change_failed kind=%s topic=%s partition=%d", kind, topic, partition
+            )
 
     def _on_session_state(self, state: str) -> None:
         # A lost session drops our ephemeral znode; when it comes back, register again.

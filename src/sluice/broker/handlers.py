@@ -56,8 +56,14 @@ async def find_coordinator(broker: Broker, header: RequestHeader, req: Body) -> 
         "host": "",
         "port": -1,
         "coordinators": [
-            {"key": k, "node_id": -1, "host": "", "port": -1, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
-             "error_message": message}
+            {
+                "key": k,
+                "node_id": -1,
+                "host": "",
+                "port": -1,
+                "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                "error_message": message,
+            }
             for k in keys
         ],
     }
@@ -69,7 +75,7 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
     all_topics = cache.topics()
     names: list[str | None]
     if requested is None:
-        names = sorted(all_topics)
+        names = list(sorted(all_topics))
     else:
         names = []
         for t in requested:
@@ -84,34 +90,45 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
             await broker.admin.auto_create(missing)
             all_topics = cache.topics()
     live = cache.brokers()
-    topics = []
+    topics: list[Body] = []
     for name in names:
         assignment = all_topics.get(name) if name else None
         if assignment is None:
-            topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "topic_id": ZERO_UUID,
-                           "is_internal": False, "partitions": []})
+            topics.append(
+                {
+                    "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    "name": name,
+                    "topic_id": ZERO_UUID,
+                    "is_internal": False,
+                    "partitions": [],
+                }
+            )
             continue
         partitions = []
         for info in cache.partitions(assignment.name):
             state = info.state
             leader = state.leader if state else -1
             error = ErrorCode.NONE if leader >= 0 and leader in live else ErrorCode.LEADER_NOT_AVAILABLE
-            partitions.append({
-                "error_code": error,
-                "partition_index": info.partition,
-                "leader_id": leader if error is ErrorCode.NONE else -1,
-                "leader_epoch": state.leader_epoch if state else -1,
-                "replica_nodes": list(info.replicas),
-                "isr_nodes": list(state.isr) if state else [],
-                "offline_replicas": [r for r in info.replicas if r not in live],
-            })
-        topics.append({
-            "error_code": ErrorCode.NONE,
-            "name": assignment.name,
-            "topic_id": assignment.topic_id,
-            "is_internal": assignment.name.startswith("__"),
-            "partitions": partitions,
-        })
+            partitions.append(
+                {
+                    "error_code": error,
+                    "partition_index": info.partition,
+                    "leader_id": leader if error is ErrorCode.NONE else -1,
+                    "leader_epoch": state.leader_epoch if state else -1,
+                    "replica_nodes": list(info.replicas),
+                    "isr_nodes": list(state.isr) if state else [],
+                    "offline_replicas": [r for r in info.replicas if r not in live],
+                }
+            )
+        topics.append(
+            {
+                "error_code": ErrorCode.NONE,
+                "name": assignment.name,
+                "topic_id": assignment.topic_id,
+                "is_internal": assignment.name.startswith("__"),
+                "partitions": partitions,
+            }
+        )
     return {
         "throttle_time_ms": 0,
         "brokers": [
@@ -134,22 +151,31 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
         parts = []
         for pd in topic["partition_data"]:
             if acks not in (0, 1, -1):
-                parts.append({"index": pd["index"], "error_code": ErrorCode.INVALID_REQUIRED_ACKS, "base_offset": -1})
+                parts.append(
+                    {"index": pd["index"], "error_code": ErrorCode.INVALID_REQUIRED_ACKS, "base_offset": -1}
+                )
                 continue
             if req.get("transactional_id") is not None:
-                parts.append({"index": pd["index"], "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                              "base_offset": -1,
-                              "error_message": "Sluice does not support transactional producers"})
+                parts.append(
+                    {
+                        "index": pd["index"],
+                        "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                        "base_offset": -1,
+                        "error_message": "Sluice does not support transactional producers",
+                    }
+                )
                 continue
             result = broker.replicas.append(name, pd["index"], pd["records"])
-            parts.append({
-                "index": pd["index"],
-                "error_code": result.error,
-                "base_offset": result.base_offset,
-                "log_append_time_ms": result.log_append_time,
-                "log_start_offset": result.log_start_offset,
-                "error_message": result.message,
-            })
+            parts.append(
+                {
+                    "index": pd["index"],
+                    "error_code": result.error,
+                    "base_offset": result.base_offset,
+                    "log_append_time_ms": result.log_append_time,
+                    "log_start_offset": result.log_start_offset,
+                    "error_message": result.message,
+                }
+            )
         responses.append({"name": name, "partition_responses": parts})
     if acks == 0:
         return None
@@ -176,21 +202,27 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         for name, t, p in requested:
             remaining = max_bytes - total
             result = broker.replicas.read(
-                name, p["partition"], p["fetch_offset"], min(p["partition_max_bytes"], max(0, remaining)),
-                p.get("current_leader_epoch", -1), min_one_batch=(total == 0),
+                name,
+                p["partition"],
+                p["fetch_offset"],
+                min(p["partition_max_bytes"], max(0, remaining)),
+                p.get("current_leader_epoch", -1),
+                min_one_batch=(total == 0),
             )
             total += result.size
             records = result.records.records if result.records is not None else b""
-            responses.setdefault(name, []).append({
-                "partition_index": p["partition"],
-                "error_code": result.error,
-                "high_watermark": result.high_watermark,
-                "last_stable_offset": result.high_watermark,
-                "log_start_offset": result.log_start_offset,
-                "aborted_transactions": [] if req.get("isolation_level", 0) == 1 else None,
-                "preferred_read_replica": -1,
-                "records": records,
-            })
+            responses.setdefault(name, []).append(
+                {
+                    "partition_index": p["partition"],
+                    "error_code": result.error,
+                    "high_watermark": result.high_watermark,
+                    "last_stable_offset": result.high_watermark,
+                    "log_start_offset": result.log_start_offset,
+                    "aborted_transactions": [] if req.get("isolation_level", 0) == 1 else None,
+                    "preferred_read_replica": -1,
+                    "records": records,
+                }
+            )
             topic_ids[name] = t.get("topic_id", ZERO_UUID)
         has_error = any(p["error_code"] != ErrorCode.NONE for ps in responses.values() for p in ps)
         now = loop.time()
@@ -209,7 +241,8 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         "error_code": ErrorCode.NONE,
         "session_id": 0,
         "responses": [
-            {"topic": name, "topic_id": topic_ids[name], "partitions": parts} for name, parts in responses.items()
+            {"topic": name, "topic_id": topic_ids[name], "partitions": parts}
+            for name, parts in responses.items()
         ],
     }
 
@@ -222,20 +255,24 @@ async def list_offsets(broker: Broker, header: RequestHeader, req: Body) -> Body
             error, ts, offset, epoch = broker.replicas.list_offset(
                 t["name"], p["partition_index"], p["timestamp"], p.get("current_leader_epoch", -1)
             )
-            parts.append({
-                "partition_index": p["partition_index"],
-                "error_code": error,
-                "timestamp": ts,
-                "offset": offset,
-                "leader_epoch": epoch,
-                "old_style_offsets": [offset] if offset >= 0 else [],
-            })
+            parts.append(
+                {
+                    "partition_index": p["partition_index"],
+                    "error_code": error,
+                    "timestamp": ts,
+                    "offset": offset,
+                    "leader_epoch": epoch,
+                    "old_style_offsets": [offset] if offset >= 0 else [],
+                }
+            )
         topics.append({"name": t["name"], "partitions": parts})
     return {"throttle_time_ms": 0, "topics": topics}
 
 
 async def create_topics(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    results = await broker.admin.create_topics(req["topics"], req.get("timeout_ms", 30000), req.get("validate_only", False))
+    results = await broker.admin.create_topics(
+        req["topics"], req.get("timeout_ms", 30000), req.get("validate_only", False)
+    )
     return {"throttle_time_ms": 0, "topics": results}
 
 
@@ -254,9 +291,15 @@ async def delete_topics(broker: Broker, header: RequestHeader, req: Body) -> Bod
 
 async def init_producer_id(broker: Broker, header: RequestHeader, req: Body) -> Body:
     if req.get("transactional_id") is not None:
-        log.info("event=init_producer_id_rejected reason=transactions_unsupported client=%s", header.client_id)
-        return {"throttle_time_ms": 0, "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                "producer_id": -1, "producer_epoch": -1}
+        log.info(
+            "event=init_producer_id_rejected reason=transactions_unsupported client=%s", header.client_id
+        )
+        return {
+            "throttle_time_ms": 0,
+            "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
     pid = req.get("producer_id", -1)
     epoch = req.get("producer_epoch", -1)
     if pid is not None and pid >= 0:
@@ -283,13 +326,15 @@ async def describe_configs(broker: Broker, header: RequestHeader, req: Body) -> 
             entries, error, message = [], ErrorCode.INVALID_REQUEST, f"resource type {rtype} is not supported"
         if keys is not None:
             entries = [e for e in entries if e["name"] in keys]
-        results.append({
-            "error_code": error,
-            "error_message": message,
-            "resource_type": rtype,
-            "resource_name": rname,
-            "configs": entries,
-        })
+        results.append(
+            {
+                "error_code": error,
+                "error_message": message,
+                "resource_type": rtype,
+                "resource_name": rname,
+                "configs": entries,
+            }
+        )
     return {"throttle_time_ms": 0, "results": results}
 
 

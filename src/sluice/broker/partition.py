@@ -22,7 +22,11 @@ METADATA_FILE = "partition.metadata"
 
 
 def high_watermark_for(
-    current_hw: int, leader_leo: int, isr: tuple[int, ...], follower_leos: Mapping[int, int], leader_id: int,
+    current_hw: int,
+    leader_leo: int,
+    isr: tuple[int, ...],
+    follower_leos: Mapping[int, int],
+    leader_id: int,
     min_isr: int,
 ) -> int:
     """The new high watermark: the smallest end offset among ISR members (I3).
@@ -69,7 +73,13 @@ class Partition:
 
     @classmethod
     def open(
-        cls, root: Path, topic: str, index: int, topic_id: uuid.UUID, config: Mapping[str, str], broker_id: int
+        cls,
+        root: Path,
+        topic: str,
+        index: int,
+        topic_id: uuid.UUID,
+        config: Mapping[str, str],
+        broker_id: int,
     ) -> Partition:
         directory = root / partition_dir_name(topic, index)
         directory.mkdir(parents=True, exist_ok=True)
@@ -113,14 +123,20 @@ class Partition:
         self._update_high_watermark()
         log.info(
             "event=became_leader partition=%s leader_epoch=%d isr=%s leo=%d hw=%d",
-            self.name, leader_epoch, list(isr), self.log.log_end_offset, self.high_watermark,
+            self.name,
+            leader_epoch,
+            list(isr),
+            self.log.log_end_offset,
+            self.high_watermark,
         )
 
     def become_follower(self, leader: int, leader_epoch: int, replicas: tuple[int, ...]) -> None:
         self.is_leader = False
         self.leader_epoch = leader_epoch
         self.replicas = replicas
-        log.info("event=became_follower partition=%s leader=%d leader_epoch=%d", self.name, leader, leader_epoch)
+        log.info(
+            "event=became_follower partition=%s leader=%d leader_epoch=%d", self.name, leader, leader_epoch
+        )
         self._notify()
 
     # -- data path -------------------------------------------------------------------------------
@@ -132,7 +148,9 @@ class Partition:
             self._update_high_watermark()
         return info
 
-    def read(self, offset: int, max_bytes: int, *, committed_only: bool = True, min_one_batch: bool = True) -> ReadResult:
+    def read(
+        self, offset: int, max_bytes: int, *, committed_only: bool = True, min_one_batch: bool = True
+    ) -> ReadResult:
         return self.log.read(
             offset,
             max_bytes=max_bytes,
@@ -142,7 +160,11 @@ class Partition:
 
     def _update_high_watermark(self) -> None:
         new_hw = high_watermark_for(
-            self.high_watermark, self.log.log_end_offset, self.isr, self.follower_leos, self.broker_id,
+            self.high_watermark,
+            self.log.log_end_offset,
+            self.isr,
+            self.follower_leos,
+            self.broker_id,
             min(self.min_insync_replicas, max(1, len(self.replicas))),
         )
         assert new_hw >= self.high_watermark, "I3: the high watermark never moves backwards"

@@ -75,11 +75,15 @@ class ReplicaManager:
                 shutil.rmtree(directory, ignore_errors=True)
                 continue
             started = time.monotonic()
-            part = Partition.open(self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id)
+            part = Partition.open(
+                self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
+            )
             self.partitions[(topic, index)] = part
             log.info(
                 "event=log_loaded partition=%s log_start=%d log_end=%d took_ms=%d",
-                part.name, part.log.log_start_offset, part.log.log_end_offset,
+                part.name,
+                part.log.log_start_offset,
+                part.log.log_end_offset,
                 (time.monotonic() - started) * 1000,
             )
 
@@ -96,12 +100,16 @@ class ReplicaManager:
         state, _ = current
         part = self.partitions.get((topic, index))
         if part is None:
-            part = Partition.open(self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id)
+            part = Partition.open(
+                self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
+            )
             self.partitions[(topic, index)] = part
         if state.leader_epoch < part.leader_epoch:
             log.warning(
                 "event=stale_leader_epoch_refused partition=%s epoch=%d current=%d",
-                part.name, state.leader_epoch, part.leader_epoch,
+                part.name,
+                state.leader_epoch,
+                part.leader_epoch,
             )
             return
         if state.leader == self.broker_id:
@@ -147,12 +155,20 @@ class ReplicaManager:
         except (storage_errors.CorruptRecordError, storage_errors.InvalidRecordError) as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
             return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))
-        return ProduceResult(ErrorCode.NONE, info.first_offset, info.log_append_time, part.log.log_start_offset)
+        return ProduceResult(
+            ErrorCode.NONE, info.first_offset, info.log_append_time, part.log.log_start_offset
+        )
 
     # -- fetch -------------------------------------------------------------------------------------
 
     def read(
-        self, topic: str, index: int, offset: int, max_bytes: int, current_leader_epoch: int, min_one_batch: bool
+        self,
+        topic: str,
+        index: int,
+        offset: int,
+        max_bytes: int,
+        current_leader_epoch: int,
+        min_one_batch: bool,
     ) -> FetchResult:
         part, error = self.leader_partition(topic, index)
         if part is None:
@@ -231,4 +247,3 @@ class ReplicaManager:
             except Exception:
                 log.exception("event=close_failed partition=%s", part.name)
         self.partitions.clear()
-

@@ -13,7 +13,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from sluice.broker.handlers import HANDLERS
-from sluice.protocol.api import ApiKey, UnsupportedVersion, decode_request, encode_api_versions_fallback, encode_response
+from sluice.protocol.api import (
+    ApiKey,
+    UnsupportedVersion,
+    decode_request,
+    encode_api_versions_fallback,
+    encode_response,
+)
 from sluice.protocol.primitives import DecodeError
 
 if TYPE_CHECKING:
@@ -38,7 +44,9 @@ class KafkaServer:
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=READ_BUFFER_LIMIT, backlog=512)
+        self._server = await asyncio.start_server(
+            self._serve, host, port, limit=READ_BUFFER_LIMIT, backlog=512
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -89,11 +97,16 @@ class KafkaServer:
                     continue
                 log.warning(
                     "event=unsupported_request peer=%s api_key=%d version=%d client=%s action=close",
-                    peer, h.api_key, h.api_version, h.client_id,
+                    peer,
+                    h.api_key,
+                    h.api_version,
+                    h.client_id,
                 )
                 raise ConnectionClosed from None
             except DecodeError as exc:
-                log.warning("event=malformed_request peer=%s size=%d error=%r action=close", peer, size, str(exc))
+                log.warning(
+                    "event=malformed_request peer=%s size=%d error=%r action=close", peer, size, str(exc)
+                )
                 raise ConnectionClosed from None
             handler = HANDLERS.get(header.api_key)
             if handler is None:
@@ -106,7 +119,9 @@ class KafkaServer:
             except Exception:
                 log.exception(
                     "event=handler_failed peer=%s api_key=%d version=%d action=close",
-                    peer, header.api_key, header.api_version,
+                    peer,
+                    header.api_key,
+                    header.api_version,
                 )
                 raise ConnectionClosed from None
             if response is None:

@@ -116,7 +116,9 @@ class Controller:
         self.reconcile()
 
     def _try_elect(self) -> None:
-        payload = orjson.dumps({"version": 1, "brokerid": self.broker_id, "timestamp": int(time.time() * 1000)})
+        payload = orjson.dumps(
+            {"version": 1, "brokerid": self.broker_id, "timestamp": int(time.time() * 1000)}
+        )
         try:
             self.store.client.create(layout.CONTROLLER, payload, ephemeral=True)
         except NodeExistsError:
@@ -140,7 +142,9 @@ class Controller:
     def _resign(self, why: str) -> None:
         if self.term is None:
             return
-        log.info("event=controller_resigned broker=%d epoch=%d reason=%r", self.broker_id, self.term.epoch, why)
+        log.info(
+            "event=controller_resigned broker=%d epoch=%d reason=%r", self.broker_id, self.term.epoch, why
+        )
         self.term = None
         try:
             data, _ = self.store.client.get(layout.CONTROLLER)
@@ -197,7 +201,13 @@ class Controller:
                     log.info("event=partition_state_changed controller_epoch=%d %s", term.epoch, change)
 
     def _initial_state_ops(
-        self, term: ControllerTerm, topic: str, p: int, replicas: tuple[int, ...], live: set[int], make_parent: bool
+        self,
+        term: ControllerTerm,
+        topic: str,
+        p: int,
+        replicas: tuple[int, ...],
+        live: set[int],
+        make_parent: bool,
     ) -> list[FencedOp]:
         live_replicas = tuple(r for r in replicas if r in live)
         if live_replicas:
@@ -212,7 +222,12 @@ class Controller:
         return ops
 
     def _elect(
-        self, term: ControllerTerm, state: PartitionState, replicas: tuple[int, ...], live: set[int], unclean: bool
+        self,
+        term: ControllerTerm,
+        state: PartitionState,
+        replicas: tuple[int, ...],
+        live: set[int],
+        unclean: bool,
     ) -> PartitionState | None:
         election = offline_partition_leader(replicas, state.isr, live)
         if election is None and unclean:

@@ -244,7 +244,9 @@ class ZkStore:
 
     # -- producer ids --------------------------------------------------------------------------
 
-    def allocate_producer_id_block(self, broker_id: int, size: int = PRODUCER_ID_BLOCK_SIZE) -> ProducerIdBlock:
+    def allocate_producer_id_block(
+        self, broker_id: int, size: int = PRODUCER_ID_BLOCK_SIZE
+    ) -> ProducerIdBlock:
         """Claim the next block of producer ids with a conditional write (unique cluster-wide)."""
         for _ in range(1000):
             try:
@@ -272,4 +274,3 @@ class ZkStore:
 
     def watch_data(self, path: str, callback: Callable[[bytes | None, ZnodeStat | None], Any]) -> None:
         self.client.DataWatch(path, callback)
-

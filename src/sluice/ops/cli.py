@@ -14,7 +14,9 @@ from rich.table import Table
 from sluice.ops import launcher
 from sluice.ops.logging_setup import configure as configure_logging
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Sluice: change-data sync on a replicated log.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Sluice: change-data sync on a replicated log."
+)
 cluster_app = typer.Typer(no_args_is_help=True, help="Run a local cluster (ZooKeeper + brokers).")
 broker_app = typer.Typer(no_args_is_help=True, help="Run and manage brokers.")
 topic_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
@@ -30,8 +32,12 @@ DEFAULT_BOOTSTRAP = "localhost:9092"
 
 Bootstrap = Annotated[
     str,
-    typer.Option("--bootstrap-server", "-b", envvar="SLUICE_BOOTSTRAP",
-                 help="HOST:PORT of a broker (default: $SLUICE_BOOTSTRAP, else localhost:9092)"),
+    typer.Option(
+        "--bootstrap-server",
+        "-b",
+        envvar="SLUICE_BOOTSTRAP",
+        help="HOST:PORT of a broker (default: $SLUICE_BOOTSTRAP, else localhost:9092)",
+    ),
 ]
 ClusterDir = Annotated[Path, typer.Option("--dir", help="Directory of the local cluster")]
 
@@ -48,8 +54,13 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 def cluster_up(
     brokers: Annotated[int, typer.Option("--brokers", help="Number of brokers")] = 1,
     directory: ClusterDir = launcher.DEFAULT_DIR,
-    zookeeper: Annotated[str | None, typer.Option("--zookeeper", help="Use this ensemble (HOST:PORT/CHROOT) instead of starting one")] = None,
-    zk_session_timeout: Annotated[float, typer.Option(help="ZooKeeper session timeout of the brokers, seconds")] = 6.0,
+    zookeeper: Annotated[
+        str | None,
+        typer.Option("--zookeeper", help="Use this ensemble (HOST:PORT/CHROOT) instead of starting one"),
+    ] = None,
+    zk_session_timeout: Annotated[
+        float, typer.Option(help="ZooKeeper session timeout of the brokers, seconds")
+    ] = 6.0,
 ) -> None:
     """Start a local ZooKeeper (unless --zookeeper names one) and N brokers; wait until ready."""
     started = time.monotonic()
@@ -59,7 +70,10 @@ def cluster_up(
         raise fail(str(exc)) from None
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
     print(f"zookeeper={cluster.zookeeper}")
-    err.print(f"[green]cluster up[/] in {time.monotonic() - started:.1f} s: {len(cluster.brokers)} broker(s), dir {cluster.directory}")
+    took_s = time.monotonic() - started
+    err.print(
+        f"[green]cluster up[/] in {took_s:.1f} s: {len(cluster.brokers)} broker(s), dir {cluster.directory}"
+    )
 
 
 @cluster_app.command("status")
@@ -93,7 +107,10 @@ def cluster_status(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
     for b in cluster.brokers:
         alive = launcher.pid_alive(b.pid)
         table.add_row(
-            str(b.broker_id), b.address, str(b.pid), "yes" if alive else "[red]no[/]",
+            str(b.broker_id),
+            b.address,
+            str(b.pid),
+            "yes" if alive else "[red]no[/]",
             ("yes" if b.broker_id in registered else "[red]no[/]") if zk_ok else "?",
             "*" if b.broker_id == controller else "",
         )
@@ -120,10 +137,14 @@ def broker_start(
     broker_id: Annotated[int, typer.Option("--id", help="Broker id (unique in the cluster)")],
     port: Annotated[int, typer.Option("--port")],
     data_dir: Annotated[Path, typer.Option("--data-dir")],
-    zookeeper: Annotated[str, typer.Option("--zookeeper", help="HOST:PORT[/CHROOT]; chroot defaults to /sluice")],
+    zookeeper: Annotated[
+        str, typer.Option("--zookeeper", help="HOST:PORT[/CHROOT]; chroot defaults to /sluice")
+    ],
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     zk_session_timeout: Annotated[float, typer.Option(help="seconds")] = 6.0,
-    auto_create_topics: Annotated[bool, typer.Option(help="Create unknown topics on metadata requests")] = False,
+    auto_create_topics: Annotated[
+        bool, typer.Option(help="Create unknown topics on metadata requests")
+    ] = False,
     log_level: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
     """Run one broker in the foreground."""
@@ -134,8 +155,13 @@ def broker_start(
     configure_logging(log_level)
     try:
         config = BrokerConfig(
-            broker_id=broker_id, data_dir=data_dir.resolve(), zookeeper=zookeeper, host=host, port=port,
-            zk_session_timeout_s=zk_session_timeout, auto_create_topics=auto_create_topics,
+            broker_id=broker_id,
+            data_dir=data_dir.resolve(),
+            zookeeper=zookeeper,
+            host=host,
+            port=port,
+            zk_session_timeout_s=zk_session_timeout,
+            auto_create_topics=auto_create_topics,
         )
         run_broker(config)
     except (BrokerIdInUseError, DataDirInUseError, ConnectionError, ValueError) as exc:
@@ -167,7 +193,9 @@ def _parse_configs(configs: list[str]) -> dict[str, str]:
 def topic_create(
     name: str,
     partitions: Annotated[int, typer.Option("--partitions", "-p")] = 1,
-    replication_factor: Annotated[int, typer.Option("--replication-factor", "-r", help="-1: cluster default")] = -1,
+    replication_factor: Annotated[
+        int, typer.Option("--replication-factor", "-r", help="-1: cluster default")
+    ] = -1,
     config: Annotated[list[str] | None, typer.Option("--config", "-c", help="key=value, repeatable")] = None,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> None:
@@ -177,7 +205,8 @@ def topic_create(
     admin = _admin(bootstrap)
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=cfg)],
-        operation_timeout=30, request_timeout=40,
+        operation_timeout=30,
+        request_timeout=40,
     )
     try:
         futures[name].result()
@@ -220,8 +249,14 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
     if topic is None or (topic.error is not None and topic.error.code() == 3):
         raise fail(f"topic {name!r} does not exist")
     live = set(md.brokers)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "sluice-cli", "enable.auto.commit": False,
-                         "log_level": 3})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "sluice-cli",
+            "enable.auto.commit": False,
+            "log_level": 3,
+        }
+    )
     table = Table(title=f"topic {name} ({len(topic.partitions)} partitions)")
     for col in ("partition", "leader", "replicas", "isr", "log start", "log end", "status"):
         table.add_column(col)
@@ -231,7 +266,9 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
             status = "ok"
             start = end = "-"
             if p.leader < 0:
-                status = (f"[red]offline[/]: no live in-sync replica (isr {p.isrs}, live brokers {sorted(live)})")
+                status = (
+                    f"[red]offline[/]: no live in-sync replica (isr {p.isrs}, live brokers {sorted(live)})"
+                )
             else:
                 try:
                     lo, hi = consumer.get_watermark_offsets(TopicPartition(name, pid), timeout=10)
@@ -239,7 +276,9 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
                 except Exception as exc:
                     status = f"[yellow]offsets unavailable[/]: {_kafka_error_text(exc)}"
                 if len(p.isrs) < len(p.replicas):
-                    status = f"[yellow]under-replicated[/]: out of sync {sorted(set(p.replicas) - set(p.isrs))}"
+                    status = (
+                        f"[yellow]under-replicated[/]: out of sync {sorted(set(p.replicas) - set(p.isrs))}"
+                    )
             table.add_row(str(pid), str(p.leader), str(p.replicas), str(p.isrs), start, end, status)
     finally:
         consumer.close()
@@ -253,7 +292,9 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
 def produce(
     topic: str,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    key_separator: Annotated[str | None, typer.Option(help="Split each line into key and value at this string")] = None,
+    key_separator: Annotated[
+        str | None, typer.Option(help="Split each line into key and value at this string")
+    ] = None,
     acks: Annotated[str, typer.Option()] = "all",
 ) -> None:
     """Send each line of standard input as one record (idempotent, acks=all by default)."""
@@ -266,8 +307,15 @@ def produce(
         if error is not None:
             failures.append(str(error))
 
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "enable.idempotence": acks == "all",
-                         "linger.ms": 5, "log_level": 3})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": acks,
+            "enable.idempotence": acks == "all",
+            "linger.ms": 5,
+            "log_level": 3,
+        }
+    )
     for line in sys.stdin:
         line = line.rstrip("\n")
         key: str | None = None
@@ -275,8 +323,12 @@ def produce(
             key, line = line.split(key_separator, 1)
         while True:
             try:
-                producer.produce(topic, value=line.encode(), key=key.encode() if key is not None else None,
-                                 on_delivery=on_delivery)
+                producer.produce(
+                    topic,
+                    value=line.encode(),
+                    key=key.encode() if key is not None else None,
+                    on_delivery=on_delivery,
+                )
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -293,15 +345,26 @@ def consume(
     topic: str,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     from_beginning: Annotated[bool, typer.Option("--from-beginning")] = False,
-    max_messages: Annotated[int, typer.Option("--max-messages", help="Stop after N records (0: run until Ctrl-C)")] = 0,
-    timeout: Annotated[float, typer.Option(help="Stop after this many seconds without a record (0: never)")] = 0,
+    max_messages: Annotated[
+        int, typer.Option("--max-messages", help="Stop after N records (0: run until Ctrl-C)")
+    ] = 0,
+    timeout: Annotated[
+        float, typer.Option(help="Stop after this many seconds without a record (0: never)")
+    ] = 0,
     print_key: Annotated[bool, typer.Option("--print-key")] = False,
 ) -> None:
     """Print records of TOPIC by partition assignment (no consumer group)."""
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "sluice-console", "enable.auto.commit": False,
-                         "log_level": 3, "enable.partition.eof": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "sluice-console",
+            "enable.auto.commit": False,
+            "log_level": 3,
+            "enable.partition.eof": False,
+        }
+    )
     md = consumer.list_topics(topic, timeout=15)
     if topic not in md.topics or md.topics[topic].error is not None:
         consumer.close()
@@ -317,14 +380,16 @@ def consume(
                 if timeout and time.monotonic() - last > timeout:
                     break
                 continue
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     continue
-                raise fail(f"consume failed: {msg.error().str()}")
+                raise fail(f"consume failed: {error.str()}")
             last = time.monotonic()
-            value = msg.value().decode(errors="replace") if msg.value() is not None else "null"
+            raw_value, raw_key = msg.value(), msg.key()
+            value = raw_value.decode(errors="replace") if raw_value is not None else "null"
             if print_key:
-                key = msg.key().decode(errors="replace") if msg.key() is not None else "null"
+                key = raw_key.decode(errors="replace") if raw_key is not None else "null"
                 print(f"{key}\t{value}")
             else:
                 print(value)

@@ -31,7 +31,9 @@ def run_demo(directory: Path, *, records: int, keep: bool, console: Console) -> 
     t0 = time.monotonic()
     cluster = launcher.cluster_up(directory, brokers=1)
     bootstrap = cluster.bootstrap_servers
-    console.print(f"   bootstrap.servers={bootstrap}  zookeeper={cluster.zookeeper}  ({time.monotonic() - t0:.1f} s)")
+    console.print(
+        f"   bootstrap.servers={bootstrap}  zookeeper={cluster.zookeeper}  ({time.monotonic() - t0:.1f} s)"
+    )
     ok = False
     try:
         console.print(f"[bold]2.[/] creating topic {TOPIC} with {PARTITIONS} partitions")
@@ -48,14 +50,23 @@ def run_demo(directory: Path, *, records: int, keep: bool, console: Console) -> 
             else:
                 acked[msg.partition()].append(int(msg.value()))  # type: ignore[attr-defined]
 
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                             "compression.type": "zstd", "linger.ms": 5, "log_level": 3})
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "compression.type": "zstd",
+                "linger.ms": 5,
+                "log_level": 3,
+            }
+        )
         t1 = time.monotonic()
         for i in range(records):
             while True:
                 try:
-                    producer.produce(TOPIC, key=f"order-{i % 997}".encode(), value=str(i).encode(),
-                                     on_delivery=on_delivery)
+                    producer.produce(
+                        TOPIC, key=f"order-{i % 997}".encode(), value=str(i).encode(), on_delivery=on_delivery
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -64,8 +75,15 @@ def run_demo(directory: Path, *, records: int, keep: bool, console: Console) -> 
         produce_s = time.monotonic() - t1
 
         console.print("[bold]4.[/] consuming everything back by partition assignment")
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "demo", "enable.auto.commit": False,
-                             "auto.offset.reset": "earliest", "log_level": 3})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "demo",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "log_level": 3,
+            }
+        )
         consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
         read: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
         total_acked = sum(len(v) for v in acked.values())
@@ -73,8 +91,9 @@ def run_demo(directory: Path, *, records: int, keep: bool, console: Console) -> 
         deadline = t2 + 60
         while sum(len(v) for v in read.values()) < total_acked and time.monotonic() < deadline:
             for msg in consumer.consume(1000, timeout=0.5):
-                if msg.error() is None:
-                    read[msg.partition()].append(int(msg.value()))
+                partition, value = msg.partition(), msg.value()
+                if msg.error() is None and partition is not None and value is not None:
+                    read[partition].append(int(value))
         consume_s = time.monotonic() - t2
         consumer.close()
 
@@ -91,14 +110,21 @@ def run_demo(directory: Path, *, records: int, keep: bool, console: Console) -> 
             lost_total += lost
             dup_total += dup
             all_in_order &= in_order
-            table.add_row(str(p), f"{len(a):,}", f"{len(r):,}", str(lost), str(dup), "yes" if in_order else "NO")
+            table.add_row(
+                str(p), f"{len(a):,}", f"{len(r):,}", str(lost), str(dup), "yes" if in_order else "NO"
+            )
         console.print(table)
-        console.print(f"   produce: {records / produce_s:,.0f} records/s; consume: {total_acked / max(consume_s, 1e-9):,.0f} records/s")
+        produce_rate = records / produce_s
+        consume_rate = total_acked / max(consume_s, 1e-9)
+        console.print(f"   produce: {produce_rate:,.0f} records/s; consume: {consume_rate:,.0f} records/s")
         ok = not failed and total_acked == records and lost_total == 0 and dup_total == 0 and all_in_order
         if ok:
             console.print("[bold green]OK[/]: every acknowledged record was read back once, in order")
         else:
-            console.print(f"[bold red]FAILED[/]: {len(failed)} send errors {failed[:3]}, lost {lost_total}, duplicated {dup_total}")
+            console.print(
+                f"[bold red]FAILED[/]: {len(failed)} send errors {failed[:3]}, "
+                f"lost {lost_total}, duplicated {dup_total}"
+            )
     finally:
         if keep:
             console.print(f"cluster left running: `sluice cluster down --dir {directory}` stops it")

@@ -62,7 +62,9 @@ class LocalCluster:
     def load(cls, directory: Path) -> LocalCluster:
         path = directory / STATE_FILE
         if not path.exists():
-            raise FileNotFoundError(f"no cluster was started in {directory} (no {STATE_FILE}); run `sluice cluster up`")
+            raise FileNotFoundError(
+                f"no cluster was started in {directory} (no {STATE_FILE}); run `sluice cluster up`"
+            )
         obj = orjson.loads(path.read_bytes())
         obj["brokers"] = [BrokerProcess(**b) for b in obj["brokers"]]
         return cls(**obj)
@@ -99,12 +101,27 @@ def port_open(host: str, port: int) -> bool:
         return False
 
 
-def broker_command(b: BrokerProcess, zookeeper: str, session_timeout_s: float, extra: list[str] | None = None) -> list[str]:
+def broker_command(
+    b: BrokerProcess, zookeeper: str, session_timeout_s: float, extra: list[str] | None = None
+) -> list[str]:
     return [
-        sys.executable, "-m", "sluice.ops.cli", "broker", "start",
-        "--id", str(b.broker_id), "--host", b.host, "--port", str(b.port),
-        "--data-dir", b.data_dir, "--zookeeper", zookeeper,
-        "--zk-session-timeout", str(session_timeout_s),
+        sys.executable,
+        "-m",
+        "sluice.ops.cli",
+        "broker",
+        "start",
+        "--id",
+        str(b.broker_id),
+        "--host",
+        b.host,
+        "--port",
+        str(b.port),
+        "--data-dir",
+        b.data_dir,
+        "--zookeeper",
+        zookeeper,
+        "--zk-session-timeout",
+        str(session_timeout_s),
         *(extra or []),
     ]
 
@@ -114,7 +131,10 @@ def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
     with open(b.log_file, "ab") as logf:
         proc = subprocess.Popen(
             broker_command(b, cluster.zookeeper, cluster.zk_session_timeout_s),
-            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     b.pid = proc.pid
 
@@ -128,14 +148,18 @@ def wait_broker_ready(cluster: LocalCluster, b: BrokerProcess, timeout_s: float 
     try:
         while time.monotonic() < deadline:
             if not pid_alive(b.pid):
-                raise RuntimeError(f"broker {b.broker_id} exited during start-up; see {b.log_file}:\n{tail(b.log_file)}")
+                raise RuntimeError(
+                    f"broker {b.broker_id} exited during start-up; see {b.log_file}:\n{tail(b.log_file)}"
+                )
             if zk.exists(f"/brokers/ids/{b.broker_id}") and port_open(b.host, b.port):
                 return
             time.sleep(0.1)
     finally:
         zk.stop()
         zk.close()
-    raise TimeoutError(f"broker {b.broker_id} was not ready after {timeout_s:.0f} s; see {b.log_file}:\n{tail(b.log_file)}")
+    raise TimeoutError(
+        f"broker {b.broker_id} was not ready after {timeout_s:.0f} s; see {b.log_file}:\n{tail(b.log_file)}"
+    )
 
 
 def tail(path: str, lines: int = 15) -> str:
@@ -147,7 +171,11 @@ def tail(path: str, lines: int = 15) -> str:
 
 
 def cluster_up(
-    directory: Path, brokers: int, zookeeper: str | None = None, *, host: str = "127.0.0.1",
+    directory: Path,
+    brokers: int,
+    zookeeper: str | None = None,
+    *,
+    host: str = "127.0.0.1",
     zk_session_timeout_s: float = 6.0,
 ) -> LocalCluster:
     directory = directory.resolve()
@@ -155,7 +183,9 @@ def cluster_up(
     if (directory / STATE_FILE).exists():
         existing = LocalCluster.load(directory)
         if any(pid_alive(b.pid) for b in existing.brokers):
-            raise RuntimeError(f"a cluster is already running in {directory}; `sluice cluster down --dir {directory}` first")
+            raise RuntimeError(
+                f"a cluster is already running in {directory}; `sluice cluster down --dir {directory}` first"
+            )
     if brokers < 1:
         raise ValueError("--brokers must be at least 1")
     ports = free_ports(brokers + 1, host=host)
@@ -168,10 +198,14 @@ def cluster_up(
     else:
         assert zookeeper is not None
         zk_port = -1
-    cluster = LocalCluster(str(directory), zookeeper, zk_port, own_zk, zk_session_timeout_s=zk_session_timeout_s)
+    cluster = LocalCluster(
+        str(directory), zookeeper, zk_port, own_zk, zk_session_timeout_s=zk_session_timeout_s
+    )
     for i in range(brokers):
         bid = i + 1
-        b = BrokerProcess(bid, host, ports[i + 1], str(directory / f"broker-{bid}"), str(directory / f"broker-{bid}.log"))
+        b = BrokerProcess(
+            bid, host, ports[i + 1], str(directory / f"broker-{bid}"), str(directory / f"broker-{bid}.log")
+        )
         cluster.brokers.append(b)
     try:
         ensure_chroot(zookeeper)
@@ -252,7 +286,6 @@ def cluster_down(directory: Path) -> list[str]:
     for b in cluster.brokers:
         if stop_pid(b.pid):
             stopped.append(f"broker {b.broker_id} (pid {b.pid})")
-    if cluster.own_zookeeper:
-        if LocalZooKeeper.stop_from_pidfile(directory / "zookeeper"):
-            stopped.append("zookeeper")
+    if cluster.own_zookeeper and LocalZooKeeper.stop_from_pidfile(directory / "zookeeper"):
+        stopped.append("zookeeper")
     return stopped

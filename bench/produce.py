@@ -1,0 +1,524 @@
+"""Produce throughput benchmark for Sluice.
+
+What it measures
+----------------
+* ``client`` mode: what an ordinary Kafka application gets. A confluent-kafka (librdkafka)
+  ``Producer`` writes ``--records`` records of ``--record-size`` bytes (incompressible values
+  drawn from a pre-generated pool, no keys) as fast as it can, with batching on
+  (``--linger-ms``, ``--batch-size``, no compression) and ``enable.idempotence=true`` when
+  ``--acks all``. Reports records, MB/s and records/s (payload bytes over the wall time from
+  the first ``produce()`` to the last acknowledgement) and the p50/p99/max acknowledgement
+  latency (``produce()`` to delivery callback) of every 16th record.
+* ``prebuilt`` mode: the broker's ceiling with the client taken (almost) out of the picture.
+  About 64 uncompressed ~1 MB record batches (1 KB records, no producer id) are built ONCE;
+  then ONE connection (``sluice.ops.wire_client.WireClient``) sends Produce requests, each
+  carrying one batch for one partition (round robin), keeping ``--window`` requests in
+  flight, for ``--seconds`` or ``--max-bytes``. Every response must carry error code 0.
+  Reports MB/s, requests/s and p50/p99/max request latency.
+
+Unless ``--bootstrap`` names an existing cluster, the benchmark starts its own local cluster
+(ZooKeeper + ``--brokers`` brokers) in a temporary directory and always stops and removes it
+at the end. Each mode writes to its own fresh topic (``--partitions``, ``--replication-factor``).
+The benchmark prints figures and asserts nothing about them.
+
+How to run
+----------
+    cd /work/main
+    .venv/bin/python bench/produce.py                                 # 1 broker, both modes
+    .venv/bin/python bench/produce.py --mode client --partitions 6 --linger-ms 20
+    .venv/bin/python bench/produce.py --brokers 3 --replication-factor 3 --acks all
+    .venv/bin/python bench/produce.py --bootstrap 127.0.0.1:9092 --mode prebuilt --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import random
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from rich.console import Console
+from rich.table import Table
+
+from sluice.ops.launcher import LocalCluster, cluster_down, cluster_up
+from sluice.ops.wire_client import WireClient
+from sluice.protocol.api import ApiKey
+from sluice.protocol.records import COMPRESSION_NONE, build_batch
+
+MB = 1_000_000  # throughput figures are in decimal megabytes (10^6 bytes) per second
+ACKS = {"all": -1, "1": 1, "0": 0}
+#: Produce request version used in prebuilt mode (the highest Sluice speaks).
+PRODUCE_VERSION = 9
+#: Ack latency is recorded for every SAMPLE_EVERY-th record (client mode).
+SAMPLE_EVERY = 16
+#: Distinct record values; a pool keeps value generation out of the timed loop.
+VALUE_POOL = 512
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+@dataclass
+class LatencyStats:
+    samples: int = 0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    max_ms: float = float("nan")
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> LatencyStats:
+        if not seconds:
+            return cls()
+        s = sorted(seconds)
+        return cls(len(s), _pct(s, 50) * 1e3, _pct(s, 99) * 1e3, s[-1] * 1e3)
+
+
+def _pct(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile of an already sorted, non-empty list."""
+    k = max(0, min(len(sorted_values) - 1, math.ceil(p / 100 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    topic: str
+    records: int = 0
+    payload_bytes: int = 0
+    seconds: float = 0.0
+    errors: int = 0
+    requests: int = 0  # prebuilt mode only
+    latency: LatencyStats = field(default_factory=LatencyStats)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / MB / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(
+            mb_per_s=round(self.mb_per_s, 2),
+            records_per_s=round(self.records_per_s, 1),
+            requests_per_s=round(self.requests_per_s, 1),
+        )
+        return d
+
+
+# --- setup ---------------------------------------------------------------------------------------
+
+
+def value_pool(record_size: int, n: int = VALUE_POOL) -> list[bytes]:
+    """``n`` distinct incompressible values of ``record_size`` bytes."""
+    rng = random.Random(1234)
+    return [rng.randbytes(record_size) for _ in range(n)]
+
+
+def create_topic(
+    bootstrap: str, name: str, partitions: int, replication_factor: int, timeout_s: float = 30.0
+) -> None:
+    """Create ``name`` and wait until every partition has a leader in the metadata."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic(name, partitions, replication_factor)
+    futures = admin.create_topics([new], operation_timeout=timeout_s)
+    futures[name].result(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        md = admin.list_topics(topic=name, timeout=5)
+        t = md.topics.get(name)
+        if (
+            t is not None
+            and t.error is None
+            and len(t.partitions) == partitions
+            and all(p.leader >= 0 and p.error is None for p in t.partitions.values())
+        ):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"topic {name} has no leader for every partition after {timeout_s:.0f} s")
+
+
+def partition_leaders(bootstrap: str, topic: str) -> dict[int, str]:
+    """partition -> "host:port" of its leader."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    md = admin.list_topics(topic=topic, timeout=10)
+    brokers = {b.id: f"{b.host}:{b.port}" for b in md.brokers.values()}
+    return {p.id: brokers[p.leader] for p in md.topics[topic].partitions.values()}
+
+
+# --- client mode ---------------------------------------------------------------------------------
+
+
+def run_client(args: argparse.Namespace, bootstrap: str, topic: str) -> ModeResult:
+    """confluent-kafka Producer in a tight loop; ack latency from the delivery callbacks."""
+    res = ModeResult("client", topic)
+    values = value_pool(args.record_size)
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "acks": args.acks,
+        "enable.idempotence": args.acks == "all",
+        "linger.ms": args.linger_ms,
+        "batch.size": args.batch_size,
+        "batch.num.messages": 1_000_000,
+        "compression.type": "none",
+        "queue.buffering.max.messages": args.queue_messages,
+        "queue.buffering.max.kbytes": args.queue_kbytes,
+        "message.max.bytes": max(1_000_000, args.batch_size + 1000),
+        "max.in.flight.requests.per.connection": 5,
+        "socket.send.buffer.bytes": 4 * 1024 * 1024,
+        "statistics.interval.ms": 0,
+    }
+    conf.update(dict(kv.split("=", 1) for kv in args.producer_config))
+    failures: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            failures.append(err)
+
+    conf["on_delivery"] = on_delivery
+    producer = Producer(conf)
+    # Warm up: metadata and producer id, so connection setup is not timed.
+    producer.produce(topic, values[0], partition=0)
+    if producer.flush(30) != 0 or failures:
+        raise RuntimeError(f"warm-up produce failed: {failures[:3]}")
+
+    latencies: list[float] = []
+    perf = time.perf_counter
+
+    def on_sampled(t0: float, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            failures.append(err)
+        else:
+            latencies.append(perf() - t0)
+
+    n, npool = args.records, len(values)
+    produce, poll = producer.produce, producer.poll
+    max_s = args.client_max_seconds
+    produced = 0
+    start = perf()
+    give_up = start + max_s if max_s > 0 else float("inf")
+    for i in range(n):
+        value = values[i % npool]
+        cb = functools.partial(on_sampled, perf()) if i % SAMPLE_EVERY == 0 else None
+        while True:
+            try:
+                if cb is None:
+                    produce(topic, value)
+                else:
+                    produce(topic, value, on_delivery=cb)
+                break
+            except BufferError:
+                poll(0.001)  # local queue full: serve delivery callbacks, then retry
+        produced += 1
+        if i & 1023 == 1023:
+            poll(0)
+            if perf() > give_up:
+                res.notes.append(f"stopped after {max_s:.0f} s (--client-max-seconds) at {produced} records")
+                break
+    remaining = producer.flush(120)
+    end = perf()
+    res.records = produced - len(failures) - remaining
+    res.payload_bytes = res.records * args.record_size
+    res.seconds = end - start
+    res.errors = len(failures) + remaining
+    if failures:
+        res.notes.append(f"first delivery errors: {sorted({str(e) for e in failures[:100]})[:3]}")
+    res.latency = LatencyStats.of(latencies)
+    return res
+
+
+# --- prebuilt mode -------------------------------------------------------------------------------
+
+
+def build_batches(record_size: int, batch_bytes: int, count: int) -> list[tuple[bytes, int]]:
+    """``count`` uncompressed batches of about ``batch_bytes`` each: (batch, records in it)."""
+    values = value_pool(record_size)
+    per_batch = max(1, batch_bytes // (record_size + 12))  # ~12 bytes of per-record framing
+    out = []
+    for b in range(count):
+        recs = [(None, values[(b * per_batch + j) % len(values)]) for j in range(per_batch)]
+        out.append((build_batch(recs, compression=COMPRESSION_NONE), per_batch))
+    return out
+
+
+def run_prebuilt(args: argparse.Namespace, bootstrap: str, topic: str) -> ModeResult:
+    """One WireClient connection, pre-built ~1 MB batches, ``--window`` requests in flight."""
+    res = ModeResult("prebuilt", topic)
+    leaders = partition_leaders(bootstrap, topic)
+    # One connection: partitions led by the broker that leads partition 0 (all of them with
+    # one broker; with several brokers the others would need connections of their own).
+    target = leaders[0]
+    parts = sorted(p for p, addr in leaders.items() if addr == target)
+    if len(parts) < len(leaders):
+        res.notes.append(f"one connection to {target}: using its {len(parts)} of {len(leaders)} partitions")
+    batches = build_batches(args.record_size, args.prebuilt_batch_bytes, args.prebuilt_batches)
+    res.notes.append(
+        f"{len(batches)} batches of {len(batches[0][0]):,} bytes / {batches[0][1]} records, "
+        f"window {args.window}, produce v{PRODUCE_VERSION}"
+    )
+    acks = ACKS[args.acks]
+    expect = acks != 0
+    host, _, port = target.rpartition(":")
+    latencies: list[float] = []
+    inflight: deque[tuple[float, int]] = deque()  # (send time, records) per outstanding request
+    perf = time.perf_counter
+
+    with WireClient(host, int(port), client_id="sluice-bench", timeout_s=60.0) as wc:
+
+        def receive_one() -> None:
+            t0, nrec = inflight.popleft()
+            body = wc.receive()
+            latencies.append(perf() - t0)
+            for t in body["responses"]:
+                for p in t["partition_responses"]:
+                    if p["error_code"] != 0:
+                        res.errors += 1
+                        if len(res.notes) < 5:
+                            res.notes.append(
+                                f"partition {p['index']}: error {p['error_code']} "
+                                f"{p.get('error_message') or ''}".rstrip()
+                            )
+                    else:
+                        res.records += nrec
+
+        # Warm-up request (not timed).
+        first = {"index": parts[0], "records": batches[0][0]}
+        warm = {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout_ms": 30000,
+            "topic_data": [{"name": topic, "partition_data": [first]}],
+        }
+        body = wc.request(ApiKey.PRODUCE, PRODUCE_VERSION, warm)
+        err = body["responses"][0]["partition_responses"][0]["error_code"]
+        if err != 0:
+            raise RuntimeError(f"warm-up produce failed with error code {err}")
+
+        sent_bytes = 0
+        sent_records = 0
+        i = 0
+        start = perf()
+        stop_at = start + args.seconds
+        while sent_bytes < args.max_bytes and perf() < stop_at:
+            batch, nrec = batches[i % len(batches)]
+            req = {
+                "transactional_id": None,
+                "acks": acks,
+                "timeout_ms": 30000,
+                "topic_data": [
+                    {"name": topic, "partition_data": [{"index": parts[i % len(parts)], "records": batch}]}
+                ],
+            }
+            t0 = perf()
+            wc.send(ApiKey.PRODUCE, PRODUCE_VERSION, req, expect_response=expect)
+            i += 1
+            sent_bytes += nrec * args.record_size
+            sent_records += nrec
+            if expect:
+                inflight.append((t0, nrec))
+                if len(inflight) >= args.window:
+                    receive_one()
+        while inflight:
+            receive_one()
+        if not expect:
+            # acks=0 gets no responses; a request after the last one is answered only after the
+            # broker has handled everything before it on this connection.
+            wc.request(ApiKey.METADATA, 1, {"topics": [{"name": topic}]})
+            res.records = sent_records
+        end = perf()
+    res.requests = i
+    res.payload_bytes = res.records * args.record_size
+    res.seconds = end - start
+    res.latency = LatencyStats.of(latencies)
+    return res
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def print_report(
+    console: Console, args: argparse.Namespace, bootstrap: str, results: list[ModeResult], cluster_note: str
+) -> None:
+    console.print(f"[bold]command:[/] {shlex.join([sys.executable, *sys.argv])}")
+    settings = Table(title="settings", show_header=False)
+    for k, v in [
+        ("cluster", cluster_note),
+        ("bootstrap.servers", bootstrap),
+        ("acks", args.acks),
+        ("partitions", args.partitions),
+        ("replication factor", args.replication_factor),
+        ("record size", f"{args.record_size} B"),
+        ("client: records", f"{args.records:,}"),
+        ("client: linger.ms / batch.size", f"{args.linger_ms} / {args.batch_size:,}"),
+        ("client: idempotence", str(args.acks == "all")),
+        ("client: extra config", " ".join(args.producer_config) or "-"),
+        ("prebuilt: window / seconds / max bytes", f"{args.window} / {args.seconds:g} / {args.max_bytes:,}"),
+        ("cpus", os.cpu_count()),
+    ]:
+        settings.add_row(k, str(v))
+    console.print(settings)
+    table = Table(title="produce throughput (MB = 10^6 bytes of record payload)")
+    for col in (
+        "mode",
+        "records",
+        "seconds",
+        "MB/s",
+        "records/s",
+        "requests/s",
+        "lat p50 ms",
+        "lat p99 ms",
+        "lat max ms",
+        "errors",
+    ):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for r in results:
+        lat = r.latency
+        table.add_row(
+            r.mode,
+            f"{r.records:,}",
+            f"{r.seconds:.2f}",
+            f"{r.mb_per_s:.1f}",
+            f"{r.records_per_s:,.0f}",
+            f"{r.requests_per_s:,.1f}" if r.mode == "prebuilt" else "-",
+            f"{lat.p50_ms:.1f}",
+            f"{lat.p99_ms:.1f}",
+            f"{lat.max_ms:.1f}",
+            str(r.errors),
+        )
+    console.print(table)
+    for r in results:
+        for note in r.notes:
+            console.print(f"  {r.mode}: {note}")
+    console.print(
+        "  latency: client = produce() to delivery callback (every 16th record); "
+        "prebuilt = request sent to response read"
+    )
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--brokers", type=int, default=1, help="brokers of the local cluster")
+    p.add_argument("--replication-factor", type=int, default=1)
+    p.add_argument("--acks", choices=("all", "1", "0"), default="all")
+    p.add_argument("--records", type=int, default=1_000_000, help="client mode: records to produce")
+    p.add_argument("--record-size", type=int, default=1024, help="bytes of value per record")
+    p.add_argument("--partitions", type=int, default=3)
+    p.add_argument("--mode", choices=("client", "prebuilt", "both"), default="both")
+    p.add_argument("--bootstrap", help="HOST:PORT of an existing cluster (no local cluster is started)")
+    p.add_argument("--json", action="store_true", help="also print one JSON line of results")
+    g = p.add_argument_group("client mode")
+    g.add_argument("--linger-ms", type=float, default=5.0)
+    g.add_argument("--batch-size", type=int, default=1_000_000)
+    g.add_argument("--queue-messages", type=int, default=1_000_000, help="queue.buffering.max.messages")
+    g.add_argument("--queue-kbytes", type=int, default=512 * 1024, help="queue.buffering.max.kbytes")
+    g.add_argument(
+        "--client-max-seconds",
+        type=float,
+        default=30.0,
+        help="stop producing after this long (0: never) so a slow run stays bounded",
+    )
+    g.add_argument(
+        "-X",
+        dest="producer_config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra librdkafka producer property (repeatable)",
+    )
+    g = p.add_argument_group("prebuilt mode")
+    g.add_argument("--seconds", type=float, default=10.0, help="send for this long")
+    g.add_argument("--max-bytes", type=int, default=4_000_000_000, help="... or until this much payload")
+    g.add_argument("--window", type=int, default=12, help="requests in flight")
+    g.add_argument("--prebuilt-batches", type=int, default=64)
+    g.add_argument("--prebuilt-batch-bytes", type=int, default=1_000_000)
+    args = p.parse_args(argv)
+    if args.replication_factor > args.brokers and not args.bootstrap:
+        p.error("--replication-factor cannot exceed --brokers")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    tmp: Path | None = None
+    cluster: LocalCluster | None = None
+    results: list[ModeResult] = []
+    try:
+        if args.bootstrap:
+            bootstrap = args.bootstrap
+            cluster_note = "existing (--bootstrap)"
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
+            console.print(f"starting a local cluster of {args.brokers} broker(s) in {tmp} ...")
+            cluster = cluster_up(tmp, args.brokers)
+            bootstrap = cluster.bootstrap_servers
+            pids = ", ".join(f"{b.broker_id}:{b.pid}" for b in cluster.brokers)
+            cluster_note = f"local, {args.brokers} broker(s) (id:pid {pids})"
+            console.print(f"bootstrap.servers={bootstrap}  broker pids {pids}")
+        run_id = uuid.uuid4().hex[:8]
+        modes = ("client", "prebuilt") if args.mode == "both" else (args.mode,)
+        for mode in modes:
+            topic = f"bench-{mode}-{run_id}"
+            create_topic(bootstrap, topic, args.partitions, args.replication_factor)
+            console.print(f"running {mode} mode on topic {topic} ...")
+            run = run_client if mode == "client" else run_prebuilt
+            r = run(args, bootstrap, topic)
+            console.print(
+                f"  {mode}: {r.mb_per_s:.1f} MB/s, {r.records_per_s:,.0f} records/s, {r.errors} errors"
+            )
+            results.append(r)
+    except KafkaException as exc:
+        console.print(f"[red]Kafka error:[/] {exc}")
+        return 1
+    finally:
+        if cluster is not None and tmp is not None:
+            cluster_down(tmp)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print_report(console, args, bootstrap, results, cluster_note)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "argv": sys.argv[1:],
+                    "acks": args.acks,
+                    "brokers": args.brokers,
+                    "partitions": args.partitions,
+                    "replication_factor": args.replication_factor,
+                    "record_size": args.record_size,
+                    "results": [r.to_json() for r in results],
+                }
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
