@@ -467,6 +467,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)  # a pipe or file: do not squeeze the tables to 80 columns
     tmp: Path | None = None
     cluster: LocalCluster | None = None
     results: list[ModeResult] = []

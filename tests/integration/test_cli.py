@@ -1,0 +1,136 @@
+"""The `sluice` command line against a real local cluster, as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sluice.ops.ports import free_port
+from tests.support.cluster import TestCluster
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def sluice(
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {}), "COLUMNS": "200"},
+    )
+
+
+def test_cluster_up_status_topic_produce_consume_down(tmp_path: Path) -> None:
+    d = str(tmp_path / "cli-cluster")
+    up = sluice("cluster", "up", "--brokers", "1", "--dir", d)
+    assert up.returncode == 0, up.stderr
+    bootstrap = re.search(r"^bootstrap\.servers=(\S+)$", up.stdout, re.M)
+    zookeeper = re.search(r"^zookeeper=(\S+)$", up.stdout, re.M)
+    assert bootstrap and zookeeper, up.stdout
+    env = {"SLUICE_BOOTSTRAP": bootstrap.group(1)}
+    try:
+        status = sluice("cluster", "status", "--dir", d)
+        assert status.returncode == 0, status.stderr
+        assert re.search(r"│ 1\s+│ 127\.0\.0\.1:\d+\s+│ \d+\s+│ yes\s+│ yes\s+│ \*", status.stdout), (
+            status.stdout
+        )
+
+        created = sluice(
+            "topic", "create", "orders", "--partitions", "3", "--config", "retention.ms=86400000", env=env
+        )
+        assert created.returncode == 0, created.stderr
+        again = sluice("topic", "create", "orders", "--partitions", "3", env=env)
+        assert again.returncode != 0 and "already exists" in again.stderr
+        assert "orders" in sluice("topic", "list", env=env).stdout.split()
+
+        produced = sluice("produce", "orders", "--key-separator", ":", stdin="a:1\nb:2\nc:3\n", env=env)
+        assert produced.returncode == 0, produced.stderr
+        assert "3 record(s) acknowledged" in produced.stderr
+        consumed = sluice(
+            "consume", "orders", "--from-beginning", "--max-messages", "3", "--print-key", env=env
+        )
+        assert consumed.returncode == 0, consumed.stderr
+        assert sorted(consumed.stdout.splitlines()) == ["a\t1", "b\t2", "c\t3"]
+
+        described = sluice("topic", "describe", "orders", env=env)
+        assert described.returncode == 0, described.stderr
+        rows = [line for line in described.stdout.splitlines() if re.match(r"│ [0-2]\s+│", line)]
+        assert len(rows) == 3
+        # Every partition led by broker 1; the log end offsets add up to the 3 records.
+        ends = [int(re.split(r"\s*│\s*", r)[6]) for r in rows]
+        assert sum(ends) == 3, described.stdout
+
+        deleted = sluice("topic", "delete", "orders", env=env)
+        assert deleted.returncode == 0, deleted.stderr
+        assert "orders" not in sluice("topic", "list", env=env).stdout.split()
+        missing = sluice("topic", "describe", "orders", env=env)
+        assert missing.returncode != 0 and "does not exist" in missing.stderr
+    finally:
+        down = sluice("cluster", "down", "--dir", d)
+    assert down.returncode == 0, down.stderr
+    assert "broker 1" in down.stderr and "zookeeper" in down.stderr
+    after = sluice("cluster", "status", "--dir", d)
+    assert re.search(r"│ 1\s+│ 127\.0\.0\.1:\d+\s+│ \d+\s+│ no", after.stdout), after.stdout
+
+
+def test_two_clusters_side_by_side_do_not_collide(tmp_path: Path) -> None:
+    dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    outs = []
+    try:
+        for d in dirs:
+            up = sluice("cluster", "up", "--dir", d)
+            assert up.returncode == 0, up.stderr
+            outs.append(up.stdout)
+        assert outs[0] != outs[1]
+    finally:
+        for d in dirs:
+            sluice("cluster", "down", "--dir", d)
+
+
+def test_second_broker_with_same_id_is_refused(cluster: TestCluster, tmp_path: Path) -> None:
+    result = sluice(
+        "broker",
+        "start",
+        "--id",
+        "1",
+        "--port",
+        str(free_port()),
+        "--data-dir",
+        str(tmp_path / "other"),
+        "--zookeeper",
+        cluster.zookeeper,
+        "--zk-session-timeout",
+        "2",
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "already registered by a live broker" in result.stderr, result.stderr
+    # The first broker is unaffected.
+    assert "event=broker_stopping" not in cluster.log_text(1)
+
+
+def test_broker_refuses_a_data_dir_in_use(cluster: TestCluster) -> None:
+    result = sluice(
+        "broker",
+        "start",
+        "--id",
+        "2",
+        "--port",
+        str(free_port()),
+        "--data-dir",
+        cluster.broker(1).data_dir,
+        "--zookeeper",
+        cluster.zookeeper,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "in use by another running broker" in result.stderr, result.stderr
