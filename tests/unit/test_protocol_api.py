@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_protocol_schema import _struct_strategy, expected
+from tests.unit.test_protocol_schema import _struct_strategy, expected
 
 from sluice.protocol.api import (
     SUPPORTED,
