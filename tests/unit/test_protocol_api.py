@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.unit.test_protocol_schema import _struct_strategy, expected
 
 from sluice.protocol.api import (
     SUPPORTED,
@@ -29,6 +28,7 @@ from sluice.protocol.api import (
 from sluice.protocol.errors import ErrorCode, is_retriable
 from sluice.protocol.messages import REQUESTS, RESPONSES
 from sluice.protocol.primitives import DecodeError
+from tests.unit.test_protocol_schema import _struct_strategy, expected
 
 
 def _unframe(chunks: list[bytes | memoryview] | bytes) -> bytes:
