@@ -103,6 +103,7 @@ class ModeResult:
     errors: int = 0
     requests: int = 0  # prebuilt mode only
     latency: LatencyStats = field(default_factory=LatencyStats)
+    cpu: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -125,6 +126,41 @@ class ModeResult:
             requests_per_s=round(self.requests_per_s, 1),
         )
         return d
+
+
+class CpuMeter:
+    """CPU seconds (user+system) used by this process, by given pids and by the whole machine."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self._hz = os.sysconf("SC_CLK_TCK")
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float, float, float]:
+        t = os.times()
+        me = t.user + t.system
+        others = 0.0
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                others += (int(fields[11]) + int(fields[12])) / self._hz  # utime, stime
+            except (OSError, IndexError, ValueError):
+                pass
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(cpu) - cpu[3] - cpu[4]) / self._hz  # all but idle and iowait
+        return me, others, busy, time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        """Average cores in use since the start: bench process, brokers, whole machine."""
+        end = self._sample()
+        wall = max(1e-9, end[3] - self._start[3])
+        return {
+            "bench_cores": round((end[0] - self._start[0]) / wall, 2),
+            "broker_cores": round((end[1] - self._start[1]) / wall, 2) if self.pids else float("nan"),
+            "machine_cores": round((end[2] - self._start[2]) / wall, 2),
+        }
 
 
 # --- setup ---------------------------------------------------------------------------------------
@@ -390,6 +426,9 @@ def print_report(
         "lat p99 ms",
         "lat max ms",
         "errors",
+        "cores: bench",
+        "brokers",
+        "machine",
     ):
         table.add_column(col, justify="left" if col == "mode" else "right")
     for r in results:
@@ -405,6 +444,7 @@ def print_report(
             f"{lat.p99_ms:.1f}",
             f"{lat.max_ms:.1f}",
             str(r.errors),
+            *(f"{r.cpu.get(k, float('nan')):.2f}" for k in ("bench_cores", "broker_cores", "machine_cores")),
         )
     console.print(table)
     for r in results:
@@ -413,6 +453,10 @@ def print_report(
     console.print(
         "  latency: client = produce() to delivery callback (every 16th record); "
         "prebuilt = request sent to response read"
+    )
+    console.print(
+        "  cores: average CPU cores busy during the mode (bench process incl. librdkafka threads; "
+        "broker processes; whole machine incl. anything else running)"
     )
 
 
@@ -427,7 +471,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--brokers", type=int, default=1, help="brokers of the local cluster")
     p.add_argument("--replication-factor", type=int, default=1)
     p.add_argument("--acks", choices=("all", "1", "0"), default="all")
-    p.add_argument("--records", type=int, default=1_000_000, help="client mode: records to produce")
+    p.add_argument(
+        "--records",
+        type=int,
+        default=4_000_000,
+        help="client mode: records to produce (4 M x 1 KB takes ~10-15 s here)",
+    )
     p.add_argument("--record-size", type=int, default=1024, help="bytes of value per record")
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--mode", choices=("client", "prebuilt", "both"), default="both")
@@ -436,8 +485,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("client mode")
     g.add_argument("--linger-ms", type=float, default=5.0)
     g.add_argument("--batch-size", type=int, default=1_000_000)
-    g.add_argument("--queue-messages", type=int, default=1_000_000, help="queue.buffering.max.messages")
-    g.add_argument("--queue-kbytes", type=int, default=512 * 1024, help="queue.buffering.max.kbytes")
+    g.add_argument(
+        "--queue-messages",
+        type=int,
+        default=100_000,
+        help="queue.buffering.max.messages (librdkafka's default)",
+    )
+    g.add_argument(
+        "--queue-kbytes",
+        type=int,
+        default=1_048_576,
+        help="queue.buffering.max.kbytes (librdkafka's default)",
+    )
     g.add_argument(
         "--client-max-seconds",
         type=float,
@@ -491,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
             create_topic(bootstrap, topic, args.partitions, args.replication_factor)
             console.print(f"running {mode} mode on topic {topic} ...")
             run = run_client if mode == "client" else run_prebuilt
+            meter = CpuMeter([b.pid for b in cluster.brokers] if cluster is not None else [])
             r = run(args, bootstrap, topic)
+            r.cpu = meter.stop()
             console.print(
                 f"  {mode}: {r.mb_per_s:.1f} MB/s, {r.records_per_s:,.0f} records/s, {r.errors} errors"
             )

@@ -20,6 +20,8 @@ from kazoo.exceptions import NoNodeError
 
 from sluice.broker.admin import TopicAdmin
 from sluice.broker.config import BrokerConfig
+from sluice.broker.coordinator import GroupCoordinator
+from sluice.broker.group_placement import OFFSETS_TOPIC
 from sluice.broker.metadata import MetadataCache
 from sluice.broker.producer_ids import ProducerIdManager
 from sluice.broker.replica_manager import ReplicaManager
@@ -50,6 +52,8 @@ class Broker:
             self.store, config.broker_id, sweep_interval_s=config.controller_sweep_interval_s
         )
         self.server = KafkaServer(self)
+        self.coordinator = GroupCoordinator(self)
+        self.replicas.leadership_listeners.append(self._on_leadership)
         self.stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -68,6 +72,7 @@ class Broker:
             await asyncio.to_thread(self._refuse_duplicate_id)
             known = await asyncio.to_thread(self._known_topics)
             self.replicas.load_local_logs(known)
+            self.coordinator.start()
             await self.server.start(self.config.host, self.config.port)
             host, port = self.config.advertised
             reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)
@@ -111,6 +116,7 @@ class Broker:
         self.stopping = True
         log.info("event=broker_stopping id=%d", self.config.broker_id)
         await self.server.stop()
+        await self.coordinator.stop()
         await asyncio.to_thread(self.controller.stop)
         self.replicas.close_all()
         await asyncio.to_thread(self.store.stop)
@@ -207,6 +213,14 @@ class Broker:
             log.exception(
                 "event=metadata_change_failed kind=%s topic=%s partition=%d", kind, topic, partition
             )
+
+    def _on_leadership(self, topic: str, partition: int, is_leader: bool) -> None:
+        if topic != OFFSETS_TOPIC:
+            return
+        if is_leader:
+            self.coordinator.on_became_leader(partition)
+        else:
+            self.coordinator.on_resigned(partition)
 
     def _on_session_state(self, state: str) -> None:
         # A lost session drops our ephemeral znode; when it comes back, register again.

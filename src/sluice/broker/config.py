@@ -27,6 +27,9 @@ class BrokerConfig:
     default_replication_factor: int = -1
     auto_create_topics: bool = False
     offsets_topic_partitions: int = 50
+    #: How long the first rebalance of an empty group waits for more members (Kafka's
+    #: ``group.initial.rebalance.delay.ms``, 3000 there; shorter here for quick starts).
+    group_initial_rebalance_delay_ms: int = 500
     flush_check_interval_ms: int = 1000
     retention_check_interval_ms: int = 60_000
     #: Period of the controller's leaderless-partition sweep (I5).

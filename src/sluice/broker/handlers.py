@@ -45,28 +45,175 @@ async def api_versions(broker: Broker, header: RequestHeader, req: Body) -> Body
 
 
 async def find_coordinator(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    """No group coordinator runs yet: clients are told to retry, never refused outright."""
-    keys = req.get("coordinator_keys") or [req.get("key", "")]
-    message = "the group coordinator is not available on this broker yet"
-    return {
-        "throttle_time_ms": 0,
-        "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
-        "error_message": message,
-        "node_id": -1,
-        "host": "",
-        "port": -1,
-        "coordinators": [
+    keys = req.get("coordinator_keys") or []
+    single = header.api_version < 4
+    if single:
+        keys = [req.get("key", "")]
+    coordinators = []
+    for key in keys:
+        error, message, node, host, port = broker.coordinator.find_coordinator(key, req.get("key_type", 0))
+        coordinators.append(
             {
-                "key": k,
-                "node_id": -1,
-                "host": "",
-                "port": -1,
-                "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                "key": key,
+                "node_id": node,
+                "host": host,
+                "port": port,
+                "error_code": error,
                 "error_message": message,
             }
-            for k in keys
+        )
+    first = (
+        coordinators[0]
+        if coordinators
+        else {
+            "error_code": ErrorCode.INVALID_REQUEST,
+            "error_message": None,
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+        }
+    )
+    return {
+        "throttle_time_ms": 0,
+        "error_code": first["error_code"],
+        "error_message": first["error_message"],
+        "node_id": first["node_id"],
+        "host": first["host"],
+        "port": first["port"],
+        "coordinators": coordinators if not single else [],
+    }
+
+
+async def join_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    from sluice.broker.server import current_client_host
+
+    response = await broker.coordinator.join(
+        req, header.api_version, header.client_id or "", current_client_host.get()
+    )
+    response.setdefault("generation_id", -1)
+    response.setdefault("protocol_name", None if header.api_version >= 7 else "")
+    response.setdefault("leader", "")
+    response.setdefault("members", [])
+    response.setdefault("member_id", req["member_id"])
+    if header.api_version < 7 and response.get("protocol_name") is None:
+        response["protocol_name"] = ""
+    response["throttle_time_ms"] = 0
+    return response
+
+
+async def sync_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    response = await broker.coordinator.sync(req)
+    response.setdefault("assignment", b"")
+    response["throttle_time_ms"] = 0
+    return response
+
+
+async def heartbeat(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    return {"throttle_time_ms": 0, "error_code": broker.coordinator.heartbeat(req)}
+
+
+async def leave_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    if header.api_version < 3:
+        members = [{"member_id": req["member_id"], "group_instance_id": None}]
+    else:
+        members = req["members"]
+    error, results = broker.coordinator.leave(req["group_id"], [m["member_id"] for m in members])
+    if error is ErrorCode.NONE and header.api_version < 3 and results:
+        error = results[0][1]
+    by_id = dict(results)
+    return {
+        "throttle_time_ms": 0,
+        "error_code": error,
+        "members": [
+            {
+                "member_id": m["member_id"],
+                "group_instance_id": m.get("group_instance_id"),
+                "error_code": by_id.get(m["member_id"], error),
+            }
+            for m in members
         ],
     }
+
+
+async def offset_commit(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    results = await broker.coordinator.commit_offsets(req)
+    return {
+        "throttle_time_ms": 0,
+        "topics": [
+            {
+                "name": t["name"],
+                "partitions": [
+                    {
+                        "partition_index": p["partition_index"],
+                        "error_code": results[(t["name"], p["partition_index"])],
+                    }
+                    for p in t["partitions"]
+                ],
+            }
+            for t in req["topics"]
+        ],
+    }
+
+
+async def offset_fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    requested = req.get("topics")
+    topics = None if requested is None else [(t["name"], list(t["partition_indexes"])) for t in requested]
+    error, found = broker.coordinator.fetch_offsets(req["group_id"], topics)
+    if error is not ErrorCode.NONE:
+        return {
+            "throttle_time_ms": 0,
+            "error_code": error,
+            "topics": [
+                {
+                    "name": name,
+                    "partitions": [
+                        {
+                            "partition_index": p,
+                            "committed_offset": -1,
+                            "committed_leader_epoch": -1,
+                            "metadata": "",
+                            "error_code": error,
+                        }
+                        for p in parts
+                    ],
+                }
+                for name, parts in (topics or [])
+            ],
+        }
+    out = []
+    for name, parts in found.items():
+        out.append(
+            {
+                "name": name,
+                "partitions": [
+                    {
+                        "partition_index": p,
+                        "committed_offset": om.offset if om else -1,
+                        "committed_leader_epoch": om.leader_epoch if om else -1,
+                        "metadata": (om.metadata if om and om.metadata is not None else ""),
+                        "error_code": ErrorCode.NONE,
+                    }
+                    for p, om in parts
+                ],
+            }
+        )
+    return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "topics": out}
+
+
+async def describe_groups(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    return {"throttle_time_ms": 0, "groups": [broker.coordinator.describe(g) for g in req["groups"]]}
+
+
+async def list_groups(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    groups = broker.coordinator.list_groups(list(req.get("states_filter") or []))
+    return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "groups": groups}
+
+
+async def delete_groups(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    results = []
+    for group_id in req["groups_names"]:
+        results.append({"group_id": group_id, "error_code": await broker.coordinator.delete_group(group_id)})
+    return {"throttle_time_ms": 0, "results": results}
 
 
 async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
@@ -162,6 +309,16 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
                         "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                         "base_offset": -1,
                         "error_message": "Sluice does not support transactional producers",
+                    }
+                )
+                continue
+            if name.startswith("__"):
+                parts.append(
+                    {
+                        "index": pd["index"],
+                        "error_code": ErrorCode.INVALID_TOPIC_EXCEPTION,
+                        "base_offset": -1,
+                        "error_message": f"{name} is internal: only the broker writes to it",
                     }
                 )
                 continue
@@ -349,6 +506,15 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.INIT_PRODUCER_ID: init_producer_id,
     ApiKey.DESCRIBE_CONFIGS: describe_configs,
     ApiKey.FIND_COORDINATOR: find_coordinator,
+    ApiKey.JOIN_GROUP: join_group,
+    ApiKey.SYNC_GROUP: sync_group,
+    ApiKey.HEARTBEAT: heartbeat,
+    ApiKey.LEAVE_GROUP: leave_group,
+    ApiKey.OFFSET_COMMIT: offset_commit,
+    ApiKey.OFFSET_FETCH: offset_fetch,
+    ApiKey.DESCRIBE_GROUPS: describe_groups,
+    ApiKey.LIST_GROUPS: list_groups,
+    ApiKey.DELETE_GROUPS: delete_groups,
 }
 
 

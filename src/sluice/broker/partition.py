@@ -175,6 +175,21 @@ class Partition:
 
     # -- waiting for data ------------------------------------------------------------------------
 
+    async def wait_committed(self, offset: int, timeout_s: float) -> bool:
+        """Wait until the record at ``offset`` is below the high watermark (committed)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.high_watermark <= offset:
+            if not self.is_leader or loop.time() >= deadline:
+                return False
+            fut: asyncio.Future[None] = loop.create_future()
+            self.add_waiter(fut)
+            try:
+                await asyncio.wait_for(fut, timeout=max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return self.high_watermark > offset
+        return True
+
     def add_waiter(self, fut: asyncio.Future[None]) -> None:
         self._waiters.append(fut)
 

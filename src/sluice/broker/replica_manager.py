@@ -11,6 +11,7 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,9 @@ class ReplicaManager:
         self.data_dir = data_dir
         self.metadata = metadata
         self.partitions: dict[tuple[str, int], Partition] = {}
+        #: Called with (topic, partition, is_leader) after this broker's role for a partition
+        #: changes; the group coordinator follows ``__consumer_offsets`` leadership through it.
+        self.leadership_listeners: list[Callable[[str, int, bool], None]] = []
 
     # -- startup ---------------------------------------------------------------------------------
 
@@ -112,6 +116,7 @@ class ReplicaManager:
                 part.leader_epoch,
             )
             return
+        was_leader = part.is_leader
         if state.leader == self.broker_id:
             if not part.is_leader or state.leader_epoch > part.leader_epoch:
                 part.become_leader(state.leader_epoch, state.isr, replicas)
@@ -119,10 +124,16 @@ class ReplicaManager:
                 part.isr = state.isr
         elif part.is_leader or state.leader_epoch > part.leader_epoch:
             part.become_follower(state.leader, state.leader_epoch, replicas)
+        if part.is_leader != was_leader:
+            for listener in self.leadership_listeners:
+                listener(topic, index, part.is_leader)
 
     def on_topic_deleted(self, topic: str) -> None:
         for key in [k for k in self.partitions if k[0] == topic]:
             part = self.partitions.pop(key)
+            if part.is_leader:
+                for listener in self.leadership_listeners:
+                    listener(topic, key[1], False)
             part.close()
             part.log.delete()
             log.info("event=log_deleted partition=%s", part.name)

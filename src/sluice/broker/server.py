@@ -9,6 +9,7 @@ unparseable frame closes that connection after one log line; every other connect
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,10 @@ class ConnectionClosed(Exception):
     pass
 
 
+#: The host of the client whose request is being handled (per connection task).
+current_client_host: contextvars.ContextVar[str] = contextvars.ContextVar("current_client_host", default="")
+
+
 class KafkaServer:
     def __init__(self, broker: Broker):
         self.broker = broker
@@ -63,6 +68,7 @@ class KafkaServer:
         assert task is not None
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        current_client_host.set(f"/{peer[0]}" if isinstance(peer, tuple) else "")
         sock = writer.get_extra_info("socket")
         if sock is not None:
             import socket

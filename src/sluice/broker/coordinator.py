@@ -1,0 +1,738 @@
+"""The group coordinator: Kafka's classic group protocol, with every group's state in
+``__consumer_offsets``.
+
+A group lives on the leader of its ``__consumer_offsets`` partition. Membership changes are
+written to that partition when a rebalance completes, and committed offsets when they are
+committed; a response is sent only once the write is committed (below the high watermark). A
+broker that becomes leader of the partition rebuilds its groups by replaying it, so nothing
+lives only in memory. The protocol type is opaque: consumer groups and Sluice's own workers use
+the same coordinator.
+
+Runs on the broker's event loop. Group transitions go through ``Group.transition`` (the table
+in ``broker.group``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from sluice.broker import group_records as gr
+from sluice.broker.group import Group, GroupState, Member, OffsetAndMetadata
+from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
+from sluice.protocol.errors import ErrorCode
+from sluice.protocol.records import build_batch, decode_records, iter_batches
+
+if TYPE_CHECKING:
+    from sluice.broker.broker import Broker
+
+log = logging.getLogger("sluice.coordinator")
+
+S = GroupState
+Body = dict[str, Any]
+
+MIN_SESSION_TIMEOUT_MS = 1_000
+MAX_SESSION_TIMEOUT_MS = 1_800_000
+OFFSET_METADATA_MAX_BYTES = 4096
+WRITE_TIMEOUT_S = 30.0
+TICK_S = 0.1
+#: Bound on the records one coordinator write carries (a commit of many partitions is split).
+RECORDS_PER_WRITE_MAX = 5000
+
+
+class CoordinatorError(Exception):
+    def __init__(self, code: ErrorCode, message: str = ""):
+        super().__init__(message or code.name)
+        self.code = code
+
+
+class GroupCoordinator:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.partitions = broker.config.offsets_topic_partitions
+        self.initial_rebalance_delay_s = broker.config.group_initial_rebalance_delay_ms / 1000.0
+        self.groups: dict[str, Group] = {}
+        #: __consumer_offsets partitions this broker leads: "loading" or "active".
+        self.owned: dict[int, str] = {}
+        self._load_tasks: dict[int, asyncio.Task[None]] = {}
+        self._creating: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    async def stop(self) -> None:
+        for task in [self._ticker, self._creating, *self._load_tasks.values()]:
+            if task is not None:
+                task.cancel()
+        for p in list(self.owned):
+            self.on_resigned(p)
+
+    # -- placement ---------------------------------------------------------------------------------
+
+    def partition_for(self, group_id: str) -> int:
+        return partition_for_group(group_id, self.partitions)
+
+    def find_coordinator(self, key: str, key_type: int) -> tuple[ErrorCode, str | None, int, str, int]:
+        """(error, message, node id, host, port) for one coordinator key."""
+        if key_type != 0:
+            return ErrorCode.INVALID_REQUEST, "Sluice has no transaction coordinator", -1, "", -1
+        if not key:
+            return ErrorCode.INVALID_GROUP_ID, "the group id is empty", -1, "", -1
+        cache = self.broker.metadata
+        if cache.topic(OFFSETS_TOPIC) is None:
+            self._ensure_offsets_topic()
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{OFFSETS_TOPIC} is being created", -1, "", -1
+        p = self.partition_for(key)
+        current = cache.partition_state(OFFSETS_TOPIC, p)
+        brokers = cache.brokers()
+        if current is None or current[0].leader < 0 or current[0].leader not in brokers:
+            return (
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"{OFFSETS_TOPIC}-{p} has no leader; the controller is electing one",
+                -1,
+                "",
+                -1,
+            )
+        leader = brokers[current[0].leader]
+        return ErrorCode.NONE, None, leader.broker_id, leader.host, leader.port
+
+    def _ensure_offsets_topic(self) -> None:
+        if self._creating is not None and not self._creating.done():
+            return
+
+        async def create() -> None:
+            live = len(self.broker.metadata.brokers())
+            topic = {
+                "name": OFFSETS_TOPIC,
+                "num_partitions": self.partitions,
+                "replication_factor": max(1, min(3, live)),
+                # No compaction yet: keep every record so a new leader can replay the groups.
+                "configs": [
+                    {"name": "retention.ms", "value": "-1"},
+                    {"name": "segment.bytes", "value": str(100 * 1024 * 1024)},
+                ],
+            }
+            results = await self.broker.admin.create_topics([topic], 30_000, False)
+            code = results[0]["error_code"]
+            if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                log.warning(
+                    "event=offsets_topic_create_failed error=%s message=%r",
+                    ErrorCode(code).name,
+                    results[0].get("error_message"),
+                )
+
+        self._creating = asyncio.get_running_loop().create_task(create())
+
+    def check(self, group_id: str) -> ErrorCode:
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID
+        status = self.owned.get(self.partition_for(group_id))
+        if status is None:
+            return ErrorCode.NOT_COORDINATOR
+        if status == "loading":
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return ErrorCode.NONE
+
+    # -- leadership of __consumer_offsets partitions ------------------------------------------------
+
+    def on_became_leader(self, p: int) -> None:
+        if self.owned.get(p) is not None:
+            return
+        self.owned[p] = "loading"
+        self._load_tasks[p] = asyncio.get_running_loop().create_task(self._load(p))
+
+    def on_resigned(self, p: int) -> None:
+        if self.owned.pop(p, None) is None:
+            return
+        task = self._load_tasks.pop(p, None)
+        if task is not None and not task.done():
+            task.cancel()
+        dropped = [g for g in self.groups.values() if self.partition_for(g.group_id) == p]
+        for group in dropped:
+            for member in group.members.values():
+                self._fail_futures(member, ErrorCode.NOT_COORDINATOR)
+            del self.groups[group.group_id]
+        log.info("event=coordinator_unloaded partition=%s-%d groups=%d", OFFSETS_TOPIC, p, len(dropped))
+
+    async def _load(self, p: int) -> None:
+        started = time.monotonic()
+        part = self.broker.replicas.partitions.get((OFFSETS_TOPIC, p))
+        if part is None:
+            self.owned.pop(p, None)
+            return
+        now = asyncio.get_running_loop().time()
+        latest: dict[gr.Key, bytes | None] = {}
+        offset = part.log.log_start_offset
+        end = part.high_watermark
+        records = 0
+        while offset < end:
+            result = part.read(offset, 4 * 1024 * 1024)
+            if not result.records:
+                break
+            buf = result.records
+            for pos, header in iter_batches(buf):
+                if header.base_offset >= end:
+                    break
+                for rec in decode_records(buf, pos, header):
+                    if rec.offset < offset or rec.key is None:
+                        continue
+                    key = gr.decode_key(rec.key)
+                    if key is not None:
+                        latest[key] = rec.value
+                    records += 1
+                offset = header.last_offset + 1
+            await asyncio.sleep(0)  # let other connections run during a long replay
+        loaded = 0
+        for key, value in latest.items():
+            if isinstance(key, gr.GroupKey):
+                obj = gr.decode_value(value)
+                if obj is None:
+                    continue
+                group = self.groups.setdefault(key.group_id, Group(key.group_id))
+                group.protocol_type = obj.get("protocol_type")
+                group.protocol = obj.get("protocol")
+                group.generation = int(obj.get("generation", 0))
+                group.leader = obj.get("leader")
+                group.members = {
+                    m["member_id"]: Member.from_record(m, group.protocol_type or "", now)
+                    for m in obj.get("members", [])
+                }
+                group.state = S.STABLE if group.members else S.EMPTY
+                loaded += 1
+        for key, value in latest.items():
+            if isinstance(key, gr.OffsetKey):
+                obj = gr.decode_value(value)
+                if obj is None:
+                    continue
+                group = self.groups.setdefault(key.group_id, Group(key.group_id))
+                group.offsets[(key.topic, key.partition)] = OffsetAndMetadata(
+                    int(obj["offset"]),
+                    int(obj.get("leader_epoch", -1)),
+                    obj.get("metadata"),
+                    int(obj.get("commit_ts", 0)),
+                )
+        if self.owned.get(p) == "loading":
+            self.owned[p] = "active"
+        log.log(
+            logging.INFO if records else logging.DEBUG,
+            "event=coordinator_loaded partition=%s-%d groups=%d records=%d took_ms=%d",
+            OFFSETS_TOPIC,
+            p,
+            loaded,
+            records,
+            (time.monotonic() - started) * 1000,
+        )
+
+    # -- persistence -------------------------------------------------------------------------------
+
+    async def _write(self, group_id: str, items: list[tuple[gr.Key, dict[str, Any] | None]]) -> ErrorCode:
+        """Append records to the group's partition and wait until they are committed."""
+        p = self.partition_for(group_id)
+        part = self.broker.replicas.partitions.get((OFFSETS_TOPIC, p))
+        if part is None or not part.is_leader or self.owned.get(p) != "active":
+            return ErrorCode.NOT_COORDINATOR
+        now_ms = int(time.time() * 1000)
+        last_offset = -1
+        for start in range(0, len(items), RECORDS_PER_WRITE_MAX):
+            chunk = items[start : start + RECORDS_PER_WRITE_MAX]
+            batch = build_batch(
+                [(gr.encode_key(k), gr.encode_value(v)) for k, v in chunk], timestamp_ms=now_ms
+            )
+            result = self.broker.replicas.append(OFFSETS_TOPIC, p, batch)
+            if result.error is not ErrorCode.NONE:
+                log.warning("event=coordinator_write_failed group=%s error=%s", group_id, result.error.name)
+                return (
+                    ErrorCode.NOT_COORDINATOR
+                    if result.error is ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    else result.error
+                )
+            last_offset = result.base_offset + len(chunk) - 1
+        if not await part.wait_committed(last_offset, WRITE_TIMEOUT_S):
+            return ErrorCode.REQUEST_TIMED_OUT if part.is_leader else ErrorCode.NOT_COORDINATOR
+        return ErrorCode.NONE
+
+    async def _persist_group(self, group: Group) -> ErrorCode:
+        value = None if group.state is S.DEAD else group.to_record()
+        return await self._write(group.group_id, [(gr.GroupKey(group.group_id), value)])
+
+    # -- timers ------------------------------------------------------------------------------------
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self._tick()
+            except Exception:
+                log.exception("event=coordinator_tick_failed")
+
+    def _tick(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for group in list(self.groups.values()):
+            if self.check(group.group_id) is not ErrorCode.NONE:
+                continue
+            for member_id, expires in list(group.pending_members.items()):
+                if now > expires:
+                    del group.pending_members[member_id]
+            expired = [
+                m
+                for m in group.members.values()
+                if not m.awaiting_join
+                and (m.sync_future is None or m.sync_future.done())
+                and now - m.last_heartbeat > m.session_timeout_ms / 1000.0
+            ]
+            for m in expired:
+                log.info(
+                    "event=member_expired group=%s member=%s client=%s session_timeout_ms=%d",
+                    group.group_id,
+                    m.member_id,
+                    m.client_id,
+                    m.session_timeout_ms,
+                )
+                self._remove_member(group, m)
+            if expired and group.state in (S.STABLE, S.COMPLETING_REBALANCE):
+                self._prepare_rebalance(group, "member expired")
+            if group.state is S.PREPARING_REBALANCE:
+                self._maybe_complete_join(group)
+
+    # -- the protocol ------------------------------------------------------------------------------
+
+    def _prepare_rebalance(self, group: Group, reason: str) -> None:
+        loop_now = asyncio.get_running_loop().time()
+        if group.state is S.COMPLETING_REBALANCE:
+            for m in group.members.values():
+                if m.sync_future is not None and not m.sync_future.done():
+                    m.sync_future.set_result(
+                        {"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""}
+                    )
+        was_empty = group.state is S.EMPTY
+        group.transition(S.PREPARING_REBALANCE)
+        group.rebalance_deadline = loop_now + group.max_rebalance_timeout_ms() / 1000.0
+        group.initial_delay_until = loop_now + self.initial_rebalance_delay_s if was_empty else 0.0
+        log.info(
+            "event=rebalance_started group=%s generation=%d members=%d reason=%r",
+            group.group_id,
+            group.generation,
+            len(group.members),
+            reason,
+        )
+
+    def _remove_member(self, group: Group, member: Member) -> None:
+        self._fail_futures(member, ErrorCode.UNKNOWN_MEMBER_ID)
+        group.members.pop(member.member_id, None)
+        if group.leader == member.member_id:
+            group.leader = next(iter(group.members), None)
+
+    @staticmethod
+    def _fail_futures(member: Member, code: ErrorCode) -> None:
+        for fut in (member.join_future, member.sync_future):
+            if fut is not None and not fut.done():
+                fut.set_result({"error_code": code, "member_id": member.member_id, "assignment": b""})
+
+    def _maybe_complete_join(self, group: Group) -> None:
+        if group.state is not S.PREPARING_REBALANCE:
+            return
+        now = asyncio.get_running_loop().time()
+        deadline_passed = now >= group.rebalance_deadline
+        if not deadline_passed:
+            if now < group.initial_delay_until:
+                return
+            if not group.all_members_joined():
+                return
+        for m in [m for m in group.members.values() if not m.awaiting_join]:
+            log.info(
+                "event=member_removed group=%s member=%s reason=did_not_rejoin_in_time",
+                group.group_id,
+                m.member_id,
+            )
+            self._remove_member(group, m)
+        group.generation += 1
+        if not group.members:
+            group.transition(S.EMPTY)
+            group.protocol = None
+            group.leader = None
+            log.info("event=group_empty group=%s generation=%d", group.group_id, group.generation)
+            asyncio.get_running_loop().create_task(self._persist_group(group))
+            return
+        group.protocol = group.select_protocol()
+        if group.leader not in group.members:
+            group.leader = next(iter(group.members))
+        group.transition(S.COMPLETING_REBALANCE)
+        log.info(
+            "event=rebalance_joined group=%s generation=%d protocol=%s leader=%s members=%d",
+            group.group_id,
+            group.generation,
+            group.protocol,
+            group.leader,
+            len(group.members),
+        )
+        for m in group.members.values():
+            assert m.join_future is not None
+            m.join_future.set_result(self._join_response(group, m))
+            m.last_heartbeat = now
+
+    def _join_response(self, group: Group, m: Member) -> Body:
+        members = []
+        if m.member_id == group.leader:
+            members = [
+                {
+                    "member_id": o.member_id,
+                    "group_instance_id": o.group_instance_id,
+                    "metadata": o.metadata_for(group.protocol or ""),
+                }
+                for o in group.members.values()
+            ]
+        return {
+            "error_code": ErrorCode.NONE,
+            "generation_id": group.generation,
+            "protocol_type": group.protocol_type,
+            "protocol_name": group.protocol,
+            "leader": group.leader or "",
+            "member_id": m.member_id,
+            "members": members,
+        }
+
+    async def join(self, req: Body, version: int, client_id: str, client_host: str) -> Body:
+        group_id: str = req["group_id"]
+        member_id: str = req["member_id"]
+        error = self.check(group_id)
+        if error is not ErrorCode.NONE:
+            return {"error_code": error, "member_id": member_id}
+        session_ms = int(req["session_timeout_ms"])
+        rebalance_ms = int(req.get("rebalance_timeout_ms", -1))
+        rebalance_ms = session_ms if rebalance_ms < 0 else rebalance_ms
+        if not MIN_SESSION_TIMEOUT_MS <= session_ms <= MAX_SESSION_TIMEOUT_MS:
+            return {"error_code": ErrorCode.INVALID_SESSION_TIMEOUT, "member_id": member_id}
+        protocols = [(p["name"], bytes(p["metadata"])) for p in req["protocols"]]
+        group = self.groups.get(group_id)
+        if group is None:
+            if member_id:
+                return {"error_code": ErrorCode.UNKNOWN_MEMBER_ID, "member_id": member_id}
+            group = self.groups[group_id] = Group(group_id)
+        if group.state is S.DEAD:
+            return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "member_id": member_id}
+        if not group.supports(req["protocol_type"], protocols):
+            return {"error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL, "member_id": member_id}
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not member_id:
+            new_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            if version >= 4:
+                # KIP-394: hand out the id first; the member joins with it in a second request.
+                group.pending_members[new_id] = now + session_ms / 1000.0
+                return {"error_code": ErrorCode.MEMBER_ID_REQUIRED, "member_id": new_id}
+            member_id = new_id
+        elif member_id in group.pending_members:
+            del group.pending_members[member_id]
+        elif member_id not in group.members:
+            return {"error_code": ErrorCode.UNKNOWN_MEMBER_ID, "member_id": member_id}
+
+        existing = group.members.get(member_id)
+        follower_of_stable = group.state is S.STABLE and member_id != group.leader
+        unchanged_rejoin = (
+            existing is not None
+            and existing.protocols == protocols
+            and (group.state is S.COMPLETING_REBALANCE or follower_of_stable)
+        )
+        if existing is not None and unchanged_rejoin:
+            # A rejoin that changes nothing (a follower, or a lost join response): answer with
+            # the current generation instead of starting a rebalance.
+            existing.last_heartbeat = now
+            return self._join_response(group, existing)
+        fut: asyncio.Future[Body] = loop.create_future()
+        if existing is not None:
+            if existing.join_future is not None and not existing.join_future.done():
+                existing.join_future.set_result(
+                    {"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "member_id": member_id}
+                )
+            existing.protocols = protocols
+            existing.session_timeout_ms = session_ms
+            existing.rebalance_timeout_ms = rebalance_ms
+            existing.join_future = fut
+            existing.last_heartbeat = now
+        else:
+            if not group.members:
+                group.protocol_type = req["protocol_type"]
+            group.members[member_id] = Member(
+                member_id=member_id,
+                group_instance_id=req.get("group_instance_id"),
+                client_id=client_id or "",
+                client_host=client_host,
+                session_timeout_ms=session_ms,
+                rebalance_timeout_ms=rebalance_ms,
+                protocol_type=req["protocol_type"],
+                protocols=protocols,
+                join_future=fut,
+                last_heartbeat=now,
+            )
+            log.info(
+                "event=member_joined group=%s member=%s client=%s host=%s",
+                group_id,
+                member_id,
+                client_id,
+                client_host,
+            )
+        if group.state is not S.PREPARING_REBALANCE:
+            self._prepare_rebalance(group, f"member {member_id} joined")
+        else:
+            group.rebalance_deadline = max(group.rebalance_deadline, now + rebalance_ms / 1000.0)
+        self._maybe_complete_join(group)
+        return await fut
+
+    async def sync(self, req: Body) -> Body:
+        group_id, member_id, generation = req["group_id"], req["member_id"], req["generation_id"]
+        error = self.check(group_id)
+        if error is not ErrorCode.NONE:
+            return {"error_code": error}
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return {"error_code": ErrorCode.UNKNOWN_MEMBER_ID}
+        if generation != group.generation:
+            return {"error_code": ErrorCode.ILLEGAL_GENERATION}
+        if req.get("protocol_type") not in (None, group.protocol_type) or req.get("protocol_name") not in (
+            None,
+            group.protocol,
+        ):
+            return {"error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL}
+        member = group.members[member_id]
+        member.last_heartbeat = asyncio.get_running_loop().time()
+        if group.state is S.PREPARING_REBALANCE:
+            return {"error_code": ErrorCode.REBALANCE_IN_PROGRESS}
+        if group.state is S.STABLE:
+            return self._sync_response(group, member)
+        if group.state is not S.COMPLETING_REBALANCE:
+            return {"error_code": ErrorCode.UNKNOWN_MEMBER_ID}
+        fut: asyncio.Future[Body] = asyncio.get_running_loop().create_future()
+        member.sync_future = fut
+        if member_id == group.leader:
+            assignments = {a["member_id"]: bytes(a["assignment"]) for a in req["assignments"]}
+            for m in group.members.values():
+                m.assignment = assignments.get(m.member_id, b"")
+            write_error = await self._persist_group(group)
+            if group.state is not S.COMPLETING_REBALANCE or group.generation != generation:
+                pass  # a new rebalance began while writing; its own outcome answers the members
+            elif write_error is not ErrorCode.NONE:
+                for m in group.members.values():
+                    if m.sync_future is not None and not m.sync_future.done():
+                        m.sync_future.set_result({"error_code": write_error, "assignment": b""})
+                self._prepare_rebalance(group, f"group state could not be written: {write_error.name}")
+            else:
+                group.transition(S.STABLE)
+                log.info(
+                    "event=rebalance_completed group=%s generation=%d members=%d",
+                    group.group_id,
+                    group.generation,
+                    len(group.members),
+                )
+                for m in group.members.values():
+                    if m.sync_future is not None and not m.sync_future.done():
+                        m.sync_future.set_result(self._sync_response(group, m))
+        return await fut
+
+    @staticmethod
+    def _sync_response(group: Group, member: Member) -> Body:
+        return {
+            "error_code": ErrorCode.NONE,
+            "protocol_type": group.protocol_type,
+            "protocol_name": group.protocol,
+            "assignment": member.assignment,
+        }
+
+    def heartbeat(self, req: Body) -> ErrorCode:
+        group_id, member_id = req["group_id"], req["member_id"]
+        error = self.check(group_id)
+        if error is not ErrorCode.NONE:
+            return error
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if req["generation_id"] != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+        group.members[member_id].last_heartbeat = asyncio.get_running_loop().time()
+        if group.state is S.PREPARING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    def leave(
+        self, group_id: str, member_ids: Iterable[str]
+    ) -> tuple[ErrorCode, list[tuple[str, ErrorCode]]]:
+        error = self.check(group_id)
+        if error is not ErrorCode.NONE:
+            return error, []
+        group = self.groups.get(group_id)
+        results: list[tuple[str, ErrorCode]] = []
+        removed = False
+        for member_id in member_ids:
+            member = group.members.get(member_id) if group else None
+            if group is None or member is None:
+                results.append((member_id, ErrorCode.UNKNOWN_MEMBER_ID))
+                continue
+            log.info("event=member_left group=%s member=%s", group_id, member_id)
+            self._remove_member(group, member)
+            removed = True
+            results.append((member_id, ErrorCode.NONE))
+        if group is not None and removed:
+            if group.state in (S.STABLE, S.COMPLETING_REBALANCE):
+                self._prepare_rebalance(group, "member left")
+            self._maybe_complete_join(group)
+        return ErrorCode.NONE, results
+
+    # -- offsets -----------------------------------------------------------------------------------
+
+    async def commit_offsets(self, req: Body) -> dict[tuple[str, int], ErrorCode]:
+        group_id = req["group_id"]
+        generation = req.get("generation_id_or_member_epoch", -1)
+        member_id = req.get("member_id", "")
+        wanted = [(t["name"], p) for t in req["topics"] for p in t["partitions"]]
+        error = self.check(group_id)
+        if error is ErrorCode.NONE:
+            error = self._commit_allowed(group_id, generation, member_id)
+        if error is not ErrorCode.NONE:
+            return {(topic, p["partition_index"]): error for topic, p in wanted}
+        results: dict[tuple[str, int], ErrorCode] = {}
+        items: list[tuple[gr.Key, dict[str, Any] | None]] = []
+        values: dict[tuple[str, int], OffsetAndMetadata] = {}
+        now_ms = int(time.time() * 1000)
+        for topic, p in wanted:
+            tp = (topic, p["partition_index"])
+            metadata = p.get("committed_metadata")
+            if metadata is not None and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                results[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+                continue
+            om = OffsetAndMetadata(
+                int(p["committed_offset"]), int(p.get("committed_leader_epoch", -1)), metadata, now_ms
+            )
+            values[tp] = om
+            items.append(
+                (
+                    gr.OffsetKey(group_id, topic, tp[1]),
+                    gr.offset_value(om.offset, om.leader_epoch, om.metadata, om.commit_timestamp_ms),
+                )
+            )
+        if items:
+            write_error = await self._write(group_id, items)
+            group = self.groups.setdefault(group_id, Group(group_id))
+            for tp, om in values.items():
+                results[tp] = write_error
+                if write_error is ErrorCode.NONE:
+                    group.offsets[tp] = om
+        return results
+
+    def _commit_allowed(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
+        group = self.groups.get(group_id)
+        if generation < 0 and not member_id:
+            # A commit from outside the group protocol (assign()-style consumers, tools): only
+            # while no member could be committing for the same partitions.
+            if group is not None and group.members:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            return ErrorCode.NONE
+        if group is None or member_id not in group.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+        if group.state in (S.PREPARING_REBALANCE, S.COMPLETING_REBALANCE):
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        group.members[member_id].last_heartbeat = asyncio.get_running_loop().time()
+        return ErrorCode.NONE
+
+    def fetch_offsets(
+        self, group_id: str, topics: list[tuple[str, list[int]]] | None
+    ) -> tuple[ErrorCode, dict[str, list[tuple[int, OffsetAndMetadata | None]]]]:
+        error = self.check(group_id)
+        if error is not ErrorCode.NONE:
+            return error, {}
+        group = self.groups.get(group_id)
+        offsets = group.offsets if group else {}
+        out: dict[str, list[tuple[int, OffsetAndMetadata | None]]] = {}
+        if topics is None:
+            for (topic, p), om in sorted(offsets.items()):
+                out.setdefault(topic, []).append((p, om))
+        else:
+            for topic, partitions in topics:
+                out[topic] = [(p, offsets.get((topic, p))) for p in partitions]
+        return ErrorCode.NONE, out
+
+    # -- administration ----------------------------------------------------------------------------
+
+    def describe(self, group_id: str) -> Body:
+        error = self.check(group_id)
+        if error is not ErrorCode.NONE:
+            return {
+                "error_code": error,
+                "group_id": group_id,
+                "group_state": "",
+                "protocol_type": "",
+                "protocol_data": "",
+                "members": [],
+            }
+        group = self.groups.get(group_id)
+        if group is None:
+            return {
+                "error_code": ErrorCode.NONE,
+                "group_id": group_id,
+                "group_state": S.DEAD.value,
+                "protocol_type": "",
+                "protocol_data": "",
+                "members": [],
+            }
+        return {
+            "error_code": ErrorCode.NONE,
+            "group_id": group_id,
+            "group_state": group.state.value,
+            "protocol_type": group.protocol_type or "",
+            "protocol_data": group.protocol or "",
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.group_instance_id,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "member_metadata": m.metadata_for(group.protocol or ""),
+                    "member_assignment": m.assignment if group.state is S.STABLE else b"",
+                }
+                for m in group.members.values()
+            ],
+        }
+
+    def list_groups(self, states: list[str]) -> list[Body]:
+        wanted = {s.lower() for s in states}
+        out = []
+        for group in sorted(self.groups.values(), key=lambda g: g.group_id):
+            if self.check(group.group_id) is not ErrorCode.NONE:
+                continue
+            if wanted and group.state.value.lower() not in wanted:
+                continue
+            out.append(
+                {
+                    "group_id": group.group_id,
+                    "protocol_type": group.protocol_type or "",
+                    "group_state": group.state.value,
+                }
+            )
+        return out
+
+    async def delete_group(self, group_id: str) -> ErrorCode:
+        error = self.check(group_id)
+        if error is not ErrorCode.NONE:
+            return error
+        group = self.groups.get(group_id)
+        if group is None or (group.state is S.EMPTY and not group.offsets and group.generation == 0):
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if group.state is not S.EMPTY:
+            return ErrorCode.NON_EMPTY_GROUP
+        items: list[tuple[gr.Key, dict[str, Any] | None]] = [
+            (gr.OffsetKey(group_id, t, p), None) for (t, p) in group.offsets
+        ]
+        items.append((gr.GroupKey(group_id), None))
+        write_error = await self._write(group_id, items)
+        if write_error is ErrorCode.NONE:
+            group.transition(S.DEAD)
+            del self.groups[group_id]
+            log.info("event=group_deleted group=%s", group_id)
+        return write_error

@@ -1,0 +1,175 @@
+"""A consumer group as plain data, and its state machine.
+
+The states and every allowed transition are in ``TRANSITIONS``, one table (Kafka's classic
+group protocol). The coordinator does the I/O; this module decides nothing by itself except
+what the table allows, and a few pure rules (protocol selection, membership checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class GroupState(enum.Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+S = GroupState
+
+#: state -> the states it may move to.
+TRANSITIONS: dict[GroupState, frozenset[GroupState]] = {
+    S.EMPTY: frozenset({S.PREPARING_REBALANCE, S.DEAD}),
+    S.PREPARING_REBALANCE: frozenset({S.COMPLETING_REBALANCE, S.EMPTY, S.DEAD}),
+    S.COMPLETING_REBALANCE: frozenset({S.PREPARING_REBALANCE, S.STABLE, S.EMPTY, S.DEAD}),
+    S.STABLE: frozenset({S.PREPARING_REBALANCE, S.EMPTY, S.DEAD}),
+    S.DEAD: frozenset({S.EMPTY}),
+}
+
+
+class IllegalTransition(AssertionError):
+    pass
+
+
+@dataclass
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    last_heartbeat: float = 0.0
+    join_future: asyncio.Future[dict[str, Any]] | None = None
+    sync_future: asyncio.Future[dict[str, Any]] | None = None
+
+    def metadata_for(self, protocol: str) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        return b""
+
+    @property
+    def awaiting_join(self) -> bool:
+        return self.join_future is not None and not self.join_future.done()
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "member_id": self.member_id,
+            "group_instance_id": self.group_instance_id,
+            "client_id": self.client_id,
+            "client_host": self.client_host,
+            "session_timeout_ms": self.session_timeout_ms,
+            "rebalance_timeout_ms": self.rebalance_timeout_ms,
+            "protocols": [[name, bytes(md).hex()] for name, md in self.protocols],
+            "assignment": bytes(self.assignment).hex(),
+        }
+
+    @classmethod
+    def from_record(cls, obj: dict[str, Any], protocol_type: str, now: float) -> Member:
+        return cls(
+            member_id=obj["member_id"],
+            group_instance_id=obj.get("group_instance_id"),
+            client_id=obj.get("client_id", ""),
+            client_host=obj.get("client_host", ""),
+            session_timeout_ms=int(obj["session_timeout_ms"]),
+            rebalance_timeout_ms=int(obj["rebalance_timeout_ms"]),
+            protocol_type=protocol_type,
+            protocols=[(name, bytes.fromhex(md)) for name, md in obj.get("protocols", [])],
+            assignment=bytes.fromhex(obj.get("assignment", "")),
+            last_heartbeat=now,
+        )
+
+
+@dataclass
+class OffsetAndMetadata:
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+    commit_timestamp_ms: int
+
+
+@dataclass
+class Group:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader: str | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+    #: member ids handed out by a MEMBER_ID_REQUIRED answer, not yet joined (KIP-394), with the
+    #: time each expires if its member does not join with it.
+    pending_members: dict[str, float] = field(default_factory=dict)
+    offsets: dict[tuple[str, int], OffsetAndMetadata] = field(default_factory=dict)
+    rebalance_deadline: float = 0.0
+    #: no earlier than this, the first rebalance of an empty group completes (initial delay).
+    initial_delay_until: float = 0.0
+
+    def transition(self, new: GroupState) -> None:
+        if new not in TRANSITIONS[self.state]:
+            raise IllegalTransition(
+                f"group {self.group_id}: {self.state.value} -> {new.value} is not allowed"
+            )
+        self.state = new
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.members
+
+    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
+        """Can a member with these protocols join? (Kafka: same type, a protocol in common.)"""
+        if not protocol_type or not protocols:
+            return False
+        if not self.members:
+            return self.protocol_type in (None, protocol_type)
+        if protocol_type != self.protocol_type:
+            return False
+        names = {name for name, _ in protocols}
+        return bool(names & self.candidate_protocols())
+
+    def candidate_protocols(self) -> set[str]:
+        sets = [{name for name, _ in m.protocols} for m in self.members.values()]
+        return set.intersection(*sets) if sets else set()
+
+    def select_protocol(self) -> str:
+        """Each member votes for its most preferred candidate; the most votes wins (ties: the
+        first member's preference order), as Kafka does."""
+        candidates = self.candidate_protocols()
+        assert candidates, f"group {self.group_id} has no protocol in common"
+        votes: dict[str, int] = {}
+        for m in self.members.values():
+            for name, _ in m.protocols:
+                if name in candidates:
+                    votes[name] = votes.get(name, 0) + 1
+                    break
+        best = max(votes.values())
+        first = next(iter(self.members.values()))
+        for name, _ in first.protocols:
+            if votes.get(name) == best:
+                return name
+        return sorted(votes)[0]
+
+    def all_members_joined(self) -> bool:
+        return all(m.awaiting_join for m in self.members.values())
+
+    def max_rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "protocol_type": self.protocol_type,
+            "protocol": self.protocol,
+            "generation": self.generation,
+            "leader": self.leader,
+            "members": [m.to_record() for m in self.members.values()],
+        }
