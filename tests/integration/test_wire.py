@@ -420,3 +420,32 @@ def test_broker_alive_after_fuzz(broker: TestCluster) -> None:
     assert pid_alive(broker.broker(1).pid)
     assert still_serving(broker)
     assert "event=handler_failed" not in broker.log_text(1), "a handler raised on fuzzed input"
+
+
+def test_offset_for_leader_epoch_returns_the_end_of_the_current_epoch(broker: TestCluster) -> None:
+    with connect(broker) as w:
+        produce(w, build_batch([(None, b"epoch-check")]))
+        leo = end_offset(w)
+        r = w.request(
+            ApiKey.OFFSET_FOR_LEADER_EPOCH,
+            4,
+            {
+                "replica_id": -2,
+                "topics": [
+                    {
+                        "topic": TOPIC,
+                        "partitions": [
+                            {"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0},
+                            {"partition": 1, "current_leader_epoch": 7, "leader_epoch": 0},
+                        ],
+                    }
+                ],
+            },
+        )
+    parts = {p["partition"]: p for p in r["topics"][0]["partitions"]}
+    assert (parts[0]["error_code"], parts[0]["leader_epoch"], parts[0]["end_offset"]) == (
+        ErrorCode.NONE,
+        0,
+        leo,
+    )
+    assert parts[1]["error_code"] == ErrorCode.UNKNOWN_LEADER_EPOCH

@@ -426,6 +426,28 @@ async def list_offsets(broker: Broker, header: RequestHeader, req: Body) -> Body
     return {"throttle_time_ms": 0, "topics": topics}
 
 
+async def offset_for_leader_epoch(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    """KIP-101/KIP-279: the end offset of a leader epoch, which a follower (or a consumer after
+    a leader change) truncates to before fetching, so replicas never diverge (I2)."""
+    topics = []
+    for t in req["topics"]:
+        parts = []
+        for p in t["partitions"]:
+            error, epoch, end_offset = broker.replicas.end_offset_for_epoch(
+                t["topic"], p["partition"], p["leader_epoch"], p.get("current_leader_epoch", -1)
+            )
+            parts.append(
+                {
+                    "error_code": error,
+                    "partition": p["partition"],
+                    "leader_epoch": epoch,
+                    "end_offset": end_offset,
+                }
+            )
+        topics.append({"topic": t["topic"], "partitions": parts})
+    return {"throttle_time_ms": 0, "topics": topics}
+
+
 async def create_topics(broker: Broker, header: RequestHeader, req: Body) -> Body:
     results = await broker.admin.create_topics(
         req["topics"], req.get("timeout_ms", 30000), req.get("validate_only", False)
@@ -505,6 +527,7 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DELETE_TOPICS: delete_topics,
     ApiKey.INIT_PRODUCER_ID: init_producer_id,
     ApiKey.DESCRIBE_CONFIGS: describe_configs,
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: offset_for_leader_epoch,
     ApiKey.FIND_COORDINATOR: find_coordinator,
     ApiKey.JOIN_GROUP: join_group,
     ApiKey.SYNC_GROUP: sync_group,

@@ -210,6 +210,19 @@ class ReplicaManager:
             if part is not None:
                 part.add_waiter(fut)
 
+    def end_offset_for_epoch(
+        self, topic: str, index: int, leader_epoch: int, current_leader_epoch: int
+    ) -> tuple[ErrorCode, int, int]:
+        """(error, epoch, end offset): the largest epoch <= ``leader_epoch`` and where it ends."""
+        part, error = self.leader_partition(topic, index)
+        if part is None:
+            return error, -1, -1
+        epoch_error = self.check_leader_epoch(part, current_leader_epoch)
+        if epoch_error is not ErrorCode.NONE:
+            return epoch_error, -1, -1
+        epoch, end = part.log.end_offset_for_epoch(leader_epoch)
+        return ErrorCode.NONE, epoch, end
+
     # -- list offsets ------------------------------------------------------------------------------
 
     def list_offset(
