@@ -16,19 +16,20 @@ import signal
 import time
 from pathlib import Path
 
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 
 from sluice.broker.admin import TopicAdmin
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.group_placement import OFFSETS_TOPIC
 from sluice.broker.metadata import MetadataCache
+from sluice.broker.partition import Partition
 from sluice.broker.producer_ids import ProducerIdManager
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.server import KafkaServer
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller
-from sluice.cluster.layout import BrokerRegistration
+from sluice.cluster.layout import BrokerRegistration, PartitionState
 from sluice.cluster.zkstore import BrokerIdInUseError, ZkStore
 
 log = logging.getLogger("sluice.broker")
@@ -54,6 +55,8 @@ class Broker:
         self.server = KafkaServer(self)
         self.coordinator = GroupCoordinator(self)
         self.replicas.leadership_listeners.append(self._on_leadership)
+        self.replicas.isr_listeners.append(self._on_isr_may_grow)
+        self._isr_writes: set[tuple[str, int]] = set()
         self.stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -99,14 +102,15 @@ class Broker:
 
     async def _housekeeping_until_stopped(self) -> None:
         assert self._stop_event is not None
-        flush_every = self.config.flush_check_interval_ms / 1000.0
+        tick_s = min(self.config.flush_check_interval_ms, self.config.isr_check_interval_ms) / 1000.0
         next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1000.0
         while not self._stop_event.is_set():
             try:
-                await asyncio.wait_for(self._stop_event.wait(), timeout=flush_every)
+                await asyncio.wait_for(self._stop_event.wait(), timeout=tick_s)
             except TimeoutError:
                 pass
             now_ms = int(time.time() * 1000)
+            self._maintain_isrs()
             self.replicas.flush_due(now_ms)
             if time.monotonic() >= next_retention:
                 self.replicas.enforce_retention(now_ms)
@@ -115,6 +119,7 @@ class Broker:
     async def _shutdown(self) -> None:
         self.stopping = True
         log.info("event=broker_stopping id=%d", self.config.broker_id)
+        await self.replicas.fetchers.stop()
         await self.server.stop()
         await self.coordinator.stop()
         await asyncio.to_thread(self.controller.stop)
@@ -213,6 +218,69 @@ class Broker:
             log.exception(
                 "event=metadata_change_failed kind=%s topic=%s partition=%d", kind, topic, partition
             )
+
+    # -- ISR maintenance (the leader's side of I3 and I6) -----------------------------------------
+
+    def _maintain_isrs(self) -> None:
+        now_ms = time.monotonic() * 1000
+        lag_max = self.config.replica_lag_time_max_ms
+        for part in self.replicas.leader_partitions():
+            out = part.isr_candidates_to_remove(now_ms, lag_max)
+            if out:
+                self._change_isr(part, tuple(r for r in part.isr if r not in out), f"lagging {out}")
+            else:
+                self._on_isr_may_grow(part)
+
+    def _on_isr_may_grow(self, part: Partition) -> None:
+        joining = part.isr_candidates_to_add()
+        if joining:
+            members = set(part.isr) | set(joining)
+            self._change_isr(part, tuple(r for r in part.replicas if r in members), f"caught up {joining}")
+
+    def _change_isr(self, part: Partition, new_isr: tuple[int, ...], reason: str) -> None:
+        key = (part.topic, part.index)
+        if key in self._isr_writes or self.stopping or new_isr == part.isr:
+            return
+        self._isr_writes.add(key)
+        asyncio.get_running_loop().create_task(self._write_isr(part, new_isr, reason))
+
+    async def _write_isr(self, part: Partition, new_isr: tuple[int, ...], reason: str) -> None:
+        """A conditional write of the partition state: it fails if the controller (or anyone)
+        changed the state since this leader last saw it, and the next watch update wins."""
+        key = (part.topic, part.index)
+        try:
+            current = self.metadata.partition_state(part.topic, part.index)
+            if current is None:
+                return
+            state, version = current
+            if (
+                state.leader != self.config.broker_id
+                or state.leader_epoch != part.leader_epoch
+                or not part.is_leader
+            ):
+                return
+            assert new_isr and self.config.broker_id in new_isr, "I6: the leader stays in a non-empty ISR"
+            new_state = PartitionState(state.leader, state.leader_epoch, new_isr, state.controller_epoch)
+            path = layout.partition_state_path(part.topic, part.index)
+            try:
+                stat = await asyncio.to_thread(self.store.client.set, path, new_state.encode(), version)
+            except BadVersionError:
+                return
+            if part.is_leader and part.leader_epoch == state.leader_epoch:
+                old = part.isr
+                part.set_isr(new_isr, int(stat.version))
+                log.info(
+                    "event=isr_changed partition=%s isr=%s->%s leader_epoch=%d reason=%r",
+                    part.name,
+                    list(old),
+                    list(new_isr),
+                    state.leader_epoch,
+                    reason,
+                )
+        except Exception:
+            log.exception("event=isr_write_failed partition=%s", part.name)
+        finally:
+            self._isr_writes.discard(key)
 
     def _on_leadership(self, topic: str, partition: int, is_leader: bool) -> None:
         if topic != OFFSETS_TOPIC:

@@ -30,6 +30,10 @@ class BrokerConfig:
     #: How long the first rebalance of an empty group waits for more members (Kafka's
     #: ``group.initial.rebalance.delay.ms``, 3000 there; shorter here for quick starts).
     group_initial_rebalance_delay_ms: int = 500
+    #: A follower that has not caught up for this long leaves the ISR (Kafka's
+    #: ``replica.lag.time.max.ms``; 30 s there, tighter here so failover tests stay short).
+    replica_lag_time_max_ms: int = 10_000
+    isr_check_interval_ms: int = 500
     flush_check_interval_ms: int = 1000
     retention_check_interval_ms: int = 60_000
     #: Period of the controller's leaderless-partition sweep (I5).

@@ -20,6 +20,7 @@ from sluice.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
+    from sluice.broker.replica_manager import ProduceResult
 
 log = logging.getLogger("sluice.handlers")
 
@@ -288,9 +289,21 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
     }
 
 
+def _produce_partition_response(index: int, result: ProduceResult) -> Body:
+    return {
+        "index": index,
+        "error_code": result.error,
+        "base_offset": result.base_offset,
+        "log_append_time_ms": result.log_append_time,
+        "log_start_offset": result.log_start_offset,
+        "error_message": result.message,
+    }
+
+
 async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | None:
     acks = req["acks"]
-    responses = []
+    responses: list[Body] = []
+    waits: list[tuple[str, int, int, ProduceResult]] = []
     if req.get("transactional_id") is not None:
         log.info("event=produce_rejected reason=transactions_unsupported client=%s", header.client_id)
     for topic in req["topic_data"]:
@@ -322,18 +335,23 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
                     }
                 )
                 continue
-            result = broker.replicas.append(name, pd["index"], pd["records"])
-            parts.append(
-                {
-                    "index": pd["index"],
-                    "error_code": result.error,
-                    "base_offset": result.base_offset,
-                    "log_append_time_ms": result.log_append_time,
-                    "log_start_offset": result.log_start_offset,
-                    "error_message": result.message,
-                }
-            )
+            result = broker.replicas.append(name, pd["index"], pd["records"], required_acks=acks)
+            if acks == -1 and result.error is ErrorCode.NONE:
+                waits.append((name, pd["index"], len(parts), result))
+            parts.append(_produce_partition_response(pd["index"], result))
         responses.append({"name": name, "partition_responses": parts})
+    if waits:
+        # Every partition was appended first; now wait for all of them to be replicated at once.
+        timeout_s = max(0, req["timeout_ms"]) / 1000.0
+        outcomes = await asyncio.gather(
+            *(
+                broker.replicas.wait_replicated(name, index, result, timeout_s)
+                for name, index, _, result in waits
+            )
+        )
+        by_topic = {r["name"]: r["partition_responses"] for r in responses}
+        for (name, index, slot, _), outcome in zip(waits, outcomes, strict=True):
+            by_topic[name][slot] = _produce_partition_response(index, outcome)
     if acks == 0:
         return None
     return {"responses": responses, "throttle_time_ms": 0}
@@ -365,6 +383,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 min(p["partition_max_bytes"], max(0, remaining)),
                 p.get("current_leader_epoch", -1),
                 min_one_batch=(total == 0),
+                replica_id=req["replica_id"],
             )
             total += result.size
             records = result.records.records if result.records is not None else b""

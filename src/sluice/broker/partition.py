@@ -13,35 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluice.broker.replication import can_join_isr, followers_out_of_sync, high_watermark_for
 from sluice.storage.config import LogConfig
 from sluice.storage.log import AppendInfo, PartitionLog, ReadResult
 
 log = logging.getLogger("sluice.partition")
 
 METADATA_FILE = "partition.metadata"
-
-
-def high_watermark_for(
-    current_hw: int,
-    leader_leo: int,
-    isr: tuple[int, ...],
-    follower_leos: Mapping[int, int],
-    leader_id: int,
-    min_isr: int,
-) -> int:
-    """The new high watermark: the smallest end offset among ISR members (I3).
-
-    It never moves backwards, and it does not advance while the ISR is smaller than
-    ``min_isr`` (a write acknowledged to fewer replicas would not be safe to expose).
-    """
-    if len(isr) < min_isr:
-        return current_hw
-    leos = [leader_leo]
-    for replica in isr:
-        if replica != leader_id:
-            leos.append(follower_leos.get(replica, current_hw))
-    candidate = min(leos)
-    return max(current_hw, candidate)
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -68,7 +46,17 @@ class Partition:
     isr: tuple[int, ...] = ()
     replicas: tuple[int, ...] = ()
     high_watermark: int = 0
+    #: leader only: each follower's log end offset, as its last fetch told us.
     follower_leos: dict[int, int] = field(default_factory=dict)
+    #: leader only: when each follower last had everything the leader had (monotonic ms).
+    follower_caught_up_ms: dict[int, float] = field(default_factory=dict)
+    #: leader only: the leader's LEO and clock at each follower's previous fetch.
+    follower_last_fetch: dict[int, tuple[int, float]] = field(default_factory=dict)
+    #: follower only: the broker this replica fetches from, and whether it must truncate first.
+    leader_id: int = -1
+    needs_truncation: bool = False
+    #: the znode version of the partition state this broker last acted on (for ISR writes).
+    state_version: int = -1
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     @classmethod
@@ -111,13 +99,20 @@ class Partition:
 
     # -- leadership ------------------------------------------------------------------------------
 
-    def become_leader(self, leader_epoch: int, isr: tuple[int, ...], replicas: tuple[int, ...]) -> None:
+    def become_leader(
+        self, leader_epoch: int, isr: tuple[int, ...], replicas: tuple[int, ...], now_ms: float
+    ) -> None:
         assert leader_epoch >= self.leader_epoch, (self.name, leader_epoch, self.leader_epoch)
         self.is_leader = True
+        self.leader_id = self.broker_id
+        self.needs_truncation = False
         self.leader_epoch = leader_epoch
         self.isr = isr
         self.replicas = replicas
         self.follower_leos = {}
+        self.follower_last_fetch = {}
+        # Every ISR member starts with a full lag allowance under the new leader.
+        self.follower_caught_up_ms = {r: now_ms for r in isr if r != self.broker_id}
         if self.log.latest_epoch() < leader_epoch:
             self.log.assign_epoch(leader_epoch, self.log.log_end_offset)
         self._update_high_watermark()
@@ -132,8 +127,11 @@ class Partition:
 
     def become_follower(self, leader: int, leader_epoch: int, replicas: tuple[int, ...]) -> None:
         self.is_leader = False
+        self.leader_id = leader
+        self.needs_truncation = True
         self.leader_epoch = leader_epoch
         self.replicas = replicas
+        self.follower_leos = {}
         log.info(
             "event=became_follower partition=%s leader=%d leader_epoch=%d", self.name, leader, leader_epoch
         )
@@ -145,8 +143,68 @@ class Partition:
         assert self.is_leader
         info = self.log.append_as_leader(records, leader_epoch=self.leader_epoch)
         if not info.duplicate:
+            self._notify()  # wake followers' fetches
             self._update_high_watermark()
         return info
+
+    def append_as_follower(self, records: bytes | memoryview, leader_hw: int) -> None:
+        assert not self.is_leader
+        if records:
+            self.log.append_as_follower(records)
+        # A follower's high watermark trails the leader's and never passes its own log end.
+        self.high_watermark = max(self.high_watermark, min(leader_hw, self.log.log_end_offset))
+
+    def truncate_to(self, offset: int) -> None:
+        if offset < self.log.log_end_offset:
+            log.info(
+                "event=log_truncated partition=%s from=%d to=%d leader_epoch=%d",
+                self.name,
+                self.log.log_end_offset,
+                offset,
+                self.leader_epoch,
+            )
+            self.log.truncate_to(offset)
+        self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+
+    # -- the leader's view of its followers ------------------------------------------------------
+
+    def record_follower_fetch(self, replica: int, fetch_offset: int, now_ms: float) -> None:
+        """A follower fetched from ``fetch_offset``: it has everything below it."""
+        leo = self.log.log_end_offset
+        self.follower_leos[replica] = min(fetch_offset, leo)
+        prev = self.follower_last_fetch.get(replica)
+        if fetch_offset >= leo:
+            self.follower_caught_up_ms[replica] = now_ms
+        elif prev is not None and fetch_offset >= prev[0]:
+            # It has what we had at its previous fetch, so it was caught up then.
+            self.follower_caught_up_ms[replica] = max(self.follower_caught_up_ms.get(replica, 0.0), prev[1])
+        self.follower_last_fetch[replica] = (leo, now_ms)
+        self._update_high_watermark()
+
+    def isr_candidates_to_add(self) -> list[int]:
+        epoch_start = self._epoch_start_offset()
+        return [
+            r
+            for r in self.replicas
+            if r not in self.isr
+            and r in self.follower_leos
+            and can_join_isr(self.follower_leos[r], self.high_watermark, epoch_start)
+        ]
+
+    def isr_candidates_to_remove(self, now_ms: float, lag_max_ms: float) -> list[int]:
+        return followers_out_of_sync(self.isr, self.broker_id, self.follower_caught_up_ms, now_ms, lag_max_ms)
+
+    def _epoch_start_offset(self) -> int:
+        for epoch, start in reversed(self.log.epoch_entries):
+            if epoch == self.leader_epoch:
+                return start
+        return self.log.log_end_offset
+
+    def set_isr(self, isr: tuple[int, ...], version: int) -> None:
+        assert self.broker_id in isr or not self.is_leader, "a leader is always in its own ISR (I6)"
+        self.isr = isr
+        self.state_version = version
+        self._update_high_watermark()
 
     def read(
         self, offset: int, max_bytes: int, *, committed_only: bool = True, min_one_batch: bool = True

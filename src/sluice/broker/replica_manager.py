@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sluice.broker.metadata import MetadataCache
 from sluice.broker.partition import Partition, parse_partition_dir_name
+from sluice.broker.replica_fetcher import FetcherManager
 from sluice.cluster.layout import TopicAssignment
 from sluice.protocol.errors import ErrorCode
 from sluice.storage import errors as storage_errors
@@ -36,6 +37,7 @@ class ProduceResult:
     log_append_time: int = -1
     log_start_offset: int = -1
     message: str | None = None
+    last_offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,9 @@ class ReplicaManager:
         self.data_dir = data_dir
         self.metadata = metadata
         self.partitions: dict[tuple[str, int], Partition] = {}
+        self.fetchers = FetcherManager(broker_id, metadata)
+        #: Called with a leader partition whose ISR may grow; the broker writes the change.
+        self.isr_listeners: list[Callable[[Partition], None]] = []
         #: Called with (topic, partition, is_leader) after this broker's role for a partition
         #: changes; the group coordinator follows ``__consumer_offsets`` leadership through it.
         self.leadership_listeners: list[Callable[[str, int, bool], None]] = []
@@ -99,16 +104,20 @@ class ReplicaManager:
         if assignment is None or current is None:
             return
         replicas = assignment.replicas.get(index, ())
-        if self.broker_id not in replicas:
-            return
-        state, _ = current
         part = self.partitions.get((topic, index))
+        if self.broker_id not in replicas:
+            if part is not None:
+                # Moved off this broker (reassignment): stop and delete the replica.
+                self._remove_partition(part, delete=True)
+            return
+        state, version = current
         if part is None:
             part = Partition.open(
                 self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
             )
             self.partitions[(topic, index)] = part
         if state.leader_epoch < part.leader_epoch:
+            # A decision older than one this broker already acted on (a deposed controller's).
             log.warning(
                 "event=stale_leader_epoch_refused partition=%s epoch=%d current=%d",
                 part.name,
@@ -119,24 +128,35 @@ class ReplicaManager:
         was_leader = part.is_leader
         if state.leader == self.broker_id:
             if not part.is_leader or state.leader_epoch > part.leader_epoch:
-                part.become_leader(state.leader_epoch, state.isr, replicas)
-            else:
-                part.isr = state.isr
-        elif part.is_leader or state.leader_epoch > part.leader_epoch:
-            part.become_follower(state.leader, state.leader_epoch, replicas)
+                self.fetchers.remove(part)
+                part.become_leader(state.leader_epoch, state.isr, replicas, time.monotonic() * 1000)
+            part.set_isr(state.isr, version)
+        else:
+            if part.is_leader or state.leader_epoch > part.leader_epoch or part.leader_id != state.leader:
+                self.fetchers.remove(part)
+                part.become_follower(state.leader, state.leader_epoch, replicas)
+                if state.leader >= 0:
+                    self.fetchers.add(part)
+            part.state_version = version
         if part.is_leader != was_leader:
             for listener in self.leadership_listeners:
                 listener(topic, index, part.is_leader)
 
-    def on_topic_deleted(self, topic: str) -> None:
-        for key in [k for k in self.partitions if k[0] == topic]:
-            part = self.partitions.pop(key)
-            if part.is_leader:
-                for listener in self.leadership_listeners:
-                    listener(topic, key[1], False)
-            part.close()
+    def _remove_partition(self, part: Partition, *, delete: bool) -> None:
+        self.fetchers.remove(part)
+        self.partitions.pop((part.topic, part.index), None)
+        if part.is_leader:
+            part.is_leader = False
+            for listener in self.leadership_listeners:
+                listener(part.topic, part.index, False)
+        part.close()
+        if delete:
             part.log.delete()
             log.info("event=log_deleted partition=%s", part.name)
+
+    def on_topic_deleted(self, topic: str) -> None:
+        for key in [k for k in self.partitions if k[0] == topic]:
+            self._remove_partition(self.partitions[key], delete=True)
 
     def leader_partition(self, topic: str, index: int) -> tuple[Partition | None, ErrorCode]:
         part = self.partitions.get((topic, index))
@@ -149,10 +169,20 @@ class ReplicaManager:
 
     # -- produce -----------------------------------------------------------------------------------
 
-    def append(self, topic: str, index: int, records: memoryview | bytes | None) -> ProduceResult:
+    def append(
+        self, topic: str, index: int, records: memoryview | bytes | None, *, required_acks: int = 1
+    ) -> ProduceResult:
         part, error = self.leader_partition(topic, index)
         if part is None:
             return ProduceResult(error)
+        if required_acks == -1 and len(part.isr) < part.min_insync_replicas:
+            # Refuse before appending: an acks=all write that cannot reach min.insync.replicas
+            # must leave no trace (I1, incident A).
+            return ProduceResult(
+                ErrorCode.NOT_ENOUGH_REPLICAS,
+                message=f"{part.name} has {len(part.isr)} in-sync replica(s) {list(part.isr)}; "
+                f"min.insync.replicas is {part.min_insync_replicas}; nothing was written",
+            )
         if records is None or len(records) == 0:
             return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message="the request carried no record batch")
         try:
@@ -167,8 +197,34 @@ class ReplicaManager:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
             return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))
         return ProduceResult(
-            ErrorCode.NONE, info.first_offset, info.log_append_time, part.log.log_start_offset
+            ErrorCode.NONE,
+            info.first_offset,
+            info.log_append_time,
+            part.log.log_start_offset,
+            last_offset=info.last_offset,
         )
+
+    async def wait_replicated(
+        self, topic: str, index: int, result: ProduceResult, timeout_s: float
+    ) -> ProduceResult:
+        """acks=all: answer only once every ISR member has the batch (it is below the high watermark)."""
+        part = self.partitions.get((topic, index))
+        if part is None or result.error is not ErrorCode.NONE:
+            return result
+        if await part.wait_committed(result.last_offset, timeout_s):
+            return result
+        if not part.is_leader:
+            return ProduceResult(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                message="leadership moved before the write was "
+                "replicated; the client retries on the new leader",
+            )
+        if len(part.isr) < part.min_insync_replicas:
+            return ProduceResult(
+                ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                message=f"the ISR of {part.name} shrank to {list(part.isr)} during the write",
+            )
+        return ProduceResult(ErrorCode.REQUEST_TIMED_OUT, message="not replicated to the ISR in time")
 
     # -- fetch -------------------------------------------------------------------------------------
 
@@ -180,6 +236,8 @@ class ReplicaManager:
         max_bytes: int,
         current_leader_epoch: int,
         min_one_batch: bool,
+        *,
+        replica_id: int = -1,
     ) -> FetchResult:
         part, error = self.leader_partition(topic, index)
         if part is None:
@@ -187,11 +245,32 @@ class ReplicaManager:
         epoch_error = self.check_leader_epoch(part, current_leader_epoch)
         if epoch_error is not ErrorCode.NONE:
             return FetchResult(epoch_error, part.high_watermark, part.log.log_start_offset)
+        if replica_id >= 0:
+            return self._read_for_follower(part, replica_id, offset, max_bytes)
         if offset > part.high_watermark and offset <= part.log.log_end_offset:
             # Data past the high watermark exists but is not committed yet: nothing to return.
             return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset)
         try:
             result = part.read(offset, max_bytes, min_one_batch=min_one_batch)
+        except storage_errors.OffsetOutOfRangeError:
+            return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, part.high_watermark, part.log.log_start_offset)
+        return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset, result)
+
+    def _read_for_follower(
+        self, part: Partition, replica_id: int, offset: int, max_bytes: int
+    ) -> FetchResult:
+        if replica_id not in part.replicas:
+            return FetchResult(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER, part.high_watermark, part.log.log_start_offset
+            )
+        if offset <= part.log.log_end_offset:
+            part.record_follower_fetch(replica_id, offset, time.monotonic() * 1000)
+            if part.isr_candidates_to_add():
+                for listener in self.isr_listeners:
+                    listener(part)
+        try:
+            # A follower reads past the high watermark: it is how records get there.
+            result = part.read(offset, max_bytes, committed_only=False, min_one_batch=True)
         except storage_errors.OffsetOutOfRangeError:
             return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, part.high_watermark, part.log.log_start_offset)
         return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset, result)
@@ -263,6 +342,9 @@ class ReplicaManager:
             deleted = part.log.delete_old_segments(now_ms)
             if deleted:
                 log.info("event=retention partition=%s segments_deleted=%d", part.name, deleted)
+
+    def leader_partitions(self) -> list[Partition]:
+        return [p for p in self.partitions.values() if p.is_leader]
 
     def close_all(self) -> None:
         for part in self.partitions.values():

@@ -1,0 +1,263 @@
+"""Followers fetch from leaders: one fetcher task per leader broker, one connection each.
+
+A replica that becomes a follower first asks the leader for the end offset of its own latest
+leader epoch (OffsetForLeaderEpoch) and truncates to it (``replication.truncation_offset``),
+so that it never keeps records the leader does not have (I2, KIP-101/KIP-279); only then does
+it fetch, from its log end offset, as replica ``broker_id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sluice.broker.peer_client import PeerConnection, PeerConnectionError
+from sluice.broker.replication import truncation_offset
+from sluice.protocol.api import ApiKey
+from sluice.protocol.errors import ErrorCode
+from sluice.storage import errors as storage_errors
+
+if TYPE_CHECKING:
+    from sluice.broker.metadata import MetadataCache
+    from sluice.broker.partition import Partition
+
+log = logging.getLogger("sluice.fetcher")
+
+FETCH_VERSION = 11
+EPOCH_VERSION = 4
+FETCH_MAX_WAIT_MS = 500
+FETCH_MAX_BYTES = 32 * 1024 * 1024
+PARTITION_MAX_BYTES = 8 * 1024 * 1024
+REQUEST_TIMEOUT_S = 10.0
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 1.0
+
+Key = tuple[str, int]
+
+
+class FetcherManager:
+    def __init__(self, broker_id: int, metadata: MetadataCache):
+        self.broker_id = broker_id
+        self.metadata = metadata
+        self._fetchers: dict[int, LeaderFetcher] = {}
+
+    def add(self, part: Partition) -> None:
+        assert part.leader_id >= 0 and part.leader_id != self.broker_id
+        fetcher = self._fetchers.get(part.leader_id)
+        if fetcher is None:
+            fetcher = self._fetchers[part.leader_id] = LeaderFetcher(self, part.leader_id)
+        fetcher.partitions[(part.topic, part.index)] = part
+        fetcher.wake()
+
+    def remove(self, part: Partition) -> None:
+        key = (part.topic, part.index)
+        for leader_id, fetcher in list(self._fetchers.items()):
+            if fetcher.partitions.get(key) is part:
+                del fetcher.partitions[key]
+                if not fetcher.partitions:
+                    fetcher.stop()
+                    del self._fetchers[leader_id]
+
+    async def stop(self) -> None:
+        for fetcher in self._fetchers.values():
+            fetcher.stop()
+        self._fetchers.clear()
+
+
+class LeaderFetcher:
+    def __init__(self, manager: FetcherManager, leader_id: int):
+        self.manager = manager
+        self.leader_id = leader_id
+        self.partitions: dict[Key, Partition] = {}
+        self._wakeup = asyncio.Event()
+        self._conn: PeerConnection | None = None
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def stop(self) -> None:
+        self._task.cancel()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            asyncio.get_running_loop().create_task(conn.close())
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN_S
+        while True:
+            if not self.partitions:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                conn = await self._connection()
+                if conn is None:
+                    await asyncio.sleep(BACKOFF_MAX_S)
+                    continue
+                await self._truncate(conn)
+                progressed = await self._fetch(conn)
+                backoff = BACKOFF_MIN_S
+                if not progressed:
+                    await asyncio.sleep(BACKOFF_MIN_S)
+            except PeerConnectionError as exc:
+                log.info("event=fetch_connection_failed leader=%d error=%s", self.leader_id, exc)
+                self._conn = None
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("event=fetcher_error leader=%d", self.leader_id)
+                await asyncio.sleep(BACKOFF_MAX_S)
+
+    async def _connection(self) -> PeerConnection | None:
+        reg = self.manager.metadata.brokers().get(self.leader_id)
+        if reg is None:
+            return None
+        if self._conn is not None and (self._conn.host, self._conn.port) == (reg.host, reg.port):
+            return self._conn
+        if self._conn is not None:
+            await self._conn.close()
+        self._conn = PeerConnection(reg.host, reg.port, f"replica-fetcher-{self.manager.broker_id}")
+        await self._conn.connect()
+        return self._conn
+
+    # -- truncation --------------------------------------------------------------------------------
+
+    async def _truncate(self, conn: PeerConnection) -> None:
+        pending = [p for p in self.partitions.values() if p.needs_truncation]
+        if not pending:
+            return
+        asked: dict[Key, tuple[Partition, int, int]] = {}
+        topics: dict[str, list[dict[str, int]]] = {}
+        for part in pending:
+            epoch = part.log.latest_epoch()
+            if epoch < 0 or part.log.log_end_offset == 0:
+                part.needs_truncation = False
+                continue
+            asked[(part.topic, part.index)] = (part, part.leader_epoch, epoch)
+            topics.setdefault(part.topic, []).append(
+                {"partition": part.index, "current_leader_epoch": part.leader_epoch, "leader_epoch": epoch}
+            )
+        if not topics:
+            return
+        body = {
+            "replica_id": self.manager.broker_id,
+            "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
+        }
+        response = await conn.request(ApiKey.OFFSET_FOR_LEADER_EPOCH, EPOCH_VERSION, body, REQUEST_TIMEOUT_S)
+        for t in response["topics"]:
+            for r in t["partitions"]:
+                entry = asked.get((t["topic"], r["partition"]))
+                if entry is None:
+                    continue
+                part, asked_leader_epoch, local_epoch = entry
+                if (
+                    self.partitions.get((part.topic, part.index)) is not part
+                    or part.leader_epoch != asked_leader_epoch
+                ):
+                    continue  # the partition changed role meanwhile; it will ask again
+                if r["error_code"] != ErrorCode.NONE:
+                    continue  # e.g. the leader has not taken its new epoch yet: ask again
+                cut = truncation_offset(
+                    local_epoch,
+                    part.log.log_end_offset,
+                    part.high_watermark,
+                    r["leader_epoch"],
+                    r["end_offset"],
+                    _local_end_offset(part),
+                )
+                part.truncate_to(cut)
+                part.needs_truncation = False
+
+    # -- fetching ----------------------------------------------------------------------------------
+
+    async def _fetch(self, conn: PeerConnection) -> bool:
+        ready = [p for p in self.partitions.values() if not p.needs_truncation]
+        if not ready:
+            return False
+        sent: dict[Key, tuple[Partition, int, int]] = {}
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for part in ready:
+            offset = part.log.log_end_offset
+            sent[(part.topic, part.index)] = (part, part.leader_epoch, offset)
+            topics.setdefault(part.topic, []).append(
+                {
+                    "partition": part.index,
+                    "current_leader_epoch": part.leader_epoch,
+                    "fetch_offset": offset,
+                    "log_start_offset": part.log.log_start_offset,
+                    "partition_max_bytes": PARTITION_MAX_BYTES,
+                }
+            )
+        body = {
+            "replica_id": self.manager.broker_id,
+            "max_wait_ms": FETCH_MAX_WAIT_MS,
+            "min_bytes": 1,
+            "max_bytes": FETCH_MAX_BYTES,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
+            "forgotten_topics_data": [],
+            "rack_id": "",
+        }
+        response = await conn.request(
+            ApiKey.FETCH, FETCH_VERSION, body, REQUEST_TIMEOUT_S + FETCH_MAX_WAIT_MS / 1000
+        )
+        progressed = False
+        for t in response["responses"]:
+            for r in t["partitions"]:
+                entry = sent.get((t["topic"], r["partition_index"]))
+                if entry is None:
+                    continue
+                part, sent_epoch, sent_offset = entry
+                if (
+                    self.partitions.get((part.topic, part.index)) is not part
+                    or part.is_leader
+                    or part.leader_epoch != sent_epoch
+                    or part.log.log_end_offset != sent_offset
+                ):
+                    continue
+                progressed |= self._apply(part, r)
+        return progressed
+
+    def _apply(self, part: Partition, r: dict[str, Any]) -> bool:
+        error = r["error_code"]
+        if error == ErrorCode.NONE:
+            records = r["records"] or b""
+            try:
+                part.append_as_follower(records, r["high_watermark"])
+            except (storage_errors.UnexpectedAppendOffsetError, storage_errors.CorruptRecordError) as exc:
+                log.warning(
+                    "event=follower_append_failed partition=%s error=%s action=truncate_again", part.name, exc
+                )
+                part.needs_truncation = True
+                return False
+            return len(records) > 0
+        if error == ErrorCode.OFFSET_OUT_OF_RANGE:
+            leader_start = r["log_start_offset"]
+            if leader_start > part.log.log_end_offset:
+                log.info(
+                    "event=follower_behind_log_start partition=%s leo=%d leader_log_start=%d",
+                    part.name,
+                    part.log.log_end_offset,
+                    leader_start,
+                )
+                part.log.truncate_fully_and_start_at(leader_start)
+                part.high_watermark = leader_start
+            else:
+                part.needs_truncation = True
+            return False
+        # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, ...: leadership is moving; the
+        # metadata watch brings the new state and the fetcher follows it.
+        return False
+
+
+def _local_end_offset(part: Partition) -> Callable[[int], int]:
+    def end_offset_for(epoch: int) -> int:
+        return part.log.end_offset_for_epoch(epoch)[1]
+
+    return end_offset_for
