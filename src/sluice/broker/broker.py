@@ -16,7 +16,7 @@ import signal
 import time
 from pathlib import Path
 
-from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from sluice.broker.admin import TopicAdmin
 from sluice.broker.config import BrokerConfig
@@ -57,6 +57,7 @@ class Broker:
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
+        self._controlled_shutdown_enabled = config.controlled_shutdown
         self.stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -110,16 +111,18 @@ class Broker:
             except TimeoutError:
                 pass
             now_ms = int(time.time() * 1000)
-            self._maintain_isrs()
+            self._shrink_isrs()
             self.replicas.flush_due(now_ms)
             if time.monotonic() >= next_retention:
                 self.replicas.enforce_retention(now_ms)
                 next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1000.0
 
     async def _shutdown(self) -> None:
-        self.stopping = True
         log.info("event=broker_stopping id=%d", self.config.broker_id)
         await self.replicas.fetchers.stop()
+        if self.store.client.connected and self._controlled_shutdown_enabled:
+            await self._controlled_shutdown()
+        self.stopping = True
         await self.server.stop()
         await self.coordinator.stop()
         await asyncio.to_thread(self.controller.stop)
@@ -128,6 +131,41 @@ class Broker:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         log.info("event=broker_stopped id=%d", self.config.broker_id)
+
+    async def _controlled_shutdown(self) -> None:
+        """Ask the controller to move leadership off this broker, and wait until it has (or
+        until nothing more can move: a partition whose only in-sync replica is here stays)."""
+        started = time.monotonic()
+        path = f"{layout.CONTROLLED_SHUTDOWN}/{self.config.broker_id}"
+        try:
+            await asyncio.to_thread(self.store.client.create, path, b"", ephemeral=True)
+        except NodeExistsError:
+            pass
+        except Exception as exc:
+            log.warning("event=controlled_shutdown_unavailable error=%r", exc)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.controlled_shutdown_timeout_s
+        live = set(self.metadata.brokers())
+
+        def movable() -> list[str]:
+            return [
+                p.name
+                for p in self.replicas.leader_partitions()
+                if any(r != self.config.broker_id and r in live for r in p.isr)
+            ]
+
+        while movable() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        left = movable()
+        stuck = [p.name for p in self.replicas.leader_partitions() if p.name not in left]
+        log.info(
+            "event=controlled_shutdown_done id=%d took_ms=%d still_leading=%s single_replica=%s",
+            self.config.broker_id,
+            (time.monotonic() - started) * 1000,
+            left,
+            stuck,
+        )
 
     # -- start-up checks -------------------------------------------------------------------------
 
@@ -221,17 +259,16 @@ class Broker:
 
     # -- ISR maintenance (the leader's side of I3 and I6) -----------------------------------------
 
-    def _maintain_isrs(self) -> None:
+    def _shrink_isrs(self) -> None:
         now_ms = time.monotonic() * 1000
         lag_max = self.config.replica_lag_time_max_ms
         for part in self.replicas.leader_partitions():
             out = part.isr_candidates_to_remove(now_ms, lag_max)
             if out:
                 self._change_isr(part, tuple(r for r in part.isr if r not in out), f"lagging {out}")
-            else:
-                self._on_isr_may_grow(part)
 
     def _on_isr_may_grow(self, part: Partition) -> None:
+        """Called from a follower's fetch: only a replica that is fetching can rejoin."""
         joining = part.isr_candidates_to_add()
         if joining:
             members = set(part.isr) | set(joining)

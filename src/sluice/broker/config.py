@@ -34,6 +34,9 @@ class BrokerConfig:
     #: ``replica.lag.time.max.ms``; 30 s there, tighter here so failover tests stay short).
     replica_lag_time_max_ms: int = 10_000
     isr_check_interval_ms: int = 500
+    #: On SIGTERM, move leadership to other in-sync replicas before stopping.
+    controlled_shutdown: bool = True
+    controlled_shutdown_timeout_s: float = 15.0
     flush_check_interval_ms: int = 1000
     retention_check_interval_ms: int = 60_000
     #: Period of the controller's leaderless-partition sweep (I5).

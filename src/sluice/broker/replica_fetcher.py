@@ -42,9 +42,12 @@ class FetcherManager:
         self.broker_id = broker_id
         self.metadata = metadata
         self._fetchers: dict[int, LeaderFetcher] = {}
+        self.closed = False
 
     def add(self, part: Partition) -> None:
         assert part.leader_id >= 0 and part.leader_id != self.broker_id
+        if self.closed:
+            return
         fetcher = self._fetchers.get(part.leader_id)
         if fetcher is None:
             fetcher = self._fetchers[part.leader_id] = LeaderFetcher(self, part.leader_id)
@@ -61,6 +64,7 @@ class FetcherManager:
                     del self._fetchers[leader_id]
 
     async def stop(self) -> None:
+        self.closed = True
         for fetcher in self._fetchers.values():
             fetcher.stop()
         self._fetchers.clear()

@@ -24,7 +24,12 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
 from sluice.cluster import layout
-from sluice.cluster.election import offline_partition_leader, offline_state_isr, unclean_partition_leader
+from sluice.cluster.election import (
+    controlled_shutdown_leader,
+    offline_partition_leader,
+    offline_state_isr,
+    unclean_partition_leader,
+)
 from sluice.cluster.layout import PartitionState
 from sluice.cluster.zkstore import ControllerDeposedError, FencedOp, ZkStore
 
@@ -64,6 +69,9 @@ class Controller:
         self.store.watch_children(layout.BROKER_IDS, lambda children: self._post("brokers_changed"))
         self.store.watch_children(layout.TOPICS, lambda children: self._post("topics_changed"))
         self.store.watch_children(layout.DELETE_TOPICS, lambda children: self._post("topics_changed"))
+        self.store.watch_children(
+            layout.CONTROLLED_SHUTDOWN, lambda children: self._post("shutdown_requested")
+        )
 
     def stop(self) -> None:
         self._stopped.set()
@@ -160,7 +168,10 @@ class Controller:
         term = self.term
         if term is None:
             return
-        live = set(self.store.live_brokers())
+        registered = set(self.store.live_brokers())
+        shutting_down = {int(c) for c in self.store.client.get_children(layout.CONTROLLED_SHUTDOWN)}
+        # A broker in controlled shutdown is alive but may not be elected.
+        live = registered - shutting_down
         for name in self.store.topics_marked_for_deletion():
             self._delete_topic(term, name)
         for name in self.store.topics():
@@ -179,9 +190,12 @@ class Controller:
                     changes.append(f"{name}-{p}:new")
                     continue
                 state, version = current
-                if state.leader != -1 and state.leader in live:
-                    continue
-                new_state = self._elect(term, state, replicas, live, unclean)
+                if state.leader in shutting_down:
+                    new_state = self._move_off_shutting_down(term, state, replicas, live, shutting_down)
+                elif state.leader != -1 and state.leader in live:
+                    new_state = self._drop_from_isr(term, state, shutting_down)
+                else:
+                    new_state = self._elect(term, state, replicas, live, unclean)
                 if new_state is None or new_state == state:
                     continue
                 ops.append(FencedOp("set", layout.partition_state_path(name, p), new_state.encode(), version))
@@ -243,6 +257,38 @@ class Controller:
         if state.leader == -1:
             return None
         return PartitionState(-1, state.leader_epoch + 1, offline_state_isr(state.isr, live), term.epoch)
+
+    def _move_off_shutting_down(
+        self,
+        term: ControllerTerm,
+        state: PartitionState,
+        replicas: tuple[int, ...],
+        live: set[int],
+        shutting_down: set[int],
+    ) -> PartitionState | None:
+        """Controlled shutdown: hand leadership to another live ISR member before the broker stops.
+
+        With no other in-sync replica (replication factor 1, or the rest out of sync) nothing
+        can move: the partition stays where it is, and goes offline when the broker stops, unless
+        it was drained first (``sluice broker drain``).
+        """
+        election = controlled_shutdown_leader(replicas, state.isr, live | shutting_down, shutting_down)
+        if election is None:
+            return None
+        return PartitionState(election.leader, state.leader_epoch + 1, election.isr, term.epoch)
+
+    @staticmethod
+    def _drop_from_isr(
+        term: ControllerTerm, state: PartitionState, shutting_down: set[int]
+    ) -> PartitionState | None:
+        """A follower in controlled shutdown leaves the ISR so that it is not waited for (acks=all)
+        nor elected; the leader stays, so the epoch does not change."""
+        if not shutting_down & set(state.isr):
+            return None
+        isr = tuple(r for r in state.isr if r not in shutting_down)
+        if not isr:
+            return None
+        return PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch)
 
     def _delete_topic(self, term: ControllerTerm, name: str) -> None:
         ops: list[FencedOp] = []

@@ -19,12 +19,14 @@ CONTROLLER = "/controller"
 CONTROLLER_EPOCH = "/controller_epoch"
 DELETE_TOPICS = "/admin/delete_topics"
 REASSIGN_PARTITIONS = "/admin/reassign_partitions"
+#: ephemeral children: brokers in controlled shutdown, waiting for leadership to move off them.
+CONTROLLED_SHUTDOWN = "/admin/controlled_shutdown"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 CLUSTER_ID = "/cluster/id"
 TASKS = "/tasks"
 
 #: Paths every cluster has; created (empty) by the first broker that starts.
-PERSISTENT_PATHS = (BROKER_IDS, TOPICS, "/admin", DELETE_TOPICS, "/cluster", TASKS)
+PERSISTENT_PATHS = (BROKER_IDS, TOPICS, "/admin", DELETE_TOPICS, CONTROLLED_SHUTDOWN, "/cluster", TASKS)
 
 
 def broker_path(broker_id: int) -> str:

@@ -172,6 +172,44 @@ def broker_start(
         raise fail(f"broker {broker_id} could not start: {exc}") from None
 
 
+@broker_app.command("stop")
+def broker_stop(
+    broker_id: Annotated[int, typer.Argument(help="Broker id")],
+    directory: ClusterDir = launcher.DEFAULT_DIR,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to exit")] = 60.0,
+) -> None:
+    """Controlled shutdown: leadership moves to other in-sync replicas, then the broker exits."""
+    try:
+        cluster = launcher.LocalCluster.load(directory.resolve())
+        b = cluster.broker(broker_id)
+    except (FileNotFoundError, KeyError) as exc:
+        raise fail(str(exc)) from None
+    if not launcher.pid_alive(b.pid):
+        raise fail(f"broker {broker_id} (pid {b.pid}) is not running")
+    started = time.monotonic()
+    launcher.stop_pid(b.pid, timeout_s=timeout)
+    err.print(f"broker {broker_id} stopped in {time.monotonic() - started:.1f} s (controlled shutdown)")
+
+
+@broker_app.command("restart")
+def broker_restart(
+    broker_id: Annotated[int, typer.Argument(help="Broker id")],
+    directory: ClusterDir = launcher.DEFAULT_DIR,
+) -> None:
+    """Start a stopped broker of the local cluster again, with its data."""
+    try:
+        cluster = launcher.LocalCluster.load(directory.resolve())
+        b = cluster.broker(broker_id)
+    except (FileNotFoundError, KeyError) as exc:
+        raise fail(str(exc)) from None
+    if launcher.pid_alive(b.pid):
+        raise fail(f"broker {broker_id} is already running (pid {b.pid})")
+    launcher.start_broker_process(cluster, b)
+    cluster.save()
+    launcher.wait_broker_ready(cluster, b)
+    err.print(f"broker {broker_id} running again (pid {b.pid})")
+
+
 # -- topics ----------------------------------------------------------------------------------------
 
 
