@@ -126,6 +126,7 @@ class ReplicaManager:
             )
             return
         was_leader = part.is_leader
+        part.replicas = replicas
         if state.leader == self.broker_id:
             if not part.is_leader or state.leader_epoch > part.leader_epoch:
                 self.fetchers.remove(part)

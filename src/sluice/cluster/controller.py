@@ -30,12 +30,14 @@ from sluice.cluster.election import (
     offline_state_isr,
     unclean_partition_leader,
 )
-from sluice.cluster.layout import PartitionState
+from sluice.cluster.layout import PartitionState, TopicAssignment
+from sluice.cluster.state_machine import check_partition_transition, partition_phase
 from sluice.cluster.zkstore import ControllerDeposedError, FencedOp, ZkStore
 
 log = logging.getLogger("sluice.controller")
 
 EVENT_QUEUE_MAX = 1024
+REASSIGNMENT_SWEEP_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,7 @@ class Controller:
         self.broker_id = broker_id
         self.sweep_interval_s = sweep_interval_s
         self.term: ControllerTerm | None = None
+        self.reassigning = False
         self._events: queue.Queue[str] = queue.Queue(maxsize=EVENT_QUEUE_MAX)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"controller-{broker_id}", daemon=True)
@@ -72,6 +75,7 @@ class Controller:
         self.store.watch_children(
             layout.CONTROLLED_SHUTDOWN, lambda children: self._post("shutdown_requested")
         )
+        self.store.watch_data(layout.REASSIGN_PARTITIONS, lambda data, stat: self._post("reassignment"))
 
     def stop(self) -> None:
         self._stopped.set()
@@ -107,7 +111,9 @@ class Controller:
             if event == "stop":
                 return
             if event == "sweep":
-                next_sweep = time.monotonic() + self.sweep_interval_s
+                # While partitions move, look again soon: each phase waits on a broker's progress.
+                interval = REASSIGNMENT_SWEEP_S if self.reassigning else self.sweep_interval_s
+                next_sweep = time.monotonic() + interval
             try:
                 self._handle(event)
             except ControllerDeposedError as exc:
@@ -174,6 +180,7 @@ class Controller:
         live = registered - shutting_down
         for name in self.store.topics_marked_for_deletion():
             self._delete_topic(term, name)
+        self._reassign(term, live)
         for name in self.store.topics():
             assignment = self.store.topic(name)
             if assignment is None:
@@ -198,6 +205,9 @@ class Controller:
                     new_state = self._elect(term, state, replicas, live, unclean)
                 if new_state is None or new_state == state:
                     continue
+                check_partition_transition(
+                    partition_phase(state, live), partition_phase(new_state, live), f"{name}-{p}"
+                )
                 ops.append(FencedOp("set", layout.partition_state_path(name, p), new_state.encode(), version))
                 changes.append(
                     f"{name}-{p}:leader {state.leader}->{new_state.leader} epoch={new_state.leader_epoch} "
@@ -289,6 +299,106 @@ class Controller:
         if not isr:
             return None
         return PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch)
+
+    # -- reassignment (drain) ----------------------------------------------------------------------
+
+    def _reassign(self, term: ControllerTerm, live: set[int]) -> None:
+        """Move partitions to the replica lists in ``/admin/reassign_partitions``, one phase per
+        pass, each phase a fenced write: (1) add the new replicas to the assignment, (2) wait
+        until they are in the ISR, (3) move leadership into the new list if needed, (4) shrink
+        the assignment and the ISR to the new list. Removed replicas then delete their logs."""
+        try:
+            data, stat = self.store.client.get(layout.REASSIGN_PARTITIONS)
+        except NoNodeError:
+            self.reassigning = False
+            return
+        moves = layout.decode_reassignments(data)
+        remaining: list[layout.Reassignment] = []
+        for move in moves:
+            if not self._reassign_one(term, move, live):
+                remaining.append(move)
+        self.reassigning = bool(remaining)
+        if remaining == moves:
+            return
+        if remaining:
+            encoded = layout.encode_reassignments(remaining)
+            op = FencedOp("set", layout.REASSIGN_PARTITIONS, encoded, int(stat.version))
+        else:
+            op = FencedOp("delete", layout.REASSIGN_PARTITIONS, version=int(stat.version))
+        self.store.commit_fenced(term.epoch_zk_version, [op])
+
+    def _reassign_one(self, term: ControllerTerm, move: layout.Reassignment, live: set[int]) -> bool:
+        """Advance one move by a phase; True when it is finished (or can no longer apply)."""
+        name, p, target = move.topic, move.partition, move.replicas
+        found = self.store.topic_with_version(name)
+        current_state = self.store.partition_state(name, p)
+        if found is None or p not in found[0].replicas or current_state is None or not target:
+            log.warning("event=reassignment_dropped partition=%s-%d reason=unknown_partition", name, p)
+            return True
+        assignment, topic_version = found
+        state, state_version = current_state
+        current = assignment.replicas[p]
+        if current == target:
+            return True
+        union = current + tuple(r for r in target if r not in current)
+        if union != current:
+            self._write_assignment(term, assignment, topic_version, p, union, [])
+            log.info(
+                "event=reassignment_started partition=%s-%d from=%s to=%s",
+                name,
+                p,
+                list(current),
+                list(target),
+            )
+            return False
+        if not set(target) <= set(state.isr):
+            return False  # the new replicas are still catching up
+        if state.leader not in target:
+            election = offline_partition_leader(target, state.isr, live)
+            if election is None:
+                return False
+            isr = tuple(r for r in state.isr if r in target)
+            new_state = PartitionState(election.leader, state.leader_epoch + 1, isr, term.epoch)
+            path = layout.partition_state_path(name, p)
+            self.store.commit_fenced(
+                term.epoch_zk_version, [FencedOp("set", path, new_state.encode(), state_version)]
+            )
+            log.info(
+                "event=partition_state_changed controller_epoch=%d %s-%d:leader %d->%d epoch=%d "
+                "reason=reassignment",
+                term.epoch,
+                name,
+                p,
+                state.leader,
+                new_state.leader,
+                new_state.leader_epoch,
+            )
+            return False
+        extra: list[FencedOp] = []
+        isr = tuple(r for r in state.isr if r in target)
+        if isr != state.isr:
+            shrunk = PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch)
+            extra.append(
+                FencedOp("set", layout.partition_state_path(name, p), shrunk.encode(), state_version)
+            )
+        self._write_assignment(term, assignment, topic_version, p, target, extra)
+        log.info("event=reassignment_completed partition=%s-%d replicas=%s", name, p, list(target))
+        return True
+
+    def _write_assignment(
+        self,
+        term: ControllerTerm,
+        assignment: TopicAssignment,
+        version: int,
+        p: int,
+        replicas: tuple[int, ...],
+        extra: list[FencedOp],
+    ) -> None:
+        updated = TopicAssignment(
+            assignment.name, assignment.topic_id, {**assignment.replicas, p: replicas}, assignment.config
+        )
+        ops = [FencedOp("set", layout.topic_path(assignment.name), updated.encode(), version), *extra]
+        self.store.commit_fenced(term.epoch_zk_version, ops)
 
     def _delete_topic(self, term: ControllerTerm, name: str) -> None:
         ops: list[FencedOp] = []

@@ -179,6 +179,34 @@ class ProducerIdBlock:
         return cls(int(obj["broker"]), int(obj["block_start"]), int(obj["size"]))
 
 
+@dataclass(frozen=True, slots=True)
+class Reassignment:
+    """One partition's move, as ``/admin/reassign_partitions`` lists it."""
+
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+
+
+def encode_reassignments(moves: list[Reassignment]) -> bytes:
+    return _dumps(
+        {
+            "version": 1,
+            "partitions": [
+                {"topic": m.topic, "partition": m.partition, "replicas": list(m.replicas)} for m in moves
+            ],
+        }
+    )
+
+
+def decode_reassignments(data: bytes) -> list[Reassignment]:
+    obj = _loads(data, REASSIGN_PARTITIONS)
+    return [
+        Reassignment(str(e["topic"]), int(e["partition"]), tuple(int(r) for r in e["replicas"]))
+        for e in obj.get("partitions", [])
+    ]
+
+
 def encode_int(value: int) -> bytes:
     return str(value).encode()
 

@@ -212,6 +212,13 @@ class ZkStore:
             return None
         return TopicAssignment.decode(name, data)
 
+    def topic_with_version(self, name: str) -> tuple[TopicAssignment, int] | None:
+        try:
+            data, stat = self.client.get(layout.topic_path(name))
+        except NoNodeError:
+            return None
+        return TopicAssignment.decode(name, data), int(stat.version)
+
     def create_topic(self, assignment: TopicAssignment) -> None:
         try:
             self.client.create(layout.topic_path(assignment.name), assignment.encode())

@@ -191,6 +191,63 @@ def broker_stop(
     err.print(f"broker {broker_id} stopped in {time.monotonic() - started:.1f} s (controlled shutdown)")
 
 
+@broker_app.command("drain")
+def broker_drain(
+    broker_id: Annotated[int, typer.Argument(help="Broker id")],
+    directory: ClusterDir = launcher.DEFAULT_DIR,
+    zookeeper: Annotated[
+        str | None, typer.Option("--zookeeper", help="HOST:PORT/CHROOT (default: the local cluster's)")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the moves")] = 300.0,
+) -> None:
+    """Move every partition replica off a broker (replication factor 1 included) and report when
+    it can be stopped with nothing offline."""
+    from sluice.cluster.zkstore import ZkStore
+    from sluice.ops.drain import DrainError, plan_drain, start_drain, wait_drained
+
+    if zookeeper is None:
+        try:
+            zookeeper = launcher.LocalCluster.load(directory.resolve()).zookeeper
+        except FileNotFoundError as exc:
+            raise fail(f"{exc}; or give --zookeeper") from None
+    store = ZkStore(zookeeper)
+    try:
+        store.start()
+        plan = plan_drain(store, broker_id)
+        start_drain(store, plan)
+        err.print(f"moving {len(plan.moves)} replica(s) off broker {broker_id} ...")
+        started = time.monotonic()
+        pending = wait_drained(store, plan, timeout)
+    except (DrainError, ConnectionError) as exc:
+        raise fail(str(exc)) from None
+    finally:
+        store.stop()
+    table = Table(title=f"drain of broker {broker_id}")
+    for col in ("partition", "now on"):
+        table.add_column(col)
+    for move in plan.moves:
+        where = (
+            "[red]still moving[/]" if (move.topic, move.partition) in pending else str(list(move.replicas))
+        )
+        table.add_row(f"{move.topic}-{move.partition}", where)
+    for topic, p, why, online in plan.kept:
+        fate = "stays online via other in-sync replicas" if online else "[red]would go offline[/]"
+        table.add_row(f"{topic}-{p}", f"kept ({why}); {fate}")
+    console.print(table)
+    if pending:
+        raise fail(f"{len(pending)} move(s) did not finish within {timeout:.0f} s: {pending[:5]}")
+    offline = [f"{t}-{p}" for t, p, _, online in plan.kept if not online]
+    if offline:
+        raise fail(
+            f"broker {broker_id} still holds the only in-sync replica of {offline}: stopping it takes "
+            "them offline"
+        )
+    print(f"drained=true broker={broker_id} moved={len(plan.moves)} took_s={time.monotonic() - started:.1f}")
+    err.print(
+        f"[green]broker {broker_id} can be stopped with nothing offline[/]: `sluice broker stop {broker_id}`"
+    )
+
+
 @broker_app.command("restart")
 def broker_restart(
     broker_id: Annotated[int, typer.Argument(help="Broker id")],
