@@ -114,12 +114,16 @@ class Controller:
                 # While partitions move, look again soon: each phase waits on a broker's progress.
                 interval = REASSIGNMENT_SWEEP_S if self.reassigning else self.sweep_interval_s
                 next_sweep = time.monotonic() + interval
-            try:
-                self._handle(event)
-            except ControllerDeposedError as exc:
-                self._resign(str(exc))
-            except Exception:
-                log.exception("event=controller_error broker=%d event=%s", self.broker_id, event)
+            self.dispatch(event)
+
+    def dispatch(self, event: str) -> None:
+        """Handle one event; a fenced write that fails its epoch check makes this controller resign."""
+        try:
+            self._handle(event)
+        except ControllerDeposedError as exc:
+            self._resign(str(exc))
+        except Exception:
+            log.exception("event=controller_error broker=%d event=%s", self.broker_id, event)
 
     def _handle(self, event: str) -> None:
         if self.term is None:
