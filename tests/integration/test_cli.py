@@ -6,12 +6,13 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sluice.ops.ports import free_port
-from tests.support.cluster import TestCluster
+from tests.support.cluster import TestCluster, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -134,3 +135,44 @@ def test_broker_refuses_a_data_dir_in_use(cluster: TestCluster) -> None:
     )
     assert result.returncode != 0
     assert "in use by another running broker" in result.stderr, result.stderr
+
+
+def test_single_replica_topic_needs_the_flag_and_its_loss_is_reported_with_the_reason(
+    make_cluster: Callable[..., TestCluster],
+) -> None:
+    cluster = make_cluster(2)
+    env = {"SLUICE_BOOTSTRAP": cluster.bootstrap}
+    refused = sluice("topic", "create", "fragile", "--partitions", "2", "--replication-factor", "1", env=env)
+    assert refused.returncode != 0 and "--allow-single-replica" in refused.stderr
+    assert "offline" in refused.stderr
+    created = sluice(
+        "topic",
+        "create",
+        "fragile",
+        "--partitions",
+        "2",
+        "--replication-factor",
+        "1",
+        "--allow-single-replica",
+        env=env,
+    )
+    assert created.returncode == 0, created.stderr
+    assert "warning" in created.stderr
+
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics("fragile", timeout=10)
+    victim = md.topics["fragile"].partitions[0].leader
+    cluster.kill(victim)
+    status = wait_until(
+        lambda: (
+            (r := sluice("cluster", "status", "--dir", str(cluster.directory)))
+            and "offline_partitions=1" in r.stdout
+            and r
+        ),
+        30,
+        "cluster status to report the offline partition",
+    )
+    assert f"its only replica, broker {victim}, is down" in status.stdout.replace("\n", " ")
+    described = sluice("topic", "describe", "fragile", env=env)
+    assert "offline" in described.stdout and f"broker {victim}" in described.stdout

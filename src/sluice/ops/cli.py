@@ -87,14 +87,18 @@ def cluster_status(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
         cluster = launcher.LocalCluster.load(directory.resolve())
     except FileNotFoundError as exc:
         raise fail(str(exc)) from None
+    from sluice.ops.health import PartitionHealth, partition_health
+
     registered: set[int] = set()
     controller = -1
     zk_ok = True
+    health: list[PartitionHealth] = []
     store = ZkStore(cluster.zookeeper, connect_timeout_s=5.0)
     try:
         store.start()
         registered = set(store.live_brokers())
         controller = store.controller_id()
+        health = partition_health(store)
     except Exception as exc:
         zk_ok = False
         err.print(f"[yellow]ZooKeeper {cluster.zookeeper} is not reachable: {exc}[/]")
@@ -117,8 +121,26 @@ def cluster_status(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
             "*" if b.broker_id == controller else "",
         )
     console.print(table)
+    problems = [h for h in health if h.status != "ok"]
+    if problems:
+        ptable = Table(title=f"{len(problems)} partition(s) need attention")
+        for col in ("partition", "status", "leader", "replicas", "isr", "why"):
+            ptable.add_column(col)
+        for h in problems:
+            colour = "red" if h.status == "offline" else "yellow"
+            ptable.add_row(
+                f"{h.topic}-{h.partition}",
+                f"[{colour}]{h.status}[/]",
+                str(h.leader),
+                str(list(h.replicas)),
+                str(list(h.isr)),
+                h.reason,
+            )
+        console.print(ptable)
     print(f"zookeeper={cluster.zookeeper}")
     print(f"controller={controller}")
+    print(f"offline_partitions={sum(h.status == 'offline' for h in health)}")
+    print(f"under_replicated_partitions={sum(h.status == 'under-replicated' for h in health)}")
 
 
 @cluster_app.command("down")
@@ -294,11 +316,26 @@ def topic_create(
         int, typer.Option("--replication-factor", "-r", help="-1: cluster default")
     ] = -1,
     config: Annotated[list[str] | None, typer.Option("--config", "-c", help="key=value, repeatable")] = None,
+    allow_single_replica: Annotated[
+        bool,
+        typer.Option(
+            "--allow-single-replica", help="Allow replication factor 1 (no copy survives a failure)"
+        ),
+    ] = False,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> None:
     from confluent_kafka.admin import NewTopic
 
     cfg = _parse_configs(config or [])
+    if replication_factor == 1:
+        risk = (
+            "replication factor 1 keeps one copy of every partition: when its broker stops or fails, "
+            "the partition is offline (and its data lost if the disk is); drain the broker "
+            "(`sluice broker drain`) before any maintenance"
+        )
+        if not allow_single_replica:
+            raise fail(f"{risk}. Pass --allow-single-replica to create it anyway.")
+        err.print(f"[yellow]warning:[/] {risk}")
     admin = _admin(bootstrap)
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=cfg)],
@@ -341,6 +378,9 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
     """Per partition: leader, replicas, ISR, log start and end offsets."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from sluice.cluster.layout import PartitionState
+    from sluice.cluster.state_machine import offline_reason
+
     md = _admin(bootstrap).list_topics(topic=name, timeout=15)
     topic = md.topics.get(name)
     if topic is None or (topic.error is not None and topic.error.code() == 3):
@@ -363,9 +403,9 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
             status = "ok"
             start = end = "-"
             if p.leader < 0:
-                status = (
-                    f"[red]offline[/]: no live in-sync replica (isr {p.isrs}, live brokers {sorted(live)})"
-                )
+                isr = tuple(p.isrs) or tuple(p.replicas)
+                why = offline_reason(PartitionState(-1, 0, isr, 0), p.replicas, live)
+                status = f"[red]offline[/]: {why}"
             else:
                 try:
                     lo, hi = consumer.get_watermark_offsets(TopicPartition(name, pid), timeout=10)
