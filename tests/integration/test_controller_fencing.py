@@ -196,3 +196,30 @@ def test_incident_b_leaderless_offsets_partition_with_live_isr_gets_a_leader_wit
     finally:
         consumer.close()
         store.stop()
+
+
+def test_unclean_election_only_when_allowed_and_it_writes_an_audit_record(
+    stores: tuple[ZkStore, ZkStore],
+) -> None:
+    store, _ = stores
+    register(store, 1)
+    ctl = Controller(store, 1)
+    ctl._try_elect()
+    for name, unclean in (("strict", "false"), ("lenient", "true")):
+        store.create_topic(
+            TopicAssignment(name, uuid.uuid4(), {0: (3, 1)}, {"unclean.leader.election.enable": unclean})
+        )
+    ctl.reconcile()
+    # Broker 3 led with an ISR of just itself, then died; broker 1 is alive but out of sync.
+    for name in ("strict", "lenient"):
+        _, version = store.partition_state(name, 0)  # type: ignore[misc]
+        stale = PartitionState(3, 4, (3,), 1)
+        store.client.set(layout.partition_state_path(name, 0), stale.encode(), version)
+    ctl.reconcile()
+    strict, _ = store.partition_state("strict", 0)  # type: ignore[misc]
+    assert (strict.leader, strict.isr) == (-1, (3,)), "a clean-only topic must wait for its ISR member"
+    lenient, _ = store.partition_state("lenient", 0)  # type: ignore[misc]
+    assert (lenient.leader, lenient.isr, lenient.leader_epoch) == (1, (1,), 5)
+    audit = orjson.loads(store.client.get(layout.unclean_election_path("lenient", 0, 5))[0])
+    assert audit["previous_isr"] == [3] and audit["new_leader"] == 1
+    assert not store.client.exists(layout.unclean_election_path("strict", 0, 5))

@@ -14,8 +14,11 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
+import orjson
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from sluice.broker.admin import TopicAdmin
@@ -57,11 +60,18 @@ class Broker:
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         self._controlled_shutdown_enabled = config.controlled_shutdown
         self.stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
         self._lock_fd: int | None = None
+
+    def spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        """Run a background task, keeping a reference so it is not collected mid-flight."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -279,7 +289,7 @@ class Broker:
         if key in self._isr_writes or self.stopping or new_isr == part.isr:
             return
         self._isr_writes.add(key)
-        asyncio.get_running_loop().create_task(self._write_isr(part, new_isr, reason))
+        self.spawn(self._write_isr(part, new_isr, reason))
 
     async def _write_isr(self, part: Partition, new_isr: tuple[int, ...], reason: str) -> None:
         """A conditional write of the partition state: it fails if the controller (or anyone)
@@ -320,12 +330,45 @@ class Broker:
             self._isr_writes.discard(key)
 
     def _on_leadership(self, topic: str, partition: int, is_leader: bool) -> None:
+        if is_leader:
+            part = self.replicas.partitions.get((topic, partition))
+            if part is not None:
+                self.spawn(
+                    self._complete_unclean_audit(topic, partition, part.leader_epoch, part.log.log_end_offset)
+                )
         if topic != OFFSETS_TOPIC:
             return
         if is_leader:
             self.coordinator.on_became_leader(partition)
         else:
             self.coordinator.on_resigned(partition)
+
+    async def _complete_unclean_audit(self, topic: str, partition: int, epoch: int, leo: int) -> None:
+        """If this leadership came from an unclean election, record where the possible loss starts."""
+        path = layout.unclean_election_path(topic, partition, epoch)
+        try:
+            data, stat = await asyncio.to_thread(self.store.client.get, path)
+        except NoNodeError:
+            return
+        except Exception as exc:
+            log.warning("event=unclean_audit_read_failed path=%s error=%r", path, exc)
+            return
+        record = orjson.loads(data)
+        if record.get("lost_from_offset") is not None:
+            return
+        record["lost_from_offset"] = leo
+        try:
+            await asyncio.to_thread(self.store.client.set, path, orjson.dumps(record), stat.version)
+        except Exception as exc:
+            log.warning("event=unclean_audit_write_failed path=%s error=%r", path, exc)
+            return
+        log.warning(
+            "event=unclean_leader_took_over partition=%s-%d leader_epoch=%d lost_from_offset=%d",
+            topic,
+            partition,
+            epoch,
+            leo,
+        )
 
     def _on_session_state(self, state: str) -> None:
         # A lost session drops our ephemeral znode; when it comes back, register again.
@@ -334,7 +377,7 @@ class Broker:
         if state == KazooState.LOST:
             log.warning("event=zookeeper_session_lost id=%d", self.config.broker_id)
         elif state == KazooState.CONNECTED and self._loop is not None and not self.stopping:
-            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._reregister()))
+            self._loop.call_soon_threadsafe(lambda: self.spawn(self._reregister()))
 
     async def _reregister(self) -> None:
         host, port = self.config.advertised

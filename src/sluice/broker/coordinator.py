@@ -358,7 +358,7 @@ class GroupCoordinator:
             group.protocol = None
             group.leader = None
             log.info("event=group_empty group=%s generation=%d", group.group_id, group.generation)
-            asyncio.get_running_loop().create_task(self._persist_group(group))
+            self.broker.spawn(self._persist_group(group))
             return
         group.protocol = group.select_protocol()
         if group.leader not in group.members:

@@ -55,6 +55,8 @@ class Controller:
         self.sweep_interval_s = sweep_interval_s
         self.term: ControllerTerm | None = None
         self.reassigning = False
+        #: unclean elections decided in the current pass: (new state, state it replaced)
+        self._pending_audits: list[tuple[PartitionState, PartitionState]] = []
         self._events: queue.Queue[str] = queue.Queue(maxsize=EVENT_QUEUE_MAX)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"controller-{broker_id}", daemon=True)
@@ -193,7 +195,9 @@ class Controller:
             changes: list[str] = []
             unclean = assignment.config.get("unclean.leader.election.enable", "false") == "true"
             make_parent = not self.store.client.exists(layout.partitions_path(name))
+            audits: list[FencedOp] = []
             for p, replicas in sorted(assignment.replicas.items()):
+                self._pending_audits.clear()
                 current = self.store.partition_state(name, p)
                 if current is None:
                     ops.extend(self._initial_state_ops(term, name, p, replicas, live, make_parent))
@@ -213,13 +217,15 @@ class Controller:
                     partition_phase(state, live), partition_phase(new_state, live), f"{name}-{p}"
                 )
                 ops.append(FencedOp("set", layout.partition_state_path(name, p), new_state.encode(), version))
+                for elected, replaced in self._pending_audits:
+                    audits.append(self._unclean_audit_op(name, p, elected, replaced))
                 changes.append(
                     f"{name}-{p}:leader {state.leader}->{new_state.leader} epoch={new_state.leader_epoch} "
                     f"isr={list(new_state.isr)}"
                 )
             if ops:
                 try:
-                    self.store.commit_fenced(term.epoch_zk_version, ops)
+                    self.store.commit_fenced(term.epoch_zk_version, ops + audits)
                 except (BadVersionError, NodeExistsError, NoNodeError) as exc:
                     # A broker changed an ISR concurrently; the next pass reads it afresh.
                     log.info("event=controller_retry topic=%s reason=%s", name, type(exc).__name__)
@@ -261,16 +267,45 @@ class Controller:
         if election is None and unclean:
             election = unclean_partition_leader(replicas, live)
             if election is not None:
-                log.warning(
-                    "event=unclean_leader_election leader=%d isr_was=%s may_lose_offsets_after_its_end",
-                    election.leader,
-                    list(state.isr),
-                )
+                new_state = PartitionState(election.leader, state.leader_epoch + 1, election.isr, term.epoch)
+                self._pending_audits.append((new_state, state))
+                return new_state
         if election is not None:
             return PartitionState(election.leader, state.leader_epoch + 1, election.isr, term.epoch)
         if state.leader == -1:
             return None
         return PartitionState(-1, state.leader_epoch + 1, offline_state_isr(state.isr, live), term.epoch)
+
+    @staticmethod
+    def _unclean_audit_op(topic: str, p: int, elected: PartitionState, replaced: PartitionState) -> FencedOp:
+        """The audit record of an unclean election, written in the same multi-op as the election.
+
+        Records from the new leader's log end offset on (``lost_from_offset``, filled in by the
+        new leader when it takes over) that the old in-sync replicas had may be lost.
+        """
+        log.warning(
+            "event=unclean_leader_election partition=%s-%d leader=%d leader_epoch=%d isr_was=%s",
+            topic,
+            p,
+            elected.leader,
+            elected.leader_epoch,
+            list(replaced.isr),
+        )
+        record = orjson.dumps(
+            {
+                "version": 1,
+                "topic": topic,
+                "partition": p,
+                "new_leader": elected.leader,
+                "leader_epoch": elected.leader_epoch,
+                "previous_leader": replaced.leader,
+                "previous_isr": list(replaced.isr),
+                "time_ms": int(time.time() * 1000),
+                "lost_from_offset": None,
+                "note": "records at or after lost_from_offset that the previous ISR held may be lost",
+            }
+        )
+        return FencedOp("create", layout.unclean_election_path(topic, p, elected.leader_epoch), record)
 
     def _move_off_shutting_down(
         self,

@@ -21,12 +21,23 @@ DELETE_TOPICS = "/admin/delete_topics"
 REASSIGN_PARTITIONS = "/admin/reassign_partitions"
 #: ephemeral children: brokers in controlled shutdown, waiting for leadership to move off them.
 CONTROLLED_SHUTDOWN = "/admin/controlled_shutdown"
+#: audit records of unclean leader elections: which partition, which epoch, what may be lost.
+UNCLEAN_ELECTIONS = "/admin/unclean_elections"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 CLUSTER_ID = "/cluster/id"
 TASKS = "/tasks"
 
 #: Paths every cluster has; created (empty) by the first broker that starts.
-PERSISTENT_PATHS = (BROKER_IDS, TOPICS, "/admin", DELETE_TOPICS, CONTROLLED_SHUTDOWN, "/cluster", TASKS)
+PERSISTENT_PATHS = (
+    BROKER_IDS,
+    TOPICS,
+    "/admin",
+    DELETE_TOPICS,
+    CONTROLLED_SHUTDOWN,
+    UNCLEAN_ELECTIONS,
+    "/cluster",
+    TASKS,
+)
 
 
 def broker_path(broker_id: int) -> str:
@@ -47,6 +58,10 @@ def partition_path(topic: str, partition: int) -> str:
 
 def partition_state_path(topic: str, partition: int) -> str:
     return f"{TOPICS}/{topic}/partitions/{partition}/state"
+
+
+def unclean_election_path(topic: str, partition: int, leader_epoch: int) -> str:
+    return f"{UNCLEAN_ELECTIONS}/{topic}-{partition}-{leader_epoch}"
 
 
 def delete_topic_path(topic: str) -> str:
