@@ -38,9 +38,9 @@ def test_drain_then_stop_moves_a_single_replica_partition_with_no_failed_send(
     cluster = make_cluster(3)
     victim = 2
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-    admin.create_topics([NewTopic(TOPIC, num_partitions=2, replica_assignment=[[victim], [1]])], operation_timeout=30)[
-        TOPIC
-    ].result()
+    admin.create_topics(
+        [NewTopic(TOPIC, num_partitions=2, replica_assignment=[[victim], [1]])], operation_timeout=30
+    )[TOPIC].result()
 
     acked: list[tuple[bytes, int]] = []
     failed: list[str] = []

@@ -636,7 +636,10 @@ class GroupCoordinator:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if generation != group.generation:
             return ErrorCode.ILLEGAL_GENERATION
-        if group.state in (S.PREPARING_REBALANCE, S.COMPLETING_REBALANCE):
+        if group.state is S.COMPLETING_REBALANCE:
+            # While preparing a rebalance, members of the current generation may still commit
+            # what they processed (clients commit on revocation); only once the new generation
+            # is formed are the old one's commits refused.
             return ErrorCode.REBALANCE_IN_PROGRESS
         group.members[member_id].last_heartbeat = asyncio.get_running_loop().time()
         return ErrorCode.NONE

@@ -27,9 +27,9 @@ S = GroupState
 TRANSITIONS: dict[GroupState, frozenset[GroupState]] = {
     S.EMPTY: frozenset({S.PREPARING_REBALANCE, S.DEAD}),
     S.PREPARING_REBALANCE: frozenset({S.COMPLETING_REBALANCE, S.EMPTY, S.DEAD}),
-    S.COMPLETING_REBALANCE: frozenset({S.PREPARING_REBALANCE, S.STABLE, S.EMPTY, S.DEAD}),
-    S.STABLE: frozenset({S.PREPARING_REBALANCE, S.EMPTY, S.DEAD}),
-    S.DEAD: frozenset({S.EMPTY}),
+    S.COMPLETING_REBALANCE: frozenset({S.PREPARING_REBALANCE, S.STABLE, S.DEAD}),
+    S.STABLE: frozenset({S.PREPARING_REBALANCE, S.DEAD}),
+    S.DEAD: frozenset(),
 }
 
 
@@ -131,7 +131,7 @@ class Group:
         if not protocol_type or not protocols:
             return False
         if not self.members:
-            return self.protocol_type in (None, protocol_type)
+            return True  # an empty group takes any protocol type, as Kafka's does
         if protocol_type != self.protocol_type:
             return False
         names = {name for name, _ in protocols}
