@@ -208,7 +208,9 @@ class Controller:
                 if state.leader in shutting_down:
                     new_state = self._move_off_shutting_down(term, state, replicas, live, shutting_down)
                 elif state.leader != -1 and state.leader in live:
-                    new_state = self._drop_from_isr(term, state, shutting_down)
+                    # Followers that died or are shutting down leave the ISR now, so acks=all
+                    # writes stop waiting for them (Kafka's OnlineReplica -> OfflineReplica).
+                    new_state = self._drop_from_isr(term, state, set(state.isr) - live)
                 else:
                     new_state = self._elect(term, state, replicas, live, unclean)
                 if new_state is None or new_state == state:
@@ -328,15 +330,15 @@ class Controller:
 
     @staticmethod
     def _drop_from_isr(
-        term: ControllerTerm, state: PartitionState, shutting_down: set[int]
+        term: ControllerTerm, state: PartitionState, leaving: set[int]
     ) -> PartitionState | None:
-        """A follower in controlled shutdown leaves the ISR so that it is not waited for (acks=all)
-        nor elected; the leader stays, so the epoch does not change."""
-        if not shutting_down & set(state.isr):
+        """Followers that died or are in controlled shutdown leave the ISR, so that they are
+        neither waited for (acks=all) nor elected; the leader stays, so its epoch does not change.
+        The leader is never removed here, so the ISR is never empty (I6)."""
+        leaving = leaving - {state.leader}
+        if not leaving & set(state.isr):
             return None
-        isr = tuple(r for r in state.isr if r not in shutting_down)
-        if not isr:
-            return None
+        isr = tuple(r for r in state.isr if r not in leaving)
         return PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch)
 
     # -- reassignment (drain) ----------------------------------------------------------------------

@@ -624,10 +624,11 @@ def consume(
 @app.command("demo")
 def demo(
     directory: ClusterDir = Path(".sluice/demo"),
-    records: Annotated[int, typer.Option(help="Records to produce")] = 10_000,
+    records: Annotated[int, typer.Option(help="Records to produce")] = 20_000,
     keep: Annotated[bool, typer.Option(help="Leave the cluster running afterwards")] = False,
 ) -> None:
-    """Start a local cluster, create a topic, produce and consume a sample, and report."""
+    """A local 3-broker cluster, a replicated topic, a producer, a leader killed half way, and a
+    report of what was acknowledged, read, lost and duplicated."""
     from sluice.ops.demo import run_demo
 
     ok = run_demo(directory, records=records, keep=keep, console=console)
