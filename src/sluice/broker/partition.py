@@ -15,11 +15,23 @@ from pathlib import Path
 
 from sluice.broker.replication import can_join_isr, followers_out_of_sync, high_watermark_for
 from sluice.storage.config import LogConfig
+from sluice.storage.fsutil import atomic_write
 from sluice.storage.log import AppendInfo, PartitionLog, ReadResult
 
 log = logging.getLogger("sluice.partition")
 
 METADATA_FILE = "partition.metadata"
+
+
+HW_FILE = "high-watermark"
+
+
+def read_high_watermark(directory: Path) -> int:
+    """The checkpointed high watermark, 0 when there is none (or it cannot be read)."""
+    try:
+        return max(0, int((directory / HW_FILE).read_text().strip() or "0"))
+    except (OSError, ValueError):
+        return 0
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -58,6 +70,7 @@ class Partition:
     #: the znode version of the partition state this broker last acted on (for ISR writes).
     state_version: int = -1
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    _checkpointed_hw: int = -1
 
     @classmethod
     def open(
@@ -74,9 +87,19 @@ class Partition:
         (directory / METADATA_FILE).write_text(f"version: 0\ntopic_id: {topic_id}\n")
         plog = PartitionLog.open(directory, LogConfig.from_topic_config(dict(config)))
         part = cls(topic, index, topic_id, plog, config, broker_id)
-        # Until this broker learns otherwise, only data it already had is visible.
-        part.high_watermark = plog.log_end_offset
+        # Start from the last checkpointed high watermark, never from the log end: records past
+        # it may never have been committed, and exposing them could move what consumers saw
+        # backwards after a failover (I3). A leader whose ISR is only itself reaches its log
+        # end as soon as it takes over.
+        part.high_watermark = min(read_high_watermark(directory), plog.log_end_offset)
+        part._checkpointed_hw = part.high_watermark
         return part
+
+    def checkpoint_high_watermark(self) -> None:
+        """Persist the high watermark (called periodically and on close)."""
+        if self.high_watermark != self._checkpointed_hw:
+            atomic_write(self.log.directory / HW_FILE, f"{self.high_watermark}\n".encode(), durable=False)
+            self._checkpointed_hw = self.high_watermark
 
     @staticmethod
     def read_topic_id(directory: Path) -> uuid.UUID | None:
@@ -259,4 +282,8 @@ class Partition:
 
     def close(self) -> None:
         self._notify()
+        try:
+            self.checkpoint_high_watermark()
+        except OSError as exc:
+            log.warning("event=hw_checkpoint_failed partition=%s error=%r", self.name, exc)
         self.log.close()

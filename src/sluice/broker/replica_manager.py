@@ -337,6 +337,7 @@ class ReplicaManager:
         for part in list(self.partitions.values()):
             if part.log.needs_flush_by_time(now_ms):
                 part.log.flush()
+            part.checkpoint_high_watermark()
 
     def enforce_retention(self, now_ms: int) -> None:
         for part in list(self.partitions.values()):
