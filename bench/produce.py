@@ -14,11 +14,21 @@ What it measures
   then ONE connection (``sluice.ops.wire_client.WireClient``) sends Produce requests, each
   carrying one batch for one partition (round robin), keeping ``--window`` requests in
   flight, for ``--seconds`` or ``--max-bytes``. Every response must carry error code 0.
-  Reports MB/s, requests/s and p50/p99/max request latency.
+  Reports MB/s, requests/s and p50/p99/max request latency. With ``--acks 0`` there are no
+  responses: the run ends with a Metadata request on the same connection, which the broker
+  answers only after it has handled every Produce before it, and nothing is verified.
+
+For each mode the table also shows the average CPU cores busy (this process including the
+librdkafka threads, the broker processes, the whole machine), which says who the bottleneck
+was; and before each mode a plain ``pwrite`` probe (``--probe-mb``) measures how fast this
+machine takes writes into the page cache at that moment, the ceiling of the broker's log
+appends (on a VM it varies several-fold with whether page-cache pages are recycled or
+first-touch guest memory).
 
 Unless ``--bootstrap`` names an existing cluster, the benchmark starts its own local cluster
 (ZooKeeper + ``--brokers`` brokers) in a temporary directory and always stops and removes it
-at the end. Each mode writes to its own fresh topic (``--partitions``, ``--replication-factor``).
+at the end. Each mode writes to its own fresh topic (``--partitions``, ``--replication-factor``),
+deleted after the mode unless ``--keep-topics``.
 The benchmark prints figures and asserts nothing about them.
 
 How to run
@@ -104,6 +114,7 @@ class ModeResult:
     requests: int = 0  # prebuilt mode only
     latency: LatencyStats = field(default_factory=LatencyStats)
     cpu: dict[str, float] = field(default_factory=dict)
+    page_cache_probe_mb_per_s: float = float("nan")
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -193,6 +204,39 @@ def create_topic(
             return
         time.sleep(0.1)
     raise TimeoutError(f"topic {name} has no leader for every partition after {timeout_s:.0f} s")
+
+
+def page_cache_probe(directory: Path, megabytes: int) -> float:
+    """MB/s of 1 MB ``pwrite`` calls into a new file: the ceiling of the broker's own log writes.
+
+    On a VM whose guest memory is handed back to the host while idle, writing into page-cache
+    pages touched for the first time is several times slower than into recycled ones; this
+    figure tells the two situations apart.
+    """
+    if megabytes <= 0:
+        return float("nan")
+    chunk = random.Random(7).randbytes(MB)
+    path = directory / f"probe-{uuid.uuid4().hex[:8]}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        start = time.perf_counter()
+        for i in range(megabytes):
+            os.pwrite(fd, chunk, i * MB)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink()
+    return megabytes / elapsed
+
+
+def delete_topic(bootstrap: str, name: str, timeout_s: float = 30.0) -> str | None:
+    """Delete ``name`` (frees its disk and page cache); returns an error text instead of raising."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        admin.delete_topics([name], operation_timeout=timeout_s)[name].result(timeout=timeout_s)
+    except KafkaException as exc:
+        return str(exc)
+    return None
 
 
 def partition_leaders(bootstrap: str, topic: str) -> dict[int, str]:
@@ -382,6 +426,7 @@ def run_prebuilt(args: argparse.Namespace, bootstrap: str, topic: str) -> ModeRe
             # broker has handled everything before it on this connection.
             wc.request(ApiKey.METADATA, 1, {"topics": [{"name": topic}]})
             res.records = sent_records
+            res.notes.append("acks=0: no responses, records counted as sent (not verified)")
         end = perf()
     res.requests = i
     res.payload_bytes = res.records * args.record_size
@@ -394,7 +439,11 @@ def run_prebuilt(args: argparse.Namespace, bootstrap: str, topic: str) -> ModeRe
 
 
 def print_report(
-    console: Console, args: argparse.Namespace, bootstrap: str, results: list[ModeResult], cluster_note: str
+    console: Console,
+    args: argparse.Namespace,
+    bootstrap: str,
+    results: list[ModeResult],
+    cluster_note: str,
 ) -> None:
     console.print(f"[bold]command:[/] {shlex.join([sys.executable, *sys.argv])}")
     settings = Table(title="settings", show_header=False)
@@ -411,6 +460,7 @@ def print_report(
         ("client: extra config", " ".join(args.producer_config) or "-"),
         ("prebuilt: window / seconds / max bytes", f"{args.window} / {args.seconds:g} / {args.max_bytes:,}"),
         ("cpus", os.cpu_count()),
+        ("page-cache probe before each mode", f"{args.probe_mb} MB" if args.probe_mb > 0 else "skipped"),
     ]:
         settings.add_row(k, str(v))
     console.print(settings)
@@ -426,9 +476,10 @@ def print_report(
         "lat p99 ms",
         "lat max ms",
         "errors",
-        "cores: bench",
-        "brokers",
-        "machine",
+        "cpu bench",
+        "cpu brokers",
+        "cpu all",
+        "probe MB/s",
     ):
         table.add_column(col, justify="left" if col == "mode" else "right")
     for r in results:
@@ -445,6 +496,7 @@ def print_report(
             f"{lat.max_ms:.1f}",
             str(r.errors),
             *(f"{r.cpu.get(k, float('nan')):.2f}" for k in ("bench_cores", "broker_cores", "machine_cores")),
+            f"{r.page_cache_probe_mb_per_s:,.0f}",
         )
     console.print(table)
     for r in results:
@@ -455,9 +507,24 @@ def print_report(
         "prebuilt = request sent to response read"
     )
     console.print(
-        "  cores: average CPU cores busy during the mode (bench process incl. librdkafka threads; "
+        "  cpu: average CPU cores busy during the mode (bench process incl. librdkafka threads; "
         "broker processes; whole machine incl. anything else running)"
     )
+    console.print(
+        "  probe: plain 1 MB pwrites into a new file just before the mode, the ceiling of the broker's "
+        "log appends (slow when page-cache pages are first-touch guest memory)"
+    )
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN float replaced by None, so that the JSON line is strict JSON."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -469,8 +536,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--brokers", type=int, default=1, help="brokers of the local cluster")
-    p.add_argument("--replication-factor", type=int, default=1)
-    p.add_argument("--acks", choices=("all", "1", "0"), default="all")
+    p.add_argument("--replication-factor", type=int, default=1, help="of the benchmark topics")
+    p.add_argument("--acks", choices=("all", "1", "0"), default="all", help="all = -1 (idempotent client)")
     p.add_argument(
         "--records",
         type=int,
@@ -478,13 +545,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="client mode: records to produce (4 M x 1 KB takes ~10-15 s here)",
     )
     p.add_argument("--record-size", type=int, default=1024, help="bytes of value per record")
-    p.add_argument("--partitions", type=int, default=3)
-    p.add_argument("--mode", choices=("client", "prebuilt", "both"), default="both")
+    p.add_argument("--partitions", type=int, default=3, help="of the benchmark topics")
+    p.add_argument("--mode", choices=("client", "prebuilt", "both"), default="both", help="what to run")
     p.add_argument("--bootstrap", help="HOST:PORT of an existing cluster (no local cluster is started)")
     p.add_argument("--json", action="store_true", help="also print one JSON line of results")
+    p.add_argument(
+        "--keep-topics", action="store_true", help="do not delete each mode's topic after the mode"
+    )
+    p.add_argument(
+        "--probe-mb",
+        type=int,
+        default=512,
+        help="MB written with plain pwrite before each mode, as a storage reference (0: skip)",
+    )
     g = p.add_argument_group("client mode")
-    g.add_argument("--linger-ms", type=float, default=5.0)
-    g.add_argument("--batch-size", type=int, default=1_000_000)
+    g.add_argument("--linger-ms", type=float, default=5.0, help="linger.ms")
+    g.add_argument("--batch-size", type=int, default=1_000_000, help="batch.size (bytes per partition batch)")
     g.add_argument(
         "--queue-messages",
         type=int,
@@ -515,8 +591,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--seconds", type=float, default=10.0, help="send for this long")
     g.add_argument("--max-bytes", type=int, default=4_000_000_000, help="... or until this much payload")
     g.add_argument("--window", type=int, default=12, help="requests in flight")
-    g.add_argument("--prebuilt-batches", type=int, default=64)
-    g.add_argument("--prebuilt-batch-bytes", type=int, default=1_000_000)
+    g.add_argument("--prebuilt-batches", type=int, default=64, help="distinct batches built up front")
+    g.add_argument("--prebuilt-batch-bytes", type=int, default=1_000_000, help="payload bytes per batch")
     args = p.parse_args(argv)
     if args.replication_factor > args.brokers and not args.bootstrap:
         p.error("--replication-factor cannot exceed --brokers")
@@ -527,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
     if not console.is_terminal:
-        console = Console(width=150)  # a pipe or file: do not squeeze the tables to 80 columns
+        console = Console(width=170)  # a pipe or file: do not squeeze the tables to 80 columns
     tmp: Path | None = None
     cluster: LocalCluster | None = None
     results: list[ModeResult] = []
@@ -550,9 +626,17 @@ def main(argv: list[str] | None = None) -> int:
             create_topic(bootstrap, topic, args.partitions, args.replication_factor)
             console.print(f"running {mode} mode on topic {topic} ...")
             run = run_client if mode == "client" else run_prebuilt
+            probe = page_cache_probe(tmp or Path(tempfile.gettempdir()), args.probe_mb)
+            if args.probe_mb > 0:
+                console.print(f"  page-cache write probe: {probe:,.0f} MB/s ({args.probe_mb} x 1 MB pwrite)")
             meter = CpuMeter([b.pid for b in cluster.brokers] if cluster is not None else [])
             r = run(args, bootstrap, topic)
             r.cpu = meter.stop()
+            r.page_cache_probe_mb_per_s = round(probe, 1)
+            if not args.keep_topics:
+                failed = delete_topic(bootstrap, topic)
+                if failed:
+                    r.notes.append(f"deleting topic {topic} failed: {failed}")
             console.print(
                 f"  {mode}: {r.mb_per_s:.1f} MB/s, {r.records_per_s:,.0f} records/s, {r.errors} errors"
             )
@@ -568,16 +652,18 @@ def main(argv: list[str] | None = None) -> int:
     print_report(console, args, bootstrap, results, cluster_note)
     if args.json:
         print(
-            json.dumps(
-                {
-                    "argv": sys.argv[1:],
-                    "acks": args.acks,
-                    "brokers": args.brokers,
-                    "partitions": args.partitions,
-                    "replication_factor": args.replication_factor,
-                    "record_size": args.record_size,
-                    "results": [r.to_json() for r in results],
-                }
+            json.dumps(  # NaN (no latency figures with acks=0, probe skipped) becomes null
+                _finite(
+                    {
+                        "argv": sys.argv[1:],
+                        "acks": args.acks,
+                        "brokers": args.brokers,
+                        "partitions": args.partitions,
+                        "replication_factor": args.replication_factor,
+                        "record_size": args.record_size,
+                        "results": [r.to_json() for r in results],
+                    }
+                )
             )
         )
     return 0

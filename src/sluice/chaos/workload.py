@@ -1,0 +1,242 @@
+"""Verifiable producer and consumer: a workload whose every acknowledgement and every read is
+recorded, so the checker can say what was lost, duplicated or reordered.
+
+The producer writes ``{writer}:{partition}:{seq}`` values, choosing partitions round robin
+and counting ``seq`` per partition; it records each acknowledgement with its offset and the
+broker that led the partition at the time (from the client's own metadata), and each failure
+with the error's name.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.chaos.checker import Ack, Read
+
+
+@dataclass
+class ProducerStats:
+    sent: int = 0
+    acks: list[Ack] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    first_error: dict[str, str] = field(default_factory=dict)
+
+
+class VerifiableProducer:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        *,
+        acks: str = "all",
+        idempotent: bool = True,
+        writer: str = "w1",
+        rate_per_s: float = 2000.0,
+        extra: dict[str, Any] | None = None,
+    ):
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.partitions = partitions
+        self.writer = writer
+        self.rate_per_s = rate_per_s
+        self.config = {
+            "bootstrap.servers": bootstrap,
+            "acks": acks,
+            "enable.idempotence": idempotent and acks == "all",
+            "linger.ms": 2,
+            "message.timeout.ms": 60000,
+            "log_level": 0,
+            "retry.backoff.ms": 100,
+            "topic.metadata.refresh.interval.ms": 1000,
+            **(extra or {}),
+        }
+        self.stats = ProducerStats()
+        self._leaders: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"verifiable-producer-{writer}", daemon=True)
+
+    def start(self) -> VerifiableProducer:
+        self._thread.start()
+        return self
+
+    def stop(self, flush_timeout_s: float = 90.0) -> ProducerStats:
+        self._stop.set()
+        self._thread.join(flush_timeout_s + 10)
+        return self.stats
+
+    def acked(self) -> int:
+        with self._lock:
+            return len(self.stats.acks)
+
+    def failed(self) -> int:
+        with self._lock:
+            return sum(self.stats.errors.values())
+
+    def _refresh_leaders(self, producer: Any) -> None:
+        try:
+            md = producer.list_topics(self.topic, timeout=2)
+            t = md.topics.get(self.topic)
+            if t is not None:
+                with self._lock:
+                    self._leaders = {p: int(pm.leader) for p, pm in t.partitions.items()}
+        except Exception:
+            pass
+
+    def _run(self) -> None:
+        from confluent_kafka import KafkaError, Producer
+
+        producer = Producer(self.config)
+        seq = [0] * self.partitions
+        interval = 1.0 / self.rate_per_s if self.rate_per_s > 0 else 0.0
+        next_send = time.monotonic()
+        next_refresh = 0.0
+        i = 0
+
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            with self._lock:
+                if err is None:
+                    value = msg.value().decode()
+                    self.stats.acks.append(
+                        Ack(
+                            self.topic,
+                            msg.partition(),
+                            msg.offset(),
+                            value,
+                            self._leaders.get(msg.partition(), -1),
+                        )
+                    )
+                else:
+                    name = err.name()
+                    self.stats.errors[name] += 1
+                    self.stats.first_error.setdefault(name, err.str())
+
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_refresh:
+                self._refresh_leaders(producer)
+                next_refresh = now + 0.25
+            p = i % self.partitions
+            value = f"{self.writer}:{p}:{seq[p]}".encode()
+            try:
+                producer.produce(self.topic, value=value, partition=p, on_delivery=on_delivery)
+            except BufferError:
+                producer.poll(0.05)
+                continue
+            seq[p] += 1
+            i += 1
+            with self._lock:
+                self.stats.sent += 1
+            next_send += interval
+            delay = next_send - time.monotonic()
+            producer.poll(max(0.0, delay))
+            if delay < -1.0:
+                next_send = time.monotonic()  # fell behind (a fault); do not burst to catch up
+        producer.flush(90)
+
+
+def read_everything(bootstrap: str, topic: str, partitions: int, timeout_s: float = 90.0) -> list[Read]:
+    """Read every partition from its start to its end, by assignment (no group)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "sluice-verifier",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "log_level": 0,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    reads: list[Read] = []
+    eof: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(eof) < partitions and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, timeout=1.0):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == -191:  # _PARTITION_EOF
+                        eof.add(msg.partition() or 0)
+                    continue
+                partition, offset, value = msg.partition(), msg.offset(), msg.value()
+                if partition is None or offset is None or value is None:
+                    continue
+                eof.discard(partition)
+                reads.append(Read(topic, partition, offset, value.decode(errors="replace")))
+    finally:
+        consumer.close()
+    if len(eof) < partitions:
+        raise TimeoutError(
+            f"could not read {topic} to its end in {timeout_s:.0f} s (partitions at end: {sorted(eof)})"
+        )
+    return reads
+
+
+class GroupReader:
+    """A consumer in a group that records what it read, committing after processing."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, *, session_timeout_ms: int = 6000):
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.group = group
+        self.session_timeout_ms = session_timeout_ms
+        self.reads: list[Read] = []
+        self.errors: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"group-reader-{group}", daemon=True)
+
+    def start(self) -> GroupReader:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.reads)
+
+    def _run(self) -> None:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": self.session_timeout_ms,
+                "log_level": 0,
+            }
+        )
+        consumer.subscribe([self.topic])
+        try:
+            while not self._stop.is_set():
+                msgs = consumer.consume(500, timeout=0.5)
+                batch = []
+                for msg in msgs:
+                    err = msg.error()
+                    if err is not None:
+                        self.errors[err.name()] += 1
+                        continue
+                    partition, offset, value = msg.partition(), msg.offset(), msg.value()
+                    if partition is not None and offset is not None and value is not None:
+                        batch.append(Read(self.topic, partition, offset, value.decode(errors="replace")))
+                if batch:
+                    with self._lock:
+                        self.reads.extend(batch)
+                    try:
+                        consumer.commit(asynchronous=False)
+                    except Exception as exc:
+                        self.errors[type(exc).__name__] += 1
+        finally:
+            consumer.close()
