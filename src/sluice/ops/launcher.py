@@ -33,6 +33,8 @@ class BrokerProcess:
     data_dir: str
     log_file: str
     pid: int = -1
+    #: this broker's own way to ZooKeeper (e.g. through a fault-injection proxy); None: the cluster's
+    zookeeper: str | None = None
 
     @property
     def address(self) -> str:
@@ -130,7 +132,7 @@ def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
     Path(b.data_dir).mkdir(parents=True, exist_ok=True)
     with open(b.log_file, "ab") as logf:
         proc = subprocess.Popen(
-            broker_command(b, cluster.zookeeper, cluster.zk_session_timeout_s),
+            broker_command(b, b.zookeeper or cluster.zookeeper, cluster.zk_session_timeout_s),
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -177,6 +179,7 @@ def cluster_up(
     *,
     host: str = "127.0.0.1",
     zk_session_timeout_s: float = 6.0,
+    broker_zookeeper: dict[int, str] | None = None,
 ) -> LocalCluster:
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
@@ -204,7 +207,12 @@ def cluster_up(
     for i in range(brokers):
         bid = i + 1
         b = BrokerProcess(
-            bid, host, ports[i + 1], str(directory / f"broker-{bid}"), str(directory / f"broker-{bid}.log")
+            bid,
+            host,
+            ports[i + 1],
+            str(directory / f"broker-{bid}"),
+            str(directory / f"broker-{bid}.log"),
+            zookeeper=(broker_zookeeper or {}).get(bid),
         )
         cluster.brokers.append(b)
     try:

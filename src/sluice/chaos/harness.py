@@ -1,0 +1,260 @@
+"""A local cluster wired for fault injection: a real ZooKeeper, one TCP proxy per broker on its
+way to ZooKeeper (to cut it off from ZooKeeper only), and N broker processes; plus the faults
+(kill -9, pause, controlled shutdown, restart, ZooKeeper cut) and the targets by role (leader
+of a partition, controller, coordinator of a group, a random broker)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
+from sluice.chaos.tcp_proxy import TcpProxy
+from sluice.cluster.zkstore import ZkStore
+from sluice.ops import launcher
+from sluice.ops.ports import free_port, free_ports
+from sluice.ops.zookeeper import LocalZooKeeper
+
+log = logging.getLogger("sluice.chaos")
+
+CHROOT = "/sluice"
+
+
+class DrillCluster:
+    def __init__(self, directory: Path, brokers: int = 3, *, session_timeout_s: float = 6.0):
+        self.directory = directory.resolve()
+        self.brokers = brokers
+        self.session_timeout_s = session_timeout_s
+        self.zk: LocalZooKeeper | None = None
+        self.proxies: dict[int, TcpProxy] = {}
+        self.cluster: launcher.LocalCluster | None = None
+        self.store: ZkStore | None = None
+        self.events: list[tuple[float, str]] = []
+        self._t0 = time.monotonic()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> DrillCluster:
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+        self.directory.mkdir(parents=True)
+        self.zk = LocalZooKeeper(self.directory / "zookeeper", free_port(), force_sync=False)
+        self.zk.start()
+        zk_host, zk_port = self.zk.connect_string.rsplit(":", 1)
+        ports = free_ports(self.brokers)
+        overrides = {}
+        for i, port in enumerate(ports, start=1):
+            proxy = TcpProxy("127.0.0.1", port, zk_host, int(zk_port)).start()
+            self.proxies[i] = proxy
+            overrides[i] = f"{proxy.address}{CHROOT}"
+        self.cluster = launcher.cluster_up(
+            self.directory / "cluster",
+            self.brokers,
+            f"{self.zk.connect_string}{CHROOT}",
+            zk_session_timeout_s=self.session_timeout_s,
+            broker_zookeeper=overrides,
+        )
+        self.store = ZkStore(f"{self.zk.connect_string}{CHROOT}")
+        self.store.start()
+        return self
+
+    def stop(self) -> None:
+        for b in self.cluster.brokers if self.cluster else []:
+            if launcher.pid_alive(b.pid):
+                try:
+                    os.kill(b.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        if self.cluster is not None:
+            launcher.cluster_down(Path(self.cluster.directory))
+        if self.store is not None:
+            self.store.stop()
+        for proxy in self.proxies.values():
+            proxy.stop()
+        if self.zk is not None:
+            self.zk.stop()
+
+    def __enter__(self) -> DrillCluster:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.cluster is not None
+        return self.cluster.bootstrap_servers
+
+    def note(self, what: str) -> None:
+        self.events.append((time.monotonic() - self._t0, what))
+        log.info("event=drill_step t=%.1f %s", time.monotonic() - self._t0, what)
+
+    def broker(self, broker_id: int) -> launcher.BrokerProcess:
+        assert self.cluster is not None
+        return self.cluster.broker(broker_id)
+
+    # -- faults ------------------------------------------------------------------------------------
+
+    def kill(self, broker_id: int) -> None:
+        b = self.broker(broker_id)
+        os.kill(b.pid, signal.SIGKILL)
+        self._reap(b.pid)
+        self.note(f"kill -9 broker {broker_id}")
+
+    def pause(self, broker_id: int) -> None:
+        os.kill(self.broker(broker_id).pid, signal.SIGSTOP)
+        self.note(f"SIGSTOP broker {broker_id}")
+
+    def resume(self, broker_id: int) -> None:
+        os.kill(self.broker(broker_id).pid, signal.SIGCONT)
+        self.note(f"SIGCONT broker {broker_id}")
+
+    def shutdown(self, broker_id: int) -> None:
+        launcher.stop_pid(self.broker(broker_id).pid)
+        self.note(f"controlled shutdown of broker {broker_id}")
+
+    def restart(self, broker_id: int) -> None:
+        assert self.cluster is not None
+        b = self.broker(broker_id)
+        if launcher.pid_alive(b.pid):
+            return
+        self._reap(b.pid)
+        launcher.start_broker_process(self.cluster, b)
+        self.cluster.save()
+        launcher.wait_broker_ready(self.cluster, b, timeout_s=60)
+        self.note(f"restarted broker {broker_id}")
+
+    def cut_zookeeper(self, broker_id: int, mode: str = "drop") -> None:
+        self.proxies[broker_id].set_mode(mode)
+        self.note(f"cut broker {broker_id} from ZooKeeper ({mode})")
+
+    def heal_zookeeper(self, broker_id: int) -> None:
+        self.proxies[broker_id].set_mode("pass")
+        self.note(f"reconnected broker {broker_id} to ZooKeeper")
+
+    def heal_all(self) -> None:
+        assert self.cluster is not None
+        for bid, proxy in self.proxies.items():
+            if proxy.mode != "pass":
+                self.heal_zookeeper(bid)
+        for b in self.cluster.brokers:
+            if launcher.pid_alive(b.pid):
+                os.kill(b.pid, signal.SIGCONT)
+            else:
+                self.restart(b.broker_id)
+
+    @staticmethod
+    def _reap(pid: int) -> None:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+    # -- targets -----------------------------------------------------------------------------------
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        assert self.store is not None
+        current = self.store.partition_state(topic, partition)
+        return current[0].leader if current else -1
+
+    def controller(self) -> int:
+        assert self.store is not None
+        return self.store.controller_id()
+
+    def coordinator_of(self, group: str) -> int:
+        return self.leader_of(OFFSETS_TOPIC, partition_for_group(group, 50))
+
+    def random_broker(self, rng: random.Random, *, alive_only: bool = True) -> int:
+        assert self.cluster is not None
+        ids = [b.broker_id for b in self.cluster.brokers if not alive_only or launcher.pid_alive(b.pid)]
+        return rng.choice(sorted(ids))
+
+    # -- waiting -----------------------------------------------------------------------------------
+
+    def wait_quiescent(self, timeout_s: float = 90.0) -> bool:
+        """Every broker registered, every partition led by a live broker with a full ISR."""
+        assert self.store is not None and self.cluster is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._quiescent():
+                return True
+            time.sleep(0.25)
+        return False
+
+    def _quiescent(self) -> bool:
+        assert self.store is not None and self.cluster is not None
+        live = set(self.store.live_brokers())
+        if live != {b.broker_id for b in self.cluster.brokers}:
+            return False
+        for name in self.store.topics():
+            a = self.store.topic(name)
+            if a is None:
+                continue
+            for p, replicas in a.replicas.items():
+                current = self.store.partition_state(name, p)
+                if current is None:
+                    return False
+                state = current[0]
+                if state.leader not in live or set(state.isr) != set(replicas):
+                    return False
+        return True
+
+
+class LeaderlessMonitor:
+    """Polls ZooKeeper and records, per partition, the longest stretch during which it had no
+    live leader although a live broker was in its ISR (the condition I5 bounds)."""
+
+    def __init__(self, store: ZkStore, interval_s: float = 0.1):
+        import threading
+
+        self.store = store
+        self.interval_s = interval_s
+        self.longest: dict[str, float] = {}
+        self._since: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leaderless-monitor", daemon=True)
+
+    def start(self) -> LeaderlessMonitor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(10)
+        now = time.monotonic()
+        for key, since in self._since.items():
+            self.longest[key] = max(self.longest.get(key, 0.0), now - since)
+        return self.longest
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sample()
+            except Exception as exc:
+                log.debug("event=monitor_sample_failed error=%r", exc)
+            self._stop.wait(self.interval_s)
+
+    def _sample(self) -> None:
+        live = set(self.store.live_brokers())
+        now = time.monotonic()
+        for name in self.store.topics():
+            a = self.store.topic(name)
+            if a is None:
+                continue
+            for p in a.replicas:
+                current = self.store.partition_state(name, p)
+                if current is None:
+                    continue
+                state = current[0]
+                key = f"{name}-{p}"
+                bad = state.leader not in live and any(r in live for r in state.isr)
+                if bad:
+                    self._since.setdefault(key, now)
+                elif key in self._since:
+                    self.longest[key] = max(self.longest.get(key, 0.0), now - self._since.pop(key))

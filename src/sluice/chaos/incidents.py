@@ -1,0 +1,335 @@
+"""Incident drills: replay incidents A, B and C of the design against a local cluster and read
+the verdict. Each drill runs a verifiable workload, injects the incident's faults, heals,
+checks, and returns rows of the checker plus the guarantees it checked (passed or not).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sluice.chaos.checker import Read, check
+from sluice.chaos.harness import DrillCluster, LeaderlessMonitor
+from sluice.chaos.workload import GroupReader, ProducerStats, VerifiableProducer, read_everything
+from sluice.ops.health import partition_health
+
+
+@dataclass
+class Row:
+    label: str
+    acknowledged: int
+    read: int
+    lost: int
+    duplicated: int
+    out_of_order: int
+    failed_sends: int
+    errors: dict[str, int] = field(default_factory=dict)
+    lost_examples: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Check:
+    guarantee: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class IncidentResult:
+    name: str
+    rows: list[Row] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+
+def _create_topic(bootstrap: str, name: str, partitions: int, rf: int, config: dict[str, str]) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin.create_topics([NewTopic(name, partitions, rf, config=config)], operation_timeout=30)[name].result(
+        60
+    )
+
+
+def _row(label: str, topic: str, stats: ProducerStats, reads: list[Read]) -> Row:
+    verdict = check(stats.acks, reads)[topic] if (stats.acks or reads) else None
+    if verdict is None:
+        return Row(label, 0, 0, 0, 0, 0, sum(stats.errors.values()), dict(stats.errors))
+    return Row(
+        label,
+        verdict.acknowledged,
+        verdict.read,
+        len(verdict.lost),
+        len(verdict.duplicated),
+        len(verdict.out_of_order),
+        sum(stats.errors.values()),
+        dict(stats.errors),
+        [f"{x.value}@{x.partition}/{x.offset} acked via broker {x.broker}" for x in verdict.lost[:5]],
+    )
+
+
+def _wait_acks(producer: VerifiableProducer, n: int, timeout_s: float) -> None:
+    start = producer.acked()
+    deadline = time.monotonic() + timeout_s
+    while producer.acked() < start + n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+# -- A: acks=1 and a leader cut off from ZooKeeper ----------------------------------------------------
+
+
+def acks1_failover(dc: DrillCluster, rng: random.Random) -> IncidentResult:
+    """The leader of a partition loses its ZooKeeper session (cut off from ZooKeeper only, still
+    serving clients) while producers write; leadership moves; later it reconnects. Run once with
+    acks=1 and once with acks=all and min.insync.replicas=2."""
+    result = IncidentResult("acks1-failover")
+    cut_s = dc.session_timeout_s + 6.0
+    for acks in ("1", "all"):
+        topic = f"incident-a-acks{acks}"
+        _create_topic(dc.bootstrap, topic, 3, 3, {"min.insync.replicas": "2"})
+        producer = VerifiableProducer(
+            dc.bootstrap, topic, 3, acks=acks, idempotent=acks == "all", writer=f"a{acks}", rate_per_s=3000
+        ).start()
+        _wait_acks(producer, 2000, 60)
+        victim = dc.leader_of(topic, 0)
+        dc.cut_zookeeper(victim, "drop")
+        time.sleep(cut_s)
+        dc.heal_zookeeper(victim)
+        dc.wait_quiescent(90)
+        _wait_acks(producer, 1000, 60)
+        stats = producer.stop()
+        reads = read_everything(dc.bootstrap, topic, 3)
+        result.rows.append(_row(f"acks={acks}", topic, stats, reads))
+    all_row = result.rows[1]
+    result.checks.append(
+        Check(
+            "acks=all loses no acknowledged record",
+            all_row.lost == 0 and all_row.acknowledged > 0,
+            f"acks=all: {all_row.acknowledged} acknowledged, {all_row.lost} lost",
+        )
+    )
+    result.checks.append(
+        Check(
+            "idempotent acks=all writes no duplicate",
+            all_row.duplicated == 0,
+            f"{all_row.duplicated} duplicated",
+        )
+    )
+    one = result.rows[0]
+    result.checks.append(
+        Check(
+            "acks=1 row reported as measured (loss there is the demonstrated risk)",
+            True,
+            f"acks=1: {one.acknowledged} acknowledged, {one.lost} lost",
+        )
+    )
+    result.timeline = dc.events
+    return result
+
+
+# -- B: a paused controller, a failed broker, the group coordinator on an affected partition --------
+
+
+def controller_split_brain(dc: DrillCluster, rng: random.Random) -> IncidentResult:
+    """Pause the controller past its session while the broker leading the group's coordinator
+    partition fails; resume it; then fail the coordinator's broker again. Throughout, a group
+    consumes and an idempotent acks=all producer writes."""
+    from sluice.ops.admin_client import AdminClient
+
+    result = IncidentResult("controller-split-brain")
+    topic = "incident-b"
+    _create_topic(dc.bootstrap, topic, 3, 3, {"min.insync.replicas": "2"})
+    with AdminClient(dc.bootstrap) as admin:
+        admin.coordinator_id("incident-b-probe")  # creates __consumer_offsets
+    assert dc.store is not None
+    controller = dc.controller()
+    group = next(
+        g for g in (f"incident-b-{i}" for i in range(1000)) if dc.coordinator_of(g) not in (-1, controller)
+    )
+    producer = VerifiableProducer(dc.bootstrap, topic, 3, writer="b", rate_per_s=1500).start()
+    reader = GroupReader(dc.bootstrap, topic, group).start()
+    _wait_acks(producer, 1500, 60)
+    _wait_for(lambda: reader.count() > 500, 60)
+    monitor = LeaderlessMonitor(dc.store).start()
+
+    coordinator = dc.coordinator_of(group)
+    dc.pause(controller)
+    dc.kill(coordinator)
+    time.sleep(dc.session_timeout_s + 4.0)
+    dc.resume(controller)
+    before = reader.count()
+    progressed_1 = _wait_for(lambda: reader.count() > before + 300, 45)
+    dc.restart(coordinator)
+    dc.wait_quiescent(90)
+
+    second = dc.coordinator_of(group)
+    dc.kill(second)
+    time.sleep(dc.session_timeout_s + 4.0)
+    before = reader.count()
+    progressed_2 = _wait_for(lambda: reader.count() > before + 300, 45)
+    dc.restart(second)
+    dc.wait_quiescent(90)
+    _wait_acks(producer, 500, 60)
+    stats = producer.stop()
+    acked = {a.value for a in stats.acks}
+    _wait_for(lambda: acked <= {r.value for r in list(reader.reads)}, 60)
+    reader.stop()
+    longest = monitor.stop()
+    reads = read_everything(dc.bootstrap, topic, 3)
+    result.rows.append(_row("idempotent acks=all", topic, stats, reads))
+    worst = max(longest.items(), key=lambda kv: kv[1], default=("-", 0.0))
+    result.checks.append(
+        Check(
+            "no partition with a live in-sync replica stayed leaderless more than 5 s",
+            worst[1] <= 5.0,
+            f"longest: {worst[0]} {worst[1]:.1f} s",
+        )
+    )
+    result.checks.append(
+        Check(
+            "the group kept consuming after each failure",
+            progressed_1 and progressed_2,
+            f"after the first failure: {'yes' if progressed_1 else 'NO'}; after the second: "
+            f"{'yes' if progressed_2 else 'NO'}",
+        )
+    )
+    row = result.rows[0]
+    result.checks.append(
+        Check("no acknowledged record lost", row.lost == 0, f"{row.lost} lost of {row.acknowledged}")
+    )
+    group_missing = len(acked - {r.value for r in reader.reads})
+    result.checks.append(
+        Check(
+            "the group read every acknowledged record",
+            group_missing == 0,
+            f"{group_missing} acknowledged records never reached the group",
+        )
+    )
+    result.timeline = dc.events
+    return result
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+# -- C: a single-replica topic and broker maintenance -------------------------------------------------
+
+
+def single_replica_shutdown(dc: DrillCluster, rng: random.Random) -> IncidentResult:
+    """An RF=1 topic. First the broker holding a partition is killed without draining: the
+    producer must see a named error and the partition must be reported offline with the reason.
+    Then, on a second RF=1 topic, the broker is drained and stopped: no send may fail."""
+    from sluice.ops.drain import plan_drain, start_drain, wait_drained
+
+    result = IncidentResult("single-replica-shutdown")
+    assert dc.store is not None
+    topic = "incident-c-kill"
+    _create_topic(dc.bootstrap, topic, 3, 1, {})
+    producer = VerifiableProducer(
+        dc.bootstrap, topic, 3, writer="c1", rate_per_s=1000, extra={"message.timeout.ms": 8000}
+    ).start()
+    _wait_acks(producer, 1000, 60)
+    victim = dc.leader_of(topic, 0)
+    dc.kill(victim)
+    offline: list[str] = []
+
+    def offline_reported() -> bool:
+        offline[:] = [
+            f"{h.topic}-{h.partition}: {h.reason}"
+            for h in partition_health(dc.store)  # type: ignore[arg-type]
+            if h.status == "offline" and h.topic == topic
+        ]
+        return bool(offline)
+
+    _wait_for(offline_reported, dc.session_timeout_s + 10)
+    _wait_for(lambda: producer.failed() > 0, 20)
+    dc.restart(victim)
+    dc.wait_quiescent(90)
+    _wait_acks(producer, 500, 60)
+    stats = producer.stop()
+    result.rows.append(_row("kill -9, no drain", topic, stats, read_everything(dc.bootstrap, topic, 3)))
+    named = ", ".join(f"{k} ({stats.first_error.get(k, '')}) x{v}" for k, v in stats.errors.items()) or "none"
+    result.checks.append(
+        Check("without a drain the producer sees a named error", bool(stats.errors), f"errors: {named}")
+    )
+    result.checks.append(
+        Check(
+            "the offline partitions are reported with the reason",
+            bool(offline),
+            "; ".join(offline[:3]) or "nothing reported",
+        )
+    )
+    result.checks.append(
+        Check(
+            "no acknowledged record lost (kill -9 case)",
+            result.rows[0].lost == 0,
+            f"{result.rows[0].lost} lost",
+        )
+    )
+
+    topic2 = "incident-c-drain"
+    _create_topic(dc.bootstrap, topic2, 3, 1, {})
+    producer = VerifiableProducer(
+        dc.bootstrap, topic2, 3, writer="c2", rate_per_s=1000, extra={"message.timeout.ms": 8000}
+    ).start()
+    _wait_acks(producer, 1000, 60)
+    victim = dc.leader_of(topic2, 0)
+    plan = plan_drain(dc.store, victim)
+    start_drain(dc.store, plan)
+    pending = wait_drained(dc.store, plan, 120)
+    dc.note(f"drained broker {victim}: {len(plan.moves)} replica(s) moved, {len(pending)} pending")
+    dc.shutdown(victim)
+    _wait_acks(producer, 1000, 60)
+    stats = producer.stop()
+    result.rows.append(_row("drain + stop", topic2, stats, read_everything(dc.bootstrap, topic2, 3)))
+    dc.restart(victim)
+    row = result.rows[1]
+    result.checks.append(
+        Check(
+            "drain then stop: zero failed sends",
+            row.failed_sends == 0 and not pending,
+            f"{row.failed_sends} failed sends; {len(pending)} moves unfinished",
+        )
+    )
+    result.checks.append(Check("no acknowledged record lost (drain case)", row.lost == 0, f"{row.lost} lost"))
+    result.timeline = dc.events
+    return result
+
+
+INCIDENTS: dict[str, tuple[str, Callable[[DrillCluster, random.Random], IncidentResult]]] = {
+    "acks1-failover": (
+        "A: a leader cut off from ZooKeeper while acks=1 and acks=all producers write",
+        acks1_failover,
+    ),
+    "controller-split-brain": (
+        "B: a paused controller and broker failures around a group's coordinator",
+        controller_split_brain,
+    ),
+    "single-replica-shutdown": (
+        "C: an RF=1 topic's broker killed, then drained and stopped",
+        single_replica_shutdown,
+    ),
+}
+
+
+def run_incident(
+    name: str, directory: Path, *, seed: int = 1, session_timeout_s: float = 6.0
+) -> IncidentResult:
+    if name not in INCIDENTS:
+        raise KeyError(f"unknown incident {name!r}; `sluice incident list` shows them")
+    _, drill = INCIDENTS[name]
+    with DrillCluster(directory, 3, session_timeout_s=session_timeout_s) as dc:
+        return drill(dc, random.Random(seed))
