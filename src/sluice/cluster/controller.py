@@ -23,6 +23,7 @@ import orjson
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
+from sluice import test_switches
 from sluice.cluster import layout
 from sluice.cluster.election import (
     controlled_shutdown_leader,
@@ -55,6 +56,9 @@ class Controller:
         self.sweep_interval_s = sweep_interval_s
         self.term: ControllerTerm | None = None
         self.reassigning = False
+        #: the live brokers of the previous pass (only the test switch below looks at it)
+        self._previously_live: set[int] | None = None
+        self._sweep_disabled = test_switches.enabled(test_switches.DISABLE_LEADERLESS_SWEEP)
         #: unclean elections decided in the current pass: (new state, state it replaced)
         self._pending_audits: list[tuple[PartitionState, PartitionState]] = []
         self._events: queue.Queue[str] = queue.Queue(maxsize=EVENT_QUEUE_MAX)
@@ -157,6 +161,7 @@ class Controller:
                 break
             except (BadVersionError, NodeExistsError):
                 continue
+        self._previously_live = None
         log.info("event=controller_elected broker=%d epoch=%d", self.broker_id, self.term.epoch)
 
     def _resign(self, why: str) -> None:
@@ -184,6 +189,8 @@ class Controller:
         shutting_down = {int(c) for c in self.store.client.get_children(layout.CONTROLLED_SHUTDOWN)}
         # A broker in controlled shutdown is alive but may not be elected.
         live = registered - shutting_down
+        previously_live = self._previously_live if self._previously_live is not None else live
+        self._previously_live = live
         for name in self.store.topics_marked_for_deletion():
             self._delete_topic(term, name)
         self._reassign(term, live)
@@ -211,6 +218,8 @@ class Controller:
                     # Followers that died or are shutting down leave the ISR now, so acks=all
                     # writes stop waiting for them (Kafka's OnlineReplica -> OfflineReplica).
                     new_state = self._drop_from_isr(term, state, set(state.isr) - live)
+                elif self._sweep_disabled and state.leader not in previously_live - live:
+                    continue  # test switch: only partitions whose leader was just seen dying
                 else:
                     new_state = self._elect(term, state, replicas, live, unclean)
                 if new_state is None or new_state == state:
@@ -348,6 +357,8 @@ class Controller:
         pass, each phase a fenced write: (1) add the new replicas to the assignment, (2) wait
         until they are in the ISR, (3) move leadership into the new list if needed, (4) shrink
         the assignment and the ISR to the new list. Removed replicas then delete their logs."""
+        if test_switches.enabled(test_switches.DISABLE_REASSIGNMENT):
+            return
         try:
             data, stat = self.store.client.get(layout.REASSIGN_PARTITIONS)
         except NoNodeError:

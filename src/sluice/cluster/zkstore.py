@@ -15,6 +15,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.protocol.states import ZnodeStat
 
+from sluice import test_switches
 from sluice.cluster import layout
 from sluice.cluster.layout import BrokerRegistration, PartitionState, ProducerIdBlock, TopicAssignment
 
@@ -177,7 +178,8 @@ class ZkStore:
         change anything, because its check fails and ZooKeeper rejects the whole multi-op.
         """
         txn = self.client.transaction()
-        txn.check(layout.CONTROLLER_EPOCH, epoch_zk_version)
+        if not test_switches.enabled(test_switches.DISABLE_EPOCH_FENCE):
+            txn.check(layout.CONTROLLER_EPOCH, epoch_zk_version)
         ops = list(ops)
         for op in ops:
             if op.kind == "create":
@@ -192,6 +194,8 @@ class ZkStore:
         failures = [r for r in results if isinstance(r, Exception)]
         if not failures:
             return
+        if test_switches.enabled(test_switches.DISABLE_EPOCH_FENCE):
+            raise failures[0]
         first = results[0]
         if isinstance(first, (BadVersionError, NoNodeError)):
             raise ControllerDeposedError(

@@ -1,0 +1,98 @@
+"""The incident drills pass, and each fails when the guarantee it checks is switched off
+(test-only switches in sluice.test_switches), so a pass means something."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sluice import test_switches
+from sluice.chaos.incidents import IncidentResult, run_incident
+from sluice.chaos.random_run import make_schedule, run_chaos
+
+pytestmark = pytest.mark.timeout(400)
+
+
+@pytest.fixture
+def switch() -> Iterator[None]:
+    yield
+    for name in test_switches.ALL:
+        os.environ.pop(name, None)
+
+
+def run(name: str, tmp_path: Path, switch_on: str | None = None) -> IncidentResult:
+    if switch_on is not None:
+        os.environ[switch_on] = "1"
+    return run_incident(name, tmp_path / name)
+
+
+def failed(result: IncidentResult) -> list[str]:
+    return [c.guarantee for c in result.checks if not c.passed]
+
+
+def test_acks1_failover_acks_all_loses_nothing(tmp_path: Path, switch: None) -> None:
+    result = run("acks1-failover", tmp_path)
+    assert result.ok, failed(result)
+    acks1, acks_all = result.rows
+    assert acks_all.lost == 0 and acks_all.acknowledged > 0
+    assert acks1.acknowledged > 0  # its loss is reported, whatever it is
+
+
+def test_acks1_failover_fails_when_acks_all_does_not_wait_for_the_isr(tmp_path: Path, switch: None) -> None:
+    result = run("acks1-failover", tmp_path, test_switches.UNSAFE_ACKS_ALL)
+    assert not result.ok
+    assert "acks=all loses no acknowledged record" in failed(result)
+
+
+def test_controller_split_brain_passes(tmp_path: Path, switch: None) -> None:
+    result = run("controller-split-brain", tmp_path)
+    assert result.ok, failed(result)
+
+
+def test_controller_split_brain_fails_without_the_leaderless_sweep(tmp_path: Path, switch: None) -> None:
+    result = run("controller-split-brain", tmp_path, test_switches.DISABLE_LEADERLESS_SWEEP)
+    assert not result.ok
+    assert "no partition with a live in-sync replica stayed leaderless more than 5 s" in failed(result)
+
+
+def test_single_replica_shutdown_passes(tmp_path: Path, switch: None) -> None:
+    result = run("single-replica-shutdown", tmp_path)
+    assert result.ok, failed(result)
+    kill_row, drain_row = result.rows
+    assert kill_row.failed_sends > 0 and drain_row.failed_sends == 0
+
+
+def test_single_replica_shutdown_fails_when_drain_cannot_move_replicas(tmp_path: Path, switch: None) -> None:
+    result = run("single-replica-shutdown", tmp_path, test_switches.DISABLE_REASSIGNMENT)
+    assert not result.ok
+    assert "drain then stop: zero failed sends" in failed(result)
+
+
+def test_same_seed_same_fault_schedule() -> None:
+    kinds = ("kill", "pause", "shutdown", "zk-cut")
+    assert make_schedule(7, 120, kinds) == make_schedule(7, 120, kinds)
+    assert make_schedule(7, 120, kinds) != make_schedule(8, 120, kinds)
+    with pytest.raises(ValueError, match="unknown fault"):
+        make_schedule(1, 30, ("meteor",))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, seed: int) -> None:
+    result, schedule = run_chaos(
+        tmp_path / f"chaos-{seed}", seed=seed, duration_s=30, kinds=("kill", "pause", "shutdown", "zk-cut")
+    )
+    assert schedule, "the schedule injected no fault"
+    assert result.ok, [(c.guarantee, c.detail) for c in result.checks if not c.passed]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+@pytest.mark.parametrize("seed", range(1, 21))
+def test_long_chaos_runs(tmp_path: Path, seed: int) -> None:
+    result, _ = run_chaos(
+        tmp_path / f"chaos-{seed}", seed=seed, duration_s=120, kinds=("kill", "pause", "shutdown", "zk-cut")
+    )
+    assert result.ok, [(c.guarantee, c.detail) for c in result.checks if not c.passed]
