@@ -89,14 +89,11 @@ class VerifiableProducer:
             pass
 
     def _run(self) -> None:
-        from confluent_kafka import KafkaError, Producer
+        from confluent_kafka import KafkaError, KafkaException, Producer
 
         producer = Producer(self.config)
         seq = [0] * self.partitions
         interval = 1.0 / self.rate_per_s if self.rate_per_s > 0 else 0.0
-        next_send = time.monotonic()
-        next_refresh = 0.0
-        i = 0
 
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
             with self._lock:
@@ -116,6 +113,25 @@ class VerifiableProducer:
                     self.stats.errors[name] += 1
                     self.stats.first_error.setdefault(name, err.str())
 
+        try:
+            self._produce_loop(producer, seq, interval, on_delivery)
+        except KafkaException as exc:
+            # A fatal client error (e.g. an idempotent producer whose sequence the broker lost):
+            # the client cannot go on; record it as the drill's evidence and stop producing.
+            err = exc.args[0] if exc.args else None
+            name = f"FATAL {err.name()}" if isinstance(err, KafkaError) else f"FATAL {exc!r}"
+            with self._lock:
+                self.stats.errors[name] += 1
+                self.stats.first_error.setdefault(
+                    name, err.str() if isinstance(err, KafkaError) else str(exc)
+                )
+            return
+        producer.flush(90)
+
+    def _produce_loop(self, producer: Any, seq: list[int], interval: float, on_delivery: Any) -> None:
+        next_send = time.monotonic()
+        next_refresh = 0.0
+        i = 0
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_refresh:
@@ -137,7 +153,6 @@ class VerifiableProducer:
             producer.poll(max(0.0, delay))
             if delay < -1.0:
                 next_send = time.monotonic()  # fell behind (a fault); do not burst to catch up
-        producer.flush(90)
 
 
 def read_everything(bootstrap: str, topic: str, partitions: int, timeout_s: float = 90.0) -> list[Read]:
