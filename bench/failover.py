@@ -95,13 +95,8 @@ def run_round(cluster: launcher.LocalCluster, fault: str) -> tuple[float, float]
     gaps = [y - x for x, y in itertools.pairwise(window)]
     max_gap = max(gaps) if gaps else float("nan")
     # Bring the broker back for the next round.
-    try:
-        os.waitpid(b.pid, 0)
-    except ChildProcessError:
-        pass
-    launcher.start_broker_process(cluster, b)
-    cluster.save()
-    launcher.wait_broker_ready(cluster, b)
+    launcher.stop_pid(b.pid)  # a controlled shutdown may still be finishing
+    launcher.restart_broker(cluster, b)
     time.sleep(3.0)  # let it rejoin the ISR
     return first, max_gap
 

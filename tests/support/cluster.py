@@ -68,11 +68,9 @@ class TestCluster:
         b = self.broker(broker_id)
         if launcher.pid_alive(b.pid):
             launcher.stop_pid(b.pid)
-        _reap(b.pid)
-        # The dead broker's ephemeral znode lingers until its session expires; wait it out.
-        launcher.start_broker_process(self.cluster, b)
-        self.cluster.save()
-        launcher.wait_broker_ready(self.cluster, b, timeout_s=60)
+        # The dead broker's ephemeral znode lingers until its session expires; the restarted
+        # broker waits it out.
+        launcher.restart_broker(self.cluster, b)
 
     def log_text(self, broker_id: int) -> str:
         return Path(self.broker(broker_id).log_file).read_text(errors="replace")

@@ -124,10 +124,7 @@ class DrillCluster:
         b = self.broker(broker_id)
         if launcher.pid_alive(b.pid):
             return
-        self._reap(b.pid)
-        launcher.start_broker_process(self.cluster, b)
-        self.cluster.save()
-        launcher.wait_broker_ready(self.cluster, b, timeout_s=60)
+        launcher.restart_broker(self.cluster, b)
         self.note(f"restarted broker {broker_id}")
 
     def cut_zookeeper(self, broker_id: int, mode: str = "drop") -> None:

@@ -287,9 +287,7 @@ def broker_restart(
         raise fail(str(exc)) from None
     if launcher.pid_alive(b.pid):
         raise fail(f"broker {broker_id} is already running (pid {b.pid})")
-    launcher.start_broker_process(cluster, b)
-    cluster.save()
-    launcher.wait_broker_ready(cluster, b)
+    launcher.restart_broker(cluster, b)
     err.print(f"broker {broker_id} running again (pid {b.pid})")
 
 

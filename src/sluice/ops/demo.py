@@ -115,14 +115,7 @@ def _produce_kill_and_check(cluster: launcher.LocalCluster, *, records: int, con
         )
 
     console.print(f"[bold]4.[/] restarting broker {victim}; it truncates by leader epoch and catches up")
-    b = cluster.broker(victim)
-    try:
-        os.waitpid(b.pid, 0)
-    except ChildProcessError:
-        pass
-    launcher.start_broker_process(cluster, b)
-    cluster.save()
-    launcher.wait_broker_ready(cluster, b)
+    launcher.restart_broker(cluster, cluster.broker(victim))
 
     console.print("[bold]5.[/] consuming everything back by partition assignment")
     consumer = Consumer(

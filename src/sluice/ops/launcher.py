@@ -141,6 +141,19 @@ def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
     b.pid = proc.pid
 
 
+def restart_broker(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 60.0) -> None:
+    """Start a stopped broker of the cluster again, with its data, and wait until it is ready."""
+    if pid_alive(b.pid):
+        raise RuntimeError(f"broker {b.broker_id} is still running (pid {b.pid})")
+    try:
+        os.waitpid(b.pid, 0)  # reap it if it was our child; it is dead, so this returns at once
+    except ChildProcessError:
+        pass
+    start_broker_process(cluster, b)
+    cluster.save()
+    wait_broker_ready(cluster, b, timeout_s=timeout_s)
+
+
 def wait_broker_ready(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 60.0) -> None:
     from kazoo.client import KazooClient
 
