@@ -1,0 +1,406 @@
+"""The log as a PySpark Python Data Source: `spark.readStream.format("sluice")`, and
+`spark.read.format("sluice")` for batch jobs.
+
+Rows carry the log's coordinates and raw bytes (key, value, topic, partition, offset,
+timestamp), as Spark's Kafka source does; what they mean is left to the query.
+
+Options
+    bootstrap.servers       Sluice brokers (`kafka.bootstrap.servers` is accepted too)
+    subscribe               comma-separated topics, or
+    subscribePattern        a regular expression over topic names
+    startingOffsets         earliest (default) | latest | {"topic": {"0": 42, ...}}
+    endingOffsets           batch reads only: latest (default) | {"topic": {"0": 99}}
+    maxRecordsPerTrigger    read limit per micro-batch (default: everything available)
+    maxRecordsPerPartition  a topic-partition range larger than this is split (default 200000)
+    failOnDataLoss          true (default): fail when the next offset was already deleted by
+                            retention; false: skip ahead to the log start and go on
+
+Offsets are `{"topic": {"partition": next_offset}}`, built in sorted order so the same position
+always serialises to the same JSON. Only committed records (below the high watermark) are read:
+the consumer used by each read never sees further.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
+DEFAULT_SPLIT = 200_000
+BATCH_ROWS = 32_768
+STALL_TIMEOUT_S = 120.0
+
+Offsets = dict[str, dict[str, int]]
+
+
+class SluiceSourceError(RuntimeError):
+    pass
+
+
+class Range(InputPartition):
+    """One Spark task's share: offsets [start, end) of one topic-partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+class SluiceDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "sluice"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return SluiceBatchReader(dict(self.options), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return SluiceStreamReader(dict(self.options), schema)
+
+
+# --- options -----------------------------------------------------------------------------------
+
+
+def _opt(options: dict[str, str], name: str, default: str | None = None) -> str | None:
+    lowered = {k.lower(): v for k, v in options.items()}
+    return lowered.get(name.lower(), default)
+
+
+def _bootstrap(options: dict[str, str]) -> str:
+    servers = _opt(options, "bootstrap.servers") or _opt(options, "kafka.bootstrap.servers")
+    if not servers:
+        raise SluiceSourceError('the sluice source needs option "bootstrap.servers" (host:port,...)')
+    return servers
+
+
+def _int_opt(options: dict[str, str], name: str, default: int | None) -> int | None:
+    raw = _opt(options, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SluiceSourceError(f"option {name} must be a positive integer, not {raw!r}") from None
+    if value <= 0:
+        raise SluiceSourceError(f"option {name} must be a positive integer, not {raw!r}")
+    return value
+
+
+def _parse_offsets_option(name: str, raw: str) -> Offsets:
+    import orjson
+
+    try:
+        doc = orjson.loads(raw)
+        out = {str(t): {str(int(p)): int(o) for p, o in parts.items()} for t, parts in doc.items()}
+    except Exception:
+        raise SluiceSourceError(
+            f'option {name} must be earliest, latest or JSON like {{"topic": {{"0": 42}}}}, not {raw!r}'
+        ) from None
+    return out
+
+
+def _sorted_offsets(pairs: dict[tuple[str, int], int]) -> Offsets:
+    out: Offsets = {}
+    for (topic, partition), offset in sorted(pairs.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
+
+
+def _flat(offsets: Offsets) -> dict[tuple[str, int], int]:
+    return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
+
+
+class _LogView:
+    """Driver-side view of the log: which partitions match, and their offsets."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.bootstrap = _bootstrap(options)
+        subscribe = _opt(options, "subscribe")
+        pattern = _opt(options, "subscribePattern")
+        if bool(subscribe) == bool(pattern):
+            raise SluiceSourceError('give exactly one of the options "subscribe" and "subscribePattern"')
+        self.topics = [t.strip() for t in subscribe.split(",") if t.strip()] if subscribe else None
+        self.pattern = re.compile(pattern) if pattern else None
+        self._consumer: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_consumer"] = None
+        return state
+
+    def consumer(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": "sluice-spark-planner",
+                    "enable.auto.commit": False,
+                    "log_level": 3,
+                }
+            )
+        return self._consumer
+
+    def partitions(self) -> list[tuple[str, int]]:
+        meta = self.consumer().list_topics(timeout=30)
+        out = []
+        for name, topic in meta.topics.items():
+            if name.startswith("__"):
+                continue
+            if self.topics is not None and name not in self.topics:
+                continue
+            if self.pattern is not None and not self.pattern.fullmatch(name):
+                continue
+            if topic.error is not None:
+                continue
+            out.extend((name, p) for p in topic.partitions)
+        if self.topics is not None:
+            missing = set(self.topics) - {t for t, _ in out}
+            if missing:
+                raise SluiceSourceError(f"topic(s) not found on {self.bootstrap}: {', '.join(sorted(missing))}")
+        return sorted(out)
+
+    def watermarks(self, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        from confluent_kafka import TopicPartition
+
+        c = self.consumer()
+        out = {}
+        for topic, partition in tps:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+                    break
+                except Exception as exc:  # leader moving: retry for a while
+                    if time.monotonic() > deadline:
+                        raise SluiceSourceError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
+                    time.sleep(0.5)
+            out[(topic, partition)] = (int(low), int(high))
+        return out
+
+    def resolve(self, spec: str | None, default: str) -> Offsets:
+        spec = spec or default
+        tps = self.partitions()
+        if spec in ("earliest", "latest"):
+            marks = self.watermarks(tps)
+            return _sorted_offsets({tp: marks[tp][0 if spec == "earliest" else 1] for tp in tps})
+        given = _flat(_parse_offsets_option("startingOffsets/endingOffsets", spec))
+        marks = self.watermarks(tps)
+        return _sorted_offsets({tp: given.get(tp, marks[tp][0]) for tp in tps})
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def plan_ranges(start: Offsets, end: Offsets, split: int) -> list[Range]:
+    """Input partitions for [start, end): one per topic-partition, split every `split` records."""
+    begin = _flat(start)
+    out = []
+    for (topic, partition), stop in sorted(_flat(end).items()):
+        offset = begin.get((topic, partition), 0)
+        while offset < stop:
+            upto = min(stop, offset + split)
+            out.append(Range(topic, partition, offset, upto))
+            offset = upto
+    return out
+
+
+def limit_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
+    """Advance at most `max_rows` records in all, shared in proportion to what each partition has."""
+    begin = _flat(start)
+    avail = {tp: max(0, hi - begin.get(tp, 0)) for tp, hi in _flat(latest).items()}
+    total = sum(avail.values())
+    if total <= max_rows:
+        return latest
+    out = {}
+    budget = max_rows
+    for tp, n in sorted(avail.items()):
+        share = min(n, max(1 if n else 0, n * max_rows // total), budget)
+        budget -= share
+        out[tp] = begin.get(tp, 0) + share
+    return _sorted_offsets(out)
+
+
+# --- readers ------------------------------------------------------------------------------------
+
+
+def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iterator[Any]:
+    """Read offsets [start, end) of one partition as Arrow record batches (runs in executors)."""
+    import pyarrow as pa
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    consumer = Consumer(
+        {
+            "bootstrap.servers": _bootstrap(options),
+            "group.id": "sluice-spark-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            "log_level": 3,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        offsets: list[int] = []
+        stamps: list[int] = []
+        next_offset = part.start
+        last_progress = time.monotonic()
+
+        def flush() -> Any:
+            n = len(offsets)
+            batch = pa.RecordBatch.from_arrays(
+                [
+                    pa.array(keys, pa.binary()),
+                    pa.array(values, pa.binary()),
+                    pa.array([part.topic] * n, pa.string()),
+                    pa.array([part.partition] * n, pa.int32()),
+                    pa.array(offsets, pa.int64()),
+                    pa.array(stamps, pa.int64()).cast(pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC")),
+                ],
+                schema=arrow_schema,
+            )
+            keys.clear()
+            values.clear()
+            offsets.clear()
+            stamps.clear()
+            return batch
+
+        while next_offset < part.end:
+            msgs = consumer.consume(num_messages=min(BATCH_ROWS, part.end - next_offset), timeout=1.0)
+            if not msgs:
+                if time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                    raise SluiceSourceError(
+                        f"no progress reading {part.topic}[{part.partition}] at offset {next_offset} "
+                        f"(range {part.start}..{part.end}) for {STALL_TIMEOUT_S:.0f} s"
+                    )
+                continue
+            last_progress = time.monotonic()
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise SluiceSourceError(f"reading {part.topic}[{part.partition}]: {err}")
+                off = m.offset()
+                if off >= part.end:
+                    next_offset = part.end
+                    break
+                keys.append(m.key())
+                values.append(m.value())
+                offsets.append(off)
+                stamps.append(m.timestamp()[1])
+                next_offset = off + 1
+            if len(offsets) >= BATCH_ROWS:
+                yield flush()
+        if offsets:
+            yield flush()
+    finally:
+        consumer.close()
+
+
+class SluiceBatchReader(DataSourceReader):
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self.split = _int_opt(options, "maxRecordsPerPartition", DEFAULT_SPLIT) or DEFAULT_SPLIT
+
+    def partitions(self) -> Sequence[InputPartition]:
+        view = _LogView(self.options)
+        try:
+            start = view.resolve(_opt(self.options, "startingOffsets"), "earliest")
+            end = view.resolve(_opt(self.options, "endingOffsets"), "latest")
+        finally:
+            view.close()
+        return plan_ranges(start, end, self.split)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, Range)
+        return read_range(self.options, self.schema, partition)
+
+
+class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self.view = _LogView(options)
+        self.split = _int_opt(options, "maxRecordsPerPartition", DEFAULT_SPLIT) or DEFAULT_SPLIT
+        self.max_per_trigger = _int_opt(options, "maxRecordsPerTrigger", None)
+        fail = (_opt(options, "failOnDataLoss", "true") or "true").lower()
+        if fail not in ("true", "false"):
+            raise SluiceSourceError(f"option failOnDataLoss must be true or false, not {fail!r}")
+        self.fail_on_data_loss = fail == "true"
+        self.available_now: Offsets | None = None
+        self.latest: Offsets | None = None
+
+    def initialOffset(self) -> dict:
+        return self.view.resolve(_opt(self.options, "startingOffsets"), "earliest")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_per_trigger is not None:
+            return ReadMaxRows(self.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.available_now = self.view.resolve("latest", "latest")
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        tps = self.view.partitions()
+        marks = self.view.watermarks(tps)
+        begin = _flat(start)
+        for tp in tps:
+            low = marks[tp][0]
+            at = begin.get(tp, low)
+            if at < low:
+                if self.fail_on_data_loss:
+                    raise SluiceSourceError(
+                        f"{tp[0]}[{tp[1]}]: the next offset to read, {at}, was deleted by retention "
+                        f"(the log now starts at {low}); records {at}..{low - 1} are lost to this query. "
+                        f"Set failOnDataLoss=false to skip ahead."
+                    )
+                begin[tp] = low
+            elif tp not in begin:
+                begin[tp] = low
+        latest = {tp: max(marks[tp][1], begin[tp]) for tp in tps}
+        self.latest = _sorted_offsets(latest)
+        if self.available_now is not None:
+            cap = _flat(self.available_now)
+            latest = {tp: min(hi, max(cap.get(tp, begin[tp]), begin[tp])) for tp, hi in latest.items()}
+        end = _sorted_offsets(latest)
+        if isinstance(limit, ReadMaxRows):
+            end = limit_offsets(_sorted_offsets(begin), end, limit.max_rows)
+        return end
+
+    def reportLatestOffset(self) -> dict | None:
+        return self.latest
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return plan_ranges(start, end, self.split)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, Range)
+        return read_range(self.options, self.schema, partition)
+
+    def stop(self) -> None:
+        self.view.close()

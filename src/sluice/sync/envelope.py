@@ -1,0 +1,140 @@
+"""The change event: one JSON envelope per row change, in the shape Debezium users know.
+
+    {"op": "u",                               c insert, u update, d delete, r snapshot read
+     "table": "orders",
+     "key": {"id": 17},                       the primary key columns
+     "before": {...} | null,                  the row before (null for c and r)
+     "after": {...} | null,                   the row after (null for d)
+     "source": {"connector": "generator", "name": "demo", "pos": 1234, "txid": 88,
+                "ts_ms": 1763800000123},      pos orders every change of one source;
+                                              ts_ms is the source commit time
+     "ts_ms": 1763800000125}                  when the capture wrote the event
+
+The record key is `[table, key]` as canonical JSON, so every change of one row lands in the same
+partition, in order. `source.pos` is a non-negative integer (at most 2**63 - 1) that grows with
+every change of a source: targets keep it per row and never let an older position replace a
+newer one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+OPS = frozenset({"c", "u", "d", "r"})
+MAX_POS = 2**63 - 1
+
+
+class BadEventError(ValueError):
+    """A record that is not a valid change event. The message names where it was found."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    op: str
+    table: str
+    key: dict[str, Any]
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    pos: int
+    commit_ts_ms: int
+    connector: str = "generator"
+    source_name: str = ""
+    txid: int | None = None
+    ts_ms: int | None = None
+
+    @property
+    def is_delete(self) -> bool:
+        return self.op == "d"
+
+    def record_key(self) -> bytes:
+        return record_key(self.table, self.key)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "op": self.op,
+                "table": self.table,
+                "key": self.key,
+                "before": self.before,
+                "after": self.after,
+                "source": {
+                    "connector": self.connector,
+                    "name": self.source_name,
+                    "pos": self.pos,
+                    "txid": self.txid,
+                    "ts_ms": self.commit_ts_ms,
+                },
+                "ts_ms": self.ts_ms if self.ts_ms is not None else self.commit_ts_ms,
+            }
+        )
+
+
+def record_key(table: str, key: dict[str, Any]) -> bytes:
+    return orjson.dumps([table, key], option=orjson.OPT_SORT_KEYS)
+
+
+def key_text(key: dict[str, Any]) -> str:
+    """Canonical text of a primary key, used to name a row in tombstones and comparisons."""
+    return orjson.dumps(key, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
+    """Decode and validate one envelope; errors say what is wrong and `where` it was read."""
+    at = f" at {where}" if where else ""
+    if value is None:
+        raise BadEventError(f"empty record{at}: a change event needs a JSON value")
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise BadEventError(f"record{at} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadEventError(f"record{at} is not a JSON object")
+    op = doc.get("op")
+    if op not in OPS:
+        raise BadEventError(f"record{at}: op must be one of c, u, d, r, not {op!r}")
+    table = doc.get("table")
+    if not isinstance(table, str) or not table:
+        raise BadEventError(f"record{at}: table must be a non-empty string")
+    key = doc.get("key")
+    if not isinstance(key, dict) or not key:
+        raise BadEventError(f"record{at}: key must be an object with the primary key columns")
+    before, after = doc.get("before"), doc.get("after")
+    for name, part in (("before", before), ("after", after)):
+        if part is not None and not isinstance(part, dict):
+            raise BadEventError(f"record{at}: {name} must be an object or null")
+    if op == "d":
+        if after is not None:
+            raise BadEventError(f"record{at}: a delete (op d) must have after = null")
+    elif after is None:
+        raise BadEventError(f"record{at}: op {op} needs an after image")
+    else:
+        missing = [k for k in key if k not in after]
+        if missing:
+            raise BadEventError(f"record{at}: after lacks the key column(s) {', '.join(missing)}")
+    source = doc.get("source")
+    if not isinstance(source, dict):
+        raise BadEventError(f"record{at}: source must be an object with pos and ts_ms")
+    pos = source.get("pos")
+    if not isinstance(pos, int) or isinstance(pos, bool) or not 0 <= pos <= MAX_POS:
+        raise BadEventError(f"record{at}: source.pos must be an integer in 0..2**63-1, not {pos!r}")
+    commit_ts = source.get("ts_ms")
+    if not isinstance(commit_ts, int) or isinstance(commit_ts, bool):
+        raise BadEventError(f"record{at}: source.ts_ms must be an integer (epoch milliseconds)")
+    txid = source.get("txid")
+    ts_ms = doc.get("ts_ms")
+    return ChangeEvent(
+        op=op,
+        table=table,
+        key=key,
+        before=before,
+        after=after,
+        pos=pos,
+        commit_ts_ms=commit_ts,
+        connector=str(source.get("connector", "")),
+        source_name=str(source.get("name", "")),
+        txid=txid if isinstance(txid, int) else None,
+        ts_ms=ts_ms if isinstance(ts_ms, int) else None,
+    )

@@ -1,0 +1,34 @@
+"""Targets: where change events are applied, one transaction per batch, exactly once in effect.
+
+`open_target(url)` picks the implementation from the URL scheme: `sqlite:///path` or
+`postgresql://user@host:port/db`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.sync.targets.base import (
+    ApplyResult,
+    BadTargetUrlError,
+    ColumnMapping,
+    StaleEpochError,
+    Target,
+)
+
+
+def open_target(url: str, mapping: ColumnMapping | None = None, **options: Any) -> Target:
+    if url.startswith("sqlite://"):
+        from sluice.sync.targets.sqlite import SqliteTarget
+
+        return SqliteTarget(url, mapping, **options)
+    if url.startswith(("postgresql://", "postgres://")):
+        from sluice.sync.targets.postgres import PostgresTarget
+
+        return PostgresTarget(url, mapping, **options)
+    raise BadTargetUrlError(
+        f"unsupported target {url!r}: use sqlite:///path/to/file.db or postgresql://user@host:port/db"
+    )
+
+
+__all__ = ["ApplyResult", "BadTargetUrlError", "ColumnMapping", "StaleEpochError", "Target", "open_target"]

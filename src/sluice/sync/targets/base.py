@@ -1,0 +1,294 @@
+"""What every target does around its own SQL: fencing, offsets, filtering replays, mapping.
+
+One `apply` is one target transaction:
+
+1. Lock this pipeline's row in `_sluice_fence`. If it holds a newer epoch than ours, another
+   execution took the pipeline over: roll back and raise `StaleEpochError`.
+2. Read `_sluice_offsets`, the next offset to apply per topic-partition, and drop every record
+   below it: those were applied by an earlier commit (a batch replayed after a crash).
+3. Collapse what is left to the newest change per row and write it with the version guard: a
+   row is replaced only by a higher source position, and a delete leaves a tombstone with its
+   position so an older upsert cannot bring the row back.
+4. Advance the offsets (never backwards) and commit.
+
+So a batch replayed whole or in part changes nothing the second time, and an execution that was
+superseded cannot commit anything at all.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sluice import test_switches
+
+#: Columns of the record tables a target applies: the log's own coordinates and the raw value.
+RECORD_COLUMNS = ("topic", "partition", "offset", "value", "timestamp")
+
+POS_COLUMN = "_sluice_pos"
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class StaleEpochError(RuntimeError):
+    """A commit under an older fencing epoch than the target's: this execution was superseded."""
+
+    def __init__(self, pipeline: str, epoch: int, current: int) -> None:
+        super().__init__(
+            f"pipeline {pipeline!r}: fencing epoch {epoch} is older than epoch {current} already "
+            f"committed to the target; another execution has taken this pipeline over, so this "
+            f"one rolled back its batch and stops"
+        )
+        self.pipeline = pipeline
+        self.epoch = epoch
+        self.current = current
+
+
+class BadTargetUrlError(ValueError):
+    pass
+
+
+class MappingError(ValueError):
+    pass
+
+
+def check_identifier(name: str, what: str) -> str:
+    if not _IDENT.match(name):
+        raise MappingError(f"{what} {name!r} is not a plain SQL identifier (letters, digits, _)")
+    return name
+
+
+@dataclass
+class TableMapping:
+    """How one source table lands in the target: its name there, renamed, dropped and cast columns."""
+
+    target: str | None = None
+    rename: dict[str, str] = field(default_factory=dict)
+    drop: list[str] = field(default_factory=list)
+    casts: dict[str, str] = field(default_factory=dict)  # target column -> SQL type
+
+
+_CAST_TYPE = re.compile(r"^[A-Za-z][A-Za-z0-9_ ]*(\(\s*\d+\s*(,\s*\d+\s*)?\))?$")
+
+
+@dataclass
+class ColumnMapping:
+    """Column mapping from a pipeline's config:
+
+        {"orders": {"table": "shop_orders", "rename": {"amount_cents": "amount"},
+                    "drop": ["note"], "casts": {"amount": "numeric(12,2)"}}}
+    """
+
+    tables: dict[str, TableMapping] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, doc: Mapping[str, Any] | None) -> ColumnMapping:
+        out: dict[str, TableMapping] = {}
+        for table, spec in (doc or {}).items():
+            where = f"mapping.{table}"
+            if not isinstance(spec, Mapping):
+                raise MappingError(f"{where} must be a mapping with table/rename/drop/casts")
+            unknown = set(spec) - {"table", "rename", "drop", "casts"}
+            if unknown:
+                raise MappingError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+            tm = TableMapping(
+                target=spec.get("table"),
+                rename=dict(spec.get("rename") or {}),
+                drop=list(spec.get("drop") or []),
+                casts=dict(spec.get("casts") or {}),
+            )
+            if tm.target is not None:
+                check_identifier(str(tm.target), f"{where}.table")
+            for src, dst in tm.rename.items():
+                check_identifier(str(dst), f"{where}.rename.{src}")
+            for col, typ in tm.casts.items():
+                if not isinstance(typ, str) or not _CAST_TYPE.match(typ):
+                    raise MappingError(f"{where}.casts.{col}: {typ!r} is not a SQL type name")
+            out[str(table)] = tm
+        return cls(out)
+
+    def for_table(self, table: str) -> TableMapping:
+        return self.tables.get(table) or TableMapping()
+
+    def target_table(self, table: str) -> str:
+        return check_identifier(self.for_table(table).target or table, "table")
+
+    def target_column(self, table: str, column: str) -> str | None:
+        """The target column for a source column, or None when the mapping drops it."""
+        tm = self.for_table(table)
+        if column in tm.drop:
+            return None
+        return check_identifier(tm.rename.get(column, column), "column")
+
+
+@dataclass
+class ApplyResult:
+    records: int = 0  # records in the batch
+    skipped: int = 0  # already applied by an earlier commit (a replay)
+    changes: int = 0  # changes left after collapsing to the newest per row
+    written: int = 0  # rows inserted, updated or deleted
+    offsets: dict[str, dict[int, int]] = field(default_factory=dict)  # next offsets after commit
+
+
+def batch_next_offsets(records: pa.Table) -> dict[tuple[str, int], int]:
+    """The next offset per topic-partition after this batch (max offset + 1)."""
+    if records.num_rows == 0:
+        return {}
+    grouped = records.group_by(["topic", "partition"]).aggregate([("offset", "max")])
+    return {
+        (t, p): o + 1
+        for t, p, o in zip(
+            grouped.column("topic").to_pylist(),
+            grouped.column("partition").to_pylist(),
+            grouped.column("offset_max").to_pylist(),
+            strict=True,
+        )
+    }
+
+
+def drop_applied(records: pa.Table, applied: Mapping[tuple[str, int], int]) -> pa.Table:
+    """Records at or above each partition's stored next offset (the rest were applied already)."""
+    if records.num_rows == 0 or not applied:
+        return records
+    keep = None
+    for (topic, partition), next_offset in applied.items():
+        here = pc.and_(pc.equal(records["topic"], topic), pc.equal(records["partition"], partition))
+        old = pc.and_(here, pc.less(records["offset"], next_offset))
+        keep = old if keep is None else pc.or_(keep, old)
+    assert keep is not None
+    return records.filter(pc.invert(keep))
+
+
+class Target(ABC):
+    """A database that change events are applied to. Subclasses supply the SQL."""
+
+    url: str
+
+    def __init__(self, url: str, mapping: ColumnMapping | None = None) -> None:
+        self.url = url
+        self.mapping = mapping or ColumnMapping()
+
+    # --- what subclasses implement ---------------------------------------------------------------
+    @abstractmethod
+    def _transaction(self) -> Any:
+        """A context manager for one transaction; the value it yields is passed to the hooks."""
+
+    @abstractmethod
+    def _lock_epoch(self, tx: Any, pipeline: str) -> int | None:
+        """Lock the pipeline's fence row against concurrent commits and return its epoch."""
+
+    @abstractmethod
+    def _set_epoch(self, tx: Any, pipeline: str, epoch: int) -> None: ...
+
+    @abstractmethod
+    def _read_offsets(self, tx: Any, pipeline: str) -> dict[tuple[str, int], int]: ...
+
+    @abstractmethod
+    def _write_offsets(
+        self, tx: Any, pipeline: str, epoch: int, offsets: Mapping[tuple[str, int], int]
+    ) -> None:
+        """Store next offsets; the SQL keeps the larger of the stored and the new value."""
+
+    @abstractmethod
+    def _apply_records(self, tx: Any, records: pa.Table, guard: bool) -> tuple[int, int]:
+        """Collapse and write the records; return (changes after collapsing, rows written)."""
+
+    @abstractmethod
+    def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
+        """Every row of a (source) table in the target, keyed by `envelope.key_text`."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # --- shared ----------------------------------------------------------------------------------
+    def claim(self, pipeline: str, epoch: int | None = None) -> int:
+        """Take the pipeline for a new execution and return the epoch it runs under.
+
+        With no epoch, the next one after the stored epoch is taken (fencing every earlier
+        execution); with an epoch, it must not be older than the stored one."""
+        with self._transaction() as tx:
+            current = self._lock_epoch(tx, pipeline)
+            if epoch is None:
+                epoch = (current or 0) + 1
+            elif current is not None and epoch < current and not test_switches.enabled(
+                test_switches.DISABLE_TARGET_FENCE
+            ):
+                raise StaleEpochError(pipeline, epoch, current)
+            if current != epoch:
+                self._set_epoch(tx, pipeline, epoch)
+        return epoch
+
+    def current_epoch(self, pipeline: str) -> int | None:
+        with self._transaction() as tx:
+            return self._lock_epoch(tx, pipeline)
+
+    def applied_offsets(self, pipeline: str) -> dict[tuple[str, int], int]:
+        with self._transaction() as tx:
+            return self._read_offsets(tx, pipeline)
+
+    def apply(self, pipeline: str, epoch: int, records: pa.Table) -> ApplyResult:
+        """Apply one batch of log records in one transaction (see the module docstring)."""
+        result = ApplyResult(records=records.num_rows)
+        with self._transaction() as tx:
+            current = self._lock_epoch(tx, pipeline)
+            if current is not None and epoch < current:
+                if not test_switches.enabled(test_switches.DISABLE_TARGET_FENCE):
+                    raise StaleEpochError(pipeline, epoch, current)
+            elif current != epoch:
+                self._set_epoch(tx, pipeline, epoch)
+            applied = self._read_offsets(tx, pipeline)
+            fresh = drop_applied(records, applied)
+            result.skipped = records.num_rows - fresh.num_rows
+            if fresh.num_rows:
+                guard = not test_switches.enabled(test_switches.DISABLE_VERSION_GUARD)
+                result.changes, result.written = self._apply_records(tx, fresh, guard)
+            new = batch_next_offsets(records)
+            merged = dict(applied)
+            for tp, nxt in new.items():
+                merged[tp] = max(nxt, merged.get(tp, 0))
+            self._write_offsets(tx, pipeline, epoch, {tp: merged[tp] for tp in new})
+            test_switches.crash_point("before-commit", count=True)
+        test_switches.crash_point("after-commit")
+        out: dict[str, dict[int, int]] = {}
+        for (t, p), o in sorted(merged.items()):
+            out.setdefault(t, {})[p] = o
+        result.offsets = out
+        return result
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def nothing() -> Iterator[None]:
+    yield None
+
+
+def infer_type(values: list[Any], dialect: str) -> str:
+    """A column type for JSON values: the first non-null value decides."""
+    for v in values:
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            return "BOOLEAN" if dialect == "postgresql" else "INTEGER"
+        if isinstance(v, int):
+            return "BIGINT" if dialect == "postgresql" else "INTEGER"
+        if isinstance(v, float):
+            return "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
+        if isinstance(v, (dict, list)):
+            return "JSONB" if dialect == "postgresql" else "TEXT"
+        return "TEXT"
+    return "TEXT"
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

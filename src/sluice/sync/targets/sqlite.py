@@ -1,0 +1,241 @@
+"""SQLite, the embedded default target: one `BEGIN IMMEDIATE` transaction per batch.
+
+Envelopes are parsed and collapsed in Python (SQLite has no set-based JSON path fast enough to
+matter here), then written with `executemany` upserts carrying the version guard.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from sluice.sync.envelope import ChangeEvent, key_text, parse
+from sluice.sync.targets.base import (
+    POS_COLUMN,
+    BadTargetUrlError,
+    ColumnMapping,
+    Target,
+    infer_type,
+    quote,
+)
+
+META = """
+CREATE TABLE IF NOT EXISTS _sluice_fence (
+    pipeline TEXT PRIMARY KEY, epoch INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS _sluice_offsets (
+    pipeline TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL, epoch INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, topic, partition));
+CREATE TABLE IF NOT EXISTS _sluice_tombstones (
+    tbl TEXT NOT NULL, key TEXT NOT NULL, pos INTEGER NOT NULL, PRIMARY KEY (tbl, key));
+"""
+
+
+def sqlite_path(url: str) -> Path:
+    if not url.startswith("sqlite:///"):
+        raise BadTargetUrlError(f"SQLite target URL must look like sqlite:///path/to/file.db, not {url!r}")
+    return Path(url[len("sqlite://") :])
+
+
+class SqliteTarget(Target):
+    def __init__(self, url: str, mapping: ColumnMapping | None = None) -> None:
+        super().__init__(url, mapping)
+        self.path = sqlite_path(url)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.executescript(META)
+        self._columns: dict[str, list[str]] = {}
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            self._columns.clear()  # a rolled-back ALTER/CREATE must be looked up again
+            raise
+        self.conn.execute("COMMIT")
+
+    def _lock_epoch(self, tx: sqlite3.Connection, pipeline: str) -> int | None:
+        row = tx.execute("SELECT epoch FROM _sluice_fence WHERE pipeline = ?", (pipeline,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def _set_epoch(self, tx: sqlite3.Connection, pipeline: str, epoch: int) -> None:
+        tx.execute(
+            "INSERT INTO _sluice_fence (pipeline, epoch, updated_ms) VALUES (?, ?, ?) "
+            "ON CONFLICT (pipeline) DO UPDATE SET epoch = excluded.epoch, updated_ms = excluded.updated_ms",
+            (pipeline, epoch, int(time.time() * 1000)),
+        )
+
+    def _read_offsets(self, tx: sqlite3.Connection, pipeline: str) -> dict[tuple[str, int], int]:
+        rows = tx.execute(
+            "SELECT topic, partition, next_offset FROM _sluice_offsets WHERE pipeline = ?", (pipeline,)
+        )
+        return {(t, int(p)): int(o) for t, p, o in rows}
+
+    def _write_offsets(
+        self, tx: sqlite3.Connection, pipeline: str, epoch: int, offsets: Mapping[tuple[str, int], int]
+    ) -> None:
+        now = int(time.time() * 1000)
+        tx.executemany(
+            "INSERT INTO _sluice_offsets (pipeline, topic, partition, next_offset, epoch, updated_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline, topic, partition) DO UPDATE SET "
+            "next_offset = max(next_offset, excluded.next_offset), epoch = excluded.epoch, "
+            "updated_ms = excluded.updated_ms",
+            [(pipeline, t, p, o, epoch, now) for (t, p), o in offsets.items()],
+        )
+
+    # --- rows ------------------------------------------------------------------------------------
+    def _apply_records(self, tx: sqlite3.Connection, records: pa.Table, guard: bool) -> tuple[int, int]:
+        latest: dict[tuple[str, str], ChangeEvent] = {}
+        values = records.column("value").to_pylist()
+        topics = records.column("topic").to_pylist()
+        parts = records.column("partition").to_pylist()
+        offs = records.column("offset").to_pylist()
+        for value, t, p, o in zip(values, topics, parts, offs, strict=True):
+            ev = parse(value, f"{t}[{p}]@{o}")
+            k = (ev.table, key_text(ev.key))
+            old = latest.get(k)
+            if old is None or ev.pos > old.pos or not guard:
+                latest[k] = ev
+        by_table: dict[str, list[tuple[str, ChangeEvent]]] = {}
+        for (table, kt), ev in latest.items():
+            by_table.setdefault(table, []).append((kt, ev))
+        written = 0
+        for table, events in by_table.items():
+            written += self._write_table(tx, table, events, guard)
+        return len(latest), written
+
+    def _table_columns(self, tx: sqlite3.Connection, name: str) -> list[str]:
+        cols = self._columns.get(name)
+        if cols is None:
+            cols = [r[1] for r in tx.execute(f"PRAGMA table_info({quote(name)})")]
+            if cols:
+                self._columns[name] = cols
+        return cols
+
+    def _ensure_table(self, tx: sqlite3.Connection, table: str, events: list[tuple[str, ChangeEvent]]) -> str:
+        m = self.mapping
+        tm = m.for_table(table)
+        name = m.target_table(table)
+        samples: dict[str, list[Any]] = {}
+        for _, ev in events:
+            for c, v in (ev.after or ev.key).items():
+                dst = m.target_column(table, c)
+                if dst is not None:
+                    samples.setdefault(dst, []).append(v)
+        existing = self._table_columns(tx, name)
+        if not existing:
+            key_cols = [m.target_column(table, c) for c in events[0][1].key]
+            if any(c is None for c in key_cols):
+                raise ValueError(f"mapping for {table} drops a primary key column")
+            defs = [
+                f"{quote(c)} {tm.casts.get(c) or infer_type(vals, 'sqlite')}" for c, vals in samples.items()
+            ]
+            defs.append(f"{POS_COLUMN} INTEGER NOT NULL")
+            pk = ", ".join(quote(c) for c in key_cols if c is not None)
+            tx.execute(f"CREATE TABLE IF NOT EXISTS {quote(name)} ({', '.join(defs)}, PRIMARY KEY ({pk}))")
+            self._columns.pop(name, None)
+        else:
+            for c, vals in samples.items():
+                if c not in existing:
+                    typ = tm.casts.get(c) or infer_type(vals, "sqlite")
+                    tx.execute(f"ALTER TABLE {quote(name)} ADD COLUMN {quote(c)} {typ}")
+            if POS_COLUMN not in existing:
+                tx.execute(f"ALTER TABLE {quote(name)} ADD COLUMN {POS_COLUMN} INTEGER NOT NULL DEFAULT -1")
+            self._columns.pop(name, None)
+        return name
+
+    def _write_table(
+        self, tx: sqlite3.Connection, table: str, events: list[tuple[str, ChangeEvent]], guard: bool
+    ) -> int:
+        m = self.mapping
+        tm = m.for_table(table)
+        name = self._ensure_table(tx, table, events)
+        data_cols = [c for c in self._table_columns(tx, name) if c != POS_COLUMN]
+        source_of = {m.target_column(table, c) or "": c for c in _source_columns(events)}
+        key_src = list(events[0][1].key)
+        key_dst = [m.target_column(table, c) or c for c in key_src]
+        q = quote(name)
+        ph = ", ".join(f"CAST(? AS {tm.casts[c]})" if c in tm.casts else "?" for c in data_cols)
+        cols = ", ".join(quote(c) for c in data_cols)
+        sets = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in data_cols if c not in key_dst)
+        sets = (sets + ", " if sets else "") + f"{POS_COLUMN} = excluded.{POS_COLUMN}"
+        if guard:
+            upsert = (
+                f"INSERT INTO {q} ({cols}, {POS_COLUMN}) SELECT {ph}, ? WHERE NOT EXISTS "
+                "(SELECT 1 FROM _sluice_tombstones WHERE tbl = ? AND key = ? AND pos >= ?) "
+                f"ON CONFLICT ({', '.join(quote(c) for c in key_dst)}) DO UPDATE SET {sets} "
+                f"WHERE excluded.{POS_COLUMN} > {q}.{POS_COLUMN}"
+            )
+        else:
+            upsert = (
+                f"INSERT INTO {q} ({cols}, {POS_COLUMN}) SELECT {ph}, ? WHERE true "
+                f"ON CONFLICT ({', '.join(quote(c) for c in key_dst)}) DO UPDATE SET {sets}"
+            )
+        ups: list[tuple[Any, ...]] = []
+        dels: list[tuple[Any, ...]] = []
+        stones: list[tuple[Any, ...]] = []
+        for kt, ev in events:
+            if ev.after is None:
+                keyvals = tuple(_sql_value(ev.key[c]) for c in key_src)
+                dels.append((*keyvals, ev.pos) if guard else keyvals)
+                stones.append((name, kt, ev.pos))
+            else:
+                row = tuple(_sql_value(ev.after.get(source_of.get(c, c))) for c in data_cols)
+                ups.append((*row, ev.pos, name, kt, ev.pos) if guard else (*row, ev.pos))
+        written = 0
+        if ups:
+            written += tx.executemany(upsert, ups).rowcount
+        if dels:
+            where = " AND ".join(f"{quote(c)} = ?" for c in key_dst)
+            if guard:
+                where += f" AND {POS_COLUMN} < ?"
+            written += tx.executemany(f"DELETE FROM {q} WHERE {where}", dels).rowcount
+            tx.executemany(
+                "INSERT INTO _sluice_tombstones (tbl, key, pos) VALUES (?, ?, ?) ON CONFLICT (tbl, key) "
+                "DO UPDATE SET pos = excluded.pos WHERE excluded.pos > pos",
+                stones,
+            )
+        return written
+
+    def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
+        name = self.mapping.target_table(table)
+        info = list(self.conn.execute(f"PRAGMA table_info({quote(name)})"))
+        if not info:
+            return {}
+        cols = [r[1] for r in info if r[1] != POS_COLUMN]
+        key_cols = [r[1] for r in sorted(info, key=lambda r: r[5]) if r[5] > 0]
+        out = {}
+        for values in self.conn.execute(f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(name)}"):
+            row = dict(zip(cols, values, strict=True))
+            out[key_text({c: row[c] for c in key_cols})] = row
+        return out
+
+
+def _source_columns(events: list[tuple[str, ChangeEvent]]) -> set[str]:
+    cols: set[str] = set()
+    for _, ev in events:
+        cols.update(ev.after or ev.key)
+    return cols
+
+
+def _sql_value(v: Any) -> Any:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (dict, list)):
+        return orjson.dumps(v).decode()
+    return v
