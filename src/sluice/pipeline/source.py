@@ -34,9 +34,26 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
-SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
+SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+    ]
+)
 DEFAULT_SPLIT = 200_000
 BATCH_ROWS = 32_768
 STALL_TIMEOUT_S = 120.0
@@ -61,7 +78,7 @@ class SluiceDataSource(DataSource):
     def name(cls) -> str:
         return "sluice"
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice import test_switches
+from sluice.sync.changes import collapse, to_changes
 
 #: Columns of the record tables a target applies: the log's own coordinates and the raw value.
 RECORD_COLUMNS = ("topic", "partition", "offset", "value", "timestamp")
@@ -196,8 +197,8 @@ class Target(ABC):
         """Store next offsets; the SQL keeps the larger of the stored and the new value."""
 
     @abstractmethod
-    def _apply_records(self, tx: Any, records: pa.Table, guard: bool) -> tuple[int, int]:
-        """Collapse and write the records; return (changes after collapsing, rows written)."""
+    def _apply_changes(self, tx: Any, changes: pa.Table, guard: bool) -> int:
+        """Write collapsed changes (one per row, `sync.changes` columns); return rows written."""
 
     @abstractmethod
     def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
@@ -233,7 +234,12 @@ class Target(ABC):
             return self._read_offsets(tx, pipeline)
 
     def apply(self, pipeline: str, epoch: int, records: pa.Table) -> ApplyResult:
-        """Apply one batch of log records in one transaction (see the module docstring)."""
+        """Apply one batch in one transaction (see the module docstring).
+
+        `records` is a table of changes (`sync.changes.CHANGE_SCHEMA`), or raw log records with a
+        `value` column, which are parsed here."""
+        if "value" in records.column_names:
+            records = pa.Table.from_batches([to_changes(records)]) if records.num_rows else records
         result = ApplyResult(records=records.num_rows)
         with self._transaction() as tx:
             current = self._lock_epoch(tx, pipeline)
@@ -247,7 +253,9 @@ class Target(ABC):
             result.skipped = records.num_rows - fresh.num_rows
             if fresh.num_rows:
                 guard = not test_switches.enabled(test_switches.DISABLE_VERSION_GUARD)
-                result.changes, result.written = self._apply_records(tx, fresh, guard)
+                collapsed = collapse(fresh)
+                result.changes = collapsed.num_rows
+                result.written = self._apply_changes(tx, collapsed, guard)
             new = batch_next_offsets(records)
             merged = dict(applied)
             for tp, nxt in new.items():

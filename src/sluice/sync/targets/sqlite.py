@@ -1,7 +1,6 @@
 """SQLite, the embedded default target: one `BEGIN IMMEDIATE` transaction per batch.
 
-Envelopes are parsed and collapsed in Python (SQLite has no set-based JSON path fast enough to
-matter here), then written with `executemany` upserts carrying the version guard.
+Collapsed changes are written with `executemany` upserts carrying the version guard.
 """
 
 from __future__ import annotations
@@ -10,13 +9,14 @@ import sqlite3
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
-from sluice.sync.envelope import ChangeEvent, key_text, parse
+from sluice.sync.envelope import key_text
 from sluice.sync.targets.base import (
     POS_COLUMN,
     BadTargetUrlError,
@@ -99,25 +99,19 @@ class SqliteTarget(Target):
         )
 
     # --- rows ------------------------------------------------------------------------------------
-    def _apply_records(self, tx: sqlite3.Connection, records: pa.Table, guard: bool) -> tuple[int, int]:
-        latest: dict[tuple[str, str], ChangeEvent] = {}
-        values = records.column("value").to_pylist()
-        topics = records.column("topic").to_pylist()
-        parts = records.column("partition").to_pylist()
-        offs = records.column("offset").to_pylist()
-        for value, t, p, o in zip(values, topics, parts, offs, strict=True):
-            ev = parse(value, f"{t}[{p}]@{o}")
-            k = (ev.table, key_text(ev.key))
-            old = latest.get(k)
-            if old is None or ev.pos > old.pos or not guard:
-                latest[k] = ev
-        by_table: dict[str, list[tuple[str, ChangeEvent]]] = {}
-        for (table, kt), ev in latest.items():
-            by_table.setdefault(table, []).append((kt, ev))
-        written = 0
-        for table, events in by_table.items():
-            written += self._write_table(tx, table, events, guard)
-        return len(latest), written
+    def _apply_changes(self, tx: sqlite3.Connection, changes: pa.Table, guard: bool) -> int:
+        by_table: dict[str, list[_Change]] = {}
+        for table, kt, pos, after in zip(
+            changes.column("table").to_pylist(),
+            changes.column("key").to_pylist(),
+            changes.column("pos").to_pylist(),
+            changes.column("after").to_pylist(),
+            strict=True,
+        ):
+            by_table.setdefault(table, []).append(
+                _Change(kt, orjson.loads(kt), pos, None if after is None else orjson.loads(after))
+            )
+        return sum(self._write_table(tx, table, rows, guard) for table, rows in by_table.items())
 
     def _table_columns(self, tx: sqlite3.Connection, name: str) -> list[str]:
         cols = self._columns.get(name)
@@ -127,19 +121,19 @@ class SqliteTarget(Target):
                 self._columns[name] = cols
         return cols
 
-    def _ensure_table(self, tx: sqlite3.Connection, table: str, events: list[tuple[str, ChangeEvent]]) -> str:
+    def _ensure_table(self, tx: sqlite3.Connection, table: str, events: list[_Change]) -> str:
         m = self.mapping
         tm = m.for_table(table)
         name = m.target_table(table)
         samples: dict[str, list[Any]] = {}
-        for _, ev in events:
+        for ev in events:
             for c, v in (ev.after or ev.key).items():
                 dst = m.target_column(table, c)
                 if dst is not None:
                     samples.setdefault(dst, []).append(v)
         existing = self._table_columns(tx, name)
         if not existing:
-            key_cols = [m.target_column(table, c) for c in events[0][1].key]
+            key_cols = [m.target_column(table, c) for c in events[0].key]
             if any(c is None for c in key_cols):
                 raise ValueError(f"mapping for {table} drops a primary key column")
             defs = [
@@ -160,14 +154,14 @@ class SqliteTarget(Target):
         return name
 
     def _write_table(
-        self, tx: sqlite3.Connection, table: str, events: list[tuple[str, ChangeEvent]], guard: bool
+        self, tx: sqlite3.Connection, table: str, events: list[_Change], guard: bool
     ) -> int:
         m = self.mapping
         tm = m.for_table(table)
         name = self._ensure_table(tx, table, events)
         data_cols = [c for c in self._table_columns(tx, name) if c != POS_COLUMN]
         source_of = {m.target_column(table, c) or "": c for c in _source_columns(events)}
-        key_src = list(events[0][1].key)
+        key_src = list(events[0].key)
         key_dst = [m.target_column(table, c) or c for c in key_src]
         q = quote(name)
         ph = ", ".join(f"CAST(? AS {tm.casts[c]})" if c in tm.casts else "?" for c in data_cols)
@@ -189,7 +183,8 @@ class SqliteTarget(Target):
         ups: list[tuple[Any, ...]] = []
         dels: list[tuple[Any, ...]] = []
         stones: list[tuple[Any, ...]] = []
-        for kt, ev in events:
+        for ev in events:
+            kt = ev.kt
             if ev.after is None:
                 keyvals = tuple(_sql_value(ev.key[c]) for c in key_src)
                 dels.append((*keyvals, ev.pos) if guard else keyvals)
@@ -226,9 +221,17 @@ class SqliteTarget(Target):
         return out
 
 
-def _source_columns(events: list[tuple[str, ChangeEvent]]) -> set[str]:
+@dataclass(slots=True)
+class _Change:
+    kt: str
+    key: dict[str, Any]
+    pos: int
+    after: dict[str, Any] | None
+
+
+def _source_columns(events: list[_Change]) -> set[str]:
     cols: set[str] = set()
-    for _, ev in events:
+    for ev in events:
         cols.update(ev.after or ev.key)
     return cols
 

@@ -1,0 +1,128 @@
+"""Run a private PostgreSQL server from Debian's `postgresql` package, for tests, benchmarks and
+the demo's `--target postgresql` option.
+
+Everything lives under one directory (data/, the socket, server.log). PostgreSQL refuses to run
+as root, so when we are root the directory is handed to the `postgres` system user and the
+server binaries run as that user; the directory's ancestors get the search (x) bit for others
+where they lack it, so that user can reach it (no read bit is added). Authentication is `trust` on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+from sluice.ops.ports import free_port
+
+
+class PostgresNotInstalledError(RuntimeError):
+    pass
+
+
+def find_bin_dir() -> Path:
+    """The newest /usr/lib/postgresql/<version>/bin that has initdb."""
+    root = Path("/usr/lib/postgresql")
+    found = sorted(
+        (p for p in root.glob("*/bin") if (p / "initdb").exists()),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
+    if not found:
+        raise PostgresNotInstalledError(
+            "PostgreSQL server binaries not found under /usr/lib/postgresql: run scripts/bootstrap.sh "
+            "(it installs Debian's postgresql package)"
+        )
+    return found[-1]
+
+
+class LocalPostgres:
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        self.directory = directory.resolve()
+        self.port = port or free_port()
+        self.bin = find_bin_dir()
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "server.log"
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self._as_user, *args], check=check, capture_output=True, text=True, cwd="/")
+
+    def start(self, timeout_s: float = 60) -> LocalPostgres:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self._as_user:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.directory, pw.pw_uid, pw.pw_gid)
+            for parent in self.directory.parents:
+                mode = parent.stat().st_mode
+                if not mode & stat.S_IXOTH:
+                    os.chmod(parent, mode | stat.S_IXOTH)
+        if not (self.data_dir / "PG_VERSION").exists():
+            result = self._run(
+                str(self.bin / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+                "--auth=trust", "--encoding=UTF8", "--locale=C", check=False,
+            )  # fmt: skip
+            if result.returncode != 0:
+                raise RuntimeError(f"initdb failed: {result.stderr.strip() or result.stdout.strip()}")
+        options = (
+            f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 "
+            "-c shared_buffers=256MB -c max_wal_size=2GB -c checkpoint_timeout=15min"
+        )
+        result = self._run(
+            str(self.bin / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_path), "-o", options,
+            "-w", "-t", str(int(timeout_s)), "start", check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+            raise RuntimeError(f"PostgreSQL did not start: {result.stderr.strip()}\n{tail}")
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with psycopg.connect(self.url(), connect_timeout=2):
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def create_database(self, name: str) -> str:
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        if (self.data_dir / "postmaster.pid").exists():
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop", check=False)
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
