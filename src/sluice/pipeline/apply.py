@@ -23,7 +23,6 @@ from typing import Any
 
 import orjson
 
-from sluice.sync.changes import CHANGE_DDL, map_to_changes
 from sluice.sync.targets import ApplyResult, ColumnMapping, StaleEpochError, Target, open_target
 
 
@@ -109,7 +108,9 @@ class ApplyQuery:
         if self.keep_freshness and records.num_rows:
             import pyarrow.compute as pc
 
-            ms = pc.cast(pc.cast(records["timestamp"], "timestamp[ms, tz=UTC]"), "int64")
+            import pyarrow as pa
+
+            ms = pc.cast(pc.cast(records["timestamp"], pa.timestamp("ms", tz="UTC")), pa.int64())
             freshness = pc.subtract(int(committed * 1000), ms).to_pylist()
         with self._lock:
             self.batches += 1
@@ -126,10 +127,10 @@ class ApplyQuery:
         reader = reader.option("startingOffsets", self._starting_offsets())
         if c.max_records_per_trigger:
             reader = reader.option("maxRecordsPerTrigger", str(c.max_records_per_trigger))
-        # Envelopes are parsed in the executors, one task per input partition; the driver gets
-        # the columns applying needs (sync.changes), not the raw records.
-        changes = reader.load().mapInArrow(map_to_changes, CHANGE_DDL)
-        writer = changes.writeStream.foreachBatch(self._apply_batch).queryName(
+        # Envelopes are parsed and collapsed in the executors, one task per input partition; the
+        # driver gets the newest change per row with the columns applying needs (sync.changes).
+        reader = reader.option("decode", "envelope")
+        writer = reader.load().writeStream.foreachBatch(self._apply_batch).queryName(
             self.pipeline.replace(":", "_").replace("/", "_").replace(",", "_")
         )
         if c.checkpoint is not None:

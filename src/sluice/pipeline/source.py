@@ -14,6 +14,10 @@ Options
     maxRecordsPerPartition  a topic-partition range larger than this is split (default 200000)
     failOnDataLoss          true (default): fail when the next offset was already deleted by
                             retention; false: skip ahead to the log start and go on
+    decode                  none (default): raw records | envelope: each input partition parses
+                            the change envelopes (sluice.sync.changes) and returns the newest
+                            change per row, with the columns of CHANGE_SCHEMA; parsing and
+                            collapsing then happen in the executors, in parallel
 
 Offsets are `{"topic": {"partition": next_offset}}`, built in sorted order so the same position
 always serialises to the same JSON. Only committed records (below the high watermark) are read:
@@ -54,6 +58,20 @@ SCHEMA = StructType(
         StructField("timestamp", TimestampType()),
     ]
 )
+CHANGES_SCHEMA = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("table", StringType()),
+        StructField("key", StringType()),
+        StructField("pos", LongType()),
+        StructField("op", StringType()),
+        StructField("after", StringType()),
+        StructField("records", IntegerType()),
+    ]
+)
 DEFAULT_SPLIT = 200_000
 BATCH_ROWS = 32_768
 STALL_TIMEOUT_S = 120.0
@@ -79,7 +97,7 @@ class SluiceDataSource(DataSource):
         return "sluice"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return CHANGES_SCHEMA if _decode(dict(self.options)) else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return SluiceBatchReader(dict(self.options), schema)
@@ -101,6 +119,13 @@ def _bootstrap(options: dict[str, str]) -> str:
     if not servers:
         raise SluiceSourceError('the sluice source needs option "bootstrap.servers" (host:port,...)')
     return servers
+
+
+def _decode(options: dict[str, str]) -> bool:
+    raw = (_opt(options, "decode", "none") or "none").lower()
+    if raw not in ("none", "envelope"):
+        raise SluiceSourceError(f"option decode must be none or envelope, not {raw!r}")
+    return raw == "envelope"
 
 
 def _int_opt(options: dict[str, str], name: str, default: int | None) -> int | None:
@@ -258,24 +283,23 @@ def limit_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
 # --- readers ------------------------------------------------------------------------------------
 
 
+def read_partition(options: dict[str, str], schema: StructType, part: Range) -> Iterator[Any]:
+    """What one Spark task returns for one input partition (runs in executors)."""
+    if _decode(options):
+        from sluice.sync.changes import map_to_changes
+
+        return map_to_changes(read_range(options, SCHEMA, part))
+    return read_range(options, schema, part)
+
+
 def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iterator[Any]:
-    """Read offsets [start, end) of one partition as Arrow record batches (runs in executors)."""
+    """Read offsets [start, end) of one partition as Arrow record batches."""
     import pyarrow as pa
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    consumer = Consumer(
-        {
-            "bootstrap.servers": _bootstrap(options),
-            "group.id": "sluice-spark-reader",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            "fetch.max.bytes": 64 * 1024 * 1024,
-            "max.partition.fetch.bytes": 16 * 1024 * 1024,
-            "log_level": 3,
-        }
-    )
+    consumer = _reader_consumer(_bootstrap(options))
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         keys: list[bytes | None] = []
@@ -334,7 +358,34 @@ def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iter
         if offsets:
             yield flush()
     finally:
-        consumer.close()
+        consumer.unassign()
+
+
+# One consumer per Python worker process and bootstrap list, kept between tasks: Spark reuses
+# its Python workers, and connecting plus fetching metadata for every task would cost more than
+# reading a small micro-batch.
+_CONSUMERS: dict[str, Any] = {}
+
+
+def _reader_consumer(bootstrap: str) -> Any:
+    consumer = _CONSUMERS.get(bootstrap)
+    if consumer is None:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "sluice-spark-reader",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "fetch.max.bytes": 64 * 1024 * 1024,
+                "max.partition.fetch.bytes": 16 * 1024 * 1024,
+                "fetch.wait.max.ms": 100,
+                "log_level": 3,
+            }
+        )
+        _CONSUMERS[bootstrap] = consumer
+    return consumer
 
 
 class SluiceBatchReader(DataSourceReader):
@@ -354,7 +405,7 @@ class SluiceBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, Range)
-        return read_range(self.options, self.schema, partition)
+        return read_partition(self.options, self.schema, partition)
 
 
 class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -417,7 +468,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, Range)
-        return read_range(self.options, self.schema, partition)
+        return read_partition(self.options, self.schema, partition)
 
     def stop(self) -> None:
         self.view.close()

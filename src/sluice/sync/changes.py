@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sluice.sync.envelope import MAX_POS, OPS, parse
 
@@ -31,14 +32,10 @@ CHANGE_SCHEMA = pa.schema(
         pa.field("pos", pa.int64()),
         pa.field("op", pa.string()),
         pa.field("after", pa.string()),  # JSON object text; null for deletes
+        pa.field("records", pa.int32()),  # log records this row stands for (1 until collapsed)
     ]
 )
 
-#: The same schema as a Spark DDL string, for `DataFrame.mapInArrow`.
-CHANGE_DDL = (
-    "topic string, partition int, offset long, timestamp timestamp, table string, key string, "
-    "pos long, op string, after string"
-)
 
 
 def to_changes(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
@@ -98,14 +95,15 @@ def to_changes(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
             pa.array(poss, pa.int64()),
             pa.array(ops, pa.string()),
             pa.array(afters, pa.string()),
+            pa.array([1] * len(poss), pa.int32()),
         ],
         schema=CHANGE_SCHEMA,
     )
 
 
 def map_to_changes(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`mapInArrow` body, run once per input partition (one range of one topic-partition):
-    log records in, the newest change per row out.
+    """Run once per input partition (one range of one topic-partition): log records in, the
+    newest change per row out.
 
     Collapsing here, in parallel, shrinks what the driver receives and the target writes. The
     partition's last record is always kept, so the driver still sees how far the range went
@@ -117,13 +115,13 @@ def map_to_changes(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     newest = collapse(changes)
     last = changes.slice(changes.num_rows - 1, 1)
     if newest.num_rows and not _contains(newest, last):
+        # Kept for its offset only: it was counted in the collapsed row of its key already.
+        last = last.set_column(last.column_names.index("records"), "records", pa.array([0], pa.int32()))
         newest = pa.concat_tables([newest, last.select(newest.column_names)])
     yield from newest.to_batches()
 
 
 def _contains(table: pa.Table, row: pa.Table) -> bool:
-    import pyarrow.compute as pc
-
     here = pc.and_(
         pc.equal(table["partition"], row["partition"][0]), pc.equal(table["offset"], row["offset"][0])
     )
@@ -134,10 +132,16 @@ def collapse(changes: pa.Table) -> pa.Table:
     """The newest change (highest pos) per (table, key)."""
     if changes.num_rows == 0:
         return changes
+    row_ids = pc.binary_join_element_wise(changes["table"], changes["key"], "\x00")
+    if pc.count_distinct(row_ids).as_py() == changes.num_rows:
+        return changes  # already one change per row (collapsed in the executors)
     ordered = changes.sort_by([("pos", "ascending")])
-    rest = [c for c in ordered.column_names if c not in ("table", "key")]
-    grouped = ordered.group_by(["table", "key"], use_threads=False).aggregate([(c, "last") for c in rest])
-    grouped = grouped.rename_columns(
-        [n[: -len("_last")] if n.endswith("_last") else n for n in grouped.column_names]
+    rest = [c for c in ordered.column_names if c not in ("table", "key", "records")]
+    aggs = [(c, "last") for c in rest] + [("records", "sum")]
+    grouped = ordered.group_by(["table", "key"], use_threads=False).aggregate(aggs)
+    grouped = grouped.rename_columns([n.rsplit("_", 1)[0] if n.endswith(("_last", "_sum")) else n
+                                      for n in grouped.column_names])  # fmt: skip
+    grouped = grouped.set_column(
+        grouped.column_names.index("records"), "records", pc.cast(grouped["records"], pa.int32())
     )
     return grouped.select(changes.column_names)

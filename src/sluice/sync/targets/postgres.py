@@ -26,12 +26,12 @@ CREATE TABLE IF NOT EXISTS _sluice_offsets (
     epoch bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (pipeline, topic, partition));
 CREATE TABLE IF NOT EXISTS _sluice_tombstones (
-    tbl text NOT NULL, key jsonb NOT NULL, pos bigint NOT NULL, PRIMARY KEY (tbl, key));
+    tbl text NOT NULL, key text NOT NULL, pos bigint NOT NULL, PRIMARY KEY (tbl, key));
 """
 
 TEMP = """
 CREATE TEMP TABLE IF NOT EXISTS _sluice_stage (
-    tbl text, key jsonb, pos bigint, op text, after jsonb) ON COMMIT DELETE ROWS;
+    key text, pos bigint, op text, after jsonb) ON COMMIT DELETE ROWS;
 """
 
 
@@ -100,11 +100,16 @@ class PostgresTarget(Target):
 
     # --- rows ------------------------------------------------------------------------------------
     def _apply_changes(self, tx: Any, changes: pa.Table, guard: bool) -> int:
-        with tx.cursor() as cur:
-            with cur.copy("COPY _sluice_stage (tbl, key, pos, op, after) FROM STDIN") as copy:
-                copy.write(copy_text(changes, ["table", "key", "pos", "op", "after"]))
-        tables = [t for t in pc.unique(changes.column("table")).to_pylist()]
-        return sum(self._write_table(tx, table, guard) for table in sorted(tables))
+        written = 0
+        for table in sorted(pc.unique(changes.column("table")).to_pylist()):
+            rows = changes.filter(pc.equal(changes["table"], table))
+            tx.execute("TRUNCATE _sluice_stage")
+            with tx.cursor() as cur:
+                with cur.copy("COPY _sluice_stage (key, pos, op, after) FROM STDIN") as copy:
+                    copy.write(copy_text(rows, ["key", "pos", "op", "after"]))
+            deletes = pc.sum(pc.equal(rows["op"], "d")).as_py() or 0
+            written += self._write_table(tx, table, guard, upserts=rows.num_rows - deletes, deletes=deletes)
+        return written
 
     def _load_table(self, tx: Any, name: str) -> dict[str, str]:
         cols = self._columns.get(name)
@@ -127,25 +132,33 @@ class PostgresTarget(Target):
         return cols
 
     def _ensure_table(self, tx: Any, table: str) -> str:
+        """Create the target table, or add the columns this batch brings, from the staged rows."""
         m = self.mapping
         tm = m.for_table(table)
         name = m.target_table(table)
         existing = self._load_table(tx, name)
-        known_sources = [c for c in _source_names(m, table, existing)] + list(tm.drop)
-        new = tx.execute(
-            "SELECT e.k, (array_agg(jsonb_typeof(e.v)) FILTER (WHERE jsonb_typeof(e.v) <> 'null'))[1], "
-            "bool_and(jsonb_typeof(e.v) <> 'number' OR e.v::text ~ '^-?[0-9]+$') "
-            "FROM _sluice_stage s, jsonb_each(coalesce(s.after, s.key) - %s::text[]) AS e(k, v) "
-            "WHERE s.tbl = %s GROUP BY e.k ORDER BY e.k",
-            (known_sources, table),
-        ).fetchall()
+        known = set(_reverse(m, table, existing).values()) | set(tm.drop)
+        seen = [k for (k,) in tx.execute(
+            "SELECT DISTINCT k FROM _sluice_stage, jsonb_object_keys(coalesce(after, key::jsonb)) AS k"
+        ).fetchall()]  # fmt: skip
+        new = [k for k in seen if k not in known and m.target_column(table, k) is not None]
         if not new and existing:
             if POS_COLUMN not in existing:
                 tx.execute(f"ALTER TABLE {quote(name)} ADD COLUMN {POS_COLUMN} bigint NOT NULL DEFAULT -1")
                 self._columns.pop(name, None)
+                self._load_table(tx, name)
             return name
+        # Types come from a sample of the batch; a column null throughout it becomes text.
+        kinds = tx.execute(
+            "SELECT e.k, (array_agg(jsonb_typeof(e.v)) FILTER (WHERE jsonb_typeof(e.v) <> 'null'))[1], "
+            "bool_and(jsonb_typeof(e.v) <> 'number' OR e.v::text ~ '^-?[0-9]+$') "
+            "FROM (SELECT after, key FROM _sluice_stage LIMIT 10000) s, "
+            "jsonb_each(coalesce(s.after, s.key::jsonb)) AS e(k, v) "
+            "WHERE e.k = ANY(%s) GROUP BY e.k ORDER BY e.k",
+            (new,),
+        ).fetchall()
         defs = []
-        for src, kind, integral in new:
+        for src, kind, integral in kinds:
             dst = m.target_column(table, src)
             if dst is None:
                 continue
@@ -158,8 +171,7 @@ class PostgresTarget(Target):
             defs.append((dst, typ))
         if not existing:
             key_src = tx.execute(
-                "SELECT k FROM (SELECT key FROM _sluice_stage WHERE tbl = %s LIMIT 1) s, jsonb_object_keys(s.key) k",
-                (table,),
+                "SELECT k FROM (SELECT key FROM _sluice_stage LIMIT 1) s, jsonb_object_keys(s.key::jsonb) k"
             ).fetchall()
             pk = [m.target_column(table, k) for (k,) in key_src]
             if any(c is None for c in pk):
@@ -178,7 +190,8 @@ class PostgresTarget(Target):
         self._load_table(tx, name)
         return name
 
-    def _write_table(self, tx: Any, table: str, guard: bool) -> int:
+    def _write_table(self, tx: Any, table: str, guard: bool, *, upserts: int, deletes: int) -> int:
+        """Apply the staged changes of one table: guarded upserts, guarded deletes, tombstones."""
         m = self.mapping
         tm = m.for_table(table)
         name = self._ensure_table(tx, table)
@@ -189,43 +202,43 @@ class PostgresTarget(Target):
         reverse = _reverse(m, table, cols)
         data = [c for c in cols if c != POS_COLUMN and c in reverse]
         q = quote(name)
-        rec = ", ".join(
-            f"{quote(reverse[c])} {'text' if c in tm.casts else cols[c]}" for c in data
-        )
-        sel = ", ".join(
-            f"CAST(r.{quote(reverse[c])} AS {tm.casts[c]})" if c in tm.casts else f"r.{quote(reverse[c])}"
-            for c in data
-        )
-        sets = [f"{quote(c)} = excluded.{quote(c)}" for c in data if c not in keys]
-        sets.append(f"{POS_COLUMN} = excluded.{POS_COLUMN}")
-        stone_join = "LEFT JOIN _sluice_tombstones tb ON tb.tbl = %(name)s AND tb.key = s.key" if guard else ""
-        stone_cond = "AND (tb.pos IS NULL OR tb.pos < s.pos)" if guard else ""
-        newer = f"WHERE {q}.{POS_COLUMN} < excluded.{POS_COLUMN}" if guard else ""
-        params = {"table": table, "name": name}
+        params = {"name": name}
         written = 0
-        cur = tx.execute(
-            f"INSERT INTO {q} ({', '.join(quote(c) for c in data)}, {POS_COLUMN}) "
-            f"SELECT {sel}, s.pos FROM _sluice_stage s CROSS JOIN LATERAL jsonb_to_record(s.after) AS r({rec}) "
-            f"{stone_join} WHERE s.tbl = %(table)s AND s.op <> 'd' {stone_cond} "
-            f"ON CONFLICT ({', '.join(quote(k) for k in keys)}) DO UPDATE SET {', '.join(sets)} {newer}",
-            params,
-        )
-        written += max(cur.rowcount, 0)
-        krec = ", ".join(f"{quote(reverse.get(k, k))} {cols[k]}" for k in keys)
-        kmatch = " AND ".join(f"{q}.{quote(k)} = k.{quote(reverse.get(k, k))}" for k in keys)
-        older = f"AND {q}.{POS_COLUMN} < s.pos" if guard else ""
-        cur = tx.execute(
-            f"DELETE FROM {q} USING _sluice_stage s CROSS JOIN LATERAL jsonb_to_record(s.key) AS k({krec}) "
-            f"WHERE s.tbl = %(table)s AND s.op = 'd' AND {kmatch} {older}",
-            params,
-        )
-        written += max(cur.rowcount, 0)
-        tx.execute(
-            "INSERT INTO _sluice_tombstones (tbl, key, pos) SELECT %(name)s, key, pos FROM _sluice_stage "
-            "WHERE tbl = %(table)s AND op = 'd' ON CONFLICT (tbl, key) DO UPDATE SET pos = excluded.pos "
-            "WHERE _sluice_tombstones.pos < excluded.pos",
-            params,
-        )
+        if upserts:
+            rec = ", ".join(f"{quote(reverse[c])} {'text' if c in tm.casts else cols[c]}" for c in data)
+            sel = ", ".join(
+                f"CAST(r.{quote(reverse[c])} AS {tm.casts[c]})" if c in tm.casts else f"r.{quote(reverse[c])}"
+                for c in data
+            )
+            sets = [f"{quote(c)} = excluded.{quote(c)}" for c in data if c not in keys]
+            sets.append(f"{POS_COLUMN} = excluded.{POS_COLUMN}")
+            stones = "LEFT JOIN _sluice_tombstones tb ON tb.tbl = %(name)s AND tb.key = s.key" if guard else ""
+            not_buried = "AND (tb.pos IS NULL OR tb.pos < s.pos)" if guard else ""
+            newer = f"WHERE {q}.{POS_COLUMN} < excluded.{POS_COLUMN}" if guard else ""
+            cur = tx.execute(
+                f"INSERT INTO {q} ({', '.join(quote(c) for c in data)}, {POS_COLUMN}) "
+                f"SELECT {sel}, s.pos FROM _sluice_stage s CROSS JOIN LATERAL jsonb_to_record(s.after) AS r({rec}) "
+                f"{stones} WHERE s.op <> 'd' {not_buried} "
+                f"ON CONFLICT ({', '.join(quote(k) for k in keys)}) DO UPDATE SET {', '.join(sets)} {newer}",
+                params,
+            )
+            written += max(cur.rowcount, 0)
+        if deletes:
+            krec = ", ".join(f"{quote(reverse.get(k, k))} {cols[k]}" for k in keys)
+            kmatch = " AND ".join(f"{q}.{quote(k)} = k.{quote(reverse.get(k, k))}" for k in keys)
+            older = f"AND {q}.{POS_COLUMN} < s.pos" if guard else ""
+            cur = tx.execute(
+                f"DELETE FROM {q} USING _sluice_stage s CROSS JOIN LATERAL jsonb_to_record(s.key::jsonb) AS k({krec}) "
+                f"WHERE s.op = 'd' AND {kmatch} {older}",
+                params,
+            )
+            written += max(cur.rowcount, 0)
+            tx.execute(
+                "INSERT INTO _sluice_tombstones (tbl, key, pos) SELECT %(name)s, key, pos FROM _sluice_stage "
+                "WHERE op = 'd' ON CONFLICT (tbl, key) DO UPDATE SET pos = excluded.pos "
+                "WHERE _sluice_tombstones.pos < excluded.pos",
+                params,
+            )
         return written
 
     def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
@@ -243,10 +256,6 @@ class PostgresTarget(Target):
             row = dict(zip(data, values, strict=True))
             out[key_text({k: row[k] for k in keys})] = row
         return out
-
-
-def _source_names(m: ColumnMapping, table: str, existing: Mapping[str, str]) -> list[str]:
-    return list(_reverse(m, table, existing).values())
 
 
 def _reverse(m: ColumnMapping, table: str, cols: Mapping[str, str]) -> dict[str, str]:
