@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 DEFAULT_MASTER = "local[*]"
@@ -19,8 +20,13 @@ def spark_session(master: str | None = None, app: str = "sluice", conf: dict[str
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    master = master or DEFAULT_MASTER
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log4j = Path(__file__).with_name("log4j2.properties")
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
     builder = (
-        SparkSession.builder.master(master or DEFAULT_MASTER)
+        SparkSession.builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -30,6 +36,8 @@ def spark_session(master: str | None = None, app: str = "sluice", conf: dict[str
         .config("spark.sql.streaming.metricsEnabled", "true")
         .config("spark.driver.memory", "1g")
         .config("spark.log.level", "ERROR")
+        .config("spark.driver.extraJavaOptions", java_opts)
+        .config("spark.executor.extraJavaOptions", java_opts)
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

@@ -193,7 +193,9 @@ class _LogView:
                     "bootstrap.servers": self.bootstrap,
                     "group.id": "sluice-spark-planner",
                     "enable.auto.commit": False,
-                    "log_level": 3,
+                    # Leaders move when a broker dies: look again soon rather than in 5 minutes.
+                    "topic.metadata.refresh.interval.ms": 2000,
+                    "log_level": 0,
                 }
             )
         return self._consumer
@@ -226,12 +228,12 @@ class _LogView:
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+                    low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=2, cached=False)
                     break
                 except Exception as exc:  # leader moving: retry for a while
                     if time.monotonic() > deadline:
                         raise SluiceSourceError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
-                    time.sleep(0.5)
+                    time.sleep(0.2)
             out[(topic, partition)] = (int(low), int(high))
         return out
 
@@ -381,7 +383,8 @@ def _reader_consumer(bootstrap: str) -> Any:
                 "fetch.max.bytes": 64 * 1024 * 1024,
                 "max.partition.fetch.bytes": 16 * 1024 * 1024,
                 "fetch.wait.max.ms": 100,
-                "log_level": 3,
+                "topic.metadata.refresh.interval.ms": 2000,
+                "log_level": 0,
             }
         )
         _CONSUMERS[bootstrap] = consumer

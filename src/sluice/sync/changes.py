@@ -137,7 +137,9 @@ def collapse(changes: pa.Table) -> pa.Table:
         return changes  # already one change per row (collapsed in the executors)
     ordered = changes.sort_by([("pos", "ascending")])
     rest = [c for c in ordered.column_names if c not in ("table", "key", "records")]
-    aggs = [(c, "last") for c in rest] + [("records", "sum")]
+    # skip_nulls=False: a delete's null `after` must win over the upserts before it.
+    keep_nulls = pc.ScalarAggregateOptions(skip_nulls=False)
+    aggs = [(c, "last", keep_nulls) for c in rest] + [("records", "sum")]
     grouped = ordered.group_by(["table", "key"], use_threads=False).aggregate(aggs)
     grouped = grouped.rename_columns([n.rsplit("_", 1)[0] if n.endswith(("_last", "_sum")) else n
                                       for n in grouped.column_names])  # fmt: skip

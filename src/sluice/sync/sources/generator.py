@@ -274,7 +274,7 @@ def run_generator(
         "delivery.report.only.error": True,
         "on_delivery": on_delivery,
         "error_cb": on_error,
-        "log_level": 3,
+        "log_level": 0,  # errors arrive through the callbacks above
     }
     conf.update(producer_config or {})
     producer = Producer(conf)
