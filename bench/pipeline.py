@@ -24,7 +24,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -35,8 +34,8 @@ from sluice.ops.postgres import LocalPostgres
 from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
 from sluice.pipeline.session import spark_session
 from sluice.sync.sources.generator import ChangeGenerator, GeneratorConfig, run_generator
-from sluice.sync.truth import compare
 from sluice.sync.targets import open_target
+from sluice.sync.truth import compare
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
@@ -51,9 +50,14 @@ def drain(spark: object, bootstrap: str, topic: str, url: str, ckpt: Path) -> tu
     q = ApplyQuery(
         spark,
         ApplyConfig(bootstrap=bootstrap, target=url, topics=[topic], checkpoint=ckpt, available_now=True),
-        on_batch=lambda b: (batches.append(b), print(
-            f"  batch {b.batch_id}: {b.result.records:,} rows, collect {b.collect_s:.2f} s, "
-            f"total {b.took_s:.2f} s", flush=True)),
+        on_batch=lambda b: (
+            batches.append(b),
+            print(
+                f"  batch {b.batch_id}: {b.result.records:,} rows, collect {b.collect_s:.2f} s, "
+                f"total {b.took_s:.2f} s",
+                flush=True,
+            ),
+        ),
     )
     t0 = time.monotonic()
     q.start()
@@ -135,19 +139,25 @@ def main() -> int:
         t0 = time.monotonic()
         stats, truth = run_generator(bootstrap, cfg)
         gen_s = time.monotonic() - t0
-        print(f"generator: {stats.events:,} changes in {gen_s:.1f} s = {stats.events / gen_s:,.0f} changes/s "
-              f"({truth.row_count():,} rows in the final state)")
+        print(
+            f"generator: {stats.events:,} changes in {gen_s:.1f} s = {stats.events / gen_s:,.0f} changes/s "
+            f"({truth.row_count():,} rows in the final state)"
+        )
 
         url = pg.create_database("pipeline")
         took, records, written = drain(spark, bootstrap, "bench", url, work / "ck-bench")
         with open_target(url) as target:
             cmp = compare(truth, {t: target.read_rows(t) for t in truth.tables})
-        print(f"pipeline:  {records:,} changes in {took:.1f} s = {records / took:,.0f} rows/s "
-              f"({written:,} target rows written after collapsing; target equals truth: {cmp.ok})")
+        print(
+            f"pipeline:  {records:,} changes in {took:.1f} s = {records / took:,.0f} rows/s "
+            f"({written:,} target rows written after collapsing; target equals truth: {cmp.ok})"
+        )
 
         base_s = baseline(pg.create_database("baseline"), args.events, args.seed)
-        print(f"baseline:  {args.events:,} changes in {base_s:.1f} s = {args.events / base_s:,.0f} rows/s "
-              f"(psycopg, one guarded upsert/delete per change, pipeline mode)")
+        print(
+            f"baseline:  {args.events:,} changes in {base_s:.1f} s = {args.events / base_s:,.0f} rows/s "
+            f"(psycopg, one guarded upsert/delete per change, pipeline mode)"
+        )
         print(f"ratio:     pipeline / baseline = {(records / took) / (args.events / base_s):.2f}")
 
         # Freshness at a steady rate with a 1 s trigger.
@@ -161,8 +171,13 @@ def main() -> int:
 
         q = ApplyQuery(
             spark,
-            ApplyConfig(bootstrap=bootstrap, target=pg.create_database("fresh"), topics=["fresh"],
-                        checkpoint=work / "ck-fresh", trigger_s=1.0),  # fmt: skip
+            ApplyConfig(
+                bootstrap=bootstrap,
+                target=pg.create_database("fresh"),
+                topics=["fresh"],
+                checkpoint=work / "ck-fresh",
+                trigger_s=1.0,
+            ),
             on_batch=on_fresh,
             keep_freshness=True,
         )
@@ -178,10 +193,12 @@ def main() -> int:
         if fresh:
             p50 = fresh[len(fresh) // 2]
             p99 = fresh[min(len(fresh) - 1, int(len(fresh) * 0.99))]
-            print(f"freshness: {applied[0]:,} of {fstats.events:,} changes at {args.rate:,.0f}/s, trigger 1 s "
-                  f"({len(fresh):,} row writes after collapsing): "
-                  f"p50 {p50 / 1000:.2f} s, p99 {p99 / 1000:.2f} s, max {fresh[-1] / 1000:.2f} s, "
-                  f"mean {statistics.mean(fresh) / 1000:.2f} s")
+            print(
+                f"freshness: {applied[0]:,} of {fstats.events:,} changes at {args.rate:,.0f}/s, trigger 1 s "
+                f"({len(fresh):,} row writes after collapsing): "
+                f"p50 {p50 / 1000:.2f} s, p99 {p99 / 1000:.2f} s, max {fresh[-1] / 1000:.2f} s, "
+                f"mean {statistics.mean(fresh) / 1000:.2f} s"
+            )
         spark.stop()
     finally:
         pg.remove()

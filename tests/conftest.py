@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from sluice.ops.ports import free_port
+from sluice.ops.postgres import LocalPostgres
 from sluice.ops.zookeeper import LocalZooKeeper
 from tests.support.cluster import TestCluster
 
@@ -43,3 +44,22 @@ def make_cluster(zookeeper: str, tmp_path: Path) -> Iterator[Callable[..., TestC
 @pytest.fixture
 def cluster(make_cluster: Callable[..., TestCluster]) -> TestCluster:
     return make_cluster(1)
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
+    """One real PostgreSQL (Debian's server binaries) for the whole run; tests make databases."""
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+_databases = iter(range(1_000_000))
+
+
+@pytest.fixture
+def postgres_url(postgres: LocalPostgres) -> str:
+    return postgres.create_database(f"t{next(_databases)}")

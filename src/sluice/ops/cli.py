@@ -753,13 +753,21 @@ def _seconds(text: str, what: str) -> float:
 def apply(
     target: Annotated[str, typer.Option(help="sqlite:///path/to.db or postgresql://user@host:port/db")],
     topics: Annotated[str | None, typer.Option(help="Comma-separated topics to apply")] = None,
-    pattern: Annotated[str | None, typer.Option(help="Regular expression over topic names (instead of --topics)")] = None,
+    pattern: Annotated[
+        str | None, typer.Option(help="Regular expression over topic names (instead of --topics)")
+    ] = None,
     trigger: Annotated[str, typer.Option(help="Micro-batch interval, e.g. 1s or 500ms")] = "1s",
     spark_master: Annotated[str | None, typer.Option(help="Spark master URL (default local[*])")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="Spark checkpoint directory")] = None,
-    pipeline: Annotated[str | None, typer.Option(help="Pipeline name: keys the target's offsets and fence")] = None,
-    epoch: Annotated[int | None, typer.Option(help="Fencing epoch (default: one more than the target's)")] = None,
-    mapping: Annotated[Path | None, typer.Option(help="YAML/JSON column mapping: table -> table/rename/drop/casts")] = None,
+    pipeline: Annotated[
+        str | None, typer.Option(help="Pipeline name: keys the target's offsets and fence")
+    ] = None,
+    epoch: Annotated[
+        int | None, typer.Option(help="Fencing epoch (default: one more than the target's)")
+    ] = None,
+    mapping: Annotated[
+        Path | None, typer.Option(help="YAML/JSON column mapping: table -> table/rename/drop/casts")
+    ] = None,
     available_now: Annotated[bool, typer.Option(help="Apply what is in the log now, then stop")] = False,
     max_records_per_trigger: Annotated[int | None, typer.Option(help="Read limit per micro-batch")] = None,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
@@ -800,7 +808,9 @@ def apply(
 
     def on_batch(b: BatchReport) -> None:
         r = b.result
-        offsets = " ".join(f"{t}[{p}]={o}" for t, parts in r.offsets.items() for p, o in sorted(parts.items()))
+        offsets = " ".join(
+            f"{t}[{p}]={o}" for t, parts in r.offsets.items() for p, o in sorted(parts.items())
+        )
         err.print(
             f"batch {b.batch_id}: {r.records:,} records ({r.skipped:,} already applied), "
             f"{r.changes:,} row changes, {r.written:,} rows written in {b.took_s:.2f} s; next {offsets}"
@@ -813,7 +823,9 @@ def apply(
         raise fail(str(exc), 3) from None
     except (ConnectionError, ValueError) as exc:
         raise fail(str(exc), 2) from None
-    err.print(f"applying {name} to {target} under fencing epoch {query.epoch}; checkpoint {config.checkpoint}")
+    err.print(
+        f"applying {name} to {target} under fencing epoch {query.epoch}; checkpoint {config.checkpoint}"
+    )
     stopping = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -837,12 +849,14 @@ def apply(
     err.print("stopped" if stopping else "done")
 
 
-def _load_mapping(path: Path) -> object:
+def _load_mapping(path: Path) -> dict[str, object]:
     import yaml
 
     doc = yaml.safe_load(path.read_text())
     if isinstance(doc, dict) and "tables" in doc:
         doc = doc["tables"]
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path} must hold a mapping of table name -> table/rename/drop/casts")
     return doc
 
 
@@ -860,7 +874,9 @@ def demo(
     directory: ClusterDir = Path(".sluice/demo"),
     duration: Annotated[float, typer.Option(help="Seconds the generator writes changes")] = 40.0,
     rate: Annotated[float, typer.Option(help="Changes per second from the generator")] = 2000.0,
-    target: Annotated[str | None, typer.Option(help="Target URL (default: SQLite in the demo directory)")] = None,
+    target: Annotated[
+        str | None, typer.Option(help="Target URL (default: SQLite in the demo directory)")
+    ] = None,
     spark_master: Annotated[str | None, typer.Option(help="Spark master URL (default local[*])")] = None,
     keep: Annotated[bool, typer.Option(help="Leave the cluster running afterwards")] = False,
 ) -> None:

@@ -75,7 +75,9 @@ def run_demo(
         return _run(cluster, directory, target, duration_s, rate, spark_master, console)
     finally:
         if keep:
-            console.print(f"cluster left running: `sluice cluster down --dir {directory / 'cluster'}` stops it")
+            console.print(
+                f"cluster left running: `sluice cluster down --dir {directory / 'cluster'}` stops it"
+            )
         else:
             launcher.cluster_down(directory / "cluster")
             console.print("[bold]7.[/] cluster stopped")
@@ -97,14 +99,18 @@ def _run(
     from sluice.pipeline.session import spark_session
     from sluice.sync.sources.generator import GeneratorConfig, GeneratorStats, run_generator
     from sluice.sync.targets import open_target
-    from sluice.sync.truth import compare
+    from sluice.sync.truth import Truth, compare
 
     bootstrap = cluster.bootstrap_servers
-    console.print(f"[bold]2.[/] topic {TOPIC}: {PARTITIONS} partitions, replication factor 3, min.insync.replicas 2")
+    console.print(
+        f"[bold]2.[/] topic {TOPIC}: {PARTITIONS} partitions, replication factor 3, min.insync.replicas 2"
+    )
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     admin.create_topics([NewTopic(TOPIC, PARTITIONS, 3)], operation_timeout=30)[TOPIC].result()
 
-    console.print(f"[bold]3.[/] starting Spark ({spark_master or 'local[*]'}) and the apply query -> {target}")
+    console.print(
+        f"[bold]3.[/] starting Spark ({spark_master or 'local[*]'}) and the apply query -> {target}"
+    )
     t0 = time.monotonic()
     spark = spark_session(spark_master, app="sluice-demo")
     progress = _Progress()
@@ -118,9 +124,13 @@ def _run(
     query = ApplyQuery(
         spark,
         ApplyConfig(
-            bootstrap=bootstrap, target=target, topics=[TOPIC], pipeline=PIPELINE,
-            checkpoint=directory / "checkpoint", trigger_s=1.0,
-        ),  # fmt: skip
+            bootstrap=bootstrap,
+            target=target,
+            topics=[TOPIC],
+            pipeline=PIPELINE,
+            checkpoint=directory / "checkpoint",
+            trigger_s=1.0,
+        ),
         on_batch=on_batch,
     )
     query.start()
@@ -131,7 +141,7 @@ def _run(
         f"[bold]4.[/] generator: {rate:,.0f} changes/s for {duration_s:.0f} s (idempotent acks=all); "
         f"kill -9 of a broker at {duration_s / 2:.0f} s"
     )
-    gen_result: dict[str, object] = {}
+    truths: list[Truth] = []
 
     def on_gen(stats: GeneratorStats) -> None:
         with lock:
@@ -145,7 +155,7 @@ def _run(
                 truth_path=truth_path,
                 on_progress=on_gen,
             )
-            gen_result["stats"], gen_result["truth"] = stats, truth
+            truths.append(truth)
         except Exception as exc:  # reported below; the demo then fails
             progress.error = str(exc)
         finally:
@@ -185,14 +195,18 @@ def _run(
             if victim is not None and restarted is None and killed_at is not None and now >= killed_at + 8:
                 launcher.restart_broker(cluster, victim)
                 restarted = time.monotonic() - start
-                progress.events.append(f"{restarted:5.1f} s  broker {victim.broker_id} restarted; it catches up")
+                progress.events.append(
+                    f"{restarted:5.1f} s  broker {victim.broker_id} restarted; it catches up"
+                )
             if now - last_sample >= 2:
                 last_sample = now
                 ends = end_offsets()
                 if ends >= 0:
                     applied = applied_offsets()
                     progress.end_offsets = ends
-                    progress.lag_samples.append((now, progress.produced, progress.applied, max(0, ends - applied)))
+                    progress.lag_samples.append(
+                        (now, progress.produced, progress.applied, max(0, ends - applied))
+                    )
             live.update(_live_table(progress, now))
             if progress.error or query.error is not None:
                 break
@@ -212,7 +226,10 @@ def _run(
     query.stop()
     watcher.close()
     spark.stop()
-    console.print(f"   {progress.produced:,} changes produced, {progress.applied:,} applied in {progress.batches} batches")
+    console.print(
+        f"   {progress.produced:,} changes produced, {progress.applied:,} applied "
+        f"in {progress.batches} batches"
+    )
     for line in progress.events:
         console.print(f"   {line}")
 
@@ -222,28 +239,34 @@ def _run(
         lag.add_column(col, justify="right")
     samples = progress.lag_samples
     step = max(1, len(samples) // 12)
-    for t, produced, applied, behind in samples[::step] + ([samples[-1]] if samples and len(samples) % step else []):
+    for t, produced, applied, behind in samples[::step] + (
+        [samples[-1]] if samples and len(samples) % step else []
+    ):
         lag.add_row(f"{t:.0f}", f"{produced:,}", f"{applied:,}", f"{behind:,}")
     console.print(lag)
 
-    if progress.error or query.error is not None or "truth" not in gen_result:
-        console.print(f"[bold red]FAILED[/]: {progress.error or query.error or 'the generator did not finish'}")
+    if progress.error or query.error is not None or not truths:
+        console.print(
+            f"[bold red]FAILED[/]: {progress.error or query.error or 'the generator did not finish'}"
+        )
         lag_target.close()
         return False
-    truth = gen_result["truth"]
-    console.print(f"[bold]6.[/] comparing the target with the ground truth ({truth_path})")  # type: ignore[union-attr]
-    cmp = compare(truth, {t: lag_target.read_rows(t) for t in truth.tables})  # type: ignore[attr-defined]
+    truth = truths[0]
+    console.print(f"[bold]6.[/] comparing the target with the ground truth ({truth_path})")
+    cmp = compare(truth, {t: lag_target.read_rows(t) for t in truth.tables})
     lag_target.close()
     report = Table(show_edge=False)
     for col in ("table", "rows equal", "missing", "extra", "different"):
         report.add_column(col, justify="right" if col != "table" else "left")
     for d in cmp.tables:
-        report.add_row(d.table, f"{d.equal:,}", f"{len(d.missing):,}", f"{len(d.extra):,}", f"{len(d.different):,}")
+        report.add_row(
+            d.table, f"{d.equal:,}", f"{len(d.missing):,}", f"{len(d.extra):,}", f"{len(d.different):,}"
+        )
     console.print(report)
     if cmp.ok:
         console.print(
             f"[bold green]OK[/]: the target equals the source: {cmp.totals()['equal']:,} rows, "
-            f"{truth.events:,} changes, through a kill -9 of a broker"  # type: ignore[attr-defined]
+            f"{truth.events:,} changes, through a kill -9 of a broker"
         )
     else:
         console.print(f"[bold red]MISMATCH[/]: {cmp.summary()}")

@@ -4,7 +4,8 @@ the demo's `--target postgresql` option.
 Everything lives under one directory (data/, the socket, server.log). PostgreSQL refuses to run
 as root, so when we are root the directory is handed to the `postgres` system user and the
 server binaries run as that user; the directory's ancestors get the search (x) bit for others
-where they lack it, so that user can reach it (no read bit is added). Authentication is `trust` on 127.0.0.1 only.
+where they lack it, so that user can reach it (no read bit is added). Authentication is `trust`
+on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -115,7 +116,9 @@ class LocalPostgres:
 
     def stop(self) -> None:
         if (self.data_dir / "postmaster.pid").exists():
-            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop", check=False)
+            self._run(
+                str(self.bin / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop", check=False
+            )
 
     def remove(self) -> None:
         self.stop()

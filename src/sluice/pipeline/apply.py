@@ -106,9 +106,8 @@ class ApplyQuery:
         committed = time.time()
         freshness: list[int] = []
         if self.keep_freshness and records.num_rows:
-            import pyarrow.compute as pc
-
             import pyarrow as pa
+            import pyarrow.compute as pc
 
             ms = pc.cast(pc.cast(records["timestamp"], pa.timestamp("ms", tz="UTC")), pa.int64())
             freshness = pc.subtract(int(committed * 1000), ms).to_pylist()
@@ -116,13 +115,17 @@ class ApplyQuery:
             self.batches += 1
             self.applied_records += result.records - result.skipped
         if self.on_batch is not None:
-            self.on_batch(BatchReport(batch_id, result, committed, freshness, time.monotonic() - t0, collected - t0))
+            self.on_batch(
+                BatchReport(batch_id, result, committed, freshness, time.monotonic() - t0, collected - t0)
+            )
 
     def start(self) -> None:
         c = self.config
         reader = self.spark.readStream.format("sluice").option("bootstrap.servers", c.bootstrap)
-        reader = reader.option("subscribe", ",".join(c.topics)) if c.topics else reader.option(
-            "subscribePattern", c.pattern
+        reader = (
+            reader.option("subscribe", ",".join(c.topics))
+            if c.topics
+            else reader.option("subscribePattern", c.pattern)
         )
         reader = reader.option("startingOffsets", self._starting_offsets())
         if c.max_records_per_trigger:
@@ -130,8 +133,10 @@ class ApplyQuery:
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the
         # driver gets the newest change per row with the columns applying needs (sync.changes).
         reader = reader.option("decode", "envelope")
-        writer = reader.load().writeStream.foreachBatch(self._apply_batch).queryName(
-            self.pipeline.replace(":", "_").replace("/", "_").replace(",", "_")
+        writer = (
+            reader.load()
+            .writeStream.foreachBatch(self._apply_batch)
+            .queryName(self.pipeline.replace(":", "_").replace("/", "_").replace(",", "_"))
         )
         if c.checkpoint is not None:
             writer = writer.option("checkpointLocation", str(c.checkpoint))

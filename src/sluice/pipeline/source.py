@@ -202,7 +202,7 @@ class _LogView:
 
     def partitions(self) -> list[tuple[str, int]]:
         meta = self.consumer().list_topics(timeout=30)
-        out = []
+        out: list[tuple[str, int]] = []
         for name, topic in meta.topics.items():
             if name.startswith("__"):
                 continue
@@ -216,7 +216,9 @@ class _LogView:
         if self.topics is not None:
             missing = set(self.topics) - {t for t, _ in out}
             if missing:
-                raise SluiceSourceError(f"topic(s) not found on {self.bootstrap}: {', '.join(sorted(missing))}")
+                raise SluiceSourceError(
+                    f"topic(s) not found on {self.bootstrap}: {', '.join(sorted(missing))}"
+                )
         return sorted(out)
 
     def watermarks(self, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
@@ -228,11 +230,15 @@ class _LogView:
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=2, cached=False)
+                    low, high = c.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=2, cached=False
+                    )
                     break
                 except Exception as exc:  # leader moving: retry for a while
                     if time.monotonic() > deadline:
-                        raise SluiceSourceError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
+                        raise SluiceSourceError(
+                            f"cannot read the offsets of {topic}[{partition}]: {exc}"
+                        ) from exc
                     time.sleep(0.2)
             out[(topic, partition)] = (int(low), int(high))
         return out

@@ -37,7 +37,6 @@ CHANGE_SCHEMA = pa.schema(
 )
 
 
-
 def to_changes(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     """Parse the `value` column of log records; a bad record raises BadEventError naming it."""
     topics = records.column("topic").to_pylist()

@@ -141,7 +141,12 @@ class ChangeGenerator:
         wh = rng.choice(WAREHOUSES)
         while (sku, wh) in self.tables["inventory"].rows:
             sku = f"SKU-{rng.randrange(100_000):05d}"
-        row = {"sku": sku, "warehouse": wh, "qty": rng.randrange(0, 1000), "price": round(rng.uniform(1, 999), 2)}
+        row = {
+            "sku": sku,
+            "warehouse": wh,
+            "qty": rng.randrange(0, 1000),
+            "price": round(rng.uniform(1, 999), 2),
+        }
         return (sku, wh), row
 
     def _changed_row(self, table: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -224,7 +229,9 @@ class ChangeGenerator:
     def truth(self) -> Truth:
         return Truth(
             tables={
-                name: {key_text(dict(zip(t.spec.key_columns, k, strict=True))): row for k, row in t.rows.items()}
+                name: {
+                    key_text(dict(zip(t.spec.key_columns, k, strict=True))): row for k, row in t.rows.items()
+                }
                 for name, t in self.tables.items()
             },
             key_columns={name: list(t.spec.key_columns) for name, t in self.tables.items()},
@@ -342,6 +349,4 @@ def _produce(producer: Any, topic: str, event: ChangeEvent) -> None:
 
 
 def describe(stats: GeneratorStats) -> str:
-    return orjson.dumps(
-        {k: v for k, v in stats.__dict__.items() if k not in ("errors", "started")}
-    ).decode()
+    return orjson.dumps({k: v for k, v in stats.__dict__.items() if k not in ("errors", "started")}).decode()

@@ -81,8 +81,8 @@ _CAST_TYPE = re.compile(r"^[A-Za-z][A-Za-z0-9_ ]*(\(\s*\d+\s*(,\s*\d+\s*)?\))?$"
 class ColumnMapping:
     """Column mapping from a pipeline's config:
 
-        {"orders": {"table": "shop_orders", "rename": {"amount_cents": "amount"},
-                    "drop": ["note"], "casts": {"amount": "numeric(12,2)"}}}
+    {"orders": {"table": "shop_orders", "rename": {"amount_cents": "amount"},
+                "drop": ["note"], "casts": {"amount": "numeric(12,2)"}}}
     """
 
     tables: dict[str, TableMapping] = field(default_factory=dict)
@@ -216,8 +216,10 @@ class Target(ABC):
             current = self._lock_epoch(tx, pipeline)
             if epoch is None:
                 epoch = (current or 0) + 1
-            elif current is not None and epoch < current and not test_switches.enabled(
-                test_switches.DISABLE_TARGET_FENCE
+            elif (
+                current is not None
+                and epoch < current
+                and not test_switches.enabled(test_switches.DISABLE_TARGET_FENCE)
             ):
                 raise StaleEpochError(pipeline, epoch, current)
             if current != epoch:

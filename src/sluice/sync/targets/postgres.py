@@ -76,11 +76,15 @@ class PostgresTarget(Target):
             "INSERT INTO _sluice_fence (pipeline, epoch) VALUES (%s, 0) ON CONFLICT (pipeline) DO NOTHING",
             (pipeline,),
         )
-        row = tx.execute("SELECT epoch FROM _sluice_fence WHERE pipeline = %s FOR UPDATE", (pipeline,)).fetchone()
+        row = tx.execute(
+            "SELECT epoch FROM _sluice_fence WHERE pipeline = %s FOR UPDATE", (pipeline,)
+        ).fetchone()
         return None if row is None or row[0] == 0 else int(row[0])
 
     def _set_epoch(self, tx: Any, pipeline: str, epoch: int) -> None:
-        tx.execute("UPDATE _sluice_fence SET epoch = %s, updated_at = now() WHERE pipeline = %s", (epoch, pipeline))
+        tx.execute(
+            "UPDATE _sluice_fence SET epoch = %s, updated_at = now() WHERE pipeline = %s", (epoch, pipeline)
+        )
 
     def _read_offsets(self, tx: Any, pipeline: str) -> dict[tuple[str, int], int]:
         rows = tx.execute(
@@ -88,7 +92,9 @@ class PostgresTarget(Target):
         ).fetchall()
         return {(t, int(p)): int(o) for t, p, o in rows}
 
-    def _write_offsets(self, tx: Any, pipeline: str, epoch: int, offsets: Mapping[tuple[str, int], int]) -> None:
+    def _write_offsets(
+        self, tx: Any, pipeline: str, epoch: int, offsets: Mapping[tuple[str, int], int]
+    ) -> None:
         with tx.cursor() as cur:
             cur.executemany(
                 "INSERT INTO _sluice_offsets (pipeline, topic, partition, next_offset, epoch) "
@@ -104,9 +110,8 @@ class PostgresTarget(Target):
         for table in sorted(pc.unique(changes.column("table")).to_pylist()):
             rows = changes.filter(pc.equal(changes["table"], table))
             tx.execute("TRUNCATE _sluice_stage")
-            with tx.cursor() as cur:
-                with cur.copy("COPY _sluice_stage (key, pos, op, after) FROM STDIN") as copy:
-                    copy.write(copy_text(rows, ["key", "pos", "op", "after"]))
+            with tx.cursor() as cur, cur.copy("COPY _sluice_stage (key, pos, op, after) FROM STDIN") as copy:
+                copy.write(copy_text(rows, ["key", "pos", "op", "after"]))
             deletes = pc.sum(pc.equal(rows["op"], "d")).as_py() or 0
             written += self._write_table(tx, table, guard, upserts=rows.num_rows - deletes, deletes=deletes)
         return written
@@ -116,7 +121,8 @@ class PostgresTarget(Target):
         if cols is None:
             rows = tx.execute(
                 "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-                "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped "
+                "ORDER BY a.attnum",
                 (quote(name),),
             ).fetchall()
             cols = {c: t for c, t in rows}
@@ -212,12 +218,15 @@ class PostgresTarget(Target):
             )
             sets = [f"{quote(c)} = excluded.{quote(c)}" for c in data if c not in keys]
             sets.append(f"{POS_COLUMN} = excluded.{POS_COLUMN}")
-            stones = "LEFT JOIN _sluice_tombstones tb ON tb.tbl = %(name)s AND tb.key = s.key" if guard else ""
+            stones = (
+                "LEFT JOIN _sluice_tombstones tb ON tb.tbl = %(name)s AND tb.key = s.key" if guard else ""
+            )
             not_buried = "AND (tb.pos IS NULL OR tb.pos < s.pos)" if guard else ""
             newer = f"WHERE {q}.{POS_COLUMN} < excluded.{POS_COLUMN}" if guard else ""
             cur = tx.execute(
                 f"INSERT INTO {q} ({', '.join(quote(c) for c in data)}, {POS_COLUMN}) "
-                f"SELECT {sel}, s.pos FROM _sluice_stage s CROSS JOIN LATERAL jsonb_to_record(s.after) AS r({rec}) "
+                f"SELECT {sel}, s.pos FROM _sluice_stage s "
+                f"CROSS JOIN LATERAL jsonb_to_record(s.after) AS r({rec}) "
                 f"{stones} WHERE s.op <> 'd' {not_buried} "
                 f"ON CONFLICT ({', '.join(quote(k) for k in keys)}) DO UPDATE SET {', '.join(sets)} {newer}",
                 params,
@@ -228,7 +237,8 @@ class PostgresTarget(Target):
             kmatch = " AND ".join(f"{q}.{quote(k)} = k.{quote(reverse.get(k, k))}" for k in keys)
             older = f"AND {q}.{POS_COLUMN} < s.pos" if guard else ""
             cur = tx.execute(
-                f"DELETE FROM {q} USING _sluice_stage s CROSS JOIN LATERAL jsonb_to_record(s.key::jsonb) AS k({krec}) "
+                f"DELETE FROM {q} USING _sluice_stage s "
+                f"CROSS JOIN LATERAL jsonb_to_record(s.key::jsonb) AS k({krec}) "
                 f"WHERE s.op = 'd' AND {kmatch} {older}",
                 params,
             )
@@ -249,7 +259,9 @@ class PostgresTarget(Target):
                 return {}
             keys = self._keys.get(name) or []
             data = [c for c in cols if c != POS_COLUMN]
-            rows = self.conn.execute(f"SELECT {', '.join(quote(c) for c in data)} FROM {quote(name)}").fetchall()
+            rows = self.conn.execute(
+                f"SELECT {', '.join(quote(c) for c in data)} FROM {quote(name)}"
+            ).fetchall()
         self.conn.commit()
         out = {}
         for values in rows:
@@ -292,5 +304,3 @@ def copy_text(table: pa.Table, columns: list[str]) -> memoryview:
     lines = pc.binary_join_element_wise(lines, pa.scalar("\n"), pa.scalar(""))
     size = pc.sum(pc.binary_length(lines)).as_py() or 0
     return memoryview(lines.buffers()[2])[:size]
-
-

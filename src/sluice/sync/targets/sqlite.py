@@ -153,9 +153,7 @@ class SqliteTarget(Target):
             self._columns.pop(name, None)
         return name
 
-    def _write_table(
-        self, tx: sqlite3.Connection, table: str, events: list[_Change], guard: bool
-    ) -> int:
+    def _write_table(self, tx: sqlite3.Connection, table: str, events: list[_Change], guard: bool) -> int:
         m = self.mapping
         tm = m.for_table(table)
         name = self._ensure_table(tx, table, events)
