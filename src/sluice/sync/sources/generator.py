@@ -179,14 +179,16 @@ class ChangeGenerator:
         return t.keys[min(n - 1, int(n * (self.rng.random() ** self.config.skew)))]
 
     # --- changes ---------------------------------------------------------------------------------
-    def transaction(self) -> list[ChangeEvent]:
-        """One source transaction of 1..max_tx_size changes sharing a txid and commit time."""
+    def transaction(self, limit: int | None = None) -> list[ChangeEvent]:
+        """One source transaction of 1..max_tx_size (at most `limit`) changes sharing a txid
+        and commit time."""
         self.txid += 1
         self.stats.transactions += 1
         commit_ts = int(time.time() * 1000)
         out: list[ChangeEvent] = []
         ins, upd, _ = self.config.mix
-        for _ in range(self.rng.randint(1, self.config.max_tx_size)):
+        size = self.rng.randint(1, self.config.max_tx_size)
+        for _ in range(size if limit is None else max(1, min(size, limit))):
             table_name = self.rng.choice(TABLES).name
             t = self.tables[table_name]
             r = self.rng.random()
@@ -312,7 +314,7 @@ def run_generator(
                 due = min(due, config.max_events - stats.events)
             sent = 0
             while sent < due:
-                for event in gen.transaction():
+                for event in gen.transaction(due - sent if config.max_events is not None else None):
                     _produce(producer, topic_for(config.topic, event.table), event)
                     sent += 1
             producer.poll(0)
