@@ -2,7 +2,9 @@
 # Set up a Debian/Ubuntu machine to develop and test Sluice. Idempotent and quick to re-run.
 #
 #   1. apt packages: zookeeper (the coordination service brokers use), kcat (Kafka CLI client
-#      for manual checks), a Java runtime, and venv support for the system Python 3.11.
+#      for manual checks), a Java runtime (ZooKeeper and Spark), PostgreSQL's server binaries
+#      (the tests and benchmarks start private servers; no system service is used), and venv
+#      support for the system Python 3.11.
 #      `apt-get update` and `apt-get install` run only when something is missing.
 #   2. <repo>/.venv with Python 3.11, and `pip install -e '.[test]'` in it. The pip step is
 #      skipped while .venv/.bootstrap-pyproject.sha256 matches the sha256 of pyproject.toml.
@@ -68,6 +70,7 @@ if command -v dpkg-query >/dev/null 2>&1; then
     installed zookeeper || missing+=(zookeeper)
     command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || missing+=(kcat)
     command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
     if [ "$need_venv" = 1 ]; then
         if PY="$(find_python)"; then
             # A Debian/Ubuntu system Python creates venvs only with python3.11-venv installed.
