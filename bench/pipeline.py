@@ -45,11 +45,27 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     admin.create_topics([NewTopic(name, partitions, 3)])[name].result()
 
 
-def drain(spark: object, bootstrap: str, topic: str, url: str, ckpt: Path) -> tuple[float, int, int]:
+def drain(
+    spark: object,
+    bootstrap: str,
+    topic: str,
+    url: str,
+    ckpt: Path,
+    split: int | None = None,
+    per_trigger: int | None = None,
+) -> tuple[float, int, int]:
     batches: list[BatchReport] = []
     q = ApplyQuery(
         spark,
-        ApplyConfig(bootstrap=bootstrap, target=url, topics=[topic], checkpoint=ckpt, available_now=True),
+        ApplyConfig(
+            bootstrap=bootstrap,
+            target=url,
+            topics=[topic],
+            checkpoint=ckpt,
+            available_now=True,
+            max_records_per_partition=split,
+            max_records_per_trigger=per_trigger,
+        ),
         on_batch=lambda b: (
             batches.append(b),
             print(
@@ -121,6 +137,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=20_000, help="generator rate for the freshness run")
     ap.add_argument("--freshness-s", type=float, default=30)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--split", type=int, default=None, help="maxRecordsPerPartition for the drain")
+    ap.add_argument("--per-trigger", type=int, default=None, help="maxRecordsPerTrigger for the drain")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-pipeline-"))
@@ -145,7 +163,9 @@ def main() -> int:
         )
 
         url = pg.create_database("pipeline")
-        took, records, written = drain(spark, bootstrap, "bench", url, work / "ck-bench")
+        took, records, written = drain(
+            spark, bootstrap, "bench", url, work / "ck-bench", args.split, args.per_trigger
+        )
         with open_target(url) as target:
             cmp = compare(truth, {t: target.read_rows(t) for t in truth.tables})
         print(

@@ -135,6 +135,40 @@ def test_apply_to_postgres_equals_the_generator_truth(
     assert cmp.ok, cmp.summary()
 
 
+def test_a_checkpoint_ahead_of_the_target_is_set_aside(tmp_path: Path) -> None:
+    from sluice.pipeline.apply import ApplyConfig, ApplyQuery
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "commits").mkdir(parents=True)
+    (ckpt / "offsets").mkdir()
+    (ckpt / "commits" / "4").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    (ckpt / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"t": {"0": 10, "1": 5}}')
+    q = ApplyQuery(
+        None, ApplyConfig(bootstrap="unused:1", target=url, topics=["t"], pipeline="p", checkpoint=ckpt)
+    )
+    with open_target(url) as t:
+        t.apply("p", q.epoch, records_for_offsets({("t", 0): 10, ("t", 1): 5}))
+    assert q.reconcile_checkpoint() is None and ckpt.exists()  # the target has what Spark committed
+    (ckpt / "commits" / "5").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    (ckpt / "offsets" / "5").write_text('v1\n{"batchWatermarkMs":0}\n{"t": {"0": 12, "1": 5}}')
+    note = q.reconcile_checkpoint()
+    assert note is not None and "ahead of the target" in note and not ckpt.exists()
+    assert q._starting_offsets() == '{"t":{"0":10,"1":5}}'
+    q.target.close()
+
+
+def records_for_offsets(ends: dict[tuple[str, int], int]) -> Any:
+    import pyarrow as pa
+
+    from tests.support.changes import event, records
+
+    return pa.concat_tables(
+        [records([event("c", p * 100 + o, p * 100 + o) for o in [end - 1]], start=end - 1, topic=t, partition=p)
+         for (t, p), end in ends.items()]
+    )  # fmt: skip
+
+
 # --- kill -9 of the driver around a commit, and of a broker ------------------------------------
 
 TABLES = {

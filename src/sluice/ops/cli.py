@@ -836,6 +836,8 @@ def apply(
     _signal.signal(_signal.SIGTERM, on_signal)
     _signal.signal(_signal.SIGINT, on_signal)
     query.start()
+    for note in query.notes:
+        err.print(note)
     try:
         query.await_termination()
     except StaleEpochError as exc:

@@ -149,7 +149,7 @@ def _run(
 
     def generate() -> None:
         try:
-            stats, truth = run_generator(
+            _, truth = run_generator(
                 bootstrap,
                 GeneratorConfig(topic=TOPIC, rate=rate, duration_s=duration_s, name="demo"),
                 truth_path=truth_path,

@@ -8,12 +8,15 @@ guard keeps any row from going back to an older source position. The fencing epo
 the query starts (`Target.claim`); a commit after a newer execution has claimed the pipeline is
 rolled back and the query stops with `StaleEpochError`.
 
-With no checkpoint yet, the query starts from the offsets the target has recorded, so a lost
-checkpoint directory costs a re-read, not a re-apply.
+The target's offsets are the position of record and the Spark checkpoint a cache of it: with no
+checkpoint the query starts from the target's offsets, and a checkpoint that is ahead of the
+target (the target was restored from a backup, say) is set aside on start
+(`reconcile_checkpoint`), since resuming from it would skip records the target never got.
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from sluice.sync.targets import ApplyResult, ColumnMapping, StaleEpochError, Target, open_target
+from sluice.sync.targets import ApplyResult, ColumnMapping, Target, open_target
 
 
 @dataclass
@@ -38,6 +41,7 @@ class ApplyConfig:
     trigger_s: float = 1.0
     available_now: bool = False
     max_records_per_trigger: int | None = None
+    max_records_per_partition: int | None = None
     mapping: ColumnMapping = field(default_factory=ColumnMapping)
     starting_offsets: str | None = None
 
@@ -58,7 +62,8 @@ class BatchReport:
 
 
 class ApplyQuery:
-    """One apply query. `start()` claims the pipeline and starts the stream; `stop()` ends it."""
+    """One apply query. `start()` starts the stream; `stop()` ends it (waiting for the commit in
+    flight). The pipeline is claimed, under a new or given fencing epoch, when it is built."""
 
     def __init__(
         self,
@@ -81,6 +86,7 @@ class ApplyQuery:
         self.error: BaseException | None = None
         self.batches = 0
         self.applied_records = 0
+        self.notes: list[str] = []
         self._lock = threading.Lock()
 
     def _starting_offsets(self) -> str:
@@ -94,7 +100,34 @@ class ApplyQuery:
             doc.setdefault(t, {})[str(p)] = o
         return orjson.dumps(doc).decode()
 
+    def reconcile_checkpoint(self) -> str | None:
+        """Set the Spark checkpoint aside if it committed batches the target does not have."""
+        ckpt = self.config.checkpoint
+        if ckpt is None or not (ckpt / "commits").is_dir():
+            return None
+        committed = sorted(int(p.name) for p in (ckpt / "commits").iterdir() if p.name.isdigit())
+        if not committed:
+            return None
+        stored = self.target.applied_offsets(self.pipeline)
+        try:
+            lines = (ckpt / "offsets" / str(committed[-1])).read_text().splitlines()
+            spark_offsets = {
+                (t, int(p)): int(o) for t, parts in orjson.loads(lines[2]).items() for p, o in parts.items()
+            }
+        except (OSError, IndexError, ValueError, AttributeError):
+            spark_offsets = None  # unreadable: trust the target
+        if spark_offsets is not None and all(stored.get(tp, 0) >= o for tp, o in spark_offsets.items()):
+            return None
+        shutil.rmtree(ckpt)
+        note = (
+            f"checkpoint {ckpt} is ahead of the target (its batch {committed[-1]} is not in the "
+            f"target's offsets); set aside, resuming from the target's offsets"
+        )
+        self.notes.append(note)
+        return note
+
     def _apply_batch(self, df: Any, batch_id: int) -> None:
+        """foreachBatch: collect the batch to the driver as Arrow, commit it to the target."""
         t0 = time.monotonic()
         records = df.toArrow()
         collected = time.monotonic()
@@ -121,6 +154,7 @@ class ApplyQuery:
 
     def start(self) -> None:
         c = self.config
+        self.reconcile_checkpoint()
         reader = self.spark.readStream.format("sluice").option("bootstrap.servers", c.bootstrap)
         reader = (
             reader.option("subscribe", ",".join(c.topics))
@@ -130,6 +164,8 @@ class ApplyQuery:
         reader = reader.option("startingOffsets", self._starting_offsets())
         if c.max_records_per_trigger:
             reader = reader.option("maxRecordsPerTrigger", str(c.max_records_per_trigger))
+        if c.max_records_per_partition:
+            reader = reader.option("maxRecordsPerPartition", str(c.max_records_per_partition))
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the
         # driver gets the newest change per row with the columns applying needs (sync.changes).
         reader = reader.option("decode", "envelope")
@@ -147,18 +183,22 @@ class ApplyQuery:
         self.query = writer.start()
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
-        """Wait for the query to end; re-raise a StaleEpochError as itself."""
+        """Wait for the query to end (True) or the timeout (False). A failed commit ends the
+        query and is raised here as itself (StaleEpochError, BadEventError, ...)."""
         try:
             if timeout_s is None:
                 self.query.awaitTermination()
                 return True
             return bool(self.query.awaitTermination(timeout_s))
         except Exception:
-            if isinstance(self.error, StaleEpochError):
+            if self.error is not None:
                 raise self.error from None
             raise
 
     def stop(self) -> None:
         if self.query is not None:
-            self.query.stop()
+            try:
+                self.query.stop()
+            except Exception:
+                pass  # it failed or stopped already
         self.target.close()

@@ -294,48 +294,36 @@ def limit_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
 def read_partition(options: dict[str, str], schema: StructType, part: Range) -> Iterator[Any]:
     """What one Spark task returns for one input partition (runs in executors)."""
     if _decode(options):
-        from sluice.sync.changes import map_to_changes
-
-        return map_to_changes(read_range(options, SCHEMA, part))
+        return read_changes(options, part)
     return read_range(options, schema, part)
 
 
-def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iterator[Any]:
-    """Read offsets [start, end) of one partition as Arrow record batches."""
-    import pyarrow as pa
-    from confluent_kafka import KafkaError, TopicPartition
-    from pyspark.sql.pandas.types import to_arrow_schema
+def read_changes(options: dict[str, str], part: Range) -> Iterator[Any]:
+    """Offsets [start, end) of one partition, parsed as change envelopes and collapsed to the
+    newest change per row as they arrive (no raw Arrow batch in between)."""
+    from sluice.sync.changes import ChangeBuilder, no_cyclic_gc
 
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    builder = ChangeBuilder(collapse=True)
+    topic, partition = part.topic, part.partition
+    add = builder.add
+    with no_cyclic_gc():
+        for msgs in _consume_range(options, part):
+            for m in msgs:
+                add(m.value(), topic, partition, m.offset(), m.timestamp()[1])
+        batch = builder.batch() if len(builder) else None
+    if batch is not None:
+        yield batch
+
+
+def _consume_range(options: dict[str, str], part: Range) -> Iterator[list[Any]]:
+    """Lists of messages with offsets in [start, end) of one partition, in order."""
+    from confluent_kafka import KafkaError, TopicPartition
+
     consumer = _reader_consumer(_bootstrap(options))
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
-        keys: list[bytes | None] = []
-        values: list[bytes | None] = []
-        offsets: list[int] = []
-        stamps: list[int] = []
         next_offset = part.start
         last_progress = time.monotonic()
-
-        def flush() -> Any:
-            n = len(offsets)
-            batch = pa.RecordBatch.from_arrays(
-                [
-                    pa.array(keys, pa.binary()),
-                    pa.array(values, pa.binary()),
-                    pa.array([part.topic] * n, pa.string()),
-                    pa.array([part.partition] * n, pa.int32()),
-                    pa.array(offsets, pa.int64()),
-                    pa.array(stamps, pa.int64()).cast(pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC")),
-                ],
-                schema=arrow_schema,
-            )
-            keys.clear()
-            values.clear()
-            offsets.clear()
-            stamps.clear()
-            return batch
-
         while next_offset < part.end:
             msgs = consumer.consume(num_messages=min(BATCH_ROWS, part.end - next_offset), timeout=1.0)
             if not msgs:
@@ -346,6 +334,7 @@ def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iter
                     )
                 continue
             last_progress = time.monotonic()
+            good = []
             for m in msgs:
                 err = m.error()
                 if err is not None:
@@ -356,17 +345,36 @@ def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iter
                 if off >= part.end:
                     next_offset = part.end
                     break
-                keys.append(m.key())
-                values.append(m.value())
-                offsets.append(off)
-                stamps.append(m.timestamp()[1])
+                good.append(m)
                 next_offset = off + 1
-            if len(offsets) >= BATCH_ROWS:
-                yield flush()
-        if offsets:
-            yield flush()
+            yield good
     finally:
         consumer.unassign()
+
+
+def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iterator[Any]:
+    """Read offsets [start, end) of one partition as Arrow record batches of raw records."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    for msgs in _consume_range(options, part):
+        if not msgs:
+            continue
+        n = len(msgs)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([m.key() for m in msgs], pa.binary()),
+                pa.array([m.value() for m in msgs], pa.binary()),
+                pa.array([part.topic] * n, pa.string()),
+                pa.array([part.partition] * n, pa.int32()),
+                pa.array([m.offset() for m in msgs], pa.int64()),
+                pa.array([m.timestamp()[1] for m in msgs], pa.int64())
+                .cast(pa.timestamp("ms"))
+                .cast(pa.timestamp("us", tz="UTC")),
+            ],
+            schema=arrow_schema,
+        )
 
 
 # One consumer per Python worker process and bootstrap list, kept between tasks: Spark reuses

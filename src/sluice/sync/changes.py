@@ -11,15 +11,16 @@ Python loop over rows.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.sync.envelope import MAX_POS, OPS, parse
-
-_OPS = OPS
 
 CHANGE_SCHEMA = pa.schema(
     [
@@ -37,94 +38,160 @@ CHANGE_SCHEMA = pa.schema(
 )
 
 
-def to_changes(records: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
-    """Parse the `value` column of log records; a bad record raises BadEventError naming it."""
-    topics = records.column("topic").to_pylist()
-    parts = records.column("partition").to_pylist()
-    offsets = records.column("offset").to_pylist()
-    values = records.column("value").to_pylist()
-    tables: list[str] = []
-    keys: list[str] = []
-    poss: list[int] = []
-    ops: list[str] = []
-    afters: list[str | None] = []
-    loads, dumps, sort = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
-    for value, t, p, o in zip(values, topics, parts, offsets, strict=True):
+class ChangeBuilder:
+    """Parses envelopes one record at a time into the columns of CHANGE_SCHEMA.
+
+    With `collapse`, only the newest change per row is kept (and the last record added, for its
+    offset), and the `after` image is serialised only for rows that are kept. One tuple per
+    record, columns built once at the end: this loop is the pipeline's hottest Python."""
+
+    def __init__(self, collapse: bool = False) -> None:
+        self.collapse = collapse
+        # (topic, partition, offset, ts_ms, table, key text, pos, op, after)
+        self.rows: list[tuple[Any, ...]] = []
+        self.newest: dict[tuple[str, str], int] = {}
+        self.count: dict[tuple[str, str], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, value: bytes | None, topic: str, partition: int, offset: int, ts_ms: int) -> None:
         # Fast path for well-formed envelopes; anything unusual goes through envelope.parse,
         # which validates fully and names the record in its error.
         try:
-            doc = loads(value)
+            doc = _loads(value)  # type: ignore[arg-type]
             op = doc["op"]
             table = doc["table"]
             key = doc["key"]
             after = doc["after"]
-            pos = doc["source"]["pos"]
+            source = doc["source"]
+            pos = source["pos"]
             ok = (
-                op in _OPS
+                op in OPS
                 and type(table) is str
                 and table
                 and type(key) is dict
                 and key
                 and type(pos) is int
                 and 0 <= pos <= MAX_POS
-                and type(doc["source"]["ts_ms"]) is int
-                and ((after is None) if op == "d" else (type(after) is dict and all(k in after for k in key)))
+                and type(source["ts_ms"]) is int
+                and ((after is None) if op == "d" else (type(after) is dict and after.keys() >= key.keys()))
             )
         except Exception:
             ok = False
         if not ok:
-            ev = parse(value, f"{t}[{p}]@{o}")
+            ev = parse(value, f"{topic}[{partition}]@{offset}")
             table, key, pos, op, after = ev.table, ev.key, ev.pos, ev.op, ev.after
-        tables.append(table)
-        keys.append(dumps(key, option=sort).decode())
-        poss.append(pos)
-        ops.append(op)
-        afters.append(None if after is None else dumps(after).decode())
+        kt = _dumps(key, option=_SORT).decode()
+        rows = self.rows
+        if self.collapse:
+            row = (table, kt)
+            best = self.newest.get(row)
+            if best is None:
+                self.newest[row] = len(rows)
+                self.count[row] = 1
+            else:
+                if pos > rows[best][6]:
+                    self.newest[row] = len(rows)
+                self.count[row] += 1
+        rows.append((topic, partition, offset, ts_ms, table, kt, pos, op, after))
+
+    def batch(self) -> pa.RecordBatch:
+        rows = self.rows
+        n = len(rows)
+        if not self.collapse:
+            picked = rows
+            counts = [1] * n
+        else:
+            chosen = {i: self.count[row] for row, i in self.newest.items()}
+            if n and n - 1 not in chosen:
+                chosen[n - 1] = 0  # kept for its offset; its row is counted in the newest change
+            order = sorted(chosen)
+            picked = [rows[i] for i in order]
+            counts = [chosen[i] for i in order]
+        cols = list(zip(*picked, strict=True)) if picked else [()] * 9
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(cols[0], pa.string()),
+                pa.array(cols[1], pa.int32()),
+                pa.array(cols[2], pa.int64()),
+                pa.array(cols[3], pa.int64()).cast(pa.timestamp("ms")).cast(_TS),
+                pa.array(cols[4], pa.string()),
+                pa.array(cols[5], pa.string()),
+                pa.array(cols[6], pa.int64()),
+                pa.array(cols[7], pa.string()),
+                pa.array([None if a is None else _dumps(a).decode() for a in cols[8]], pa.string()),
+                pa.array(counts, pa.int32()),
+            ],
+            schema=CHANGE_SCHEMA,
+        )
+
+
+_loads, _dumps, _SORT = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
+_TS = CHANGE_SCHEMA.field("timestamp").type
+
+
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while parsing a batch.
+
+    Parsing keeps a dict per record alive until the batch is built; with the collector on,
+    its full passes over those live objects cost more than the parsing itself (measured: 5.7
+    vs 3.7 us per record). Nothing allocated here forms cycles; reference counting frees it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def to_changes(records: pa.RecordBatch | pa.Table, collapse: bool = False) -> pa.RecordBatch:
+    """Parse the `value` column of log records; a bad record raises BadEventError naming it."""
+    with no_cyclic_gc():
+        return _to_changes(records, collapse)
+
+
+def _to_changes(records: pa.RecordBatch | pa.Table, collapse: bool) -> pa.RecordBatch:
+    builder = ChangeBuilder(collapse)
     stamps = records.column("timestamp")
-    if not pa.types.is_timestamp(stamps.type) or stamps.type != CHANGE_SCHEMA.field("timestamp").type:
-        stamps = stamps.cast(pa.timestamp("ms")).cast(CHANGE_SCHEMA.field("timestamp").type)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(topics, pa.string()),
-            pa.array(parts, pa.int32()),
-            pa.array(offsets, pa.int64()),
-            stamps if isinstance(stamps, pa.Array) else stamps.combine_chunks(),
-            pa.array(tables, pa.string()),
-            pa.array(keys, pa.string()),
-            pa.array(poss, pa.int64()),
-            pa.array(ops, pa.string()),
-            pa.array(afters, pa.string()),
-            pa.array([1] * len(poss), pa.int32()),
-        ],
-        schema=CHANGE_SCHEMA,
-    )
+    if pa.types.is_timestamp(stamps.type):
+        stamps = stamps.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+    for value, t, p, o, ts in zip(
+        records.column("value").to_pylist(),
+        records.column("topic").to_pylist(),
+        records.column("partition").to_pylist(),
+        records.column("offset").to_pylist(),
+        stamps.to_pylist(),
+        strict=True,
+    ):
+        builder.add(value, t, p, o, ts)
+    return builder.batch()
 
 
 def map_to_changes(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Run once per input partition (one range of one topic-partition): log records in, the
-    newest change per row out.
-
-    Collapsing here, in parallel, shrinks what the driver receives and the target writes. The
-    partition's last record is always kept, so the driver still sees how far the range went
-    (the next offset to record) even if an out-of-order source made that record stale."""
-    parsed = [to_changes(b) for b in batches if b.num_rows]
-    if not parsed:
-        return
-    changes = pa.Table.from_batches(parsed)
-    newest = collapse(changes)
-    last = changes.slice(changes.num_rows - 1, 1)
-    if newest.num_rows and not _contains(newest, last):
-        # Kept for its offset only: it was counted in the collapsed row of its key already.
-        last = last.set_column(last.column_names.index("records"), "records", pa.array([0], pa.int32()))
-        newest = pa.concat_tables([newest, last.select(newest.column_names)])
-    yield from newest.to_batches()
+    """Log records in, the newest change per row out (and the last record, for its offset)."""
+    with no_cyclic_gc():
+        out = _collapse_batches(batches)
+    if out is not None:
+        yield out
 
 
-def _contains(table: pa.Table, row: pa.Table) -> bool:
-    here = pc.and_(
-        pc.equal(table["partition"], row["partition"][0]), pc.equal(table["offset"], row["offset"][0])
-    )
-    return bool(pc.any(pc.and_(here, pc.equal(table["topic"], row["topic"][0]))).as_py())
+def _collapse_batches(batches: Iterable[pa.RecordBatch]) -> pa.RecordBatch | None:
+    builder = ChangeBuilder(collapse=True)
+    for batch in batches:
+        stamps = batch.column("timestamp").cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+        for value, t, p, o, ts in zip(
+            batch.column("value").to_pylist(),
+            batch.column("topic").to_pylist(),
+            batch.column("partition").to_pylist(),
+            batch.column("offset").to_pylist(),
+            stamps.to_pylist(),
+            strict=True,
+        ):
+            builder.add(value, t, p, o, ts)
+    return builder.batch() if len(builder) else None
 
 
 def collapse(changes: pa.Table) -> pa.Table:
