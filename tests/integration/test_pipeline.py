@@ -163,10 +163,11 @@ def records_for_offsets(ends: dict[tuple[str, int], int]) -> Any:
 
     from tests.support.changes import event, records
 
-    return pa.concat_tables(
-        [records([event("c", p * 100 + o, p * 100 + o) for o in [end - 1]], start=end - 1, topic=t, partition=p)
-         for (t, p), end in ends.items()]
-    )  # fmt: skip
+    parts = [
+        records([event("c", p * 100 + end, p * 100 + end)], start=end - 1, topic=t, partition=p)
+        for (t, p), end in ends.items()
+    ]
+    return pa.concat_tables(parts)
 
 
 # --- kill -9 of the driver around a commit, and of a broker ------------------------------------
