@@ -137,7 +137,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=20_000, help="generator rate for the freshness run")
     ap.add_argument("--freshness-s", type=float, default=30)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--split", type=int, default=None, help="maxRecordsPerPartition for the drain")
+    ap.add_argument("--master", default="local[*]", help="Spark master")
+    ap.add_argument("--split", type=int, default=1_000_000, help="maxRecordsPerPartition for the drain")
     ap.add_argument("--per-trigger", type=int, default=None, help="maxRecordsPerTrigger for the drain")
     args = ap.parse_args()
 
@@ -146,7 +147,7 @@ def main() -> int:
     pg = LocalPostgres(work / "pg").start()
     bootstrap = cluster.bootstrap_servers
     try:
-        spark = spark_session("local[*]", app="bench-pipeline")
+        spark = spark_session(args.master, app="bench-pipeline")
         # Warm-up: JVM, Python workers, planner.
         create_topic(bootstrap, "warmup", args.partitions)
         run_generator(bootstrap, GeneratorConfig(topic="warmup", rate=0, duration_s=None, max_events=20_000))
