@@ -2,9 +2,10 @@
 # Set up a Debian/Ubuntu machine to develop and test Sluice. Idempotent and quick to re-run.
 #
 #   1. apt packages: zookeeper (the coordination service brokers use), kcat (Kafka CLI client
-#      for manual checks), a Java runtime (ZooKeeper and Spark), PostgreSQL's server binaries
-#      (the tests and benchmarks start private servers; no system service is used), and venv
-#      support for the system Python 3.11.
+#      for manual checks), a Java runtime (ZooKeeper and Spark), PostgreSQL's and MariaDB's
+#      server binaries (the tests, drills and benchmarks start private servers; the packages'
+#      own services are kept from starting during the install), and venv support for the
+#      system Python 3.11.
 #      `apt-get update` and `apt-get install` run only when something is missing.
 #   2. <repo>/.venv with Python 3.11, and `pip install -e '.[test]'` in it. The pip step is
 #      skipped while .venv/.bootstrap-pyproject.sha256 matches the sha256 of pyproject.toml.
@@ -71,6 +72,7 @@ if command -v dpkg-query >/dev/null 2>&1; then
     command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || missing+=(kcat)
     command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
     compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+    command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
     if [ "$need_venv" = 1 ]; then
         if PY="$(find_python)"; then
             # A Debian/Ubuntu system Python creates venvs only with python3.11-venv installed.
@@ -105,7 +107,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
         missing=("${missing[@]/#kcat/kafkacat}")
     fi
     say "apt-get install ${missing[*]}"
+    # Keep the packages' services (postgresql, mariadb) from starting: Sluice runs private
+    # servers on free ports. policy-rc.d answering 101 is Debian's way to say "do not start".
+    policy=/usr/sbin/policy-rc.d
+    added_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee "$policy" >/dev/null
+        "${SUDO[@]}" chmod +x "$policy"
+        added_policy=1
+    fi
     quiet "${apt[@]}" install -y --no-install-recommends "${missing[@]}"
+    if [ "$added_policy" = 1 ]; then "${SUDO[@]}" rm -f "$policy"; fi
 fi
 
 # --- venv and the editable install ----------------------------------------------------------------

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice.ops.mariadb import LocalMariaDB
 from sluice.ops.ports import free_port
 from sluice.ops.postgres import LocalPostgres
 from sluice.ops.zookeeper import LocalZooKeeper
@@ -63,3 +64,14 @@ _databases = iter(range(1_000_000))
 @pytest.fixture
 def postgres_url(postgres: LocalPostgres) -> str:
     return postgres.create_database(f"t{next(_databases)}")
+
+
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
+    """One real MariaDB (Debian's mariadb-server) with a row-based binlog for the whole run."""
+    server = LocalMariaDB(tmp_path_factory.mktemp("mariadb"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()

@@ -30,6 +30,9 @@ app.add_typer(incident_app, name="incident")
 chaos_app = typer.Typer(no_args_is_help=True, help="Random faults under a verifiable load, then a check.")
 app.add_typer(chaos_app, name="chaos")
 
+task_app = typer.Typer(no_args_is_help=True, help="Sync tasks: defined once in ZooKeeper, run by workers.")
+app.add_typer(task_app, name="task")
+
 console = Console()
 err = Console(stderr=True)
 
@@ -869,6 +872,171 @@ def _query_error_text(exc: BaseException) -> str:
         if marker in text:
             return text[text.index(marker) :].splitlines()[0]
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+ZooKeeperOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--zookeeper",
+        envvar="SLUICE_ZOOKEEPER",
+        help="HOST:PORT/CHROOT (default: $SLUICE_ZOOKEEPER, else the local cluster in .sluice/cluster)",
+    ),
+]
+
+
+def _task_store(zookeeper: str | None):  # type: ignore[no-untyped-def]
+    """A TaskStore on the given ZooKeeper, or on the local cluster's."""
+    from sluice.cluster.zkstore import ZkStore
+    from sluice.sync.tasks import TaskStore
+
+    if zookeeper is None:
+        try:
+            zookeeper = launcher.LocalCluster.load(launcher.DEFAULT_DIR.resolve()).zookeeper
+        except FileNotFoundError:
+            raise fail("no --zookeeper given and no local cluster in .sluice/cluster", 2) from None
+    store = ZkStore(zookeeper, connect_timeout_s=10.0)
+    try:
+        store.start()
+    except ConnectionError as exc:
+        raise fail(str(exc)) from None
+    return store, TaskStore(store.client)
+
+
+@task_app.command("create")
+def task_create(
+    file: Annotated[Path, typer.Option("--file", "-f", help="Task definition (YAML)")],
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Validate a task definition and store it; errors name the bad field."""
+    import yaml
+
+    from sluice.sync.tasks import TaskSpecError, parse_spec
+
+    try:
+        doc = yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise fail(f"cannot read {file}: {exc}", 2) from None
+    except yaml.YAMLError as exc:
+        raise fail(f"{file} is not valid YAML: {exc}", 2) from None
+    try:
+        spec = parse_spec(doc)
+    except TaskSpecError as exc:
+        raise fail(f"{file}: {exc}", 2) from None
+    zk, store = _task_store(zookeeper)
+    try:
+        store.create(spec)
+    except TaskSpecError as exc:
+        raise fail(str(exc), 2) from None
+    finally:
+        zk.stop()
+    console.print(
+        f"task {spec.id} created: {spec.source.kind} -> {', '.join(spec.topics())} -> {spec.target}"
+    )
+
+
+@task_app.command("list")
+def task_list(zookeeper: ZooKeeperOpt = None) -> None:
+    """Tasks with their state: running (worker, epoch), paused or waiting for a worker."""
+    zk, store = _task_store(zookeeper)
+    try:
+        table = Table("task", "source", "target", "state", "worker", "epoch")
+        for task_id in store.ids():
+            spec = store.get(task_id)
+            status = store.status(task_id)
+            control = store.control(task_id)
+            state = "paused" if control.paused else ("running" if status else "waiting for a worker")
+            table.add_row(
+                task_id, spec.source.kind, spec.target, state,
+                str(status.get("worker", "")) if status else "", str(store.epoch(task_id)),
+            )  # fmt: skip
+        console.print(table)
+    finally:
+        zk.stop()
+
+
+@task_app.command("status")
+def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
+    """Worker, execution id, epoch, captured position, applied offsets, lag and alarms."""
+    from sluice.sync.tasks import TaskNotFoundError
+
+    zk, store = _task_store(zookeeper)
+    try:
+        try:
+            spec = store.get(task_id)
+        except TaskNotFoundError:
+            raise fail(f"no task {task_id!r}", 2) from None
+        status = store.status(task_id)
+        control = store.control(task_id)
+        console.print(f"task {spec.id}: {spec.source.kind} -> {', '.join(spec.topics())} -> {spec.target}")
+        console.print(
+            f"  state      {'paused' if control.paused else 'running' if status else 'waiting for a worker'}"
+        )
+        console.print(f"  epoch      {store.epoch(task_id)} (latest taken)")
+        if status:
+            for key in ("worker", "execution", "epoch", "captured_position", "applied_offsets",
+                        "lag_records", "lag_seconds", "updated"):  # fmt: skip
+                if key in status:
+                    console.print(f"  {key:<18} {status[key]}")
+        alarms = store.alarms(task_id)
+        console.print(f"  alarms     {len(alarms)}")
+        for alarm in alarms[-5:]:
+            console.print(f"    {alarm}")
+    finally:
+        zk.stop()
+
+
+def _set_control(task_id: str, zookeeper: str | None, **changes: object) -> None:
+    from sluice.sync.tasks import TaskNotFoundError
+
+    zk, store = _task_store(zookeeper)
+    try:
+        try:
+            store.get(task_id)
+        except TaskNotFoundError:
+            raise fail(f"no task {task_id!r}", 2) from None
+        if "restarts" in changes:
+            changes["restarts"] = store.control(task_id).restarts + 1
+        store.set_control(task_id, **changes)
+    finally:
+        zk.stop()
+
+
+@task_app.command("pause")
+def task_pause(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
+    """Stop the task's execution; it stays assigned but does nothing until resumed."""
+    _set_control(task_id, zookeeper, paused=True)
+    console.print(f"task {task_id} paused")
+
+
+@task_app.command("resume")
+def task_resume(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
+    _set_control(task_id, zookeeper, paused=False)
+    console.print(f"task {task_id} resumed")
+
+
+@task_app.command("restart")
+def task_restart(
+    task_id: str,
+    from_position: Annotated[str | None, typer.Option(help="Capture from this source position")] = None,
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Restart the task's execution (under a new epoch), optionally from a source position."""
+    _set_control(task_id, zookeeper, restarts=True, from_position=from_position)
+    console.print(f"task {task_id} restarting" + (f" from {from_position}" if from_position else ""))
+
+
+@task_app.command("delete")
+def task_delete(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
+    from sluice.sync.tasks import TaskNotFoundError
+
+    zk, store = _task_store(zookeeper)
+    try:
+        store.delete(task_id)
+    except TaskNotFoundError:
+        raise fail(f"no task {task_id!r}", 2) from None
+    finally:
+        zk.stop()
+    console.print(f"task {task_id} deleted")
 
 
 @app.command("demo")

@@ -1,0 +1,282 @@
+"""Sync tasks: a definition stored once in ZooKeeper, run by whichever worker holds it.
+
+ZooKeeper layout (under the cluster's chroot):
+
+    /tasks/{id}              the definition (JSON; created from YAML by `sluice task create`)
+    /tasks/{id}/epoch        the fencing epoch counter: every start of an execution takes the
+                             next value with a compare-and-set, so two executions never share one
+    /tasks/{id}/control      what operators asked for: paused, restart count, restart position
+    /tasks/{id}/status       ephemeral, owned by the running execution: execution id, epoch,
+                             worker, positions and lag (gone when the execution's session is)
+    /tasks/{id}/alarms/      persistent sequential alarms (duplicate executions, errors)
+
+A definition is validated before it is stored; errors name the bad field
+(`task.source.port: must be an integer in 1..65535`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from sluice.sync.targets.base import ColumnMapping, MappingError
+
+TASKS = "/tasks"
+_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+SOURCE_KINDS = ("mysql", "mariadb", "generator")
+
+
+class TaskSpecError(ValueError):
+    """A task definition with a bad field; the message names the field."""
+
+
+class TaskNotFoundError(KeyError):
+    pass
+
+
+@dataclass
+class SourceSpec:
+    kind: str
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = ""
+    database: str = ""
+    server_id: int | None = None
+    # generator
+    rate: float = 1000.0
+    skew: float = 2.0
+    seed: int = 1
+
+
+@dataclass
+class TaskSpec:
+    id: str
+    source: SourceSpec
+    target: str
+    tables: list[str] = field(default_factory=list)
+    topic: str = "{task}.changes"  # "{task}" and "{table}" are replaced
+    mapping: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def topic_for(self, table: str) -> str:
+        return self.topic.replace("{task}", self.id).replace("{table}", table)
+
+    def topics(self) -> list[str]:
+        if "{table}" in self.topic:
+            return sorted({self.topic_for(t) for t in self.tables})
+        return [self.topic_for("")]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: bytes) -> TaskSpec:
+        return parse_spec(orjson.loads(data))
+
+
+_OPTIONS = {
+    "trigger": str,
+    "max_records_per_trigger": int,
+    "spark_master": str,
+    "partitions": int,
+    "replication_factor": int,
+}
+
+
+def parse_spec(doc: Any) -> TaskSpec:
+    """Validate a task definition (a mapping, e.g. from YAML) into a TaskSpec."""
+    if not isinstance(doc, dict):
+        raise TaskSpecError("task: must be a mapping with id, source, target")
+    unknown = set(doc) - {"id", "source", "target", "tables", "topic", "mapping", "options"}
+    if unknown:
+        raise TaskSpecError(f"task: unknown field(s) {', '.join(sorted(unknown))}")
+    task_id = doc.get("id")
+    if not isinstance(task_id, str) or not _ID.match(task_id):
+        raise TaskSpecError("task.id: must be 1-63 lowercase letters, digits, '.', '_' or '-'")
+    target = doc.get("target")
+    if not isinstance(target, str) or not target.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        raise TaskSpecError("task.target: must be sqlite:///path or postgresql://user@host:port/db")
+    source = _parse_source(doc.get("source"))
+    tables = doc.get("tables", [])
+    if not isinstance(tables, list) or not all(isinstance(t, str) and t for t in tables):
+        raise TaskSpecError("task.tables: must be a list of table names")
+    if source.kind in ("mysql", "mariadb") and not tables:
+        raise TaskSpecError("task.tables: a mysql/mariadb source needs the tables to capture")
+    topic = doc.get("topic", "{task}.changes")
+    if not isinstance(topic, str) or not topic:
+        raise TaskSpecError("task.topic: must be a topic name, with optional {task} and {table}")
+    if "{table}" in topic and not tables:
+        raise TaskSpecError("task.topic: {table} needs the list of tables")
+    mapping = doc.get("mapping", {}) or {}
+    try:
+        ColumnMapping.from_config(mapping)
+    except MappingError as exc:
+        raise TaskSpecError(f"task.{exc}") from None
+    options = doc.get("options", {}) or {}
+    if not isinstance(options, dict):
+        raise TaskSpecError("task.options: must be a mapping")
+    for name, value in options.items():
+        kind = _OPTIONS.get(name)
+        if kind is None:
+            raise TaskSpecError(f"task.options.{name}: unknown option (known: {', '.join(sorted(_OPTIONS))})")
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TaskSpecError(f"task.options.{name}: must be {'an integer' if kind is int else 'a string'}")
+    return TaskSpec(task_id, source, target, list(tables), topic, dict(mapping), dict(options))
+
+
+def _parse_source(doc: Any) -> SourceSpec:
+    if not isinstance(doc, dict):
+        raise TaskSpecError("task.source: must be a mapping with kind (mysql, mariadb or generator)")
+    kind = doc.get("kind")
+    if kind not in SOURCE_KINDS:
+        raise TaskSpecError(f"task.source.kind: must be one of {', '.join(SOURCE_KINDS)}, not {kind!r}")
+    known = set(SourceSpec.__dataclass_fields__)
+    unknown = set(doc) - known
+    if unknown:
+        raise TaskSpecError(f"task.source: unknown field(s) {', '.join(sorted(unknown))}")
+    spec = SourceSpec(**doc)
+    if not isinstance(spec.port, int) or isinstance(spec.port, bool) or not 1 <= spec.port <= 65535:
+        raise TaskSpecError("task.source.port: must be an integer in 1..65535")
+    for name in ("host", "user", "password", "database"):
+        if not isinstance(getattr(spec, name), str):
+            raise TaskSpecError(f"task.source.{name}: must be a string")
+    if kind in ("mysql", "mariadb") and not spec.database:
+        raise TaskSpecError("task.source.database: a mysql/mariadb source needs the database name")
+    sid = spec.server_id
+    if sid is not None and (not isinstance(sid, int) or not 1 <= sid < 2**32):
+        raise TaskSpecError("task.source.server_id: must be an integer in 1..4294967295")
+    for name in ("rate", "skew"):
+        if not isinstance(getattr(spec, name), (int, float)) or getattr(spec, name) < 0:
+            raise TaskSpecError(f"task.source.{name}: must be a non-negative number")
+    return spec
+
+
+@dataclass
+class Control:
+    paused: bool = False
+    restarts: int = 0
+    from_position: str | None = None
+
+
+class TaskStore:
+    """Task definitions, epochs, control, status and alarms in ZooKeeper (a kazoo client on
+    the cluster's chroot)."""
+
+    def __init__(self, client: Any) -> None:
+        self.zk = client
+        self.zk.ensure_path(TASKS)
+
+    def _path(self, task_id: str, *rest: str) -> str:
+        return "/".join([TASKS, task_id, *rest])
+
+    def create(self, spec: TaskSpec) -> None:
+        from kazoo.exceptions import NodeExistsError
+
+        tx = self.zk.transaction()
+        tx.create(self._path(spec.id), spec.to_json())
+        tx.create(self._path(spec.id, "epoch"), b"0")
+        tx.create(self._path(spec.id, "control"), orjson.dumps(asdict(Control())))
+        tx.create(self._path(spec.id, "alarms"), b"")
+        results = tx.commit()
+        for r in results:
+            if isinstance(r, NodeExistsError):
+                raise TaskSpecError(f"task.id: a task named {spec.id!r} exists already") from None
+            if isinstance(r, Exception):
+                raise r
+
+    def ids(self) -> list[str]:
+        return sorted(self.zk.get_children(TASKS))
+
+    def get(self, task_id: str) -> TaskSpec:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, _ = self.zk.get(self._path(task_id))
+        except NoNodeError:
+            raise TaskNotFoundError(task_id) from None
+        return TaskSpec.from_json(data)
+
+    def delete(self, task_id: str) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            self.zk.delete(self._path(task_id), recursive=True)
+        except NoNodeError:
+            raise TaskNotFoundError(task_id) from None
+
+    def next_epoch(self, task_id: str) -> int:
+        """Take the next fencing epoch (compare-and-set on /tasks/{id}/epoch)."""
+        from kazoo.exceptions import BadVersionError
+
+        path = self._path(task_id, "epoch")
+        while True:
+            data, stat = self.zk.get(path)
+            epoch = int(data or b"0") + 1
+            try:
+                self.zk.set(path, str(epoch).encode(), version=stat.version)
+                return epoch
+            except BadVersionError:
+                continue
+
+    def epoch(self, task_id: str) -> int:
+        data, _ = self.zk.get(self._path(task_id, "epoch"))
+        return int(data or b"0")
+
+    def control(self, task_id: str) -> Control:
+        data, _ = self.zk.get(self._path(task_id, "control"))
+        return Control(**orjson.loads(data))
+
+    def set_control(self, task_id: str, **changes: Any) -> Control:
+        from kazoo.exceptions import BadVersionError
+
+        path = self._path(task_id, "control")
+        while True:
+            data, stat = self.zk.get(path)
+            current = Control(**orjson.loads(data))
+            for k, v in changes.items():
+                setattr(current, k, v)
+            try:
+                self.zk.set(path, orjson.dumps(asdict(current)), version=stat.version)
+                return current
+            except BadVersionError:
+                continue
+
+    def publish_status(self, task_id: str, status: dict[str, Any]) -> None:
+        """Create or update this execution's ephemeral status znode."""
+        from kazoo.exceptions import NodeExistsError
+
+        path = self._path(task_id, "status")
+        data = orjson.dumps(status)
+        try:
+            self.zk.create(path, data, ephemeral=True)
+        except NodeExistsError:
+            self.zk.set(path, data)
+
+    def status(self, task_id: str) -> dict[str, Any] | None:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, _ = self.zk.get(self._path(task_id, "status"))
+        except NoNodeError:
+            return None
+        result: dict[str, Any] = orjson.loads(data)
+        return result
+
+    def raise_alarm(self, task_id: str, kind: str, detail: dict[str, Any]) -> None:
+        self.zk.create(
+            self._path(task_id, "alarms", "alarm-"),
+            orjson.dumps({"kind": kind, "at": time.time(), **detail}),
+            sequence=True,
+        )
+
+    def alarms(self, task_id: str) -> list[dict[str, Any]]:
+        out = []
+        for child in sorted(self.zk.get_children(self._path(task_id, "alarms"))):
+            data, _ = self.zk.get(self._path(task_id, "alarms", child))
+            out.append(orjson.loads(data))
+        return out
