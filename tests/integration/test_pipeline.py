@@ -33,14 +33,22 @@ def create_topic(bootstrap: str, name: str, partitions: int = 3, rf: int = 3) ->
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int = 3) -> dict[tuple[str, int], int]:
-    from confluent_kafka import Consumer, TopicPartition
+    """High watermarks, retried while leadership settles (e.g. just after a broker restart)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-ends", "log_level": 0})
+    deadline = time.monotonic() + 60
     try:
-        return {
-            (topic, p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in range(partitions)
-        }
+        while True:
+            try:
+                return {
+                    (topic, p): c.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1]
+                    for p in range(partitions)
+                }
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         c.close()
 
