@@ -11,7 +11,7 @@ What it measures
   latency (``produce()`` to delivery callback) of every 16th record.
 * ``prebuilt`` mode: the broker's ceiling with the client taken (almost) out of the picture.
   About 64 uncompressed ~1 MB record batches (1 KB records, no producer id) are built ONCE;
-  then ONE connection (``sluice.ops.wire_client.WireClient``) sends Produce requests, each
+  then ONE connection (``sluice.sync.wire_client.WireClient``) sends Produce requests, each
   carrying one batch for one partition (round robin), keeping ``--window`` requests in
   flight, for ``--seconds`` or ``--max-bytes``. Every response must carry error code 0.
   Reports MB/s, requests/s and p50/p99/max request latency. With ``--acks 0`` there are no
@@ -65,9 +65,9 @@ from rich.console import Console
 from rich.table import Table
 
 from sluice.ops.launcher import LocalCluster, cluster_down, cluster_up
-from sluice.ops.wire_client import WireClient
 from sluice.protocol.api import ApiKey
 from sluice.protocol.records import COMPRESSION_NONE, build_batch
+from sluice.sync.wire_client import WireClient
 
 MB = 1_000_000  # throughput figures are in decimal megabytes (10^6 bytes) per second
 ACKS = {"all": -1, "1": 1, "0": 0}

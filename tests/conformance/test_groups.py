@@ -29,9 +29,9 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sluice.ops.wire_client import WireClient
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
+from sluice.sync.wire_client import WireClient
 from tests.support.cluster import TestCluster, wait_until
 
 pytestmark = pytest.mark.timeout(120)

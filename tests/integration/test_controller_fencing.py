@@ -102,7 +102,12 @@ def test_paused_controller_is_replaced_and_on_resume_changes_nothing(
                 30,
                 "another broker to become controller",
             )
-            new_epoch, _ = store.controller_epoch()
+            # /controller is taken before /controller_epoch is bumped: wait for the new term.
+            new_epoch = wait_until(
+                lambda: (e := store.controller_epoch()[0]) > old_epoch and e,
+                30,
+                "the controller epoch to grow",
+            )
             assert new_epoch > old_epoch
             # The new controller moves leadership off the paused broker.
             wait_until(

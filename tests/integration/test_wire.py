@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.ops.wire_client import WireClient
 from sluice.protocol.api import ApiKey, encode_request
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import build_batch
+from sluice.sync.wire_client import WireClient
 from tests.support.cluster import TestCluster
 
 pytestmark = pytest.mark.timeout(180)

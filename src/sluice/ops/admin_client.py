@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.ops.wire_client import WireClient
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.primitives import DecodeError, Reader
+from sluice.sync.wire_client import WireClient
 
 RETRIABLE_COORDINATOR = (
     ErrorCode.COORDINATOR_NOT_AVAILABLE,

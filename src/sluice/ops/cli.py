@@ -32,6 +32,8 @@ app.add_typer(chaos_app, name="chaos")
 
 task_app = typer.Typer(no_args_is_help=True, help="Sync tasks: defined once in ZooKeeper, run by workers.")
 app.add_typer(task_app, name="task")
+worker_app = typer.Typer(no_args_is_help=True, help="Workers: processes that share and run the sync tasks.")
+app.add_typer(worker_app, name="worker")
 
 console = Console()
 err = Console(stderr=True)
@@ -1037,6 +1039,66 @@ def task_delete(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
     finally:
         zk.stop()
     console.print(f"task {task_id} deleted")
+
+
+@worker_app.command("start")
+def worker_start(
+    group: Annotated[
+        str, typer.Option(help="Worker group: workers of one group share its tasks")
+    ] = "sluice-workers",
+    name: Annotated[
+        str | None, typer.Option(help="This worker's name (default: host name + random suffix)")
+    ] = None,
+    directory: Annotated[Path, typer.Option("--dir", help="Working directory (Spark checkpoints)")] = Path(
+        ".sluice/worker"
+    ),
+    spark_master: Annotated[str | None, typer.Option(help="Spark master URL (default local[*])")] = None,
+    session_timeout: Annotated[float, typer.Option(help="Group session timeout in seconds")] = 10.0,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Join a worker group and run the tasks it assigns to this worker, in the foreground."""
+    import signal as _signal
+    import threading
+
+    from sluice.sync.execution import TaskExecution
+    from sluice.sync.worker import Membership, Worker, worker_name
+
+    configure_logging("info")
+    zk, store = _task_store(zookeeper)
+    me = name or worker_name()
+    stop = threading.Event()
+    changed = threading.Event()
+
+    @zk.client.ChildrenWatch("/tasks")
+    def _on_tasks(children: list[str]) -> bool:
+        changed.set()
+        return not stop.is_set()
+
+    spark = None
+
+    def start_task(task_id: str) -> object:
+        nonlocal spark
+        if spark is None:
+            from sluice.pipeline.session import spark_session
+
+            spark = spark_session(spark_master, app=f"sluice-worker {me}")
+        return TaskExecution(
+            task_id, store, worker=me, bootstrap=bootstrap, spark=spark, workdir=directory / me
+        )
+
+    membership = Membership(bootstrap, group, me, session_timeout_ms=int(session_timeout * 1000))
+    worker = Worker(membership, store.ids, start_task, tasks_changed=changed, stop=stop)
+    _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
+    _signal.signal(_signal.SIGINT, lambda *_: stop.set())
+    err.print(f"worker {me} joining group {group} on {bootstrap}")
+    try:
+        worker.run()
+    finally:
+        if spark is not None:
+            spark.stop()
+        zk.stop()
+    err.print(f"worker {me} stopped")
 
 
 @app.command("demo")

@@ -1,0 +1,263 @@
+"""Workers: a group of processes that share the sync tasks and take over from each other.
+
+Membership uses the brokers' group protocol with a protocol type of its own, `sluice-worker`
+(as Kafka Connect's workers use `connect`): JoinGroup, SyncGroup, Heartbeat, LeaveGroup. The
+leader assigns the tasks in ZooKeeper with `assignment.assign` (balanced and sticky); each
+member's JoinGroup metadata says which tasks it runs now. A member that dies or stays paused
+past its session is dropped by the coordinator, and the next generation gives its tasks to the
+others. A change to the set of tasks makes the leader rejoin, which starts a new generation.
+
+Each started task is a `TaskExecution` (sync.execution) under a new fencing epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from sluice.protocol.api import ApiKey
+from sluice.protocol.errors import ErrorCode
+from sluice.sync.assignment import assign
+from sluice.sync.wire_client import WireClient, WireError
+
+log = logging.getLogger("sluice.worker")
+
+PROTOCOL_TYPE = "sluice-worker"
+PROTOCOL = "sticky-balanced"
+JOIN_V, SYNC_V, HEARTBEAT_V, LEAVE_V, FIND_V = 9, 5, 4, 5, 4
+RETRIABLE = {
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.NOT_COORDINATOR,
+    ErrorCode.REBALANCE_IN_PROGRESS,
+}
+
+
+class Membership:
+    """One worker's membership of the group, on its own connection to the coordinator."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        name: str,
+        session_timeout_ms: int = 10_000,
+        rebalance_timeout_ms: int = 30_000,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.group = group
+        self.name = name
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.member_id = ""
+        self.generation = -1
+        self.leader = ""
+        self.conn: WireClient | None = None
+
+    def _coordinator(self) -> WireClient:
+        if self.conn is not None:
+            return self.conn
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                for server in self.bootstrap.split(","):
+                    with WireClient.connect(server, timeout_s=10) as w:
+                        r = w.request(
+                            ApiKey.FIND_COORDINATOR, FIND_V, {"key_type": 0, "coordinator_keys": [self.group]}
+                        )
+                    (c,) = r["coordinators"]
+                    if c["error_code"] == ErrorCode.NONE:
+                        timeout = self.rebalance_timeout_ms / 1000 + 10
+                        self.conn = WireClient(c["host"], c["port"], client_id=self.name, timeout_s=timeout)
+                        return self.conn
+            except (OSError, WireError):
+                pass
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"no group coordinator for {self.group} on {self.bootstrap}")
+            time.sleep(0.5)
+
+    def reset_connection(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def join(self, metadata: bytes) -> dict[str, Any]:
+        """Join (or rejoin) and return the JoinGroup response of the new generation."""
+        while True:
+            try:
+                r = self._coordinator().request(
+                    ApiKey.JOIN_GROUP,
+                    JOIN_V,
+                    {
+                        "group_id": self.group, "session_timeout_ms": self.session_timeout_ms,
+                        "rebalance_timeout_ms": self.rebalance_timeout_ms, "member_id": self.member_id,
+                        "group_instance_id": None, "protocol_type": PROTOCOL_TYPE,
+                        "protocols": [{"name": PROTOCOL, "metadata": metadata}], "reason": None,
+                    },
+                )  # fmt: skip
+            except (OSError, WireError):
+                self.reset_connection()
+                time.sleep(0.5)
+                continue
+            err = r["error_code"]
+            if err == ErrorCode.MEMBER_ID_REQUIRED:
+                self.member_id = r["member_id"]
+                continue
+            if err == ErrorCode.UNKNOWN_MEMBER_ID:
+                self.member_id = ""
+                continue
+            if err in RETRIABLE:
+                if err == ErrorCode.NOT_COORDINATOR:
+                    self.reset_connection()
+                time.sleep(0.2)
+                continue
+            if err != ErrorCode.NONE:
+                raise RuntimeError(f"JoinGroup failed: {ErrorCode(err).name}")
+            self.generation = r["generation_id"]
+            self.leader = r["leader"]
+            return r
+
+    def sync(self, assignments: dict[str, bytes] | None) -> tuple[int, bytes]:
+        plan = sorted((assignments or {}).items())
+        try:
+            r = self._coordinator().request(
+                ApiKey.SYNC_GROUP,
+                SYNC_V,
+                {
+                    "group_id": self.group, "generation_id": self.generation, "member_id": self.member_id,
+                    "group_instance_id": None, "protocol_type": PROTOCOL_TYPE, "protocol_name": PROTOCOL,
+                    "assignments": [{"member_id": m, "assignment": a} for m, a in plan],
+                },
+            )  # fmt: skip
+        except (OSError, WireError):
+            self.reset_connection()
+            return int(ErrorCode.COORDINATOR_NOT_AVAILABLE), b""
+        return r["error_code"], r["assignment"] or b""
+
+    def heartbeat(self) -> int:
+        try:
+            r = self._coordinator().request(
+                ApiKey.HEARTBEAT,
+                HEARTBEAT_V,
+                {"group_id": self.group, "generation_id": self.generation, "member_id": self.member_id,
+                 "group_instance_id": None},
+            )  # fmt: skip
+        except (OSError, WireError):
+            self.reset_connection()
+            return int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return int(r["error_code"])
+
+    def leave(self) -> None:
+        if not self.member_id:
+            return
+        try:
+            self._coordinator().request(
+                ApiKey.LEAVE_GROUP,
+                LEAVE_V,
+                {"group_id": self.group,
+                 "members": [{"member_id": self.member_id, "group_instance_id": None, "reason": "stopping"}]},
+            )  # fmt: skip
+        except (OSError, WireError):
+            pass
+        self.reset_connection()
+
+
+class Worker:
+    """Runs the tasks the group assigns to it until `stop` is set.
+
+    `start_task(task_id)` returns an object with `stop()`, `alive()` and `tick()` (a
+    TaskExecution in production; tests may pass their own)."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        list_tasks: Callable[[], list[str]],
+        start_task: Callable[[str], Any],
+        *,
+        tasks_changed: threading.Event | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.membership = membership
+        self.list_tasks = list_tasks
+        self.start_task = start_task
+        self.tasks_changed = tasks_changed or threading.Event()
+        self.stop = stop or threading.Event()
+        self.running: dict[str, Any] = {}
+        self.assigned: list[str] = []
+        self.generations = 0
+
+    def _metadata(self) -> bytes:
+        return orjson.dumps({"worker": self.membership.name, "tasks": sorted(self.running)})
+
+    def _rebalance(self) -> None:
+        m = self.membership
+        joined = m.join(self._metadata())
+        assignments: dict[str, bytes] | None = None
+        if m.leader == m.member_id:
+            current = {}
+            for member in joined["members"]:
+                try:
+                    current[member["member_id"]] = orjson.loads(member["metadata"]).get("tasks", [])
+                except (orjson.JSONDecodeError, AttributeError):
+                    current[member["member_id"]] = []
+            plan = assign(self.list_tasks(), current)
+            assignments = {mid: orjson.dumps(ts) for mid, ts in plan.items()}
+            self.tasks_changed.clear()
+        err, data = m.sync(assignments)
+        if err != ErrorCode.NONE:
+            return  # a new rebalance began; the loop rejoins
+        self.assigned = orjson.loads(data) if data else []
+        self.generations += 1
+        self._apply_assignment()
+
+    def _apply_assignment(self) -> None:
+        for task_id in sorted(set(self.running) - set(self.assigned)):
+            log.info("task %s moves away: stopping it", task_id)
+            self.running.pop(task_id).stop()
+        for task_id in self.assigned:
+            if task_id not in self.running:
+                log.info("task %s assigned: starting it", task_id)
+                self.running[task_id] = self.start_task(task_id)
+
+    def run(self) -> None:
+        m = self.membership
+        interval = m.session_timeout_ms / 1000 / 4
+        need_join = True
+        try:
+            while not self.stop.is_set():
+                if need_join:
+                    self._rebalance()
+                    need_join = False
+                self.stop.wait(interval)
+                err = m.heartbeat()
+                if err in (ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.ILLEGAL_GENERATION):
+                    need_join = True
+                elif err == ErrorCode.UNKNOWN_MEMBER_ID:
+                    # Our session expired (we were paused or cut off): the others run our tasks
+                    # now. Stop ours before rejoining as a new member.
+                    for task_id in sorted(self.running):
+                        self.running.pop(task_id).stop()
+                    m.member_id = ""
+                    need_join = True
+                elif err != ErrorCode.NONE:
+                    need_join = err in RETRIABLE
+                if self.tasks_changed.is_set() and m.leader == m.member_id:
+                    need_join = True
+                for execution in list(self.running.values()):
+                    execution.tick()
+        finally:
+            for task_id in sorted(self.running):
+                self.running.pop(task_id).stop()
+            m.leave()
+
+
+def worker_name() -> str:
+    import socket
+
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
