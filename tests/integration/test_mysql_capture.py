@@ -61,8 +61,13 @@ def read_all(bootstrap: str, topic: str, partitions: int = 3) -> pa.Table:
     )
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_snapshot_then_binlog_with_a_restart_from_the_recovered_position(
-    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
+    mariadb: LocalMariaDB,
+    make_cluster: Callable[..., TestCluster],
+    tmp_path: Path,
+    kind: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     cluster = make_cluster(1)
     bootstrap = cluster.bootstrap
@@ -100,7 +105,9 @@ def test_snapshot_then_binlog_with_a_restart_from_the_recovered_position(
     stop2.set()
     t2.join(60)
 
-    url = f"sqlite:///{tmp_path / 'target.db'}"
+    url = (
+        f"sqlite:///{tmp_path / 'target.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
+    )
     records = read_all(bootstrap, "shop.changes")
     with open_target(url) as t:
         e = t.claim("shop")

@@ -53,11 +53,12 @@ def test_two_workers_share_a_task_through_kills_and_a_pause(
         pg.execute("CREATE TABLE audit_offsets (topic text, p int, old bigint, new bigint)")
         pg.execute(
             "CREATE FUNCTION audit_offsets() RETURNS trigger AS $$ BEGIN INSERT INTO audit_offsets "
-            "VALUES (NEW.topic, NEW.partition, OLD.next_offset, NEW.next_offset); RETURN NEW; END $$ "
+            "VALUES (NEW.topic, NEW.partition, CASE WHEN TG_OP = 'UPDATE' THEN OLD.next_offset END, "
+            "NEW.next_offset); RETURN NEW; END $$ "
             "LANGUAGE plpgsql"
         )
         pg.execute(
-            "CREATE TRIGGER audit AFTER UPDATE ON _sluice_offsets "
+            "CREATE TRIGGER audit AFTER INSERT OR UPDATE ON _sluice_offsets "
             "FOR EACH ROW EXECUTE FUNCTION audit_offsets()"
         )
     spec = tmp_path / "task.yaml"
@@ -135,5 +136,7 @@ def test_two_workers_share_a_task_through_kills_and_a_pause(
     with psycopg.connect(postgres_url) as pg:
         backwards = pg.execute("SELECT * FROM audit_offsets WHERE new < old").fetchall()
         updates = pg.execute("SELECT count(*) FROM audit_offsets").fetchone()
+        offsets = pg.execute("SELECT * FROM _sluice_offsets").fetchall()
+        triggers = pg.execute("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal").fetchall()
     assert backwards == [], f"applied offsets went backwards: {backwards}"
-    assert updates is not None and updates[0] > 0
+    assert updates is not None and updates[0] >= len(offsets) > 0, (offsets, triggers)

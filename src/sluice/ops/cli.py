@@ -1058,6 +1058,7 @@ def worker_start(
     zookeeper: ZooKeeperOpt = None,
 ) -> None:
     """Join a worker group and run the tasks it assigns to this worker, in the foreground."""
+    import logging
     import signal as _signal
     import threading
 
@@ -1075,14 +1076,12 @@ def worker_start(
         changed.set()
         return not stop.is_set()
 
-    spark = None
+    from sluice.pipeline.session import spark_session
+
+    logging.getLogger("pymysqlreplication").setLevel(logging.WARNING)
+    spark = spark_session(spark_master, app=f"sluice-worker {me}")  # before joining: it takes seconds
 
     def start_task(task_id: str) -> object:
-        nonlocal spark
-        if spark is None:
-            from sluice.pipeline.session import spark_session
-
-            spark = spark_session(spark_master, app=f"sluice-worker {me}")
         return TaskExecution(
             task_id, store, worker=me, bootstrap=bootstrap, spark=spark, workdir=directory / me
         )
@@ -1095,8 +1094,7 @@ def worker_start(
     try:
         worker.run()
     finally:
-        if spark is not None:
-            spark.stop()
+        spark.stop()
         zk.stop()
     err.print(f"worker {me} stopped")
 

@@ -10,6 +10,10 @@
                                               ts_ms is the source commit time
      "ts_ms": 1763800000125}                  when the capture wrote the event
 
+A capture may also write a position marker to each partition (op `m`, table `_sluice`, key
+`{"partition": N}`, no images): it changes no row, and tells a restarted capture where it can
+resume from (see sources/mysql.py). Targets skip markers.
+
 The record key is `[table, key]` as canonical JSON, so every change of one row lands in the same
 partition, in order. `source.pos` is a non-negative integer (at most 2**63 - 1) that grows with
 every change of a source: targets keep it per row and never let an older position replace a
@@ -24,6 +28,8 @@ from typing import Any
 import orjson
 
 OPS = frozenset({"c", "u", "d", "r"})
+MARKER = "m"
+MARKER_TABLE = "_sluice"
 MAX_POS = 2**63 - 1
 
 
@@ -93,8 +99,8 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
     if not isinstance(doc, dict):
         raise BadEventError(f"record{at} is not a JSON object")
     op = doc.get("op")
-    if op not in OPS:
-        raise BadEventError(f"record{at}: op must be one of c, u, d, r, not {op!r}")
+    if op not in OPS and op != MARKER:
+        raise BadEventError(f"record{at}: op must be one of c, u, d, r (or m), not {op!r}")
     table = doc.get("table")
     if not isinstance(table, str) or not table:
         raise BadEventError(f"record{at}: table must be a non-empty string")
@@ -105,7 +111,7 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
     for name, part in (("before", before), ("after", after)):
         if part is not None and not isinstance(part, dict):
             raise BadEventError(f"record{at}: {name} must be an object or null")
-    if op == "d":
+    if op in ("d", MARKER):
         if after is not None:
             raise BadEventError(f"record{at}: a delete (op d) must have after = null")
     elif after is None:

@@ -181,6 +181,29 @@ class TaskExecution:
             self.error = None
             self._start()
             return
+        newest = self.store.epoch(self.task_id)
+        if newest > self.epoch and not self.error:
+            newer = self.store.status(self.task_id) or {}
+            if newer.get("execution") not in (None, self.execution):
+                # A newer execution started elsewhere (we were paused, or cut off): step down
+                # before our next commit is refused.
+                self.store.raise_alarm(
+                    self.task_id,
+                    "superseded",
+                    {
+                        "executions": [self.execution, newer.get("execution")],
+                        "workers": [self.worker, newer.get("worker")],
+                        "epochs": [self.epoch, newer.get("epoch")],
+                        "window": [self.started, time.time()],
+                        "detail": f"epoch {newest} was taken after ours ({self.epoch})",
+                    },
+                )
+                log.warning(
+                    "task %s: execution %s superseded by epoch %d", self.task_id, self.execution, newest
+                )
+                self.error = "superseded by a newer execution"
+                self.stop()
+                return
         if self.query is not None and isinstance(self.query.error, StaleEpochError):
             newer = self.store.status(self.task_id) or {}
             self.store.raise_alarm(

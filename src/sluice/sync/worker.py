@@ -59,10 +59,9 @@ class Membership:
         self.generation = -1
         self.leader = ""
         self.conn: WireClient | None = None
+        self.hb_conn: WireClient | None = None  # heartbeats have their own connection
 
-    def _coordinator(self) -> WireClient:
-        if self.conn is not None:
-            return self.conn
+    def _find(self) -> tuple[str, int]:
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -73,14 +72,19 @@ class Membership:
                         )
                     (c,) = r["coordinators"]
                     if c["error_code"] == ErrorCode.NONE:
-                        timeout = self.rebalance_timeout_ms / 1000 + 10
-                        self.conn = WireClient(c["host"], c["port"], client_id=self.name, timeout_s=timeout)
-                        return self.conn
+                        return c["host"], int(c["port"])
             except (OSError, WireError):
                 pass
             if time.monotonic() > deadline:
                 raise ConnectionError(f"no group coordinator for {self.group} on {self.bootstrap}")
             time.sleep(0.5)
+
+    def _coordinator(self) -> WireClient:
+        if self.conn is None:
+            host, port = self._find()
+            timeout = self.rebalance_timeout_ms / 1000 + 10
+            self.conn = WireClient(host, port, client_id=self.name, timeout_s=timeout)
+        return self.conn
 
     def reset_connection(self) -> None:
         if self.conn is not None:
@@ -141,15 +145,21 @@ class Membership:
         return r["error_code"], r["assignment"] or b""
 
     def heartbeat(self) -> int:
+        """One heartbeat, on the heartbeat connection (a JoinGroup may be blocking the other)."""
         try:
-            r = self._coordinator().request(
+            if self.hb_conn is None:
+                host, port = self._find()
+                self.hb_conn = WireClient(host, port, client_id=self.name, timeout_s=10)
+            r = self.hb_conn.request(
                 ApiKey.HEARTBEAT,
                 HEARTBEAT_V,
                 {"group_id": self.group, "generation_id": self.generation, "member_id": self.member_id,
                  "group_instance_id": None},
             )  # fmt: skip
-        except (OSError, WireError):
-            self.reset_connection()
+        except (OSError, WireError, ConnectionError):
+            if self.hb_conn is not None:
+                self.hb_conn.close()
+                self.hb_conn = None
             return int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         return int(r["error_code"])
 
@@ -166,6 +176,9 @@ class Membership:
         except (OSError, WireError):
             pass
         self.reset_connection()
+        if self.hb_conn is not None:
+            self.hb_conn.close()
+            self.hb_conn = None
 
 
 class Worker:
@@ -226,35 +239,47 @@ class Worker:
                 self.running[task_id] = self.start_task(task_id)
 
     def run(self) -> None:
+        """Heartbeats run on their own thread, so that starting or stopping a task (which can
+        take seconds: Spark) never costs the worker its session."""
         m = self.membership
         interval = m.session_timeout_ms / 1000 / 4
-        need_join = True
-        try:
-            while not self.stop.is_set():
-                if need_join:
-                    self._rebalance()
-                    need_join = False
-                self.stop.wait(interval)
+        rejoin = threading.Event()
+        expired = threading.Event()
+        rejoin.set()
+
+        def beat() -> None:
+            while not self.stop.wait(interval):
                 err = m.heartbeat()
                 if err in (ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.ILLEGAL_GENERATION):
-                    need_join = True
-                elif err == ErrorCode.UNKNOWN_MEMBER_ID:
-                    # Our session expired (we were paused or cut off): the others run our tasks
-                    # now. Stop ours before rejoining as a new member.
+                    rejoin.set()
+                elif err in (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID):
+                    expired.set()
+                    rejoin.set()
+
+        heart = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        heart.start()
+        try:
+            while not self.stop.is_set():
+                if expired.is_set():
+                    # The session expired (we were paused or cut off): the others run our tasks
+                    # now. Stop ours, then rejoin as a new member.
+                    expired.clear()
                     for task_id in sorted(self.running):
                         self.running.pop(task_id).stop()
                     m.member_id = ""
-                    need_join = True
-                elif err != ErrorCode.NONE:
-                    need_join = err in RETRIABLE
                 if self.tasks_changed.is_set() and m.leader == m.member_id:
-                    need_join = True
+                    rejoin.set()
+                if rejoin.is_set():
+                    rejoin.clear()
+                    self._rebalance()
                 for execution in list(self.running.values()):
                     execution.tick()
+                self.stop.wait(interval)
         finally:
             for task_id in sorted(self.running):
                 self.running.pop(task_id).stop()
             m.leave()
+            heart.join(timeout=interval * 2)
 
 
 def worker_name() -> str:

@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from sluice.sync.envelope import record_key
+from sluice.sync.envelope import MARKER, MARKER_TABLE, record_key
 from sluice.sync.tasks import SourceSpec
 
 SNAPSHOT = "snapshot"
@@ -349,7 +349,26 @@ class MySqlCapture:
         finally:
             conn.close()
         self.stats.position = position.text()
+        if producer.flush(120):
+            raise CaptureError("snapshot rows not acknowledged within 120 s")
+        self._mark(producer, position)
         return position
+
+    def _mark(self, producer: Any, position: BinlogPosition) -> None:
+        """A position marker in every partition: a restart resumes from here, not a new snapshot."""
+        meta = producer.list_topics(timeout=15)
+        now = int(time.time() * 1000)
+        for topic in sorted({self.topic_for(t) for t in self.tables}):
+            t = meta.topics.get(topic)
+            for p in sorted(t.partitions) if t else []:
+                key = {"partition": p}
+                env = self._envelope(
+                    MARKER, MARKER_TABLE, key, None, None, position.encode(), now, position.text()
+                )
+                producer.produce(topic, orjson.dumps(env), record_key(MARKER_TABLE, {"partition": p}),
+                                 partition=p, timestamp=now)  # fmt: skip
+        if producer.flush(60):
+            raise CaptureError("position markers not acknowledged within 60 s")
 
     def _stream(self, producer: Any, keys: dict[str, list[str]], start: BinlogPosition) -> None:
         from pymysqlreplication import BinLogStreamReader
@@ -358,7 +377,12 @@ class MySqlCapture:
 
         settings = {"host": self.spec.host, "port": self.spec.port, "user": self.spec.user,
                     "passwd": self.spec.password}  # fmt: skip
-        server_id = self.spec.server_id or (5400 + zlib.crc32(self.name.encode()) % 100_000)
+        # A replica id per execution: the server drops an older binlog connection when another
+        # registers with the same id, so two executions sharing one would knock each other off
+        # in turn and neither would read anything.
+        server_id = self.spec.server_id or (
+            5400 + zlib.crc32(f"{self.name}/{self.execution}".encode()) % 10**9
+        )
         events = [WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent, QueryEvent, RotateEvent]
         current_file = start.file
         tx: list[Any] | None = None
@@ -423,8 +447,8 @@ class MySqlCapture:
             if self.stats.errors:
                 return
             if not got:
-                producer.poll(0.1)
-                time.sleep(0.2)
+                producer.poll(0.25)
+                self.stop.wait(0.25)
 
 
 def _is_ddl(event: Any) -> bool:

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from sluice import test_switches
 from sluice.sync.changes import collapse, to_changes
+from sluice.sync.envelope import MARKER
 
 #: Columns of the record tables a target applies: the log's own coordinates and the raw value.
 RECORD_COLUMNS = ("topic", "partition", "offset", "value", "timestamp")
@@ -251,6 +252,8 @@ class Target(ABC):
                 self._set_epoch(tx, pipeline, epoch)
             applied = self._read_offsets(tx, pipeline)
             fresh = drop_applied(records, applied)
+            if fresh.num_rows and "op" in fresh.column_names:
+                fresh = fresh.filter(pc.not_equal(fresh["op"], MARKER))  # position markers: no rows
             result.skipped = result.records - _count(fresh)
             if fresh.num_rows:
                 guard = not test_switches.enabled(test_switches.DISABLE_VERSION_GUARD)
