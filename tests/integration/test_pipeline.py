@@ -143,7 +143,7 @@ def test_apply_to_postgres_equals_the_generator_truth(
     assert cmp.ok, cmp.summary()
 
 
-def test_a_checkpoint_ahead_of_the_target_is_set_aside(tmp_path: Path) -> None:
+def test_a_checkpoint_ahead_of_the_target_is_removed(tmp_path: Path) -> None:
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery
 
     url = f"sqlite:///{tmp_path / 't.db'}"

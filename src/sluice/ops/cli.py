@@ -912,7 +912,7 @@ def task_create(
     """Validate a task definition and store it; errors name the bad field."""
     import yaml
 
-    from sluice.sync.tasks import TaskSpecError, parse_spec
+    from sluice.sync.tasks import TaskSpecError, parse_spec, redact
 
     try:
         doc = yaml.safe_load(file.read_text())
@@ -932,13 +932,15 @@ def task_create(
     finally:
         zk.stop()
     console.print(
-        f"task {spec.id} created: {spec.source.kind} -> {', '.join(spec.topics())} -> {spec.target}"
+        f"task {spec.id} created: {spec.source.kind} -> {', '.join(spec.topics())} -> {redact(spec.target)}"
     )
 
 
 @task_app.command("list")
 def task_list(zookeeper: ZooKeeperOpt = None) -> None:
     """Tasks with their state: running (worker, epoch), paused or waiting for a worker."""
+    from sluice.sync.tasks import redact
+
     zk, store = _task_store(zookeeper)
     try:
         table = Table("task", "source", "target", "state", "worker", "epoch")
@@ -948,7 +950,7 @@ def task_list(zookeeper: ZooKeeperOpt = None) -> None:
             control = store.control(task_id)
             state = "paused" if control.paused else ("running" if status else "waiting for a worker")
             table.add_row(
-                task_id, spec.source.kind, spec.target, state,
+                task_id, spec.source.kind, redact(spec.target), state,
                 str(status.get("worker", "")) if status else "", str(store.epoch(task_id)),
             )  # fmt: skip
         console.print(table)
@@ -959,7 +961,7 @@ def task_list(zookeeper: ZooKeeperOpt = None) -> None:
 @task_app.command("status")
 def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
     """Worker, execution id, epoch, captured position, applied offsets, lag and alarms."""
-    from sluice.sync.tasks import TaskNotFoundError
+    from sluice.sync.tasks import TaskNotFoundError, redact
 
     zk, store = _task_store(zookeeper)
     try:
@@ -969,7 +971,9 @@ def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
             raise fail(f"no task {task_id!r}", 2) from None
         status = store.status(task_id)
         control = store.control(task_id)
-        console.print(f"task {spec.id}: {spec.source.kind} -> {', '.join(spec.topics())} -> {spec.target}")
+        console.print(
+            f"task {spec.id}: {spec.source.kind} -> {', '.join(spec.topics())} -> {redact(spec.target)}"
+        )
         console.print(
             f"  state      {'paused' if control.paused else 'running' if status else 'waiting for a worker'}"
         )

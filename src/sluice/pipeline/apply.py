@@ -10,7 +10,7 @@ rolled back and the query stops with `StaleEpochError`.
 
 The target's offsets are the position of record and the Spark checkpoint a cache of it: with no
 checkpoint the query starts from the target's offsets, and a checkpoint that is ahead of the
-target (the target was restored from a backup, say) is set aside on start
+target (the target was restored from a backup, say) is removed on start
 (`reconcile_checkpoint`), since resuming from it would skip records the target never got.
 """
 
@@ -101,7 +101,8 @@ class ApplyQuery:
         return orjson.dumps(doc).decode()
 
     def reconcile_checkpoint(self) -> str | None:
-        """Set the Spark checkpoint aside if it committed batches the target does not have."""
+        """Remove the Spark checkpoint if it committed batches the target does not have (the
+        query keeps no state in it, so resuming from the target's offsets loses nothing)."""
         ckpt = self.config.checkpoint
         if ckpt is None or not (ckpt / "commits").is_dir():
             return None
@@ -121,7 +122,7 @@ class ApplyQuery:
         shutil.rmtree(ckpt)
         note = (
             f"checkpoint {ckpt} is ahead of the target (its batch {committed[-1]} is not in the "
-            f"target's offsets); set aside, resuming from the target's offsets"
+            f"target's offsets); removed it, resuming from the target's offsets"
         )
         self.notes.append(note)
         return note

@@ -30,6 +30,15 @@ _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SOURCE_KINDS = ("mysql", "mariadb", "generator")
 
 
+def redact(url: str) -> str:
+    """A connection URL without its password, for printing."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in creds:
+        return url
+    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+
+
 class TaskSpecError(ValueError):
     """A task definition with a bad field; the message names the field."""
 
