@@ -376,7 +376,7 @@ class MySqlCapture:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         settings = {"host": self.spec.host, "port": self.spec.port, "user": self.spec.user,
-                    "passwd": self.spec.password}  # fmt: skip
+                    "password": self.spec.password}  # fmt: skip
         # A replica id per execution: the server drops an older binlog connection when another
         # registers with the same id, so two executions sharing one would knock each other off
         # in turn and neither would read anything.
