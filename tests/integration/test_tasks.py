@@ -46,6 +46,7 @@ def sluice(*args: str, zk: str) -> subprocess.CompletedProcess[str]:
         (("target: postgresql", "target: mysql"), "task.target"),
         (("tables: [customers, orders]", "tables: []"), "task.tables"),
         (("trigger: 1s", "trigger: 1s, colour: red"), "task.options.colour"),
+        (("trigger: 1s", "trigger: soon"), "task.options.trigger"),
         (("rename: {amount_cents: amount}", "renames: {}"), "task.mapping.orders"),
     ],
 )

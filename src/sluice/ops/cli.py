@@ -739,19 +739,12 @@ def consume(
 
 
 def _seconds(text: str, what: str) -> float:
-    raw = text.strip().lower()
+    from sluice.sync.tasks import parse_duration
+
     try:
-        if raw.endswith("ms"):
-            value = float(raw[:-2]) / 1000
-        elif raw.endswith("s"):
-            value = float(raw[:-1])
-        else:
-            value = float(raw)
+        return parse_duration(text)
     except ValueError:
-        raise fail(f"{what} must be a duration like 1s, 500ms or 2.5, not {text!r}", 2) from None
-    if value <= 0:
-        raise fail(f"{what} must be positive, not {text!r}", 2)
-    return value
+        raise fail(f"{what} must be a positive duration like 1s, 500ms or 2.5, not {text!r}", 2) from None
 
 
 @app.command("apply")

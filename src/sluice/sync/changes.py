@@ -155,6 +155,23 @@ def to_changes(records: pa.RecordBatch | pa.Table, collapse: bool = False) -> pa
 
 def _to_changes(records: pa.RecordBatch | pa.Table, collapse: bool) -> pa.RecordBatch:
     builder = ChangeBuilder(collapse)
+    _add_records(builder, records)
+    return builder.batch()
+
+
+def map_to_changes(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Log records in, the newest change per row out (and the last record, for its offset)."""
+    builder = ChangeBuilder(collapse=True)
+    with no_cyclic_gc():
+        for batch in batches:
+            _add_records(builder, batch)
+        out = builder.batch() if len(builder) else None
+    if out is not None:
+        yield out
+
+
+def _add_records(builder: ChangeBuilder, records: pa.RecordBatch | pa.Table) -> None:
+    """Feed log records (topic, partition, offset, value, timestamp columns) to a builder."""
     stamps = records.column("timestamp")
     if pa.types.is_timestamp(stamps.type):
         stamps = stamps.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
@@ -167,31 +184,6 @@ def _to_changes(records: pa.RecordBatch | pa.Table, collapse: bool) -> pa.Record
         strict=True,
     ):
         builder.add(value, t, p, o, ts)
-    return builder.batch()
-
-
-def map_to_changes(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Log records in, the newest change per row out (and the last record, for its offset)."""
-    with no_cyclic_gc():
-        out = _collapse_batches(batches)
-    if out is not None:
-        yield out
-
-
-def _collapse_batches(batches: Iterable[pa.RecordBatch]) -> pa.RecordBatch | None:
-    builder = ChangeBuilder(collapse=True)
-    for batch in batches:
-        stamps = batch.column("timestamp").cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
-        for value, t, p, o, ts in zip(
-            batch.column("value").to_pylist(),
-            batch.column("topic").to_pylist(),
-            batch.column("partition").to_pylist(),
-            batch.column("offset").to_pylist(),
-            stamps.to_pylist(),
-            strict=True,
-        ):
-            builder.add(value, t, p, o, ts)
-    return builder.batch() if len(builder) else None
 
 
 def collapse(changes: pa.Table) -> pa.Table:

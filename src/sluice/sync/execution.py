@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sluice.sync.tasks import TaskSpec, TaskStore
+from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration
 
 log = logging.getLogger("sluice.execution")
 
@@ -141,8 +141,7 @@ class TaskExecution:
         from sluice.sync.targets import ColumnMapping
 
         spec = self.spec
-        trigger = str(spec.options.get("trigger", "1s"))
-        seconds = float(trigger[:-2]) / 1000 if trigger.endswith("ms") else float(trigger.rstrip("s"))
+        seconds = parse_duration(str(spec.options.get("trigger", "1s")))
         self.query = ApplyQuery(
             self.spark,
             ApplyConfig(
@@ -187,43 +186,29 @@ class TaskExecution:
             if newer.get("execution") not in (None, self.execution):
                 # A newer execution started elsewhere (we were paused, or cut off): step down
                 # before our next commit is refused.
-                self.store.raise_alarm(
-                    self.task_id,
-                    "superseded",
-                    {
-                        "executions": [self.execution, newer.get("execution")],
-                        "workers": [self.worker, newer.get("worker")],
-                        "epochs": [self.epoch, newer.get("epoch")],
-                        "window": [self.started, time.time()],
-                        "detail": f"epoch {newest} was taken after ours ({self.epoch})",
-                    },
-                )
-                log.warning(
-                    "task %s: execution %s superseded by epoch %d", self.task_id, self.execution, newest
-                )
-                self.error = "superseded by a newer execution"
-                self.stop()
+                self._step_down(newer, f"epoch {newest} was taken after ours ({self.epoch})")
                 return
         if self.query is not None and isinstance(self.query.error, StaleEpochError):
-            newer = self.store.status(self.task_id) or {}
-            self.store.raise_alarm(
-                self.task_id,
-                "superseded",
-                {
-                    "executions": [self.execution, newer.get("execution")],
-                    "workers": [self.worker, newer.get("worker")],
-                    "epochs": [self.epoch, newer.get("epoch")],
-                    "window": [self.started, time.time()],
-                    "detail": str(self.query.error),
-                },
-            )
-            log.warning(
-                "task %s: execution %s superseded: %s", self.task_id, self.execution, self.query.error
-            )
-            self.error = "superseded by a newer execution"
-            self.stop()
+            self._step_down(self.store.status(self.task_id) or {}, str(self.query.error))
             return
         self._publish(self._progress())
+
+    def _step_down(self, newer: dict[str, Any], detail: str) -> None:
+        """A newer execution owns the task: record the `superseded` alarm and stop."""
+        self.store.raise_alarm(
+            self.task_id,
+            "superseded",
+            {
+                "executions": [self.execution, newer.get("execution")],
+                "workers": [self.worker, newer.get("worker")],
+                "epochs": [self.epoch, newer.get("epoch")],
+                "window": [self.started, time.time()],
+                "detail": detail,
+            },
+        )
+        log.warning("task %s: execution %s superseded: %s", self.task_id, self.execution, detail)
+        self.error = "superseded by a newer execution"
+        self.stop()
 
     def _publish(self, extra: dict[str, Any]) -> None:
         status = {
@@ -276,24 +261,8 @@ class TaskExecution:
 
 def _next_generator_pos(bootstrap: str, topics: list[str]) -> int:
     """One past the highest source position in the topics' last records (1 when empty)."""
-    import orjson
-    from confluent_kafka import Consumer, TopicPartition
+    from sluice.sync.sources import last_envelopes
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "sluice-recover", "log_level": 0})
-    best = 0
-    try:
-        meta = c.list_topics(timeout=15)
-        for topic in topics:
-            t = meta.topics.get(topic)
-            for p in t.partitions if t else []:
-                low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                if high > low:
-                    c.assign([TopicPartition(topic, p, high - 1)])
-                    msg = c.poll(10)
-                    if msg is not None and msg.error() is None:
-                        best = max(
-                            best, int(orjson.loads(msg.value() or b"{}").get("source", {}).get("pos", 0))
-                        )
-    finally:
-        c.close()
-    return best + 1
+    return 1 + max(
+        (int(doc.get("source", {}).get("pos", 0)) for doc in last_envelopes(bootstrap, topics)), default=0
+    )

@@ -30,6 +30,20 @@ _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SOURCE_KINDS = ("mysql", "mariadb", "generator")
 
 
+def parse_duration(text: str) -> float:
+    """Seconds from "1s", "500ms" or "2.5"; ValueError unless positive."""
+    raw = text.strip().lower()
+    if raw.endswith("ms"):
+        value = float(raw[:-2]) / 1000
+    elif raw.endswith("s"):
+        value = float(raw[:-1])
+    else:
+        value = float(raw)
+    if not value > 0:
+        raise ValueError(f"not a positive duration: {text!r}")
+    return value
+
+
 def redact(url: str) -> str:
     """A connection URL without its password, for printing."""
     scheme, sep, rest = url.partition("://")
@@ -135,6 +149,13 @@ def parse_spec(doc: Any) -> TaskSpec:
             raise TaskSpecError(f"task.options.{name}: unknown option (known: {', '.join(sorted(_OPTIONS))})")
         if not isinstance(value, kind) or isinstance(value, bool):
             raise TaskSpecError(f"task.options.{name}: must be {'an integer' if kind is int else 'a string'}")
+        if name == "trigger":
+            try:
+                parse_duration(str(value))
+            except ValueError:
+                raise TaskSpecError(
+                    f"task.options.trigger: must be a duration like 1s or 500ms, not {value!r}"
+                ) from None
     return TaskSpec(task_id, source, target, list(tables), topic, dict(mapping), dict(options))
 
 

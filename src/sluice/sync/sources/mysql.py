@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from sluice.sync.envelope import MARKER, MARKER_TABLE, record_key
+from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.tasks import SourceSpec
 
 SNAPSHOT = "snapshot"
@@ -463,40 +464,18 @@ def _is_commit(event: Any) -> bool:
 def recover_position(bootstrap: str, topics: list[str]) -> str | None:
     """The highest `source.resume` among the last records of every partition of `topics`, or
     None when the topics hold no change yet (capture must start with a snapshot)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "sluice-recover",
-            "enable.auto.commit": False,
-            "log_level": 0,
-        }
-    )
     best: BinlogPosition | None = None
     snapshot_only = False
     try:
-        meta = consumer.list_topics(timeout=15)
-        for topic in topics:
-            t = meta.topics.get(topic)
-            if t is None or t.error is not None:
+        for doc in last_envelopes(bootstrap, topics):
+            resume = doc.get("source", {}).get("resume")
+            if resume == SNAPSHOT or resume is None:
+                snapshot_only = True
                 continue
-            for p in t.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                if high <= low:
-                    continue
-                consumer.assign([TopicPartition(topic, p, high - 1)])
-                msg = consumer.poll(10)
-                if msg is None or msg.error() is not None:
-                    raise CaptureError(f"cannot read the last record of {topic}[{p}] to recover the position")
-                resume = orjson.loads(msg.value() or b"{}").get("source", {}).get("resume")
-                if resume == SNAPSHOT or resume is None:
-                    snapshot_only = True
-                    continue
-                pos = BinlogPosition.parse(resume)
-                best = pos if best is None or pos > best else best
-    finally:
-        consumer.close()
+            pos = BinlogPosition.parse(resume)
+            best = pos if best is None or pos > best else best
+    except LogTailError as exc:
+        raise CaptureError(str(exc)) from None
     if best is not None:
         return best.text()
     return SNAPSHOT if snapshot_only else None
