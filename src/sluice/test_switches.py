@@ -25,6 +25,13 @@ DISABLE_VERSION_GUARD = "SLUICE_TEST_DISABLE_VERSION_GUARD"
 #: "before-commit:N" or "after-commit:N": the process kills itself with SIGKILL right before or
 #: right after its N-th target commit (counting from 1), to test restarts at those points.
 CRASH_AT = "SLUICE_TEST_CRASH_AT"
+#: A directory: at a pause point named by a file in it, the process deletes the file and stops
+#: itself with SIGSTOP (a GC pause landing exactly there), until someone sends SIGCONT. Drills
+#: arm a point by creating the file. Points: "capture-produce" (a captured change is about to be
+#: produced to the log), "apply-commit" (a micro-batch was read and is about to be committed to
+#: the target).
+PAUSE_DIR = "SLUICE_TEST_PAUSE_DIR"
+PAUSE_POINTS = ("capture-produce", "apply-commit")
 
 ALL = (
     UNSAFE_ACKS_ALL,
@@ -34,6 +41,7 @@ ALL = (
     DISABLE_TARGET_FENCE,
     DISABLE_VERSION_GUARD,
     CRASH_AT,
+    PAUSE_DIR,
 )
 
 
@@ -56,6 +64,29 @@ def crash_point(where: str, *, count: bool = False) -> None:
         return
     point, _, number = spec.partition(":")
     if point == where and number.isdigit() and int(number) == _commits:
-        import signal
+        _signal_this_thread("SIGKILL")
 
-        os.kill(os.getpid(), signal.SIGKILL)
+
+def pause_point(where: str) -> None:
+    """Stop this process with SIGSTOP here if PAUSE_DIR holds an armed file for this point."""
+    directory = os.environ.get(PAUSE_DIR)
+    if not directory:
+        return
+    assert where in PAUSE_POINTS, where
+    armed = os.path.join(directory, where)
+    try:
+        os.unlink(armed)  # one pause per arming; unlink is atomic, so two threads never both stop
+    except FileNotFoundError:
+        return
+    _signal_this_thread("SIGSTOP")
+
+
+def _signal_this_thread(name: str) -> None:
+    """Send the signal to the calling thread itself (tgkill), not to the process: the kernel
+    then acts on it as this thread leaves the call, so the thread is stopped or killed exactly
+    here. Sent to the process, it may be taken by another thread while this one runs on for
+    milliseconds (into the transaction it was meant to stop in front of)."""
+    import signal
+    import threading
+
+    signal.pthread_kill(threading.get_ident(), getattr(signal, name))

@@ -1,4 +1,4 @@
-"""Incident drills: replay incidents A, B and C of the design against a local cluster and read
+"""Incident drills: replay incidents A, B, C and D of the design against a local cluster and read
 the verdict. Each drill runs a verifiable workload, injects the incident's faults, heals,
 checks, and returns rows of the checker plus the guarantees it checked (passed or not).
 """
@@ -314,6 +314,13 @@ def single_replica_shutdown(dc: DrillCluster, rng: random.Random) -> IncidentRes
     return result
 
 
+def zombie_task(dc: DrillCluster, rng: random.Random) -> IncidentResult:
+    """D: see `sluice.chaos.zombie` (imported here when run: it builds on this module)."""
+    from sluice.chaos.zombie import zombie_task as drill
+
+    return drill(dc, rng)
+
+
 INCIDENTS: dict[str, tuple[str, Callable[[DrillCluster, random.Random], IncidentResult]]] = {
     "acks1-failover": (
         "A: a leader cut off from ZooKeeper while acks=1 and acks=all producers write",
@@ -326,6 +333,10 @@ INCIDENTS: dict[str, tuple[str, Callable[[DrillCluster, random.Random], Incident
     "single-replica-shutdown": (
         "C: an RF=1 topic's broker killed, then drained and stopped",
         single_replica_shutdown,
+    ),
+    "zombie-task": (
+        "D: a sync task's worker paused past its session; the task runs twice and the zombie writes",
+        zombie_task,
     ),
 }
 

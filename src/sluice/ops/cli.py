@@ -519,6 +519,13 @@ def _print_result(result: object) -> bool:
     from sluice.chaos.incidents import IncidentResult
 
     assert isinstance(result, IncidentResult)
+    if result.timeline and not result.rows:
+        steps = Table(title=f"{result.name}: what happened")
+        steps.add_column("t (s)", justify="right")
+        steps.add_column("step")
+        for at, what in result.timeline:
+            steps.add_row(f"{at:.1f}", what)
+        console.print(steps)
     table = Table(title=f"{result.name}: checker")
     for col in (
         "run",
@@ -542,7 +549,8 @@ def _print_result(result: object) -> bool:
             str(r.failed_sends),
             ", ".join(f"{k} x{v}" for k, v in r.errors.items()),
         )
-    console.print(table)
+    if result.rows:
+        console.print(table)
     for r in result.rows:
         for example in r.lost_examples:
             console.print(f"   lost ({r.label}): {example}")

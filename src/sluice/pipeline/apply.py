@@ -71,6 +71,7 @@ class ApplyQuery:
         config: ApplyConfig,
         *,
         on_batch: Callable[[BatchReport], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
         keep_freshness: bool = False,
     ) -> None:
         if not config.topics and not config.pattern:
@@ -78,6 +79,7 @@ class ApplyQuery:
         self.spark = spark
         self.config = config
         self.on_batch = on_batch
+        self.on_error = on_error  # called on the batch thread when a commit fails
         self.keep_freshness = keep_freshness
         self.pipeline = config.pipeline_name()
         self.target: Target = open_target(config.target, config.mapping)
@@ -136,6 +138,8 @@ class ApplyQuery:
             result = self.target.apply(self.pipeline, self.epoch, records)
         except BaseException as exc:
             self.error = exc
+            if self.on_error is not None:
+                self.on_error(exc)
             raise
         committed = time.time()
         freshness: list[int] = []

@@ -1,11 +1,19 @@
 """One execution of a sync task on a worker: capture into the log, apply to the target.
 
 Starting takes a new fencing epoch (`TaskStore.next_epoch`) and publishes an ephemeral status
-znode (execution id, epoch, worker). If a status of another execution is still there, its
-worker's session is alive although the task was given to us: a duplicate execution, recorded
-as an alarm with both execution ids, both workers and the time window. The apply query runs
-under our epoch, so once we commit, the other execution's commits are refused by the target;
-when that happens to us (`StaleEpochError`), we were superseded: we stop and record it too.
+znode (execution id, epoch, worker). The task ran twice at once (incident D) when either side
+sees the other:
+
+- the new execution finds another execution's status still there (its worker's ZooKeeper
+  session is alive although the group gave the task to us), or
+- an execution finds a newer epoch taken (it was paused or cut off past its group session),
+  or the target refuses its commit (`StaleEpochError`: the new execution claimed the target).
+
+Either way a `duplicate-execution` alarm records both execution ids, both workers and the time
+window in which both ran, and the older execution stops. A refused commit is recorded on its
+own too (`stale-commit-refused`), with the epoch refused and the epoch that holds the target.
+The apply query claims the target under our epoch when it starts, so from then on nothing the
+older execution still has in flight can commit.
 """
 
 from __future__ import annotations
@@ -68,6 +76,9 @@ class TaskExecution:
         self.epoch = 0
         self.execution = ""
         self._consumer: Any = None
+        # Status reads use their own target connection: the apply query's is busy on the batch
+        # thread, and one connection cannot hold two transactions at once.
+        self._status_target: Any = None
         self._start()
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -85,9 +96,10 @@ class TaskExecution:
                     "executions": [other.get("execution"), self.execution],
                     "workers": [other.get("worker"), self.worker],
                     "epochs": [other.get("epoch"), self.epoch],
-                    "window": [other.get("started"), self.started],
-                    "detail": "the previous execution's worker still holds its session; "
-                    "its commits are refused from our first commit on",
+                    "window": [self.started, None],
+                    "found_by": "new execution",
+                    "detail": "the previous execution's worker still holds its ZooKeeper session; "
+                    "the target refuses its commits once our apply query has claimed it",
                 },
             )
             log.warning("task %s: duplicate execution: %s on %s is still registered", self.task_id,
@@ -150,8 +162,27 @@ class TaskExecution:
                 mapping=ColumnMapping.from_config(spec.mapping),
                 max_records_per_trigger=spec.options.get("max_records_per_trigger"),
             ),
+            on_error=self._on_commit_error,
         )  # fmt: skip
         self.query.start()
+
+    def _on_commit_error(self, exc: BaseException) -> None:
+        """On the batch thread: a refused stale commit is recorded at once, whatever else this
+        execution is doing (it may be stepping down already)."""
+        from sluice.sync.targets import StaleEpochError
+
+        if not isinstance(exc, StaleEpochError):
+            return
+        self.store.raise_alarm(
+            self.task_id,
+            "stale-commit-refused",
+            {
+                "execution": self.execution, "worker": self.worker, "epoch": exc.epoch,
+                "target_epoch": exc.current, "detail": str(exc),
+            },
+        )  # fmt: skip
+        log.warning("task %s: stale commit refused: execution %s epoch %d, the target holds epoch %d",
+                    self.task_id, self.execution, exc.epoch, exc.current)  # fmt: skip
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -164,6 +195,9 @@ class TaskExecution:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._status_target is not None:
+            self._status_target.close()
+            self._status_target = None
 
     def alive(self) -> bool:
         return self.error is None
@@ -193,16 +227,28 @@ class TaskExecution:
             return
         self._publish(self._progress())
 
+    def relinquish(self) -> None:
+        """The worker lost its group session (it was paused or cut off): the task is someone
+        else's now. If a newer execution has started meanwhile, both ran at once: step down with
+        the alarm; otherwise just stop."""
+        if self.error is None and self.store.epoch(self.task_id) > self.epoch:
+            newer = self.store.status(self.task_id) or {}
+            self._step_down(newer, "this worker's group session expired and a newer epoch was taken")
+            return
+        self.stop()
+
     def _step_down(self, newer: dict[str, Any], detail: str) -> None:
-        """A newer execution owns the task: record the `superseded` alarm and stop."""
+        """A newer execution owns the task: record the duplicate execution and stop."""
         self.store.raise_alarm(
             self.task_id,
-            "superseded",
+            "duplicate-execution",
             {
                 "executions": [self.execution, newer.get("execution")],
                 "workers": [self.worker, newer.get("worker")],
-                "epochs": [self.epoch, newer.get("epoch")],
-                "window": [self.started, time.time()],
+                "epochs": [self.epoch, newer.get("epoch", self.store.epoch(self.task_id))],
+                # both ran from the newer one's start until this one stops, now
+                "window": [newer.get("started"), time.time()],
+                "found_by": "superseded execution",
                 "detail": detail,
             },
         )
@@ -232,7 +278,11 @@ class TaskExecution:
             out["captured_position"] = self.capture.stats.position
         if self.query is None:
             return out
-        applied = self.query.target.applied_offsets(self.spec.id)
+        if self._status_target is None:
+            from sluice.sync.targets import open_target
+
+            self._status_target = open_target(self.spec.target)
+        applied = self._status_target.applied_offsets(self.spec.id)
         out["applied_offsets"] = {f"{t}[{p}]": o for (t, p), o in sorted(applied.items())}
         if self._consumer is None:
             self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "sluice-status",

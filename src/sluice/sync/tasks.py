@@ -198,8 +198,17 @@ class TaskStore:
     the cluster's chroot)."""
 
     def __init__(self, client: Any) -> None:
+        from kazoo.retry import KazooRetry
+
         self.zk = client
-        self.zk.ensure_path(TASKS)
+        # Every call retries through connection loss and session expiry (kazoo opens a new
+        # session): a worker paused past its ZooKeeper session must come back and step down,
+        # not die on its first call. Each call here is safe to repeat.
+        self._retry = KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0, deadline=30.0, ignore_expire=True)
+        self._call(self.zk.ensure_path, TASKS)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._retry.copy()(fn, *args, **kwargs)
 
     def _path(self, task_id: str, *rest: str) -> str:
         return "/".join([TASKS, task_id, *rest])
@@ -220,13 +229,13 @@ class TaskStore:
                 raise r
 
     def ids(self) -> list[str]:
-        return sorted(self.zk.get_children(TASKS))
+        return sorted(self._call(self.zk.get_children, TASKS))
 
     def get(self, task_id: str) -> TaskSpec:
         from kazoo.exceptions import NoNodeError
 
         try:
-            data, _ = self.zk.get(self._path(task_id))
+            data, _ = self._call(self.zk.get, self._path(task_id))
         except NoNodeError:
             raise TaskNotFoundError(task_id) from None
         return TaskSpec.from_json(data)
@@ -235,7 +244,7 @@ class TaskStore:
         from kazoo.exceptions import NoNodeError
 
         try:
-            self.zk.delete(self._path(task_id), recursive=True)
+            self._call(self.zk.delete, self._path(task_id), recursive=True)
         except NoNodeError:
             raise TaskNotFoundError(task_id) from None
 
@@ -245,20 +254,20 @@ class TaskStore:
 
         path = self._path(task_id, "epoch")
         while True:
-            data, stat = self.zk.get(path)
+            data, stat = self._call(self.zk.get, path)
             epoch = int(data or b"0") + 1
             try:
-                self.zk.set(path, str(epoch).encode(), version=stat.version)
+                self._call(self.zk.set, path, str(epoch).encode(), version=stat.version)
                 return epoch
             except BadVersionError:
                 continue
 
     def epoch(self, task_id: str) -> int:
-        data, _ = self.zk.get(self._path(task_id, "epoch"))
+        data, _ = self._call(self.zk.get, self._path(task_id, "epoch"))
         return int(data or b"0")
 
     def control(self, task_id: str) -> Control:
-        data, _ = self.zk.get(self._path(task_id, "control"))
+        data, _ = self._call(self.zk.get, self._path(task_id, "control"))
         return Control(**orjson.loads(data))
 
     def set_control(self, task_id: str, **changes: Any) -> Control:
@@ -266,12 +275,12 @@ class TaskStore:
 
         path = self._path(task_id, "control")
         while True:
-            data, stat = self.zk.get(path)
+            data, stat = self._call(self.zk.get, path)
             current = Control(**orjson.loads(data))
             for k, v in changes.items():
                 setattr(current, k, v)
             try:
-                self.zk.set(path, orjson.dumps(asdict(current)), version=stat.version)
+                self._call(self.zk.set, path, orjson.dumps(asdict(current)), version=stat.version)
                 return current
             except BadVersionError:
                 continue
@@ -283,22 +292,23 @@ class TaskStore:
         path = self._path(task_id, "status")
         data = orjson.dumps(status)
         try:
-            self.zk.create(path, data, ephemeral=True)
+            self._call(self.zk.create, path, data, ephemeral=True)
         except NodeExistsError:
-            self.zk.set(path, data)
+            self._call(self.zk.set, path, data)
 
     def status(self, task_id: str) -> dict[str, Any] | None:
         from kazoo.exceptions import NoNodeError
 
         try:
-            data, _ = self.zk.get(self._path(task_id, "status"))
+            data, _ = self._call(self.zk.get, self._path(task_id, "status"))
         except NoNodeError:
             return None
         result: dict[str, Any] = orjson.loads(data)
         return result
 
     def raise_alarm(self, task_id: str, kind: str, detail: dict[str, Any]) -> None:
-        self.zk.create(
+        self._call(
+            self.zk.create,
             self._path(task_id, "alarms", "alarm-"),
             orjson.dumps({"kind": kind, "at": time.time(), **detail}),
             sequence=True,
@@ -306,7 +316,7 @@ class TaskStore:
 
     def alarms(self, task_id: str) -> list[dict[str, Any]]:
         out = []
-        for child in sorted(self.zk.get_children(self._path(task_id, "alarms"))):
-            data, _ = self.zk.get(self._path(task_id, "alarms", child))
+        for child in sorted(self._call(self.zk.get_children, self._path(task_id, "alarms"))):
+            data, _ = self._call(self.zk.get, self._path(task_id, "alarms", child))
             out.append(orjson.loads(data))
         return out

@@ -184,8 +184,9 @@ class Membership:
 class Worker:
     """Runs the tasks the group assigns to it until `stop` is set.
 
-    `start_task(task_id)` returns an object with `stop()`, `alive()` and `tick()` (a
-    TaskExecution in production; tests may pass their own)."""
+    `start_task(task_id)` returns an object with `stop()`, `relinquish()` (stop after losing
+    the group session), `alive()` and `tick()` (a TaskExecution in production; tests may pass
+    their own)."""
 
     def __init__(
         self,
@@ -265,15 +266,23 @@ class Worker:
                     # now. Stop ours, then rejoin as a new member.
                     expired.clear()
                     for task_id in sorted(self.running):
-                        self.running.pop(task_id).stop()
+                        execution = self.running.pop(task_id)
+                        try:
+                            execution.relinquish()
+                        except Exception as exc:  # it is stopped either way
+                            log.warning("task %s: stepping down failed: %s", task_id, exc)
+                            execution.stop()
                     m.member_id = ""
                 if self.tasks_changed.is_set() and m.leader == m.member_id:
                     rejoin.set()
                 if rejoin.is_set():
                     rejoin.clear()
                     self._rebalance()
-                for execution in list(self.running.values()):
-                    execution.tick()
+                for task_id, execution in list(self.running.items()):
+                    try:
+                        execution.tick()
+                    except Exception as exc:  # ZooKeeper or the log unreachable for now
+                        log.warning("task %s: status check failed, will retry: %s", task_id, exc)
                 self.stop.wait(interval)
         finally:
             for task_id in sorted(self.running):

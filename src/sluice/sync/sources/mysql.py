@@ -32,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from sluice import test_switches
 from sluice.sync.envelope import MARKER, MARKER_TABLE, record_key
 from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.tasks import SourceSpec
@@ -231,6 +232,7 @@ class MySqlCapture:
         return Producer(conf)
 
     def _emit(self, producer: Any, table: str, env: dict[str, Any], tx: list[Any]) -> None:
+        test_switches.pause_point("capture-produce")
         key = record_key(table, env["key"])
         value = orjson.dumps(env, default=_json_default)
         with self._lock:

@@ -180,6 +180,11 @@ class Target(ABC):
     def _transaction(self) -> Any:
         """A context manager for one transaction; the value it yields is passed to the hooks."""
 
+    def _read_transaction(self) -> Any:
+        """A transaction for reading the fence and offsets only (status reads, start-up); a
+        target whose write transactions lock out others gives a lighter one here."""
+        return self._transaction()
+
     @abstractmethod
     def _lock_epoch(self, tx: Any, pipeline: str) -> int | None:
         """Lock the pipeline's fence row against concurrent commits and return its epoch."""
@@ -232,7 +237,7 @@ class Target(ABC):
             return self._lock_epoch(tx, pipeline)
 
     def applied_offsets(self, pipeline: str) -> dict[tuple[str, int], int]:
-        with self._transaction() as tx:
+        with self._read_transaction() as tx:
             return self._read_offsets(tx, pipeline)
 
     def apply(self, pipeline: str, epoch: int, records: pa.Table) -> ApplyResult:
@@ -243,6 +248,7 @@ class Target(ABC):
         if "value" in records.column_names:
             records = pa.Table.from_batches([to_changes(records)]) if records.num_rows else records
         result = ApplyResult(records=_count(records))
+        test_switches.pause_point("apply-commit")
         with self._transaction() as tx:
             current = self._lock_epoch(tx, pipeline)
             if current is not None and epoch < current:

@@ -69,6 +69,16 @@ class SqliteTarget(Target):
             raise
         self.conn.execute("COMMIT")
 
+    @contextmanager
+    def _read_transaction(self) -> Iterator[sqlite3.Connection]:
+        # Deferred: a read lock only, which in WAL mode never blocks a writer (a status read
+        # must not hold up a commit, nor hold the write lock if its process is paused).
+        self.conn.execute("BEGIN")
+        try:
+            yield self.conn
+        finally:
+            self.conn.execute("COMMIT")
+
     def _lock_epoch(self, tx: sqlite3.Connection, pipeline: str) -> int | None:
         row = tx.execute("SELECT epoch FROM _sluice_fence WHERE pipeline = ?", (pipeline,)).fetchone()
         return None if row is None else int(row[0])
