@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,3 +76,13 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
         yield server
     finally:
         server.remove()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session for the tests that run Spark jobs in this process."""
+    from sluice.pipeline.session import spark_session
+
+    session = spark_session("local[2]", app="sluice-tests")
+    yield session
+    session.stop()

@@ -71,6 +71,34 @@ def test_single_replica_shutdown_fails_when_drain_cannot_move_replicas(tmp_path:
     assert "drain then stop: zero failed sends" in failed(result)
 
 
+def test_zombie_task_passes_from_the_cli(tmp_path: Path, switch: None) -> None:
+    """`sluice incident run zombie-task --local`, as an operator runs it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "incident", "run", "zombie-task", "--local",
+         "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=380, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert done.returncode == 0 and "verdict=pass" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "the zombie's stale commit was refused by the target" in done.stdout
+
+
+def test_zombie_task_fails_without_the_version_guard(tmp_path: Path, switch: None) -> None:
+    """The zombie's capture writes S2 into the log after the new execution wrote S3: without the
+    version guard, S3 is overwritten by S2 (incident D)."""
+    result = run("zombie-task", tmp_path, test_switches.DISABLE_VERSION_GUARD)
+    assert not result.ok
+    assert failed(result) == ["phase 1: the target equals the source (S3) after the zombie's writes"]
+
+
+def test_zombie_task_fails_without_the_target_fence(tmp_path: Path, switch: None) -> None:
+    result = run("zombie-task", tmp_path, test_switches.DISABLE_TARGET_FENCE)
+    assert not result.ok
+    assert failed(result) == ["phase 2: the zombie's stale commit was refused by the target"]
+
+
 def test_same_seed_same_fault_schedule() -> None:
     kinds = ("kill", "pause", "shutdown", "zk-cut")
     assert make_schedule(7, 120, kinds) == make_schedule(7, 120, kinds)

@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from sluice.ops.mariadb import LocalMariaDB
+from sluice.sync.envelope import key_text
 from sluice.sync.sources.mysql import (
     BinlogPosition,
     CaptureError,
@@ -21,6 +22,7 @@ from sluice.sync.sources.mysql import (
     check_source,
     recover_position,
 )
+from sluice.sync.sources.mysql_snapshot import SnapshotChunk
 from sluice.sync.targets import open_target
 from sluice.sync.tasks import SourceSpec
 from sluice.sync.truth import Truth, compare
@@ -148,3 +150,152 @@ def test_clear_errors_for_format_privileges_and_purged_binlogs(mariadb: LocalMar
     ):
         check_position(spec, gone)
     time.sleep(0)
+
+
+BIG_ROWS = 24_000
+
+
+def _fill_big_table(server: LocalMariaDB, database: str) -> None:
+    server.execute("CREATE TABLE events (id BIGINT PRIMARY KEY, kind VARCHAR(16), n INT)", database=database)
+    for start in range(1, BIG_ROWS + 1, 4000):
+        values = ", ".join(f"({i}, 'k{i % 7}', {i})" for i in range(start, min(start + 4000, BIG_ROWS + 1)))
+        server.execute(f"INSERT INTO events VALUES {values}", database=database)
+    server.execute("ANALYZE TABLE events", database=database)
+
+
+class BigTableWriter(threading.Thread):
+    """Updates, deletes and inserts across the whole key range of `events`."""
+
+    def __init__(self, server: LocalMariaDB, database: str, transactions: int) -> None:
+        super().__init__(daemon=True)
+        self.server, self.database, self.transactions = server, database, transactions
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        import random
+
+        rng = random.Random(5)
+        try:
+            for n in range(self.transactions):
+                k = rng.randrange(1, BIG_ROWS + 1)
+                self.server.execute(
+                    f"UPDATE events SET n = n + 1, kind = 'u{n % 5}' WHERE id = {k}",
+                    f"DELETE FROM events WHERE id = {rng.randrange(1, BIG_ROWS + 1)}",
+                    f"INSERT INTO events VALUES ({BIG_ROWS + 1 + n}, 'new', {n})",
+                    database=self.database,
+                )
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def _apply_log(
+    bootstrap: str, topic: str, url: str, pipeline: str
+) -> dict[str, dict[str, dict[str, object]]]:
+    records = read_all(bootstrap, topic)
+    with open_target(url) as t:
+        e = t.claim(pipeline)
+        for batch in records.to_batches(max_chunksize=5000):
+            t.apply(pipeline, e, pa.Table.from_batches([batch]))
+        return {table: t.read_rows(table) for table in [*TABLES, "events"]}
+
+
+def test_large_tables_are_snapshotted_by_spark_in_key_ranges_under_writes(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path, spark: object
+) -> None:
+    """A table over the threshold is read by a Spark job in key ranges, each in its own
+    consistent snapshot, while transactions commit; the small tables go through the capture's
+    own snapshot; after the binlog catches up the target equals the source."""
+    from sluice.pipeline.snapshot import run_snapshot_chunks
+
+    cluster = make_cluster(1)
+    bootstrap = cluster.bootstrap
+    create_topic(bootstrap, "big.changes", 3, 1)
+    create_database(mariadb, "big1")
+    _fill_big_table(mariadb, "big1")
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="big1")
+    ran: list[int] = []
+
+    def runner(chunks: list[SnapshotChunk]) -> list[object]:
+        ran.append(len(chunks))
+        assert {c.table for c in chunks} == {"events"}  # the small tables stay in the capture
+        return list(run_snapshot_chunks(spark, chunks))
+
+    writers = [Writer(mariadb, "big1", transactions=300), BigTableWriter(mariadb, "big1", 300)]
+    for w in writers:
+        w.start()
+    stop = threading.Event()
+    cap = MySqlCapture(
+        spec, [*TABLES, "events"], lambda _t: "big.changes", bootstrap, name="big", stop=stop,
+        snapshot_runner=runner, snapshot_parallel_rows=5000, snapshot_chunk_rows=3000,
+    )  # fmt: skip
+    th = threading.Thread(target=cap.run, daemon=True)
+    th.start()
+    try:
+        for w in writers:
+            w.join(240)
+            assert w.error is None, w.error
+        end = BinlogPosition.parse(master_position(mariadb))
+        wait_until(
+            lambda: cap.stats.position and BinlogPosition.parse(cap.stats.position) >= end, 180, "catch up"
+        )
+    finally:
+        stop.set()
+        th.join(60)
+    assert ran and ran[0] >= 6, ran  # 24k rows in ranges of about 3k
+    assert cap.stats.snapshot_rows >= BIG_ROWS
+    got = _apply_log(bootstrap, "big.changes", f"sqlite:///{tmp_path / 'target.db'}", "big")
+    truth = source_rows(mariadb, "big1")
+    conn_rows = mariadb.execute("SELECT id, kind, n FROM events", database="big1")
+    truth["events"] = {key_text({"id": i}): {"id": i, "kind": k, "n": n} for i, k, n in conn_rows}
+    cmp = compare(Truth(tables=truth, key_columns={**KEYS, "events": ["id"]}), got)
+    assert cmp.ok, cmp.summary()
+
+
+def test_a_snapshot_cut_short_starts_over_reading_the_binlog_from_where_it_began(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path, spark: object
+) -> None:
+    """The first snapshot stops half way, its rows already in the log; rows it wrote are then
+    deleted. The restarted capture must see those deletes (it streams from the first
+    snapshot's start, recovered from the log), or the target would keep the deleted rows."""
+    from sluice.pipeline.snapshot import run_snapshot_chunks
+
+    cluster = make_cluster(1)
+    bootstrap = cluster.bootstrap
+    create_topic(bootstrap, "cut.changes", 3, 1)
+    create_database(mariadb, "cut1", rows=50)
+    _fill_big_table(mariadb, "cut1")
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="cut1")
+    stop1 = threading.Event()
+
+    def half(chunks: list[SnapshotChunk]) -> list[object]:
+        done = list(run_snapshot_chunks(spark, chunks[: len(chunks) // 2]))
+        stop1.set()  # cut short, as a worker stopping or dying would
+        return done
+
+    cap1 = MySqlCapture(spec, [*TABLES, "events"], lambda _t: "cut.changes", bootstrap, name="cut",
+                        stop=stop1, snapshot_runner=half, snapshot_parallel_rows=5000,
+                        snapshot_chunk_rows=3000)  # fmt: skip
+    with pytest.raises(CaptureError, match="stopped during the snapshot"):
+        cap1.run()
+    deleted = mariadb.execute("SELECT id FROM events WHERE id <= 3000 AND id % 3 = 0", database="cut1")
+    assert deleted
+    mariadb.execute("DELETE FROM events WHERE id <= 3000 AND id % 3 = 0", database="cut1")
+    resume = recover_position(bootstrap, ["cut.changes"])
+    assert resume is not None and resume.startswith("snapshot@"), resume
+    stop2 = threading.Event()
+    cap2 = MySqlCapture(spec, [*TABLES, "events"], lambda _t: "cut.changes", bootstrap, name="cut",
+                        start=resume, stop=stop2, snapshot_runner=lambda c: run_snapshot_chunks(spark, c),
+                        snapshot_parallel_rows=5000, snapshot_chunk_rows=3000)  # fmt: skip
+    th = threading.Thread(target=cap2.run, daemon=True)
+    th.start()
+    try:
+        end = BinlogPosition.parse(master_position(mariadb))
+        wait_until(
+            lambda: cap2.stats.position and BinlogPosition.parse(cap2.stats.position) >= end, 180, "catch up"
+        )
+    finally:
+        stop2.set()
+        th.join(60)
+    got = _apply_log(bootstrap, "cut.changes", f"sqlite:///{tmp_path / 'target.db'}", "cut")
+    assert not {key_text({"id": i}) for (i,) in deleted} & set(got["events"])
+    assert len(got["events"]) == BIG_ROWS - len(deleted)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +51,6 @@ def end_offsets(bootstrap: str, topic: str, partitions: int = 3) -> dict[tuple[s
                 time.sleep(0.5)
     finally:
         c.close()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from sluice.pipeline.session import spark_session
-
-    session = spark_session("local[2]", app="sluice-tests")
-    yield session
-    session.stop()
 
 
 @pytest.fixture

@@ -140,3 +140,107 @@ def test_two_workers_share_a_task_through_kills_and_a_pause(
         triggers = pg.execute("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal").fetchall()
     assert backwards == [], f"applied offsets went backwards: {backwards}"
     assert updates is not None and updates[0] >= len(offsets) > 0, (offsets, triggers)
+
+
+LAG_TASK = """
+id: lagt
+source: {{kind: mariadb, host: 127.0.0.1, port: {port}, user: root, database: lagt}}
+tables: [items]
+topic: "lagt.changes"
+target: {target}
+options: {{trigger: 500ms, partitions: 2, replication_factor: 1}}
+"""
+
+
+def task_status_cli(task_id: str, zk_address: str) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "task", "status", task_id, "--zookeeper", zk_address],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    fields = {}
+    for line in out.stdout.splitlines():
+        name, _, value = line.strip().partition(" ")
+        fields[name] = value.strip()
+    return fields
+
+
+def test_task_status_reports_the_lag_the_test_measures(
+    mariadb: LocalMariaDB, postgres_url: str, make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """The apply is held still by a lock on the target table while the source changes K rows:
+    `sluice task status` must report exactly the records the log holds beyond the target's
+    applied offsets (K), and a lag in seconds matching the time since the first of them."""
+    cluster = make_cluster(1)
+    bootstrap, zk_address = cluster.bootstrap, cluster.zookeeper
+    mariadb.execute("DROP DATABASE IF EXISTS lagt", "CREATE DATABASE lagt")
+    mariadb.execute(
+        "CREATE TABLE items (id INT PRIMARY KEY, v INT NOT NULL)",
+        "INSERT INTO items VALUES " + ", ".join(f"({i}, 0)" for i in range(1, 51)),
+        database="lagt",
+    )
+    spec = tmp_path / "lag.yaml"
+    spec.write_text(LAG_TASK.format(port=mariadb.port, target=postgres_url))
+    created = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "task", "create", "--file", str(spec),
+         "--zookeeper", zk_address],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    zk = ZkStore(zk_address)
+    zk.start()
+    store = TaskStore(zk.client)
+    worker = start_worker("wl", bootstrap, zk_address, tmp_path)
+    topic = "lagt.changes"
+
+    def applied() -> dict[tuple[str, int], int]:
+        with psycopg.connect(postgres_url) as pg:
+            rows = pg.execute("SELECT topic, partition, next_offset FROM _sluice_offsets").fetchall()
+        return {(t, int(p)): int(o) for t, p, o in rows}
+
+    def lag_now() -> int:
+        ends, done = end_offsets(bootstrap, topic, 2), applied()
+        return sum(max(0, end - done.get(tp, 0)) for tp, end in ends.items())
+
+    try:
+        wait_until(lambda: (store.status("lagt") or {}).get("lag_records") == 0 and lag_now() == 0
+                   and end_offsets(bootstrap, topic, 2) != {}, 180, "the snapshot to be applied")  # fmt: skip
+        changes = 120
+        with psycopg.connect(postgres_url) as lock:
+            # Writers wait on this lock; readers (the status's offsets read) do not.
+            lock.execute("LOCK TABLE items IN EXCLUSIVE MODE")
+            before = applied()
+            first_write = time.time()
+            for i in range(changes):
+                mariadb.execute(f"UPDATE items SET v = v + 1 WHERE id = {i % 50 + 1}", database="lagt")
+            end = BinlogPosition.parse(master_position(mariadb))
+
+            def captured() -> bool:
+                pos = (store.status("lagt") or {}).get("captured_position")
+                return bool(pos) and BinlogPosition.parse(pos) >= end and lag_now() == changes
+
+            wait_until(captured, 60, "the capture to put every change into the log")
+            measured = lag_now()
+            logged = time.time()
+            status = wait_until(
+                lambda: (s := store.status("lagt") or {}) and s.get("updated", 0) > logged + 0.5 and s, 30,
+                "a status published after the log was complete",
+            )  # fmt: skip
+            shown = task_status_cli("lagt", zk_address)
+            assert measured == changes
+            assert int(shown["lag_records"]) == status["lag_records"] == measured, shown
+            # The oldest unapplied record is stamped with its binlog event time, whole seconds.
+            expected_s = status["updated"] - first_write
+            assert expected_s - 0.2 <= float(shown["lag_seconds"]) <= expected_s + 1.2, (shown, expected_s)
+            assert applied() == before  # the apply was held still throughout
+            lock.rollback()
+        wait_until(lambda: lag_now() == 0 and (store.status("lagt") or {}).get("lag_records") == 0, 60,
+                   "the apply to catch up once the lock is gone")  # fmt: skip
+        assert task_status_cli("lagt", zk_address)["lag_records"] == "0"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        zk.stop()

@@ -117,13 +117,31 @@ class TaskExecution:
 
     def _start_capture(self) -> None:
         spec = self.spec
+        opts = spec.options
         if spec.source.kind in ("mysql", "mariadb"):
-            from sluice.sync.sources.mysql import MySqlCapture, recover_position
+            from sluice.sync.sources.mysql import (
+                PARALLEL_SNAPSHOT_ROWS,
+                SNAPSHOT_CHUNK_ROWS,
+                MySqlCapture,
+                recover_position,
+            )
 
             start = self.control.from_position or recover_position(self.bootstrap, spec.topics())
+            runner = None
+            if self.spark is not None:
+                from sluice.pipeline.snapshot import run_snapshot_chunks
+
+                spark, stop = self.spark, self.stop_event
+
+                def runner(chunks: list[Any]) -> list[Any]:
+                    return run_snapshot_chunks(spark, chunks, stop=stop)
+
             self.capture = MySqlCapture(
                 spec.source, spec.tables, spec.topic_for, self.bootstrap, name=spec.id, epoch=self.epoch,
                 execution=self.execution, start=start, stop=self.stop_event,
+                still_owner=self._still_owner, snapshot_runner=runner,
+                snapshot_parallel_rows=int(opts.get("snapshot_parallel_rows", PARALLEL_SNAPSHOT_ROWS)),
+                snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", SNAPSHOT_CHUNK_ROWS)),
             )  # fmt: skip
             target = self.capture.run
         else:
@@ -147,6 +165,13 @@ class TaskExecution:
 
         self.capture_thread = threading.Thread(target=run, name=f"capture-{spec.id}", daemon=True)
         self.capture_thread.start()
+
+    def _still_owner(self) -> bool:
+        """No newer epoch taken (asked by the capture before each binlog pass)."""
+        try:
+            return bool(self.store.epoch(self.task_id) <= self.epoch)
+        except Exception:  # ZooKeeper out of reach: go on; the target's guards still hold
+            return True
 
     def _start_apply(self) -> None:
         from sluice.pipeline.apply import ApplyConfig, ApplyQuery

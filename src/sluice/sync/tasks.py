@@ -108,6 +108,10 @@ _OPTIONS = {
     "spark_master": str,
     "partitions": int,
     "replication_factor": int,
+    # MySQL/MariaDB: tables with a single integer key and at least this many rows are
+    # snapshotted by a Spark job in key ranges of `snapshot_chunk_rows`, read in parallel
+    "snapshot_parallel_rows": int,
+    "snapshot_chunk_rows": int,
 }
 
 
@@ -149,6 +153,8 @@ def parse_spec(doc: Any) -> TaskSpec:
             raise TaskSpecError(f"task.options.{name}: unknown option (known: {', '.join(sorted(_OPTIONS))})")
         if not isinstance(value, kind) or isinstance(value, bool):
             raise TaskSpecError(f"task.options.{name}: must be {'an integer' if kind is int else 'a string'}")
+        if kind is int and isinstance(value, int) and value < 1:
+            raise TaskSpecError(f"task.options.{name}: must be a positive integer, not {value}")
         if name == "trigger":
             try:
                 parse_duration(str(value))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import logging
 import threading
 import time
 import uuid
@@ -38,6 +39,12 @@ from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.tasks import SourceSpec
 
 SNAPSHOT = "snapshot"
+
+log = logging.getLogger("sluice.capture")
+
+#: Defaults of the task options snapshot_parallel_rows and snapshot_chunk_rows.
+PARALLEL_SNAPSHOT_ROWS = 200_000
+SNAPSHOT_CHUNK_ROWS = 50_000
 
 
 class CaptureError(RuntimeError):
@@ -198,6 +205,10 @@ class MySqlCapture:
         start: str | None = None,
         stop: threading.Event | None = None,
         producer_config: dict[str, Any] | None = None,
+        still_owner: Callable[[], bool] | None = None,
+        snapshot_runner: Callable[[list[Any]], list[Any]] | None = None,
+        snapshot_parallel_rows: int = PARALLEL_SNAPSHOT_ROWS,
+        snapshot_chunk_rows: int = SNAPSHOT_CHUNK_ROWS,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -208,6 +219,15 @@ class MySqlCapture:
         self.execution = execution or uuid.uuid4().hex[:12]
         self.start_at = start
         self.stop = stop or threading.Event()
+        # Asked before each pass over the binlog: False once a newer execution of the task has
+        # started, and this one stops instead of writing more into the log.
+        self.still_owner = still_owner
+        # Runs SnapshotChunks (mysql_snapshot) in parallel, e.g. as a Spark job; tables with a
+        # single integer key and at least `snapshot_parallel_rows` rows are read that way.
+        self.snapshot_runner = snapshot_runner
+        self.snapshot_parallel_rows = snapshot_parallel_rows
+        self.snapshot_chunk_rows = snapshot_chunk_rows
+        self._snapshot_start: str | None = None  # carried by snapshot rows while one runs
         self.stats = CaptureStats()
         self.is_mariadb = False
         self._producer_config = producer_config or {}
@@ -285,6 +305,7 @@ class MySqlCapture:
                 "connector": "mariadb" if self.is_mariadb else "mysql", "name": self.name,
                 "db": self.spec.database, "pos": pos, "position": position, "resume": resume,
                 "ts_ms": ts_ms, "epoch": self.epoch, "execution": self.execution,
+                **({"snapshot_start": self._snapshot_start} if op == "r" and self._snapshot_start else {}),
             },
             "ts_ms": int(time.time() * 1000),
         }  # fmt: skip
@@ -296,8 +317,15 @@ class MySqlCapture:
         keys = primary_keys(self.spec, self.tables)
         producer = self._make_producer()
         try:
-            if self.start_at in (None, "", SNAPSHOT):
-                position = self._snapshot(producer, keys)
+            start = str(self.start_at or SNAPSHOT)
+            if start == SNAPSHOT or start.startswith(SNAPSHOT + "@"):
+                # "snapshot@POS": an earlier snapshot was cut short; its rows are in the log, so
+                # the binlog must be read from no later than where it began (a row it wrote and
+                # that was deleted since must see its delete).
+                inherited = BinlogPosition.parse(start.split("@", 1)[1]) if "@" in start else None
+                if inherited is not None:
+                    check_position(self.spec, inherited)
+                position = self._snapshot(producer, keys, inherited)
             else:
                 position = BinlogPosition.parse(str(self.start_at))
                 check_position(self.spec, position)
@@ -312,9 +340,32 @@ class MySqlCapture:
             raise CaptureError(self.stats.errors[0])
         return self.stats
 
-    def _snapshot(self, producer: Any, keys: dict[str, list[str]]) -> BinlogPosition:
+    def _snapshot(
+        self, producer: Any, keys: dict[str, list[str]], inherited: BinlogPosition | None = None
+    ) -> BinlogPosition:
+        """Snapshot every table; return the binlog position to stream from.
+
+        Small tables (and any table when no runner is given) are read in one consistent
+        transaction, labelled with its position. Large ones are read in key ranges by the
+        runner (see mysql_snapshot for why that stays correct); then the stream starts at a
+        position taken before any of it, and before `inherited`'s (an interrupted snapshot's)."""
         import pymysql.cursors
 
+        parallel: dict[str, list[tuple[int, int]]] = {}
+        stream_from = inherited
+        if self.snapshot_runner is not None:
+            from sluice.sync.sources.mysql_snapshot import plan_chunks
+
+            # Before the key ranges are planned: a row inserted after the plan read MIN/MAX
+            # may fall outside every range, and the binlog from here has it.
+            before = self._master_position()
+            parallel = plan_chunks(
+                self.spec, {t: keys[t] for t in self.tables},
+                min_rows=self.snapshot_parallel_rows, chunk_rows=self.snapshot_chunk_rows,
+            )  # fmt: skip
+            if parallel:
+                stream_from = before if stream_from is None else min(before, stream_from)
+        serial = [t for t in self.tables if t not in parallel]
         conn = _connect(self.spec, cursorclass=pymysql.cursors.SSDictCursor)
         try:
             with conn.cursor() as cur:
@@ -333,9 +384,11 @@ class MySqlCapture:
                     row = cur.fetchone()
                     cur.execute("UNLOCK TABLES")
                     position = BinlogPosition(row["File"], int(row["Position"]))
+                stream_from = position if stream_from is None else min(position, stream_from)
+                self._snapshot_start = stream_from.text()
                 tx = self._begin_tx(SNAPSHOT)
                 now = int(time.time() * 1000)
-                for table in self.tables:
+                for table in serial:
                     cur.execute(f"SELECT * FROM `{table}`")
                     for row in cur:
                         if self.stop.is_set():
@@ -348,14 +401,52 @@ class MySqlCapture:
                         if self.stats.snapshot_rows % 5000 == 0:
                             producer.poll(0)
                 cur.execute("COMMIT")
-            self._end_tx(tx, position.text())
         finally:
             conn.close()
-        self.stats.position = position.text()
+        if parallel:
+            self._snapshot_chunks(parallel, keys, stream_from)
+        self._end_tx(tx, stream_from.text())
+        self._snapshot_start = None
+        self.stats.position = stream_from.text()
         if producer.flush(120):
             raise CaptureError("snapshot rows not acknowledged within 120 s")
-        self._mark(producer, position)
-        return position
+        self._mark(producer, stream_from)
+        return stream_from
+
+    def _master_position(self) -> BinlogPosition:
+        conn = _connect(self.spec)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW MASTER STATUS")
+                row = cur.fetchone()
+        finally:
+            conn.close()
+        if row is None:
+            raise CaptureError("SHOW MASTER STATUS returned nothing: is the binary log on?")
+        return BinlogPosition(str(row[0]), int(row[1]))
+
+    def _snapshot_chunks(
+        self, plans: dict[str, list[tuple[int, int]]], keys: dict[str, list[str]], stream_from: BinlogPosition
+    ) -> None:
+        from sluice.sync.sources.mysql_snapshot import SnapshotChunk
+
+        assert self.snapshot_runner is not None
+        chunks = [
+            SnapshotChunk(
+                self.spec, table, keys[table][0], lo, hi, self.topic_for(table), self.bootstrap, self.name,
+                self.epoch, self.execution, stream_from.text(), self.is_mariadb,
+                tuple(sorted(self._producer_config.items())),
+            )
+            for table, ranges in sorted(plans.items())
+            for lo, hi in ranges
+        ]  # fmt: skip
+        log.info("snapshot: %d key ranges of %s, read in parallel", len(chunks), ", ".join(sorted(plans)))
+        results = self.snapshot_runner(chunks)
+        if self.stop.is_set():
+            raise CaptureError("stopped during the snapshot; it will start over")
+        if len(results) != len(chunks):
+            raise CaptureError(f"snapshot: {len(results)} of {len(chunks)} key ranges finished")
+        self.stats.snapshot_rows += sum(r.rows for r in results)
 
     def _mark(self, producer: Any, position: BinlogPosition) -> None:
         """A position marker in every partition: a restart resumes from here, not a new snapshot."""
@@ -393,6 +484,12 @@ class MySqlCapture:
         # Each pass reads to the end of the binlog and closes (non-blocking); the next pass
         # reconnects from the start of the first transaction not read completely.
         while not self.stop.is_set():
+            if self.still_owner is not None and not self.still_owner():
+                # Superseded (we were paused or cut off, and the task runs elsewhere now): what
+                # was in flight may already be in the log, but nothing more goes in. The
+                # version guard in the target keeps those stale changes from overwriting rows.
+                self.stop.set()
+                return
             stream = BinLogStreamReader(
                 connection_settings=settings, server_id=server_id, log_file=tx_start.file,
                 log_pos=tx_start.pos, resume_stream=True, blocking=False,
@@ -464,20 +561,33 @@ def _is_commit(event: Any) -> bool:
 
 
 def recover_position(bootstrap: str, topics: list[str]) -> str | None:
-    """The highest `source.resume` among the last records of every partition of `topics`, or
-    None when the topics hold no change yet (capture must start with a snapshot)."""
+    """Where a restarted capture begins, from the last records of every partition of `topics`:
+
+    - None when the topics hold no change yet (capture starts with a snapshot);
+    - "snapshot@POS" when a snapshot was cut short (a partition ends in one of its rows): it
+      starts over, reading the binlog from no later than POS, where the earliest cut-short
+      snapshot whose rows are in the log began;
+    - otherwise the highest `source.resume`: the start of the oldest transaction not yet fully
+      acknowledged when the newest record was written."""
     best: BinlogPosition | None = None
-    snapshot_only = False
+    snapshot_from: BinlogPosition | None = None
+    snapshot_cut = False
     try:
         for doc in last_envelopes(bootstrap, topics):
-            resume = doc.get("source", {}).get("resume")
+            source = doc.get("source", {})
+            resume = source.get("resume")
             if resume == SNAPSHOT or resume is None:
-                snapshot_only = True
+                snapshot_cut = True
+                if source.get("snapshot_start"):
+                    start = BinlogPosition.parse(source["snapshot_start"])
+                    snapshot_from = start if snapshot_from is None else min(start, snapshot_from)
                 continue
             pos = BinlogPosition.parse(resume)
             best = pos if best is None or pos > best else best
     except LogTailError as exc:
         raise CaptureError(str(exc)) from None
+    if snapshot_cut:
+        return f"{SNAPSHOT}@{snapshot_from.text()}" if snapshot_from is not None else SNAPSHOT
     if best is not None:
         return best.text()
-    return SNAPSHOT if snapshot_only else None
+    return None
