@@ -125,8 +125,14 @@ def test_epochs_are_unique_under_contention_and_status_is_ephemeral(zk_address: 
         stores[1].stop()  # the execution's session ends: its status goes with it
         stores.pop(1)
         assert first.status("shop-to-pg") is None
-        first.raise_alarm("shop-to-pg", "duplicate-execution", {"executions": ["x1", "x2"]})
+        first.raise_alarm(
+            "shop-to-pg", "duplicate-execution",
+            {"executions": ["x1", "x2"], "workers": ["w1", "w2"], "epochs": [99, 100]},
+        )  # fmt: skip
         assert first.alarms("shop-to-pg")[0]["kind"] == "duplicate-execution"
+        shown = sluice("task", "status", "shop-to-pg", zk=zk_address)
+        assert shown.returncode == 0, shown.stderr
+        assert "duplicate-execution; executions x1 -> x2; workers w1 -> w2; epochs 99 -> 100" in shown.stdout
     finally:
         for s in stores:
             s.stop()

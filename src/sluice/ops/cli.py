@@ -987,9 +987,35 @@ def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
         alarms = store.alarms(task_id)
         console.print(f"  alarms     {len(alarms)}")
         for alarm in alarms[-5:]:
-            console.print(f"    {alarm}")
+            console.print(f"    {_describe_alarm(alarm)}", markup=False, highlight=False)
     finally:
         zk.stop()
+
+
+def _describe_alarm(alarm: dict[str, object]) -> str:
+    """One line: when, what, and the executions, workers, epochs and window it names."""
+    import datetime as dt
+
+    def when(t: object) -> str:
+        if not isinstance(t, (int, float)):
+            return "now"
+        return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S")
+
+    at = alarm.get("at")
+    parts = [f"{when(at) if at else '?'} {alarm.get('kind')}"]
+    for name in ("executions", "workers", "epochs"):
+        values = alarm.get(name)
+        if isinstance(values, list):
+            parts.append(f"{name} {' -> '.join(str(x) for x in values)}")
+    window = alarm.get("window")
+    if isinstance(window, list) and len(window) == 2:
+        parts.append(f"both ran {when(window[0])}..{when(window[1])} UTC")
+    for name in ("execution", "epoch", "target_epoch", "found_by"):
+        if name in alarm:
+            parts.append(f"{name} {alarm[name]}")
+    if alarm.get("detail"):
+        parts.append(f"({alarm['detail']})")
+    return "; ".join(parts)
 
 
 def _set_control(task_id: str, zookeeper: str | None, **changes: object) -> None:

@@ -16,6 +16,7 @@ target (the target was restored from a backup, say) is removed on start
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -27,6 +28,8 @@ from typing import Any
 import orjson
 
 from sluice.sync.targets import ApplyResult, ColumnMapping, Target, open_target
+
+log = logging.getLogger("sluice.apply")
 
 
 @dataclass
@@ -139,7 +142,10 @@ class ApplyQuery:
         except BaseException as exc:
             self.error = exc
             if self.on_error is not None:
-                self.on_error(exc)
+                try:
+                    self.on_error(exc)
+                except Exception:  # reporting must not hide the error itself
+                    log.exception("reporting a failed commit failed")
             raise
         committed = time.time()
         freshness: list[int] = []
