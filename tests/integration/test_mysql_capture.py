@@ -188,15 +188,22 @@ class BigTableWriter(threading.Thread):
             self.error = exc
 
 
-def _apply_log(
-    bootstrap: str, topic: str, url: str, pipeline: str
+def _apply_log_tables(
+    bootstrap: str, topic: str, url: str, pipeline: str, tables: list[str] = TABLES
 ) -> dict[str, dict[str, dict[str, object]]]:
+    """Apply everything in the topic to the target in batches; return the tables' rows there."""
     records = read_all(bootstrap, topic)
     with open_target(url) as t:
         e = t.claim(pipeline)
         for batch in records.to_batches(max_chunksize=5000):
             t.apply(pipeline, e, pa.Table.from_batches([batch]))
-        return {table: t.read_rows(table) for table in [*TABLES, "events"]}
+        return {table: t.read_rows(table) for table in tables}
+
+
+def _apply_log(
+    bootstrap: str, topic: str, url: str, pipeline: str
+) -> dict[str, dict[str, dict[str, object]]]:
+    return _apply_log_tables(bootstrap, topic, url, pipeline, [*TABLES, "events"])
 
 
 def test_large_tables_are_snapshotted_by_spark_in_key_ranges_under_writes(
@@ -299,3 +306,42 @@ def test_a_snapshot_cut_short_starts_over_reading_the_binlog_from_where_it_began
     got = _apply_log(bootstrap, "cut.changes", f"sqlite:///{tmp_path / 'target.db'}", "cut")
     assert not {key_text({"id": i}) for (i,) in deleted} & set(got["events"])
     assert len(got["events"]) == BIG_ROWS - len(deleted)
+
+
+def test_a_column_added_with_a_default_reaches_every_existing_row(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """ALTER TABLE ... ADD COLUMN ... DEFAULT fills the column in for every row without writing
+    a row event; the capture reads the table again, so the target has the default too."""
+    cluster = make_cluster(1)
+    bootstrap = cluster.bootstrap
+    create_topic(bootstrap, "ddl.changes", 3, 1)
+    create_database(mariadb, "ddl1", rows=60)
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="ddl1")
+    stop = threading.Event()
+    cap = MySqlCapture(spec, TABLES, lambda _t: "ddl.changes", bootstrap, name="ddl", stop=stop)
+    th = threading.Thread(target=cap.run, daemon=True)
+    th.start()
+    try:
+        wait_until(lambda: cap.stats.snapshot_rows >= 180 and cap.stats.position, 60, "the snapshot")
+        mariadb.execute(
+            "UPDATE customers SET balance = 1 WHERE id = 1",
+            "ALTER TABLE customers ADD COLUMN region VARCHAR(8) NOT NULL DEFAULT 'eu'",
+            "UPDATE customers SET region = 'us' WHERE id = 2",
+            "DELETE FROM customers WHERE id = 3",
+            database="ddl1",
+        )
+        end = BinlogPosition.parse(master_position(mariadb))
+        wait_until(
+            lambda: cap.stats.position and BinlogPosition.parse(cap.stats.position) >= end, 60, "catch up"
+        )
+    finally:
+        stop.set()
+        th.join(60)
+    got = _apply_log_tables(bootstrap, "ddl.changes", f"sqlite:///{tmp_path / 'target.db'}", "ddl")
+    cmp = compare(Truth(tables=source_rows(mariadb, "ddl1"), key_columns=KEYS), got)
+    assert cmp.ok, cmp.summary()
+    regions = {row["region"] for row in got["customers"].values()}
+    assert regions == {"eu", "us"}
+    # customers read again after the ALTER, as they are by then (one of the 60 deleted)
+    assert cap.stats.snapshot_rows >= 180 + 59

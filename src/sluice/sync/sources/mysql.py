@@ -22,6 +22,7 @@ import base64
 import datetime as dt
 import decimal
 import logging
+import re
 import threading
 import time
 import uuid
@@ -369,37 +370,12 @@ class MySqlCapture:
         conn = _connect(self.spec, cursorclass=pymysql.cursors.SSDictCursor)
         try:
             with conn.cursor() as cur:
-                cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                if self.is_mariadb:
-                    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                    cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-                    status = {r["Variable_name"].lower(): r["Value"] for r in cur.fetchall()}
-                    position = BinlogPosition(
-                        status["binlog_snapshot_file"], int(status["binlog_snapshot_position"])
-                    )
-                else:
-                    cur.execute("FLUSH TABLES WITH READ LOCK")
-                    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                    cur.execute("SHOW MASTER STATUS")
-                    row = cur.fetchone()
-                    cur.execute("UNLOCK TABLES")
-                    position = BinlogPosition(row["File"], int(row["Position"]))
+                position = self._begin_consistent_snapshot(cur)
                 stream_from = position if stream_from is None else min(position, stream_from)
                 self._snapshot_start = stream_from.text()
                 tx = self._begin_tx(SNAPSHOT)
-                now = int(time.time() * 1000)
                 for table in serial:
-                    cur.execute(f"SELECT * FROM `{table}`")
-                    for row in cur:
-                        if self.stop.is_set():
-                            raise CaptureError("stopped during the snapshot; it will start over")
-                        key = {k: row[k] for k in keys[table]}
-                        env = self._envelope("r", table, key, None, dict(row), position.encode(), now,
-                                             position.text())  # fmt: skip
-                        self._emit(producer, table, env, tx)
-                        self.stats.snapshot_rows += 1
-                        if self.stats.snapshot_rows % 5000 == 0:
-                            producer.poll(0)
+                    self._emit_table(cur, producer, table, keys[table], position, tx)
                 cur.execute("COMMIT")
         finally:
             conn.close()
@@ -412,6 +388,60 @@ class MySqlCapture:
             raise CaptureError("snapshot rows not acknowledged within 120 s")
         self._mark(producer, stream_from)
         return stream_from
+
+    def _begin_consistent_snapshot(self, cur: Any) -> BinlogPosition:
+        """Open a consistent-snapshot transaction on `cur` and return the binlog position it
+        is consistent with (MariaDB tells it per transaction; MySQL needs a brief global read
+        lock to read it)."""
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        if self.is_mariadb:
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+            status = {r["Variable_name"].lower(): r["Value"] for r in cur.fetchall()}
+            return BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
+        cur.execute("FLUSH TABLES WITH READ LOCK")
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        cur.execute("SHOW MASTER STATUS")
+        row = cur.fetchone()
+        cur.execute("UNLOCK TABLES")
+        return BinlogPosition(row["File"], int(row["Position"]))
+
+    def _emit_table(
+        self, cur: Any, producer: Any, table: str, keys: list[str], position: BinlogPosition, tx: list[Any]
+    ) -> None:
+        """Every row of `table` as op "r", labelled with the snapshot's position."""
+        now = int(time.time() * 1000)
+        cur.execute(f"SELECT * FROM `{table}`")
+        for row in cur:
+            if self.stop.is_set():
+                raise CaptureError("stopped during the snapshot; it will start over")
+            key = {k: row[k] for k in keys}
+            env = self._envelope("r", table, key, None, dict(row), position.encode(), now, position.text())
+            self._emit(producer, table, env, tx)
+            self.stats.snapshot_rows += 1
+            if self.stats.snapshot_rows % 5000 == 0:
+                producer.poll(0)
+
+    def _resnapshot(
+        self, producer: Any, table: str, keys: list[str], ddl_start: BinlogPosition, ddl_end: BinlogPosition
+    ) -> None:
+        """Read `table` again after an ALTER TABLE ... ADD that changed it: the server filled the
+        new column in for every existing row without writing a row event, so without this the
+        target would keep NULL there until each row changes. Until these rows are acknowledged
+        the resume position stays at the ALTER, so a crash here reads it (and this) again."""
+        import pymysql.cursors
+
+        tx = self._begin_tx(ddl_start.text())
+        conn = _connect(self.spec, cursorclass=pymysql.cursors.SSDictCursor)
+        try:
+            with conn.cursor() as cur:
+                position = self._begin_consistent_snapshot(cur)
+                self._emit_table(cur, producer, table, keys, position, tx)
+                cur.execute("COMMIT")
+        finally:
+            conn.close()
+        self._end_tx(tx, ddl_end.text())
+        log.info("event=table_resnapshot table=%s reason=added_column position=%s", table, position.text())
 
     def _master_position(self) -> BinlogPosition:
         conn = _connect(self.spec)
@@ -520,8 +550,11 @@ class MySqlCapture:
                         producer.poll(0)
                         continue
                     if isinstance(event, QueryEvent):  # DDL and BEGIN; row events carry new columns
-                        if tx is None:
-                            tx_start = end if _is_ddl(event) else tx_start
+                        if tx is None and _is_ddl(event):
+                            altered = _table_with_added_columns(event, self.spec.database)
+                            if altered in keys:
+                                self._resnapshot(producer, altered, keys[altered], tx_start, end)
+                            tx_start = end
                         continue
                     table = event.table
                     if table not in keys:
@@ -554,6 +587,25 @@ class MySqlCapture:
 def _is_ddl(event: Any) -> bool:
     q = str(getattr(event, "query", "")).strip().upper()
     return q.startswith(("ALTER", "CREATE", "DROP", "RENAME", "TRUNCATE"))
+
+
+_ADD_COLUMNS = re.compile(
+    r"^\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:`?(\w+)`?\s*\.\s*)?`?(\w+)`?\s.*?\bADD\b(?!\s+(?:INDEX|KEY|UNIQUE|PRIMARY|CONSTRAINT|FOREIGN|FULLTEXT|SPATIAL|PARTITION)\b)",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _table_with_added_columns(event: Any, database: str) -> str | None:
+    """The table an `ALTER TABLE ... ADD [COLUMN]` statement changes, if it is in `database`."""
+    m = _ADD_COLUMNS.match(str(getattr(event, "query", "")))
+    if m is None:
+        return None
+    schema = m.group(1) or _text(getattr(event, "schema", b""))
+    return m.group(2) if schema == database else None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value or "")
 
 
 def _is_commit(event: Any) -> bool:
