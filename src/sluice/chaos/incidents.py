@@ -98,7 +98,11 @@ def acks1_failover(dc: DrillCluster, rng: random.Random) -> IncidentResult:
             dc.bootstrap, topic, 3, acks=acks, idempotent=acks == "all", writer=f"a{acks}", rate_per_s=3000
         ).start()
         _wait_acks(producer, 2000, 60)
-        victim = dc.leader_of(topic, 0)
+        # A leader that is not also the controller: its partitions move as soon as its session
+        # expires, rather than after a controller election first (a shorter, less certain window).
+        controller = dc.controller()
+        leaders = [dc.leader_of(topic, p) for p in range(3)]
+        victim = next((b for b in leaders if b != controller), leaders[0])
         dc.cut_zookeeper(victim, "drop")
         time.sleep(cut_s)
         dc.heal_zookeeper(victim)
