@@ -93,6 +93,7 @@ def test_zombie_task_fails_without_the_version_guard(tmp_path: Path, switch: Non
     assert failed(result) == ["phase 1: the target equals the source (S3) after the zombie's writes"]
 
 
+@pytest.mark.slow  # the fence alone is also shown failing in test_targets.py, in the default suite
 def test_zombie_task_fails_without_the_target_fence(tmp_path: Path, switch: None) -> None:
     result = run("zombie-task", tmp_path, test_switches.DISABLE_TARGET_FENCE)
     assert not result.ok

@@ -78,7 +78,8 @@ def _row(label: str, topic: str, stats: ProducerStats, reads: list[Read]) -> Row
 def _wait_acks(producer: VerifiableProducer, n: int, timeout_s: float) -> None:
     start = producer.acked()
     deadline = time.monotonic() + timeout_s
-    while producer.acked() < start + n and time.monotonic() < deadline:
+    # (a producer ended by a fatal error acknowledges nothing more: no use waiting for it)
+    while producer.acked() < start + n and time.monotonic() < deadline and producer.producing():
         time.sleep(0.05)
 
 

@@ -74,6 +74,10 @@ class VerifiableProducer:
         with self._lock:
             return len(self.stats.acks)
 
+    def producing(self) -> bool:
+        """False once the producer has ended (stopped, or a fatal client error ended it)."""
+        return self._thread.is_alive()
+
     def failed(self) -> int:
         with self._lock:
             return sum(self.stats.errors.values())

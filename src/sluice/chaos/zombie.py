@@ -101,6 +101,15 @@ class _Worker:
     def resume(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
 
+    def signal_stop(self) -> None:
+        """Ask it to stop (resuming it first if paused); `stop` waits for it."""
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     def stop(self) -> None:
         if self.proc.poll() is not None:
             return
@@ -378,6 +387,8 @@ def zombie_task(dc: DrillCluster, rng: random.Random) -> IncidentResult:
         drill.result.checks.append(Check("the drill ran to its end", False, str(exc)))
         return drill.result
     finally:
+        for worker in drill.workers.values():
+            worker.signal_stop()
         for worker in drill.workers.values():
             worker.stop()
         db.remove()
