@@ -111,17 +111,13 @@ class _Worker:
                 pass
 
     def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
+        """Stop it and wait (kill -9 after a minute)."""
+        self.signal_stop()
         try:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        except ProcessLookupError:
-            pass
 
 
 class _Drill:

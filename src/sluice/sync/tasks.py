@@ -209,7 +209,8 @@ class TaskStore:
         self.zk = client
         # Every call retries through connection loss and session expiry (kazoo opens a new
         # session): a worker paused past its ZooKeeper session must come back and step down,
-        # not die on its first call. Each call here is safe to repeat.
+        # not die on its first call. Repeating a call whose reply was lost is harmless here:
+        # at worst an epoch number is skipped or an alarm is recorded twice.
         self._retry = KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0, deadline=30.0, ignore_expire=True)
         self._call(self.zk.ensure_path, TASKS)
 
