@@ -48,6 +48,15 @@ PARALLEL_SNAPSHOT_ROWS = 200_000
 SNAPSHOT_CHUNK_ROWS = 50_000
 
 
+def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+    """How captured changes are produced, by the capture and by snapshot range tasks alike:
+    idempotent and acks=all (a retry is never appended twice, an acknowledgement is durable)."""
+    return {
+        "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+        "compression.type": "lz4", "message.timeout.ms": 300_000, "log_level": 0, **overrides,
+    }  # fmt: skip
+
+
 class CaptureError(RuntimeError):
     """A source that cannot be captured as configured; the message says what to change."""
 
@@ -244,13 +253,7 @@ class MySqlCapture:
             if err.fatal():
                 self.stats.errors.append(f"fatal producer error: {err}")
 
-        conf = {
-            "bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 5, "compression.type": "lz4", "message.timeout.ms": 300_000,
-            "error_cb": on_error, "log_level": 0,
-        }  # fmt: skip
-        conf.update(self._producer_config)
-        return Producer(conf)
+        return Producer(producer_config(self.bootstrap, **{"error_cb": on_error, **self._producer_config}))
 
     def _emit(self, producer: Any, table: str, env: dict[str, Any], tx: list[Any]) -> None:
         test_switches.pause_point("capture-produce")

@@ -24,7 +24,14 @@ from typing import Any
 import orjson
 
 from sluice.sync.envelope import record_key
-from sluice.sync.sources.mysql import SNAPSHOT, BinlogPosition, CaptureError, _connect, _json_default
+from sluice.sync.sources.mysql import (
+    SNAPSHOT,
+    BinlogPosition,
+    CaptureError,
+    _connect,
+    _json_default,
+    producer_config,
+)
 from sluice.sync.tasks import SourceSpec
 
 INTEGER_TYPES = ("tinyint", "smallint", "mediumint", "int", "integer", "bigint")
@@ -112,11 +119,7 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
         if err is not None:
             errors.append(str(err))
 
-    producer = Producer({
-        "bootstrap.servers": chunk.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 20,
-        "compression.type": "lz4", "message.timeout.ms": 300_000, "log_level": 0,
-        **dict(chunk.producer_config),
-    })  # fmt: skip
+    producer = Producer(producer_config(chunk.bootstrap, **{"linger.ms": 20, **dict(chunk.producer_config)}))
     conn = _connect(chunk.spec, cursorclass=pymysql.cursors.SSDictCursor)
     rows = 0
     try:
