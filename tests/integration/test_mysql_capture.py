@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -63,6 +64,26 @@ def read_all(bootstrap: str, topic: str, partitions: int = 3) -> pa.Table:
     )
 
 
+@contextmanager
+def running(cap: MySqlCapture) -> Iterator[MySqlCapture]:
+    """The capture on its own thread; stopped and joined on the way out."""
+    th = threading.Thread(target=cap.run, daemon=True)
+    th.start()
+    try:
+        yield cap
+    finally:
+        cap.stop.set()
+        th.join(60)
+
+
+def wait_caught_up(cap: MySqlCapture, server: LocalMariaDB, timeout_s: float) -> None:
+    """Until the capture has read the binlog up to the server's position now."""
+    end = BinlogPosition.parse(master_position(server))
+    wait_until(
+        lambda: cap.stats.position and BinlogPosition.parse(cap.stats.position) >= end, timeout_s, "catch up"
+    )
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_snapshot_then_binlog_with_a_restart_from_the_recovered_position(
     mariadb: LocalMariaDB,
@@ -100,10 +121,7 @@ def test_snapshot_then_binlog_with_a_restart_from_the_recovered_position(
     t2, cap2 = capture(resume, stop2)
     writer.join(120)
     assert writer.error is None
-    end = BinlogPosition.parse(master_position(mariadb))
-    wait_until(
-        lambda: cap2.stats.position and BinlogPosition.parse(cap2.stats.position) >= end, 120, "catch up"
-    )
+    wait_caught_up(cap2, mariadb, 120)
     stop2.set()
     t2.join(60)
 
@@ -230,24 +248,15 @@ def test_large_tables_are_snapshotted_by_spark_in_key_ranges_under_writes(
     writers = [Writer(mariadb, "big1", transactions=300), BigTableWriter(mariadb, "big1", 300)]
     for w in writers:
         w.start()
-    stop = threading.Event()
     cap = MySqlCapture(
-        spec, [*TABLES, "events"], lambda _t: "big.changes", bootstrap, name="big", stop=stop,
+        spec, [*TABLES, "events"], lambda _t: "big.changes", bootstrap, name="big",
         snapshot_runner=runner, snapshot_parallel_rows=5000, snapshot_chunk_rows=3000,
     )  # fmt: skip
-    th = threading.Thread(target=cap.run, daemon=True)
-    th.start()
-    try:
+    with running(cap):
         for w in writers:
             w.join(240)
             assert w.error is None, w.error
-        end = BinlogPosition.parse(master_position(mariadb))
-        wait_until(
-            lambda: cap.stats.position and BinlogPosition.parse(cap.stats.position) >= end, 180, "catch up"
-        )
-    finally:
-        stop.set()
-        th.join(60)
+        wait_caught_up(cap, mariadb, 180)
     assert ran and ran[0] >= 6, ran  # 24k rows in ranges of about 3k
     assert cap.stats.snapshot_rows >= BIG_ROWS
     got = _apply_log(bootstrap, "big.changes", f"sqlite:///{tmp_path / 'target.db'}", "big")
@@ -289,20 +298,11 @@ def test_a_snapshot_cut_short_starts_over_reading_the_binlog_from_where_it_began
     mariadb.execute("DELETE FROM events WHERE id <= 3000 AND id % 3 = 0", database="cut1")
     resume = recover_position(bootstrap, ["cut.changes"])
     assert resume is not None and resume.startswith("snapshot@"), resume
-    stop2 = threading.Event()
     cap2 = MySqlCapture(spec, [*TABLES, "events"], lambda _t: "cut.changes", bootstrap, name="cut",
-                        start=resume, stop=stop2, snapshot_runner=lambda c: run_snapshot_chunks(spark, c),
+                        start=resume, snapshot_runner=lambda c: run_snapshot_chunks(spark, c),
                         snapshot_parallel_rows=5000, snapshot_chunk_rows=3000)  # fmt: skip
-    th = threading.Thread(target=cap2.run, daemon=True)
-    th.start()
-    try:
-        end = BinlogPosition.parse(master_position(mariadb))
-        wait_until(
-            lambda: cap2.stats.position and BinlogPosition.parse(cap2.stats.position) >= end, 180, "catch up"
-        )
-    finally:
-        stop2.set()
-        th.join(60)
+    with running(cap2):
+        wait_caught_up(cap2, mariadb, 180)
     got = _apply_log(bootstrap, "cut.changes", f"sqlite:///{tmp_path / 'target.db'}", "cut")
     assert not {key_text({"id": i}) for (i,) in deleted} & set(got["events"])
     assert len(got["events"]) == BIG_ROWS - len(deleted)
@@ -318,11 +318,8 @@ def test_a_column_added_with_a_default_reaches_every_existing_row(
     create_topic(bootstrap, "ddl.changes", 3, 1)
     create_database(mariadb, "ddl1", rows=60)
     spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="ddl1")
-    stop = threading.Event()
-    cap = MySqlCapture(spec, TABLES, lambda _t: "ddl.changes", bootstrap, name="ddl", stop=stop)
-    th = threading.Thread(target=cap.run, daemon=True)
-    th.start()
-    try:
+    cap = MySqlCapture(spec, TABLES, lambda _t: "ddl.changes", bootstrap, name="ddl")
+    with running(cap):
         wait_until(lambda: cap.stats.snapshot_rows >= 180 and cap.stats.position, 60, "the snapshot")
         mariadb.execute(
             "UPDATE customers SET balance = 1 WHERE id = 1",
@@ -331,13 +328,7 @@ def test_a_column_added_with_a_default_reaches_every_existing_row(
             "DELETE FROM customers WHERE id = 3",
             database="ddl1",
         )
-        end = BinlogPosition.parse(master_position(mariadb))
-        wait_until(
-            lambda: cap.stats.position and BinlogPosition.parse(cap.stats.position) >= end, 60, "catch up"
-        )
-    finally:
-        stop.set()
-        th.join(60)
+        wait_caught_up(cap, mariadb, 60)
     got = _apply_log_tables(bootstrap, "ddl.changes", f"sqlite:///{tmp_path / 'target.db'}", "ddl")
     cmp = compare(Truth(tables=source_rows(mariadb, "ddl1"), key_columns=KEYS), got)
     assert cmp.ok, cmp.summary()

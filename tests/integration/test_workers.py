@@ -42,6 +42,21 @@ def start_worker(name: str, bootstrap: str, zk: str, workdir: Path) -> subproces
     )  # fmt: skip
 
 
+def create_task(definition: str, tmp_path: Path, zk_address: str) -> tuple[ZkStore, TaskStore]:
+    """`sluice task create --file` with this YAML; then a TaskStore to watch the task with."""
+    spec = tmp_path / "task.yaml"
+    spec.write_text(definition)
+    created = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "task", "create", "--file", str(spec),
+         "--zookeeper", zk_address],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    zk = ZkStore(zk_address)
+    zk.start()
+    return zk, TaskStore(zk.client)
+
+
 def test_two_workers_share_a_task_through_kills_and_a_pause(
     mariadb: LocalMariaDB, postgres_url: str, make_cluster: Callable[..., TestCluster], tmp_path: Path
 ) -> None:
@@ -61,18 +76,7 @@ def test_two_workers_share_a_task_through_kills_and_a_pause(
             "CREATE TRIGGER audit AFTER INSERT OR UPDATE ON _sluice_offsets "
             "FOR EACH ROW EXECUTE FUNCTION audit_offsets()"
         )
-    spec = tmp_path / "task.yaml"
-    spec.write_text(TASK.format(port=mariadb.port, target=postgres_url))
-    created = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "task", "create", "--file", str(spec),
-         "--zookeeper", zk_address],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-
-    zk = ZkStore(zk_address)
-    zk.start()
-    store = TaskStore(zk.client)
+    zk, store = create_task(TASK.format(port=mariadb.port, target=postgres_url), tmp_path, zk_address)
     workers = {n: start_worker(n, bootstrap, zk_address, tmp_path) for n in ("wa", "wb")}
     writer = Writer(mariadb, "shopw", transactions=900)
     try:
@@ -179,17 +183,7 @@ def test_task_status_reports_the_lag_the_test_measures(
         "INSERT INTO items VALUES " + ", ".join(f"({i}, 0)" for i in range(1, 51)),
         database="lagt",
     )
-    spec = tmp_path / "lag.yaml"
-    spec.write_text(LAG_TASK.format(port=mariadb.port, target=postgres_url))
-    created = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "task", "create", "--file", str(spec),
-         "--zookeeper", zk_address],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    zk = ZkStore(zk_address)
-    zk.start()
-    store = TaskStore(zk.client)
+    zk, store = create_task(LAG_TASK.format(port=mariadb.port, target=postgres_url), tmp_path, zk_address)
     worker = start_worker("wl", bootstrap, zk_address, tmp_path)
     topic = "lagt.changes"
 
