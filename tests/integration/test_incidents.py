@@ -44,10 +44,9 @@ def test_acks1_failover_acks_all_loses_nothing(tmp_path: Path, switch: None) -> 
 def test_acks1_failover_fails_when_acks_all_does_not_wait_for_the_isr(tmp_path: Path, switch: None) -> None:
     """With the switch on, records the cut-off leader acknowledges after its followers moved
     away are lost: 74 to 742 per run in 10 of 10 runs by hand (6 of them with a core kept
-    busy). Within the full
-    suite, 2 of 4 runs lost none: that run's window closed before anything was acknowledged
-    there, for a reason not yet found. So a second, independent run is allowed before
-    concluding that the drill cannot see the loss."""
+    busy). Within the full suite, 2 of 4 runs lost none: the window closed before anything
+    was acknowledged there, for a reason not yet found. So a second, independent run is
+    allowed before concluding that the drill cannot see the loss."""
     for attempt in range(2):
         result = run("acks1-failover", tmp_path / f"run-{attempt}", test_switches.UNSAFE_ACKS_ALL)
         if not result.ok:
