@@ -1,0 +1,28 @@
+"""The ``sluice`` command line: one module per command group, assembled here."""
+
+from __future__ import annotations
+
+import typer
+
+from sluice.ops.cli.apply import apply
+from sluice.ops.cli.cluster import broker_app, cluster_app
+from sluice.ops.cli.demo import demo
+from sluice.ops.cli.drills import chaos_app, incident_app
+from sluice.ops.cli.groups import group_app
+from sluice.ops.cli.tasks import task_app, worker_app
+from sluice.ops.cli.topics import consume, produce, topic_app
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Sluice: change-data sync on a replicated log."
+)
+for _sub, _name in (
+    (cluster_app, "cluster"), (broker_app, "broker"), (topic_app, "topic"), (group_app, "group"),
+    (incident_app, "incident"), (chaos_app, "chaos"), (task_app, "task"), (worker_app, "worker"),
+):  # fmt: skip
+    app.add_typer(_sub, name=_name)
+for _fn, _name in ((produce, "produce"), (consume, "consume"), (apply, "apply"), (demo, "demo")):
+    app.command(_name)(_fn)
+
+
+def main() -> None:
+    app()

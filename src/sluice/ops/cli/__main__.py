@@ -1,0 +1,3 @@
+from sluice.ops.cli import main
+
+main()

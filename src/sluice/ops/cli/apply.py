@@ -1,0 +1,137 @@
+"""`sluice apply`: change topics to a target through a Spark query."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sluice.ops.cli.common import (
+    DEFAULT_BOOTSTRAP,
+    Bootstrap,
+    err,
+    fail,
+    parse_seconds,
+)
+
+
+def apply(
+    target: Annotated[str, typer.Option(help="sqlite:///path/to.db or postgresql://user@host:port/db")],
+    topics: Annotated[str | None, typer.Option(help="Comma-separated topics to apply")] = None,
+    pattern: Annotated[
+        str | None, typer.Option(help="Regular expression over topic names (instead of --topics)")
+    ] = None,
+    trigger: Annotated[str, typer.Option(help="Micro-batch interval, e.g. 1s or 500ms")] = "1s",
+    spark_master: Annotated[str | None, typer.Option(help="Spark master URL (default local[*])")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="Spark checkpoint directory")] = None,
+    pipeline: Annotated[
+        str | None, typer.Option(help="Pipeline name: keys the target's offsets and fence")
+    ] = None,
+    epoch: Annotated[
+        int | None, typer.Option(help="Fencing epoch (default: one more than the target's)")
+    ] = None,
+    mapping: Annotated[
+        Path | None, typer.Option(help="YAML/JSON column mapping: table -> table/rename/drop/casts")
+    ] = None,
+    available_now: Annotated[bool, typer.Option(help="Apply what is in the log now, then stop")] = False,
+    max_records_per_trigger: Annotated[int | None, typer.Option(help="Read limit per micro-batch")] = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+) -> None:
+    """Apply change topics to a target with a Spark Structured Streaming query, in the foreground.
+
+    Each micro-batch is one target transaction: newest change per row, guarded by source
+    position, offsets recorded with the rows, fencing epoch checked. Stop with Ctrl-C."""
+    import signal as _signal
+
+    from sluice.sync.targets import StaleEpochError
+    from sluice.sync.targets.base import ColumnMapping, MappingError
+
+    if bool(topics) == bool(pattern):
+        raise fail("give exactly one of --topics and --pattern", 2)
+    try:
+        column_mapping = ColumnMapping.from_config(_load_mapping(mapping)) if mapping else ColumnMapping()
+    except (MappingError, OSError, ValueError) as exc:
+        raise fail(f"bad --mapping: {exc}", 2) from None
+    from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
+    from sluice.pipeline.session import spark_session
+
+    config = ApplyConfig(
+        bootstrap=bootstrap,
+        target=target,
+        topics=[t.strip() for t in topics.split(",") if t.strip()] if topics else None,
+        pattern=pattern,
+        pipeline=pipeline,
+        epoch=epoch,
+        trigger_s=parse_seconds(trigger, "--trigger"),
+        available_now=available_now,
+        max_records_per_trigger=max_records_per_trigger,
+        mapping=column_mapping,
+    )
+    name = config.pipeline_name()
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    config.checkpoint = checkpoint or Path(".sluice/checkpoints") / safe
+
+    def on_batch(b: BatchReport) -> None:
+        r = b.result
+        offsets = " ".join(
+            f"{t}[{p}]={o}" for t, parts in r.offsets.items() for p, o in sorted(parts.items())
+        )
+        err.print(
+            f"batch {b.batch_id}: {r.records:,} records ({r.skipped:,} already applied), "
+            f"{r.changes:,} row changes, {r.written:,} rows written in {b.took_s:.2f} s; next {offsets}"
+        )
+
+    try:
+        spark = spark_session(spark_master, app=f"sluice-apply {name}")
+        query = ApplyQuery(spark, config, on_batch=on_batch)
+    except StaleEpochError as exc:
+        raise fail(str(exc), 3) from None
+    except (ConnectionError, ValueError) as exc:
+        raise fail(str(exc), 2) from None
+    err.print(
+        f"applying {name} to {target} under fencing epoch {query.epoch}; checkpoint {config.checkpoint}"
+    )
+    stopping = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.append(signum)
+        if query.query is not None:
+            query.query.stop()
+
+    _signal.signal(_signal.SIGTERM, on_signal)
+    _signal.signal(_signal.SIGINT, on_signal)
+    query.start()
+    for note in query.notes:
+        err.print(note)
+    try:
+        query.await_termination()
+    except StaleEpochError as exc:
+        raise fail(str(exc), 3) from None
+    except Exception as exc:
+        if not stopping:
+            raise fail(f"the apply query failed: {_query_error_text(exc)}") from None
+    finally:
+        query.stop()
+        spark.stop()
+    err.print("stopped" if stopping else "done")
+
+
+def _load_mapping(path: Path) -> dict[str, object]:
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    if isinstance(doc, dict) and "tables" in doc:
+        doc = doc["tables"]
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path} must hold a mapping of table name -> table/rename/drop/casts")
+    return doc
+
+
+def _query_error_text(exc: BaseException) -> str:
+    text = str(exc)
+    # Spark wraps a Python error from the batch function in a long JVM trace; keep the Python part.
+    for marker in ("BadEventError: ", "SluiceSourceError: ", "ValueError: ", "Error: "):
+        if marker in text:
+            return text[text.index(marker) :].splitlines()[0]
+    return text.splitlines()[0] if text else type(exc).__name__

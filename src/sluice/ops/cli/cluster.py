@@ -1,0 +1,257 @@
+"""`sluice cluster` and `sluice broker`: run a local cluster and its brokers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from sluice.ops import launcher
+from sluice.ops.cli.common import (
+    ClusterDir,
+    console,
+    err,
+    fail,
+)
+from sluice.ops.logging_setup import configure as configure_logging
+
+cluster_app = typer.Typer(no_args_is_help=True, help="Run a local cluster (ZooKeeper + brokers).")
+broker_app = typer.Typer(no_args_is_help=True, help="Run and manage brokers.")
+
+
+@cluster_app.command("up")
+def cluster_up(
+    brokers: Annotated[int, typer.Option("--brokers", help="Number of brokers")] = 1,
+    directory: ClusterDir = launcher.DEFAULT_DIR,
+    zookeeper: Annotated[
+        str | None,
+        typer.Option("--zookeeper", help="Use this ensemble (HOST:PORT/CHROOT) instead of starting one"),
+    ] = None,
+    zk_session_timeout: Annotated[
+        float, typer.Option(help="ZooKeeper session timeout of the brokers, seconds")
+    ] = 6.0,
+) -> None:
+    """Start a local ZooKeeper (unless --zookeeper names one) and N brokers; wait until ready."""
+    started = time.monotonic()
+    try:
+        cluster = launcher.cluster_up(directory, brokers, zookeeper, zk_session_timeout_s=zk_session_timeout)
+    except (RuntimeError, TimeoutError, ValueError, FileNotFoundError) as exc:
+        raise fail(str(exc)) from None
+    print(f"bootstrap.servers={cluster.bootstrap_servers}")
+    print(f"zookeeper={cluster.zookeeper}")
+    took_s = time.monotonic() - started
+    err.print(
+        f"[green]cluster up[/] in {took_s:.1f} s: {len(cluster.brokers)} broker(s), dir {cluster.directory}"
+    )
+
+
+@cluster_app.command("status")
+def cluster_status(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
+    """Per broker: id, address, pid, alive, controller."""
+    from sluice.cluster.zkstore import ZkStore
+
+    try:
+        cluster = launcher.LocalCluster.load(directory.resolve())
+    except FileNotFoundError as exc:
+        raise fail(str(exc)) from None
+    from sluice.ops.health import PartitionHealth, partition_health
+
+    registered: set[int] = set()
+    controller = -1
+    zk_ok = True
+    health: list[PartitionHealth] = []
+    store = ZkStore(cluster.zookeeper, connect_timeout_s=5.0)
+    try:
+        store.start()
+        registered = set(store.live_brokers())
+        controller = store.controller_id()
+        health = partition_health(store)
+    except Exception as exc:
+        zk_ok = False
+        err.print(f"[yellow]ZooKeeper {cluster.zookeeper} is not reachable: {exc}[/]")
+    finally:
+        try:
+            store.stop()
+        except Exception:
+            pass
+    table = Table(title=f"cluster in {cluster.directory}")
+    for col in ("id", "address", "pid", "alive", "registered", "controller"):
+        table.add_column(col)
+    for b in cluster.brokers:
+        alive = launcher.pid_alive(b.pid)
+        table.add_row(
+            str(b.broker_id),
+            b.address,
+            str(b.pid),
+            "yes" if alive else "[red]no[/]",
+            ("yes" if b.broker_id in registered else "[red]no[/]") if zk_ok else "?",
+            "*" if b.broker_id == controller else "",
+        )
+    console.print(table)
+    problems = [h for h in health if h.status != "ok"]
+    if problems:
+        ptable = Table(title=f"{len(problems)} partition(s) need attention")
+        for col in ("partition", "status", "leader", "replicas", "isr", "why"):
+            ptable.add_column(col)
+        for h in problems:
+            colour = "red" if h.status == "offline" else "yellow"
+            ptable.add_row(
+                f"{h.topic}-{h.partition}",
+                f"[{colour}]{h.status}[/]",
+                str(h.leader),
+                str(list(h.replicas)),
+                str(list(h.isr)),
+                h.reason,
+            )
+        console.print(ptable)
+    print(f"zookeeper={cluster.zookeeper}")
+    print(f"controller={controller}")
+    print(f"offline_partitions={sum(h.status == 'offline' for h in health)}")
+    print(f"under_replicated_partitions={sum(h.status == 'under-replicated' for h in health)}")
+
+
+@cluster_app.command("down")
+def cluster_down(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
+    """Stop everything `cluster up` started in DIR."""
+    try:
+        stopped = launcher.cluster_down(directory)
+    except FileNotFoundError as exc:
+        raise fail(str(exc)) from None
+    err.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+
+
+# -- broker ----------------------------------------------------------------------------------------
+
+
+@broker_app.command("start")
+def broker_start(
+    broker_id: Annotated[int, typer.Option("--id", help="Broker id (unique in the cluster)")],
+    port: Annotated[int, typer.Option("--port")],
+    data_dir: Annotated[Path, typer.Option("--data-dir")],
+    zookeeper: Annotated[
+        str, typer.Option("--zookeeper", help="HOST:PORT[/CHROOT]; chroot defaults to /sluice")
+    ],
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    zk_session_timeout: Annotated[float, typer.Option(help="seconds")] = 6.0,
+    auto_create_topics: Annotated[
+        bool, typer.Option(help="Create unknown topics on metadata requests")
+    ] = False,
+    log_level: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Run one broker in the foreground."""
+    from sluice.broker.broker import DataDirInUseError, run_broker
+    from sluice.broker.config import BrokerConfig
+    from sluice.cluster.zkstore import BrokerIdInUseError
+
+    configure_logging(log_level)
+    try:
+        config = BrokerConfig(
+            broker_id=broker_id,
+            data_dir=data_dir.resolve(),
+            zookeeper=zookeeper,
+            host=host,
+            port=port,
+            zk_session_timeout_s=zk_session_timeout,
+            auto_create_topics=auto_create_topics,
+        )
+        run_broker(config)
+    except (BrokerIdInUseError, DataDirInUseError, ConnectionError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"broker {broker_id} could not start: {exc}") from None
+
+
+@broker_app.command("stop")
+def broker_stop(
+    broker_id: Annotated[int, typer.Argument(help="Broker id")],
+    directory: ClusterDir = launcher.DEFAULT_DIR,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to exit")] = 60.0,
+) -> None:
+    """Controlled shutdown: leadership moves to other in-sync replicas, then the broker exits."""
+    try:
+        cluster = launcher.LocalCluster.load(directory.resolve())
+        b = cluster.broker(broker_id)
+    except (FileNotFoundError, KeyError) as exc:
+        raise fail(str(exc)) from None
+    if not launcher.pid_alive(b.pid):
+        raise fail(f"broker {broker_id} (pid {b.pid}) is not running")
+    started = time.monotonic()
+    launcher.stop_pid(b.pid, timeout_s=timeout)
+    err.print(f"broker {broker_id} stopped in {time.monotonic() - started:.1f} s (controlled shutdown)")
+
+
+@broker_app.command("drain")
+def broker_drain(
+    broker_id: Annotated[int, typer.Argument(help="Broker id")],
+    directory: ClusterDir = launcher.DEFAULT_DIR,
+    zookeeper: Annotated[
+        str | None, typer.Option("--zookeeper", help="HOST:PORT/CHROOT (default: the local cluster's)")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the moves")] = 300.0,
+) -> None:
+    """Move every partition replica off a broker (replication factor 1 included) and report when
+    it can be stopped with nothing offline."""
+    from sluice.cluster.zkstore import ZkStore
+    from sluice.ops.drain import DrainError, plan_drain, start_drain, wait_drained
+
+    if zookeeper is None:
+        try:
+            zookeeper = launcher.LocalCluster.load(directory.resolve()).zookeeper
+        except FileNotFoundError as exc:
+            raise fail(f"{exc}; or give --zookeeper") from None
+    store = ZkStore(zookeeper)
+    try:
+        store.start()
+        plan = plan_drain(store, broker_id)
+        start_drain(store, plan)
+        err.print(f"moving {len(plan.moves)} replica(s) off broker {broker_id} ...")
+        started = time.monotonic()
+        pending = wait_drained(store, plan, timeout)
+    except (DrainError, ConnectionError) as exc:
+        raise fail(str(exc)) from None
+    finally:
+        store.stop()
+    table = Table(title=f"drain of broker {broker_id}")
+    for col in ("partition", "now on"):
+        table.add_column(col)
+    for move in plan.moves:
+        where = (
+            "[red]still moving[/]" if (move.topic, move.partition) in pending else str(list(move.replicas))
+        )
+        table.add_row(f"{move.topic}-{move.partition}", where)
+    for topic, p, why, online in plan.kept:
+        fate = "stays online via other in-sync replicas" if online else "[red]would go offline[/]"
+        table.add_row(f"{topic}-{p}", f"kept ({why}); {fate}")
+    console.print(table)
+    if pending:
+        raise fail(f"{len(pending)} move(s) did not finish within {timeout:.0f} s: {pending[:5]}")
+    offline = [f"{t}-{p}" for t, p, _, online in plan.kept if not online]
+    if offline:
+        raise fail(
+            f"broker {broker_id} still holds the only in-sync replica of {offline}: stopping it takes "
+            "them offline"
+        )
+    print(f"drained=true broker={broker_id} moved={len(plan.moves)} took_s={time.monotonic() - started:.1f}")
+    err.print(
+        f"[green]broker {broker_id} can be stopped with nothing offline[/]: `sluice broker stop {broker_id}`"
+    )
+
+
+@broker_app.command("restart")
+def broker_restart(
+    broker_id: Annotated[int, typer.Argument(help="Broker id")],
+    directory: ClusterDir = launcher.DEFAULT_DIR,
+) -> None:
+    """Start a stopped broker of the local cluster again, with its data."""
+    try:
+        cluster = launcher.LocalCluster.load(directory.resolve())
+        b = cluster.broker(broker_id)
+    except (FileNotFoundError, KeyError) as exc:
+        raise fail(str(exc)) from None
+    if launcher.pid_alive(b.pid):
+        raise fail(f"broker {broker_id} is already running (pid {b.pid})")
+    launcher.restart_broker(cluster, b)
+    err.print(f"broker {broker_id} running again (pid {b.pid})")

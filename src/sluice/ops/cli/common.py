@@ -1,0 +1,70 @@
+"""What every command group of the ``sluice`` command line shares: consoles, options, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from sluice.ops import launcher
+
+console = Console()
+err = Console(stderr=True)
+
+
+DEFAULT_BOOTSTRAP = "localhost:9092"
+
+Bootstrap = Annotated[
+    str,
+    typer.Option(
+        "--bootstrap-server",
+        "-b",
+        envvar="SLUICE_BOOTSTRAP",
+        help="HOST:PORT of a broker (default: $SLUICE_BOOTSTRAP, else localhost:9092)",
+    ),
+]
+ClusterDir = Annotated[Path, typer.Option("--dir", help="Directory of the local cluster")]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+ZooKeeperOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--zookeeper",
+        envvar="SLUICE_ZOOKEEPER",
+        help="HOST:PORT/CHROOT (default: $SLUICE_ZOOKEEPER, else the local cluster in .sluice/cluster)",
+    ),
+]
+
+
+def task_store(zookeeper: str | None):  # type: ignore[no-untyped-def]
+    """A TaskStore on the given ZooKeeper, or on the local cluster's."""
+    from sluice.cluster.zkstore import ZkStore
+    from sluice.sync.tasks import TaskStore
+
+    if zookeeper is None:
+        try:
+            zookeeper = launcher.LocalCluster.load(launcher.DEFAULT_DIR.resolve()).zookeeper
+        except FileNotFoundError:
+            raise fail("no --zookeeper given and no local cluster in .sluice/cluster", 2) from None
+    store = ZkStore(zookeeper, connect_timeout_s=10.0)
+    try:
+        store.start()
+    except ConnectionError as exc:
+        raise fail(str(exc)) from None
+    return store, TaskStore(store.client)
+
+
+def parse_seconds(text: str, what: str) -> float:
+    from sluice.sync.tasks import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise fail(f"{what} must be a positive duration like 1s, 500ms or 2.5, not {text!r}", 2) from None

@@ -1,0 +1,35 @@
+"""`sluice demo`: the whole platform on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sluice.ops.cli.common import (
+    ClusterDir,
+    console,
+)
+
+
+def demo(
+    directory: ClusterDir = Path(".sluice/demo"),
+    duration: Annotated[float, typer.Option(help="Seconds the generator writes changes")] = 40.0,
+    rate: Annotated[float, typer.Option(help="Changes per second from the generator")] = 2000.0,
+    target: Annotated[
+        str | None, typer.Option(help="Target URL (default: SQLite in the demo directory)")
+    ] = None,
+    spark_master: Annotated[str | None, typer.Option(help="Spark master URL (default local[*])")] = None,
+    keep: Annotated[bool, typer.Option(help="Leave the cluster running afterwards")] = False,
+) -> None:
+    """The whole platform on this machine: a 3-broker cluster, the generator writing changes, a
+    Spark query applying them to SQLite, one broker killed with kill -9 in the middle, and a
+    comparison of the target with the generator's ground truth. Exits 1 if they differ."""
+    from sluice.ops.demo import run_demo
+
+    ok = run_demo(
+        directory, duration_s=duration, rate=rate, target=target, spark_master=spark_master,
+        keep=keep, console=console,
+    )  # fmt: skip
+    raise typer.Exit(0 if ok else 1)

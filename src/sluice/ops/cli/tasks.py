@@ -1,0 +1,248 @@
+"""`sluice task` and `sluice worker`: sync tasks in ZooKeeper and the workers that run them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from sluice.ops.cli.common import (
+    DEFAULT_BOOTSTRAP,
+    Bootstrap,
+    ZooKeeperOpt,
+    console,
+    err,
+    fail,
+    task_store,
+)
+from sluice.ops.logging_setup import configure as configure_logging
+
+task_app = typer.Typer(no_args_is_help=True, help="Sync tasks: defined once in ZooKeeper, run by workers.")
+worker_app = typer.Typer(no_args_is_help=True, help="Workers: processes that share and run the sync tasks.")
+
+
+@task_app.command("create")
+def task_create(
+    file: Annotated[Path, typer.Option("--file", "-f", help="Task definition (YAML)")],
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Validate a task definition and store it; errors name the bad field."""
+    import yaml
+
+    from sluice.sync.tasks import TaskSpecError, parse_spec, redact
+
+    try:
+        doc = yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise fail(f"cannot read {file}: {exc}", 2) from None
+    except yaml.YAMLError as exc:
+        raise fail(f"{file} is not valid YAML: {exc}", 2) from None
+    try:
+        spec = parse_spec(doc)
+    except TaskSpecError as exc:
+        raise fail(f"{file}: {exc}", 2) from None
+    zk, store = task_store(zookeeper)
+    try:
+        store.create(spec)
+    except TaskSpecError as exc:
+        raise fail(str(exc), 2) from None
+    finally:
+        zk.stop()
+    console.print(
+        f"task {spec.id} created: {spec.source.kind} -> {', '.join(spec.topics())} -> {redact(spec.target)}"
+    )
+
+
+@task_app.command("list")
+def task_list(zookeeper: ZooKeeperOpt = None) -> None:
+    """Tasks with their state: running (worker, epoch), paused or waiting for a worker."""
+    from sluice.sync.tasks import redact
+
+    zk, store = task_store(zookeeper)
+    try:
+        table = Table("task", "source", "target", "state", "worker", "epoch")
+        for task_id in store.ids():
+            spec = store.get(task_id)
+            status = store.status(task_id)
+            control = store.control(task_id)
+            state = "paused" if control.paused else ("running" if status else "waiting for a worker")
+            table.add_row(
+                task_id, spec.source.kind, redact(spec.target), state,
+                str(status.get("worker", "")) if status else "", str(store.epoch(task_id)),
+            )  # fmt: skip
+        console.print(table)
+    finally:
+        zk.stop()
+
+
+@task_app.command("status")
+def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
+    """Worker, execution id, epoch, captured position, applied offsets, lag and alarms."""
+    from sluice.sync.tasks import TaskNotFoundError, redact
+
+    zk, store = task_store(zookeeper)
+    try:
+        try:
+            spec = store.get(task_id)
+        except TaskNotFoundError:
+            raise fail(f"no task {task_id!r}", 2) from None
+        status = store.status(task_id)
+        control = store.control(task_id)
+        console.print(
+            f"task {spec.id}: {spec.source.kind} -> {', '.join(spec.topics())} -> {redact(spec.target)}"
+        )
+        console.print(
+            f"  state      {'paused' if control.paused else 'running' if status else 'waiting for a worker'}"
+        )
+        console.print(f"  epoch      {store.epoch(task_id)} (latest taken)")
+        if status:
+            for key in ("worker", "execution", "epoch", "captured_position", "applied_offsets",
+                        "lag_records", "lag_seconds", "updated"):  # fmt: skip
+                if key in status:
+                    console.print(f"  {key:<18} {status[key]}")
+        alarms = store.alarms(task_id)
+        console.print(f"  alarms     {len(alarms)}")
+        for alarm in alarms[-5:]:
+            console.print(f"    {_describe_alarm(alarm)}", markup=False, highlight=False)
+    finally:
+        zk.stop()
+
+
+def _describe_alarm(alarm: dict[str, object]) -> str:
+    """One line: when, what, and the executions, workers, epochs and window it names."""
+    import datetime as dt
+
+    def when(t: object) -> str:
+        if not isinstance(t, (int, float)):
+            return "now"
+        return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S")
+
+    at = alarm.get("at")
+    parts = [f"{when(at) if at else '?'} {alarm.get('kind')}"]
+    for name in ("executions", "workers", "epochs"):
+        values = alarm.get(name)
+        if isinstance(values, list):
+            parts.append(f"{name} {' -> '.join(str(x) for x in values)}")
+    window = alarm.get("window")
+    if isinstance(window, list) and len(window) == 2:
+        parts.append(f"both ran {when(window[0])}..{when(window[1])} UTC")
+    for name in ("execution", "epoch", "target_epoch", "found_by"):
+        if name in alarm:
+            parts.append(f"{name} {alarm[name]}")
+    if alarm.get("detail"):
+        parts.append(f"({alarm['detail']})")
+    return "; ".join(parts)
+
+
+def _set_control(task_id: str, zookeeper: str | None, **changes: object) -> None:
+    from sluice.sync.tasks import TaskNotFoundError
+
+    zk, store = task_store(zookeeper)
+    try:
+        try:
+            store.get(task_id)
+        except TaskNotFoundError:
+            raise fail(f"no task {task_id!r}", 2) from None
+        if "restarts" in changes:
+            changes["restarts"] = store.control(task_id).restarts + 1
+        store.set_control(task_id, **changes)
+    finally:
+        zk.stop()
+
+
+@task_app.command("pause")
+def task_pause(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
+    """Stop the task's execution; it stays assigned but does nothing until resumed."""
+    _set_control(task_id, zookeeper, paused=True)
+    console.print(f"task {task_id} paused")
+
+
+@task_app.command("resume")
+def task_resume(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
+    _set_control(task_id, zookeeper, paused=False)
+    console.print(f"task {task_id} resumed")
+
+
+@task_app.command("restart")
+def task_restart(
+    task_id: str,
+    from_position: Annotated[str | None, typer.Option(help="Capture from this source position")] = None,
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Restart the task's execution (under a new epoch), optionally from a source position."""
+    _set_control(task_id, zookeeper, restarts=True, from_position=from_position)
+    console.print(f"task {task_id} restarting" + (f" from {from_position}" if from_position else ""))
+
+
+@task_app.command("delete")
+def task_delete(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
+    from sluice.sync.tasks import TaskNotFoundError
+
+    zk, store = task_store(zookeeper)
+    try:
+        store.delete(task_id)
+    except TaskNotFoundError:
+        raise fail(f"no task {task_id!r}", 2) from None
+    finally:
+        zk.stop()
+    console.print(f"task {task_id} deleted")
+
+
+@worker_app.command("start")
+def worker_start(
+    group: Annotated[
+        str, typer.Option(help="Worker group: workers of one group share its tasks")
+    ] = "sluice-workers",
+    name: Annotated[
+        str | None, typer.Option(help="This worker's name (default: host name + random suffix)")
+    ] = None,
+    directory: Annotated[Path, typer.Option("--dir", help="Working directory (Spark checkpoints)")] = Path(
+        ".sluice/worker"
+    ),
+    spark_master: Annotated[str | None, typer.Option(help="Spark master URL (default local[*])")] = None,
+    session_timeout: Annotated[float, typer.Option(help="Group session timeout in seconds")] = 10.0,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Join a worker group and run the tasks it assigns to this worker, in the foreground."""
+    import logging
+    import signal as _signal
+    import threading
+
+    from sluice.sync.execution import TaskExecution
+    from sluice.sync.worker import Membership, Worker, worker_name
+
+    configure_logging("info")
+    zk, store = task_store(zookeeper)
+    me = name or worker_name()
+    stop = threading.Event()
+    changed = threading.Event()
+
+    @zk.client.ChildrenWatch("/tasks")
+    def _on_tasks(children: list[str]) -> bool:
+        changed.set()
+        return not stop.is_set()
+
+    from sluice.pipeline.session import spark_session
+
+    logging.getLogger("pymysqlreplication").setLevel(logging.WARNING)
+    spark = spark_session(spark_master, app=f"sluice-worker {me}")  # before joining: it takes seconds
+
+    def start_task(task_id: str) -> object:
+        return TaskExecution(
+            task_id, store, worker=me, bootstrap=bootstrap, spark=spark, workdir=directory / me
+        )
+
+    membership = Membership(bootstrap, group, me, session_timeout_ms=int(session_timeout * 1000))
+    worker = Worker(membership, store.ids, start_task, tasks_changed=changed, stop=stop)
+    _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
+    _signal.signal(_signal.SIGINT, lambda *_: stop.set())
+    err.print(f"worker {me} joining group {group} on {bootstrap}")
+    try:
+        worker.run()
+    finally:
+        spark.stop()
+        zk.stop()
+    err.print(f"worker {me} stopped")
