@@ -22,6 +22,9 @@ DISABLE_REASSIGNMENT = "SLUICE_TEST_DISABLE_REASSIGNMENT"
 DISABLE_TARGET_FENCE = "SLUICE_TEST_DISABLE_TARGET_FENCE"
 #: Targets write rows without comparing source positions (the version guard is off).
 DISABLE_VERSION_GUARD = "SLUICE_TEST_DISABLE_VERSION_GUARD"
+#: Every row change of a binlog rows event gets the event's end position, as before each change
+#: had its own: changes of one row in one statement then tie, and the target keeps an older image.
+SHARED_EVENT_POSITION = "SLUICE_TEST_SHARED_EVENT_POSITION"
 #: "before-commit:N" or "after-commit:N": the process kills itself with SIGKILL right before or
 #: right after its N-th target commit (counting from 1), to test restarts at those points.
 CRASH_AT = "SLUICE_TEST_CRASH_AT"
@@ -40,6 +43,7 @@ ALL = (
     DISABLE_REASSIGNMENT,
     DISABLE_TARGET_FENCE,
     DISABLE_VERSION_GUARD,
+    SHARED_EVENT_POSITION,
     CRASH_AT,
     PAUSE_DIR,
 )

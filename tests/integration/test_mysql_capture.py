@@ -45,7 +45,8 @@ def read_all(bootstrap: str, topic: str, partitions: int = 3) -> pa.Table:
             c.assign([TopicPartition(topic, p, low)])
             got = low
             while got < high:
-                for m in c.consume(1000, timeout=5):
+                # consume() waits for all it asks for or the timeout: ask for what is left
+                for m in c.consume(min(1000, high - got), timeout=5):
                     if m.error() is None:
                         for k, v in (("topic", topic), ("partition", p), ("offset", m.offset()),
                                      ("value", m.value()), ("timestamp", m.timestamp()[1])):  # fmt: skip

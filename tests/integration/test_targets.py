@@ -107,7 +107,66 @@ def test_column_mapping_renames_drops_and_casts(target_url: str) -> None:
     assert rows == {'{"id":1}': {"id": 1, "value": "x", "n": 42}}
 
 
+def test_a_truncate_removes_older_rows_and_keeps_older_changes_out(target: Target) -> None:
+    """A truncate at position 10 removes the rows older than it, and raises the table's
+    watermark: an older change of any row that arrives later (another partition, a replay of
+    the source) cannot bring one back; a newer row (from another partition, applied before the
+    truncate arrived) stays, and newer changes land."""
+    e = target.claim("p")
+    target.apply("p", e, records([event("c", 1, 1, v="a"), event("c", 2, 2, v="b")]))
+    target.apply("p", e, records([event("c", 12, 3, v="newer")], partition=1))
+    result = target.apply("p", e, records([event("t", 10)], start=2))
+    assert result.written == 2
+    assert set(target.read_rows("acct")) == {'{"id":3}'}
+    target.apply("p", e, records([event("u", 5, 1, v="old"), event("d", 6, 2)], start=1, partition=1))
+    assert set(target.read_rows("acct")) == {'{"id":3}'}
+    target.apply("p", e, records([event("c", 14, 1, v="after"), event("t", 9)], start=3))
+    assert {k: r["v"] for k, r in target.read_rows("acct").items()} == {
+        '{"id":1}': "after",
+        '{"id":3}': "newer",
+    }
+    # a truncate and changes of the same table in one batch: the truncate goes first
+    target.apply("p", e, records([event("u", 15, 1, v="gone"), event("c", 17, 4, v="kept"),
+                                  event("t", 16)], start=5))  # fmt: skip
+    assert {k: r["v"] for k, r in target.read_rows("acct").items()} == {'{"id":4}': "kept"}
+
+
+def test_records_naming_sluice_tables_or_tables_outside_the_pipeline_are_refused(target_url: str) -> None:
+    """An event must not rewrite the fence or the offsets (a table named _sluice_fence), nor any
+    table the pipeline was not given: the batch is refused with the record named."""
+    fence = event("c", 1, {"pipeline": "p"}, table="_sluice_fence", epoch=999)
+    with open_target(target_url, tables=["acct"]) as t:
+        e = t.claim("p")
+        with pytest.raises(BadEventError, match=r"t\[0\]@1.*_sluice_fence.*Sluice's own"):
+            t.apply("p", e, records([event("c", 1, v="a"), fence]))
+        with pytest.raises(BadEventError, match=r"t\[0\]@1 changes table 'other'.*only acct"):
+            t.apply("p", e, records([event("c", 1, v="a"), event("c", 2, table="other", v="x")]))
+        assert t.read_rows("acct") == {} and t.applied_offsets("p") == {}
+        assert t.current_epoch("p") == e
+        t.apply("p", e, records([event("c", 1, v="a")]))
+        assert row(t)["v"] == "a"  # type: ignore[index]
+    with open_target(target_url) as t:  # no tables given: any table but Sluice's own
+        with pytest.raises(BadEventError, match="_sluice_offsets"):
+            t.apply("p", e, records([event("c", 3, {"pipeline": "p"}, table="_sluice_offsets")], start=1))
+        t.apply("p", e, records([event("c", 4, table="other", v="x")], start=1))
+        assert t.read_rows("other")
+
+
+def test_bytes_are_stored_as_bytes_and_text_as_text(target: Target) -> None:
+    """The envelope's `binary` columns hold base64 text; the target stores the bytes (BLOB,
+    bytea), so bytes that happen to be valid UTF-8 stay distinguishable from text."""
+    import dataclasses
+
+    e = target.claim("p")
+    ev = event("c", 1, v="abc", b="YWJj")  # base64 of b"abc"
+    target.apply("p", e, records([dataclasses.replace(ev, binary=("b",))]))
+    got = row(target)
+    assert got is not None and got["v"] == "abc" and bytes(got["b"]) == b"abc"  # type: ignore[arg-type]
+
+
 def test_mapping_errors_name_the_field() -> None:
+    with pytest.raises(MappingError, match=r"mapping\.acct\.table '_sluice_fence'.*Sluice's own"):
+        ColumnMapping.from_config({"acct": {"table": "_sluice_fence"}})
     with pytest.raises(MappingError, match=r"mapping.acct: unknown field\(s\) renames"):
         ColumnMapping.from_config({"acct": {"renames": {}}})
     with pytest.raises(MappingError, match=r"mapping\.acct\.rename\.v"):
@@ -143,7 +202,7 @@ def test_the_guard_tests_fail_with_the_guards_switched_off(
 # --- whatever is replayed, the target ends equal to the source ----------------------------------
 
 ops = st.lists(
-    st.tuples(st.sampled_from("cud"), st.integers(1, 4), st.integers(0, 9)), min_size=1, max_size=40
+    st.tuples(st.sampled_from("cudcudt"), st.integers(1, 4), st.integers(0, 9)), min_size=1, max_size=40
 )
 
 
@@ -161,16 +220,20 @@ def test_any_batching_and_replay_ends_equal_to_the_source(
     state: dict[int, int] = {}
     evs: list[ChangeEvent] = []
     for pos, (op, key, value) in enumerate(ops, start=1):
-        if op == "d" and key in state:
+        if op == "t":
+            state.clear()
+            evs.append(event("t", pos))
+        elif op == "d" and key in state:
             del state[key]
             evs.append(event("d", pos, key))
         elif op != "d":
             state[key] = value
             evs.append(event("u" if key in state else "c", pos, key, v=value))
-    # Two partitions by key, as the producer's partitioner would; each cut into batches.
+    # Two partitions by key, as the producer's partitioner would (a truncate goes to both);
+    # each cut into batches.
     batches = []
     for p in (0, 1):
-        mine = [ev for ev in evs if ev.key["id"] % 2 == p]
+        mine = [ev for ev in evs if ev.op == "t" or ev.key["id"] % 2 == p]
         bounds = sorted({0, len(mine), *(c for c in cuts if c < len(mine))})
         for lo, hi in itertools.pairwise(bounds):
             batches.append(records(mine[lo:hi], start=lo, partition=p))

@@ -11,13 +11,14 @@ from sluice.sync.envelope import ChangeEvent
 
 
 def event(op: str, pos: int, key: int | dict[str, Any] = 1, table: str = "acct", **after: Any) -> ChangeEvent:
-    k = key if isinstance(key, dict) else {"id": key}
+    """A change of one row (op c, u, d, r), or with op t a truncate of `table` (no row)."""
+    k = {} if op == "t" else key if isinstance(key, dict) else {"id": key}
     return ChangeEvent(
         op=op,
         table=table,
         key=k,
         before=None,
-        after=None if op == "d" else {**k, **after},
+        after=None if op in ("d", "t") else {**k, **after},
         pos=pos,
         commit_ts_ms=1_700_000_000_000 + pos,
     )

@@ -70,6 +70,7 @@ CHANGES_SCHEMA = StructType(
         StructField("op", StringType()),
         StructField("after", StringType()),
         StructField("records", IntegerType()),
+        StructField("binary", StringType()),
     ]
 )
 DEFAULT_SPLIT = 200_000

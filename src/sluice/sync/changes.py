@@ -2,11 +2,14 @@
 
 `to_changes` parses each record's envelope once (in Spark this runs in the executors, one
 input partition per task) and keeps what applying needs: where the record sits in the log, the
-table, the canonical key, the source position, the op and the after image as JSON text. The
-`before` image and the rest of `source` are dropped there, so the driver receives less.
+table, the canonical key, the source position, the op, the after image as JSON text and the
+columns that hold bytes. The `before` image and the rest of `source` are dropped there, so the
+driver receives less.
 
 `collapse` keeps the newest change per row (highest source position), in Arrow, without a
-Python loop over rows.
+Python loop over rows. A truncate (op `t`, key `{}`) is one "row" per table, so collapsing keeps
+the newest truncate of each table beside the newest change of each of its rows; the target
+applies the truncate first (see targets/base.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.sync.envelope import MAX_POS, OPS, parse
+from sluice.sync.envelope import MAX_POS, OPS, RESERVED_PREFIX, parse
 
 CHANGE_SCHEMA = pa.schema(
     [
@@ -34,6 +37,7 @@ CHANGE_SCHEMA = pa.schema(
         pa.field("op", pa.string()),
         pa.field("after", pa.string()),  # JSON object text; null for deletes
         pa.field("records", pa.int32()),  # log records this row stands for (1 until collapsed)
+        pa.field("binary", pa.string()),  # JSON list of the columns holding base64 bytes, or null
     ]
 )
 
@@ -47,7 +51,7 @@ class ChangeBuilder:
 
     def __init__(self, collapse: bool = False) -> None:
         self.collapse = collapse
-        # (topic, partition, offset, ts_ms, table, key text, pos, op, after)
+        # (topic, partition, offset, ts_ms, table, key text, pos, op, after, binary)
         self.rows: list[tuple[Any, ...]] = []
         self.newest: dict[tuple[str, str], int] = {}
         self.count: dict[tuple[str, str], int] = {}
@@ -66,10 +70,13 @@ class ChangeBuilder:
             after = doc["after"]
             source = doc["source"]
             pos = source["pos"]
+            binary = doc.get("binary")
             ok = (
                 op in OPS
                 and type(table) is str
                 and table
+                and table[:7].lower() != RESERVED_PREFIX
+                and (binary is None or type(binary) is list)
                 and type(key) is dict
                 and key
                 and type(pos) is int
@@ -82,6 +89,7 @@ class ChangeBuilder:
         if not ok:
             ev = parse(value, f"{topic}[{partition}]@{offset}")
             table, key, pos, op, after = ev.table, ev.key, ev.pos, ev.op, ev.after
+            binary = list(ev.binary)
         kt = _dumps(key, option=_SORT).decode()
         rows = self.rows
         if self.collapse:
@@ -94,7 +102,7 @@ class ChangeBuilder:
                 if pos > rows[best][6]:
                     self.newest[row] = len(rows)
                 self.count[row] += 1
-        rows.append((topic, partition, offset, ts_ms, table, kt, pos, op, after))
+        rows.append((topic, partition, offset, ts_ms, table, kt, pos, op, after, binary or None))
 
     def batch(self) -> pa.RecordBatch:
         rows = self.rows
@@ -109,7 +117,7 @@ class ChangeBuilder:
             order = sorted(chosen)
             picked = [rows[i] for i in order]
             counts = [chosen[i] for i in order]
-        cols = list(zip(*picked, strict=True)) if picked else [()] * 9
+        cols = list(zip(*picked, strict=True)) if picked else [()] * 10
         return pa.RecordBatch.from_arrays(
             [
                 pa.array(cols[0], pa.string()),
@@ -122,6 +130,7 @@ class ChangeBuilder:
                 pa.array(cols[7], pa.string()),
                 pa.array([None if a is None else _dumps(a).decode() for a in cols[8]], pa.string()),
                 pa.array(counts, pa.int32()),
+                pa.array([None if b is None else _dumps(b).decode() for b in cols[9]], pa.string()),
             ],
             schema=CHANGE_SCHEMA,
         )

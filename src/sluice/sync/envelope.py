@@ -14,6 +14,15 @@ A capture may also write a position marker to each partition (op `m`, table `_sl
 `{"partition": N}`, no images): it changes no row, and tells a restarted capture where it can
 resume from (see sources/mysql.py). Targets skip markers.
 
+A truncate (op `t`: TRUNCATE, DROP TABLE, or the old name of a RENAME TABLE) names a table and
+no row (`key` is `{}`): it is written to every partition of the table's topic, and a target
+removes every row of the table older than its position and keeps the position as the table's
+watermark, so that no older change of any row can bring one back.
+
+Values are JSON; bytes (BLOB, BINARY columns) are base64 text, and the envelope's `binary`
+lists the columns (of key, before and after) that hold such values, so that targets store
+bytes as bytes and text as text.
+
 The record key is `[table, key]` as canonical JSON, so every change of one row lands in the same
 partition, in order. `source.pos` is a non-negative integer (at most 2**63 - 1) that grows with
 every change of a source: targets keep it per row and never let an older position replace a
@@ -22,6 +31,9 @@ newer one.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import decimal
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +42,11 @@ import orjson
 OPS = frozenset({"c", "u", "d", "r"})
 MARKER = "m"
 MARKER_TABLE = "_sluice"
+TRUNCATE = "t"
 MAX_POS = 2**63 - 1
+#: Tables whose names start with this are Sluice's own in every target (fence, offsets,
+#: tombstones, truncate watermarks): no change event may name one.
+RESERVED_PREFIX = "_sluice"
 
 
 class BadEventError(ValueError):
@@ -50,6 +66,7 @@ class ChangeEvent:
     source_name: str = ""
     txid: int | None = None
     ts_ms: int | None = None
+    binary: tuple[str, ...] = ()
 
     @property
     def is_delete(self) -> bool:
@@ -61,6 +78,7 @@ class ChangeEvent:
     def to_json(self) -> bytes:
         return orjson.dumps(
             {
+                **({"binary": list(self.binary)} if self.binary else {}),
                 "op": self.op,
                 "table": self.table,
                 "key": self.key,
@@ -74,17 +92,45 @@ class ChangeEvent:
                     "ts_ms": self.commit_ts_ms,
                 },
                 "ts_ms": self.ts_ms if self.ts_ms is not None else self.commit_ts_ms,
-            }
+            },
+            default=encode_value,
         )
 
 
+def encode_value(value: Any) -> Any:
+    """JSON for the values orjson does not encode itself: bytes as base64 text (the envelope's
+    `binary` names such columns), decimals as their exact text, dates and times as ISO-like
+    text, sets (MySQL SET columns) as sorted lists."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (dt.date, dt.time, dt.timedelta)):
+        return str(value)
+    if isinstance(value, set):
+        return sorted(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def binary_columns(*images: dict[str, Any] | None) -> list[str]:
+    """Columns of the images that hold bytes (sorted, each once)."""
+    return sorted(
+        {c for image in images if image for c, v in image.items() if isinstance(v, (bytes, bytearray))}
+    )
+
+
 def record_key(table: str, key: dict[str, Any]) -> bytes:
-    return orjson.dumps([table, key], option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps([table, key], option=orjson.OPT_SORT_KEYS, default=encode_value)
 
 
 def key_text(key: dict[str, Any]) -> str:
-    """Canonical text of a primary key, used to name a row in tombstones and comparisons."""
-    return orjson.dumps(key, option=orjson.OPT_SORT_KEYS).decode()
+    """Canonical text of a primary key, used to name a row in tombstones and comparisons
+    (bytes as base64, as in the envelope)."""
+    return orjson.dumps(key, option=orjson.OPT_SORT_KEYS, default=encode_value).decode()
+
+
+def is_reserved(table: str) -> bool:
+    return table.lower().startswith(RESERVED_PREFIX)
 
 
 def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
@@ -99,19 +145,30 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
     if not isinstance(doc, dict):
         raise BadEventError(f"record{at} is not a JSON object")
     op = doc.get("op")
-    if op not in OPS and op != MARKER:
-        raise BadEventError(f"record{at}: op must be one of c, u, d, r (or m), not {op!r}")
+    if op not in OPS and op not in (MARKER, TRUNCATE):
+        raise BadEventError(f"record{at}: op must be one of c, u, d, r, t (or m), not {op!r}")
     table = doc.get("table")
     if not isinstance(table, str) or not table:
         raise BadEventError(f"record{at}: table must be a non-empty string")
+    if is_reserved(table) and not (op == MARKER and table == MARKER_TABLE):
+        raise BadEventError(
+            f"record{at} names table {table!r}: names starting with {RESERVED_PREFIX} are Sluice's own "
+            "tables in the target (fence, offsets, tombstones), which no change may touch"
+        )
     key = doc.get("key")
-    if not isinstance(key, dict) or not key:
+    if not isinstance(key, dict) or (not key and op != TRUNCATE):
         raise BadEventError(f"record{at}: key must be an object with the primary key columns")
     before, after = doc.get("before"), doc.get("after")
     for name, part in (("before", before), ("after", after)):
         if part is not None and not isinstance(part, dict):
             raise BadEventError(f"record{at}: {name} must be an object or null")
-    if op in ("d", MARKER):
+    binary = doc.get("binary") or []
+    if not isinstance(binary, list) or not all(isinstance(c, str) for c in binary):
+        raise BadEventError(f"record{at}: binary must be a list of column names")
+    if op == TRUNCATE:
+        if after is not None or key:
+            raise BadEventError(f"record{at}: a truncate (op t) names no row: key {{}} and after null")
+    elif op in ("d", MARKER):
         if after is not None:
             raise BadEventError(f"record{at}: a delete (op d) must have after = null")
     elif after is None:
@@ -143,4 +200,5 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
         source_name=str(source.get("name", "")),
         txid=txid if isinstance(txid, int) else None,
         ts_ms=ts_ms if isinstance(ts_ms, int) else None,
+        binary=tuple(binary),
     )

@@ -1,9 +1,21 @@
 """MySQL/MariaDB capture: a consistent snapshot, then the row-based binlog from its position.
 
-Positions. A binlog position `mysql-bin.000003:1234` orders all changes of a server; as an
-envelope's `source.pos` it is `file_number << 32 | byte_offset` (the offset of the event's end),
-so later changes always have higher positions. Snapshot rows (op `r`) carry the position the
-snapshot is consistent with; every binlog change after it is higher.
+Positions. A binlog position `mysql-bin.000003:1234` orders all changes of a server. As an
+envelope's `source.pos` it is `file_number << 40 | byte_offset` (40 bits of offset: no binlog
+file reaches 1 TiB, so an offset can never spill into the file number; 23 bits of file number).
+Every row change gets a position of its own inside its rows event's bytes: the event's start
+offset plus the row's index (for an update, twice the index for the delete of an old key and
+one more for the change itself). A row image takes at least one byte (two for an update), so
+these stay below the event's end and above everything before it: one statement that changes a
+row several times (`INSERT ... ON DUPLICATE KEY UPDATE` with a key repeated in VALUES) yields
+strictly increasing positions, and the newest image wins in the target. Snapshot rows (op `r`)
+carry the position the snapshot is consistent with; every binlog change after it is higher.
+
+Key changes and table-level statements. An UPDATE that changes the primary key becomes a delete
+of the old key and an insert of the new one (as Debezium emits them). TRUNCATE, DROP TABLE and
+RENAME TABLE become truncate events (op `t`, see sync/envelope.py) at the statement's position,
+in every partition of the table's topic; a table renamed to a captured name, or given new
+columns, is read again in a consistent snapshot (mysql_ddl.py says which statement does what).
 
 Resuming. Each envelope also carries `source.resume`: a position from which a restart is safe
 when that record was written, namely the start of the oldest transaction not yet fully
@@ -12,15 +24,12 @@ the last record of every partition of its topics and resumes from the highest `r
 them (`recover_position`): every transaction before it is in the log. Transactions after it are
 captured again, which is harmless: they have the same positions, so targets ignore the repeats.
 
-Errors are made clear: a binlog not in ROW format, missing privileges, a purged binlog file
-(with the position that was needed).
+Errors are made clear: a binlog not in ROW format or not with full row images, missing
+privileges, a purged binlog file (with the position that was needed).
 """
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
-import decimal
 import logging
 import re
 import threading
@@ -35,8 +44,9 @@ from typing import Any
 import orjson
 
 from sluice import test_switches
-from sluice.sync.envelope import MARKER, MARKER_TABLE, record_key
+from sluice.sync.envelope import MARKER, MARKER_TABLE, TRUNCATE, binary_columns, encode_value, record_key
 from sluice.sync.sources import LogTailError, last_envelopes
+from sluice.sync.sources.mysql_ddl import ddl_effect
 from sluice.sync.tasks import SourceSpec
 
 SNAPSHOT = "snapshot"
@@ -61,6 +71,20 @@ class CaptureError(RuntimeError):
     """A source that cannot be captured as configured; the message says what to change."""
 
 
+#: Bits of the byte offset in an encoded position; the file number takes the 23 above them.
+OFFSET_BITS = 40
+FILE_BITS = 63 - OFFSET_BITS
+
+
+def encode_position(file_number: int, offset: int) -> int:
+    """`file_number << 40 | offset`, refused rather than wrapped when either is out of range."""
+    if not 0 <= offset < 1 << OFFSET_BITS:
+        raise CaptureError(f"binlog offset {offset} does not fit in {OFFSET_BITS} bits")
+    if not 0 <= file_number < 1 << FILE_BITS:
+        raise CaptureError(f"binlog file number {file_number} does not fit in {FILE_BITS} bits")
+    return file_number << OFFSET_BITS | offset
+
+
 @dataclass(frozen=True, order=True)
 class BinlogPosition:
     file: str
@@ -71,7 +95,7 @@ class BinlogPosition:
         return int(self.file.rsplit(".", 1)[1])
 
     def encode(self) -> int:
-        return (self.number << 32) | self.pos
+        return encode_position(self.number, self.pos)
 
     def text(self) -> str:
         return f"{self.file}:{self.pos}"
@@ -82,21 +106,6 @@ class BinlogPosition:
         if not name or not pos.isdigit() or not name.rsplit(".", 1)[-1].isdigit():
             raise CaptureError(f"{text!r} is not a binlog position like mysql-bin.000003:1234")
         return cls(name, int(pos))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return base64.b64encode(value).decode()
-    if isinstance(value, (dt.date, dt.time, dt.timedelta)):
-        return str(value)
-    if isinstance(value, set):
-        return sorted(value)
-    raise TypeError(f"cannot encode {type(value).__name__}")
 
 
 def _connect(spec: SourceSpec, **extra: Any) -> Any:
@@ -120,7 +129,7 @@ def check_source(spec: SourceSpec) -> dict[str, str]:
     conn = _connect(spec)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT @@log_bin, @@binlog_format, @@binlog_row_image, VERSION()")
+            cur.execute("SELECT @@log_bin, @@GLOBAL.binlog_format, @@GLOBAL.binlog_row_image, VERSION()")
             log_bin, fmt, image, version = cur.fetchone()
             if not int(log_bin):
                 raise CaptureError(
@@ -130,6 +139,13 @@ def check_source(spec: SourceSpec) -> dict[str, str]:
                 raise CaptureError(
                     f"binlog_format is {fmt}, capture needs ROW: SET GLOBAL binlog_format=ROW (and in the "
                     "server's configuration), then restart the task"
+                )
+            if str(image).upper() != "FULL":
+                raise CaptureError(
+                    f"binlog_row_image is {image}, capture needs FULL: with MINIMAL or NOBLOB the binlog "
+                    "leaves out columns a change did not touch, and the target would get NULL for them. "
+                    "SET GLOBAL binlog_row_image=FULL (and in the server's configuration), then restart "
+                    "the task"
                 )
             try:
                 cur.execute("SHOW BINARY LOGS")
@@ -165,7 +181,10 @@ def check_position(spec: SourceSpec, position: BinlogPosition) -> None:
         )
 
 
-def primary_keys(spec: SourceSpec, tables: list[str]) -> dict[str, list[str]]:
+def primary_keys(spec: SourceSpec, tables: list[str], *, allow_missing: bool = False) -> dict[str, list[str]]:
+    """The primary key columns of each table. A table without a primary key is an error; a table
+    that does not exist is one too, unless `allow_missing` (the capture's tables may appear
+    later, by CREATE TABLE or RENAME TABLE): then it is left out."""
     conn = _connect(spec)
     try:
         with conn.cursor() as cur:
@@ -178,14 +197,70 @@ def primary_keys(spec: SourceSpec, tables: list[str]) -> dict[str, list[str]]:
             keys: dict[str, list[str]] = {}
             for table, column in cur.fetchall():
                 keys.setdefault(table, []).append(column)
+            cur.execute("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s",
+                        (spec.database,))  # fmt: skip
+            present = {r[0] for r in cur.fetchall()}
     finally:
         conn.close()
-    missing = [t for t in tables if t not in keys]
-    if missing:
+    keyless = [t for t in tables if t in present and t not in keys]
+    missing = [t for t in tables if t not in present]
+    if keyless or (missing and not allow_missing):
         raise CaptureError(
-            f"table(s) without a primary key or not found in {spec.database}: {', '.join(missing)}"
+            f"table(s) without a primary key or not found in {spec.database}: {', '.join(keyless + missing)}"
         )
-    return {t: keys[t] for t in tables}
+    return {t: keys[t] for t in tables if t in keys}
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    op: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    pos: int
+
+
+def row_changes(
+    kind: str, rows: list[dict[str, Any]], keys: list[str], start: int, size: int
+) -> list[RowChange]:
+    """The changes of one rows event (`kind` insert, update or delete) whose bytes start at the
+    encoded position `start` and are `size` long, each at a position of its own, in order.
+
+    An insert or a delete of row i is at `start + i`; an update of row i at `start + 2i + 1`,
+    and when it changes the primary key, a delete of the old key comes first at `start + 2i`.
+    Every position is below `start + size` (a row takes at least a byte per image), so changes
+    of later events are higher. A rows event whose rows outrun its bytes (compressed events)
+    is refused rather than given positions that could collide with the next event's."""
+    shared = test_switches.enabled(test_switches.SHARED_EVENT_POSITION)
+    out: list[RowChange] = []
+    for i, row in enumerate(rows):
+        if kind == "update":
+            before, after = row["before_values"], row["after_values"]
+            slot = 2 * i + 1
+            if any(before[k] != after[k] for k in keys):
+                out.append(RowChange("d", before, None, start + size if shared else start + slot - 1))
+                out.append(RowChange("c", None, after, start + size if shared else start + slot))
+                continue
+            out.append(RowChange("u", before, after, start + size if shared else start + slot))
+        elif kind == "insert":
+            out.append(RowChange("c", None, row["values"], start + size if shared else start + i))
+        else:
+            out.append(RowChange("d", row["values"], None, start + size if shared else start + i))
+    if out and not shared and out[-1].pos >= start + size:
+        raise CaptureError(
+            f"a rows event of {len(rows)} rows is only {size} bytes long (a compressed binlog?): row "
+            "positions would collide with the next event's; turn off log_bin_compress on the source"
+        )
+    return out
+
+
+def partial_image(row: dict[str, Any]) -> list[str]:
+    """Columns a row image left out (binlog_row_image MINIMAL or NOBLOB in the writing session)."""
+    from pymysqlreplication.constants import NONE_SOURCE
+
+    return sorted(
+        c for part in ("none_sources", "before_none_sources", "after_none_sources")
+        for c, why in (row.get(part) or {}).items() if why == NONE_SOURCE.COLS_BITMAP
+    )  # fmt: skip
 
 
 @dataclass
@@ -255,10 +330,12 @@ class MySqlCapture:
 
         return Producer(producer_config(self.bootstrap, **{"error_cb": on_error, **self._producer_config}))
 
-    def _emit(self, producer: Any, table: str, env: dict[str, Any], tx: list[Any]) -> None:
+    def _emit(
+        self, producer: Any, table: str, env: dict[str, Any], tx: list[Any], partition: int | None = None
+    ) -> None:
         test_switches.pause_point("capture-produce")
         key = record_key(table, env["key"])
-        value = orjson.dumps(env, default=_json_default)
+        value = orjson.dumps(env, default=encode_value)
         with self._lock:
             tx[1] += 1
 
@@ -270,10 +347,11 @@ class MySqlCapture:
                 tx[1] -= 1
                 self._advance()
 
+        where = {} if partition is None else {"partition": partition}
         while True:
             try:
                 producer.produce(self.topic_for(table), value, key, on_delivery=acked,
-                                 timestamp=env["source"]["ts_ms"])  # fmt: skip
+                                 timestamp=env["source"]["ts_ms"], **where)  # fmt: skip
                 return
             except BufferError:
                 producer.poll(0.05)
@@ -303,8 +381,10 @@ class MySqlCapture:
                   ts_ms: int, position: str) -> dict[str, Any]:  # fmt: skip
         with self._lock:
             resume = self._resume
+        binary = binary_columns(key, before, after)
         return {
             "op": op, "table": table, "key": key, "before": before, "after": after,
+            **({"binary": binary} if binary else {}),
             "source": {
                 "connector": "mariadb" if self.is_mariadb else "mysql", "name": self.name,
                 "db": self.spec.database, "pos": pos, "position": position, "resume": resume,
@@ -318,7 +398,11 @@ class MySqlCapture:
     def run(self) -> CaptureStats:
         info = check_source(self.spec)
         self.is_mariadb = "mariadb" in info["version"].lower()
-        keys = primary_keys(self.spec, self.tables)
+        keys = primary_keys(self.spec, self.tables, allow_missing=True)
+        for table in self.tables:
+            if table not in keys:
+                log.warning("event=table_missing table=%s db=%s action=capture_once_created", table,
+                            self.spec.database)  # fmt: skip
         producer = self._make_producer()
         try:
             start = str(self.start_at or SNAPSHOT)
@@ -364,12 +448,12 @@ class MySqlCapture:
             # may fall outside every range, and the binlog from here has it.
             before = self._master_position()
             parallel = plan_chunks(
-                self.spec, {t: keys[t] for t in self.tables},
+                self.spec, {t: keys[t] for t in self.tables if t in keys},
                 min_rows=self.snapshot_parallel_rows, chunk_rows=self.snapshot_chunk_rows,
             )  # fmt: skip
             if parallel:
                 stream_from = before if stream_from is None else min(before, stream_from)
-        serial = [t for t in self.tables if t not in parallel]
+        serial = [t for t in self.tables if t in keys and t not in parallel]
         conn = _connect(self.spec, cursorclass=pymysql.cursors.SSDictCursor)
         try:
             with conn.cursor() as cur:
@@ -425,16 +509,57 @@ class MySqlCapture:
             if self.stats.snapshot_rows % 5000 == 0:
                 producer.poll(0)
 
-    def _resnapshot(
-        self, producer: Any, table: str, keys: list[str], ddl_start: BinlogPosition, ddl_end: BinlogPosition
+    def _apply_ddl(
+        self, producer: Any, keys: dict[str, list[str]], event: Any, start: BinlogPosition,
+        end: BinlogPosition, event_start: int,
+    ) -> None:  # fmt: skip
+        """What a DDL statement did to captured tables' rows, into the log (see mysql_ddl.py).
+
+        Truncates go out at the statement's own position; then key columns are read again for
+        tables that appeared or went; then tables whose rows changed without row events are read
+        again in a consistent snapshot. Until all of it is acknowledged the resume position stays
+        at the statement, so a crash here reads it (and does this) again."""
+        effect = ddl_effect(str(getattr(event, "query", "")), _text(getattr(event, "schema", b"")),
+                            self.spec.database)  # fmt: skip
+        captured = set(self.tables)
+        truncate = sorted(effect.truncate & captured)
+        reload = sorted(effect.reload_keys & captured)
+        resnapshot = sorted(effect.resnapshot & captured)
+        if not (truncate or reload or resnapshot):
+            return
+        tx = self._begin_tx(start.text())
+        ts_ms = int(event.timestamp) * 1000
+        for table in truncate:
+            self._emit_truncate(producer, table, event_start, ts_ms, end, tx)
+        if reload:
+            for table in reload:
+                keys.pop(table, None)
+            keys.update(primary_keys(self.spec, reload, allow_missing=True))
+        for table in resnapshot:
+            if table in keys:
+                self._read_table_again(producer, table, keys[table], tx)
+        self._end_tx(tx, end.text())
+        log.info("event=ddl_applied query=%r truncated=%s reloaded=%s read_again=%s position=%s",
+                 str(event.query)[:200], truncate, reload, [t for t in resnapshot if t in keys],
+                 end.text())  # fmt: skip
+
+    def _emit_truncate(
+        self, producer: Any, table: str, pos: int, ts_ms: int, end: BinlogPosition, tx: list[Any]
     ) -> None:
-        """Read `table` again after an ALTER TABLE ... ADD that changed it: the server filled the
-        new column in for every existing row without writing a row event, so without this the
-        target would keep NULL there until each row changes. Until these rows are acknowledged
-        the resume position stays at the ALTER, so a crash here reads it (and this) again."""
+        """A truncate of `table` in every partition of its topic (rows of it are in all of them)."""
+        topic = self.topic_for(table)
+        meta = producer.list_topics(topic, timeout=15).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise CaptureError(f"topic {topic} is not available to write the truncate of {table} to")
+        for p in sorted(meta.partitions):
+            env = self._envelope(TRUNCATE, table, {}, None, None, pos, ts_ms, end.text())
+            self._emit(producer, table, env, tx, partition=p)
+
+    def _read_table_again(self, producer: Any, table: str, keys: list[str], tx: list[Any]) -> None:
+        """Every row of `table` as it is now, in a consistent snapshot labelled with its position
+        (later than the statement that changed the rows without row events)."""
         import pymysql.cursors
 
-        tx = self._begin_tx(ddl_start.text())
         conn = _connect(self.spec, cursorclass=pymysql.cursors.SSDictCursor)
         try:
             with conn.cursor() as cur:
@@ -443,8 +568,7 @@ class MySqlCapture:
                 cur.execute("COMMIT")
         finally:
             conn.close()
-        self._end_tx(tx, ddl_end.text())
-        log.info("event=table_resnapshot table=%s reason=added_column position=%s", table, position.text())
+        log.info("event=table_read_again table=%s position=%s", table, position.text())
 
     def _master_position(self) -> BinlogPosition:
         conn = _connect(self.spec)
@@ -532,17 +656,20 @@ class MySqlCapture:
                 is_mariadb=False,
             )  # fmt: skip
             got = False
+            offset = tx_start.pos  # the largest offset read in current_file (see _unwrap)
             try:
                 for event in stream:
                     if self.stop.is_set():
                         break
                     if isinstance(event, RotateEvent):
                         current_file = event.next_binlog
+                        offset = event.position
                         if tx is None:
                             tx_start = BinlogPosition(current_file, event.position)
                         continue
                     got = True
-                    end = BinlogPosition(current_file, event.packet.log_pos)
+                    offset = _unwrap(event.packet.log_pos, offset)
+                    end = BinlogPosition(current_file, offset)
                     if isinstance(event, XidEvent) or (isinstance(event, QueryEvent) and _is_commit(event)):
                         if tx is not None:
                             self._end_tx(tx, end.text())
@@ -552,12 +679,12 @@ class MySqlCapture:
                         self.stats.position = end.text()
                         producer.poll(0)
                         continue
+                    event_start = encode_position(end.number, offset - event.event_size)
                     if isinstance(event, QueryEvent):  # DDL and BEGIN; row events carry new columns
                         if tx is None and _is_ddl(event):
-                            altered = _table_with_added_columns(event, self.spec.database)
-                            if altered in keys:
-                                self._resnapshot(producer, altered, keys[altered], tx_start, end)
+                            self._apply_ddl(producer, keys, event, tx_start, end, event_start)
                             tx_start = end
+                            self.stats.position = end.text()
                         continue
                     table = event.table
                     if table not in keys:
@@ -565,16 +692,24 @@ class MySqlCapture:
                     if tx is None:
                         tx = self._begin_tx(tx_start.text())
                     ts_ms = int(event.timestamp) * 1000
-                    for row in event.rows:
-                        if isinstance(event, WriteRowsEvent):
-                            op, before, after = "c", None, row["values"]
-                        elif isinstance(event, UpdateRowsEvent):
-                            op, before, after = "u", row["before_values"], row["after_values"]
-                        else:
-                            op, before, after = "d", row["values"], None
-                        image: dict[str, Any] = after if after is not None else before or {}
+                    rows = event.rows
+                    for row in rows:
+                        if partial := partial_image(row):
+                            raise CaptureError(
+                                f"a change of {self.spec.database}.{table} at {end.text()} has no value for "
+                                f"{', '.join(partial)}: it was written with binlog_row_image other than "
+                                "FULL (a session or the server set MINIMAL or NOBLOB). The capture stopped "
+                                "rather than write NULL over real values: SET GLOBAL binlog_row_image=FULL, "
+                                "make sure no session overrides it, and restart the task from a new "
+                                "snapshot (`sluice task restart ID --from-position snapshot`)"
+                            )
+                    kind = ("insert" if isinstance(event, WriteRowsEvent)
+                            else "update" if isinstance(event, UpdateRowsEvent) else "delete")  # fmt: skip
+                    for change in row_changes(kind, rows, keys[table], event_start, event.event_size):
+                        image = change.after if change.after is not None else change.before or {}
                         key = {k: image[k] for k in keys[table]}
-                        env = self._envelope(op, table, key, before, after, end.encode(), ts_ms, end.text())
+                        env = self._envelope(change.op, table, key, change.before, change.after, change.pos,
+                                             ts_ms, end.text())  # fmt: skip
                         self._emit(producer, table, env, tx)
                         self.stats.changes += 1
                     self.stats.position_ts_ms = ts_ms
@@ -588,23 +723,18 @@ class MySqlCapture:
 
 
 def _is_ddl(event: Any) -> bool:
-    q = str(getattr(event, "query", "")).strip().upper()
+    q = _LEADING_COMMENTS.sub("", str(getattr(event, "query", ""))).upper()
     return q.startswith(("ALTER", "CREATE", "DROP", "RENAME", "TRUNCATE"))
 
 
-_ADD_COLUMNS = re.compile(
-    r"^\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:`?(\w+)`?\s*\.\s*)?`?(\w+)`?\s.*?\bADD\b(?!\s+(?:INDEX|KEY|UNIQUE|PRIMARY|CONSTRAINT|FOREIGN|FULLTEXT|SPATIAL|PARTITION)\b)",
-    re.IGNORECASE | re.DOTALL,
-)
+_LEADING_COMMENTS = re.compile(r"^(?:\s|/\*.*?\*/)*", re.DOTALL)
 
 
-def _table_with_added_columns(event: Any, database: str) -> str | None:
-    """The table an `ALTER TABLE ... ADD [COLUMN]` statement changes, if it is in `database`."""
-    m = _ADD_COLUMNS.match(str(getattr(event, "query", "")))
-    if m is None:
-        return None
-    schema = m.group(1) or _text(getattr(event, "schema", b""))
-    return m.group(2) if schema == database else None
+def _unwrap(log_pos: int, offset: int) -> int:
+    """The 64-bit end offset of an event from its header's 32-bit `log_pos`, given the largest
+    offset read in the file so far: files past 4 GiB wrap `log_pos`, never our positions."""
+    candidate = (offset & ~0xFFFFFFFF) | (log_pos & 0xFFFFFFFF)
+    return candidate + (1 << 32) if candidate < offset else candidate
 
 
 def _text(value: Any) -> str:

@@ -23,13 +23,12 @@ from typing import Any
 
 import orjson
 
-from sluice.sync.envelope import record_key
+from sluice.sync.envelope import binary_columns, encode_value, record_key
 from sluice.sync.sources.mysql import (
     SNAPSHOT,
     BinlogPosition,
     CaptureError,
     _connect,
-    _json_default,
     producer_config,
 )
 from sluice.sync.tasks import SourceSpec
@@ -152,7 +151,9 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
                 key = {chunk.key: record[chunk.key]}
                 env = {"op": "r", "table": chunk.table, "key": key, "before": None, "after": record,
                        "source": source, "ts_ms": now}  # fmt: skip
-                value = orjson.dumps(env, default=_json_default)
+                if binary := binary_columns(record):
+                    env["binary"] = binary
+                value = orjson.dumps(env, default=encode_value)
                 while True:
                     try:
                         producer.produce(chunk.topic, value, record_key(chunk.table, key),

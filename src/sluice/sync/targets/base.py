@@ -6,10 +6,14 @@ One `apply` is one target transaction:
    execution took the pipeline over: roll back and raise `StaleEpochError`.
 2. Read `_sluice_offsets`, the next offset to apply per topic-partition, and drop every record
    below it: those were applied by an earlier commit (a batch replayed after a crash).
-3. Collapse what is left to the newest change per row and write it with the version guard: a
-   row is replaced only by a higher source position, and a delete leaves a tombstone with its
-   position so an older upsert cannot bring the row back.
-4. Advance the offsets (never backwards) and commit.
+3. Refuse the batch if a record names a table the pipeline does not capture (when it was given
+   its tables) or one of Sluice's own tables: nothing of it is written.
+4. Collapse what is left to the newest change per row (and the newest truncate per table) and
+   write it with the version guard. A truncate goes first: it removes the table's rows older
+   than its position and raises the table's watermark to it. A row is then replaced only by a
+   higher source position than the row's, its tombstone's and its table's watermark, and a
+   delete leaves a tombstone with its position, so an older upsert cannot bring the row back.
+5. Advance the offsets (never backwards) and commit.
 
 So a batch replayed whole or in part changes nothing the second time, and an execution that was
 superseded cannot commit anything at all.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +32,7 @@ import pyarrow.compute as pc
 
 from sluice import test_switches
 from sluice.sync.changes import collapse, to_changes
-from sluice.sync.envelope import MARKER
+from sluice.sync.envelope import MARKER, TRUNCATE, BadEventError, is_reserved
 
 #: Columns of the record tables a target applies: the log's own coordinates and the raw value.
 RECORD_COLUMNS = ("topic", "partition", "offset", "value", "timestamp")
@@ -62,6 +66,8 @@ class MappingError(ValueError):
 def check_identifier(name: str, what: str) -> str:
     if not _IDENT.match(name):
         raise MappingError(f"{what} {name!r} is not a plain SQL identifier (letters, digits, _)")
+    if what.endswith("table") and is_reserved(name):
+        raise MappingError(f"{what} {name!r}: names starting with _sluice are Sluice's own tables")
     return name
 
 
@@ -171,9 +177,13 @@ class Target(ABC):
 
     url: str
 
-    def __init__(self, url: str, mapping: ColumnMapping | None = None) -> None:
+    def __init__(
+        self, url: str, mapping: ColumnMapping | None = None, tables: Collection[str] | None = None
+    ) -> None:
         self.url = url
         self.mapping = mapping or ColumnMapping()
+        # The source tables this pipeline applies (None: any table that is not Sluice's own).
+        self.tables = frozenset(tables) if tables else None
 
     # --- what subclasses implement ---------------------------------------------------------------
     @abstractmethod
@@ -203,7 +213,15 @@ class Target(ABC):
 
     @abstractmethod
     def _apply_changes(self, tx: Any, changes: pa.Table, guard: bool) -> int:
-        """Write collapsed changes (one per row, `sync.changes` columns); return rows written."""
+        """Write collapsed changes (one per row, `sync.changes` columns); return rows written.
+        A row is written only if its position is above its row's, its tombstone's and its
+        table's truncate watermark (`guard`)."""
+
+    @abstractmethod
+    def _apply_truncates(self, tx: Any, truncates: Mapping[str, int], guard: bool) -> int:
+        """For each source table -> truncate position: delete the target table's rows older
+        than it, raise the table's watermark to it (never lower it) and drop the tombstones it
+        covers; return rows deleted."""
 
     @abstractmethod
     def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
@@ -262,10 +280,20 @@ class Target(ABC):
                 fresh = fresh.filter(pc.not_equal(fresh["op"], MARKER))  # position markers: no rows
             result.skipped = result.records - _count(fresh)
             if fresh.num_rows:
+                self._refuse_foreign_tables(fresh)
                 guard = not test_switches.enabled(test_switches.DISABLE_VERSION_GUARD)
                 collapsed = collapse(fresh)
                 result.changes = collapsed.num_rows
-                result.written = self._apply_changes(tx, collapsed, guard)
+                is_truncate = pc.equal(collapsed["op"], TRUNCATE)
+                truncates = collapsed.filter(is_truncate)
+                if truncates.num_rows:
+                    marks = dict(
+                        zip(truncates["table"].to_pylist(), truncates["pos"].to_pylist(), strict=True)
+                    )
+                    result.written += self._apply_truncates(tx, marks, guard)
+                    collapsed = collapsed.filter(pc.invert(is_truncate))
+                if collapsed.num_rows:
+                    result.written += self._apply_changes(tx, collapsed, guard)
             new = batch_next_offsets(records)
             merged = dict(applied)
             for tp, nxt in new.items():
@@ -278,6 +306,26 @@ class Target(ABC):
             out.setdefault(t, {})[p] = o
         result.offsets = out
         return result
+
+    def _refuse_foreign_tables(self, changes: pa.Table) -> None:
+        """A record naming one of Sluice's own tables, or a table this pipeline was not given,
+        fails the batch with the record named (nothing of the batch is written)."""
+        for table in pc.unique(changes["table"]).to_pylist():
+            reserved = is_reserved(table)
+            if not reserved and (self.tables is None or table in self.tables):
+                continue
+            first = changes.filter(pc.equal(changes["table"], table)).slice(0, 1).to_pylist()[0]
+            where = f"{first['topic']}[{first['partition']}]@{first['offset']}"
+            why = (
+                "names starting with _sluice are Sluice's own tables (fence, offsets, tombstones)"
+                if reserved
+                else f"this pipeline applies only {', '.join(sorted(self.tables or ()))}"
+            )
+            raise BadEventError(
+                f"record at {where} changes table {table!r}, which this pipeline must not write: {why}. "
+                "Nothing of the batch was written; remove the record's producer or add the table to "
+                "the task's tables"
+            )
 
     def __enter__(self) -> Target:
         return self
@@ -294,10 +342,12 @@ def _count(changes: pa.Table) -> int:
 
 
 def infer_type(values: list[Any], dialect: str) -> str:
-    """A column type for JSON values: the first non-null value decides."""
+    """A column type for JSON values (and bytes): the first non-null value decides."""
     for v in values:
         if v is None:
             continue
+        if isinstance(v, (bytes, bytearray)):
+            return "BYTEA" if dialect == "postgresql" else "BLOB"
         if isinstance(v, bool):
             return "BOOLEAN" if dialect == "postgresql" else "INTEGER"
         if isinstance(v, int):

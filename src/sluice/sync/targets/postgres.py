@@ -4,19 +4,28 @@ The collapsed changes go into a temporary table with one COPY whose payload is b
 (escaped and joined column-wise, never row by row in Python). Everything after that is SQL over
 the whole batch, per table: one `INSERT ... SELECT ... ON CONFLICT DO UPDATE ... WHERE
 target.pos < excluded.pos`, one `DELETE ... USING` and one tombstone upsert.
+
+Bytes arrive as base64 text (the change's `binary` columns) and are stored in `bytea` columns,
+decoded in SQL. PostgreSQL cannot store U+0000 in `text` or `jsonb`: that character is dropped
+from the batch's values (counted, and logged with the table) rather than failing the batch on
+every retry, which would stall the pipeline for good.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.sync.envelope import key_text
 from sluice.sync.targets.base import POS_COLUMN, ColumnMapping, Target, quote
+
+log = logging.getLogger("sluice.target")
 
 META = """
 CREATE TABLE IF NOT EXISTS _sluice_fence (
@@ -27,6 +36,7 @@ CREATE TABLE IF NOT EXISTS _sluice_offsets (
     PRIMARY KEY (pipeline, topic, partition));
 CREATE TABLE IF NOT EXISTS _sluice_tombstones (
     tbl text NOT NULL, key text NOT NULL, pos bigint NOT NULL, PRIMARY KEY (tbl, key));
+CREATE TABLE IF NOT EXISTS _sluice_truncates (tbl text PRIMARY KEY, pos bigint NOT NULL);
 """
 
 TEMP = """
@@ -40,14 +50,18 @@ _TYPES = {"string": "text", "boolean": "boolean", "object": "jsonb", "array": "j
 
 
 class PostgresTarget(Target):
-    def __init__(self, url: str, mapping: ColumnMapping | None = None) -> None:
+    def __init__(
+        self, url: str, mapping: ColumnMapping | None = None, tables: Collection[str] | None = None
+    ) -> None:
         import psycopg
 
-        super().__init__(url, mapping)
+        from sluice.sync.tasks import redact
+
+        super().__init__(url, mapping, tables)
         try:
             self.conn = psycopg.connect(url, autocommit=False)
         except psycopg.OperationalError as exc:
-            raise ConnectionError(f"cannot connect to the PostgreSQL target {url}: {exc}") from None
+            raise ConnectionError(f"cannot connect to the PostgreSQL target {redact(url)}: {exc}") from None
         with self.conn.transaction():
             self.conn.execute("SELECT pg_advisory_xact_lock(7170420)")  # serialise first-time DDL
             self.conn.execute(META)
@@ -109,12 +123,43 @@ class PostgresTarget(Target):
         written = 0
         for table in sorted(pc.unique(changes.column("table")).to_pylist()):
             rows = changes.filter(pc.equal(changes["table"], table))
+            rows, stripped = strip_nul(rows)
+            if stripped:
+                log.warning(
+                    "event=nul_characters_dropped table=%s rows=%d reason=%r", table, stripped,
+                    "PostgreSQL text cannot hold U+0000",
+                )  # fmt: skip
+            binary: set[str] = set()
+            for text in pc.unique(rows["binary"].drop_null()).to_pylist():
+                binary.update(orjson.loads(text))
             tx.execute("TRUNCATE _sluice_stage")
             with tx.cursor() as cur, cur.copy("COPY _sluice_stage (key, pos, op, after) FROM STDIN") as copy:
                 copy.write(copy_text(rows, ["key", "pos", "op", "after"]))
             deletes = pc.sum(pc.equal(rows["op"], "d")).as_py() or 0
-            written += self._write_table(tx, table, guard, upserts=rows.num_rows - deletes, deletes=deletes)
+            written += self._write_table(
+                tx, table, guard, upserts=rows.num_rows - deletes, deletes=deletes, binary=binary
+            )
         return written
+
+    def _apply_truncates(self, tx: Any, truncates: Mapping[str, int], guard: bool) -> int:
+        deleted = 0
+        for table, pos in sorted(truncates.items()):
+            name = self.mapping.target_table(table)
+            if self._load_table(tx, name):
+                older = f" WHERE {POS_COLUMN} < %(pos)s" if guard else ""
+                cur = tx.execute(f"DELETE FROM {quote(name)}{older}", {"pos": pos})
+                deleted += max(cur.rowcount, 0)
+            if guard:
+                tx.execute(
+                    "INSERT INTO _sluice_truncates (tbl, pos) VALUES (%(name)s, %(pos)s) ON CONFLICT (tbl) "
+                    "DO UPDATE SET pos = greatest(_sluice_truncates.pos, excluded.pos)",
+                    {"name": name, "pos": pos},
+                )
+                tx.execute(
+                    "DELETE FROM _sluice_tombstones WHERE tbl = %(name)s AND pos < %(pos)s",
+                    {"name": name, "pos": pos},
+                )
+        return deleted
 
     def _load_table(self, tx: Any, name: str) -> dict[str, str]:
         cols = self._columns.get(name)
@@ -137,8 +182,10 @@ class PostgresTarget(Target):
                 self._keys[name] = [k for (k,) in keys]
         return cols
 
-    def _ensure_table(self, tx: Any, table: str) -> str:
-        """Create the target table, or add the columns this batch brings, from the staged rows."""
+    def _ensure_table(self, tx: Any, table: str, binary: Collection[str] = ()) -> str:
+        """Create the target table, or add the columns this batch brings, from the staged rows.
+        Columns in `binary` hold bytes (base64 in the stage) and become bytea; a column created
+        as text while it was null throughout its first batch becomes bytea when bytes arrive."""
         m = self.mapping
         tm = m.for_table(table)
         name = m.target_table(table)
@@ -148,6 +195,19 @@ class PostgresTarget(Target):
             "SELECT DISTINCT k FROM _sluice_stage, jsonb_object_keys(coalesce(after, key::jsonb)) AS k"
         ).fetchall()]  # fmt: skip
         new = [k for k in seen if k not in known and m.target_column(table, k) is not None]
+        retype = [
+            dst for src in binary
+            if (dst := m.target_column(table, src)) is not None and existing.get(dst) == "text"
+            and dst not in tm.casts
+        ]  # fmt: skip
+        for dst in retype:
+            tx.execute(
+                f"ALTER TABLE {quote(name)} ALTER COLUMN {quote(dst)} TYPE bytea "
+                f"USING decode({quote(dst)}, 'base64')"
+            )
+        if retype:
+            self._columns.pop(name, None)
+            existing = self._load_table(tx, name)
         if not new and existing:
             if POS_COLUMN not in existing:
                 tx.execute(f"ALTER TABLE {quote(name)} ADD COLUMN {POS_COLUMN} bigint NOT NULL DEFAULT -1")
@@ -170,6 +230,8 @@ class PostgresTarget(Target):
                 continue
             if dst in tm.casts:
                 typ = tm.casts[dst]
+            elif src in binary:
+                typ = "bytea"
             elif kind == "number":
                 typ = "bigint" if integral else "double precision"
             else:
@@ -196,11 +258,13 @@ class PostgresTarget(Target):
         self._load_table(tx, name)
         return name
 
-    def _write_table(self, tx: Any, table: str, guard: bool, *, upserts: int, deletes: int) -> int:
+    def _write_table(
+        self, tx: Any, table: str, guard: bool, *, upserts: int, deletes: int, binary: Collection[str]
+    ) -> int:
         """Apply the staged changes of one table: guarded upserts, guarded deletes, tombstones."""
         m = self.mapping
         tm = m.for_table(table)
-        name = self._ensure_table(tx, table)
+        name = self._ensure_table(tx, table, binary)
         cols = self._columns[name]
         keys = self._keys.get(name) or []
         if not keys:
@@ -211,17 +275,21 @@ class PostgresTarget(Target):
         params = {"name": name}
         written = 0
         if upserts:
-            rec = ", ".join(f"{quote(reverse[c])} {'text' if c in tm.casts else cols[c]}" for c in data)
-            sel = ", ".join(
-                f"CAST(r.{quote(reverse[c])} AS {tm.casts[c]})" if c in tm.casts else f"r.{quote(reverse[c])}"
-                for c in data
-            )
+            rec = ", ".join(f"{quote(reverse[c])} {_staged_type(c, cols, tm.casts)}" for c in data)
+            sel = ", ".join(_staged_value(f"r.{quote(reverse[c])}", c, cols, tm.casts) for c in data)
             sets = [f"{quote(c)} = excluded.{quote(c)}" for c in data if c not in keys]
             sets.append(f"{POS_COLUMN} = excluded.{POS_COLUMN}")
             stones = (
-                "LEFT JOIN _sluice_tombstones tb ON tb.tbl = %(name)s AND tb.key = s.key" if guard else ""
+                "LEFT JOIN _sluice_tombstones tb ON tb.tbl = %(name)s AND tb.key = s.key "
+                "LEFT JOIN _sluice_truncates tr ON tr.tbl = %(name)s"
+                if guard
+                else ""
             )
-            not_buried = "AND (tb.pos IS NULL OR tb.pos < s.pos)" if guard else ""
+            not_buried = (
+                "AND (tb.pos IS NULL OR tb.pos < s.pos) AND (tr.pos IS NULL OR tr.pos < s.pos)"
+                if guard
+                else ""
+            )
             newer = f"WHERE {q}.{POS_COLUMN} < excluded.{POS_COLUMN}" if guard else ""
             cur = tx.execute(
                 f"INSERT INTO {q} ({', '.join(quote(c) for c in data)}, {POS_COLUMN}) "
@@ -233,8 +301,11 @@ class PostgresTarget(Target):
             )
             written += max(cur.rowcount, 0)
         if deletes:
-            krec = ", ".join(f"{quote(reverse.get(k, k))} {cols[k]}" for k in keys)
-            kmatch = " AND ".join(f"{q}.{quote(k)} = k.{quote(reverse.get(k, k))}" for k in keys)
+            krec = ", ".join(f"{quote(reverse.get(k, k))} {_staged_type(k, cols, {})}" for k in keys)
+            kmatch = " AND ".join(
+                f"{q}.{quote(k)} = {_staged_value('k.' + quote(reverse.get(k, k)), k, cols, {})}"
+                for k in keys
+            )
             older = f"AND {q}.{POS_COLUMN} < s.pos" if guard else ""
             cur = tx.execute(
                 f"DELETE FROM {q} USING _sluice_stage s "
@@ -283,6 +354,54 @@ def _reverse(m: ColumnMapping, table: str, cols: Mapping[str, str]) -> dict[str,
             continue
         out[c] = src
     return out
+
+
+def _staged_type(column: str, cols: Mapping[str, str], casts: Mapping[str, str]) -> str:
+    """The type a target column's value has in the stage's JSON (before any cast)."""
+    if column in casts or cols[column] == "bytea":
+        return "text"  # cast in SQL; bytes are base64 text there
+    return cols[column]
+
+
+def _staged_value(expr: str, column: str, cols: Mapping[str, str], casts: Mapping[str, str]) -> str:
+    if column in casts:
+        return f"CAST({expr} AS {casts[column]})"
+    if cols[column] == "bytea":
+        return f"decode({expr}, 'base64')"
+    return expr
+
+
+def strip_nul(rows: pa.Table) -> tuple[pa.Table, int]:
+    """`rows` with U+0000 removed from every string in `after` and `key` (PostgreSQL's text and
+    jsonb cannot hold it), and how many rows had one. Such rows are rare: only they are
+    re-encoded, in Python."""
+    hit = None
+    for col in ("after", "key"):
+        found = pc.fill_null(pc.match_substring(rows[col], "\\u0000"), False)
+        hit = found if hit is None else pc.or_(hit, found)
+    assert hit is not None
+    count = int(pc.sum(hit).as_py() or 0)
+    if not count:
+        return rows, 0
+    flags = hit.to_pylist()
+    for col in ("after", "key"):
+        values = rows[col].to_pylist()
+        fixed = [
+            orjson.dumps(_without_nul(orjson.loads(v))).decode() if f and v is not None else v
+            for v, f in zip(values, flags, strict=True)
+        ]
+        rows = rows.set_column(rows.column_names.index(col), col, pa.array(fixed, pa.string()))
+    return rows, count
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value
 
 
 def _escape(column: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -5,9 +5,10 @@ Collapsed changes are written with `executemany` upserts carrying the version gu
 
 from __future__ import annotations
 
+import base64
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ CREATE TABLE IF NOT EXISTS _sluice_offsets (
     PRIMARY KEY (pipeline, topic, partition));
 CREATE TABLE IF NOT EXISTS _sluice_tombstones (
     tbl TEXT NOT NULL, key TEXT NOT NULL, pos INTEGER NOT NULL, PRIMARY KEY (tbl, key));
+CREATE TABLE IF NOT EXISTS _sluice_truncates (tbl TEXT PRIMARY KEY, pos INTEGER NOT NULL);
 """
 
 
@@ -45,8 +47,10 @@ def sqlite_path(url: str) -> Path:
 
 
 class SqliteTarget(Target):
-    def __init__(self, url: str, mapping: ColumnMapping | None = None) -> None:
-        super().__init__(url, mapping)
+    def __init__(
+        self, url: str, mapping: ColumnMapping | None = None, tables: Collection[str] | None = None
+    ) -> None:
+        super().__init__(url, mapping, tables)
         self.path = sqlite_path(url)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
@@ -111,17 +115,39 @@ class SqliteTarget(Target):
     # --- rows ------------------------------------------------------------------------------------
     def _apply_changes(self, tx: sqlite3.Connection, changes: pa.Table, guard: bool) -> int:
         by_table: dict[str, list[_Change]] = {}
-        for table, kt, pos, after in zip(
+        for table, kt, pos, after, binary in zip(
             changes.column("table").to_pylist(),
             changes.column("key").to_pylist(),
             changes.column("pos").to_pylist(),
             changes.column("after").to_pylist(),
+            changes.column("binary").to_pylist(),
             strict=True,
         ):
-            by_table.setdefault(table, []).append(
-                _Change(kt, orjson.loads(kt), pos, None if after is None else orjson.loads(after))
-            )
+            key = orjson.loads(kt)
+            image = None if after is None else orjson.loads(after)
+            if binary is not None:  # base64 text back to bytes, stored as BLOB
+                for col in orjson.loads(binary):
+                    for part in (key, image):
+                        if part is not None and isinstance(part.get(col), str):
+                            part[col] = base64.b64decode(part[col])
+            by_table.setdefault(table, []).append(_Change(kt, key, pos, image))
         return sum(self._write_table(tx, table, rows, guard) for table, rows in by_table.items())
+
+    def _apply_truncates(self, tx: sqlite3.Connection, truncates: Mapping[str, int], guard: bool) -> int:
+        deleted = 0
+        for table, pos in sorted(truncates.items()):
+            name = self.mapping.target_table(table)
+            if self._table_columns(tx, name):
+                older = f" WHERE {POS_COLUMN} < ?" if guard else ""
+                deleted += tx.execute(f"DELETE FROM {quote(name)}{older}", (pos,) if guard else ()).rowcount
+            if guard:
+                tx.execute(
+                    "INSERT INTO _sluice_truncates (tbl, pos) VALUES (?, ?) "
+                    "ON CONFLICT (tbl) DO UPDATE SET pos = max(pos, excluded.pos)",
+                    (name, pos),
+                )
+                tx.execute("DELETE FROM _sluice_tombstones WHERE tbl = ? AND pos < ?", (name, pos))
+        return deleted
 
     def _table_columns(self, tx: sqlite3.Connection, name: str) -> list[str]:
         cols = self._columns.get(name)
@@ -179,7 +205,8 @@ class SqliteTarget(Target):
         if guard:
             upsert = (
                 f"INSERT INTO {q} ({cols}, {POS_COLUMN}) SELECT {ph}, ? WHERE NOT EXISTS "
-                "(SELECT 1 FROM _sluice_tombstones WHERE tbl = ? AND key = ? AND pos >= ?) "
+                "(SELECT 1 FROM _sluice_tombstones WHERE tbl = ? AND key = ? AND pos >= ?) AND NOT EXISTS "
+                "(SELECT 1 FROM _sluice_truncates WHERE tbl = ? AND pos >= ?) "
                 f"ON CONFLICT ({', '.join(quote(c) for c in key_dst)}) DO UPDATE SET {sets} "
                 f"WHERE excluded.{POS_COLUMN} > {q}.{POS_COLUMN}"
             )
@@ -199,7 +226,7 @@ class SqliteTarget(Target):
                 stones.append((name, kt, ev.pos))
             else:
                 row = tuple(_sql_value(ev.after.get(source_of.get(c, c))) for c in data_cols)
-                ups.append((*row, ev.pos, name, kt, ev.pos) if guard else (*row, ev.pos))
+                ups.append((*row, ev.pos, name, kt, ev.pos, name, ev.pos) if guard else (*row, ev.pos))
         written = 0
         if ups:
             written += tx.executemany(upsert, ups).rowcount
