@@ -47,6 +47,9 @@ class ApplyConfig:
     max_records_per_partition: int | None = None
     mapping: ColumnMapping = field(default_factory=ColumnMapping)
     starting_offsets: str | None = None
+    #: the source tables this pipeline applies; records of any other table fail the batch
+    #: (None: any table that is not one of Sluice's own)
+    tables: list[str] | None = None
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -85,7 +88,7 @@ class ApplyQuery:
         self.on_error = on_error  # called on the batch thread when a commit fails
         self.keep_freshness = keep_freshness
         self.pipeline = config.pipeline_name()
-        self.target: Target = open_target(config.target, config.mapping)
+        self.target: Target = open_target(config.target, config.mapping, tables=config.tables)
         self.epoch = self.target.claim(self.pipeline, config.epoch)
         self.query: Any = None
         self.error: BaseException | None = None

@@ -186,6 +186,7 @@ class TaskExecution:
                 epoch=self.epoch, checkpoint=self.workdir / spec.id / "checkpoint", trigger_s=seconds,
                 mapping=ColumnMapping.from_config(spec.mapping),
                 max_records_per_trigger=spec.options.get("max_records_per_trigger"),
+                tables=spec.tables or None,
             ),
             on_error=self._on_commit_error,
         )  # fmt: skip

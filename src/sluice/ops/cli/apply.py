@@ -36,6 +36,10 @@ def apply(
     ] = None,
     available_now: Annotated[bool, typer.Option(help="Apply what is in the log now, then stop")] = False,
     max_records_per_trigger: Annotated[int | None, typer.Option(help="Read limit per micro-batch")] = None,
+    tables: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated source tables to apply; records of other tables fail the batch"),
+    ] = None,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> None:
     """Apply change topics to a target with a Spark Structured Streaming query, in the foreground.
@@ -67,6 +71,7 @@ def apply(
         available_now=available_now,
         max_records_per_trigger=max_records_per_trigger,
         mapping=column_mapping,
+        tables=[t.strip() for t in tables.split(",") if t.strip()] if tables else None,
     )
     name = config.pipeline_name()
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
