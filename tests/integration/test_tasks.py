@@ -136,3 +136,105 @@ def test_epochs_are_unique_under_contention_and_status_is_ephemeral(zk_address: 
     finally:
         for s in stores:
             s.stop()
+
+
+def test_an_epoch_never_goes_back_for_a_task_deleted_and_created_again(
+    zk_address: str, tmp_path: Path
+) -> None:
+    """The epoch counter used to live under /tasks/{id} and went with a delete: the task created
+    again started at epoch 1 while its target held epoch 3, so it could never commit. Failing
+    run before the fix: assert 1 == 4. The counter now outlives the task, and an execution also
+    takes an epoch past the one its target holds (a counter lost with its ZooKeeper)."""
+    import yaml
+
+    from sluice.sync.targets import open_target
+
+    zk = ZkStore(zk_address)
+    zk.start()
+    try:
+        store = TaskStore(zk.client)
+        spec = parse_spec(yaml.safe_load(GOOD.replace("postgresql://postgres@127.0.0.1:5432/shop",
+                                                      f"sqlite:///{tmp_path / 't.db'}")))  # fmt: skip
+        store.create(spec)
+        with open_target(spec.target) as target:
+            for _ in range(3):
+                target.claim(spec.id, store.next_epoch(spec.id))
+            store.delete(spec.id)
+            store.create(spec)
+            again = store.next_epoch(spec.id)
+            assert again == 4
+            target.claim(spec.id, again)  # accepted: not older than what the target holds
+            # A counter that lost its history (a new ZooKeeper): the target's epoch is the floor.
+            zk.client.set(f"/task_epochs/{spec.id}", b"0")
+            floor = target.fence_epoch(spec.id)
+            assert floor == 4
+            assert store.next_epoch(spec.id, at_least=floor or 0) == 5
+    finally:
+        zk.stop()
+
+
+def test_a_superseded_execution_cannot_overwrite_the_status_of_the_new_one(
+    zk_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old execution read the status (its own), the new one published its own, then the old
+    one wrote over it unconditionally: `task status` showed a dead execution as the live one.
+    Failing run before the fix: assert {'execution': 'old', 'epoch': 1, ...} == {... 'new' ...}.
+    The write is now conditional on the version read and refused for an older epoch."""
+    import yaml
+
+    old_zk, new_zk = ZkStore(zk_address), ZkStore(zk_address)
+    old_zk.start()
+    new_zk.start()
+    try:
+        old, new = TaskStore(old_zk.client), TaskStore(new_zk.client)
+        old.create(parse_spec(yaml.safe_load(GOOD)))
+        old_status = {"execution": "old", "epoch": 1, "worker": "w1"}
+        new_status = {"execution": "new", "epoch": 2, "worker": "w2"}
+        assert old.publish_status("shop-to-pg", old_status)
+        # The new execution publishes right after the old one read the znode.
+        real_get = old_zk.client.get
+        raced = []
+
+        def get_then_race(path: str, *args: object, **kwargs: object) -> object:
+            result = real_get(path, *args, **kwargs)
+            if path.endswith("/status") and not raced:
+                raced.append(True)
+                assert new.publish_status("shop-to-pg", new_status)
+            return result
+
+        monkeypatch.setattr(old_zk.client, "get", get_then_race)
+        assert old.publish_status("shop-to-pg", {**old_status, "lag_records": 7}) is False
+        assert raced and new.status("shop-to-pg") == new_status
+        assert new.publish_status("shop-to-pg", {**new_status, "lag_records": 0})
+    finally:
+        old_zk.stop()
+        new_zk.stop()
+
+
+def test_task_update_replaces_the_definition_and_restarts_the_execution(
+    zk_address: str, tmp_path: Path
+) -> None:
+    good = tmp_path / "task.yaml"
+    good.write_text(GOOD)
+    assert sluice("task", "create", "--file", str(good), zk=zk_address).returncode == 0
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(GOOD.replace("trigger: 1s", "trigger: 2s"))
+    out = sluice("task", "update", "--file", str(changed), zk=zk_address)
+    assert out.returncode == 0, out.stderr
+    assert "updated" in out.stdout and "postgres@127.0.0.1" in out.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.replace("trigger: 1s", "trigger: soon"))
+    out = sluice("task", "update", "--file", str(bad), zk=zk_address)
+    assert out.returncode == 2 and "task.options.trigger" in out.stderr
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(GOOD.replace("id: shop-to-pg", "id: nope"))
+    out = sluice("task", "update", "--file", str(missing), zk=zk_address)
+    assert out.returncode == 2 and "no task 'nope'" in out.stderr
+    zk = ZkStore(zk_address)
+    zk.start()
+    try:
+        store = TaskStore(zk.client)
+        assert store.get("shop-to-pg").options["trigger"] == "2s"
+        assert store.control("shop-to-pg").restarts == 1
+    finally:
+        zk.stop()

@@ -37,6 +37,43 @@ class ControllerDeposedError(RuntimeError):
     """A fenced write failed its controller-epoch check: someone else is controller now."""
 
 
+class ZnodeContentionError(RuntimeError):
+    """A compare-and-set lost to other writers more times than its bound allows."""
+
+
+def update_znode(
+    client: KazooClient,
+    path: str,
+    change: Callable[[bytes | None], bytes | None],
+    *,
+    ephemeral: bool = False,
+    max_tries: int = 100,
+) -> bytes | None:
+    """The one compare-and-set recipe: read `path` (None when absent), ask `change` for the new
+    data (None: leave it as it is), write it conditionally on the version read (or create it),
+    and on a conflict read again, at most `max_tries` times. Returns what is stored afterwards.
+
+    Counters (fencing epochs, producer-id blocks), control records and status records all use
+    it, so a writer that read an old version can never overwrite a newer one."""
+    for _ in range(max_tries):
+        try:
+            current, stat = client.get(path)
+        except NoNodeError:
+            current, stat = None, None
+        new = change(current)
+        if new is None:
+            return current
+        try:
+            if stat is None:
+                client.create(path, new, ephemeral=ephemeral, makepath=True)
+            else:
+                client.set(path, new, version=stat.version)
+            return new
+        except (BadVersionError, NodeExistsError, NoNodeError):
+            continue
+    raise ZnodeContentionError(f"{path}: gave up after {max_tries} conflicting writes")
+
+
 def split_zookeeper_address(address: str) -> tuple[str, str]:
     """``host:port[,host:port]/chroot`` -> (hosts, chroot). The chroot defaults to /sluice."""
     if "/" in address:
@@ -259,24 +296,14 @@ class ZkStore:
         self, broker_id: int, size: int = PRODUCER_ID_BLOCK_SIZE
     ) -> ProducerIdBlock:
         """Claim the next block of producer ids with a conditional write (unique cluster-wide)."""
-        for _ in range(1000):
-            try:
-                data, stat = self.client.get(layout.PRODUCER_ID_BLOCK)
-            except NoNodeError:
-                block = ProducerIdBlock(broker_id, 0, size)
-                try:
-                    self.client.create(layout.PRODUCER_ID_BLOCK, block.encode())
-                    return block
-                except NodeExistsError:
-                    continue
-            prev = ProducerIdBlock.decode(data)
-            block = ProducerIdBlock(broker_id, prev.next_first, size)
-            try:
-                self.client.set(layout.PRODUCER_ID_BLOCK, block.encode(), version=stat.version)
-                return block
-            except BadVersionError:
-                continue
-        raise RuntimeError("could not allocate a producer id block after 1000 attempts")
+
+        def next_block(data: bytes | None) -> bytes:
+            first = ProducerIdBlock.decode(data).next_first if data is not None else 0
+            return ProducerIdBlock(broker_id, first, size).encode()
+
+        stored = update_znode(self.client, layout.PRODUCER_ID_BLOCK, next_block, max_tries=1000)
+        assert stored is not None
+        return ProducerIdBlock.decode(stored)
 
     # -- watches -----------------------------------------------------------------------------
 

@@ -196,6 +196,18 @@ class ApplyQuery:
             writer = writer.trigger(processingTime=f"{int(c.trigger_s * 1000)} milliseconds")
         self.query = writer.start()
 
+    def failure(self) -> BaseException | None:
+        """Why the running query ended, or None while it runs (or was never started)."""
+        if self.error is not None:
+            return self.error
+        if self.query is None or self.query.isActive:
+            return None
+        try:
+            exc = self.query.exception()
+        except Exception as raised:  # the JVM side went away
+            return raised
+        return exc if exc is not None else RuntimeError("the apply query stopped")
+
     def await_termination(self, timeout_s: float | None = None) -> bool:
         """Wait for the query to end (True) or the timeout (False). A failed commit ends the
         query and is raised here as itself (StaleEpochError, BadEventError, ...)."""

@@ -29,6 +29,9 @@ from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration
 
 log = logging.getLogger("sluice.execution")
 
+#: The error of an execution that stepped down because a newer one runs the task elsewhere.
+SUPERSEDED = "superseded by a newer execution"
+
 
 def ensure_topics(bootstrap: str, topics: list[str], partitions: int, replication: int | None) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -79,12 +82,28 @@ class TaskExecution:
         # Status reads use their own target connection: the apply query's is busy on the batch
         # thread, and one connection cannot hold two transactions at once.
         self._status_target: Any = None
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # nothing half-started keeps running (a capture thread, a query)
+            raise
 
     # --- lifecycle -------------------------------------------------------------------------------
+    def _target(self) -> Any:
+        if self._status_target is None:
+            from sluice.sync.targets import open_target
+
+            self._status_target = open_target(self.spec.target)
+        return self._status_target
+
     def _start(self) -> None:
         self.stop_event = threading.Event()
-        self.epoch = self.store.next_epoch(self.task_id)
+        self.spec = self.store.get(self.task_id)  # as it is now (`sluice task update` restarts us)
+        # Past every epoch the target has seen, too: a task deleted and created again, or a
+        # counter lost with its ZooKeeper, must not come back under an epoch the target refuses.
+        self.epoch = self.store.next_epoch(
+            self.task_id, at_least=self._target().fence_epoch(self.spec.id) or 0
+        )
         self.execution = uuid.uuid4().hex[:12]
         self.started = time.time()
         other = self.store.status(self.task_id)
@@ -238,7 +257,11 @@ class TaskExecution:
             self.stop()
             self.control = control
             self.error = None
-            self._start()
+            try:
+                self._start()
+            except Exception as exc:  # the worker retries this task with a backoff
+                self.stop()
+                self.error = f"restart failed: {exc}"
             return
         newest = self.store.epoch(self.task_id)
         if newest > self.epoch and not self.error:
@@ -248,9 +271,16 @@ class TaskExecution:
                 # before our next commit is refused.
                 self._step_down(newer, f"epoch {newest} was taken after ours ({self.epoch})")
                 return
-        if self.query is not None and isinstance(self.query.error, StaleEpochError):
-            self._step_down(self.store.status(self.task_id) or {}, str(self.query.error))
+        failure = self.query.failure() if self.query is not None else None
+        if isinstance(failure, StaleEpochError):
+            self._step_down(self.store.status(self.task_id) or {}, str(failure))
             return
+        if failure is not None and self.error is None:
+            # The target refused connections, a record was refused, ...: the worker stops this
+            # execution and starts a new one after a backoff.
+            self.error = (
+                f"apply failed: {str(failure).splitlines()[0] if str(failure) else type(failure).__name__}"
+            )
         self._publish(self._progress())
 
     def relinquish(self) -> None:
@@ -279,7 +309,7 @@ class TaskExecution:
             },
         )
         log.warning("task %s: execution %s superseded: %s", self.task_id, self.execution, detail)
-        self.error = "superseded by a newer execution"
+        self.error = SUPERSEDED
         self.stop()
 
     def _publish(self, extra: dict[str, Any]) -> None:
@@ -287,14 +317,7 @@ class TaskExecution:
             "execution": self.execution, "epoch": self.epoch, "worker": self.worker, "started": self.started,
             "paused": self.control.paused, "updated": time.time(), "error": self.error, **extra,
         }  # fmt: skip
-        current = self.store.status(self.task_id)
-        if (
-            current is not None
-            and current.get("execution") not in (None, self.execution)
-            and current.get("epoch", 0) > self.epoch
-        ):
-            return  # a newer execution owns the status
-        self.store.publish_status(self.task_id, status)
+        self.store.publish_status(self.task_id, status)  # refused if a newer execution owns it
 
     def _progress(self) -> dict[str, Any]:
         from confluent_kafka import Consumer, TopicPartition
@@ -304,11 +327,7 @@ class TaskExecution:
             out["captured_position"] = self.capture.stats.position
         if self.query is None:
             return out
-        if self._status_target is None:
-            from sluice.sync.targets import open_target
-
-            self._status_target = open_target(self.spec.target)
-        applied = self._status_target.applied_offsets(self.spec.id)
+        applied = self._target().applied_offsets(self.spec.id)
         out["applied_offsets"] = {f"{t}[{p}]": o for (t, p), o in sorted(applied.items())}
         if self._consumer is None:
             self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "sluice-status",

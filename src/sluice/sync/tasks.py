@@ -2,12 +2,16 @@
 
 ZooKeeper layout (under the cluster's chroot):
 
-    /tasks/{id}              the definition (JSON; created from YAML by `sluice task create`)
-    /tasks/{id}/epoch        the fencing epoch counter: every start of an execution takes the
-                             next value with a compare-and-set, so two executions never share one
+    /tasks/{id}              the definition (JSON; created from YAML by `sluice task create`,
+                             replaced by `sluice task update`)
+    /task_epochs/{id}        the fencing epoch counter: every start of an execution takes the
+                             next value with a compare-and-set, so two executions never share one.
+                             It outlives the task: a task deleted and created again under the same
+                             id goes on from the epoch its target already holds
     /tasks/{id}/control      what operators asked for: paused, restart count, restart position
     /tasks/{id}/status       ephemeral, owned by the running execution: execution id, epoch,
-                             worker, positions and lag (gone when the execution's session is)
+                             worker, positions and lag (gone when the execution's session is);
+                             written only by the execution with the newest epoch
     /tasks/{id}/alarms/      persistent sequential alarms (duplicate executions, errors)
 
 A definition is validated before it is stored; errors name the bad field
@@ -23,9 +27,11 @@ from typing import Any
 
 import orjson
 
+from sluice.cluster.zkstore import update_znode
 from sluice.sync.targets.base import ColumnMapping, MappingError
 
 TASKS = "/tasks"
+EPOCHS = "/task_epochs"
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SOURCE_KINDS = ("mysql", "mariadb", "generator")
 
@@ -97,9 +103,24 @@ class TaskSpec:
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
 
+    def secrets(self) -> list[str]:
+        """The passwords in the definition, to scrub from any text that may be shown or logged."""
+        found = [self.source.password] if self.source.password else []
+        creds = self.target.partition("://")[2].rpartition("@")[0]
+        if ":" in creds:
+            found.append(creds.split(":", 1)[1])
+        return [f for f in found if f]
+
     @classmethod
     def from_json(cls, data: bytes) -> TaskSpec:
         return parse_spec(orjson.loads(data))
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """`text` with every secret replaced by ***."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 _OPTIONS = {
@@ -213,6 +234,7 @@ class TaskStore:
         # at worst an epoch number is skipped or an alarm is recorded twice.
         self._retry = KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0, deadline=30.0, ignore_expire=True)
         self._call(self.zk.ensure_path, TASKS)
+        self._call(self.zk.ensure_path, EPOCHS)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return self._retry.copy()(fn, *args, **kwargs)
@@ -223,9 +245,10 @@ class TaskStore:
     def create(self, spec: TaskSpec) -> None:
         from kazoo.exceptions import NodeExistsError
 
+        # The epoch counter first and on its own: it may exist from an earlier task of this id.
+        update_znode(self.zk, self._epoch_path(spec.id), lambda data: None if data is not None else b"0")
         tx = self.zk.transaction()
         tx.create(self._path(spec.id), spec.to_json())
-        tx.create(self._path(spec.id, "epoch"), b"0")
         tx.create(self._path(spec.id, "control"), orjson.dumps(asdict(Control())))
         tx.create(self._path(spec.id, "alarms"), b"")
         results = tx.commit()
@@ -234,6 +257,16 @@ class TaskStore:
                 raise TaskSpecError(f"task.id: a task named {spec.id!r} exists already") from None
             if isinstance(r, Exception):
                 raise r
+
+    def update(self, spec: TaskSpec) -> Control:
+        """Replace a task's definition and restart its execution (under a new epoch) with it."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            self._call(self.zk.set, self._path(spec.id), spec.to_json())
+        except NoNodeError:
+            raise TaskNotFoundError(spec.id) from None
+        return self.set_control(spec.id, restarts=self.control(spec.id).restarts + 1)
 
     def ids(self) -> list[str]:
         return sorted(self._call(self.zk.get_children, TASKS))
@@ -248,6 +281,7 @@ class TaskStore:
         return TaskSpec.from_json(data)
 
     def delete(self, task_id: str) -> None:
+        """Remove the task (its epoch counter stays: see the module docstring)."""
         from kazoo.exceptions import NoNodeError
 
         try:
@@ -255,22 +289,27 @@ class TaskStore:
         except NoNodeError:
             raise TaskNotFoundError(task_id) from None
 
-    def next_epoch(self, task_id: str) -> int:
-        """Take the next fencing epoch (compare-and-set on /tasks/{id}/epoch)."""
-        from kazoo.exceptions import BadVersionError
+    def _epoch_path(self, task_id: str) -> str:
+        return f"{EPOCHS}/{task_id}"
 
-        path = self._path(task_id, "epoch")
-        while True:
-            data, stat = self._call(self.zk.get, path)
-            epoch = int(data or b"0") + 1
-            try:
-                self._call(self.zk.set, path, str(epoch).encode(), version=stat.version)
-                return epoch
-            except BadVersionError:
-                continue
+    def next_epoch(self, task_id: str, at_least: int = 0) -> int:
+        """Take the next fencing epoch: one more than both the counter and `at_least` (the epoch
+        the task's target already holds, so an epoch never goes back for a pipeline name even if
+        the counter was lost)."""
+
+        def bump(data: bytes | None) -> bytes:
+            return str(max(int(data or b"0"), at_least) + 1).encode()
+
+        stored = self._call(update_znode, self.zk, self._epoch_path(task_id), bump)
+        return int(stored)
 
     def epoch(self, task_id: str) -> int:
-        data, _ = self._call(self.zk.get, self._path(task_id, "epoch"))
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, _ = self._call(self.zk.get, self._epoch_path(task_id))
+        except NoNodeError:
+            return 0
         return int(data or b"0")
 
     def control(self, task_id: str) -> Control:
@@ -278,30 +317,36 @@ class TaskStore:
         return Control(**orjson.loads(data))
 
     def set_control(self, task_id: str, **changes: Any) -> Control:
-        from kazoo.exceptions import BadVersionError
-
-        path = self._path(task_id, "control")
-        while True:
-            data, stat = self._call(self.zk.get, path)
+        def apply(data: bytes | None) -> bytes:
+            if data is None:
+                raise TaskNotFoundError(task_id)
             current = Control(**orjson.loads(data))
             for k, v in changes.items():
                 setattr(current, k, v)
-            try:
-                self._call(self.zk.set, path, orjson.dumps(asdict(current)), version=stat.version)
-                return current
-            except BadVersionError:
-                continue
+            return orjson.dumps(asdict(current))
 
-    def publish_status(self, task_id: str, status: dict[str, Any]) -> None:
-        """Create or update this execution's ephemeral status znode."""
-        from kazoo.exceptions import NodeExistsError
+        return Control(
+            **orjson.loads(self._call(update_znode, self.zk, self._path(task_id, "control"), apply))
+        )
 
-        path = self._path(task_id, "status")
+    def publish_status(self, task_id: str, status: dict[str, Any]) -> bool:
+        """Create or update the task's ephemeral status znode for the execution `status` names,
+        unless an execution with a newer epoch owns it (then False). Conditional on the version
+        read, so a superseded execution never overwrites the status of the one that replaced it."""
         data = orjson.dumps(status)
-        try:
-            self._call(self.zk.create, path, data, ephemeral=True)
-        except NodeExistsError:
-            self._call(self.zk.set, path, data)
+
+        def ours(current: bytes | None) -> bytes | None:
+            if current is not None:
+                other = orjson.loads(current)
+                if other.get("execution") != status.get("execution") and int(other.get("epoch") or 0) > int(
+                    status.get("epoch") or 0
+                ):
+                    return None
+            return data
+
+        return bool(
+            self._call(update_znode, self.zk, self._path(task_id, "status"), ours, ephemeral=True) == data
+        )
 
     def status(self, task_id: str) -> dict[str, Any] | None:
         from kazoo.exceptions import NoNodeError

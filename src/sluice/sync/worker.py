@@ -7,16 +7,23 @@ member's JoinGroup metadata says which tasks it runs now. A member that dies or 
 past its session is dropped by the coordinator, and the next generation gives its tasks to the
 others. A change to the set of tasks makes the leader rejoin, which starts a new generation.
 
-Each started task is a `TaskExecution` (sync.execution) under a new fencing epoch.
+Each started task is a `TaskExecution` (sync.execution) under a new fencing epoch. A task that
+fails to start, or whose execution fails later (its target refuses connections, its source is
+down, its topic cannot be created during a failover), is stopped, reported through
+`on_failure` (an alarm, in production) and started again after a backoff that doubles up to
+`RETRY_MAX_S`; the worker and its other tasks go on. A task superseded by a newer execution
+elsewhere is not retried here: the worker rejoins, and the group decides who runs it.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -24,6 +31,7 @@ import orjson
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.sync.assignment import assign
+from sluice.sync.execution import SUPERSEDED
 from sluice.sync.wire_client import WireClient, WireError
 
 log = logging.getLogger("sluice.worker")
@@ -181,12 +189,33 @@ class Membership:
             self.hb_conn = None
 
 
+RETRY_MIN_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+@dataclass
+class Retry:
+    """A task that failed here: when to start it again, and why it failed."""
+
+    attempts: int
+    at: float  # time.monotonic()
+    error: str
+
+
+def retry_delay_s(attempts: int, rng: random.Random) -> float:
+    """Doubling from RETRY_MIN_S up to RETRY_MAX_S, with a little jitter so that workers do not
+    all retry a shared target at the same moment."""
+    base = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** max(0, attempts - 1))
+    return float(base * rng.uniform(0.8, 1.0))
+
+
 class Worker:
     """Runs the tasks the group assigns to it until `stop` is set.
 
     `start_task(task_id)` returns an object with `stop()`, `relinquish()` (stop after losing
-    the group session), `alive()` and `tick()` (a TaskExecution in production; tests may pass
-    their own)."""
+    the group session), `alive()`, `tick()` and `error` (a TaskExecution in production; tests
+    may pass their own). `on_failure(task_id, error, attempts, retry_in_s)` hears of every
+    failure (the CLI raises an alarm); it must not raise."""
 
     def __init__(
         self,
@@ -196,15 +225,23 @@ class Worker:
         *,
         tasks_changed: threading.Event | None = None,
         stop: threading.Event | None = None,
+        on_failure: Callable[[str, str, int, float], None] | None = None,
+        describe_error: Callable[[str, BaseException], str] | None = None,
     ) -> None:
         self.membership = membership
         self.list_tasks = list_tasks
         self.start_task = start_task
         self.tasks_changed = tasks_changed or threading.Event()
         self.stop = stop or threading.Event()
+        self.on_failure = on_failure
+        # How an exception is shown (the CLI scrubs the task's passwords from it).
+        self.describe_error = describe_error or (lambda _task, exc: f"{type(exc).__name__}: {exc}")
         self.running: dict[str, Any] = {}
+        self.failed: dict[str, Retry] = {}
         self.assigned: list[str] = []
         self.generations = 0
+        self._rng = random.Random()
+        self._rejoin_requested = False
 
     def _metadata(self) -> bytes:
         return orjson.dumps({"worker": self.membership.name, "tasks": sorted(self.running)})
@@ -233,11 +270,66 @@ class Worker:
     def _apply_assignment(self) -> None:
         for task_id in sorted(set(self.running) - set(self.assigned)):
             log.info("task %s moves away: stopping it", task_id)
-            self.running.pop(task_id).stop()
+            self._stop_quietly(task_id, self.running.pop(task_id))
+        for task_id in sorted(set(self.failed) - set(self.assigned)):
+            del self.failed[task_id]  # someone else's now
         for task_id in self.assigned:
-            if task_id not in self.running:
+            if task_id not in self.running and task_id not in self.failed:
                 log.info("task %s assigned: starting it", task_id)
-                self.running[task_id] = self.start_task(task_id)
+                self._start(task_id)
+
+    def _start(self, task_id: str) -> None:
+        """Start a task; a failure is reported and retried later, never raised."""
+        try:
+            self.running[task_id] = self.start_task(task_id)
+        except Exception as exc:
+            self._failed(task_id, self.describe_error(task_id, exc))
+            return
+        self.failed.pop(task_id, None)
+
+    def _failed(self, task_id: str, error: str) -> None:
+        previous = self.failed.get(task_id)
+        attempts = previous.attempts + 1 if previous else 1
+        delay = retry_delay_s(attempts, self._rng)
+        self.failed[task_id] = Retry(attempts, time.monotonic() + delay, error)
+        log.error(
+            "event=task_failed task=%s attempts=%d retry_in_s=%.1f error=%s", task_id, attempts, delay, error
+        )
+        if self.on_failure is not None:
+            try:
+                self.on_failure(task_id, error, attempts, delay)
+            except Exception as exc:  # reporting must not stop the worker
+                log.warning("event=task_failure_report_failed task=%s error=%s", task_id, exc)
+
+    def _stop_quietly(self, task_id: str, execution: Any) -> None:
+        try:
+            execution.stop()
+        except Exception as exc:
+            log.warning("event=task_stop_failed task=%s error=%s", task_id, self.describe_error(task_id, exc))
+
+    def _check_executions(self) -> None:
+        """Each heartbeat: tick every running execution; one that failed is stopped and retried
+        after a backoff; one that was superseded is stopped and the worker rejoins."""
+        for task_id, execution in list(self.running.items()):
+            try:
+                execution.tick()
+            except Exception as exc:  # ZooKeeper or the log unreachable for now
+                log.warning("task %s: status check failed, will retry: %s", task_id,
+                            self.describe_error(task_id, exc))  # fmt: skip
+            error = getattr(execution, "error", None)
+            if error is None:
+                continue
+            del self.running[task_id]
+            self._stop_quietly(task_id, execution)
+            if error == SUPERSEDED:
+                self._rejoin_requested = True
+            else:
+                self._failed(task_id, str(error))
+        now = time.monotonic()
+        for task_id, retry in sorted(self.failed.items()):
+            if retry.at <= now and task_id in self.assigned and task_id not in self.running:
+                log.info("event=task_retry task=%s attempt=%d", task_id, retry.attempts + 1)
+                self._start(task_id)
 
     def run(self) -> None:
         """Heartbeats run on their own thread, so that starting or stopping a task (which can
@@ -270,23 +362,24 @@ class Worker:
                         try:
                             execution.relinquish()
                         except Exception as exc:  # it is stopped either way
-                            log.warning("task %s: stepping down failed: %s", task_id, exc)
-                            execution.stop()
+                            log.warning("task %s: stepping down failed: %s", task_id,
+                                        self.describe_error(task_id, exc))  # fmt: skip
+                            self._stop_quietly(task_id, execution)
+                    self.failed.clear()
                     m.member_id = ""
                 if self.tasks_changed.is_set() and m.leader == m.member_id:
+                    rejoin.set()
+                if self._rejoin_requested:
+                    self._rejoin_requested = False
                     rejoin.set()
                 if rejoin.is_set():
                     rejoin.clear()
                     self._rebalance()
-                for task_id, execution in list(self.running.items()):
-                    try:
-                        execution.tick()
-                    except Exception as exc:  # ZooKeeper or the log unreachable for now
-                        log.warning("task %s: status check failed, will retry: %s", task_id, exc)
+                self._check_executions()
                 self.stop.wait(interval)
         finally:
             for task_id in sorted(self.running):
-                self.running.pop(task_id).stop()
+                self._stop_quietly(task_id, self.running.pop(task_id))
             m.leave()
             heart.join(timeout=interval * 2)
 

@@ -13,8 +13,10 @@ from sluice.ops.cli.tasks import task_app, worker_app
 from sluice.ops.cli.topics import consume, produce, topic_app
 
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="Sluice: change-data sync on a replicated log."
-)
+    no_args_is_help=True, add_completion=False, help="Sluice: change-data sync on a replicated log.",
+    # a traceback must never print local variables: they hold task definitions and passwords
+    pretty_exceptions_show_locals=False,
+)  # fmt: skip
 for _sub, _name in (
     (cluster_app, "cluster"), (broker_app, "broker"), (topic_app, "topic"), (group_app, "group"),
     (incident_app, "incident"), (chaos_app, "chaos"), (task_app, "task"), (worker_app, "worker"),

@@ -23,15 +23,11 @@ task_app = typer.Typer(no_args_is_help=True, help="Sync tasks: defined once in Z
 worker_app = typer.Typer(no_args_is_help=True, help="Workers: processes that share and run the sync tasks.")
 
 
-@task_app.command("create")
-def task_create(
-    file: Annotated[Path, typer.Option("--file", "-f", help="Task definition (YAML)")],
-    zookeeper: ZooKeeperOpt = None,
-) -> None:
-    """Validate a task definition and store it; errors name the bad field."""
+def _read_spec(file: Path):  # type: ignore[no-untyped-def]
+    """A validated task definition from a YAML (or JSON) file, or exit 2 naming the bad field."""
     import yaml
 
-    from sluice.sync.tasks import TaskSpecError, parse_spec, redact
+    from sluice.sync.tasks import TaskSpecError, parse_spec
 
     try:
         doc = yaml.safe_load(file.read_text())
@@ -40,9 +36,20 @@ def task_create(
     except yaml.YAMLError as exc:
         raise fail(f"{file} is not valid YAML: {exc}", 2) from None
     try:
-        spec = parse_spec(doc)
+        return parse_spec(doc)
     except TaskSpecError as exc:
         raise fail(f"{file}: {exc}", 2) from None
+
+
+@task_app.command("create")
+def task_create(
+    file: Annotated[Path, typer.Option("--file", "-f", help="Task definition (YAML)")],
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Validate a task definition and store it; errors name the bad field."""
+    from sluice.sync.tasks import TaskSpecError, redact
+
+    spec = _read_spec(file)
     zk, store = task_store(zookeeper)
     try:
         store.create(spec)
@@ -52,6 +59,29 @@ def task_create(
         zk.stop()
     console.print(
         f"task {spec.id} created: {spec.source.kind} -> {', '.join(spec.topics())} -> {redact(spec.target)}"
+    )
+
+
+@task_app.command("update")
+def task_update(
+    file: Annotated[Path, typer.Option("--file", "-f", help="The task's new definition (YAML)")],
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Replace a task's definition (same id) and restart its execution with it, under a new epoch:
+    no delete needed, so the target's fence, offsets and rows carry on."""
+    from sluice.sync.tasks import TaskNotFoundError, redact
+
+    spec = _read_spec(file)
+    zk, store = task_store(zookeeper)
+    try:
+        store.update(spec)
+    except TaskNotFoundError:
+        raise fail(f"no task {spec.id!r}: create it with `sluice task create --file {file}`", 2) from None
+    finally:
+        zk.stop()
+    console.print(
+        f"task {spec.id} updated: {spec.source.kind} -> {', '.join(spec.topics())} -> {redact(spec.target)}; "
+        "its execution restarts with it"
     )
 
 
@@ -128,7 +158,16 @@ def _describe_alarm(alarm: dict[str, object]) -> str:
     window = alarm.get("window")
     if isinstance(window, list) and len(window) == 2:
         parts.append(f"both ran {when(window[0])}..{when(window[1])} UTC")
-    for name in ("execution", "epoch", "target_epoch", "found_by"):
+    for name in (
+        "execution",
+        "worker",
+        "epoch",
+        "target_epoch",
+        "found_by",
+        "attempts",
+        "retry_in_s",
+        "error",
+    ):
         if name in alarm:
             parts.append(f"{name} {alarm[name]}")
     if alarm.get("detail"):
@@ -212,6 +251,7 @@ def worker_start(
     import threading
 
     from sluice.sync.execution import TaskExecution
+    from sluice.sync.tasks import scrub
     from sluice.sync.worker import Membership, Worker, worker_name
 
     configure_logging("info")
@@ -235,8 +275,25 @@ def worker_start(
             task_id, store, worker=me, bootstrap=bootstrap, spark=spark, workdir=directory / me
         )
 
+    def describe_error(task_id: str, exc: BaseException) -> str:
+        """One line, with the task's passwords scrubbed (a driver's message may quote a URL)."""
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        try:
+            return scrub(text, store.get(task_id).secrets())
+        except Exception:
+            return text
+
+    def on_failure(task_id: str, error: str, attempts: int, retry_in_s: float) -> None:
+        store.raise_alarm(
+            task_id, "task-failed",
+            {"worker": me, "error": error, "attempts": attempts, "retry_in_s": round(retry_in_s, 1)},
+        )  # fmt: skip
+
     membership = Membership(bootstrap, group, me, session_timeout_ms=int(session_timeout * 1000))
-    worker = Worker(membership, store.ids, start_task, tasks_changed=changed, stop=stop)
+    worker = Worker(
+        membership, store.ids, start_task, tasks_changed=changed, stop=stop, on_failure=on_failure,
+        describe_error=describe_error,
+    )  # fmt: skip
     _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
     _signal.signal(_signal.SIGINT, lambda *_: stop.set())
     err.print(f"worker {me} joining group {group} on {bootstrap}")

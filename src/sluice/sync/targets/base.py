@@ -203,6 +203,10 @@ class Target(ABC):
     def _set_epoch(self, tx: Any, pipeline: str, epoch: int) -> None: ...
 
     @abstractmethod
+    def _peek_epoch(self, tx: Any, pipeline: str) -> int | None:
+        """The pipeline's fence epoch, read without locking the row."""
+
+    @abstractmethod
     def _read_offsets(self, tx: Any, pipeline: str) -> dict[tuple[str, int], int]: ...
 
     @abstractmethod
@@ -253,6 +257,12 @@ class Target(ABC):
     def current_epoch(self, pipeline: str) -> int | None:
         with self._transaction() as tx:
             return self._lock_epoch(tx, pipeline)
+
+    def fence_epoch(self, pipeline: str) -> int | None:
+        """The epoch holding the pipeline now, read without waiting for a commit in flight (an
+        execution taking a new epoch must go past every epoch the target has seen)."""
+        with self._read_transaction() as tx:
+            return self._peek_epoch(tx, pipeline)
 
     def applied_offsets(self, pipeline: str) -> dict[tuple[str, int], int]:
         with self._read_transaction() as tx:

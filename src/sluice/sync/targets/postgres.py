@@ -95,6 +95,10 @@ class PostgresTarget(Target):
         ).fetchone()
         return None if row is None or row[0] == 0 else int(row[0])
 
+    def _peek_epoch(self, tx: Any, pipeline: str) -> int | None:
+        row = tx.execute("SELECT epoch FROM _sluice_fence WHERE pipeline = %s", (pipeline,)).fetchone()
+        return None if row is None or row[0] == 0 else int(row[0])
+
     def _set_epoch(self, tx: Any, pipeline: str, epoch: int) -> None:
         tx.execute(
             "UPDATE _sluice_fence SET epoch = %s, updated_at = now() WHERE pipeline = %s", (epoch, pipeline)

@@ -87,6 +87,9 @@ class SqliteTarget(Target):
         row = tx.execute("SELECT epoch FROM _sluice_fence WHERE pipeline = ?", (pipeline,)).fetchone()
         return None if row is None else int(row[0])
 
+    def _peek_epoch(self, tx: sqlite3.Connection, pipeline: str) -> int | None:
+        return self._lock_epoch(tx, pipeline)  # a plain SELECT: SQLite locks whole files
+
     def _set_epoch(self, tx: sqlite3.Connection, pipeline: str, epoch: int) -> None:
         tx.execute(
             "INSERT INTO _sluice_fence (pipeline, epoch, updated_ms) VALUES (?, ?, ?) "
