@@ -238,3 +238,87 @@ def test_task_status_reports_the_lag_the_test_measures(
         except subprocess.TimeoutExpired:
             worker.kill()
         zk.stop()
+
+
+ITEMS_TASK = """
+id: {id}
+source: {{kind: mariadb, host: 127.0.0.1, port: {port}, user: root, database: wf}}
+tables: [items]
+topic: "{id}.changes"
+target: {target}
+options: {{trigger: 500ms, partitions: 1, replication_factor: 1}}
+"""
+
+
+def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commits(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """One worker, two tasks. `bad` has a target nobody listens on, with a password in its URL:
+    it fails to start, again and again (a task-failed alarm each time, the password nowhere),
+    while `good` runs on the same worker. `bad` is then fixed with `sluice task update` and
+    runs. `good` is restarted (epoch 2), deleted and created again: its new execution must take
+    an epoch past the target's and commit (it used to start at epoch 1 and be refused forever).
+    Failing run before the fix: the worker process exited with the ConnectionError."""
+    from sluice.ops.ports import free_port
+
+    cluster = make_cluster(1)
+    bootstrap, zk_address = cluster.bootstrap, cluster.zookeeper
+    mariadb.execute("DROP DATABASE IF EXISTS wf", "CREATE DATABASE wf")
+    mariadb.execute("CREATE TABLE items (id INT PRIMARY KEY, v INT)", "INSERT INTO items VALUES (1, 1), (2, 2)",
+                    database="wf")  # fmt: skip
+    good_url, fixed_url = f"sqlite:///{tmp_path / 'good.db'}", f"sqlite:///{tmp_path / 'fixed.db'}"
+    bad_url = f"postgresql://sync:hunter2@127.0.0.1:{free_port()}/nowhere"
+    good_yaml = ITEMS_TASK.format(id="good", port=mariadb.port, target=good_url)
+    zk, store = create_task(good_yaml, tmp_path, zk_address)
+    create_task(ITEMS_TASK.format(id="bad", port=mariadb.port, target=bad_url), tmp_path, zk_address)[
+        0
+    ].stop()
+    worker = start_worker("wf1", bootstrap, zk_address, tmp_path)
+
+    def rows(url: str) -> dict[str, object]:
+        with open_target(url) as t:
+            return {k: r["v"] for k, r in t.read_rows("items").items()}
+
+    def source() -> dict[str, object]:
+        return {f'{{"id":{i}}}': v for i, v in mariadb.execute("SELECT id, v FROM items", database="wf")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sluice.ops.cli", *args, "--zookeeper", zk_address],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    try:
+        wait_until(lambda: rows(good_url) == source(), 180, "the good task to apply the snapshot")
+        failed = wait_until(
+            lambda: [a for a in store.alarms("bad") if a["kind"] == "task-failed"][1:], 120,
+            "the bad task to fail twice",
+        )  # fmt: skip
+        assert worker.poll() is None, "the worker exited"
+        assert all("hunter2" not in str(a) for a in store.alarms("bad")), failed
+        assert "cannot connect" in failed[0]["error"] and "***" in failed[0]["error"], failed[0]
+        assert failed[1]["attempts"] == 2 and failed[1]["retry_in_s"] > failed[0]["retry_in_s"] * 1.2
+
+        fixed = tmp_path / "fixed.yaml"
+        fixed.write_text(ITEMS_TASK.format(id="bad", port=mariadb.port, target=fixed_url))
+        assert cli("task", "update", "--file", str(fixed)).returncode == 0
+        mariadb.execute("UPDATE items SET v = 20 WHERE id = 2", database="wf")
+        wait_until(lambda: rows(fixed_url) == source() == rows(good_url), 120, "both tasks to apply")
+
+        epoch = store.epoch("good")
+        assert cli("task", "restart", "good").returncode == 0
+        wait_until(lambda: (store.status("good") or {}).get("epoch", 0) > epoch, 60, "a restart of good")
+        assert cli("task", "delete", "good").returncode == 0
+        wait_until(lambda: store.status("good") is None, 60, "good to stop")
+        spec = tmp_path / "good.yaml"
+        spec.write_text(good_yaml)
+        assert cli("task", "create", "--file", str(spec)).returncode == 0
+        mariadb.execute("INSERT INTO items VALUES (3, 3)", database="wf")
+        wait_until(lambda: rows(good_url) == source(), 120, "the task created again to commit")
+        assert worker.poll() is None
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        zk.stop()
+    assert "hunter2" not in (tmp_path / "wf1.log").read_text()

@@ -2,18 +2,18 @@
 
 Everything lives under one directory (data/, the socket, server.log, the pid file). The server
 writes a row-based binary log (`log_bin`, `binlog_format=ROW`, `binlog_row_image=FULL`), which
-is what change capture reads. As root, the server runs as the `mysql` system user (the
-directory is handed to it, and its ancestors get the search bit for others where they lack it).
-The root account has no password and is reachable on 127.0.0.1 only.
+is what change capture reads. As root, the server runs as root too (`--user=root`): a server
+running as the `mysql` user needs the search bit on every ancestor of its directory, and a
+pytest session started meanwhile resets its base directory to 0700, which took the files away
+from a server already running. The root account has no password and is reachable on 127.0.0.1
+only.
 """
 
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import signal
-import stat
 import subprocess
 import time
 from pathlib import Path
@@ -41,7 +41,7 @@ class LocalMariaDB:
         self.port = port or free_port()
         self.server_id = server_id
         self.proc: subprocess.Popen[bytes] | None = None
-        self._user = "mysql" if os.geteuid() == 0 else None
+        self._user = "root" if os.geteuid() == 0 else None
 
     @property
     def data_dir(self) -> Path:
@@ -63,13 +63,6 @@ class LocalMariaDB:
 
     def start(self, timeout_s: float = 60) -> LocalMariaDB:
         self.directory.mkdir(parents=True, exist_ok=True)
-        if self._user:
-            pw = pwd.getpwnam(self._user)
-            for parent in self.directory.parents:
-                mode = parent.stat().st_mode
-                if not mode & stat.S_IXOTH:
-                    os.chmod(parent, mode | stat.S_IXOTH)
-            os.chown(self.directory, pw.pw_uid, pw.pw_gid)
         if not (self.data_dir / "mysql").exists():
             cmd = [_binary("mariadb-install-db", "mysql_install_db"), f"--datadir={self.data_dir}",
                    "--auth-root-authentication-method=normal", "--skip-test-db"]  # fmt: skip

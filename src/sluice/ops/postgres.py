@@ -2,19 +2,22 @@
 the demo's `--target postgresql` option.
 
 Everything lives under one directory (data/, the socket, server.log). PostgreSQL refuses to run
-as root, so when we are root the directory is handed to the `postgres` system user and the
-server binaries run as that user; the directory's ancestors get the search (x) bit for others
-where they lack it, so that user can reach it (no read bit is added). Authentication is `trust`
-on 127.0.0.1 only.
+as root, so when we are root the server binaries run as the `postgres` system user, and the
+server's files live in a directory of its own under the system's temporary directory (named
+after the requested one, so a restart finds its data; `DIR/server` links to it): a directory
+that user can reach whatever the requested directory's ancestors allow (a pytest session resets
+its base directory to 0700, which would take the files away from a running server).
+Authentication is `trust` on 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import shutil
-import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,16 +49,19 @@ class LocalPostgres:
         self.port = port or free_port()
         self.bin = find_bin_dir()
         self._as_user: list[str] = []
+        self.server_dir = self.directory
         if os.geteuid() == 0:
             self._as_user = ["runuser", "-u", "postgres", "--"]
+            name = hashlib.sha1(str(self.directory).encode()).hexdigest()[:16]
+            self.server_dir = Path(tempfile.gettempdir()) / f"sluice-postgres-{name}"
 
     @property
     def data_dir(self) -> Path:
-        return self.directory / "data"
+        return self.server_dir / "data"
 
     @property
     def log_path(self) -> Path:
-        return self.directory / "server.log"
+        return self.server_dir / "server.log"
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
@@ -67,11 +73,11 @@ class LocalPostgres:
         self.directory.mkdir(parents=True, exist_ok=True)
         if self._as_user:
             pw = pwd.getpwnam("postgres")
-            os.chown(self.directory, pw.pw_uid, pw.pw_gid)
-            for parent in self.directory.parents:
-                mode = parent.stat().st_mode
-                if not mode & stat.S_IXOTH:
-                    os.chmod(parent, mode | stat.S_IXOTH)
+            self.server_dir.mkdir(mode=0o700, exist_ok=True)
+            os.chown(self.server_dir, pw.pw_uid, pw.pw_gid)
+            link = self.directory / "server"
+            if not link.is_symlink():
+                link.symlink_to(self.server_dir)
         if not (self.data_dir / "PG_VERSION").exists():
             result = self._run(
                 str(self.bin / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
@@ -80,7 +86,7 @@ class LocalPostgres:
             if result.returncode != 0:
                 raise RuntimeError(f"initdb failed: {result.stderr.strip() or result.stdout.strip()}")
         options = (
-            f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 "
+            f"-p {self.port} -k {self.server_dir} -c listen_addresses=127.0.0.1 "
             "-c shared_buffers=256MB -c max_wal_size=2GB -c checkpoint_timeout=15min"
         )
         result = self._run(
@@ -122,6 +128,7 @@ class LocalPostgres:
 
     def remove(self) -> None:
         self.stop()
+        shutil.rmtree(self.server_dir, ignore_errors=True)
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> LocalPostgres:

@@ -343,6 +343,9 @@ class Worker:
         def beat() -> None:
             while not self.stop.wait(interval):
                 err = m.heartbeat()
+                if err != ErrorCode.NONE:
+                    log.info("event=heartbeat_answer group=%s member=%s generation=%d error=%s", m.group,
+                             m.member_id, m.generation, ErrorCode(err).name)  # fmt: skip
                 if err in (ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.ILLEGAL_GENERATION):
                     rejoin.set()
                 elif err in (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID):
