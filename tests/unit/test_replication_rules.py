@@ -89,6 +89,38 @@ def test_high_watermark_never_moves_back_nor_passes_an_isr_member(
         assert all(new <= follower_leos[r] for r in isr[1:]) or new == hw
 
 
+@given(
+    hw=st.integers(0, 100),
+    leo_extra=st.integers(0, 100),
+    members=st.lists(st.integers(1, 6), min_size=2, max_size=6, unique=True),
+    min_isr=st.integers(1, 4),
+    data=st.data(),
+)
+def test_high_watermark_never_passes_an_isr_member_including_one_that_is_joining(
+    hw: int, leo_extra: int, members: list[int], min_isr: int, data: st.DataObject
+) -> None:
+    """KIP-497: while a follower's addition to the ISR is being written, it counts for the high
+    watermark (a joining follower has everything below the current one)."""
+    leader = members[0]
+    leo = hw + leo_extra
+    split = data.draw(st.integers(1, len(members) - 1))
+    isr, joining = members[:split], members[split:]
+    follower_leos = {r: data.draw(st.integers(hw, leo)) for r in members[1:]}
+    new = high_watermark_for(hw, leo, isr, follower_leos, leader, min_isr, joining)
+    assert new >= hw
+    assert new <= leo
+    if len(isr) < min_isr:
+        assert new == hw, "min.insync.replicas counts the written ISR, not the joining members"
+    else:
+        assert all(new <= follower_leos[r] for r in members[1:]), "I3, joining members included"
+
+
+def test_joining_members_do_not_count_for_min_insync_replicas() -> None:
+    assert high_watermark_for(5, 20, [1], {2: 20}, 1, 2, joining=[2]) == 5
+    assert high_watermark_for(5, 20, [1, 2], {2: 20, 3: 8}, 1, 2, joining=[3]) == 8
+    assert high_watermark_for(5, 20, [1, 2], {2: 20}, 1, 2) == 20
+
+
 @given(now=st.floats(0, 1e9), lag=st.floats(1, 1e5), isr=brokers, data=st.data())
 def test_leader_never_removes_itself(now: float, lag: float, isr: list[int], data: st.DataObject) -> None:
     caught_up = {r: data.draw(st.floats(0, 1e9)) for r in isr}

@@ -64,6 +64,10 @@ class Partition:
     follower_caught_up_ms: dict[int, float] = field(default_factory=dict)
     #: leader only: the leader's LEO and clock at each follower's previous fetch.
     follower_last_fetch: dict[int, tuple[int, float]] = field(default_factory=dict)
+    #: leader only: followers whose addition to the ISR is being written to ZooKeeper. Until the
+    #: write completes they count for the high watermark but not for min.insync.replicas
+    #: (KIP-497's maximal ISR), so the high watermark cannot pass a replica about to join.
+    joining: frozenset[int] = frozenset()
     #: follower only: the broker this replica fetches from, and whether it must truncate first.
     leader_id: int = -1
     needs_truncation: bool = False
@@ -132,6 +136,7 @@ class Partition:
         self.leader_epoch = leader_epoch
         self.isr = isr
         self.replicas = replicas
+        self.joining = frozenset()
         self.follower_leos = {}
         self.follower_last_fetch = {}
         # Every ISR member starts with a full lag allowance under the new leader.
@@ -154,6 +159,7 @@ class Partition:
         self.needs_truncation = True
         self.leader_epoch = leader_epoch
         self.replicas = replicas
+        self.joining = frozenset()
         self.follower_leos = {}
         log.info(
             "event=became_follower partition=%s leader=%d leader_epoch=%d", self.name, leader, leader_epoch
@@ -223,11 +229,34 @@ class Partition:
                 return start
         return self.log.log_end_offset
 
+    def begin_isr_expansion(self, members: frozenset[int]) -> None:
+        """``members`` may join the ISR and their write is about to start: from now on the high
+        watermark waits for them too (I3)."""
+        assert self.is_leader and not self.joining, (self.name, self.joining)
+        assert all(self.follower_leos.get(r, -1) >= self.high_watermark for r in members), (
+            "only a follower with everything below the high watermark may join the ISR"
+        )
+        self.joining = members
+
+    def end_isr_expansion(self) -> None:
+        """The ISR write finished (written, refused or abandoned)."""
+        if self.joining:
+            self.joining = frozenset()
+            if self.is_leader:
+                self._update_high_watermark()
+
     def set_isr(self, isr: tuple[int, ...], version: int) -> None:
         assert self.broker_id in isr or not self.is_leader, "a leader is always in its own ISR (I6)"
+        added = set(isr) - set(self.isr) - {self.broker_id}
         self.isr = isr
         self.state_version = version
         self._update_high_watermark()
+        if self.is_leader:
+            behind = {r: self.follower_leos.get(r, -1) for r in added}
+            assert all(leo >= self.high_watermark for leo in behind.values()), (
+                f"I3: {self.name} added {behind} (replica: log end) to its ISR "
+                f"behind the high watermark {self.high_watermark}"
+            )
 
     def read(
         self, offset: int, max_bytes: int, *, committed_only: bool = True, min_one_batch: bool = True
@@ -247,6 +276,7 @@ class Partition:
             self.follower_leos,
             self.broker_id,
             min(self.min_insync_replicas, max(1, len(self.replicas))),
+            self.joining,
         )
         assert new_hw >= self.high_watermark, "I3: the high watermark never moves backwards"
         assert new_hw <= self.log.log_end_offset

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -20,16 +20,20 @@ def high_watermark_for(
     follower_leos: Mapping[int, int],
     leader_id: int,
     min_isr: int,
+    joining: Collection[int] = (),
 ) -> int:
-    """The smallest end offset among ISR members (I3).
+    """The smallest end offset among ISR members and members joining it (I3).
 
     It never moves backwards, never passes any ISR member's end offset, and does not advance
     while the ISR is smaller than ``min_isr`` (a record on fewer replicas is not safe to expose).
+    ``joining`` are followers whose addition to the ISR is being written (KIP-497's maximal ISR):
+    they count for the minimum at once, so that the high watermark cannot pass a replica that is
+    about to be in the ISR; ``min_isr`` is checked against the written ISR only.
     """
     if len(isr) < min_isr:
         return current_hw
     candidate = leader_leo
-    for replica in isr:
+    for replica in (*isr, *joining):
         if replica != leader_id:
             candidate = min(candidate, follower_leos.get(replica, current_hw))
     return max(current_hw, candidate)
