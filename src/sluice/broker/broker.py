@@ -257,9 +257,7 @@ class Broker:
             if kind == "partition":
                 self.replicas.on_partition_state(topic, partition)
             elif kind == "topic":
-                assignment = self.metadata.topic(topic)
-                for p in assignment.replicas if assignment else ():
-                    self.replicas.on_partition_state(topic, p)
+                self.replicas.on_topic_changed(topic)
             elif kind == "topic_deleted":
                 self.replicas.on_topic_deleted(topic)
         except Exception:
