@@ -395,10 +395,24 @@ class ReplicaManager:
             part.checkpoint_high_watermark()
 
     def enforce_retention(self, now_ms: int) -> None:
+        """Delete expired segments, only those wholly below the replica's high watermark and
+        never the active one (as Kafka does): a record at or above it is not committed yet, and
+        a follower may still need it. Time retention reads batch timestamps, so topics whose
+        records carry source times (change topics) use LogAppendTime."""
         for part in list(self.partitions.values()):
-            deleted = part.log.delete_old_segments(now_ms)
+            before = part.log.log_start_offset
+            deleted = part.log.delete_old_segments(now_ms, high_watermark=part.high_watermark)
             if deleted:
-                log.info("event=retention partition=%s segments_deleted=%d", part.name, deleted)
+                assert part.log.log_start_offset <= max(before, part.high_watermark), (
+                    f"retention of {part.name} passed the high watermark {part.high_watermark}"
+                )
+                log.info(
+                    "event=retention partition=%s segments_deleted=%d log_start=%d hw=%d",
+                    part.name,
+                    deleted,
+                    part.log.log_start_offset,
+                    part.high_watermark,
+                )
 
     def leader_partitions(self) -> list[Partition]:
         return [p for p in self.partitions.values() if p.is_leader]
