@@ -6,10 +6,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.broker.replication import (
+    AskAgain,
+    TruncateTo,
     can_join_isr,
     followers_out_of_sync,
     high_watermark_for,
-    truncation_offset,
+    truncation_step,
 )
 from sluice.cluster.election import (
     controlled_shutdown_leader,
@@ -87,6 +89,38 @@ def test_high_watermark_never_moves_back_nor_passes_an_isr_member(
         assert all(new <= follower_leos[r] for r in isr[1:]) or new == hw
 
 
+@given(
+    hw=st.integers(0, 100),
+    leo_extra=st.integers(0, 100),
+    members=st.lists(st.integers(1, 6), min_size=2, max_size=6, unique=True),
+    min_isr=st.integers(1, 4),
+    data=st.data(),
+)
+def test_high_watermark_never_passes_an_isr_member_including_one_that_is_joining(
+    hw: int, leo_extra: int, members: list[int], min_isr: int, data: st.DataObject
+) -> None:
+    """KIP-497: while a follower's addition to the ISR is being written, it counts for the high
+    watermark (a joining follower has everything below the current one)."""
+    leader = members[0]
+    leo = hw + leo_extra
+    split = data.draw(st.integers(1, len(members) - 1))
+    isr, joining = members[:split], members[split:]
+    follower_leos = {r: data.draw(st.integers(hw, leo)) for r in members[1:]}
+    new = high_watermark_for(hw, leo, isr, follower_leos, leader, min_isr, joining)
+    assert new >= hw
+    assert new <= leo
+    if len(isr) < min_isr:
+        assert new == hw, "min.insync.replicas counts the written ISR, not the joining members"
+    else:
+        assert all(new <= follower_leos[r] for r in members[1:]), "I3, joining members included"
+
+
+def test_joining_members_do_not_count_for_min_insync_replicas() -> None:
+    assert high_watermark_for(5, 20, [1], {2: 20}, 1, 2, joining=[2]) == 5
+    assert high_watermark_for(5, 20, [1, 2], {2: 20, 3: 8}, 1, 2, joining=[3]) == 8
+    assert high_watermark_for(5, 20, [1, 2], {2: 20}, 1, 2) == 20
+
+
 @given(now=st.floats(0, 1e9), lag=st.floats(1, 1e5), isr=brokers, data=st.data())
 def test_leader_never_removes_itself(now: float, lag: float, isr: list[int], data: st.DataObject) -> None:
     caught_up = {r: data.draw(st.floats(0, 1e9)) for r in isr}
@@ -101,31 +135,38 @@ def test_rejoin_requires_the_current_epoch_start_kafka_7128() -> None:
 
 
 def test_truncation_same_epoch_keeps_what_the_leader_has() -> None:
-    assert truncation_offset(3, 150, 100, 3, 120, lambda e: 0) == 120
-    assert truncation_offset(3, 110, 100, 3, 120, lambda e: 0) == 110
+    assert truncation_step(3, [(3, 0)], 150, 100, 3, 120) == TruncateTo(120)
+    assert truncation_step(3, [(3, 0)], 110, 100, 3, 120) == TruncateTo(110)
 
 
 def test_truncation_diverged_epoch_cuts_to_the_leaders_end_of_the_common_epoch_kip_279() -> None:
     # We have epoch 4 (a leader that never committed); the leader only knows up to epoch 3,
     # which ends at 105 on the leader and at 108 here: cut at 105.
-    assert truncation_offset(4, 130, 100, 3, 105, lambda e: {3: 108}[e]) == 105
+    assert truncation_step(4, [(3, 0), (4, 108)], 130, 100, 3, 105) == TruncateTo(105)
 
 
 def test_truncation_without_epoch_information_falls_back_to_the_high_watermark() -> None:
-    assert truncation_offset(2, 130, 100, -1, -1, lambda e: 0) == 100
+    assert truncation_step(2, [(2, 0)], 130, 100, -1, -1) == TruncateTo(100)
 
 
 @given(
-    local_epoch=st.integers(0, 10),
+    epochs=st.lists(st.integers(0, 10), min_size=1, max_size=5, unique=True),
     leo=st.integers(1, 1000),
     hw_frac=st.floats(0, 1),
     reply_epoch=st.integers(-1, 10),
     reply_end=st.integers(-1, 1200),
-    own_end=st.integers(0, 1000),
+    data=st.data(),
 )
 def test_truncation_never_extends_the_log(
-    local_epoch: int, leo: int, hw_frac: float, reply_epoch: int, reply_end: int, own_end: int
+    epochs: list[int], leo: int, hw_frac: float, reply_epoch: int, reply_end: int, data: st.DataObject
 ) -> None:
     hw = int(leo * hw_frac)
-    cut = truncation_offset(local_epoch, leo, hw, min(reply_epoch, local_epoch), reply_end, lambda e: own_end)
-    assert 0 <= cut <= leo
+    starts = sorted(data.draw(st.lists(st.integers(0, leo), min_size=len(epochs), max_size=len(epochs))))
+    local = list(zip(sorted(epochs), starts, strict=True))
+    asked = data.draw(st.sampled_from(sorted(epochs)))
+    step = truncation_step(asked, local, leo, hw, min(reply_epoch, asked), reply_end)
+    if isinstance(step, TruncateTo):
+        cut = step.offset
+        assert 0 <= cut <= leo
+    else:
+        assert isinstance(step, AskAgain) and step.epoch < asked and step.epoch in epochs

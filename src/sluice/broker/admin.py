@@ -15,7 +15,7 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from sluice.cluster.assignment import AssignmentError, assign_replicas
-from sluice.cluster.layout import TopicAssignment
+from sluice.cluster.layout import INTERNAL_TOPICS, TopicAssignment
 from sluice.cluster.zkstore import TopicExistsError
 from sluice.protocol.errors import ErrorCode
 from sluice.storage.config import LogConfig, known_topic_configs
@@ -74,6 +74,15 @@ def validate_topic_config(config: dict[str, str], replication_factor: int) -> st
     if config.get("unclean.leader.election.enable", "false") not in ("true", "false"):
         return "unclean.leader.election.enable must be true or false"
     return None
+
+
+def internal_topic_refusal(name: str) -> str:
+    return (
+        f"{name} is an internal topic and cannot be deleted: it holds the membership and committed "
+        "offsets of every consumer group, and deleting it would lose them for all groups. Nothing "
+        "was deleted. To drop one group's offsets, delete that group (DeleteGroups) or reset them "
+        "with `sluice group reset-offsets`."
+    )
 
 
 class TopicAdmin:
@@ -241,6 +250,17 @@ class TopicAdmin:
         marked = []
         for name in names:
             assignment = self.broker.metadata.topic(name)
+            if name in INTERNAL_TOPICS:
+                log.warning("event=internal_topic_deletion_refused topic=%s", name)
+                results.append(
+                    {
+                        "name": name,
+                        "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                        "error_message": internal_topic_refusal(name),
+                        "topic_id": assignment.topic_id if assignment else uuid.UUID(int=0),
+                    }
+                )
+                continue
             if assignment is None:
                 results.append(
                     {

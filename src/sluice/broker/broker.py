@@ -257,9 +257,7 @@ class Broker:
             if kind == "partition":
                 self.replicas.on_partition_state(topic, partition)
             elif kind == "topic":
-                assignment = self.metadata.topic(topic)
-                for p in assignment.replicas if assignment else ():
-                    self.replicas.on_partition_state(topic, p)
+                self.replicas.on_topic_changed(topic)
             elif kind == "topic_deleted":
                 self.replicas.on_topic_deleted(topic)
         except Exception:
@@ -282,13 +280,25 @@ class Broker:
         joining = part.isr_candidates_to_add()
         if joining:
             members = set(part.isr) | set(joining)
-            self._change_isr(part, tuple(r for r in part.replicas if r in members), f"caught up {joining}")
+            self._change_isr(
+                part,
+                tuple(r for r in part.replicas if r in members),
+                f"caught up {joining}",
+                frozenset(joining),
+            )
 
-    def _change_isr(self, part: Partition, new_isr: tuple[int, ...], reason: str) -> None:
+    def _change_isr(
+        self, part: Partition, new_isr: tuple[int, ...], reason: str, joining: frozenset[int] = frozenset()
+    ) -> None:
         key = (part.topic, part.index)
         if key in self._isr_writes or self.stopping or new_isr == part.isr:
             return
         self._isr_writes.add(key)
+        if joining:
+            # KIP-497: from the decision on, the joining followers hold the high watermark back
+            # as if they were members already; otherwise it could pass them while ZooKeeper
+            # answers, and they would enter the ISR missing committed records (I3).
+            part.begin_isr_expansion(joining)
         self.spawn(self._write_isr(part, new_isr, reason))
 
     async def _write_isr(self, part: Partition, new_isr: tuple[int, ...], reason: str) -> None:
@@ -307,6 +317,16 @@ class Broker:
             ):
                 return
             assert new_isr and self.config.broker_id in new_isr, "I6: the leader stays in a non-empty ISR"
+            lagging = {r: part.follower_leos.get(r, -1) for r in part.joining}
+            if any(leo < part.high_watermark for leo in lagging.values()):
+                # A joining follower's log end went back (it truncated): it no longer qualifies.
+                log.info(
+                    "event=isr_expansion_abandoned partition=%s joining=%s hw=%d",
+                    part.name,
+                    lagging,
+                    part.high_watermark,
+                )
+                return
             new_state = PartitionState(state.leader, state.leader_epoch, new_isr, state.controller_epoch)
             path = layout.partition_state_path(part.topic, part.index)
             try:
@@ -327,6 +347,7 @@ class Broker:
         except Exception:
             log.exception("event=isr_write_failed partition=%s", part.name)
         finally:
+            part.end_isr_expansion()
             self._isr_writes.discard(key)
 
     def _on_leadership(self, topic: str, partition: int, is_leader: bool) -> None:

@@ -8,6 +8,11 @@ broker that becomes leader of the partition rebuilds its groups by replaying it,
 lives only in memory. The protocol type is opaque: consumer groups and Sluice's own workers use
 the same coordinator.
 
+Loading: a new leader's high watermark trails its log end until its followers fetch again, yet
+the records between them were acknowledged by the previous leader. So, as Kafka does, the new
+coordinator notes the log end when it becomes leader, waits until the high watermark has reached
+it, and replays everything below it; meanwhile its groups answer COORDINATOR_LOAD_IN_PROGRESS.
+
 Runs on the broker's event loop. Group transitions go through ``Group.transition`` (the table
 in ``broker.group``).
 """
@@ -40,6 +45,8 @@ MAX_SESSION_TIMEOUT_MS = 1_800_000
 OFFSET_METADATA_MAX_BYTES = 4096
 WRITE_TIMEOUT_S = 30.0
 TICK_S = 0.1
+#: How long one wait for the high watermark lasts before the load checks it still leads.
+LOAD_WAIT_S = 1.0
 #: Bound on the records one coordinator write carries (a commit of many partitions is split).
 RECORDS_PER_WRITE_MAX = 5000
 
@@ -145,8 +152,27 @@ class GroupCoordinator:
     def on_became_leader(self, p: int) -> None:
         if self.owned.get(p) is not None:
             return
+        part = self.broker.replicas.partitions.get((OFFSETS_TOPIC, p))
+        if part is None:
+            return
         self.owned[p] = "loading"
-        self._load_tasks[p] = asyncio.get_running_loop().create_task(self._load(p))
+        # Nothing is appended to the partition while it loads (writes need it active), so this
+        # end is every group record this coordinator must know before it answers.
+        end = part.log.log_end_offset
+        task = asyncio.get_running_loop().create_task(self._load(p, end))
+        task.add_done_callback(lambda t: self._load_done(p, t))
+        self._load_tasks[p] = task
+
+    def _load_done(self, p: int, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # The partition stays "loading" (its groups answer COORDINATOR_LOAD_IN_PROGRESS)
+            # rather than serving groups from a partial replay.
+            log.error(
+                "event=coordinator_load_failed partition=%s-%d error=%r",
+                OFFSETS_TOPIC,
+                p,
+                task.exception(),
+            )
 
     def on_resigned(self, p: int) -> None:
         if self.owned.pop(p, None) is None:
@@ -161,16 +187,32 @@ class GroupCoordinator:
             del self.groups[group.group_id]
         log.info("event=coordinator_unloaded partition=%s-%d groups=%d", OFFSETS_TOPIC, p, len(dropped))
 
-    async def _load(self, p: int) -> None:
+    async def _load(self, p: int, end: int) -> None:
+        """Replay the partition below ``end``, the log end when this broker became its leader,
+        once the high watermark has reached it (until then the records above the high watermark
+        may be this leader's alone; once it has, they are committed)."""
         started = time.monotonic()
         part = self.broker.replicas.partitions.get((OFFSETS_TOPIC, p))
         if part is None:
             self.owned.pop(p, None)
             return
+        waited = False
+        while part.high_watermark < end:
+            if not waited:
+                log.info(
+                    "event=coordinator_load_waiting partition=%s-%d hw=%d load_end=%d",
+                    OFFSETS_TOPIC,
+                    p,
+                    part.high_watermark,
+                    end,
+                )
+                waited = True
+            if not part.is_leader or self.owned.get(p) != "loading":
+                return  # resigned meanwhile; on_resigned has cleaned up
+            await part.wait_committed(end - 1, LOAD_WAIT_S)
         now = asyncio.get_running_loop().time()
         latest: dict[gr.Key, bytes | None] = {}
         offset = part.log.log_start_offset
-        end = part.high_watermark
         records = 0
         while offset < end:
             result = part.read(offset, 4 * 1024 * 1024)
@@ -218,15 +260,17 @@ class GroupCoordinator:
                     obj.get("metadata"),
                     int(obj.get("commit_ts", 0)),
                 )
+        assert offset >= end, f"loaded {OFFSETS_TOPIC}-{p} to {offset}, short of {end}"
         if self.owned.get(p) == "loading":
             self.owned[p] = "active"
         log.log(
-            logging.INFO if records else logging.DEBUG,
-            "event=coordinator_loaded partition=%s-%d groups=%d records=%d took_ms=%d",
+            logging.INFO if records or waited else logging.DEBUG,
+            "event=coordinator_loaded partition=%s-%d groups=%d records=%d load_end=%d took_ms=%d",
             OFFSETS_TOPIC,
             p,
             loaded,
             records,
+            end,
             (time.monotonic() - started) * 1000,
         )
 

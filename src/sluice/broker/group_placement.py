@@ -7,7 +7,8 @@ tools and Sluice agree on the placement. Pure.
 
 from __future__ import annotations
 
-OFFSETS_TOPIC = "__consumer_offsets"
+from sluice.cluster.layout import OFFSETS_TOPIC as OFFSETS_TOPIC
+
 INT32_MIN = -(2**31)
 
 

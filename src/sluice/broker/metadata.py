@@ -45,6 +45,9 @@ class MetadataCache:
         self._states: dict[tuple[str, int], tuple[PartitionState, int]] = {}
         self._watched_topics: set[str] = set()
         self._watched_states: set[tuple[str, int]] = set()
+        #: creation zxid of each partition state znode seen: a new one means the topic was
+        #: deleted and created again, whether or not the deletion itself was seen.
+        self._state_czxid: dict[tuple[str, int], int] = {}
         self.controller_id = -1
         self.cluster_id = ""
 
@@ -133,6 +136,8 @@ class MetadataCache:
                     self._watched_topics.discard(name)
                     for key in [k for k in self._states if k[0] == name]:
                         del self._states[key]
+                    for key in [k for k in self._state_czxid if k[0] == name]:
+                        del self._state_czxid[key]
                     self._watched_states = {k for k in self._watched_states if k[0] != name}
                 self._on_change("topic_deleted", name, -1)
                 return False
@@ -154,6 +159,7 @@ class MetadataCache:
 
     def _make_state_watch(self, name: str, p: int) -> Callable[[bytes | None, ZnodeStat | None], bool | None]:
         def watch(data: bytes | None, stat: ZnodeStat | None) -> bool | None:
+            recreated = False
             with self._lock:
                 if (name, p) not in self._watched_states:
                     return False
@@ -165,7 +171,35 @@ class MetadataCache:
                     except (ValueError, KeyError, AssertionError) as exc:
                         log.warning("event=bad_partition_state topic=%s partition=%d error=%s", name, p, exc)
                         return None
+                    seen = self._state_czxid.get((name, p))
+                    recreated = seen is not None and seen != stat.czxid
+                    self._state_czxid[(name, p)] = int(stat.czxid)
+            if recreated:
+                # This state belongs to a topic created again under the same name (this broker
+                # missed the deletion, e.g. while paused): read the new topic's assignment before
+                # anyone acts on the state, so that the old topic's replica is never paired with it.
+                self._refresh_topic(name)
             self._on_change("partition", name, p)
             return None
 
         return watch
+
+    def _refresh_topic(self, name: str) -> None:
+        try:
+            data, _stat = self._store.client.get(layout.topic_path(name))
+            assignment = TopicAssignment.decode(name, data)
+        except NoNodeError:
+            return
+        except (ValueError, KeyError) as exc:
+            log.warning("event=bad_topic_znode topic=%s error=%s", name, exc)
+            return
+        with self._lock:
+            previous = self._topics.get(name)
+            self._topics[name] = assignment
+        if previous is None or previous.topic_id != assignment.topic_id:
+            log.info(
+                "event=topic_recreated_seen topic=%s topic_id=%s previous_topic_id=%s",
+                name,
+                assignment.topic_id,
+                previous.topic_id if previous else None,
+            )

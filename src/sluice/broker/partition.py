@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 from sluice.broker.replication import can_join_isr, followers_out_of_sync, high_watermark_for
@@ -32,6 +34,57 @@ def read_high_watermark(directory: Path) -> int:
         return max(0, int((directory / HW_FILE).read_text().strip() or "0"))
     except (OSError, ValueError):
         return 0
+
+
+#: Suffixes of partition directories moved out of the way (as Kafka names them): "-delete" for a
+#: log of a deleted topic, removed right after the rename; "-stray" for a log whose topic cannot
+#: be told, kept for an operator and never served.
+DELETE_SUFFIX = "-delete"
+STRAY_SUFFIX = "-stray"
+
+
+class LocalLog(Enum):
+    """What to do with a partition directory found on disk."""
+
+    KEEP = "keep"
+    DELETE = "delete"
+    STRAY = "stray"
+
+
+def local_log_action(
+    found_topic_id: uuid.UUID | None, topic_id: uuid.UUID | None, has_records: bool
+) -> LocalLog:
+    """Whether a partition directory on disk is the log of the topic now in ZooKeeper.
+
+    ``found_topic_id`` is the id in the directory's ``partition.metadata``, ``topic_id`` the
+    topic's id in ZooKeeper (None: no such topic now). A topic deleted and created again under
+    the same name has a new id: the old log must never be served as the new one's (its offsets
+    would start where the old topic's ended, and readers would get records of a deleted topic).
+    A log with records but no readable id cannot be told apart from one of an earlier topic; it
+    is not served but kept aside, since it may be the only copy of something.
+    """
+    if topic_id is None or (found_topic_id is not None and found_topic_id != topic_id):
+        return LocalLog.DELETE
+    if found_topic_id is None and has_records:
+        return LocalLog.STRAY
+    return LocalLog.KEEP
+
+
+def set_aside(directory: Path, action: LocalLog) -> Path:
+    """Rename a partition directory out of the way (``<topic>-<p>.<uuid>-delete`` or ``-stray``)
+    and, for a deletion, remove it. The rename is atomic: a crash leaves either the directory
+    as it was or one no partition is ever opened from (start-up finishes such deletions)."""
+    assert action is not LocalLog.KEEP
+    suffix = DELETE_SUFFIX if action is LocalLog.DELETE else STRAY_SUFFIX
+    target = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{suffix}")
+    directory.rename(target)
+    if action is LocalLog.DELETE:
+        shutil.rmtree(target, ignore_errors=True)
+    return target
+
+
+def has_records(directory: Path) -> bool:
+    return any(p.stat().st_size > 0 for p in directory.glob("*.log"))
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -64,6 +117,10 @@ class Partition:
     follower_caught_up_ms: dict[int, float] = field(default_factory=dict)
     #: leader only: the leader's LEO and clock at each follower's previous fetch.
     follower_last_fetch: dict[int, tuple[int, float]] = field(default_factory=dict)
+    #: leader only: followers whose addition to the ISR is being written to ZooKeeper. Until the
+    #: write completes they count for the high watermark but not for min.insync.replicas
+    #: (KIP-497's maximal ISR), so the high watermark cannot pass a replica about to join.
+    joining: frozenset[int] = frozenset()
     #: follower only: the broker this replica fetches from, and whether it must truncate first.
     leader_id: int = -1
     needs_truncation: bool = False
@@ -83,8 +140,28 @@ class Partition:
         broker_id: int,
     ) -> Partition:
         directory = root / partition_dir_name(topic, index)
+        if directory.exists():
+            found = cls.read_topic_id(directory)
+            action = local_log_action(found, topic_id, has_records(directory))
+            if action is not LocalLog.KEEP:
+                moved = set_aside(directory, action)
+                log.log(
+                    logging.INFO if action is LocalLog.DELETE else logging.WARNING,
+                    "event=stale_log_%s partition=%s-%d found_topic_id=%s topic_id=%s moved_to=%s%s",
+                    "deleted" if action is LocalLog.DELETE else "set_aside",
+                    topic,
+                    index,
+                    found,
+                    topic_id,
+                    moved.name,
+                    ""
+                    if action is LocalLog.DELETE
+                    else " note='not served; the replica starts empty and copies the leader; "
+                    "delete the directory once it is known to hold nothing needed'",
+                )
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / METADATA_FILE).write_text(f"version: 0\ntopic_id: {topic_id}\n")
+        atomic_write(directory / METADATA_FILE, f"version: 0\ntopic_id: {topic_id}\n".encode())
+        assert cls.read_topic_id(directory) == topic_id
         plog = PartitionLog.open(directory, LogConfig.from_topic_config(dict(config)))
         part = cls(topic, index, topic_id, plog, config, broker_id)
         # Start from the last checkpointed high watermark, never from the log end: records past
@@ -132,6 +209,7 @@ class Partition:
         self.leader_epoch = leader_epoch
         self.isr = isr
         self.replicas = replicas
+        self.joining = frozenset()
         self.follower_leos = {}
         self.follower_last_fetch = {}
         # Every ISR member starts with a full lag allowance under the new leader.
@@ -154,6 +232,7 @@ class Partition:
         self.needs_truncation = True
         self.leader_epoch = leader_epoch
         self.replicas = replicas
+        self.joining = frozenset()
         self.follower_leos = {}
         log.info(
             "event=became_follower partition=%s leader=%d leader_epoch=%d", self.name, leader, leader_epoch
@@ -223,11 +302,34 @@ class Partition:
                 return start
         return self.log.log_end_offset
 
+    def begin_isr_expansion(self, members: frozenset[int]) -> None:
+        """``members`` may join the ISR and their write is about to start: from now on the high
+        watermark waits for them too (I3)."""
+        assert self.is_leader and not self.joining, (self.name, self.joining)
+        assert all(self.follower_leos.get(r, -1) >= self.high_watermark for r in members), (
+            "only a follower with everything below the high watermark may join the ISR"
+        )
+        self.joining = members
+
+    def end_isr_expansion(self) -> None:
+        """The ISR write finished (written, refused or abandoned)."""
+        if self.joining:
+            self.joining = frozenset()
+            if self.is_leader:
+                self._update_high_watermark()
+
     def set_isr(self, isr: tuple[int, ...], version: int) -> None:
         assert self.broker_id in isr or not self.is_leader, "a leader is always in its own ISR (I6)"
+        added = set(isr) - set(self.isr) - {self.broker_id}
         self.isr = isr
         self.state_version = version
         self._update_high_watermark()
+        if self.is_leader:
+            behind = {r: self.follower_leos.get(r, -1) for r in added}
+            assert all(leo >= self.high_watermark for leo in behind.values()), (
+                f"I3: {self.name} added {behind} (replica: log end) to its ISR "
+                f"behind the high watermark {self.high_watermark}"
+            )
 
     def read(
         self, offset: int, max_bytes: int, *, committed_only: bool = True, min_one_batch: bool = True
@@ -247,6 +349,7 @@ class Partition:
             self.follower_leos,
             self.broker_id,
             min(self.min_insync_replicas, max(1, len(self.replicas))),
+            self.joining,
         )
         assert new_hw >= self.high_watermark, "I3: the high watermark never moves backwards"
         assert new_hw <= self.log.log_end_offset

@@ -1,20 +1,21 @@
 """Followers fetch from leaders: one fetcher task per leader broker, one connection each.
 
 A replica that becomes a follower first asks the leader for the end offset of its own latest
-leader epoch (OffsetForLeaderEpoch) and truncates to it (``replication.truncation_offset``),
-so that it never keeps records the leader does not have (I2, KIP-101/KIP-279); only then does
-it fetch, from its log end offset, as replica ``broker_id``.
+leader epoch (OffsetForLeaderEpoch); when the leader answers with an epoch the follower does not
+have, it asks again about its largest epoch below that answer, until it knows where the two logs
+stop agreeing (``replication.truncation_step``), and truncates there, so that it never keeps
+records the leader does not have (I2, KIP-101/KIP-279); only then does it fetch, from its log
+end offset, as replica ``broker_id``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker.peer_client import PeerConnection, PeerConnectionError
-from sluice.broker.replication import truncation_offset
+from sluice.broker.replication import AskAgain, TruncateTo, truncation_step
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.storage import errors as storage_errors
@@ -131,50 +132,84 @@ class LeaderFetcher:
     # -- truncation --------------------------------------------------------------------------------
 
     async def _truncate(self, conn: PeerConnection) -> None:
-        pending = [p for p in self.partitions.values() if p.needs_truncation]
-        if not pending:
-            return
-        asked: dict[Key, tuple[Partition, int, int]] = {}
-        topics: dict[str, list[dict[str, int]]] = {}
-        for part in pending:
+        """Truncate every partition that needs it, asking the leader as many rounds as KIP-279
+        takes: at most one round per local epoch, since each round asks about a smaller epoch."""
+        asking: dict[Key, tuple[Partition, int, int]] = {}
+        rounds_max = 0
+        for part in self.partitions.values():
+            if not part.needs_truncation:
+                continue
             epoch = part.log.latest_epoch()
             if epoch < 0 or part.log.log_end_offset == 0:
                 part.needs_truncation = False
                 continue
-            asked[(part.topic, part.index)] = (part, part.leader_epoch, epoch)
-            topics.setdefault(part.topic, []).append(
-                {"partition": part.index, "current_leader_epoch": part.leader_epoch, "leader_epoch": epoch}
+            asking[(part.topic, part.index)] = (part, part.leader_epoch, epoch)
+            rounds_max = max(rounds_max, len(part.log.epoch_entries))
+        for _round in range(rounds_max):
+            if not asking:
+                return
+            asking = await self._truncation_round(conn, asking)
+        for part, _leader_epoch, epoch in asking.values():
+            # Cannot happen while each round asks about a smaller local epoch; if it does, the
+            # partition keeps needs_truncation and starts over on the next pass.
+            log.warning(
+                "event=truncation_unfinished partition=%s asking_epoch=%d rounds=%d action=retry",
+                part.name,
+                epoch,
+                rounds_max,
             )
-        if not topics:
-            return
+
+    async def _truncation_round(
+        self, conn: PeerConnection, asking: dict[Key, tuple[Partition, int, int]]
+    ) -> dict[Key, tuple[Partition, int, int]]:
+        """One OffsetForLeaderEpoch request for every partition in ``asking`` (partition, the leader
+        epoch it follows, the local epoch it asks about); returns those that must ask again."""
+        topics: dict[str, list[dict[str, int]]] = {}
+        for part, leader_epoch, epoch in asking.values():
+            topics.setdefault(part.topic, []).append(
+                {"partition": part.index, "current_leader_epoch": leader_epoch, "leader_epoch": epoch}
+            )
         body = {
             "replica_id": self.manager.broker_id,
             "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
         }
         response = await conn.request(ApiKey.OFFSET_FOR_LEADER_EPOCH, EPOCH_VERSION, body, REQUEST_TIMEOUT_S)
+        again: dict[Key, tuple[Partition, int, int]] = {}
         for t in response["topics"]:
             for r in t["partitions"]:
-                entry = asked.get((t["topic"], r["partition"]))
+                key = (t["topic"], r["partition"])
+                entry = asking.get(key)
                 if entry is None:
                     continue
-                part, asked_leader_epoch, local_epoch = entry
-                if (
-                    self.partitions.get((part.topic, part.index)) is not part
-                    or part.leader_epoch != asked_leader_epoch
-                ):
+                part, asked_leader_epoch, asked_epoch = entry
+                if self.partitions.get(key) is not part or part.leader_epoch != asked_leader_epoch:
                     continue  # the partition changed role meanwhile; it will ask again
                 if r["error_code"] != ErrorCode.NONE:
                     continue  # e.g. the leader has not taken its new epoch yet: ask again
-                cut = truncation_offset(
-                    local_epoch,
+                step = truncation_step(
+                    asked_epoch,
+                    part.log.epoch_entries,
                     part.log.log_end_offset,
                     part.high_watermark,
                     r["leader_epoch"],
                     r["end_offset"],
-                    _local_end_offset(part),
                 )
-                part.truncate_to(cut)
+                if isinstance(step, AskAgain):
+                    log.info(
+                        "event=truncation_ask_again partition=%s asked_epoch=%d leader_epoch=%d "
+                        "leader_end_offset=%d next_epoch=%d",
+                        part.name,
+                        asked_epoch,
+                        r["leader_epoch"],
+                        r["end_offset"],
+                        step.epoch,
+                    )
+                    again[key] = (part, asked_leader_epoch, step.epoch)
+                    continue
+                assert isinstance(step, TruncateTo)
+                part.truncate_to(step.offset)
                 part.needs_truncation = False
+        return again
 
     # -- fetching ----------------------------------------------------------------------------------
 
@@ -258,10 +293,3 @@ class LeaderFetcher:
         # NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, ...: leadership is moving; the
         # metadata watch brings the new state and the fetcher follows it.
         return False
-
-
-def _local_end_offset(part: Partition) -> Callable[[int], int]:
-    def end_offset_for(epoch: int) -> int:
-        return part.log.end_offset_for_epoch(epoch)[1]
-
-    return end_offset_for

@@ -17,7 +17,16 @@ from pathlib import Path
 
 from sluice import test_switches
 from sluice.broker.metadata import MetadataCache
-from sluice.broker.partition import Partition, parse_partition_dir_name
+from sluice.broker.partition import (
+    DELETE_SUFFIX,
+    STRAY_SUFFIX,
+    LocalLog,
+    Partition,
+    has_records,
+    local_log_action,
+    parse_partition_dir_name,
+    set_aside,
+)
 from sluice.broker.replica_fetcher import FetcherManager
 from sluice.cluster.layout import TopicAssignment
 from sluice.protocol.errors import ErrorCode
@@ -70,21 +79,39 @@ class ReplicaManager:
     # -- startup ---------------------------------------------------------------------------------
 
     def load_local_logs(self, known_topics: dict[str, TopicAssignment]) -> None:
-        """Open (and so recover) every partition directory; delete those of deleted topics."""
+        """Open (and so recover) every partition directory; set aside those of deleted topics and
+        of earlier topics of the same name (``partition.local_log_action``)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for directory in sorted(self.data_dir.iterdir()):
             if not directory.is_dir():
+                continue
+            if directory.name.endswith(DELETE_SUFFIX):
+                shutil.rmtree(directory, ignore_errors=True)  # a deletion cut short by a crash
+                continue
+            if directory.name.endswith(STRAY_SUFFIX):
                 continue
             parsed = parse_partition_dir_name(directory.name)
             if parsed is None:
                 continue
             topic, index = parsed
-            topic_id = Partition.read_topic_id(directory)
+            found = Partition.read_topic_id(directory)
             assignment = known_topics.get(topic)
-            if assignment is None or (topic_id is not None and topic_id != assignment.topic_id):
-                log.info("event=stray_log_deleted dir=%s reason=topic_deleted_or_recreated", directory.name)
-                shutil.rmtree(directory, ignore_errors=True)
+            action = local_log_action(
+                found, assignment.topic_id if assignment else None, has_records(directory)
+            )
+            if action is not LocalLog.KEEP:
+                moved = set_aside(directory, action)
+                log.log(
+                    logging.INFO if action is LocalLog.DELETE else logging.WARNING,
+                    "event=stray_log_%s dir=%s found_topic_id=%s topic_id=%s moved_to=%s",
+                    "deleted" if action is LocalLog.DELETE else "set_aside",
+                    directory.name,
+                    found,
+                    assignment.topic_id if assignment else None,
+                    moved.name,
+                )
                 continue
+            assert assignment is not None
             started = time.monotonic()
             part = Partition.open(
                 self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
@@ -100,6 +127,27 @@ class ReplicaManager:
 
     # -- reacting to cluster metadata --------------------------------------------------------------
 
+    def on_topic_changed(self, topic: str) -> None:
+        """The topic's znode changed: drop replicas of an earlier topic of the same name (this
+        broker missed its deletion), then act on every partition's state."""
+        assignment = self.metadata.topic(topic)
+        if assignment is None:
+            return
+        for (name, index), part in list(self.partitions.items()):
+            if name == topic and (part.topic_id != assignment.topic_id or index not in assignment.replicas):
+                self._remove_stale(part, assignment.topic_id)
+        for index in assignment.replicas:
+            self.on_partition_state(topic, index)
+
+    def _remove_stale(self, part: Partition, topic_id: object) -> None:
+        log.info(
+            "event=stale_replica_removed partition=%s topic_id=%s current_topic_id=%s reason=topic_recreated",
+            part.name,
+            part.topic_id,
+            topic_id,
+        )
+        self._remove_partition(part, delete=True)
+
     def on_partition_state(self, topic: str, index: int) -> None:
         assignment = self.metadata.topic(topic)
         current = self.metadata.partition_state(topic, index)
@@ -107,6 +155,11 @@ class ReplicaManager:
             return
         replicas = assignment.replicas.get(index, ())
         part = self.partitions.get((topic, index))
+        if part is not None and part.topic_id != assignment.topic_id:
+            # The topic was deleted and created again while this broker was not looking: the
+            # replica it has is the old topic's and must never be served as the new one's.
+            self._remove_stale(part, assignment.topic_id)
+            part = None
         if self.broker_id not in replicas:
             if part is not None:
                 # Moved off this broker (reassignment): stop and delete the replica.
@@ -153,9 +206,9 @@ class ReplicaManager:
             for listener in self.leadership_listeners:
                 listener(part.topic, part.index, False)
         part.close()
-        if delete:
-            part.log.delete()
-            log.info("event=log_deleted partition=%s", part.name)
+        if delete and part.log.directory.exists():
+            set_aside(part.log.directory, LocalLog.DELETE)
+            log.info("event=log_deleted partition=%s topic_id=%s", part.name, part.topic_id)
 
     def on_topic_deleted(self, topic: str) -> None:
         for key in [k for k in self.partitions if k[0] == topic]:
@@ -342,10 +395,24 @@ class ReplicaManager:
             part.checkpoint_high_watermark()
 
     def enforce_retention(self, now_ms: int) -> None:
+        """Delete expired segments, only those wholly below the replica's high watermark and
+        never the active one (as Kafka does): a record at or above it is not committed yet, and
+        a follower may still need it. Time retention reads batch timestamps, so topics whose
+        records carry source times (change topics) use LogAppendTime."""
         for part in list(self.partitions.values()):
-            deleted = part.log.delete_old_segments(now_ms)
+            before = part.log.log_start_offset
+            deleted = part.log.delete_old_segments(now_ms, high_watermark=part.high_watermark)
             if deleted:
-                log.info("event=retention partition=%s segments_deleted=%d", part.name, deleted)
+                assert part.log.log_start_offset <= max(before, part.high_watermark), (
+                    f"retention of {part.name} passed the high watermark {part.high_watermark}"
+                )
+                log.info(
+                    "event=retention partition=%s segments_deleted=%d log_start=%d hw=%d",
+                    part.name,
+                    deleted,
+                    part.log.log_start_offset,
+                    part.high_watermark,
+                )
 
     def leader_partitions(self) -> list[Partition]:
         return [p for p in self.partitions.values() if p.is_leader]

@@ -3,12 +3,14 @@
 - ``high_watermark_for``: the high watermark a leader may expose.
 - ``followers_out_of_sync``: which ISR members the leader removes.
 - ``can_join_isr``: when a follower is back in sync (KAFKA-7128).
-- ``truncation_offset``: where a new follower cuts its log before fetching (KIP-101, KIP-279).
+- ``truncation_step``: where a new follower cuts its log before fetching, or which epoch it
+  asks the leader about next (KIP-101, KIP-279).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 
 def high_watermark_for(
@@ -18,16 +20,20 @@ def high_watermark_for(
     follower_leos: Mapping[int, int],
     leader_id: int,
     min_isr: int,
+    joining: Collection[int] = (),
 ) -> int:
-    """The smallest end offset among ISR members (I3).
+    """The smallest end offset among ISR members and members joining it (I3).
 
     It never moves backwards, never passes any ISR member's end offset, and does not advance
     while the ISR is smaller than ``min_isr`` (a record on fewer replicas is not safe to expose).
+    ``joining`` are followers whose addition to the ISR is being written (KIP-497's maximal ISR):
+    they count for the minimum at once, so that the high watermark cannot pass a replica that is
+    about to be in the ISR; ``min_isr`` is checked against the written ISR only.
     """
     if len(isr) < min_isr:
         return current_hw
     candidate = leader_leo
-    for replica in isr:
+    for replica in (*isr, *joining):
         if replica != leader_id:
             candidate = min(candidate, follower_leos.get(replica, current_hw))
     return max(current_hw, candidate)
@@ -56,27 +62,67 @@ def can_join_isr(follower_leo: int, high_watermark: int, leader_epoch_start_offs
     return follower_leo >= high_watermark and follower_leo >= leader_epoch_start_offset
 
 
-def truncation_offset(
-    local_epoch: int,
+@dataclass(frozen=True, slots=True)
+class TruncateTo:
+    """Truncation is decided: cut the log at ``offset``, then fetch from there."""
+
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class AskAgain:
+    """The leader answered with an epoch this follower does not have: ask the leader for the end
+    of ``epoch``, the largest epoch this follower has below that answer (KIP-279)."""
+
+    epoch: int
+
+
+def local_epoch_end(epochs: Sequence[tuple[int, int]], log_end_offset: int, epoch: int) -> tuple[int, int]:
+    """(largest local epoch <= ``epoch``, the offset where it ends here), from ascending
+    (epoch, start offset) entries: it ends where the next epoch starts, or at the log end.
+    (-1, -1) when every local epoch is above ``epoch``."""
+    found = (-1, -1)
+    for i, (e, _start) in enumerate(epochs):
+        if e > epoch:
+            break
+        found = (e, epochs[i + 1][1] if i + 1 < len(epochs) else log_end_offset)
+    return found
+
+
+def truncation_step(
+    asked_epoch: int,
+    local_epochs: Sequence[tuple[int, int]],
     local_leo: int,
     local_hw: int,
     leader_reply_epoch: int,
     leader_reply_end_offset: int,
-    local_end_offset_for: Callable[[int], int],
-) -> int:
-    """Where a follower truncates before it fetches from a new leader (I2).
+) -> TruncateTo | AskAgain:
+    """One round of truncation by leader epoch (I2).
 
-    The follower asked the leader for the end offset of its own latest epoch ``local_epoch``.
-    - The leader knows that epoch: keep up to where the leader's copy of it ends.
-    - The leader's latest epoch at or below ours is older: our later epochs diverged; keep up
-      to where both the leader's and our own copy of the leader's epoch end (KIP-279).
+    The follower asked the leader for the end of ``asked_epoch``; the leader answered with the
+    largest epoch it has at or below it (``leader_reply_epoch``) and where that epoch ends on the
+    leader. ``local_epochs`` are the follower's (epoch, start offset) entries, ascending.
+
+    - The follower has the leader's epoch: both logs agree up to where the shorter copy of that
+      epoch ends; keep exactly that.
+    - The follower lacks that epoch: its own records from the largest epoch below it may already
+      differ from the leader's, so it asks again for that epoch (KIP-279) rather than trusting
+      the end of an epoch it never saw. Each question is about a smaller epoch than the last, so
+      a follower asks at most once per local epoch.
+    - The follower has no epoch at or below the leader's answer: every record it has is from a
+      later epoch than any the leader has up to the answered end; keep nothing from there.
     - The leader cannot answer (no epoch information): fall back to the high watermark, which
       every ISR member has.
     """
-    if local_epoch < 0 or local_leo == 0:
-        return local_leo
-    if leader_reply_epoch < 0 or leader_reply_end_offset < 0:
-        return min(local_hw, local_leo)
-    if leader_reply_epoch == local_epoch:
-        return min(leader_reply_end_offset, local_leo)
-    return min(leader_reply_end_offset, local_end_offset_for(leader_reply_epoch), local_leo)
+    if local_leo == 0 or not local_epochs:
+        return TruncateTo(local_leo)
+    if leader_reply_epoch < 0 or leader_reply_end_offset < 0 or leader_reply_epoch > asked_epoch:
+        # No usable answer (a leader never answers with an epoch above the one asked about).
+        return TruncateTo(min(local_hw, local_leo))
+    own_epoch, own_end = local_epoch_end(local_epochs, local_leo, leader_reply_epoch)
+    if own_epoch == leader_reply_epoch:
+        return TruncateTo(min(leader_reply_end_offset, own_end, local_leo))
+    if own_epoch < 0:
+        return TruncateTo(min(leader_reply_end_offset, local_epochs[0][1], local_leo))
+    assert own_epoch < asked_epoch, "each question is about a smaller epoch, so the rounds are bounded"
+    return AskAgain(own_epoch)

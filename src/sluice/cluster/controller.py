@@ -455,6 +455,17 @@ class Controller:
     def _delete_topic(self, term: ControllerTerm, name: str) -> None:
         ops: list[FencedOp] = []
         client = self.store.client
+        if name in layout.INTERNAL_TOPICS:
+            # A request written to ZooKeeper by hand: brokers refuse it over the wire already.
+            self.store.commit_fenced(
+                term.epoch_zk_version, [FencedOp("delete", layout.delete_topic_path(name))]
+            )
+            log.warning(
+                "event=internal_topic_deletion_refused controller_epoch=%d topic=%s reason=internal_topic",
+                term.epoch,
+                name,
+            )
+            return
         if client.exists(layout.topic_path(name)):
             if client.exists(layout.partitions_path(name)):
                 for p in client.get_children(layout.partitions_path(name)):

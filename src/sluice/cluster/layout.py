@@ -27,6 +27,11 @@ PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 CLUSTER_ID = "/cluster/id"
 TASKS = "/tasks"
 
+#: The topic holding every consumer group's membership and committed offsets.
+OFFSETS_TOPIC = "__consumer_offsets"
+#: Topics the cluster keeps for itself (Kafka's internal topics): never deleted on request.
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+
 #: Paths every cluster has; created (empty) by the first broker that starts.
 PERSISTENT_PATHS = (
     BROKER_IDS,

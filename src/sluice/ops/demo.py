@@ -97,6 +97,7 @@ def _run(
 
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
     from sluice.pipeline.session import spark_session
+    from sluice.sync.execution import CHANGE_TOPIC_CONFIG
     from sluice.sync.sources.generator import GeneratorConfig, GeneratorStats, run_generator
     from sluice.sync.targets import open_target
     from sluice.sync.truth import Truth, compare
@@ -106,7 +107,8 @@ def _run(
         f"[bold]2.[/] topic {TOPIC}: {PARTITIONS} partitions, replication factor 3, min.insync.replicas 2"
     )
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    admin.create_topics([NewTopic(TOPIC, PARTITIONS, 3)], operation_timeout=30)[TOPIC].result()
+    new_topic = NewTopic(TOPIC, PARTITIONS, 3, config=CHANGE_TOPIC_CONFIG)
+    admin.create_topics([new_topic], operation_timeout=30)[TOPIC].result()
 
     console.print(
         f"[bold]3.[/] starting Spark ({spark_master or 'local[*]'}) and the apply query -> {target}"

@@ -13,7 +13,8 @@ Options
     maxRecordsPerTrigger    read limit per micro-batch (default: everything available)
     maxRecordsPerPartition  a topic-partition range larger than this is split (default 200000)
     failOnDataLoss          true (default): fail when the next offset was already deleted by
-                            retention; false: skip ahead to the log start and go on
+                            retention (when the query plans a batch, or while an executor reads
+                            it); false: skip ahead to the log start and go on
     decode                  none (default): raw records | envelope: each input partition parses
                             the change envelopes (sluice.sync.changes) and returns the newest
                             change per row, with the columns of CHANGE_SCHEMA; parsing and
@@ -26,6 +27,7 @@ the consumer used by each read never sees further.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -79,6 +81,8 @@ STALL_TIMEOUT_S = 120.0
 
 Offsets = dict[str, dict[str, int]]
 
+log = logging.getLogger("sluice.source")
+
 
 class SluiceSourceError(RuntimeError):
     pass
@@ -127,6 +131,21 @@ def _decode(options: dict[str, str]) -> bool:
     if raw not in ("none", "envelope"):
         raise SluiceSourceError(f"option decode must be none or envelope, not {raw!r}")
     return raw == "envelope"
+
+
+def _fail_on_data_loss(options: dict[str, str]) -> bool:
+    raw = (_opt(options, "failOnDataLoss", "true") or "true").lower()
+    if raw not in ("true", "false"):
+        raise SluiceSourceError(f"option failOnDataLoss must be true or false, not {raw!r}")
+    return raw == "true"
+
+
+def data_lost(topic: str, partition: int, next_offset: int, log_start: int) -> str:
+    return (
+        f"{topic}[{partition}]: offsets {next_offset}..{log_start - 1} were deleted by retention before "
+        f"this query read them (the log now starts at {log_start}); those records are lost to this "
+        f"query. Set failOnDataLoss=false to skip ahead to the log start."
+    )
 
 
 def _int_opt(options: dict[str, str], name: str, default: int | None) -> int | None:
@@ -317,9 +336,15 @@ def read_changes(options: dict[str, str], part: Range) -> Iterator[Any]:
 
 
 def _consume_range(options: dict[str, str], part: Range) -> Iterator[list[Any]]:
-    """Lists of messages with offsets in [start, end) of one partition, in order."""
+    """Lists of messages with offsets in [start, end) of one partition, in order.
+
+    The consumer never jumps on its own (``auto.offset.reset=error``): when the next offset is
+    gone, retention deleted it after the range was planned, and the read fails with a message
+    saying which records are lost, or (``failOnDataLoss=false``) goes on from the log start.
+    """
     from confluent_kafka import KafkaError, TopicPartition
 
+    fail_on_data_loss = _fail_on_data_loss(options)
     consumer = _reader_consumer(_bootstrap(options))
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
@@ -341,6 +366,9 @@ def _consume_range(options: dict[str, str], part: Range) -> Iterator[list[Any]]:
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        next_offset = _skip_lost(consumer, part, next_offset, fail_on_data_loss, err)
+                        break  # whatever else this call returned was fetched for the old position
                     raise SluiceSourceError(f"reading {part.topic}[{part.partition}]: {err}")
                 off = m.offset()
                 if off >= part.end:
@@ -351,6 +379,38 @@ def _consume_range(options: dict[str, str], part: Range) -> Iterator[list[Any]]:
             yield good
     finally:
         consumer.unassign()
+
+
+def _skip_lost(consumer: Any, part: Range, next_offset: int, fail_on_data_loss: bool, err: Any) -> int:
+    """``next_offset`` is out of the log's range: raise, or move the consumer to the log start
+    and return where reading goes on (``part.end`` when nothing of the range is left)."""
+    from confluent_kafka import TopicPartition
+
+    low, high = consumer.get_watermark_offsets(
+        TopicPartition(part.topic, part.partition), timeout=10, cached=False
+    )
+    if next_offset >= low:
+        # Not retention: the offset is past the log end (records the range was planned over
+        # are gone from the log, e.g. after an unclean leader election).
+        raise SluiceSourceError(
+            f"{part.topic}[{part.partition}]: offset {next_offset} is no longer in the log "
+            f"(it holds {low}..{high - 1}; {err}); the records this query planned to read from "
+            f"there are lost. Restart the query from offsets that exist."
+        )
+    if fail_on_data_loss:
+        raise SluiceSourceError(data_lost(part.topic, part.partition, next_offset, low))
+    resume = min(low, part.end)
+    log.warning(
+        "event=data_loss_skipped topic=%s partition=%d lost_from=%d lost_to=%d range_end=%d",
+        part.topic,
+        part.partition,
+        next_offset,
+        resume - 1,
+        part.end,
+    )
+    if resume < part.end:
+        consumer.assign([TopicPartition(part.topic, part.partition, resume)])
+    return resume
 
 
 def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iterator[Any]:
@@ -399,6 +459,9 @@ def _reader_consumer(bootstrap: str) -> Any:
                 "max.partition.fetch.bytes": 16 * 1024 * 1024,
                 "fetch.wait.max.ms": 100,
                 "topic.metadata.refresh.interval.ms": 2000,
+                # Never jump over a range (librdkafka's default jumps to the latest offset):
+                # a deleted offset is reported to _consume_range, which knows failOnDataLoss.
+                "auto.offset.reset": "error",
                 "log_level": 0,
             }
         )
@@ -433,10 +496,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.view = _LogView(options)
         self.split = _int_opt(options, "maxRecordsPerPartition", DEFAULT_SPLIT) or DEFAULT_SPLIT
         self.max_per_trigger = _int_opt(options, "maxRecordsPerTrigger", None)
-        fail = (_opt(options, "failOnDataLoss", "true") or "true").lower()
-        if fail not in ("true", "false"):
-            raise SluiceSourceError(f"option failOnDataLoss must be true or false, not {fail!r}")
-        self.fail_on_data_loss = fail == "true"
+        self.fail_on_data_loss = _fail_on_data_loss(options)
         self.available_now: Offsets | None = None
         self.latest: Offsets | None = None
 
@@ -460,11 +520,14 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             at = begin.get(tp, low)
             if at < low:
                 if self.fail_on_data_loss:
-                    raise SluiceSourceError(
-                        f"{tp[0]}[{tp[1]}]: the next offset to read, {at}, was deleted by retention "
-                        f"(the log now starts at {low}); records {at}..{low - 1} are lost to this query. "
-                        f"Set failOnDataLoss=false to skip ahead."
-                    )
+                    raise SluiceSourceError(data_lost(tp[0], tp[1], at, low))
+                log.warning(
+                    "event=data_loss_skipped topic=%s partition=%d lost_from=%d lost_to=%d",
+                    tp[0],
+                    tp[1],
+                    at,
+                    low - 1,
+                )
                 begin[tp] = low
             elif tp not in begin:
                 begin[tp] = low

@@ -33,6 +33,11 @@ log = logging.getLogger("sluice.execution")
 SUPERSEDED = "superseded by a newer execution"
 
 
+#: Change topics: records carry the source's commit time, so the broker stamps its append time
+#: for retention and the time index (a capture days behind must not see its records expire).
+CHANGE_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
+
+
 def ensure_topics(bootstrap: str, topics: list[str], partitions: int, replication: int | None) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -43,7 +48,9 @@ def ensure_topics(bootstrap: str, topics: list[str], partitions: int, replicatio
         return
     brokers = len(admin.list_topics(timeout=15).brokers)
     rf = replication or min(3, brokers)
-    for future in admin.create_topics([NewTopic(t, partitions, rf) for t in missing]).values():
+    for future in admin.create_topics(
+        [NewTopic(t, partitions, rf, config=CHANGE_TOPIC_CONFIG) for t in missing]
+    ).values():
         try:
             future.result()
         except Exception as exc:  # created meanwhile by another execution

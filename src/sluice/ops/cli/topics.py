@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from sluice.cluster.layout import INTERNAL_TOPICS
 from sluice.ops.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
@@ -92,6 +93,11 @@ def topic_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
 
 @topic_app.command("delete")
 def topic_delete(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
+    if name in INTERNAL_TOPICS:
+        from sluice.broker.admin import internal_topic_refusal
+
+        # The brokers refuse it too, but older DeleteTopics versions carry no message.
+        raise fail(internal_topic_refusal(name))
     admin = _admin(bootstrap)
     futures = admin.delete_topics([name], operation_timeout=30, request_timeout=40)
     try:
