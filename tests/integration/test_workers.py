@@ -264,8 +264,11 @@ def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commi
     cluster = make_cluster(1)
     bootstrap, zk_address = cluster.bootstrap, cluster.zookeeper
     mariadb.execute("DROP DATABASE IF EXISTS wf", "CREATE DATABASE wf")
-    mariadb.execute("CREATE TABLE items (id INT PRIMARY KEY, v INT)", "INSERT INTO items VALUES (1, 1), (2, 2)",
-                    database="wf")  # fmt: skip
+    mariadb.execute(
+        "CREATE TABLE items (id INT PRIMARY KEY, v INT)",
+        "INSERT INTO items VALUES (1, 1), (2, 2)",
+        database="wf",
+    )
     good_url, fixed_url = f"sqlite:///{tmp_path / 'good.db'}", f"sqlite:///{tmp_path / 'fixed.db'}"
     bad_url = f"postgresql://sync:hunter2@127.0.0.1:{free_port()}/nowhere"
     good_yaml = ITEMS_TASK.format(id="good", port=mariadb.port, target=good_url)
