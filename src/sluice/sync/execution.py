@@ -250,6 +250,11 @@ class TaskExecution:
         if self._status_target is not None:
             self._status_target.close()
             self._status_target = None
+        if self.execution and self.error != SUPERSEDED:
+            try:
+                self.store.clear_status(self.task_id, self.execution)
+            except Exception as exc:  # ZooKeeper out of reach: the znode goes with the session
+                log.info("task %s: status left for its session to remove: %s", self.task_id, exc)
 
     def alive(self) -> bool:
         return self.error is None

@@ -348,6 +348,20 @@ class TaskStore:
             self._call(update_znode, self.zk, self._path(task_id, "status"), ours, ephemeral=True) == data
         )
 
+    def clear_status(self, task_id: str, execution: str) -> None:
+        """Remove the status znode if it is still this execution's (a clean stop), so that the
+        next execution does not mistake a stopped one for a live duplicate. Best effort, one
+        try: a znode left behind goes with its session anyway."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        path = self._path(task_id, "status")
+        try:
+            data, stat = self.zk.get(path)
+            if orjson.loads(data).get("execution") == execution:
+                self.zk.delete(path, version=stat.version)
+        except (NoNodeError, BadVersionError):
+            pass
+
     def status(self, task_id: str) -> dict[str, Any] | None:
         from kazoo.exceptions import NoNodeError
 
