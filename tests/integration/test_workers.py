@@ -292,7 +292,7 @@ def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commi
     try:
         wait_until(lambda: rows(good_url) == source(), 180, "the good task to apply the snapshot")
         failed = wait_until(
-            lambda: [a for a in store.alarms("bad") if a["kind"] == "task-failed"][1:], 120,
+            lambda: (f := [a for a in store.alarms("bad") if a["kind"] == "task-failed"])[1:] and f, 120,
             "the bad task to fail twice",
         )  # fmt: skip
         assert worker.poll() is None, "the worker exited"
