@@ -227,6 +227,7 @@ class _Task:
 class _Progress:
     """What a task has done, as the harness sees it: its status znode, its target, the log."""
 
+    execution: str | None
     captured: str | None
     applied: dict[tuple[str, int], int]
     ends: dict[tuple[str, int], int]
@@ -309,6 +310,7 @@ class SeedRun:
             applied = target.applied_offsets(task.id)
         updated = status.get("updated")
         return _Progress(
+            execution=status.get("execution"),
             captured=status.get("captured_position"),
             applied=applied,
             ends=ends.of(f"{task.id}.changes"),
@@ -346,8 +348,11 @@ class SeedRun:
                 if self._done(p, end):
                     result[task.id] = TaskCatchUp(task.id, True, f"caught up in {now - started:.1f}s")
                     continue
-                mark = (p.captured, sorted(p.applied.items()))
-                if task.id not in last or last[task.id][0] != mark:
+                # The stall clock runs only while an execution is running and has captured
+                # something (starting Spark and the snapshot take a while, and are not stalls); a
+                # new execution, a captured position or an applied offset moving restart it.
+                mark = (p.execution, p.captured, sorted(p.applied.items()), sum(p.ends.values()))
+                if not p.captured or task.id not in last or last[task.id][0] != mark:
                     last[task.id] = (mark, now)
                 elif now - last[task.id][1] > self.stall_s:
                     result[task.id] = TaskCatchUp(
@@ -401,9 +406,8 @@ class SeedRun:
         )
         for fault in report.schedule:
             self.out(f"  {fault.describe()}")
-        self.say(
-            f"statements: {','.join(self.workload.kinds)}; values: {','.join(self.workload.value_kinds)}"
-        )
+        values = ",".join(self.workload.value_kinds) or "plain only"
+        self.say(f"statements: {','.join(self.workload.kinds)}; values: {values}")
         if self.directory.exists():
             shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True)
