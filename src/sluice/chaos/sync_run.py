@@ -78,6 +78,7 @@ SPARK_MASTER = "local[1]"
 TRIGGER = "500ms"
 START_TIMEOUT_S = 240.0
 STALL_S = 45.0
+HEARTBEAT_S = 5.0  # while waiting for the captures: a transaction on a table no task captures
 #: A raised exception's last traceback line: `psycopg.errors.X: ...` or `ValueError: ...`.
 _EXCEPTION_LINE = re.compile(r"^(?:(?:[a-z_]\w*\.)+[A-Z]\w*|[A-Z]\w*(?:Error|Exception)): ")
 
@@ -320,7 +321,7 @@ class SeedRun:
 
     @staticmethod
     def _done(p: _Progress, end: BinlogPosition) -> bool:
-        captured = p.captured is not None and BinlogPosition.parse(p.captured) >= end
+        captured = bool(p.captured) and BinlogPosition.parse(str(p.captured)) >= end  # "" until a snapshot
         return captured and bool(p.ends) and p.behind() == 0
 
     def _wait_caught_up(
@@ -330,6 +331,7 @@ class SeedRun:
         progress at all for `stall_s`)."""
         started = time.monotonic()
         deadline = started + timeout_s
+        heartbeat_at = started + HEARTBEAT_S
         result: dict[str, TaskCatchUp] = {}
         last: dict[str, tuple[Any, float]] = {}
         seen: dict[str, _Progress] = {}
@@ -360,6 +362,11 @@ class SeedRun:
                         False,
                         f"stalled: no progress for {self.stall_s:.0f}s; " + self._why(task, p, end),
                     )
+            if time.monotonic() >= heartbeat_at:
+                # A capture reports its position at transaction ends; one that resumed from a
+                # binlog position on an idle source has none to report until the next one.
+                self._heartbeat()
+                heartbeat_at = time.monotonic() + HEARTBEAT_S
             time.sleep(0.5)
         for task in tasks:
             if task.id not in result:
@@ -489,6 +496,11 @@ class SeedRun:
             self.report.problems.append(
                 "the cluster did not heal within 90 s (a partition led by a dead broker, or an ISR not full)"
             )
+
+    def _heartbeat(self) -> None:
+        self.mariadb.execute(
+            f"INSERT INTO `{MARKER_TABLE}` (note) VALUES ('heartbeat')", database=self.database
+        )
 
     def _mark_end(self) -> BinlogPosition:
         """A last transaction, on a table no task captures: the binlog position both captures must
