@@ -335,8 +335,13 @@ class TargetComparison:
 
 
 def key_of(schema: TableSchema, row: Mapping[str, Any]) -> str:
-    """The row's primary key as canonical text, from normalised key values."""
-    parts = {c: show(row.get(c), limit=200) for c in schema.key}
+    """The row's primary key as canonical text, from normalised key values (integers and text
+    as themselves, anything else in its printable form)."""
+    parts = {}
+    for c in schema.key:
+        value = row.get(c)
+        plain = value is None or (isinstance(value, (int, str)) and not isinstance(value, bool))
+        parts[c] = value if plain else show(value, limit=200)
     return json.dumps(parts, sort_keys=True, ensure_ascii=False)
 
 

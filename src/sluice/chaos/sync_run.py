@@ -320,9 +320,12 @@ class SeedRun:
         )
 
     @staticmethod
-    def _done(p: _Progress, end: BinlogPosition) -> bool:
-        captured = bool(p.captured) and BinlogPosition.parse(str(p.captured)) >= end  # "" until a snapshot
-        return captured and bool(p.ends) and p.behind() == 0
+    def _captured_to(p: _Progress, end: BinlogPosition) -> bool:
+        return bool(p.captured) and BinlogPosition.parse(str(p.captured)) >= end  # "" until a snapshot
+
+    @classmethod
+    def _done(cls, p: _Progress, end: BinlogPosition) -> bool:
+        return cls._captured_to(p, end) and bool(p.ends) and p.behind() == 0
 
     def _wait_caught_up(
         self, store: TaskStore, tasks: list[_Task], end: BinlogPosition, timeout_s: float, ends: LogEnds
@@ -353,7 +356,9 @@ class SeedRun:
                 # The stall clock runs only while an execution is running and has captured
                 # something (starting Spark and the snapshot take a while, and are not stalls); a
                 # new execution, a captured position or an applied offset moving restart it.
-                mark = (p.execution, p.captured, sorted(p.applied.items()), sum(p.ends.values()))
+                # Capturing past `end` (heartbeats) is no progress towards it.
+                captured = p.captured if not self._captured_to(p, end) else "end"
+                mark = (p.execution, captured, sorted(p.applied.items()), sum(p.ends.values()))
                 if not p.captured or task.id not in last or last[task.id][0] != mark:
                     last[task.id] = (mark, now)
                 elif now - last[task.id][1] > self.stall_s:
