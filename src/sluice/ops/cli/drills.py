@@ -131,3 +131,70 @@ def chaos_run(
         )
         all_ok &= _print_result(result)
     raise typer.Exit(0 if all_ok else 1)
+
+
+def _seed_range(text: str) -> list[int]:
+    lo, _, hi = text.partition("..")
+    try:
+        first, last = int(lo), int(hi or lo)
+    except ValueError:
+        raise fail(f"--seed must be a number or a range like 1..10, not {text!r}", 2) from None
+    if last < first:
+        raise fail(f"--seed range {text!r} is empty: write the lower seed first", 2)
+    return list(range(first, last + 1))
+
+
+@chaos_app.command("sync")
+def chaos_sync(
+    duration: Annotated[float, typer.Option(help="Seconds of workload and faults, per seed")] = 60.0,
+    seed: Annotated[str, typer.Option(help="A seed, or a range A..B for several runs")] = "1",
+    faults: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated fault kinds, 'all', -KIND to leave one out, or 'none': worker-kill "
+            "(also kills the worker's Spark driver), worker-pause, broker-kill, broker-pause, "
+            "target-pg-down, target-sqlite-lock"
+        ),
+    ] = "all",
+    statements: Annotated[
+        str,
+        typer.Option(
+            help="Statement kinds of the workload: 'all', a comma-separated list, or -KIND to leave one "
+            "out (e.g. -truncate): insert, update, update-key, delete, multi-insert, multi-update, "
+            "multi-delete, upsert-dup, replace, tx-same-row, truncate, idle"
+        ),
+    ] = "all",
+    values: Annotated[
+        str, typer.Option(help="Value kinds that can be left out: nul-text, non-utf8-binary ('all' or -KIND)")
+    ] = "all",
+    directory: Annotated[Path, typer.Option("--dir", help="Working directory (removed afterwards)")] = Path(
+        ".sluice/chaos-sync"
+    ),
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the directory: logs, task.yaml, targets")
+    ] = False,
+    catch_up_timeout: Annotated[
+        float, typer.Option(help="Seconds allowed for the targets to catch up")
+    ] = 240.0,
+) -> None:
+    """MariaDB under a seeded workload, captured by two tasks (SQLite and PostgreSQL targets) on two
+    workers through seeded faults; then quiescence and a row-by-row comparison of the source with
+    each target. Same seed, same statements and fault schedule. Exits 1 unless every row matches."""
+    from sluice.chaos.sync_faults import SYNC_FAULT_KINDS
+    from sluice.chaos.sync_run import run_sync_chaos
+    from sluice.chaos.sync_workload import STATEMENT_KINDS, VALUE_KINDS, parse_kinds
+
+    seeds = _seed_range(seed)
+    try:
+        fault_kinds = () if faults.strip() == "none" else parse_kinds(faults, SYNC_FAULT_KINDS, "fault")
+        statement_kinds = parse_kinds(statements, STATEMENT_KINDS, "statement kind")
+        value_kinds = () if values.strip() == "none" else parse_kinds(values, VALUE_KINDS, "value kind")
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    configure_logging("WARNING")
+    reports = run_sync_chaos(
+        directory, seeds, duration_s=duration, fault_kinds=fault_kinds, statement_kinds=statement_kinds,
+        value_kinds=value_kinds, keep=keep, catch_up_timeout_s=catch_up_timeout,
+        out=lambda line: print(line, flush=True),
+    )  # fmt: skip
+    raise typer.Exit(0 if reports and all(r.ok for r in reports) else 1)

@@ -1,0 +1,158 @@
+"""`sluice chaos sync`: the workload and the fault schedule are functions of the seed, the
+comparison counts missing, extra and different rows right, and after faults and quiescence both
+targets equal the source (invariant I8)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sluice.chaos.sync_compare import (
+    ColumnKind,
+    TableSchema,
+    compare_table,
+    strip_nul_for_postgres,
+    target_value,
+    values_equal,
+)
+from sluice.chaos.sync_faults import SYNC_FAULT_KINDS, make_sync_schedule
+from sluice.chaos.sync_run import run_sync_chaos
+from sluice.chaos.sync_workload import STATEMENT_KINDS, VALUE_KINDS, SyncWorkload, parse_kinds
+from sluice.ops.mariadb import LocalMariaDB
+from sluice.ops.postgres import LocalPostgres
+
+PASS = "chaos-sync verdict=pass missing=0 extra=0 different=0"
+
+
+# --- fast: the generator, the schedule, the comparison -----------------------------------------
+
+
+def test_same_seed_same_statements_and_schedule() -> None:
+    a, b, c = SyncWorkload(7), SyncWorkload(7), SyncWorkload(8)
+    assert a.initial() == b.initial()
+    assert a.first(500) == b.first(500)
+    assert a.first(50) != c.first(50)
+    kinds_seen = {s.kind for s in SyncWorkload(3).first(3000)}
+    assert kinds_seen == set(STATEMENT_KINDS)
+    assert make_sync_schedule(7, 120, SYNC_FAULT_KINDS) == make_sync_schedule(7, 120, SYNC_FAULT_KINDS)
+    assert make_sync_schedule(7, 120, SYNC_FAULT_KINDS) != make_sync_schedule(8, 120, SYNC_FAULT_KINDS)
+    assert {f.kind for s in range(1, 6) for f in make_sync_schedule(s, 120, SYNC_FAULT_KINDS)} == set(
+        SYNC_FAULT_KINDS
+    )
+
+
+def test_statement_and_value_kinds_can_be_left_out() -> None:
+    kinds = parse_kinds("-truncate", STATEMENT_KINDS, "statement kind")
+    assert "truncate" not in kinds and len(kinds) == len(STATEMENT_KINDS) - 1
+    assert {s.kind for s in SyncWorkload(1, kinds).first(3000)} == set(kinds)
+    assert parse_kinds("insert,delete", STATEMENT_KINDS, "statement kind") == ("insert", "delete")
+    with pytest.raises(ValueError, match="unknown statement kind 'meteor'"):
+        parse_kinds("insert,meteor", STATEMENT_KINDS, "statement kind")
+    with pytest.raises(ValueError, match="unknown fault"):
+        make_sync_schedule(1, 30, ("meteor",))
+    plain = SyncWorkload(1, STATEMENT_KINDS, parse_kinds("-nul-text", VALUE_KINDS, "value kind"))
+    assert not any("\\0" in sql for step in plain.first(2000) for sql in step.statements)
+
+
+ITEMS = TableSchema(
+    "items",
+    (
+        ("id", ColumnKind.INT), ("name", ColumnKind.TEXT), ("price", ColumnKind.DECIMAL),
+        ("ratio", ColumnKind.FLOAT), ("at", ColumnKind.DATETIME), ("tod", ColumnKind.TIME),
+        ("doc", ColumnKind.JSON), ("raw", ColumnKind.BINARY),
+    ),
+    ("id",),
+)  # fmt: skip
+
+
+def _source(i: int, **changes: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "id": i, "name": f"n{i}", "price": decimal.Decimal("12.500"), "ratio": 0.1 + i,
+        "at": dt.datetime(2024, 5, 6, 7, 8, 9, 120000), "tod": dt.timedelta(hours=30, minutes=5),
+        "doc": '{"a": [1, 2], "b": null}', "raw": b"\x00\xffabc",
+    }  # fmt: skip
+    row.update(changes)
+    return row
+
+
+def _target(i: int, **changes: object) -> dict[str, object]:
+    """The same row as a target holds it today: text stand-ins for decimals, dates and times."""
+    row: dict[str, object] = {
+        "id": str(i), "name": f"n{i}", "price": "12.5", "ratio": 0.1 + i, "at": "2024-05-06T07:08:09.120",
+        "tod": "1 day, 6:05:00", "doc": {"b": None, "a": [1, 2.0]}, "raw": memoryview(b"\x00\xffabc"),
+    }  # fmt: skip
+    row.update(changes)
+    return row
+
+
+def test_comparison_counts_missing_extra_and_different_rows() -> None:
+    source = [_source(i) for i in range(1, 7)]
+    target = [_target(i) for i in (1, 2, 3, 5)] + [_target(9)]  # 4 and 6 missing, 9 extra
+    target[1] = _target(2, price="12.51")  # different
+    target[2] = _target(3, raw="AP9hYmM=")  # base64 of the bytes: not the bytes
+    got = compare_table(ITEMS, source, target, "sqlite")
+    assert (got.compared, got.equal) == (6, 2)
+    assert got.missing == ['{"id": 4}', '{"id": 6}']
+    assert got.extra == ['{"id": 9}']
+    assert [(k, [c for c, _, _ in cols]) for k, cols in got.different] == [
+        ('{"id": 2}', ["price"]),
+        ('{"id": 3}', ["raw"]),
+    ]
+
+
+def test_value_normalisation_rules() -> None:
+    assert values_equal(ColumnKind.FLOAT, 0.1 + 0.2, target_value(ColumnKind.FLOAT, "0.30000000000000004"))
+    assert not values_equal(ColumnKind.FLOAT, 0.3, target_value(ColumnKind.FLOAT, 0.3001))
+    assert values_equal(ColumnKind.TIME, dt.timedelta(hours=2), target_value(ColumnKind.TIME, "02:00:00"))
+    assert values_equal(ColumnKind.DATE, dt.date(1000, 1, 1), target_value(ColumnKind.DATE, "1000-01-01"))
+    assert not values_equal(ColumnKind.INT, 1, target_value(ColumnKind.INT, "x"))
+    assert not values_equal(ColumnKind.JSON, {"a": True}, target_value(ColumnKind.JSON, '{"a": 1}'))
+    assert strip_nul_for_postgres("a\x00b") == "ab"
+    # A PostgreSQL target holds text without U+0000; SQLite keeps it.
+    nul = [{"id": 1, "name": "a\x00b"}]
+    schema = TableSchema("t", (("id", ColumnKind.INT), ("name", ColumnKind.TEXT)), ("id",))
+    assert compare_table(schema, nul, [{"id": 1, "name": "ab"}], "postgresql").equal == 1
+    assert compare_table(schema, nul, [{"id": 1, "name": "ab"}], "sqlite").equal == 0
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(900)
+def test_short_chaos_sync_run_targets_equal_the_source(
+    tmp_path: Path, mariadb: LocalMariaDB, postgres: LocalPostgres
+) -> None:
+    """Two seeds, 30 s each, every statement kind and fault kind, on the suite's MariaDB and
+    PostgreSQL servers."""
+    lines: list[str] = []
+    started = time.monotonic()
+    reports = run_sync_chaos(
+        tmp_path / "chaos-sync", [1, 2], duration_s=30, fault_kinds=SYNC_FAULT_KINDS,
+        statement_kinds=STATEMENT_KINDS, value_kinds=VALUE_KINDS, mariadb=mariadb, postgres=postgres,
+        out=lines.append,
+    )  # fmt: skip
+    print("\n".join(lines))
+    print(f"wall time {time.monotonic() - started:.0f}s")
+    assert lines[-1] == PASS, "\n".join(line for line in lines if "problem" in line or "  " in line)
+    assert all(r.workload is not None and sum(r.workload.steps.values()) > 0 for r in reports)
+    assert all(r.injected for r in reports), "a seed injected no fault"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_long_chaos_sync_runs_from_the_cli(tmp_path: Path) -> None:
+    """`sluice chaos sync --duration 120 --seed 1..10`, standalone: it starts its own servers."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "chaos", "sync", "--duration", "120", "--seed", "1..10",
+         "--dir", str(tmp_path / "chaos-sync")],
+        capture_output=True, text=True, timeout=7000, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    assert done.returncode == 0 and last == PASS, done.stdout[-6000:] + done.stderr[-2000:]
