@@ -31,7 +31,8 @@ def test_encoded_positions_order_as_file_then_offset(a: tuple[int, int], b: tupl
 def test_an_offset_past_4_gib_does_not_reach_the_next_file() -> None:
     """With 32 bits of offset, (file 1, offset 2**32) encoded as (file 2, offset 0)."""
     assert encode_position(1, 2**32) < encode_position(2, 0)
-    assert BinlogPosition("mysql-bin.000001", 2**32 + 5).encode() < BinlogPosition("mysql-bin.000002", 4).encode()
+    late, next_file = BinlogPosition("mysql-bin.000001", 2**32 + 5), BinlogPosition("mysql-bin.000002", 4)
+    assert late.encode() < next_file.encode()
     with pytest.raises(CaptureError, match="does not fit"):
         encode_position(1, 2**OFFSET_BITS)
 
