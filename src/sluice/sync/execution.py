@@ -339,7 +339,16 @@ class TaskExecution:
             out["captured_position"] = self.capture.stats.position
         if self.query is None:
             return out
-        applied = self._target().applied_offsets(self.spec.id)
+        try:
+            applied = self._target().applied_offsets(self.spec.id)
+        except Exception:
+            # The connection is gone (the target restarted, a network cut): a new one next time.
+            target, self._status_target = self._status_target, None
+            try:
+                target.close()
+            except Exception:
+                pass
+            raise
         out["applied_offsets"] = {f"{t}[{p}]": o for (t, p), o in sorted(applied.items())}
         if self._consumer is None:
             self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "sluice-status",

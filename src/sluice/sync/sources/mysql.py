@@ -419,6 +419,7 @@ class MySqlCapture:
                 check_position(self.spec, position)
                 with self._lock:
                     self._resume = position.text()
+                self.stats.position = position.text()  # read up to here, by an earlier execution
             self._stream(producer, keys, position)
         finally:
             remaining = producer.flush(60)
