@@ -42,6 +42,15 @@ def start_worker(name: str, bootstrap: str, zk: str, workdir: Path) -> subproces
     )  # fmt: skip
 
 
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a clean stop), or kill -9 after a minute."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def create_task(definition: str, tmp_path: Path, zk_address: str) -> tuple[ZkStore, TaskStore]:
     """`sluice task create --file` with this YAML; then a TaskStore to watch the task with."""
     spec = tmp_path / "task.yaml"
@@ -232,11 +241,7 @@ def test_task_status_reports_the_lag_the_test_measures(
                    "the apply to catch up once the lock is gone")  # fmt: skip
         assert task_status_cli("lagt", zk_address)["lag_records"] == "0"
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop_worker(worker)
         zk.stop()
 
 
@@ -318,10 +323,6 @@ def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commi
         wait_until(lambda: rows(good_url) == source(), 120, "the task created again to commit")
         assert worker.poll() is None
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop_worker(worker)
         zk.stop()
     assert "hunter2" not in (tmp_path / "wf1.log").read_text()

@@ -95,7 +95,8 @@ def test_a_task_that_fails_to_start_is_retried_with_backoff_and_the_others_run(c
     assert started["good"].ticks >= 3 and not started["good"].stopped
 
 
-def test_an_execution_that_fails_later_is_stopped_and_started_again(clock: Clock) -> None:
+def running_good() -> tuple[Worker, list[FakeExecution], list[tuple[str, str, int, float]]]:
+    """A worker running task "good"; every execution it starts, and every failure it reports."""
     made: list[FakeExecution] = []
 
     def start(task_id: str) -> FakeExecution:
@@ -106,6 +107,11 @@ def test_an_execution_that_fails_later_is_stopped_and_started_again(clock: Clock
     w = make_worker(start, failures)
     w.assigned = ["good"]
     w._apply_assignment()
+    return w, made, failures
+
+
+def test_an_execution_that_fails_later_is_stopped_and_started_again(clock: Clock) -> None:
+    w, made, failures = running_good()
     made[0].error = "apply failed: the target refused connections"
     w._check_executions()
     assert made[0].stopped and "good" not in w.running and failures[0][1].startswith("apply failed")
@@ -115,16 +121,7 @@ def test_an_execution_that_fails_later_is_stopped_and_started_again(clock: Clock
 
 
 def test_a_superseded_execution_is_not_retried_here_the_worker_rejoins(clock: Clock) -> None:
-    made: list[FakeExecution] = []
-
-    def start(task_id: str) -> FakeExecution:
-        made.append(FakeExecution(task_id))
-        return made[-1]
-
-    failures: list[tuple[str, str, int, float]] = []
-    w = make_worker(start, failures)
-    w.assigned = ["good"]
-    w._apply_assignment()
+    w, made, failures = running_good()
     made[0].error = SUPERSEDED
     w._check_executions()
     clock.now += RETRY_MAX_S + 1
