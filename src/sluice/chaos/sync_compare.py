@@ -1,13 +1,12 @@
 """Source rows beside target rows: the one place that says how a value read from MariaDB and a
 value read back from a target are made comparable, and the row-by-row comparison itself.
 
-Why one place: the sync layer's encodings of some types are not settled, and the comparison
-must follow them without being rewritten. Today a change envelope carries decimals as strings,
-dates and times as `str()`, and binary columns as UTF-8 text when they decode (base64 when they
-do not); targets store what they are given, or a text form of it. Binary columns are to become
-real bytes in the target (SQLite BLOB, PostgreSQL bytea), and the PostgreSQL target is to strip
-U+0000 from text, which PostgreSQL cannot store. So each value is brought to one canonical
-Python form per column kind, from whichever representation a target has for it:
+Why one place: each target keeps some types in a form of its own, and the comparison must
+follow the sync layer's encodings without being rewritten. A change envelope carries decimals
+as exact text, dates and times as `str()`, and binary columns as base64 text listed in its
+`binary` field, which targets store as bytes (SQLite BLOB, PostgreSQL bytea); the PostgreSQL
+target drops U+0000 from text, which PostgreSQL cannot store. So each value is brought to one
+canonical Python form per column kind, from whichever representation a target has for it:
 
     int       int                     (target: int, integral float, or its text)
     float     float, compared within DOUBLE_REL_TOL
