@@ -224,7 +224,11 @@ def start_apply(
         env[test_switches.CRASH_AT] = crash
     return subprocess.Popen(
         [sys.executable, "-m", "sluice.ops.cli", "apply", "-b", bootstrap, "--topics", "crash.changes",
-         "--target", url, "--pipeline", "crash", "--checkpoint", str(ckpt), "--trigger", "1s"],
+         "--target", url, "--pipeline", "crash", "--checkpoint", str(ckpt), "--trigger", "1s",
+         # Batches of at most 5,000 records: the crash points (3rd and 2nd commit) are reached
+         # however far the generator got while Spark started (one slow start read 41,129 records
+         # in its first batch and the rest in its second, and never made a 3rd commit).
+         "--max-records-per-trigger", "5000"],
         stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env,
     )  # fmt: skip
 
