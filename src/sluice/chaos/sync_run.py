@@ -67,6 +67,7 @@ from sluice.ops.postgres import LocalPostgres
 from sluice.sync.sources.mysql import BinlogPosition
 from sluice.sync.targets import open_target
 from sluice.sync.tasks import TaskStore, parse_spec
+from sluice.sync.worker import RETRY_MAX_S
 
 log = logging.getLogger("sluice.chaos.sync")
 
@@ -77,7 +78,11 @@ WORKERS = ("w1", "w2")
 SPARK_MASTER = "local[1]"
 TRIGGER = "500ms"
 START_TIMEOUT_S = 240.0
-STALL_S = 45.0
+#: No progress at all for this long is a stall: longer than a failing task's longest backoff
+#: before the worker starts it again (sync.worker.RETRY_MAX_S), so a task that is retrying is
+#: never given up on. While the tasks start (Spark, the snapshot, a first attempt that failed
+#: because a topic was still being created) only START_TIMEOUT_S counts.
+STALL_S = RETRY_MAX_S + 15.0
 HEARTBEAT_S = 5.0  # while waiting for the captures: a transaction on a table no task captures
 #: A raised exception's last traceback line: `psycopg.errors.X: ...` or `ValueError: ...`.
 _EXCEPTION_LINE = re.compile(r"^(?:(?:[a-z_]\w*\.)+[A-Z]\w*|[A-Z]\w*(?:Error|Exception)): ")
@@ -328,10 +333,12 @@ class SeedRun:
         return cls._captured_to(p, end) and bool(p.ends) and p.behind() == 0
 
     def _wait_caught_up(
-        self, store: TaskStore, tasks: list[_Task], end: BinlogPosition, timeout_s: float, ends: LogEnds
-    ) -> list[TaskCatchUp]:
+        self, store: TaskStore, tasks: list[_Task], end: BinlogPosition, timeout_s: float, ends: LogEnds,
+        stall_s: float | None = None,
+    ) -> list[TaskCatchUp]:  # fmt: skip
         """Each task captured to `end` and applied all of its topic, or why not (deadline, or no
-        progress at all for `stall_s`)."""
+        progress at all for `stall_s`, default `self.stall_s`)."""
+        stall_s = self.stall_s if stall_s is None else stall_s
         started = time.monotonic()
         deadline = started + timeout_s
         heartbeat_at = started + HEARTBEAT_S
@@ -361,11 +368,11 @@ class SeedRun:
                 mark = (p.execution, captured, sorted(p.applied.items()), sum(p.ends.values()))
                 if not p.captured or task.id not in last or last[task.id][0] != mark:
                     last[task.id] = (mark, now)
-                elif now - last[task.id][1] > self.stall_s:
+                elif now - last[task.id][1] > stall_s:
                     result[task.id] = TaskCatchUp(
                         task.id,
                         False,
-                        f"stalled: no progress for {self.stall_s:.0f}s; " + self._why(task, p, end),
+                        f"stalled: no progress for {stall_s:.0f}s; " + self._why(task, p, end),
                     )
             if time.monotonic() >= heartbeat_at:
                 # A capture reports its position at transaction ends; one that resumed from a
@@ -460,7 +467,7 @@ class SeedRun:
 
             t0 = time.monotonic()
             started = self._wait_caught_up(
-                store, tasks, _master_position(self.mariadb), START_TIMEOUT_S, ends
+                store, tasks, _master_position(self.mariadb), START_TIMEOUT_S, ends, stall_s=START_TIMEOUT_S
             )
             if all(s.caught_up for s in started):
                 self.say(f"both tasks running, snapshot applied ({time.monotonic() - t0:.0f}s)")

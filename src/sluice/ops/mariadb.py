@@ -11,10 +11,12 @@ only.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +51,13 @@ class LocalMariaDB:
 
     @property
     def socket(self) -> Path:
-        return self.directory / "mysqld.sock"
+        """In the directory, unless that path is too long for a Unix socket (107 bytes): then a
+        name of its own under the system's temporary directory (the server refuses to start)."""
+        path = self.directory / "mysqld.sock"
+        if len(str(path)) < 100:
+            return path
+        name = hashlib.sha1(str(self.directory).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"sluice-mysqld-{name}.sock"
 
     @property
     def log_path(self) -> Path:

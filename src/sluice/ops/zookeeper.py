@@ -552,7 +552,9 @@ def _live_server_pid(data_dir: Path) -> int | None:
 
 
 def _alive(pid: int) -> bool:
-    """Return whether ``pid`` exists and is not a zombie."""
+    """Return whether ``pid`` exists and has not exited. A zombie has exited, but a JVM's main
+    thread shows as a zombie ("Z") while its other threads still run its shutdown: the process
+    is alive until its thread count falls to that one thread."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -560,11 +562,14 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
     except OSError:
         return True
-    # The state follows the parenthesised command name, which may itself contain ") ".
-    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+    state = fields.get("State", "").strip()[:1]
+    threads = int(fields.get("Threads", "1").strip() or 1)
+    return state not in ("Z", "X") or threads > 1
 
 
 def _signal_server(pid: int, sig: signal.Signals) -> None:
