@@ -233,6 +233,7 @@ def start_apply(
     )  # fmt: skip
 
 
+@pytest.mark.xdist_group("workers")
 def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestCluster, tmp_path: Path) -> None:
     cluster = three_brokers
     bootstrap = cluster.bootstrap
