@@ -57,7 +57,7 @@ def make_worker(start: Any, failures: list[tuple[str, str, int, float]]) -> Work
         list_tasks=lambda: ["bad", "good"],
         start_task=start,
         on_failure=lambda t, e, n, d: failures.append((t, e, n, d)),
-        describe_error=lambda _t, exc: str(exc).replace("hunter2", "***"),
+        describe_error=lambda _t, error: str(error).replace("hunter2", "***"),
     )
 
 
@@ -112,9 +112,10 @@ def running_good() -> tuple[Worker, list[FakeExecution], list[tuple[str, str, in
 
 def test_an_execution_that_fails_later_is_stopped_and_started_again(clock: Clock) -> None:
     w, made, failures = running_good()
-    made[0].error = "apply failed: the target refused connections"
+    made[0].error = "apply failed: postgresql://sync:hunter2@db refused connections"
     w._check_executions()
     assert made[0].stopped and "good" not in w.running and failures[0][1].startswith("apply failed")
+    assert "hunter2" not in failures[0][1]
     clock.now += RETRY_MAX_S + 1
     w._check_executions()
     assert len(made) == 2 and w.running["good"] is made[1]

@@ -226,7 +226,7 @@ class Worker:
         tasks_changed: threading.Event | None = None,
         stop: threading.Event | None = None,
         on_failure: Callable[[str, str, int, float], None] | None = None,
-        describe_error: Callable[[str, BaseException], str] | None = None,
+        describe_error: Callable[[str, BaseException | str], str] | None = None,
     ) -> None:
         self.membership = membership
         self.list_tasks = list_tasks
@@ -234,8 +234,8 @@ class Worker:
         self.tasks_changed = tasks_changed or threading.Event()
         self.stop = stop or threading.Event()
         self.on_failure = on_failure
-        # How an exception is shown (the CLI scrubs the task's passwords from it).
-        self.describe_error = describe_error or (lambda _task, exc: f"{type(exc).__name__}: {exc}")
+        # How an exception or an execution's error is shown (the CLI scrubs the task's passwords).
+        self.describe_error = describe_error or _describe
         self.running: dict[str, Any] = {}
         self.failed: dict[str, Retry] = {}
         self.assigned: list[str] = []
@@ -324,7 +324,7 @@ class Worker:
             if error == SUPERSEDED:
                 self._rejoin_requested = True
             else:
-                self._failed(task_id, str(error))
+                self._failed(task_id, self.describe_error(task_id, str(error)))
         now = time.monotonic()
         for task_id, retry in sorted(self.failed.items()):
             if retry.at <= now and task_id in self.assigned and task_id not in self.running:
@@ -385,6 +385,10 @@ class Worker:
                 self._stop_quietly(task_id, self.running.pop(task_id))
             m.leave()
             heart.join(timeout=interval * 2)
+
+
+def _describe(_task_id: str, error: BaseException | str) -> str:
+    return error if isinstance(error, str) else f"{type(error).__name__}: {error}"
 
 
 def worker_name() -> str:

@@ -275,9 +275,9 @@ def worker_start(
             task_id, store, worker=me, bootstrap=bootstrap, spark=spark, workdir=directory / me
         )
 
-    def describe_error(task_id: str, exc: BaseException) -> str:
+    def describe_error(task_id: str, error: BaseException | str) -> str:
         """One line, with the task's passwords scrubbed (a driver's message may quote a URL)."""
-        text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        text = (error if isinstance(error, str) else f"{type(error).__name__}: {error}").splitlines()[0]
         try:
             return scrub(text, store.get(task_id).secrets())
         except Exception:
