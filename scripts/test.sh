@@ -2,10 +2,12 @@
 # The test suite: set-up (idempotent), lint, types, then pytest. Extra arguments go to pytest,
 # e.g. `scripts/test.sh -m slow` for the slower fault runs or `scripts/test.sh tests/unit`.
 #
-# Tests run on SLUICE_TEST_WORKERS pytest-xdist workers side by side (default 2; 0 runs them in
-# this process): most of the suite waits on brokers, timeouts and sessions rather than on the
-# CPU. Tests that start `sluice worker` processes with Spark share the group "workers" and run
-# one after another on one worker, so at most one of them loads the machine at a time.
+# Tests run on SLUICE_TEST_WORKERS pytest-xdist workers side by side (default 3; 0 runs them in
+# this process): most of the suite waits on brokers, timeouts and sessions, not on the CPU
+# (a serial run keeps one of the two cores busy on average). The longest tests, which start
+# Spark worker processes, are in three groups of about equal length (xdist_group workers-1..3);
+# xdist hands out the groups first (it orders work by its number of tests), so each worker
+# begins with one chain and the short tests fill in around them.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -13,4 +15,4 @@ bash scripts/bootstrap.sh
 .venv/bin/ruff check src tests bench
 .venv/bin/ruff format --check src tests bench
 .venv/bin/mypy
-exec .venv/bin/pytest -n "${SLUICE_TEST_WORKERS:-2}" --dist loadgroup --durations=30 "$@"
+exec .venv/bin/pytest -n "${SLUICE_TEST_WORKERS:-3}" --dist loadgroup --durations=30 "$@"
