@@ -126,7 +126,6 @@ def test_value_normalisation_rules() -> None:
 # --- runs ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.xdist_group("workers-1")
 @pytest.mark.timeout(900)
 def test_short_chaos_sync_run_targets_equal_the_source(
     tmp_path: Path, mariadb: LocalMariaDB, postgres: LocalPostgres

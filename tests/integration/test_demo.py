@@ -6,10 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-
-@pytest.mark.xdist_group("workers-1")
 def test_demo_ends_with_the_target_equal_to_the_source(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "sluice.ops.cli", "demo", "--dir", str(tmp_path / "demo"),

@@ -79,7 +79,6 @@ def test_single_replica_shutdown_fails_when_drain_cannot_move_replicas(tmp_path:
     assert "drain then stop: zero failed sends" in failed(result)
 
 
-@pytest.mark.xdist_group("workers-2")
 def test_zombie_task_passes_from_the_cli(tmp_path: Path, switch: None) -> None:
     """`sluice incident run zombie-task --local`, as an operator runs it."""
     import subprocess
@@ -94,7 +93,6 @@ def test_zombie_task_passes_from_the_cli(tmp_path: Path, switch: None) -> None:
     assert "the zombie's stale commit was refused by the target" in done.stdout
 
 
-@pytest.mark.xdist_group("workers-3")
 def test_zombie_task_fails_without_the_version_guard(tmp_path: Path, switch: None) -> None:
     """The zombie's capture writes S2 into the log after the new execution wrote S3: without the
     version guard, S3 is overwritten by S2 (incident D)."""

@@ -233,7 +233,6 @@ def start_apply(
     )  # fmt: skip
 
 
-@pytest.mark.xdist_group("workers-2")
 def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestCluster, tmp_path: Path) -> None:
     cluster = three_brokers
     bootstrap = cluster.bootstrap

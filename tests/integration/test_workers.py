@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from sluice.cluster.zkstore import ZkStore
 from sluice.ops.mariadb import LocalMariaDB
@@ -67,7 +66,6 @@ def create_task(definition: str, tmp_path: Path, zk_address: str) -> tuple[ZkSto
     return zk, TaskStore(zk.client)
 
 
-@pytest.mark.xdist_group("workers-3")
 def test_two_workers_share_a_task_through_kills_and_a_pause(
     mariadb: LocalMariaDB, postgres_url: str, make_cluster: Callable[..., TestCluster], tmp_path: Path
 ) -> None:
@@ -180,7 +178,6 @@ def task_status_cli(task_id: str, zk_address: str) -> dict[str, str]:
     return fields
 
 
-@pytest.mark.xdist_group("workers-3")
 def test_task_status_reports_the_lag_the_test_measures(
     mariadb: LocalMariaDB, postgres_url: str, make_cluster: Callable[..., TestCluster], tmp_path: Path
 ) -> None:
@@ -258,7 +255,6 @@ options: {{trigger: 500ms, partitions: 1, replication_factor: 1}}
 """
 
 
-@pytest.mark.xdist_group("workers-3")
 def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commits(
     mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
 ) -> None:
