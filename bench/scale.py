@@ -230,17 +230,28 @@ def idle(cluster: launcher.LocalCluster, idle_s: float, r: dict[str, str]) -> No
     r["rss_mb"] = ",".join(f"b{bid}:{rss_mb(pid):.0f}" for bid, pid in sorted(pids.items()))
 
 
+def busiest_broker(
+    cluster: launcher.LocalCluster, topics: dict[str, int], before: str
+) -> tuple[Parts, int, int, launcher.BrokerProcess, AdminClient]:
+    """The broker leading the most partitions: (metadata, its id, how many it leads, its process,
+    an admin client on the other brokers)."""
+    parts = metadata(admin_for(cluster.bootstrap_servers), topics)
+    if not parts:
+        raise RuntimeError(f"no metadata before {before}")
+    counts = leader_counts(parts).most_common(1)
+    if not counts:
+        raise RuntimeError(f"no partition has a leader before {before}")
+    victim, led = counts[0]
+    survivors = admin_for(",".join(x.address for x in cluster.brokers if x.broker_id != victim))
+    return parts, victim, led, cluster.broker(victim), survivors
+
+
 def kill9(
     cluster: launcher.LocalCluster, topics: dict[str, int], timeout_s: float, r: dict[str, str]
 ) -> None:
-    parts = metadata(admin_for(cluster.bootstrap_servers), topics)
-    if parts is None:
-        raise RuntimeError("no metadata before kill -9")
-    victim, led = leader_counts(parts).most_common(1)[0]
+    parts, victim, led, b, survivors = busiest_broker(cluster, topics, "kill -9")
     mine = [tp for tp, (leader, _, _) in parts.items() if leader == victim]
     r["kill9_broker"] = f"b{victim}:{led}"
-    b = cluster.broker(victim)
-    survivors = admin_for(",".join(x.address for x in cluster.brokers if x.broker_id != victim))
     progress(f"kill -9 of broker {victim} (leads {led} partitions)")
     started = time.monotonic()
     os.kill(b.pid, signal.SIGKILL)
@@ -259,13 +270,8 @@ def kill9(
 def controlled_shutdown(
     cluster: launcher.LocalCluster, topics: dict[str, int], timeout_s: float, r: dict[str, str]
 ) -> None:
-    parts = metadata(admin_for(cluster.bootstrap_servers), topics)
-    if parts is None:
-        raise RuntimeError("no metadata before the controlled shutdown")
-    victim, led = leader_counts(parts).most_common(1)[0]
+    parts, victim, led, b, survivors = busiest_broker(cluster, topics, "the controlled shutdown")
     r["shutdown_broker"] = f"b{victim}:{led}"
-    b = cluster.broker(victim)
-    survivors = admin_for(",".join(x.address for x in cluster.brokers if x.broker_id != victim))
     metadata(survivors, topics)  # connect before the fault, so the first look after it is quick
     progress(f"controlled shutdown of broker {victim} (leads {led} partitions)")
     started = time.monotonic()
