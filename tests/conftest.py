@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import faulthandler
+import os
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,71 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return CHAINS.get(nodeid.rpartition("::")[2].partition("[")[0], nodeid)
 
+        def remove_node(self, node: Any) -> str | None:
+            """As LoadScopeScheduling's, but the test a worker crashed in is not handed out
+            again: it is reported once as crashed, and a hang (see the watchdog below) would
+            otherwise cost its full timeout on every fresh worker until xdist gives up."""
+            workload = self.assigned_work.pop(node)
+            pending = [
+                (unit, nodeid) for unit in workload.values() for nodeid, done in unit.items() if not done
+            ]
+            if not pending:
+                return None
+            unit, crashitem = pending[0]
+            unit[crashitem] = True
+            self.workqueue.update({scope: u for scope, u in workload.items() if not all(u.values())})
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashitem
+
     return ChainScheduling(config, log)
+
+
+#: How long past its pytest-timeout a test may run before the watchdog below ends its process.
+WATCHDOG_GRACE_S = 60
+_dump_file: Any = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller picks a directory for the watchdog's stack dumps; workers inherit it."""
+    if not hasattr(config, "workerinput") and "SLUICE_TEST_HANG_DUMPS" not in os.environ:
+        os.environ["SLUICE_TEST_HANG_DUMPS"] = tempfile.mkdtemp(prefix="sluice-test-hangs-")
+
+
+def _watchdog_file() -> Any:
+    global _dump_file
+    if _dump_file is None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        dumps = os.environ.get("SLUICE_TEST_HANG_DUMPS")
+        _dump_file = open(Path(dumps) / f"{worker}.txt", "w") if worker and dumps else sys.__stderr__  # noqa: SIM115
+    return _dump_file
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A watchdog for what pytest-timeout cannot stop. Its signal reaches Python only when the
+    main thread returns to the interpreter, and a call blocked inside a C library (librdkafka's
+    consumer close and destroy can wait forever on a broker that was killed) never returns: the
+    whole suite then hangs until CI's own limit. faulthandler's timer runs on a C thread, so it
+    still writes every thread's stack and ends the process; pytest-xdist reports the test as
+    crashed, with the stacks (below), and starts a fresh worker."""
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 0)
+    if limit > 0:
+        faulthandler.dump_traceback_later(limit + WATCHDOG_GRACE_S, exit=True, file=_watchdog_file())
+    try:
+        yield
+    finally:
+        if limit > 0:
+            faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+    """Puts the crashed worker's stack dump, if the watchdog wrote one, into the test's report."""
+    dump = Path(os.environ["SLUICE_TEST_HANG_DUMPS"]) / f"{report.node.gateway.id}.txt"  # type: ignore[attr-defined]
+    if dump.exists() and dump.stat().st_size:
+        report.longrepr = f"{report.longrepr}; the watchdog's stack dump:\n{dump.read_text()}"
 
 
 @pytest.fixture(scope="session")

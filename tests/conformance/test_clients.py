@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sluice.clients import close_within
 from tests.support.cluster import TestCluster
 
 pytestmark = pytest.mark.timeout(240)
@@ -76,7 +77,7 @@ def read_with_confluent(bootstrap: str, topic: str) -> dict[int, list[int]]:
                 eof.discard(msg.partition())
                 read[msg.partition()].append(index_of(msg.value()))
     finally:
-        consumer.close()
+        close_within(consumer)
     return read
 
 
@@ -160,7 +161,7 @@ def test_kafka_python_roundtrip_all_codecs(cluster: TestCluster) -> None:
         idle = 0 if batch else idle + 1
         for tp, msgs in batch.items():
             read[tp.partition].extend(index_of(m.value) for m in msgs)
-    consumer.close()
+    close_within(consumer)
     assert_intact(read)
 
 

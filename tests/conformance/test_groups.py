@@ -29,6 +29,7 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sluice.clients import close_within
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.sync.wire_client import WireClient
@@ -430,7 +431,7 @@ def consume_until_committed_confluent(
             offsets=[TopicPartition(topic, p, k) for p, k in commit_at.items()], asynchronous=False
         )
     finally:
-        consumer.close()
+        close_within(consumer)
 
 
 def first_offsets_confluent(
@@ -457,7 +458,7 @@ def first_offsets_confluent(
                 p, o, v = pov(m)
                 first.setdefault(p, (o, v.decode()))
     finally:
-        consumer.close()
+        close_within(consumer)
     return first
 
 
@@ -486,7 +487,7 @@ def consume_until_committed_kafka_python(
                 seen[tp.partition] = max([seen.get(tp.partition, -1)] + [m.offset for m in msgs])
         consumer.commit({KTP(topic, p): OffsetAndMetadata(k, None, -1) for p, k in commit_at.items()})
     finally:
-        consumer.close()
+        close_within(consumer)
 
 
 def first_offsets_kafka_python(
@@ -512,7 +513,7 @@ def first_offsets_kafka_python(
                 for m in msgs:
                     first.setdefault(tp.partition, (m.offset, m.value.decode()))
     finally:
-        consumer.close()
+        close_within(consumer)
     return first
 
 
@@ -705,7 +706,7 @@ def test_member_that_outlives_a_broker_restart_keeps_its_assignment_without_a_re
         assert committed_offsets(cluster.bootstrap, group, topic, partitions) == {0: 100, 1: 100}
         assert events == [[0, 1]], "the member lost its assignment across the restart"
     finally:
-        consumer.close()
+        close_within(consumer)
     log = cluster.log_text(1)
     assert log.count(f"event=rebalance_completed group={group} ") == 1, "the group rebalanced again"
 

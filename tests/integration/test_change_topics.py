@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from sluice.clients import close_within
 from sluice.sync.execution import ensure_topics
 from tests.support.cluster import TestCluster
 
@@ -48,4 +49,4 @@ def test_sync_creates_change_topics_with_log_append_time(cluster: TestCluster) -
         assert msg is not None and msg.error() is None
         assert msg.timestamp() == (TIMESTAMP_LOG_APPEND_TIME, stamped)
     finally:
-        consumer.close()
+        close_within(consumer)

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
+from sluice.clients import close_within
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller
 from sluice.cluster.layout import PartitionState, TopicAssignment
@@ -199,7 +200,7 @@ def test_incident_b_leaderless_offsets_partition_with_live_isr_gets_a_leader_wit
         assert [b.pid for b in cluster.cluster.brokers] == pids_before
         assert all(pid_alive(pid) for pid in pids_before)
     finally:
-        consumer.close()
+        close_within(consumer)
         store.stop()
 
 

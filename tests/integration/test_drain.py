@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sluice.clients import close_within
 from sluice.ops.launcher import pid_alive
 from tests.support.cluster import TestCluster, wait_until
 
@@ -101,5 +102,5 @@ def test_drain_then_stop_moves_a_single_replica_partition_with_no_failed_send(
                 done = msg.error().code() == -191
                 continue
             read.append((msg.value(), msg.offset()))
-    consumer.close()
+    close_within(consumer)
     assert sorted(read, key=lambda r: r[1]) == sorted(acked, key=lambda r: r[1])

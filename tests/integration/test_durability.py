@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sluice.clients import close_within
 from tests.support.cluster import TestCluster, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -48,7 +49,7 @@ def read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tupl
                 eof.discard(msg.partition())
                 out[msg.partition()].append((msg.offset(), msg.value()))
     finally:
-        consumer.close()
+        close_within(consumer)
     assert len(eof) == partitions, "did not reach the end of every partition"
     return out
 

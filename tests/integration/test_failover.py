@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sluice.clients import close_within
 from tests.support.cluster import TestCluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -94,7 +95,7 @@ def read_all(bootstrap: str) -> dict[bytes, list[tuple[int, int]]]:
                 eof.discard(msg.partition())
                 seen.setdefault(msg.value(), []).append((msg.partition(), msg.offset()))
     finally:
-        consumer.close()
+        close_within(consumer)
     assert len(eof) == PARTITIONS
     return seen
 

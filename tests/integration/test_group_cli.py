@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sluice.clients import close_within
 from tests.support.cluster import TestCluster, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -107,7 +108,7 @@ def test_group_describe_shows_members_and_lag_that_match_what_was_consumed(clust
         )
         assert refused.returncode != 0 and "active member" in refused.stderr
     finally:
-        consumer.close()
+        close_within(consumer)
 
     reset = sluice(
         "group",

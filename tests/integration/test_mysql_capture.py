@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from sluice.clients import close_within
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.sync.envelope import key_text
 from sluice.sync.sources.mysql import (
@@ -53,7 +54,7 @@ def read_all(bootstrap: str, topic: str, partitions: int = 3) -> pa.Table:
                             rows[k].append(v)
                         got = m.offset() + 1
     finally:
-        c.close()
+        close_within(c)
     return pa.table(
         {
             "topic": pa.array(rows["topic"], pa.string()),

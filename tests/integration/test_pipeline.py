@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from sluice import test_switches
+from sluice.clients import close_within
 from sluice.sync.sources.generator import GeneratorConfig, GeneratorStats, run_generator
 from sluice.sync.targets import open_target
 from sluice.sync.truth import Truth, compare
@@ -50,7 +51,7 @@ def end_offsets(bootstrap: str, topic: str, partitions: int = 3) -> dict[tuple[s
                     raise
                 time.sleep(0.5)
     finally:
-        c.close()
+        close_within(c)
 
 
 @pytest.fixture

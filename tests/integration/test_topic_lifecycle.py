@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluice.broker.group_placement import OFFSETS_TOPIC
+from sluice.clients import close_within
 from sluice.cluster.zkstore import ZkStore
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
@@ -98,7 +99,7 @@ def _read_all(bootstrap: str, topic: str, end: int) -> list[tuple[int, bytes]]:
             assert msg.error() is None, msg.error()
             got.append((msg.offset(), msg.value()))
     finally:
-        consumer.close()
+        close_within(consumer)
     return got
 
 

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Iterable
 from typing import IO, Any
 
+from sluice.clients import close_within
+
 stop = threading.Event()
 
 
@@ -103,7 +105,7 @@ def run_confluent(args: argparse.Namespace, journal: Journal) -> None:
                 continue
             journal.committed(offsets)
     finally:
-        consumer.close()
+        close_within(consumer)
 
 
 def run_kafka_python(args: argparse.Namespace, journal: Journal) -> None:
@@ -149,7 +151,7 @@ def run_kafka_python(args: argparse.Namespace, journal: Journal) -> None:
                 continue
             journal.committed(offsets)
     finally:
-        consumer.close()
+        close_within(consumer)
 
 
 def run_aiokafka(args: argparse.Namespace, journal: Journal) -> None:

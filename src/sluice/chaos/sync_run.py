@@ -61,6 +61,7 @@ from sluice.chaos.sync_workload import (
     WorkloadStats,
 )
 from sluice.chaos.tcp_proxy import TcpProxy
+from sluice.clients import close_within
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.ops.ports import free_port
 from sluice.ops.postgres import LocalPostgres
@@ -215,7 +216,7 @@ class LogEnds:
         }
 
     def close(self) -> None:
-        self.consumer.close()
+        close_within(self.consumer)
 
 
 # --- one seed -----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.chaos.checker import Ack, Read
+from sluice.clients import close_within
 
 
 @dataclass
@@ -265,7 +266,7 @@ def read_everything(bootstrap: str, topic: str, partitions: int, timeout_s: floa
                 eof.discard(partition)
                 reads.append(Read(topic, partition, offset, value.decode(errors="replace")))
     finally:
-        consumer.close()
+        close_within(consumer)
     if len(eof) < partitions:
         raise TimeoutError(
             f"could not read {topic} to its end in {timeout_s:.0f} s (partitions at end: {sorted(eof)})"
@@ -333,4 +334,4 @@ class GroupReader:
                     except Exception as exc:
                         self.errors[type(exc).__name__] += 1
         finally:
-            consumer.close()
+            close_within(consumer)

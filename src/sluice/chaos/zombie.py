@@ -38,6 +38,7 @@ import orjson
 from sluice import test_switches
 from sluice.chaos.harness import CHROOT, DrillCluster
 from sluice.chaos.incidents import Check, IncidentResult
+from sluice.clients import close_within
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.sync.envelope import key_text
 from sluice.sync.targets import open_target
@@ -198,7 +199,7 @@ class _Drill:
                     return False
             return True
         finally:
-            consumer.close()
+            close_within(consumer)
 
     def stale_log_writes(self) -> list[str]:
         """Records written to a partition by an older epoch after a newer epoch had written there:
@@ -228,7 +229,7 @@ class _Drill:
                     newest_epoch = max(newest_epoch, epoch)
             return stale
         finally:
-            consumer.close()
+            close_within(consumer)
 
     # -- the task and its workers ------------------------------------------------------------------
     def create_task(self) -> None:

@@ -50,6 +50,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from sluice.clients import close_within
+
 SCHEMA = StructType(
     [
         StructField("key", BinaryType()),
@@ -275,7 +277,7 @@ class _LogView:
 
     def close(self) -> None:
         if self._consumer is not None:
-            self._consumer.close()
+            close_within(self._consumer)
             self._consumer = None
 
 

@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from sluice.clients import close_within
 from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration
 
 log = logging.getLogger("sluice.execution")
@@ -245,7 +246,7 @@ class TaskExecution:
             self.capture_thread.join(timeout=60)
             self.capture_thread = None
         if self._consumer is not None:
-            self._consumer.close()
+            close_within(self._consumer)
             self._consumer = None
         if self._status_target is not None:
             self._status_target.close()

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from sluice.clients import close_within
 from sluice.cluster.layout import INTERNAL_TOPICS
 from sluice.ops.cli.common import (
     DEFAULT_BOOTSTRAP,
@@ -152,7 +153,7 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
                     )
             table.add_row(str(pid), str(p.leader), str(p.replicas), str(p.isrs), start, end, status)
     finally:
-        consumer.close()
+        close_within(consumer)
     console.print(table)
 
 
@@ -233,7 +234,7 @@ def consume(
     )
     md = consumer.list_topics(topic, timeout=15)
     if topic not in md.topics or md.topics[topic].error is not None:
-        consumer.close()
+        close_within(consumer)
         raise fail(f"topic {topic!r} does not exist")
     start = OFFSET_BEGINNING if from_beginning else OFFSET_END
     consumer.assign([TopicPartition(topic, p, start) for p in sorted(md.topics[topic].partitions)])
@@ -263,5 +264,5 @@ def consume(
     except KeyboardInterrupt:
         pass
     finally:
-        consumer.close()
+        close_within(consumer)
     err.print(f"{count} record(s) consumed")

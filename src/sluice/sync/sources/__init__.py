@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from sluice.clients import close_within
+
 
 class LogTailError(RuntimeError):
     """The last record of a partition could not be read (the source cannot know where it was)."""
@@ -41,4 +43,4 @@ def last_envelopes(bootstrap: str, topics: list[str]) -> Iterator[dict[str, Any]
                 doc = orjson.loads(msg.value() or b"{}")
                 yield doc if isinstance(doc, dict) else {}
     finally:
-        consumer.close()
+        close_within(consumer)
