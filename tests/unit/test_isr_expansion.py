@@ -21,7 +21,8 @@ import pytest
 from sluice.broker.broker import Broker
 from sluice.broker.config import BrokerConfig
 from sluice.broker.partition import Partition
-from sluice.cluster.layout import PartitionState
+from sluice.cluster import layout
+from sluice.cluster.layout import PartitionState, StateWrite
 from sluice.protocol.records import build_batch
 
 
@@ -40,20 +41,23 @@ async def _until(condition: Any, timeout_s: float, what: str) -> None:
 def test_joining_follower_holds_the_high_watermark_while_its_isr_write_is_in_flight(tmp_path: Path) -> None:
     async def run() -> None:
         broker = Broker(BrokerConfig(1, tmp_path / "b1", "127.0.0.1:1/unused"))
-        part = Partition.open(tmp_path / "b1", "t", 0, uuid.uuid4(), {"min.insync.replicas": "2"}, 1)
+        topic_id = uuid.uuid4()
+        part = Partition.open(tmp_path / "b1", "t", 0, topic_id, {"min.insync.replicas": "2"}, 1)
         broker.replicas.partitions[("t", 0)] = part
         part.become_leader(0, (1, 2), (1, 2, 3), time.monotonic() * 1000)
         broker.metadata.partition_state = lambda t, p: (PartitionState(1, 0, part.isr, 0), 7)  # type: ignore[method-assign]
         release = threading.Event()
         writes: list[tuple[str, int]] = []
 
-        def slow_set(path: str, data: bytes, version: int) -> Any:
+        broker.metadata.topic = lambda t: SimpleNamespace(topic_id=topic_id)  # type: ignore[method-assign]
+
+        def slow_write(write: StateWrite, version: int, writer: str) -> str:
             # ZooKeeper answering slowly: the leader keeps serving fetches meanwhile.
             assert release.wait(10)
-            writes.append((path, version))
-            return SimpleNamespace(version=version + 1)
+            writes.append((layout.partition_state_path(write.topic, write.partition), version))
+            return f"{layout.STATE_CHANGES}/change-0000000001"
 
-        broker.store.client.set = slow_set  # type: ignore[method-assign]
+        broker.store.write_partition_state = slow_write  # type: ignore[method-assign]
 
         part.append(build_batch([(b"k", b"v")] * 10))
         _fetch(broker, 2, 10)

@@ -18,21 +18,20 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import orjson
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError
 
 from sluice.broker.admin import TopicAdmin
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.group_placement import OFFSETS_TOPIC
-from sluice.broker.metadata import MetadataCache
+from sluice.broker.metadata import VERIFY_INTERVAL_S, MetadataCache
 from sluice.broker.partition import Partition
 from sluice.broker.producer_ids import ProducerIdManager
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.server import KafkaServer
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller
-from sluice.cluster.layout import BrokerRegistration, PartitionState
+from sluice.cluster.layout import BrokerRegistration, PartitionState, StateWrite
 from sluice.cluster.zkstore import BrokerIdInUseError, ZkStore
 
 log = logging.getLogger("sluice.broker")
@@ -48,12 +47,17 @@ class Broker:
     def __init__(self, config: BrokerConfig):
         self.config = config
         self.store = ZkStore(config.zookeeper, session_timeout_s=config.zk_session_timeout_s)
-        self.metadata = MetadataCache(self.store, self._on_metadata_change)
+        self.metadata = MetadataCache(
+            self.store, self._on_metadata_change, verify_interval_s=VERIFY_INTERVAL_S
+        )
         self.replicas = ReplicaManager(config.broker_id, config.data_dir, self.metadata)
         self.admin = TopicAdmin(self)
         self.producer_ids = ProducerIdManager(self.store, config.broker_id)
         self.controller = Controller(
-            self.store, config.broker_id, sweep_interval_s=config.controller_sweep_interval_s
+            self.store,
+            config.broker_id,
+            sweep_interval_s=config.controller_sweep_interval_s,
+            view=self.metadata,
         )
         self.server = KafkaServer(self)
         self.coordinator = GroupCoordinator(self)
@@ -146,11 +150,8 @@ class Broker:
         """Ask the controller to move leadership off this broker, and wait until it has (or
         until nothing more can move: a partition whose only in-sync replica is here stays)."""
         started = time.monotonic()
-        path = f"{layout.CONTROLLED_SHUTDOWN}/{self.config.broker_id}"
         try:
-            await asyncio.to_thread(self.store.client.create, path, b"", ephemeral=True)
-        except NodeExistsError:
-            pass
+            await asyncio.to_thread(self.store.request_controlled_shutdown, self.config.broker_id)
         except Exception as exc:
             log.warning("event=controlled_shutdown_unavailable error=%r", exc)
             return
@@ -202,17 +203,15 @@ class Broker:
         a stale one is waited out for a session timeout; one that is still there after that
         belongs to a broker that keeps its session alive.
         """
-        path = layout.broker_path(self.config.broker_id)
         deadline = time.monotonic() + self.config.zk_session_timeout_s * 1.5 + 2.0
         announced = False
         while True:
-            try:
-                data, stat = self.store.client.get(path)
-            except NoNodeError:
+            holder = self.store.registration(self.config.broker_id)
+            if holder is None:
                 return
-            if stat.ephemeralOwner == self.store.session_id:
+            other, owner = holder
+            if owner == self.store.session_id:
                 return
-            other = BrokerRegistration.decode(self.config.broker_id, data)
             if time.monotonic() >= deadline:
                 raise BrokerIdInUseError(
                     f"broker id {self.config.broker_id} is already registered by a live broker at "
@@ -231,12 +230,7 @@ class Broker:
             time.sleep(0.2)
 
     def _known_topics(self) -> dict[str, layout.TopicAssignment]:
-        result = {}
-        for name in self.store.topics():
-            t = self.store.topic(name)
-            if t is not None:
-                result[name] = t
-        return result
+        return self.store.all_topics()
 
     # -- cluster events --------------------------------------------------------------------------
 
@@ -328,14 +322,20 @@ class Broker:
                 )
                 return
             new_state = PartitionState(state.leader, state.leader_epoch, new_isr, state.controller_epoch)
-            path = layout.partition_state_path(part.topic, part.index)
+            assignment = self.metadata.topic(part.topic)
+            if assignment is None or assignment.topic_id != part.topic_id:
+                return
+            write = StateWrite(part.topic, part.topic_id, part.index, new_state, version + 1)
             try:
-                stat = await asyncio.to_thread(self.store.client.set, path, new_state.encode(), version)
+                notice = await asyncio.to_thread(
+                    self.store.write_partition_state, write, version, f"broker {self.config.broker_id}"
+                )
             except BadVersionError:
                 return
+            self.metadata.apply_writes([write], notice=notice)
             if part.is_leader and part.leader_epoch == state.leader_epoch:
                 old = part.isr
-                part.set_isr(new_isr, int(stat.version))
+                part.set_isr(new_isr, version + 1)
                 log.info(
                     "event=isr_changed partition=%s isr=%s->%s leader_epoch=%d reason=%r",
                     part.name,
@@ -366,22 +366,12 @@ class Broker:
 
     async def _complete_unclean_audit(self, topic: str, partition: int, epoch: int, leo: int) -> None:
         """If this leadership came from an unclean election, record where the possible loss starts."""
-        path = layout.unclean_election_path(topic, partition, epoch)
         try:
-            data, stat = await asyncio.to_thread(self.store.client.get, path)
-        except NoNodeError:
-            return
+            done = await asyncio.to_thread(self.store.complete_unclean_audit, topic, partition, epoch, leo)
         except Exception as exc:
-            log.warning("event=unclean_audit_read_failed path=%s error=%r", path, exc)
+            log.warning("event=unclean_audit_write_failed partition=%s-%d error=%r", topic, partition, exc)
             return
-        record = orjson.loads(data)
-        if record.get("lost_from_offset") is not None:
-            return
-        record["lost_from_offset"] = leo
-        try:
-            await asyncio.to_thread(self.store.client.set, path, orjson.dumps(record), stat.version)
-        except Exception as exc:
-            log.warning("event=unclean_audit_write_failed path=%s error=%r", path, exc)
+        if not done:
             return
         log.warning(
             "event=unclean_leader_took_over partition=%s-%d leader_epoch=%d lost_from_offset=%d",
