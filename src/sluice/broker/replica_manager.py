@@ -12,6 +12,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,8 @@ log = logging.getLogger("sluice.replica_manager")
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
+#: threads that open or close partition logs at start-up and shutdown (file-system bound)
+IO_THREADS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,7 @@ class ReplicaManager:
         """Open (and so recover) every partition directory; set aside those of deleted topics and
         of earlier topics of the same name (``partition.local_log_action``)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        to_open: list[tuple[str, int, TopicAssignment]] = []
         for directory in sorted(self.data_dir.iterdir()):
             if not directory.is_dir():
                 continue
@@ -112,18 +116,30 @@ class ReplicaManager:
                 )
                 continue
             assert assignment is not None
+            to_open.append((topic, index, assignment))
+
+        def open_one(item: tuple[str, int, TopicAssignment]) -> Partition:
+            topic, index, assignment = item
             started = time.monotonic()
             part = Partition.open(
                 self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
             )
-            self.partitions[(topic, index)] = part
+            took_ms = (time.monotonic() - started) * 1000
             log.info(
                 "event=log_loaded partition=%s log_start=%d log_end=%d took_ms=%d",
-                part.name,
-                part.log.log_start_offset,
-                part.log.log_end_offset,
-                (time.monotonic() - started) * 1000,
-            )
+                part.name, part.log.log_start_offset, part.log.log_end_offset, took_ms,
+            )  # fmt: skip
+            return part
+
+        # Opening a log reads its checkpoints and, after a crash, recovers its last segment:
+        # thousands are opened side by side (file-system bound).
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="load") as pool:
+            for part in pool.map(open_one, to_open):
+                self.partitions[(part.topic, part.index)] = part
+        log.info(
+            "event=logs_loaded partitions=%d took_ms=%d", len(to_open), (time.monotonic() - started) * 1000
+        )
 
     # -- reacting to cluster metadata --------------------------------------------------------------
 
@@ -418,9 +434,18 @@ class ReplicaManager:
         return [p for p in self.partitions.values() if p.is_leader]
 
     def close_all(self) -> None:
-        for part in self.partitions.values():
+        """Close every partition: each close fsyncs its files (about ten ms), so thousands are
+        closed side by side, letting the file system commit their fsyncs together."""
+
+        def close(part: Partition) -> None:
             try:
                 part.close()
             except Exception:
                 log.exception("event=close_failed partition=%s", part.name)
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="close") as pool:
+            list(pool.map(close, list(self.partitions.values())))
+        took_ms = (time.monotonic() - started) * 1000
+        log.info("event=logs_closed partitions=%d took_ms=%d", len(self.partitions), took_ms)
         self.partitions.clear()

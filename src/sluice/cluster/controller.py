@@ -120,7 +120,8 @@ class Controller:
     def stop(self) -> None:
         self._stopped.set()
         self._post("stop")
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:  # a broker that failed to start never started it
+            self._thread.join(timeout=5)
         if self.term is not None:
             self._resign("broker stopping")
 
@@ -194,11 +195,11 @@ class Controller:
                 return
         if event == "sweep":
             self._passes += 1
-            self.view.catch_up()
             if self._passes % FULL_PASS_EVERY == 0:
-                self._everything = True
+                with self._lock:
+                    self._everything = True
             self._trim_notices()
-        self.reconcile(catch_up=False)
+        self.reconcile()
 
     def _try_elect(self) -> None:
         self._ensure_view()
