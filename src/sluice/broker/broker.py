@@ -64,6 +64,8 @@ class Broker:
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
+        self._pending_partitions: set[tuple[str, int]] = set()
+        self._partition_batch_running = False
         self._background: set[asyncio.Task[object]] = set()
         self._controlled_shutdown_enabled = config.controlled_shutdown
         self.stopping = False
@@ -249,15 +251,36 @@ class Broker:
             return
         try:
             if kind == "partition":
-                self.replicas.on_partition_state(topic, partition)
+                self._queue_partitions([(topic, partition)])
             elif kind == "topic":
-                self.replicas.on_topic_changed(topic)
+                indexes = self.replicas.remove_stale_replicas(topic)
+                self._queue_partitions([(topic, p) for p in indexes])
             elif kind == "topic_deleted":
                 self.replicas.on_topic_deleted(topic)
         except Exception:
             log.exception(
                 "event=metadata_change_failed kind=%s topic=%s partition=%d", kind, topic, partition
             )
+
+    def _queue_partitions(self, keys: list[tuple[str, int]]) -> None:
+        """Changes arrive by the thousand (a batch of elections, a new topic): gather them and
+        act on them together, creating the logs they need side by side."""
+        self._pending_partitions.update(keys)
+        if keys and not self._partition_batch_running:
+            self._partition_batch_running = True
+            self.spawn(self._apply_partition_batches())
+
+    async def _apply_partition_batches(self) -> None:
+        try:
+            while self._pending_partitions and not self.stopping:
+                batch = sorted(self._pending_partitions)
+                self._pending_partitions.clear()
+                try:
+                    await self.replicas.on_partition_states(batch)
+                except Exception:
+                    log.exception("event=metadata_change_failed kind=partition partitions=%d", len(batch))
+        finally:
+            self._partition_batch_running = False
 
     # -- ISR maintenance (the leader's side of I3 and I6) -----------------------------------------
 

@@ -146,14 +146,19 @@ class ReplicaManager:
     def on_topic_changed(self, topic: str) -> None:
         """The topic's znode changed: drop replicas of an earlier topic of the same name (this
         broker missed its deletion), then act on every partition's state."""
+        for index in self.remove_stale_replicas(topic):
+            self.on_partition_state(topic, index)
+
+    def remove_stale_replicas(self, topic: str) -> list[int]:
+        """Drop replicas of an earlier topic of the same name and of partitions the topic no
+        longer has; returns the topic's partitions, whose states are to be acted on next."""
         assignment = self.metadata.topic(topic)
         if assignment is None:
-            return
+            return []
         for (name, index), part in list(self.partitions.items()):
             if name == topic and (part.topic_id != assignment.topic_id or index not in assignment.replicas):
                 self._remove_stale(part, assignment.topic_id)
-        for index in assignment.replicas:
-            self.on_partition_state(topic, index)
+        return sorted(assignment.replicas)
 
     def _remove_stale(self, part: Partition, topic_id: object) -> None:
         log.info(
@@ -163,6 +168,42 @@ class ReplicaManager:
             topic_id,
         )
         self._remove_partition(part, delete=True)
+
+    async def on_partition_states(self, keys: list[tuple[str, int]]) -> None:
+        """Act on many partitions' states at once (a controller's batch of elections, a new
+        topic): the logs this broker must create are created side by side off the event loop
+        (each is a directory and a few fsynced files), then each state is acted on in turn."""
+        needed: list[tuple[str, int, TopicAssignment]] = []
+        for topic, index in keys:
+            assignment = self.metadata.topic(topic)
+            if (
+                assignment is not None
+                and (topic, index) not in self.partitions
+                and self.broker_id in assignment.replicas.get(index, ())
+                and self.metadata.partition_state(topic, index) is not None
+            ):
+                needed.append((topic, index, assignment))
+        if needed:
+            opened = await asyncio.to_thread(self._open_many, needed)
+            for part in opened:
+                key = (part.topic, part.index)
+                current = self.metadata.topic(part.topic)
+                if key in self.partitions or current is None or current.topic_id != part.topic_id:
+                    part.close()  # the topic changed meanwhile: on_partition_state decides again
+                    continue
+                self.partitions[key] = part
+        for topic, index in keys:
+            self.on_partition_state(topic, index)
+
+    def _open_many(self, needed: list[tuple[str, int, TopicAssignment]]) -> list[Partition]:
+        def open_one(item: tuple[str, int, TopicAssignment]) -> Partition:
+            topic, index, assignment = item
+            return Partition.open(
+                self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
+            )
+
+        with ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="create") as pool:
+            return list(pool.map(open_one, needed))
 
     def on_partition_state(self, topic: str, index: int) -> None:
         assignment = self.metadata.topic(topic)
