@@ -129,9 +129,12 @@ def leader_counts(parts: Parts) -> collections.Counter[int]:
     return collections.Counter(leader for leader, _, _ in parts.values() if leader >= 0)
 
 
-def in_every_isr(broker_id: int) -> Callable[[Parts], bool]:
+def in_every_isr(broker_id: int, total: int) -> Callable[[Parts], bool]:
     def done(parts: Parts) -> bool:
-        return all(broker_id in isr for _, replicas, isr in parts.values() if broker_id in replicas)
+        # every partition must be listed: a broker still loading may answer with none at all
+        return len(parts) == total and all(
+            broker_id in isr for _, replicas, isr in parts.values() if broker_id in replicas
+        )
 
     return done
 
@@ -159,7 +162,7 @@ def restart_until_in_isr(
     started = time.monotonic()
     launcher.restart_broker(cluster, b, timeout_s=timeout_s)
     admin = admin_for(cluster.bootstrap_servers)
-    elapsed, _ = wait_for(admin, topics, in_every_isr(b.broker_id), started, timeout_s)
+    elapsed, _ = wait_for(admin, topics, in_every_isr(b.broker_id, sum(topics.values())), started, timeout_s)
     return elapsed
 
 

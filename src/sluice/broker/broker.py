@@ -1,9 +1,9 @@
 """One broker process: its ZooKeeper session, logs, controller candidacy and Kafka listener.
 
-Start-up order follows Kafka's: lock the data directory, reach ZooKeeper and refuse a
-duplicate broker id, recover every local log, listen, register the ephemeral broker znode,
-then follow the cluster's metadata (which makes this broker leader of its partitions) and
-stand for controller. Shutdown closes logs cleanly so the next start skips recovery.
+Start-up order: lock the data directory, reach ZooKeeper and refuse a duplicate broker id,
+recover every local log, load the cluster's metadata (the view: acting on it makes this broker
+leader or follower of its partitions), listen, register the ephemeral broker znode, then stand
+for controller. Shutdown closes logs cleanly so the next start skips recovery.
 """
 
 from __future__ import annotations
@@ -93,12 +93,14 @@ class Broker:
             known = await asyncio.to_thread(self._known_topics)
             self.replicas.load_local_logs(known)
             self.coordinator.start()
+            # The view first: a client asking this broker for metadata must never be told the
+            # cluster has no topics because the view of thousands of partitions is still loading.
+            await asyncio.to_thread(self.metadata.start)
             await self.server.start(self.config.host, self.config.port)
             host, port = self.config.advertised
             reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)
             epoch = await asyncio.to_thread(self.store.register_broker, reg)
             self.store.client.add_listener(self._on_session_state)
-            await asyncio.to_thread(self.metadata.start)
             self.controller.start()
             log.info(
                 "event=broker_started id=%d listen=%s:%d broker_epoch=%d zookeeper=%s pid=%d",

@@ -403,7 +403,20 @@ class ClusterView:
             self._topic_czxid[name] = int(stat.czxid)
             missing = [p for p in assignment.replicas if self._held(name, p) is None]
         if read_states and missing:
-            self.read_states(name, missing)
+            # Only partitions whose znodes exist have a state to read: a new topic has none yet
+            # (its states arrive with the controller's notice), so one list read stands in for
+            # a read per partition.
+            try:
+                existing = {
+                    int(c)
+                    for c in self._store.client.get_children(layout.partitions_path(name))
+                    if c.isdigit()
+                }
+            except NoNodeError:
+                existing = set()
+            missing = [p for p in missing if p in existing]
+            if missing:
+                self.read_states(name, missing)
         if previous != assignment:
             self._tell("topic", name)
 
