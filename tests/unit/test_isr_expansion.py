@@ -51,13 +51,14 @@ def test_joining_follower_holds_the_high_watermark_while_its_isr_write_is_in_fli
 
         broker.metadata.topic = lambda t: SimpleNamespace(topic_id=topic_id)  # type: ignore[method-assign]
 
-        def slow_write(write: StateWrite, version: int, writer: str) -> str:
+        def slow_write(items: list[tuple[StateWrite, int]], writer: str) -> list[str]:
             # ZooKeeper answering slowly: the leader keeps serving fetches meanwhile.
             assert release.wait(10)
-            writes.append((layout.partition_state_path(write.topic, write.partition), version))
-            return f"{layout.STATE_CHANGES}/change-0000000001"
+            for write, version in items:
+                writes.append((layout.partition_state_path(write.topic, write.partition), version))
+            return [f"{layout.STATE_CHANGES}/change-0000000001"] * len(items)
 
-        broker.store.write_partition_state = slow_write  # type: ignore[method-assign]
+        broker.store.write_partition_states = slow_write  # type: ignore[method-assign]
 
         part.append(build_batch([(b"k", b"v")] * 10))
         _fetch(broker, 2, 10)

@@ -37,6 +37,8 @@ from sluice.cluster.zkstore import BrokerIdInUseError, ZkStore
 log = logging.getLogger("sluice.broker")
 
 LOCK_FILE = ".lock"
+#: ISR changes decided within this long are written together (one multi-op, one notice)
+ISR_BATCH_S = 0.05
 
 
 class DataDirInUseError(RuntimeError):
@@ -64,6 +66,8 @@ class Broker:
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
+        self._isr_queue: list[tuple[Partition, tuple[int, ...], str]] = []
+        self._isr_batch_running = False
         self._pending_partitions: set[tuple[str, int]] = set()
         self._partition_batch_running = False
         self._background: set[asyncio.Task[object]] = set()
@@ -318,62 +322,86 @@ class Broker:
             # as if they were members already; otherwise it could pass them while ZooKeeper
             # answers, and they would enter the ISR missing committed records (I3).
             part.begin_isr_expansion(joining)
-        self.spawn(self._write_isr(part, new_isr, reason))
+        self._isr_queue.append((part, new_isr, reason))
+        if not self._isr_batch_running:
+            self._isr_batch_running = True
+            self.spawn(self._write_isr_batches())
 
-    async def _write_isr(self, part: Partition, new_isr: tuple[int, ...], reason: str) -> None:
-        """A conditional write of the partition state: it fails if the controller (or anyone)
-        changed the state since this leader last saw it, and the next watch update wins."""
-        key = (part.topic, part.index)
+    async def _write_isr_batches(self) -> None:
+        """ISR changes come by the thousand after a restart or a failover: gather those decided
+        within ISR_BATCH_S and write them in one multi-op with one state-change notice."""
         try:
-            current = self.metadata.partition_state(part.topic, part.index)
-            if current is None:
-                return
-            state, version = current
-            if (
-                state.leader != self.config.broker_id
-                or state.leader_epoch != part.leader_epoch
-                or not part.is_leader
-            ):
-                return
-            assert new_isr and self.config.broker_id in new_isr, "I6: the leader stays in a non-empty ISR"
-            lagging = {r: part.follower_leos.get(r, -1) for r in part.joining}
-            if any(leo < part.high_watermark for leo in lagging.values()):
-                # A joining follower's log end went back (it truncated): it no longer qualifies.
-                log.info(
-                    "event=isr_expansion_abandoned partition=%s joining=%s hw=%d",
-                    part.name,
-                    lagging,
-                    part.high_watermark,
-                )
-                return
-            new_state = PartitionState(state.leader, state.leader_epoch, new_isr, state.controller_epoch)
-            assignment = self.metadata.topic(part.topic)
-            if assignment is None or assignment.topic_id != part.topic_id:
-                return
-            write = StateWrite(part.topic, part.topic_id, part.index, new_state, version + 1)
-            try:
-                notice = await asyncio.to_thread(
-                    self.store.write_partition_state, write, version, f"broker {self.config.broker_id}"
-                )
-            except BadVersionError:
-                return
-            self.metadata.apply_writes([write], notice=notice)
-            if part.is_leader and part.leader_epoch == state.leader_epoch:
-                old = part.isr
-                part.set_isr(new_isr, version + 1)
-                log.info(
-                    "event=isr_changed partition=%s isr=%s->%s leader_epoch=%d reason=%r",
-                    part.name,
-                    list(old),
-                    list(new_isr),
-                    state.leader_epoch,
-                    reason,
-                )
-        except Exception:
-            log.exception("event=isr_write_failed partition=%s", part.name)
+            while self._isr_queue:
+                await asyncio.sleep(ISR_BATCH_S)
+                batch, self._isr_queue = self._isr_queue, []
+                await self._write_isrs(batch)
         finally:
-            part.end_isr_expansion()
-            self._isr_writes.discard(key)
+            self._isr_batch_running = False
+
+    async def _write_isrs(self, batch: list[tuple[Partition, tuple[int, ...], str]]) -> None:
+        """Conditional writes of the partition states: one fails if the controller (or anyone)
+        changed the state since this leader last saw it, and the next state change wins."""
+        ready: list[tuple[Partition, tuple[int, ...], str, StateWrite, int]] = []
+        try:
+            for part, new_isr, reason in batch:
+                prepared = self._prepare_isr_write(part, new_isr)
+                if prepared is not None:
+                    ready.append((part, new_isr, reason, *prepared))
+            if not ready:
+                return
+            items = [(write, version) for _, _, _, write, version in ready]
+            outcomes = await asyncio.to_thread(
+                self.store.write_partition_states, items, f"broker {self.config.broker_id}"
+            )
+            for (part, new_isr, reason, write, version), outcome in zip(ready, outcomes, strict=True):
+                if isinstance(outcome, BadVersionError):
+                    continue
+                if isinstance(outcome, Exception):
+                    log.warning("event=isr_write_failed partition=%s error=%r", part.name, outcome)
+                    continue
+                self.metadata.apply_writes([write], notice=outcome)
+                if part.is_leader and part.leader_epoch == write.state.leader_epoch:
+                    old = part.isr
+                    part.set_isr(new_isr, version + 1)
+                    log.info(
+                        "event=isr_changed partition=%s isr=%s->%s leader_epoch=%d reason=%r",
+                        part.name, list(old), list(new_isr), write.state.leader_epoch, reason,
+                    )  # fmt: skip
+        except Exception:
+            log.exception("event=isr_write_failed partitions=%d", len(batch))
+        finally:
+            for part, _, _ in batch:
+                part.end_isr_expansion()
+                self._isr_writes.discard((part.topic, part.index))
+
+    def _prepare_isr_write(self, part: Partition, new_isr: tuple[int, ...]) -> tuple[StateWrite, int] | None:
+        """The state to write for a leader's ISR change, or None when it no longer applies."""
+        current = self.metadata.partition_state(part.topic, part.index)
+        if current is None:
+            return None
+        state, version = current
+        if (
+            state.leader != self.config.broker_id
+            or state.leader_epoch != part.leader_epoch
+            or not part.is_leader
+        ):
+            return None
+        assert new_isr and self.config.broker_id in new_isr, "I6: the leader stays in a non-empty ISR"
+        lagging = {r: part.follower_leos.get(r, -1) for r in part.joining}
+        if any(leo < part.high_watermark for leo in lagging.values()):
+            # A joining follower's log end went back (it truncated): it no longer qualifies.
+            log.info(
+                "event=isr_expansion_abandoned partition=%s joining=%s hw=%d",
+                part.name,
+                lagging,
+                part.high_watermark,
+            )
+            return None
+        assignment = self.metadata.topic(part.topic)
+        if assignment is None or assignment.topic_id != part.topic_id:
+            return None
+        new_state = PartitionState(state.leader, state.leader_epoch, new_isr, state.controller_epoch)
+        return StateWrite(part.topic, part.topic_id, part.index, new_state, version + 1), version
 
     def _on_leadership(self, topic: str, partition: int, is_leader: bool) -> None:
         if is_leader:

@@ -249,6 +249,11 @@ class Controller:
         live = registered - shutting_down
         previously_live = self._previously_live if self._previously_live is not None else live
         self._previously_live = live
+        if live != previously_live:
+            log.info(
+                "event=live_brokers_changed controller_epoch=%d live=%s gone=%s new=%s",
+                term.epoch, sorted(live), sorted(previously_live - live), sorted(live - previously_live),
+            )  # fmt: skip
         for name in self.store.topics_marked_for_deletion():
             self._delete_topic(term, name)
         self._reassign(term, live)

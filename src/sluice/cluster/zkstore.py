@@ -418,6 +418,38 @@ class ZkStore:
             raise results[1]
         return str(results[1])
 
+    def write_partition_states(
+        self, items: list[tuple[StateWrite, int]], writer: str
+    ) -> list[str | Exception]:
+        """Many leaders' ISR changes at once: as few multi-ops as the request limit allows (each
+        with one notice), each state conditional on its expected version. A multi-op that one
+        stale version refuses is retried one state at a time, so one conflict costs only its
+        own write. Returns, per item, the notice's path or the error that refused it."""
+        out: list[str | Exception] = [Exception("not written")] * len(items)
+        indexed = list(enumerate(items))
+        chunks = layout.chunk_by_size([[x] for x in indexed], lambda x: len(x[1][0].topic) + 200)
+        pending = []
+        for chunk in chunks:
+            txn = self.client.transaction()
+            for _, (write, expected) in chunk:
+                path = layout.partition_state_path(write.topic, write.partition)
+                txn.set_data(path, write.state.encode(), expected)
+            op = self._notice_op([w for _, (w, _) in chunk], writer)
+            txn.create(op.path, op.data, sequence=True)
+            pending.append((chunk, txn.commit_async()))
+        for chunk, result in pending:
+            results = result.get()
+            if not any(isinstance(r, Exception) for r in results):
+                for i, _ in chunk:
+                    out[i] = str(results[-1])
+                continue
+            for i, (write, expected) in chunk:
+                try:
+                    out[i] = self.write_partition_state(write, expected, writer)
+                except Exception as exc:
+                    out[i] = exc
+        return out
+
     # -- bulk reads ----------------------------------------------------------------------------
 
     def read_many(self, paths: Iterable[str]) -> dict[str, tuple[bytes, ZnodeStat] | None]:
