@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.chaos.checker import Read, check
+from sluice.chaos.checker import Read, check, parse_value
 from sluice.chaos.harness import DrillCluster, LeaderlessMonitor
-from sluice.chaos.workload import GroupReader, ProducerStats, VerifiableProducer, read_everything
+from sluice.chaos.workload import (
+    GroupReader,
+    ProducerStats,
+    VerifiableProducer,
+    read_everything,
+    stale_leader_writes,
+)
 from sluice.ops.health import partition_health
 
 
@@ -28,6 +35,9 @@ class Row:
     failed_sends: int
     errors: dict[str, int] = field(default_factory=dict)
     lost_examples: list[str] = field(default_factory=list)
+    #: per writer (the ``{writer}`` of the values): a row may mix a workload and a drill's own client
+    acknowledged_by_writer: dict[str, int] = field(default_factory=dict)
+    lost_by_writer: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -58,6 +68,11 @@ def _create_topic(bootstrap: str, name: str, partitions: int, rf: int, config: d
     )
 
 
+def _writer(value: str) -> str:
+    parsed = parse_value(value)
+    return parsed[0] if parsed is not None else "?"
+
+
 def _row(label: str, topic: str, stats: ProducerStats, reads: list[Read]) -> Row:
     verdict = check(stats.acks, reads)[topic] if (stats.acks or reads) else None
     if verdict is None:
@@ -72,6 +87,8 @@ def _row(label: str, topic: str, stats: ProducerStats, reads: list[Read]) -> Row
         sum(stats.errors.values()),
         dict(stats.errors),
         [f"{x.value}@{x.partition}/{x.offset} acked via broker {x.broker}" for x in verdict.lost[:5]],
+        dict(Counter(_writer(a.value) for a in stats.acks)),
+        dict(Counter(_writer(x.value) for x in verdict.lost)),
     )
 
 
@@ -85,13 +102,31 @@ def _wait_acks(producer: VerifiableProducer, n: int, timeout_s: float) -> None:
 
 # -- A: acks=1 and a leader cut off from ZooKeeper ----------------------------------------------------
 
+#: Records the stale client writes to the cut-off leader once its partition has moved.
+STALE_RECORDS = 200
+
 
 def acks1_failover(dc: DrillCluster, rng: random.Random) -> IncidentResult:
     """The leader of a partition loses its ZooKeeper session (cut off from ZooKeeper only, still
     serving clients) while producers write; leadership moves; later it reconnects. Run once with
-    acks=1 and once with acks=all and min.insync.replicas=2."""
+    acks=1 and once with acks=all and min.insync.replicas=2.
+
+    Incident A's loss came from a client that still believed the old leader led, after the new
+    leader had stopped fetching from it. The verifiable producer (librdkafka) cannot be relied on
+    to be that client: the moment the victim's session expires, its followers stop fetching from
+    it (its registration is gone, `LeaderFetcher._connection`) and the other brokers answer
+    Metadata with LEADER_NOT_AVAILABLE for its partitions, so the producer leaves the victim at
+    its next metadata refresh; whether it acknowledged anything the followers lack is a race of
+    tenths of a second between two reactions to the same ZooKeeper event. So, once ZooKeeper
+    shows the victim's partition moved and the new leader acts as leader, and while the victim is
+    still cut off, a stale client writes ``STALE_RECORDS`` records straight to the victim with
+    the row's acks: whatever the victim acknowledges then is on no other replica, and is
+    truncated when it rejoins. acks=all must refuse them (nobody fetches from the victim, so its
+    ISR wait times out); acks=1 acknowledges them and loses them, every run. The cut lasts until
+    the stale client is done (and at least as long as before), so no timing decides the outcome."""
     result = IncidentResult("acks1-failover")
     cut_s = dc.session_timeout_s + 6.0
+    moves: list[tuple[bool, str]] = []
     for acks in ("1", "all"):
         topic = f"incident-a-acks{acks}"
         _create_topic(dc.bootstrap, topic, 3, 3, {"min.insync.replicas": "2"})
@@ -104,20 +139,58 @@ def acks1_failover(dc: DrillCluster, rng: random.Random) -> IncidentResult:
         controller = dc.controller()
         leaders = [dc.leader_of(topic, p) for p in range(3)]
         victim = next((b for b in leaders if b != controller), leaders[0])
+        partition = leaders.index(victim)
+        cut_at = time.monotonic()
         dc.cut_zookeeper(victim, "drop")
-        time.sleep(cut_s)
+        moved = _wait_moved(dc, topic, partition, victim, dc.session_timeout_s + 45)
+        stale = ProducerStats()
+        if moved is not None:
+            took = time.monotonic() - cut_at
+            moves.append((True, f"acks={acks}: {topic}-{partition} {victim}->{moved} {took:.1f} s in"))
+            broker = dc.broker(victim)
+            stale = stale_leader_writes(
+                broker.host,
+                broker.port,
+                victim,
+                topic,
+                partition,
+                acks=1 if acks == "1" else -1,
+                writer=f"a{acks}-stale",
+                records=STALE_RECORDS,
+            )
+            dc.note(
+                f"stale client: {stale.sent} records to broker {victim} (cut off) for {topic}-{partition}, "
+                f"acks={acks}: {len(stale.acks)} acknowledged; "
+                + (", ".join(f"{k} x{v}" for k, v in stale.errors.items()) or "no error")
+            )
+        else:
+            moves.append((False, f"acks={acks}: {topic}-{partition} still led by broker {victim}"))
+        # At least the original cut, so the producer's own side of the incident is unchanged.
+        time.sleep(max(0.0, cut_at + cut_s - time.monotonic()))
         dc.heal_zookeeper(victim)
         dc.wait_quiescent(90)
         _wait_acks(producer, 1000, 60)
         stats = producer.stop()
+        stats.sent += stale.sent
+        stats.acks.extend(stale.acks)
+        stats.errors.update(stale.errors)
+        for name, text in stale.first_error.items():
+            stats.first_error.setdefault(name, text)
         reads = read_everything(dc.bootstrap, topic, 3)
         result.rows.append(_row(f"acks={acks}", topic, stats, reads))
-    all_row = result.rows[1]
+    one, all_row = result.rows
+    result.checks.append(
+        Check(
+            "leadership moved off the cut-off leader while it was cut off",
+            all(ok for ok, _ in moves),
+            "; ".join(what for _, what in moves),
+        )
+    )
     result.checks.append(
         Check(
             "acks=all loses no acknowledged record",
             all_row.lost == 0 and all_row.acknowledged > 0,
-            f"acks=all: {all_row.acknowledged} acknowledged, {all_row.lost} lost",
+            f"acks=all: {all_row.acknowledged} acknowledged, {all_row.lost} lost; {_stale(all_row, 'aall')}",
         )
     )
     result.checks.append(
@@ -127,16 +200,84 @@ def acks1_failover(dc: DrillCluster, rng: random.Random) -> IncidentResult:
             f"{all_row.duplicated} duplicated",
         )
     )
-    one = result.rows[0]
     result.checks.append(
         Check(
             "acks=1 row reported as measured (loss there is the demonstrated risk)",
             True,
-            f"acks=1: {one.acknowledged} acknowledged, {one.lost} lost",
+            f"acks=1: {one.acknowledged} acknowledged, {one.lost} lost; {_stale(one, 'a1')}",
         )
     )
     result.timeline = dc.events
     return result
+
+
+def _stale(row: Row, writer: str) -> str:
+    stale = f"{writer}-stale"
+    return (
+        f"of them the stale client's: {row.acknowledged_by_writer.get(stale, 0)} acknowledged by the "
+        f"cut-off leader, {row.lost_by_writer.get(stale, 0)} lost; the producer's: "
+        f"{row.lost_by_writer.get(writer, 0)} lost"
+    )
+
+
+def _wait_moved(dc: DrillCluster, topic: str, partition: int, victim: int, timeout_s: float) -> int | None:
+    """Wait until ZooKeeper shows ``partition`` led by another broker and that broker acts as its
+    leader (it answers ListOffsets at the new leader epoch: it has stopped fetching the partition,
+    and drops any fetch response still in flight); note each step. The new leader, or None."""
+    from sluice.protocol.api import ApiKey
+    from sluice.protocol.errors import ErrorCode
+    from sluice.sync.wire_client import WireClient
+
+    assert dc.store is not None
+    deadline = time.monotonic() + timeout_s
+    expired = moved = False
+    while time.monotonic() < deadline:
+        if not expired and victim not in dc.store.live_brokers():
+            expired = True
+            dc.note(f"ZooKeeper: broker {victim}'s session expired (its registration is gone)")
+        current = dc.store.partition_state(topic, partition)
+        state = current[0] if current else None
+        if state is not None and state.leader not in (victim, -1):
+            if not moved:
+                moved = True
+                dc.note(
+                    f"ZooKeeper: {topic}-{partition} led by broker {state.leader} "
+                    f"(epoch {state.leader_epoch})"
+                )
+            new = dc.broker(state.leader)
+            try:
+                with WireClient(new.host, new.port, client_id="drill", timeout_s=5) as w:
+                    answer = w.request(
+                        ApiKey.LIST_OFFSETS,
+                        7,
+                        {
+                            "replica_id": -1,
+                            "isolation_level": 0,
+                            "topics": [
+                                {
+                                    "name": topic,
+                                    "partitions": [
+                                        {
+                                            "partition_index": partition,
+                                            "current_leader_epoch": state.leader_epoch,
+                                            "timestamp": -1,
+                                        }
+                                    ],
+                                }
+                            ],
+                        },
+                    )["topics"][0]["partitions"][0]
+            except (OSError, ConnectionError):
+                answer = {"error_code": -1}
+            if answer["error_code"] == ErrorCode.NONE:
+                dc.note(
+                    f"broker {state.leader} leads {topic}-{partition} at epoch {state.leader_epoch} "
+                    f"(high watermark {answer['offset']}); broker {victim} is still cut off"
+                )
+                return state.leader
+        time.sleep(0.05)
+    dc.note(f"{topic}-{partition} did not move off broker {victim} in {timeout_s:.0f} s")
+    return None
 
 
 # -- B: a paused controller, a failed broker, the group coordinator on an affected partition --------

@@ -4,7 +4,8 @@ recorded, so the checker can say what was lost, duplicated or reordered.
 The producer writes ``{writer}:{partition}:{seq}`` values, choosing partitions round robin
 and counting ``seq`` per partition; it records each acknowledgement with its offset and the
 broker that led the partition at the time (from the client's own metadata), and each failure
-with the error's name.
+with the error's name. ``stale_leader_writes`` is the same kind of writer on Sluice's own codec,
+aimed at one broker a drill names, whatever the cluster's metadata says.
 """
 
 from __future__ import annotations
@@ -157,6 +158,80 @@ class VerifiableProducer:
             producer.poll(max(0.0, delay))
             if delay < -1.0:
                 next_send = time.monotonic()  # fell behind (a fault); do not burst to catch up
+
+
+def stale_leader_writes(
+    host: str,
+    port: int,
+    broker_id: int,
+    topic: str,
+    partition: int,
+    *,
+    acks: int,
+    writer: str,
+    records: int = 200,
+    per_request: int = 10,
+    timeout_ms: int = 250,
+    deadline_s: float = 15.0,
+) -> ProducerStats:
+    """A client that still believes ``broker_id`` leads ``partition`` (incident A's client: its
+    metadata predates the move) and writes to it directly, one request at a time, as the
+    verifiable producer does: ``{writer}:{partition}:{seq}`` values, each acknowledged record an
+    ``Ack`` via ``broker_id``, each record of a failed request counted under ``stale <error>``.
+
+    On Sluice's own codec (``WireClient``, ``build_batch``) rather than librdkafka: librdkafka
+    decides for itself which broker it sends to, and keeping it on a deposed leader is exactly
+    what the drill cannot leave to chance. ``records`` and ``timeout_ms`` bound the time taken
+    when nothing is acknowledged (acks=-1 on a leader nobody fetches from waits ``timeout_ms``
+    per request)."""
+    from sluice.protocol.api import ApiKey
+    from sluice.protocol.errors import ErrorCode
+    from sluice.protocol.records import build_batch
+    from sluice.sync.wire_client import WireClient
+
+    stats = ProducerStats()
+    deadline = time.monotonic() + deadline_s
+    seq = 0
+    try:
+        with WireClient(host, port, client_id=f"stale-{writer}", timeout_s=timeout_ms / 1000 + 10) as w:
+            while seq < records and time.monotonic() < deadline:
+                values = [f"{writer}:{partition}:{s}" for s in range(seq, min(records, seq + per_request))]
+                response = w.request(
+                    ApiKey.PRODUCE,
+                    9,
+                    {
+                        "transactional_id": None,
+                        "acks": acks,
+                        "timeout_ms": timeout_ms,
+                        "topic_data": [
+                            {
+                                "name": topic,
+                                "partition_data": [
+                                    {
+                                        "index": partition,
+                                        "records": build_batch([(None, v.encode()) for v in values]),
+                                    }
+                                ],
+                            }
+                        ],
+                    },
+                )
+                seq += len(values)
+                stats.sent += len(values)
+                answer = response["responses"][0]["partition_responses"][0]
+                error = ErrorCode(answer["error_code"])
+                if error is ErrorCode.NONE:
+                    base = int(answer["base_offset"])
+                    stats.acks.extend(
+                        Ack(topic, partition, base + i, v, broker_id) for i, v in enumerate(values)
+                    )
+                else:
+                    stats.errors[f"stale {error.name}"] += len(values)  # counted per record, as sends are
+                    stats.first_error.setdefault(f"stale {error.name}", answer.get("error_message") or "")
+    except (OSError, ConnectionError) as exc:
+        stats.errors[f"stale {type(exc).__name__}"] += 1
+        stats.first_error.setdefault(f"stale {type(exc).__name__}", str(exc))
+    return stats
 
 
 def read_everything(bootstrap: str, topic: str, partitions: int, timeout_s: float = 90.0) -> list[Read]:

@@ -55,6 +55,14 @@ def _print_result(result: object) -> bool:
     if result.rows:
         console.print(table)
     for r in result.rows:
+        if len(r.acknowledged_by_writer) > 1:
+            console.print(
+                f"   by writer ({r.label}): "
+                + "; ".join(
+                    f"{w} {n:,} acknowledged, {r.lost_by_writer.get(w, 0):,} lost"
+                    for w, n in sorted(r.acknowledged_by_writer.items())
+                )
+            )
         for example in r.lost_examples:
             console.print(f"   lost ({r.label}): {example}")
     verdict = Table(title="verdict")
