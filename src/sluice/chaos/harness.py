@@ -191,17 +191,16 @@ class DrillCluster:
         live = set(self.store.live_brokers())
         if live != {b.broker_id for b in self.cluster.brokers}:
             return False
-        for name in self.store.topics():
-            a = self.store.topic(name)
-            if a is None:
-                continue
-            for p, replicas in a.replicas.items():
-                current = self.store.partition_state(name, p)
-                if current is None:
-                    return False
-                state = current[0]
-                if state.leader not in live or set(state.isr) != set(replicas):
-                    return False
+        topics = self.store.all_topics()
+        paths = {
+            layout.partition_state_path(n, p): r for n, a in topics.items() for p, r in a.replicas.items()
+        }
+        for path, got in self.store.read_many(paths).items():
+            if got is None:
+                return False
+            state = PartitionState.decode(got[0], path)
+            if state.leader not in live or set(state.isr) != set(paths[path]):
+                return False
         return True
 
 
