@@ -66,7 +66,8 @@ class Broker:
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
-        self._isr_queue: list[tuple[Partition, tuple[int, ...], str]] = []
+        #: (partition, new ISR, reason, the state version the decision was based on)
+        self._isr_queue: list[tuple[Partition, tuple[int, ...], str, int]] = []
         self._isr_batch_running = False
         self._pending_partitions: set[tuple[str, int]] = set()
         self._partition_batch_running = False
@@ -300,7 +301,8 @@ class Broker:
 
     def _on_isr_may_grow(self, part: Partition) -> None:
         """Called from a follower's fetch: only a replica that is fetching can rejoin."""
-        joining = part.isr_candidates_to_add()
+        live = self.metadata.brokers()
+        joining = [r for r in part.isr_candidates_to_add() if r in live]
         if joining:
             members = set(part.isr) | set(joining)
             self._change_isr(
@@ -322,7 +324,7 @@ class Broker:
             # as if they were members already; otherwise it could pass them while ZooKeeper
             # answers, and they would enter the ISR missing committed records (I3).
             part.begin_isr_expansion(joining)
-        self._isr_queue.append((part, new_isr, reason))
+        self._isr_queue.append((part, new_isr, reason, part.state_version))
         if not self._isr_batch_running:
             self._isr_batch_running = True
             self.spawn(self._write_isr_batches())
@@ -338,13 +340,13 @@ class Broker:
         finally:
             self._isr_batch_running = False
 
-    async def _write_isrs(self, batch: list[tuple[Partition, tuple[int, ...], str]]) -> None:
+    async def _write_isrs(self, batch: list[tuple[Partition, tuple[int, ...], str, int]]) -> None:
         """Conditional writes of the partition states: one fails if the controller (or anyone)
         changed the state since this leader last saw it, and the next state change wins."""
         ready: list[tuple[Partition, tuple[int, ...], str, StateWrite, int]] = []
         try:
-            for part, new_isr, reason in batch:
-                prepared = self._prepare_isr_write(part, new_isr)
+            for part, new_isr, reason, based_on in batch:
+                prepared = self._prepare_isr_write(part, new_isr, based_on)
                 if prepared is not None:
                     ready.append((part, new_isr, reason, *prepared))
             if not ready:
@@ -370,16 +372,23 @@ class Broker:
         except Exception:
             log.exception("event=isr_write_failed partitions=%d", len(batch))
         finally:
-            for part, _, _ in batch:
+            for part, _, _, _ in batch:
                 part.end_isr_expansion()
                 self._isr_writes.discard((part.topic, part.index))
 
-    def _prepare_isr_write(self, part: Partition, new_isr: tuple[int, ...]) -> tuple[StateWrite, int] | None:
-        """The state to write for a leader's ISR change, or None when it no longer applies."""
+    def _prepare_isr_write(
+        self, part: Partition, new_isr: tuple[int, ...], based_on: int
+    ) -> tuple[StateWrite, int] | None:
+        """The state to write for a leader's ISR change, or None when it no longer applies. The
+        write is conditional on the state version the decision was based on: if the controller
+        changed the state meanwhile (e.g. dropped a dead follower), the decision is stale and
+        is dropped, never written over the newer state (Kafka's AlterPartition epoch check)."""
         current = self.metadata.partition_state(part.topic, part.index)
         if current is None:
             return None
         state, version = current
+        if version != based_on:
+            return None
         if (
             state.leader != self.config.broker_id
             or state.leader_epoch != part.leader_epoch

@@ -378,7 +378,9 @@ class ReplicaManager:
             )
         if offset <= part.log.log_end_offset:
             part.record_follower_fetch(replica_id, offset, time.monotonic() * 1000)
-            if part.isr_candidates_to_add():
+            # Only the follower fetching now may join (Kafka's maybeExpandIsr): a dead one whose
+            # last known end happens to equal the high watermark must not be added back.
+            if replica_id in part.isr_candidates_to_add():
                 for listener in self.isr_listeners:
                     listener(part)
         try:
