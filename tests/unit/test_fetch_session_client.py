@@ -1,7 +1,7 @@
 """The follower's side of a fetch session: what each request names, and how it starts over.
 
-Each test names the change to ``fetch_session_client`` that makes it fail (checked by making
-that change); the last one runs the follower's side against the leader's cache.
+Where a test says what fails without a rule of ``fetch_session_client``, that was checked by
+taking the rule out; the last test runs the follower's side against the leader's cache.
 """
 
 from __future__ import annotations

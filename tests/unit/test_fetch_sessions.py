@@ -2,8 +2,8 @@
 answer includes.
 
 The guarantee that makes omitting partitions safe is that an answer leaves out only partitions
-with nothing new for the fetcher. Each test names the change to ``fetch_sessions`` that makes it
-fail (checked by making that change).
+with nothing new for the fetcher. Where a test says what fails without a rule of
+``fetch_sessions``, that was checked by taking the rule out.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ class Answer:
 
 @dataclass(slots=True)
 class FetchSessionStats:
-    """Counters since the broker started (the cache's own view, for logs and tests)."""
+    """Counters since the broker started: what the sessions save, for tests and debugging."""
 
     full_requests: int = 0
     incremental_requests: int = 0
@@ -223,10 +223,6 @@ class FetchSessionCache:
 
     def get(self, session_id: int) -> FetchSession | None:
         return self._sessions.get(session_id)
-
-    @property
-    def cached_partitions(self) -> int:
-        return sum(len(s.partitions) for s in self._sessions.values())
 
     # -- requests --------------------------------------------------------------------------------
 
