@@ -328,6 +328,7 @@ class TopicAdmin:
             "socket.request.max.bytes": str(cfg.socket_request_max_bytes),
             "zookeeper.connect": cfg.zookeeper,
             "offsets.topic.num.partitions": str(cfg.offsets_topic_partitions),
+            "max.incremental.fetch.session.cache.slots": str(cfg.fetch_session_cache_slots),
         }
         return (
             [

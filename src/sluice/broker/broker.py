@@ -23,6 +23,7 @@ from kazoo.exceptions import BadVersionError
 from sluice.broker.admin import TopicAdmin
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
+from sluice.broker.fetch_sessions import FetchSessionCache
 from sluice.broker.group_placement import OFFSETS_TOPIC
 from sluice.broker.metadata import VERIFY_INTERVAL_S, MetadataCache
 from sluice.broker.partition import Partition
@@ -53,6 +54,9 @@ class Broker:
             self.store, self._on_metadata_change, verify_interval_s=VERIFY_INTERVAL_S
         )
         self.replicas = ReplicaManager(config.broker_id, config.data_dir, self.metadata)
+        self.fetch_sessions = FetchSessionCache(
+            config.fetch_session_cache_slots, config.fetch_session_eviction_ms
+        )
         self.admin = TopicAdmin(self)
         self.producer_ids = ProducerIdManager(self.store, config.broker_id)
         self.controller = Controller(
