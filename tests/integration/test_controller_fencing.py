@@ -182,7 +182,9 @@ def test_incident_b_leaderless_offsets_partition_with_live_isr_gets_a_leader_wit
         # every writer of partition states in Sluice, it leaves a state-change notice.)
         broken = PartitionState(-1, state.leader_epoch + 1, (live_isr_member,), state.controller_epoch)
         topic_id = store.topic(OFFSETS_TOPIC).topic_id  # type: ignore[union-attr]
-        store.write_partition_state(StateWrite(OFFSETS_TOPIC, topic_id, p, broken, version + 1), version, "test")
+        store.write_partition_state(
+            StateWrite(OFFSETS_TOPIC, topic_id, p, broken, version + 1), version, "test"
+        )
         broken_at = time.monotonic()
         healed = wait_until(
             lambda: (s := store.partition_state(OFFSETS_TOPIC, p)) and s[0].leader >= 0 and s[0],

@@ -42,7 +42,10 @@ def test_chunks_keep_groups_whole_in_order_and_under_the_limit(groups: list[list
 
 def test_next_state_elects_drops_followers_and_moves_off_shutting_down() -> None:
     s = PartitionState(1, 4, (1, 2, 3), 2)
-    assert next_partition_state(s, (1, 2, 3), {1, 2, 3}, set(), unclean_allowed=False, controller_epoch=9) is None
+    assert (
+        next_partition_state(s, (1, 2, 3), {1, 2, 3}, set(), unclean_allowed=False, controller_epoch=9)
+        is None
+    )
     dropped = next_partition_state(s, (1, 2, 3), {1, 2}, set(), unclean_allowed=False, controller_epoch=9)
     assert dropped is not None and dropped.state == PartitionState(1, 4, (1, 2), 2)  # leader epoch kept
     elected = next_partition_state(s, (1, 2, 3), {2, 3}, set(), unclean_allowed=False, controller_epoch=9)
