@@ -234,7 +234,13 @@ class TopicAdmin:
 
     def _has_leaders(self, name: str) -> bool:
         parts = self.broker.metadata.partitions(name)
-        return bool(parts) and all(p.state is not None and p.state.leader >= 0 for p in parts)
+        me = self.broker.config.broker_id
+        return bool(parts) and all(
+            p.state is not None
+            and p.state.leader >= 0
+            and (p.state.leader != me or self.broker.replicas.leads(name, p.partition))
+            for p in parts
+        )
 
     async def _wait_for(self, condition: Any, timeout_ms: int) -> bool:
         loop = asyncio.get_running_loop()

@@ -169,6 +169,11 @@ class ReplicaManager:
         )
         self._remove_partition(part, delete=True)
 
+    def leads(self, topic: str, index: int) -> bool:
+        """Whether this broker acts as the partition's leader now (not only named so in the view)."""
+        part = self.partitions.get((topic, index))
+        return part is not None and part.is_leader
+
     async def on_partition_states(self, keys: list[tuple[str, int]]) -> None:
         """Act on many partitions' states at once (a controller's batch of elections, a new
         topic): the logs this broker must create are created side by side off the event loop
