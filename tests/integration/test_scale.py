@@ -79,4 +79,9 @@ def test_kill_9_on_2000_partitions_loses_and_duplicates_nothing(tmp_path: Path) 
     verdict = check(stats.acks, reads)["writes"]
     assert verdict.acknowledged > 10_000
     assert not verdict.lost, f"{len(verdict.lost)} acknowledged records lost, e.g. {verdict.lost[:3]}"
-    assert not verdict.duplicated, f"{len(verdict.duplicated)} records read twice"
+    # (one run in three read ~450 records twice, each copy under a different producer epoch:
+    # the client bumped its epoch and sent again records the new leader had stored; see the
+    # note on issue 14. The errors the producer saw say why it bumped.)
+    assert not verdict.duplicated, (
+        f"{len(verdict.duplicated)} records read twice; producer errors {dict(stats.errors)}"
+    )
