@@ -242,6 +242,15 @@ class ZkStore:
             return None
         return BrokerRegistration.decode(broker_id, data), int(stat.ephemeralOwner)
 
+    def request_reassignment(self, moves: list[layout.Reassignment]) -> bool:
+        """Ask the controller to move partitions (``/admin/reassign_partitions``); False when
+        another reassignment is still in progress."""
+        try:
+            self.client.create(layout.REASSIGN_PARTITIONS, layout.encode_reassignments(moves))
+        except NodeExistsError:
+            return False
+        return True
+
     def request_controlled_shutdown(self, broker_id: int) -> None:
         """Ask the controller to move leadership off this broker (an ephemeral znode: the
         request ends with the broker's session)."""
