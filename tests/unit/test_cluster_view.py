@@ -127,3 +127,35 @@ def test_verify_repairs_a_hand_edit_the_notices_did_not_carry() -> None:
     store.reads[layout.partition_state_path("t", 0)] = (edited.encode(), SimpleNamespace(czxid=1, version=5))
     assert view.read_states("t", [0], repair=True) == [("t", 0)]
     assert view.partition_state("t", 0) == (edited, 5)
+
+
+def test_a_topic_created_again_unseen_by_the_topic_watches_is_read_when_a_notice_names_it() -> None:
+    """The topic was deleted and created again between two looks at the topic list, and its
+    watch saw only the deletion: the list never showed it missing, so nothing read the new
+    topic, and every broker answered "unknown partition" for it (a CI run's
+    test_a_topic_created_again_never_serves_the_old_topics_records). The notice of its new
+    partition states names a topic id the view does not hold: the view reads the topic."""
+    new_id = uuid.uuid4()
+    znodes: dict[str, tuple[bytes, Any]] = {
+        layout.topic_path("t"): (TopicAssignment("t", new_id, {0: (1,)}).encode(), SimpleNamespace(czxid=10)),
+    }
+    state = PartitionState(1, 0, (1,), 1)
+    notice = StateChanges("controller 1 epoch 1", 1, (StateWrite("t", new_id, 0, state, 0),))
+    znodes[f"{layout.STATE_CHANGES}/change-0000000007"] = (notice.encode(), SimpleNamespace(czxid=11))
+
+    def get(path: str) -> tuple[bytes, Any]:
+        from kazoo.exceptions import NoNodeError
+
+        if path not in znodes:
+            raise NoNodeError(path)
+        return znodes[path]
+
+    store = FakeStore()
+    store.reads = znodes  # type: ignore[assignment]
+    store.client = SimpleNamespace(add_listener=lambda _f: None, get=get, get_children=lambda _p: ["0"])
+    store.watch_data = lambda *_a: None  # type: ignore[attr-defined]
+    view = ClusterView(store)  # type: ignore[arg-type]
+    view._topic_gone("t")  # the old topic's watch saw the deletion, nothing more
+    view._notices_changed(["change-0000000007"])
+    assert view.topic("t") == TopicAssignment("t", new_id, {0: (1,)})
+    assert view.partition_state("t", 0) == (state, 0)

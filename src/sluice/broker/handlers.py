@@ -262,8 +262,6 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
         for info in cache.partitions(assignment.name):
             state = info.state
             leader = state.leader if state else -1
-            if leader == broker.config.broker_id and not broker.replicas.leads(info.topic, info.partition):
-                leader = -1  # named leader, not acting yet: never send a client here to be refused
             error = ErrorCode.NONE if leader >= 0 and leader in live else ErrorCode.LEADER_NOT_AVAILABLE
             partitions.append(
                 {

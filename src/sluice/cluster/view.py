@@ -366,10 +366,12 @@ class ClusterView:
 
     def _make_topic_watch(self, name: str) -> Callable[[bytes | None, ZnodeStat | None], bool | None]:
         def watch(data: bytes | None, stat: ZnodeStat | None) -> bool | None:
+            # The watch stays on a deleted topic: a topic deleted and created again between two
+            # looks at the topic list is then still seen (the list may never show it missing).
             if data is None or stat is None:
                 self._topic_gone(name)
-                return False
-            self._topic_read(name, data, stat)
+            else:
+                self._topic_read(name, data, stat)
             return None
 
         return watch
@@ -378,11 +380,19 @@ class ClusterView:
         with self._lock:
             known = self._topics.pop(name, None) is not None
             self._topic_czxid.pop(name, None)
-            self._watched_topics.discard(name)
             for key in [k for k in self._states if k[0] == name]:
                 del self._states[key]
         if known:
             self._tell("topic_deleted", name)
+
+    def _refresh_topic(self, name: str) -> None:
+        """Read a topic's assignment now (a notice named a topic id this view does not hold)."""
+        try:
+            data, stat = self._store.client.get(layout.topic_path(name))
+        except NoNodeError:
+            return
+        self._topic_read(name, data, stat)
+        self._topics_changed([name])
 
     def _topic_read(self, name: str, data: bytes, stat: ZnodeStat, *, read_states: bool = True) -> None:
         """A topic's assignment was read: keep it, and read the states of partitions not yet held
@@ -441,3 +451,13 @@ class ClusterView:
                     self._notices[name] = int(time.time() * 1000)
                 continue
             self.apply_writes(notice.writes, notice=name, time_ms=notice.time_ms)
+            with self._lock:
+                unknown = {
+                    w.topic
+                    for w in notice.writes
+                    if (t := self._topics.get(w.topic)) is None or t.topic_id != w.topic_id
+                }
+            for topic in sorted(unknown):
+                # A topic this view missed (created, or deleted and created again, between two
+                # looks): read it, so that its states are never held without their topic.
+                self._refresh_topic(topic)
