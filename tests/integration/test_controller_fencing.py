@@ -17,7 +17,7 @@ from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
 from sluice.clients import close_within
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller
-from sluice.cluster.layout import PartitionState, TopicAssignment
+from sluice.cluster.layout import PartitionState, StateWrite, TopicAssignment
 from sluice.cluster.zkstore import ControllerDeposedError, ZkStore
 from sluice.ops.launcher import pid_alive
 from tests.support.cluster import TestCluster, wait_until
@@ -179,9 +179,13 @@ def test_incident_b_leaderless_offsets_partition_with_live_isr_gets_a_leader_wit
         state, version = current
         live_isr_member = next(r for r in state.isr if r != state.leader)
         # Incident B's end state, written as a stale controller would have: leader -1, the ISR
-        # holding one live broker. (Written unfenced on purpose: this is the damage to heal.)
+        # holding one live broker. (Written unfenced on purpose: this is the damage to heal. Like
+        # every writer of partition states in Sluice, it leaves a state-change notice.)
         broken = PartitionState(-1, state.leader_epoch + 1, (live_isr_member,), state.controller_epoch)
-        store.client.set(layout.partition_state_path(OFFSETS_TOPIC, p), broken.encode(), version)
+        topic_id = store.topic(OFFSETS_TOPIC).topic_id  # type: ignore[union-attr]
+        store.write_partition_state(
+            StateWrite(OFFSETS_TOPIC, topic_id, p, broken, version + 1), version, "test"
+        )
         broken_at = time.monotonic()
         healed = wait_until(
             lambda: (s := store.partition_state(OFFSETS_TOPIC, p)) and s[0].leader >= 0 and s[0],
@@ -220,7 +224,8 @@ def test_unclean_election_only_when_allowed_and_it_writes_an_audit_record(
     for name in ("strict", "lenient"):
         _, version = store.partition_state(name, 0)  # type: ignore[misc]
         stale = PartitionState(3, 4, (3,), 1)
-        store.client.set(layout.partition_state_path(name, 0), stale.encode(), version)
+        topic_id = store.topic(name).topic_id  # type: ignore[union-attr]
+        store.write_partition_state(StateWrite(name, topic_id, 0, stale, version + 1), version, "test")
     ctl.reconcile()
     strict, _ = store.partition_state("strict", 0)  # type: ignore[misc]
     assert (strict.leader, strict.isr) == (-1, (3,)), "a clean-only topic must wait for its ISR member"

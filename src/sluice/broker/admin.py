@@ -234,7 +234,13 @@ class TopicAdmin:
 
     def _has_leaders(self, name: str) -> bool:
         parts = self.broker.metadata.partitions(name)
-        return bool(parts) and all(p.state is not None and p.state.leader >= 0 for p in parts)
+        me = self.broker.config.broker_id
+        return bool(parts) and all(
+            p.state is not None
+            and p.state.leader >= 0
+            and (p.state.leader != me or self.broker.replicas.leads(name, p.partition))
+            for p in parts
+        )
 
     async def _wait_for(self, condition: Any, timeout_ms: int) -> bool:
         loop = asyncio.get_running_loop()
@@ -328,6 +334,7 @@ class TopicAdmin:
             "socket.request.max.bytes": str(cfg.socket_request_max_bytes),
             "zookeeper.connect": cfg.zookeeper,
             "offsets.topic.num.partitions": str(cfg.offsets_topic_partitions),
+            "max.incremental.fetch.session.cache.slots": str(cfg.fetch_session_cache_slots),
         }
         return (
             [

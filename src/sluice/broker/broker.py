@@ -1,9 +1,9 @@
 """One broker process: its ZooKeeper session, logs, controller candidacy and Kafka listener.
 
-Start-up order follows Kafka's: lock the data directory, reach ZooKeeper and refuse a
-duplicate broker id, recover every local log, listen, register the ephemeral broker znode,
-then follow the cluster's metadata (which makes this broker leader of its partitions) and
-stand for controller. Shutdown closes logs cleanly so the next start skips recovery.
+Start-up order: lock the data directory, reach ZooKeeper and refuse a duplicate broker id,
+recover every local log, load the cluster's metadata (the view: acting on it makes this broker
+leader or follower of its partitions), listen, register the ephemeral broker znode, then stand
+for controller. Shutdown closes logs cleanly so the next start skips recovery.
 """
 
 from __future__ import annotations
@@ -18,26 +18,28 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import orjson
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError
 
 from sluice.broker.admin import TopicAdmin
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
+from sluice.broker.fetch_sessions import FetchSessionCache
 from sluice.broker.group_placement import OFFSETS_TOPIC
-from sluice.broker.metadata import MetadataCache
+from sluice.broker.metadata import VERIFY_INTERVAL_S, MetadataCache
 from sluice.broker.partition import Partition
 from sluice.broker.producer_ids import ProducerIdManager
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.server import KafkaServer
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller
-from sluice.cluster.layout import BrokerRegistration, PartitionState
+from sluice.cluster.layout import BrokerRegistration, PartitionState, StateWrite
 from sluice.cluster.zkstore import BrokerIdInUseError, ZkStore
 
 log = logging.getLogger("sluice.broker")
 
 LOCK_FILE = ".lock"
+#: ISR changes decided within this long are written together (one multi-op, one notice)
+ISR_BATCH_S = 0.05
 
 
 class DataDirInUseError(RuntimeError):
@@ -48,18 +50,31 @@ class Broker:
     def __init__(self, config: BrokerConfig):
         self.config = config
         self.store = ZkStore(config.zookeeper, session_timeout_s=config.zk_session_timeout_s)
-        self.metadata = MetadataCache(self.store, self._on_metadata_change)
+        self.metadata = MetadataCache(
+            self.store, self._on_metadata_change, verify_interval_s=VERIFY_INTERVAL_S
+        )
         self.replicas = ReplicaManager(config.broker_id, config.data_dir, self.metadata)
+        self.fetch_sessions = FetchSessionCache(
+            config.fetch_session_cache_slots, config.fetch_session_eviction_ms
+        )
         self.admin = TopicAdmin(self)
         self.producer_ids = ProducerIdManager(self.store, config.broker_id)
         self.controller = Controller(
-            self.store, config.broker_id, sweep_interval_s=config.controller_sweep_interval_s
+            self.store,
+            config.broker_id,
+            sweep_interval_s=config.controller_sweep_interval_s,
+            view=self.metadata,
         )
         self.server = KafkaServer(self)
         self.coordinator = GroupCoordinator(self)
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
+        #: (partition, new ISR, reason, the state version the decision was based on)
+        self._isr_queue: list[tuple[Partition, tuple[int, ...], str, int]] = []
+        self._isr_batch_running = False
+        self._pending_partitions: set[tuple[str, int]] = set()
+        self._partition_batch_running = False
         self._background: set[asyncio.Task[object]] = set()
         self._controlled_shutdown_enabled = config.controlled_shutdown
         self.stopping = False
@@ -87,12 +102,14 @@ class Broker:
             known = await asyncio.to_thread(self._known_topics)
             self.replicas.load_local_logs(known)
             self.coordinator.start()
+            # The view first: a client asking this broker for metadata must never be told the
+            # cluster has no topics because the view of thousands of partitions is still loading.
+            await asyncio.to_thread(self.metadata.start)
             await self.server.start(self.config.host, self.config.port)
             host, port = self.config.advertised
             reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)
             epoch = await asyncio.to_thread(self.store.register_broker, reg)
             self.store.client.add_listener(self._on_session_state)
-            await asyncio.to_thread(self.metadata.start)
             self.controller.start()
             log.info(
                 "event=broker_started id=%d listen=%s:%d broker_epoch=%d zookeeper=%s pid=%d",
@@ -146,11 +163,8 @@ class Broker:
         """Ask the controller to move leadership off this broker, and wait until it has (or
         until nothing more can move: a partition whose only in-sync replica is here stays)."""
         started = time.monotonic()
-        path = f"{layout.CONTROLLED_SHUTDOWN}/{self.config.broker_id}"
         try:
-            await asyncio.to_thread(self.store.client.create, path, b"", ephemeral=True)
-        except NodeExistsError:
-            pass
+            await asyncio.to_thread(self.store.request_controlled_shutdown, self.config.broker_id)
         except Exception as exc:
             log.warning("event=controlled_shutdown_unavailable error=%r", exc)
             return
@@ -202,17 +216,15 @@ class Broker:
         a stale one is waited out for a session timeout; one that is still there after that
         belongs to a broker that keeps its session alive.
         """
-        path = layout.broker_path(self.config.broker_id)
         deadline = time.monotonic() + self.config.zk_session_timeout_s * 1.5 + 2.0
         announced = False
         while True:
-            try:
-                data, stat = self.store.client.get(path)
-            except NoNodeError:
+            holder = self.store.registration(self.config.broker_id)
+            if holder is None:
                 return
-            if stat.ephemeralOwner == self.store.session_id:
+            other, owner = holder
+            if owner == self.store.session_id:
                 return
-            other = BrokerRegistration.decode(self.config.broker_id, data)
             if time.monotonic() >= deadline:
                 raise BrokerIdInUseError(
                     f"broker id {self.config.broker_id} is already registered by a live broker at "
@@ -231,12 +243,7 @@ class Broker:
             time.sleep(0.2)
 
     def _known_topics(self) -> dict[str, layout.TopicAssignment]:
-        result = {}
-        for name in self.store.topics():
-            t = self.store.topic(name)
-            if t is not None:
-                result[name] = t
-        return result
+        return self.store.all_topics()
 
     # -- cluster events --------------------------------------------------------------------------
 
@@ -255,15 +262,36 @@ class Broker:
             return
         try:
             if kind == "partition":
-                self.replicas.on_partition_state(topic, partition)
+                self._queue_partitions([(topic, partition)])
             elif kind == "topic":
-                self.replicas.on_topic_changed(topic)
+                indexes = self.replicas.remove_stale_replicas(topic)
+                self._queue_partitions([(topic, p) for p in indexes])
             elif kind == "topic_deleted":
                 self.replicas.on_topic_deleted(topic)
         except Exception:
             log.exception(
                 "event=metadata_change_failed kind=%s topic=%s partition=%d", kind, topic, partition
             )
+
+    def _queue_partitions(self, keys: list[tuple[str, int]]) -> None:
+        """Changes arrive by the thousand (a batch of elections, a new topic): gather them and
+        act on them together, creating the logs they need side by side."""
+        self._pending_partitions.update(keys)
+        if keys and not self._partition_batch_running:
+            self._partition_batch_running = True
+            self.spawn(self._apply_partition_batches())
+
+    async def _apply_partition_batches(self) -> None:
+        try:
+            while self._pending_partitions and not self.stopping:
+                batch = sorted(self._pending_partitions)
+                self._pending_partitions.clear()
+                try:
+                    await self.replicas.on_partition_states(batch)
+                except Exception:
+                    log.exception("event=metadata_change_failed kind=partition partitions=%d", len(batch))
+        finally:
+            self._partition_batch_running = False
 
     # -- ISR maintenance (the leader's side of I3 and I6) -----------------------------------------
 
@@ -277,7 +305,8 @@ class Broker:
 
     def _on_isr_may_grow(self, part: Partition) -> None:
         """Called from a follower's fetch: only a replica that is fetching can rejoin."""
-        joining = part.isr_candidates_to_add()
+        live = self.metadata.brokers()
+        joining = [r for r in part.isr_candidates_to_add() if r in live]
         if joining:
             members = set(part.isr) | set(joining)
             self._change_isr(
@@ -299,56 +328,93 @@ class Broker:
             # as if they were members already; otherwise it could pass them while ZooKeeper
             # answers, and they would enter the ISR missing committed records (I3).
             part.begin_isr_expansion(joining)
-        self.spawn(self._write_isr(part, new_isr, reason))
+        self._isr_queue.append((part, new_isr, reason, part.state_version))
+        if not self._isr_batch_running:
+            self._isr_batch_running = True
+            self.spawn(self._write_isr_batches())
 
-    async def _write_isr(self, part: Partition, new_isr: tuple[int, ...], reason: str) -> None:
-        """A conditional write of the partition state: it fails if the controller (or anyone)
-        changed the state since this leader last saw it, and the next watch update wins."""
-        key = (part.topic, part.index)
+    async def _write_isr_batches(self) -> None:
+        """ISR changes come by the thousand after a restart or a failover: gather those decided
+        within ISR_BATCH_S and write them in one multi-op with one state-change notice."""
         try:
-            current = self.metadata.partition_state(part.topic, part.index)
-            if current is None:
-                return
-            state, version = current
-            if (
-                state.leader != self.config.broker_id
-                or state.leader_epoch != part.leader_epoch
-                or not part.is_leader
-            ):
-                return
-            assert new_isr and self.config.broker_id in new_isr, "I6: the leader stays in a non-empty ISR"
-            lagging = {r: part.follower_leos.get(r, -1) for r in part.joining}
-            if any(leo < part.high_watermark for leo in lagging.values()):
-                # A joining follower's log end went back (it truncated): it no longer qualifies.
-                log.info(
-                    "event=isr_expansion_abandoned partition=%s joining=%s hw=%d",
-                    part.name,
-                    lagging,
-                    part.high_watermark,
-                )
-                return
-            new_state = PartitionState(state.leader, state.leader_epoch, new_isr, state.controller_epoch)
-            path = layout.partition_state_path(part.topic, part.index)
-            try:
-                stat = await asyncio.to_thread(self.store.client.set, path, new_state.encode(), version)
-            except BadVersionError:
-                return
-            if part.is_leader and part.leader_epoch == state.leader_epoch:
-                old = part.isr
-                part.set_isr(new_isr, int(stat.version))
-                log.info(
-                    "event=isr_changed partition=%s isr=%s->%s leader_epoch=%d reason=%r",
-                    part.name,
-                    list(old),
-                    list(new_isr),
-                    state.leader_epoch,
-                    reason,
-                )
-        except Exception:
-            log.exception("event=isr_write_failed partition=%s", part.name)
+            while self._isr_queue:
+                await asyncio.sleep(ISR_BATCH_S)
+                batch, self._isr_queue = self._isr_queue, []
+                await self._write_isrs(batch)
         finally:
-            part.end_isr_expansion()
-            self._isr_writes.discard(key)
+            self._isr_batch_running = False
+
+    async def _write_isrs(self, batch: list[tuple[Partition, tuple[int, ...], str, int]]) -> None:
+        """Conditional writes of the partition states: one fails if the controller (or anyone)
+        changed the state since this leader last saw it, and the next state change wins."""
+        ready: list[tuple[Partition, tuple[int, ...], str, StateWrite, int]] = []
+        try:
+            for part, new_isr, reason, based_on in batch:
+                prepared = self._prepare_isr_write(part, new_isr, based_on)
+                if prepared is not None:
+                    ready.append((part, new_isr, reason, *prepared))
+            if not ready:
+                return
+            items = [(write, version) for _, _, _, write, version in ready]
+            outcomes = await asyncio.to_thread(
+                self.store.write_partition_states, items, f"broker {self.config.broker_id}"
+            )
+            for (part, new_isr, reason, write, version), outcome in zip(ready, outcomes, strict=True):
+                if isinstance(outcome, BadVersionError):
+                    continue
+                if isinstance(outcome, Exception):
+                    log.warning("event=isr_write_failed partition=%s error=%r", part.name, outcome)
+                    continue
+                self.metadata.apply_writes([write], notice=outcome)
+                if part.is_leader and part.leader_epoch == write.state.leader_epoch:
+                    old = part.isr
+                    part.set_isr(new_isr, version + 1)
+                    log.info(
+                        "event=isr_changed partition=%s isr=%s->%s leader_epoch=%d reason=%r",
+                        part.name, list(old), list(new_isr), write.state.leader_epoch, reason,
+                    )  # fmt: skip
+        except Exception:
+            log.exception("event=isr_write_failed partitions=%d", len(batch))
+        finally:
+            for part, _, _, _ in batch:
+                part.end_isr_expansion()
+                self._isr_writes.discard((part.topic, part.index))
+
+    def _prepare_isr_write(
+        self, part: Partition, new_isr: tuple[int, ...], based_on: int
+    ) -> tuple[StateWrite, int] | None:
+        """The state to write for a leader's ISR change, or None when it no longer applies. The
+        write is conditional on the state version the decision was based on: if the controller
+        changed the state meanwhile (e.g. dropped a dead follower), the decision is stale and
+        is dropped, never written over the newer state (Kafka's AlterPartition epoch check)."""
+        current = self.metadata.partition_state(part.topic, part.index)
+        if current is None:
+            return None
+        state, version = current
+        if version != based_on:
+            return None
+        if (
+            state.leader != self.config.broker_id
+            or state.leader_epoch != part.leader_epoch
+            or not part.is_leader
+        ):
+            return None
+        assert new_isr and self.config.broker_id in new_isr, "I6: the leader stays in a non-empty ISR"
+        lagging = {r: part.follower_leos.get(r, -1) for r in part.joining}
+        if any(leo < part.high_watermark for leo in lagging.values()):
+            # A joining follower's log end went back (it truncated): it no longer qualifies.
+            log.info(
+                "event=isr_expansion_abandoned partition=%s joining=%s hw=%d",
+                part.name,
+                lagging,
+                part.high_watermark,
+            )
+            return None
+        assignment = self.metadata.topic(part.topic)
+        if assignment is None or assignment.topic_id != part.topic_id:
+            return None
+        new_state = PartitionState(state.leader, state.leader_epoch, new_isr, state.controller_epoch)
+        return StateWrite(part.topic, part.topic_id, part.index, new_state, version + 1), version
 
     def _on_leadership(self, topic: str, partition: int, is_leader: bool) -> None:
         if is_leader:
@@ -366,22 +432,12 @@ class Broker:
 
     async def _complete_unclean_audit(self, topic: str, partition: int, epoch: int, leo: int) -> None:
         """If this leadership came from an unclean election, record where the possible loss starts."""
-        path = layout.unclean_election_path(topic, partition, epoch)
         try:
-            data, stat = await asyncio.to_thread(self.store.client.get, path)
-        except NoNodeError:
-            return
+            done = await asyncio.to_thread(self.store.complete_unclean_audit, topic, partition, epoch, leo)
         except Exception as exc:
-            log.warning("event=unclean_audit_read_failed path=%s error=%r", path, exc)
+            log.warning("event=unclean_audit_write_failed partition=%s-%d error=%r", topic, partition, exc)
             return
-        record = orjson.loads(data)
-        if record.get("lost_from_offset") is not None:
-            return
-        record["lost_from_offset"] = leo
-        try:
-            await asyncio.to_thread(self.store.client.set, path, orjson.dumps(record), stat.version)
-        except Exception as exc:
-            log.warning("event=unclean_audit_write_failed path=%s error=%r", path, exc)
+        if not done:
             return
         log.warning(
             "event=unclean_leader_took_over partition=%s-%d leader_epoch=%d lost_from_offset=%d",

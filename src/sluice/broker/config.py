@@ -39,6 +39,11 @@ class BrokerConfig:
     controlled_shutdown_timeout_s: float = 15.0
     flush_check_interval_ms: int = 1000
     retention_check_interval_ms: int = 60_000
+    #: Incremental fetch sessions the broker keeps (Kafka's
+    #: ``max.incremental.fetch.session.cache.slots``), and how long one may go unused before it
+    #: expires or, once that old, gives its slot to a more valuable one (Kafka's fixed 120 s).
+    fetch_session_cache_slots: int = 1000
+    fetch_session_eviction_ms: int = 120_000
     #: Period of the controller's leaderless-partition sweep (I5).
     controller_sweep_interval_s: float = 2.0
 

@@ -15,6 +15,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from sluice.broker.fetch_sessions import (
+    FINAL_EPOCH,
+    INVALID_SESSION_ID,
+    PartitionRequest,
+    PartitionResult,
+)
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 
@@ -357,70 +363,125 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
     return {"responses": responses, "throttle_time_ms": 0}
 
 
+def _fetch_topic_name(broker: Broker, t: Body) -> str:
+    name = t.get("topic") or ""
+    if not name and t.get("topic_id") not in (None, ZERO_UUID):
+        found = broker.metadata.topic_by_id(t["topic_id"])
+        name = found.name if found else ""
+    return str(name)
+
+
 async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    """Long-poll fetch, in or out of an incremental fetch session (KIP-227, ``fetch_sessions``).
+
+    Every partition of the session is read, named in this request or not: a follower's position
+    in one it did not name is the one it last named (it names every partition whose log end
+    moved), and the leader must see it fetch there to keep it in the ISR. Only the answer is
+    incremental; the long poll waits on, and wakes for, every partition of the session.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(0, req["max_wait_ms"]) / 1000.0
     min_bytes = max(0, req["min_bytes"])
     max_bytes = req["max_bytes"] if req.get("max_bytes", 0) > 0 else 50 * 1024 * 1024
-    requested = []
+    replica_id = req["replica_id"]
+    requested: dict[tuple[str, int], PartitionRequest] = {}
+    topic_ids: dict[str, Any] = {}
     for t in req["topics"]:
-        name = t.get("topic") or ""
-        if not name and t.get("topic_id") not in (None, ZERO_UUID):
-            found = broker.metadata.topic_by_id(t["topic_id"])
-            name = found.name if found else ""
+        name = _fetch_topic_name(broker, t)
+        topic_ids[name] = t.get("topic_id", ZERO_UUID)
         for p in t["partitions"]:
-            requested.append((name, t, p))
+            requested[(name, p["partition"])] = PartitionRequest(
+                p["fetch_offset"],
+                p["partition_max_bytes"],
+                p.get("current_leader_epoch", -1),
+                p.get("log_start_offset", -1),
+                p.get("last_fetched_epoch", -1),
+            )
+    sessions = header.api_version >= 7
+    forgotten = [
+        (_fetch_topic_name(broker, t), index)
+        for t in (req.get("forgotten_topics_data") or [] if sessions else [])
+        for index in t["partitions"]
+    ]
+    context = broker.fetch_sessions.open(
+        req.get("session_id", INVALID_SESSION_ID) if sessions else INVALID_SESSION_ID,
+        req.get("session_epoch", FINAL_EPOCH) if sessions else FINAL_EPOCH,
+        requested,
+        forgotten,
+        privileged=replica_id >= 0,
+    )
+    if context.error is not ErrorCode.NONE:
+        return _fetch_response(context.error, INVALID_SESSION_ID, [])
+    partitions = context.partitions
     while True:
         total = 0
-        responses: dict[str, list[Body]] = {}
-        topic_ids: dict[str, Any] = {}
-        for name, t, p in requested:
+        read: dict[tuple[str, int], Body] = {}
+        for key, p in partitions:
             remaining = max_bytes - total
             result = broker.replicas.read(
-                name,
-                p["partition"],
-                p["fetch_offset"],
-                min(p["partition_max_bytes"], max(0, remaining)),
-                p.get("current_leader_epoch", -1),
+                key[0],
+                key[1],
+                p.fetch_offset,
+                min(p.max_bytes, max(0, remaining)),
+                p.current_leader_epoch,
                 min_one_batch=(total == 0),
-                replica_id=req["replica_id"],
+                replica_id=replica_id,
             )
             total += result.size
-            records = result.records.records if result.records is not None else b""
-            responses.setdefault(name, []).append(
-                {
-                    "partition_index": p["partition"],
-                    "error_code": result.error,
-                    "high_watermark": result.high_watermark,
-                    "last_stable_offset": result.high_watermark,
-                    "log_start_offset": result.log_start_offset,
-                    "aborted_transactions": [] if req.get("isolation_level", 0) == 1 else None,
-                    "preferred_read_replica": -1,
-                    "records": records,
-                }
-            )
-            topic_ids[name] = t.get("topic_id", ZERO_UUID)
-        has_error = any(p["error_code"] != ErrorCode.NONE for ps in responses.values() for p in ps)
+            read[key] = {
+                "partition_index": key[1],
+                "error_code": result.error,
+                "high_watermark": result.high_watermark,
+                "last_stable_offset": result.high_watermark,
+                "log_start_offset": result.log_start_offset,
+                "aborted_transactions": [] if req.get("isolation_level", 0) == 1 else None,
+                "preferred_read_replica": -1,
+                "records": result.records.records if result.records is not None else b"",
+            }
+        has_error = any(r["error_code"] != ErrorCode.NONE for r in read.values())
         now = loop.time()
-        if total >= min_bytes or has_error or now >= deadline or not requested:
+        if total >= min_bytes or has_error or now >= deadline or not partitions:
             break
         waiter: asyncio.Future[None] = loop.create_future()
-        broker.replicas.add_waiter([(name, p["partition"]) for name, _, p in requested], waiter)
+        broker.replicas.add_waiter([key for key, _ in partitions], waiter)
         try:
             await asyncio.wait_for(waiter, timeout=deadline - now)
         except TimeoutError:
-            pass
+            # No partition of the request changed while it waited (records, HW and leadership
+            # changes all wake it): the reads above stand, and reading every partition again
+            # would double what an idle fetch costs.
+            break
         if broker.stopping:
             break
-    return {
-        "throttle_time_ms": 0,
-        "error_code": ErrorCode.NONE,
-        "session_id": 0,
-        "responses": [
-            {"topic": name, "topic_id": topic_ids[name], "partitions": parts}
+    answer = context.answer(
+        {
+            key: PartitionResult(
+                r["error_code"],
+                r["high_watermark"],
+                r["last_stable_offset"],
+                r["log_start_offset"],
+                len(r["records"]) > 0,
+            )
+            for key, r in read.items()
+        }
+    )
+    if answer.error is not ErrorCode.NONE:
+        return _fetch_response(answer.error, INVALID_SESSION_ID, [])
+    responses: dict[str, list[Body]] = {}
+    for key in answer.partitions:
+        responses.setdefault(key[0], []).append(read[key])
+    return _fetch_response(
+        ErrorCode.NONE,
+        answer.session_id,
+        [
+            {"topic": name, "topic_id": topic_ids.get(name, ZERO_UUID), "partitions": parts}
             for name, parts in responses.items()
         ],
-    }
+    )
+
+
+def _fetch_response(error: ErrorCode, session_id: int, responses: list[Body]) -> Body:
+    return {"throttle_time_ms": 0, "error_code": error, "session_id": session_id, "responses": responses}
 
 
 async def list_offsets(broker: Broker, header: RequestHeader, req: Body) -> Body:

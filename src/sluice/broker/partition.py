@@ -26,6 +26,8 @@ METADATA_FILE = "partition.metadata"
 
 
 HW_FILE = "high-watermark"
+#: Length of a partition's waiter list past which finished waiters are dropped.
+WAITERS_PRUNE_MIN = 16
 
 
 def read_high_watermark(directory: Path) -> int:
@@ -127,6 +129,7 @@ class Partition:
     #: the znode version of the partition state this broker last acted on (for ISR writes).
     state_version: int = -1
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    _waiters_prune_at: int = WAITERS_PRUNE_MIN
     _checkpointed_hw: int = -1
 
     @classmethod
@@ -375,7 +378,14 @@ class Partition:
         return True
 
     def add_waiter(self, fut: asyncio.Future[None]) -> None:
+        """Wake ``fut`` at the next change. A long poll that timed out leaves its future here
+        (done), and an idle partition is never notified: without pruning, every idle fetch of it
+        would add one for good. Pruning when the list doubles keeps it at most twice the waiters
+        still pending, at constant cost per call."""
         self._waiters.append(fut)
+        if len(self._waiters) > self._waiters_prune_at:
+            self._waiters = [f for f in self._waiters if not f.done()]
+            self._waiters_prune_at = max(WAITERS_PRUNE_MIN, 2 * len(self._waiters))
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []

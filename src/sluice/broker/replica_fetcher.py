@@ -6,6 +6,13 @@ have, it asks again about its largest epoch below that answer, until it knows wh
 stop agreeing (``replication.truncation_step``), and truncates there, so that it never keeps
 records the leader does not have (I2, KIP-101/KIP-279); only then does it fetch, from its log
 end offset, as replica ``broker_id``.
+
+Fetches run in an incremental fetch session with the leader (KIP-227,
+``fetch_session_client``): after one full request, a request names only the partitions whose
+log end (or leader epoch, or log start) moved, and the answer only those with something new, so
+an idle follower of thousands of partitions sends and receives almost nothing. A partition left
+out of an answer keeps its high watermark; a session error, a lost answer or a new connection
+starts over with a full request.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from sluice.broker.fetch_session_client import FetchPlan, FetchSessionClient
+from sluice.broker.fetch_sessions import PartitionRequest
 from sluice.broker.peer_client import PeerConnection, PeerConnectionError
 from sluice.broker.replication import AskAgain, TruncateTo, truncation_step
 from sluice.protocol.api import ApiKey
@@ -39,9 +48,12 @@ Key = tuple[str, int]
 
 
 class FetcherManager:
-    def __init__(self, broker_id: int, metadata: MetadataCache):
+    def __init__(self, broker_id: int, metadata: MetadataCache, *, fetch_sessions: bool = True):
         self.broker_id = broker_id
         self.metadata = metadata
+        #: False: every fetch names every partition (sessionless, as before KIP-227); kept to
+        #: measure what sessions save and as a fallback.
+        self.fetch_sessions = fetch_sessions
         self._fetchers: dict[int, LeaderFetcher] = {}
         self.closed = False
 
@@ -76,6 +88,7 @@ class LeaderFetcher:
         self.manager = manager
         self.leader_id = leader_id
         self.partitions: dict[Key, Partition] = {}
+        self.session = FetchSessionClient(leader_id, enabled=manager.fetch_sessions)
         self._wakeup = asyncio.Event()
         self._conn: PeerConnection | None = None
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -115,6 +128,7 @@ class LeaderFetcher:
                 raise
             except Exception:
                 log.exception("event=fetcher_error leader=%d", self.leader_id)
+                self.session.reset()  # whether the leader applied the last request is unknown
                 await asyncio.sleep(BACKOFF_MAX_S)
 
     async def _connection(self) -> PeerConnection | None:
@@ -125,6 +139,8 @@ class LeaderFetcher:
             return self._conn
         if self._conn is not None:
             await self._conn.close()
+        # A new connection follows a failed request, whose effect on the session is unknown.
+        self.session.reset()
         self._conn = PeerConnection(reg.host, reg.port, f"replica-fetcher-{self.manager.broker_id}")
         await self._conn.connect()
         return self._conn
@@ -214,54 +230,82 @@ class LeaderFetcher:
     # -- fetching ----------------------------------------------------------------------------------
 
     async def _fetch(self, conn: PeerConnection) -> bool:
-        ready = [p for p in self.partitions.values() if not p.needs_truncation]
+        ready = {(p.topic, p.index): p for p in self.partitions.values() if not p.needs_truncation}
         if not ready:
             return False
-        sent: dict[Key, tuple[Partition, int, int]] = {}
+        # A partition still truncating is left out, so forgotten by the session: the leader must
+        # never count this follower at a fetch offset its log may no longer reach.
+        plan = self.session.build(
+            {
+                key: PartitionRequest(
+                    part.log.log_end_offset,
+                    PARTITION_MAX_BYTES,
+                    part.leader_epoch,
+                    part.log.log_start_offset,
+                )
+                for key, part in ready.items()
+            }
+        )
+        try:
+            response = await conn.request(
+                ApiKey.FETCH,
+                FETCH_VERSION,
+                self._request_body(plan),
+                REQUEST_TIMEOUT_S + FETCH_MAX_WAIT_MS / 1000,
+            )
+        except PeerConnectionError:
+            self.session.reset()
+            raise
+        if not self.session.on_answer(plan, response["error_code"], response["session_id"]):
+            return False
+        progressed = False
+        for t in response["responses"]:
+            for r in t["partitions"]:
+                key = (t["topic"], r["partition_index"])
+                sent = plan.fetching.get(key)
+                part = ready.get(key)
+                if sent is None or part is None:
+                    continue
+                if (
+                    self.partitions.get(key) is not part
+                    or part.is_leader
+                    or part.leader_epoch != sent.current_leader_epoch
+                    or part.log.log_end_offset != sent.fetch_offset
+                ):
+                    # Changed meanwhile: the leader believes this answer was taken, so ask for
+                    # the partition by name next time, which it always answers.
+                    self.session.name_again(key)
+                    continue
+                progressed |= self._apply(part, r)
+        return progressed
+
+    def _request_body(self, plan: FetchPlan) -> dict[str, Any]:
         topics: dict[str, list[dict[str, Any]]] = {}
-        for part in ready:
-            offset = part.log.log_end_offset
-            sent[(part.topic, part.index)] = (part, part.leader_epoch, offset)
-            topics.setdefault(part.topic, []).append(
+        for (topic, index), p in plan.to_send.items():
+            topics.setdefault(topic, []).append(
                 {
-                    "partition": part.index,
-                    "current_leader_epoch": part.leader_epoch,
-                    "fetch_offset": offset,
-                    "log_start_offset": part.log.log_start_offset,
-                    "partition_max_bytes": PARTITION_MAX_BYTES,
+                    "partition": index,
+                    "current_leader_epoch": p.current_leader_epoch,
+                    "fetch_offset": p.fetch_offset,
+                    "log_start_offset": p.log_start_offset,
+                    "partition_max_bytes": p.max_bytes,
                 }
             )
-        body = {
+        forgotten: dict[str, list[int]] = {}
+        for topic, index in plan.forgotten:
+            forgotten.setdefault(topic, []).append(index)
+        return {
             "replica_id": self.manager.broker_id,
             "max_wait_ms": FETCH_MAX_WAIT_MS,
             "min_bytes": 1,
             "max_bytes": FETCH_MAX_BYTES,
             "isolation_level": 0,
-            "session_id": 0,
-            "session_epoch": -1,
+            "session_id": plan.session_id,
+            "session_epoch": plan.epoch,
             "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
-            "forgotten_topics_data": [],
+            "forgotten_topics_data": [{"topic": t, "partitions": ps} for t, ps in forgotten.items()],
             "rack_id": "",
         }
-        response = await conn.request(
-            ApiKey.FETCH, FETCH_VERSION, body, REQUEST_TIMEOUT_S + FETCH_MAX_WAIT_MS / 1000
-        )
-        progressed = False
-        for t in response["responses"]:
-            for r in t["partitions"]:
-                entry = sent.get((t["topic"], r["partition_index"]))
-                if entry is None:
-                    continue
-                part, sent_epoch, sent_offset = entry
-                if (
-                    self.partitions.get((part.topic, part.index)) is not part
-                    or part.is_leader
-                    or part.leader_epoch != sent_epoch
-                    or part.log.log_end_offset != sent_offset
-                ):
-                    continue
-                progressed |= self._apply(part, r)
-        return progressed
 
     def _apply(self, part: Partition, r: dict[str, Any]) -> bool:
         error = r["error_code"]

@@ -16,6 +16,8 @@ from typing import Any
 
 from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
 from sluice.chaos.tcp_proxy import TcpProxy
+from sluice.cluster import layout
+from sluice.cluster.layout import PartitionState
 from sluice.cluster.zkstore import ZkStore
 from sluice.ops import launcher
 from sluice.ops.ports import free_port, free_ports
@@ -189,17 +191,16 @@ class DrillCluster:
         live = set(self.store.live_brokers())
         if live != {b.broker_id for b in self.cluster.brokers}:
             return False
-        for name in self.store.topics():
-            a = self.store.topic(name)
-            if a is None:
-                continue
-            for p, replicas in a.replicas.items():
-                current = self.store.partition_state(name, p)
-                if current is None:
-                    return False
-                state = current[0]
-                if state.leader not in live or set(state.isr) != set(replicas):
-                    return False
+        topics = self.store.all_topics()
+        paths = {
+            layout.partition_state_path(n, p): r for n, a in topics.items() for p, r in a.replicas.items()
+        }
+        for path, got in self.store.read_many(paths).items():
+            if got is None:
+                return False
+            state = PartitionState.decode(got[0], path)
+            if state.leader not in live or set(state.isr) != set(paths[path]):
+                return False
         return True
 
 
@@ -238,20 +239,22 @@ class LeaderlessMonitor:
             self._stop.wait(self.interval_s)
 
     def _sample(self) -> None:
+        """One look at every partition state, read straight from ZooKeeper in one pipelined
+        batch (independent of the views it checks)."""
         live = set(self.store.live_brokers())
         now = time.monotonic()
-        for name in self.store.topics():
-            a = self.store.topic(name)
-            if a is None:
+        paths = {
+            layout.partition_state_path(name, p): f"{name}-{p}"
+            for name, a in self.store.all_topics().items()
+            for p in a.replicas
+        }
+        for path, got in self.store.read_many(paths).items():
+            if got is None:
                 continue
-            for p in a.replicas:
-                current = self.store.partition_state(name, p)
-                if current is None:
-                    continue
-                state = current[0]
-                key = f"{name}-{p}"
-                bad = state.leader not in live and any(r in live for r in state.isr)
-                if bad:
-                    self._since.setdefault(key, now)
-                elif key in self._since:
-                    self.longest[key] = max(self.longest.get(key, 0.0), now - self._since.pop(key))
+            state = PartitionState.decode(got[0], path)
+            key = paths[path]
+            bad = state.leader not in live and any(r in live for r in state.isr)
+            if bad:
+                self._since.setdefault(key, now)
+            elif key in self._since:
+                self.longest[key] = max(self.longest.get(key, 0.0), now - self._since.pop(key))

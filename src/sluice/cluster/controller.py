@@ -1,44 +1,57 @@
 """The cluster controller: one broker at a time decides partition leadership.
 
-Election is an ephemeral ``/controller`` znode plus an increment of ``/controller_epoch``.
-Every write the controller makes is a multi-op that checks the version of
-``/controller_epoch`` (``ZkStore.commit_fenced``), so a deposed controller cannot write (I4).
+Election is an ephemeral ``/controller`` znode plus an increment of ``/controller_epoch``
+(a :class:`FencingCounter`). Every write the controller makes is a multi-op that checks the
+version of ``/controller_epoch`` (``ZkStore.commit_fenced``), so a deposed controller cannot
+write (I4).
 
-The controller keeps no state between events: each event runs a *reconcile* pass that reads
-live brokers, topics and partition states from ZooKeeper and writes only what differs from
-what the rules in ``cluster.election`` decide. That is slower than an incremental cache but
-cannot act on a stale view, which is what left incident B's partition leaderless. Events are
-processed one at a time from one bounded queue, on the controller's own thread.
+The controller decides from the process's :class:`ClusterView`, which follows every partition
+state write through the state-change notices, and does work in proportion to what changed:
+
+- on taking its epoch it catches the view up (lists and unapplied notices only), so it decides
+  from every change written before its term began;
+- a notice, a new topic or a dead, new or re-registered broker marks the partitions it touches;
+  a pass decides those with the pure rules (``election.next_partition_state``) and writes every
+  change in as few fenced multi-ops as ZooKeeper's request limit allows, all in flight at once;
+- each write is conditional on the state's znode version as held, so a view that is behind can
+  only get a write refused (the partitions are then read again and decided next pass), never
+  overwrite a newer state;
+- the periodic sweep (incident B) catches up (a handful of list reads) and every few passes
+  decides every partition from memory, so a leaderless partition with a live in-sync replica
+  gets a leader within seconds however it came about.
+
+Events are processed one at a time on the controller's own thread.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
 
 import orjson
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
 from sluice import test_switches
 from sluice.cluster import layout
-from sluice.cluster.election import (
-    controlled_shutdown_leader,
-    offline_partition_leader,
-    offline_state_isr,
-    unclean_partition_leader,
-)
-from sluice.cluster.layout import PartitionState, TopicAssignment
+from sluice.cluster.election import initial_partition_state, next_partition_state, offline_partition_leader
+from sluice.cluster.layout import PartitionState, StateWrite, TopicAssignment
 from sluice.cluster.state_machine import check_partition_transition, partition_phase
+from sluice.cluster.view import ClusterView
 from sluice.cluster.zkstore import ControllerDeposedError, FencedOp, ZkStore
 
 log = logging.getLogger("sluice.controller")
 
-EVENT_QUEUE_MAX = 1024
 REASSIGNMENT_SWEEP_S = 0.25
+#: every this many sweeps, decide every partition (not only those marked changed)
+FULL_PASS_EVERY = 5
+#: state-change notices older than this are deleted; a broker that was away longer than its
+#: ZooKeeper session reads every state again, so this only needs to outlast a session
+NOTICE_TTL_S = 60.0
+
+Group = tuple[list[FencedOp], list[StateWrite]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,18 +63,38 @@ class ControllerTerm:
 class Controller:
     """Runs inside every broker; acts only while this broker holds ``/controller``."""
 
-    def __init__(self, store: ZkStore, broker_id: int, *, sweep_interval_s: float = 2.0):
+    def __init__(
+        self,
+        store: ZkStore,
+        broker_id: int,
+        *,
+        sweep_interval_s: float = 2.0,
+        view: ClusterView | None = None,
+    ):
         self.store = store
         self.broker_id = broker_id
         self.sweep_interval_s = sweep_interval_s
         self.term: ControllerTerm | None = None
         self.reassigning = False
+        #: a view of its own when not sharing a broker's (tests, tools); started on first use
+        self.view = view if view is not None else ClusterView(store)
+        self._view_started = view is not None
+        self.view.listeners.append(self._on_view_change)
         #: the live brokers of the previous pass (only the test switch below looks at it)
         self._previously_live: set[int] | None = None
+        #: broker epochs as of the last pass: a changed one is a broker that restarted
+        self._known_epochs: dict[int, int] | None = None
+        #: partitions whose decision must exclude a restarted broker until it is written
+        self._bounced: dict[tuple[str, int], frozenset[int]] = {}
         self._sweep_disabled = test_switches.enabled(test_switches.DISABLE_LEADERLESS_SWEEP)
-        #: unclean elections decided in the current pass: (new state, state it replaced)
-        self._pending_audits: list[tuple[PartitionState, PartitionState]] = []
-        self._events: queue.Queue[str] = queue.Queue(maxsize=EVENT_QUEUE_MAX)
+        self._lock = threading.Lock()
+        self._dirty: set[tuple[str, int]] = set()
+        self._everything = True
+        #: topics whose partition znodes are created checking what exists (after a refused create)
+        self._careful_topics: set[str] = set()
+        self._passes = 0
+        self._pending: set[str] = set()
+        self._wake = threading.Condition()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"controller-{broker_id}", daemon=True)
 
@@ -72,30 +105,45 @@ class Controller:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._ensure_view()
         self._thread.start()
         self.store.client.add_listener(self._on_session_state)
-        self.store.watch_data(layout.CONTROLLER, lambda data, stat: self._post("controller_changed"))
-        self.store.watch_children(layout.BROKER_IDS, lambda children: self._post("brokers_changed"))
-        self.store.watch_children(layout.TOPICS, lambda children: self._post("topics_changed"))
         self.store.watch_children(layout.DELETE_TOPICS, lambda children: self._post("topics_changed"))
-        self.store.watch_children(
-            layout.CONTROLLED_SHUTDOWN, lambda children: self._post("shutdown_requested")
-        )
         self.store.watch_data(layout.REASSIGN_PARTITIONS, lambda data, stat: self._post("reassignment"))
+        self._post("controller_changed")
+
+    def _ensure_view(self) -> None:
+        if not self._view_started:
+            self._view_started = True
+            self.view.start()
 
     def stop(self) -> None:
         self._stopped.set()
         self._post("stop")
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:  # a broker that failed to start never started it
+            self._thread.join(timeout=5)
         if self.term is not None:
             self._resign("broker stopping")
 
     def _post(self, event: str) -> None:
-        try:
-            self._events.put_nowait(event)
-        except queue.Full:
-            # A full queue already holds a reconcile that will see the newest state.
-            pass
+        with self._wake:
+            self._pending.add(event)
+            self._wake.notify()
+
+    def _on_view_change(self, kind: str, topic: str, partition: int) -> None:
+        """Called by the view (kazoo's thread): remember what changed, wake the loop."""
+        with self._lock:
+            if kind == "partition":
+                self._dirty.add((topic, partition))
+            elif kind == "topic":
+                assignment = self.view.topic(topic)
+                self._dirty.update((topic, p) for p in (assignment.replicas if assignment else ()))
+            elif kind in ("brokers", "shutdown"):
+                self._everything = True
+        if kind == "controller":
+            self._post("controller_changed")
+        elif kind != "topic_deleted":
+            self._post("changed")
 
     def _on_session_state(self, state: KazooState) -> None:
         if state == KazooState.LOST and self.term is not None:
@@ -109,17 +157,25 @@ class Controller:
     def _run(self) -> None:
         next_sweep = time.monotonic()
         while not self._stopped.is_set():
-            timeout = max(0.0, next_sweep - time.monotonic())
-            try:
-                event = self._events.get(timeout=timeout)
-            except queue.Empty:
-                event = "sweep"
-            if event == "stop":
+            with self._wake:
+                timeout = max(0.0, next_sweep - time.monotonic())
+                if not self._pending:
+                    self._wake.wait(timeout)
+                events, self._pending = self._pending, set()
+            if "stop" in events:
                 return
-            if event == "sweep":
+            if not events or time.monotonic() >= next_sweep:
+                events.add("sweep")
                 # While partitions move, look again soon: each phase waits on a broker's progress.
                 interval = REASSIGNMENT_SWEEP_S if self.reassigning else self.sweep_interval_s
                 next_sweep = time.monotonic() + interval
+            event = (
+                "controller_changed"
+                if "controller_changed" in events
+                else "sweep"
+                if "sweep" in events
+                else sorted(events)[0]
+            )
             self.dispatch(event)
 
     def dispatch(self, event: str) -> None:
@@ -137,31 +193,25 @@ class Controller:
                 self._try_elect()
             if self.term is None:
                 return
+        if event == "sweep":
+            self._passes += 1
+            if self._passes % FULL_PASS_EVERY == 0:
+                with self._lock:
+                    self._everything = True
+            self._trim_notices()
         self.reconcile()
 
     def _try_elect(self) -> None:
-        payload = orjson.dumps(
-            {"version": 1, "brokerid": self.broker_id, "timestamp": int(time.time() * 1000)}
-        )
-        try:
-            self.store.client.create(layout.CONTROLLER, payload, ephemeral=True)
-        except NodeExistsError:
+        self._ensure_view()
+        if not self.store.claim_controller(self.broker_id):
             return
         # We hold /controller: take the next epoch with a conditional write.
-        while True:
-            epoch, version = self.store.controller_epoch()
-            try:
-                if version < 0:
-                    self.store.client.create(layout.CONTROLLER_EPOCH, layout.encode_int(1))
-                    _, st = self.store.client.get(layout.CONTROLLER_EPOCH)
-                    self.term = ControllerTerm(1, int(st.version))
-                else:
-                    st = self.store.client.set(layout.CONTROLLER_EPOCH, layout.encode_int(epoch + 1), version)
-                    self.term = ControllerTerm(epoch + 1, int(st.version))
-                break
-            except (BadVersionError, NodeExistsError):
-                continue
+        self.term = ControllerTerm(*self.store.controller_epoch_counter.take())
         self._previously_live = None
+        self._known_epochs = None
+        with self._lock:
+            self._everything = True
+        self.view.catch_up()
         log.info("event=controller_elected broker=%d epoch=%d", self.broker_id, self.term.epoch)
 
     def _resign(self, why: str) -> None:
@@ -172,120 +222,169 @@ class Controller:
         )
         self.term = None
         try:
-            data, _ = self.store.client.get(layout.CONTROLLER)
-            if orjson.loads(data).get("brokerid") == self.broker_id:
-                self.store.client.delete(layout.CONTROLLER)
-        except (NoNodeError, Exception):
-            pass
+            self.store.release_controller(self.broker_id)
+        except Exception as exc:
+            log.warning("event=controller_release_failed broker=%d error=%r", self.broker_id, exc)
 
     # -- reconcile -----------------------------------------------------------------------------
 
-    def reconcile(self) -> None:
-        """Bring ZooKeeper's partition states in line with the election rules."""
+    def reconcile(self, *, catch_up: bool = True) -> None:
+        """Bring the partition states that changed (or all, after a broker change) in line with
+        the election rules. `catch_up` first brings the view up to ZooKeeper (a direct call)."""
         term = self.term
         if term is None:
             return
-        registered = set(self.store.live_brokers())
-        shutting_down = {int(c) for c in self.store.client.get_children(layout.CONTROLLED_SHUTDOWN)}
+        self._ensure_view()
+        if catch_up:
+            self.view.catch_up()
+        view = self.view
+        registered = set(view.brokers())
+        epochs = view.broker_epochs()
+        shutting_down = set(view.shutting_down())
+        known = self._known_epochs if self._known_epochs is not None else epochs
+        bounced = {b for b in registered if b in known and known[b] != epochs.get(b)}
+        for b in sorted(bounced):
+            log.info("event=broker_restarted_seen broker=%d broker_epoch=%d->%d", b, known[b], epochs[b])
         # A broker in controlled shutdown is alive but may not be elected.
         live = registered - shutting_down
         previously_live = self._previously_live if self._previously_live is not None else live
         self._previously_live = live
+        if live != previously_live:
+            log.info(
+                "event=live_brokers_changed controller_epoch=%d live=%s gone=%s new=%s",
+                term.epoch, sorted(live), sorted(previously_live - live), sorted(live - previously_live),
+            )  # fmt: skip
         for name in self.store.topics_marked_for_deletion():
             self._delete_topic(term, name)
         self._reassign(term, live)
-        for name in self.store.topics():
-            assignment = self.store.topic(name)
-            if assignment is None:
+        topics = view.topics()
+        with self._lock:
+            everything, self._everything = self._everything, False
+            dirty, self._dirty = self._dirty, set()
+        if bounced:
+            everything = True
+        if everything:
+            keys = [(name, p) for name, t in topics.items() for p in t.replicas]
+        else:
+            keys = sorted(
+                k for k in dirty | set(self._bounced) if k[0] in topics and k[1] in topics[k[0]].replicas
+            )
+        groups: list[Group] = []
+        changes: list[str] = []
+        new_topics: dict[str, bool] = {}
+        for name, p in keys:
+            assignment = topics[name]
+            replicas = assignment.replicas[p]
+            held = view.partition_state(name, p)
+            key = (name, p)
+            excluded = (bounced & set(replicas)) | self._bounced.get(key, frozenset())
+            if excluded:
+                self._bounced[key] = frozenset(excluded)
+            if held is None:
+                if name not in new_topics:
+                    new_topics[name] = all(view.partition_state(name, q) is None for q in assignment.replicas)
+                state = initial_partition_state(replicas, live, term.epoch)
+                ops = self._initial_state_ops(name, p, state, make_parent=new_topics[name])
+                if new_topics[name]:
+                    new_topics[name] = False  # the parent is created with the first partition
+                groups.append((ops, [StateWrite(name, assignment.topic_id, p, state, 0)]))
+                changes.append(f"{name}-{p}:new")
                 continue
-            ops: list[FencedOp] = []
-            changes: list[str] = []
+            state, version = held
+            needs_election = state.leader not in live and state.leader not in shutting_down
+            if self._sweep_disabled and needs_election and state.leader not in previously_live - live:
+                continue  # test switch: only partitions whose leader was just seen dying
             unclean = assignment.config.get("unclean.leader.election.enable", "false") == "true"
-            make_parent = not self.store.client.exists(layout.partitions_path(name))
-            audits: list[FencedOp] = []
-            for p, replicas in sorted(assignment.replicas.items()):
-                self._pending_audits.clear()
-                current = self.store.partition_state(name, p)
-                if current is None:
-                    ops.extend(self._initial_state_ops(term, name, p, replicas, live, make_parent))
-                    make_parent = False
-                    changes.append(f"{name}-{p}:new")
-                    continue
-                state, version = current
-                if state.leader in shutting_down:
-                    new_state = self._move_off_shutting_down(term, state, replicas, live, shutting_down)
-                elif state.leader != -1 and state.leader in live:
-                    # Followers that died or are shutting down leave the ISR now, so acks=all
-                    # writes stop waiting for them (Kafka's OnlineReplica -> OfflineReplica).
-                    new_state = self._drop_from_isr(term, state, set(state.isr) - live)
-                elif self._sweep_disabled and state.leader not in previously_live - live:
-                    continue  # test switch: only partitions whose leader was just seen dying
-                else:
-                    new_state = self._elect(term, state, replicas, live, unclean)
-                if new_state is None or new_state == state:
-                    continue
-                check_partition_transition(
-                    partition_phase(state, live), partition_phase(new_state, live), f"{name}-{p}"
-                )
-                ops.append(FencedOp("set", layout.partition_state_path(name, p), new_state.encode(), version))
-                for elected, replaced in self._pending_audits:
-                    audits.append(self._unclean_audit_op(name, p, elected, replaced))
-                changes.append(
-                    f"{name}-{p}:leader {state.leader}->{new_state.leader} epoch={new_state.leader_epoch} "
-                    f"isr={list(new_state.isr)}"
-                )
-            if ops:
-                try:
-                    self.store.commit_fenced(term.epoch_zk_version, ops + audits)
-                except (BadVersionError, NodeExistsError, NoNodeError) as exc:
-                    # A broker changed an ISR concurrently; the next pass reads it afresh.
-                    log.info("event=controller_retry topic=%s reason=%s", name, type(exc).__name__)
-                    self._post("sweep")
-                    continue
-                for change in changes:
-                    log.info("event=partition_state_changed controller_epoch=%d %s", term.epoch, change)
+            decision = next_partition_state(
+                state,
+                replicas,
+                live - excluded,
+                shutting_down,
+                unclean_allowed=unclean,
+                controller_epoch=term.epoch,
+            )
+            if decision is None or decision.state == state:
+                self._bounced.pop(key, None)
+                continue
+            new_state = decision.state
+            check_partition_transition(
+                partition_phase(state, live), partition_phase(new_state, live), f"{name}-{p}"
+            )
+            path = layout.partition_state_path(name, p)
+            ops = [FencedOp("set", path, new_state.encode(), version)]
+            if decision.unclean:
+                ops.append(self._unclean_audit_op(name, p, new_state, state))
+            groups.append((ops, [StateWrite(name, assignment.topic_id, p, new_state, version + 1)]))
+            changes.append(
+                f"{name}-{p}:leader {state.leader}->{new_state.leader} epoch={new_state.leader_epoch} "
+                f"isr={list(new_state.isr)}"
+            )
+        self._known_epochs = epochs
+        if groups:
+            self._write_states(term, groups, changes)
+
+    def _write_states(self, term: ControllerTerm, groups: list[Group], changes: list[str]) -> None:
+        """Write decided states in fenced multi-ops; apply what went through to the view, read
+        again what was refused (someone wrote meanwhile) and decide it next pass."""
+        described = {
+            (w.topic, w.partition): c for (_, writes), c in zip(groups, changes, strict=True) for w in writes
+        }
+        started = time.monotonic()
+        results = self.store.commit_fenced_many(
+            term.epoch_zk_version, groups, writer=f"controller {self.broker_id} epoch {term.epoch}"
+        )
+        written = 0
+        for result in results:
+            keys = [(w.topic, w.partition) for w in result.writes]
+            if result.error is not None:
+                first = f"{keys[0][0]}-{keys[0][1]}" if keys else "-"
+                reason = type(result.error).__name__
+                log.info("event=controller_retry partitions=%d first=%s reason=%s", len(keys), first, reason)
+                if isinstance(result.error, NodeExistsError):
+                    self._careful_topics.update(k[0] for k in keys)
+                for topic in {k[0] for k in keys}:
+                    self.view.read_states(topic, [k[1] for k in keys if k[0] == topic])
+                with self._lock:
+                    self._dirty.update(keys)
+                self._post("changed")
+                continue
+            self.view.apply_writes(result.writes, notice=result.notice)
+            for key in keys:
+                self._bounced.pop(key, None)
+                log.info("event=partition_state_changed controller_epoch=%d %s", term.epoch, described[key])
+            written += len(keys)
+        if written > 1:
+            log.info(
+                "event=partition_states_written controller_epoch=%d partitions=%d multi_ops=%d took_ms=%d",
+                term.epoch, written, len(results), (time.monotonic() - started) * 1000,
+            )  # fmt: skip
 
     def _initial_state_ops(
-        self,
-        term: ControllerTerm,
-        topic: str,
-        p: int,
-        replicas: tuple[int, ...],
-        live: set[int],
-        make_parent: bool,
+        self, topic: str, p: int, state: PartitionState, *, make_parent: bool
     ) -> list[FencedOp]:
-        live_replicas = tuple(r for r in replicas if r in live)
-        if live_replicas:
-            state = PartitionState(live_replicas[0], 0, live_replicas, term.epoch)
-        else:
-            # No replica has data yet, so every one of them is in sync.
-            state = PartitionState(-1, 0, tuple(replicas), term.epoch)
+        careful = topic in self._careful_topics
+        client = self.store.client
+        if careful:
+            make_parent = not client.exists(layout.partitions_path(topic))
         ops = [FencedOp("create", layout.partitions_path(topic))] if make_parent else []
-        if make_parent or not self.store.client.exists(layout.partition_path(topic, p)):
+        if not careful or not client.exists(layout.partition_path(topic, p)):
             ops.append(FencedOp("create", layout.partition_path(topic, p)))
         ops.append(FencedOp("create", layout.partition_state_path(topic, p), state.encode()))
         return ops
 
-    def _elect(
-        self,
-        term: ControllerTerm,
-        state: PartitionState,
-        replicas: tuple[int, ...],
-        live: set[int],
-        unclean: bool,
-    ) -> PartitionState | None:
-        election = offline_partition_leader(replicas, state.isr, live)
-        if election is None and unclean:
-            election = unclean_partition_leader(replicas, live)
-            if election is not None:
-                new_state = PartitionState(election.leader, state.leader_epoch + 1, election.isr, term.epoch)
-                self._pending_audits.append((new_state, state))
-                return new_state
-        if election is not None:
-            return PartitionState(election.leader, state.leader_epoch + 1, election.isr, term.epoch)
-        if state.leader == -1:
-            return None
-        return PartitionState(-1, state.leader_epoch + 1, offline_state_isr(state.isr, live), term.epoch)
+    def _trim_notices(self) -> None:
+        """Delete state-change notices every process has had time to apply."""
+        term = self.term
+        if term is None:
+            return
+        horizon = (time.time() - NOTICE_TTL_S) * 1000
+        old = sorted(n for n, t in self.view.notices().items() if t < horizon)
+        if not old:
+            return
+        groups: list[Group] = [([FencedOp("delete", f"{layout.STATE_CHANGES}/{n}")], []) for n in old]
+        results = self.store.commit_fenced_many(term.epoch_zk_version, groups, writer="")
+        failed = sum(1 for r in results if r.error is not None)
+        log.debug("event=state_change_notices_trimmed count=%d failed_multi_ops=%d", len(old), failed)
 
     @staticmethod
     def _unclean_audit_op(topic: str, p: int, elected: PartitionState, replaced: PartitionState) -> FencedOp:
@@ -317,38 +416,6 @@ class Controller:
             }
         )
         return FencedOp("create", layout.unclean_election_path(topic, p, elected.leader_epoch), record)
-
-    def _move_off_shutting_down(
-        self,
-        term: ControllerTerm,
-        state: PartitionState,
-        replicas: tuple[int, ...],
-        live: set[int],
-        shutting_down: set[int],
-    ) -> PartitionState | None:
-        """Controlled shutdown: hand leadership to another live ISR member before the broker stops.
-
-        With no other in-sync replica (replication factor 1, or the rest out of sync) nothing
-        can move: the partition stays where it is, and goes offline when the broker stops, unless
-        it was drained first (``sluice broker drain``).
-        """
-        election = controlled_shutdown_leader(replicas, state.isr, live | shutting_down, shutting_down)
-        if election is None:
-            return None
-        return PartitionState(election.leader, state.leader_epoch + 1, election.isr, term.epoch)
-
-    @staticmethod
-    def _drop_from_isr(
-        term: ControllerTerm, state: PartitionState, leaving: set[int]
-    ) -> PartitionState | None:
-        """Followers that died or are in controlled shutdown leave the ISR, so that they are
-        neither waited for (acks=all) nor elected; the leader stays, so its epoch does not change.
-        The leader is never removed here, so the ISR is never empty (I6)."""
-        leaving = leaving - {state.leader}
-        if not leaving & set(state.isr):
-            return None
-        isr = tuple(r for r in state.isr if r not in leaving)
-        return PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch)
 
     # -- reassignment (drain) ----------------------------------------------------------------------
 
@@ -412,8 +479,10 @@ class Controller:
             isr = tuple(r for r in state.isr if r in target)
             new_state = PartitionState(election.leader, state.leader_epoch + 1, isr, term.epoch)
             path = layout.partition_state_path(name, p)
-            self.store.commit_fenced(
-                term.epoch_zk_version, [FencedOp("set", path, new_state.encode(), state_version)]
+            self._commit_one(
+                term,
+                [FencedOp("set", path, new_state.encode(), state_version)],
+                [StateWrite(name, assignment.topic_id, p, new_state, state_version + 1)],
             )
             log.info(
                 "event=partition_state_changed controller_epoch=%d %s-%d:leader %d->%d epoch=%d "
@@ -427,13 +496,15 @@ class Controller:
             )
             return False
         extra: list[FencedOp] = []
+        writes: list[StateWrite] = []
         isr = tuple(r for r in state.isr if r in target)
         if isr != state.isr:
             shrunk = PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch)
             extra.append(
                 FencedOp("set", layout.partition_state_path(name, p), shrunk.encode(), state_version)
             )
-        self._write_assignment(term, assignment, topic_version, p, target, extra)
+            writes.append(StateWrite(name, assignment.topic_id, p, shrunk, state_version + 1))
+        self._write_assignment(term, assignment, topic_version, p, target, extra, writes)
         log.info("event=reassignment_completed partition=%s-%d replicas=%s", name, p, list(target))
         return True
 
@@ -445,12 +516,23 @@ class Controller:
         p: int,
         replicas: tuple[int, ...],
         extra: list[FencedOp],
+        writes: list[StateWrite] | None = None,
     ) -> None:
         updated = TopicAssignment(
             assignment.name, assignment.topic_id, {**assignment.replicas, p: replicas}, assignment.config
         )
         ops = [FencedOp("set", layout.topic_path(assignment.name), updated.encode(), version), *extra]
-        self.store.commit_fenced(term.epoch_zk_version, ops)
+        self._commit_one(term, ops, writes or [])
+
+    def _commit_one(self, term: ControllerTerm, ops: list[FencedOp], writes: list[StateWrite]) -> None:
+        """One fenced multi-op with the notice of the states it writes; raises what refused it."""
+        (result,) = self.store.commit_fenced_many(
+            term.epoch_zk_version, [(ops, writes)], writer=f"controller {self.broker_id} epoch {term.epoch}"
+        )
+        if result.error is not None:
+            raise result.error
+        if writes:
+            self.view.apply_writes(writes, notice=result.notice)
 
     def _delete_topic(self, term: ControllerTerm, name: str) -> None:
         ops: list[FencedOp] = []

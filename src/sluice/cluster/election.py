@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from sluice.cluster.layout import PartitionState
+
 
 @dataclass(frozen=True, slots=True)
 class Election:
@@ -69,3 +71,76 @@ def offline_state_isr(isr: Sequence[int], live: Collection[int]) -> tuple[int, .
     """
     kept = tuple(r for r in isr if r in live)
     return kept if kept else tuple(isr)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the controller writes for one partition: the new state, and whether it came from
+    an unclean election (then an audit record is written with it)."""
+
+    state: PartitionState
+    unclean: bool = False
+
+
+def next_partition_state(
+    state: PartitionState,
+    replicas: Sequence[int],
+    live: Collection[int],
+    shutting_down: Collection[int],
+    *,
+    unclean_allowed: bool,
+    controller_epoch: int,
+) -> Decision | None:
+    """The one place that decides a partition's next state from its current one (None: leave
+    it). `live` excludes brokers in controlled shutdown and brokers that re-registered since the
+    controller last looked (a new broker epoch: their partitions are handled as if they had died,
+    so leadership and leader epochs move on and followers truncate again)."""
+    if state.leader in shutting_down:
+        # Controlled shutdown: hand leadership to another live ISR member before the broker
+        # stops; with none (replication factor 1, the rest out of sync) it stays, and goes
+        # offline when the broker stops unless it was drained first.
+        election = controlled_shutdown_leader(
+            replicas, state.isr, set(live) | set(shutting_down), shutting_down
+        )
+        if election is None:
+            return None
+        return Decision(
+            PartitionState(election.leader, state.leader_epoch + 1, election.isr, controller_epoch)
+        )
+    if state.leader != -1 and state.leader in live:
+        # Followers that died or are shutting down leave the ISR, so acks=all writes stop
+        # waiting for them (OnlineReplica -> OfflineReplica); the leader stays, and so does its
+        # epoch. The leader is never removed here, so the ISR is never empty (I6).
+        leaving = {r for r in state.isr if r not in live and r != state.leader}
+        if not leaving:
+            return None
+        isr = tuple(r for r in state.isr if r not in leaving)
+        return Decision(PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch))
+    election = offline_partition_leader(replicas, state.isr, live)
+    if election is not None:
+        return Decision(
+            PartitionState(election.leader, state.leader_epoch + 1, election.isr, controller_epoch)
+        )
+    if unclean_allowed:
+        election = unclean_partition_leader(replicas, live)
+        if election is not None:
+            return Decision(
+                PartitionState(election.leader, state.leader_epoch + 1, election.isr, controller_epoch),
+                unclean=True,
+            )
+    if state.leader == -1:
+        return None
+    return Decision(
+        PartitionState(-1, state.leader_epoch + 1, offline_state_isr(state.isr, live), controller_epoch)
+    )
+
+
+def initial_partition_state(
+    replicas: Sequence[int], live: Collection[int], controller_epoch: int
+) -> PartitionState:
+    """A new partition's first state: the first live replica leads; with none live, it starts
+    offline with every replica in the ISR (none has data yet, so each is in sync)."""
+    live_replicas = tuple(r for r in replicas if r in live)
+    if live_replicas:
+        return PartitionState(live_replicas[0], 0, live_replicas, controller_epoch)
+    return PartitionState(-1, 0, tuple(replicas), controller_epoch)

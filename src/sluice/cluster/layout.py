@@ -26,6 +26,12 @@ UNCLEAN_ELECTIONS = "/admin/unclean_elections"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 CLUSTER_ID = "/cluster/id"
 TASKS = "/tasks"
+#: sequential children, one per write of partition states, each listing the states it wrote
+#: with their new znode versions: written in the same multi-op as the states themselves, so
+#: brokers and the controller follow every leadership change through one watch (not one per
+#: partition) and apply it without reading the states back.
+STATE_CHANGES = "/brokers/state_changes"
+STATE_CHANGE_PREFIX = "change-"
 
 #: The topic holding every consumer group's membership and committed offsets.
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -36,6 +42,7 @@ INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 PERSISTENT_PATHS = (
     BROKER_IDS,
     TOPICS,
+    STATE_CHANGES,
     "/admin",
     DELETE_TOPICS,
     CONTROLLED_SHUTDOWN,
@@ -71,6 +78,11 @@ def unclean_election_path(topic: str, partition: int, leader_epoch: int) -> str:
 
 def delete_topic_path(topic: str) -> str:
     return f"{DELETE_TOPICS}/{topic}"
+
+
+def state_change_path() -> str:
+    """The prefix of a new sequential state-change notice (ZooKeeper appends the number)."""
+    return f"{STATE_CHANGES}/{STATE_CHANGE_PREFIX}"
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
@@ -236,3 +248,72 @@ def decode_int(data: bytes, what: str) -> int:
         return int(data.decode() or "0")
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"znode {what} does not hold an integer: {data[:40]!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class StateWrite:
+    """One partition state as a write left it: the state, the znode version it now has, and the
+    id of the topic it belongs to (a topic deleted and created again under its name has a new id,
+    so a notice about the old one is never applied to the new one)."""
+
+    topic: str
+    topic_id: uuid.UUID
+    partition: int
+    state: PartitionState
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanges:
+    """What a ``/brokers/state_changes/change-N`` notice holds."""
+
+    writer: str
+    time_ms: int
+    writes: tuple[StateWrite, ...]
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "version": 1,
+                "writer": self.writer,
+                "time_ms": self.time_ms,
+                "states": [
+                    [w.topic, str(w.topic_id), w.partition, w.version, w.state.leader, w.state.leader_epoch,
+                     list(w.state.isr), w.state.controller_epoch]
+                    for w in self.writes
+                ],
+            }
+        )  # fmt: skip
+
+    @classmethod
+    def decode(cls, data: bytes, what: str = STATE_CHANGES) -> StateChanges:
+        obj = _loads(data, what)
+        writes = tuple(
+            StateWrite(str(t), uuid.UUID(tid), int(p), PartitionState(int(leader), int(epoch),
+                       tuple(int(b) for b in isr), int(cepoch)), int(version))
+            for t, tid, p, version, leader, epoch, isr, cepoch in obj["states"]
+        )  # fmt: skip
+        return cls(str(obj.get("writer", "")), int(obj.get("time_ms", 0)), writes)
+
+
+#: ZooKeeper refuses requests over 1 MB (jute.maxbuffer); multi-ops stay well below it.
+MULTI_OP_MAX_BYTES = 512 * 1024
+
+
+def chunk_by_size(groups: list[list[Any]], size_of: Any, limit: int = MULTI_OP_MAX_BYTES) -> list[list[Any]]:
+    """Split groups of items into chunks whose summed `size_of(item)` stays under `limit`; a
+    group is never split (its items must commit together). A group larger than the limit on its
+    own becomes a chunk of its own."""
+    chunks: list[list[Any]] = []
+    current: list[Any] = []
+    used = 0
+    for group in groups:
+        size = sum(size_of(item) for item in group)
+        if current and used + size > limit:
+            chunks.append(current)
+            current, used = [], 0
+        current.extend(group)
+        used += size
+    if current:
+        chunks.append(current)
+    return chunks

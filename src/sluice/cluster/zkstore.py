@@ -6,18 +6,28 @@ state on behalf of the controller go through :meth:`ZkStore.commit_fenced`.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.protocol.states import ZnodeStat
 
 from sluice import test_switches
 from sluice.cluster import layout
-from sluice.cluster.layout import BrokerRegistration, PartitionState, ProducerIdBlock, TopicAssignment
+from sluice.cluster.layout import (
+    BrokerRegistration,
+    PartitionState,
+    ProducerIdBlock,
+    StateChanges,
+    StateWrite,
+    TopicAssignment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +51,18 @@ class ZnodeContentionError(RuntimeError):
     """A compare-and-set lost to other writers more times than its bound allows."""
 
 
-def update_znode(
+def compare_and_set(
     client: KazooClient,
     path: str,
     change: Callable[[bytes | None], bytes | None],
     *,
     ephemeral: bool = False,
     max_tries: int = 100,
-) -> bytes | None:
+) -> tuple[bytes | None, int]:
     """The one compare-and-set recipe: read `path` (None when absent), ask `change` for the new
     data (None: leave it as it is), write it conditionally on the version read (or create it),
-    and on a conflict read again, at most `max_tries` times. Returns what is stored afterwards.
+    and on a conflict read again, at most `max_tries` times. Returns what is stored afterwards
+    and its znode version (-1 when absent).
 
     Counters (fencing epochs, producer-id blocks), control records and status records all use
     it, so a writer that read an old version can never overwrite a newer one."""
@@ -62,16 +73,57 @@ def update_znode(
             current, stat = None, None
         new = change(current)
         if new is None:
-            return current
+            return current, (int(stat.version) if stat is not None else -1)
         try:
             if stat is None:
                 client.create(path, new, ephemeral=ephemeral, makepath=True)
-            else:
-                client.set(path, new, version=stat.version)
-            return new
+                return new, 0
+            written = client.set(path, new, version=stat.version)
+            return new, int(written.version)
         except (BadVersionError, NodeExistsError, NoNodeError):
             continue
     raise ZnodeContentionError(f"{path}: gave up after {max_tries} conflicting writes")
+
+
+def update_znode(
+    client: KazooClient,
+    path: str,
+    change: Callable[[bytes | None], bytes | None],
+    *,
+    ephemeral: bool = False,
+    max_tries: int = 100,
+) -> bytes | None:
+    """:func:`compare_and_set`, returning only what is stored afterwards."""
+    return compare_and_set(client, path, change, ephemeral=ephemeral, max_tries=max_tries)[0]
+
+
+class FencingCounter:
+    """A counter znode that only grows, taken by compare-and-set: the controller epoch and each
+    task's epoch. Taking the next value also returns the znode version, which a holder's later
+    writes check (a multi-op's version check) to prove it still holds the newest value."""
+
+    def __init__(self, client: KazooClient, path: str, *, max_tries: int = 1000):
+        self.client = client
+        self.path = path
+        self.max_tries = max_tries
+
+    def take(self, at_least: int = 0) -> tuple[int, int]:
+        """One more than both the stored value and `at_least`: (value, znode version)."""
+
+        def bump(data: bytes | None) -> bytes:
+            return layout.encode_int(max(layout.decode_int(data or b"0", self.path), at_least) + 1)
+
+        data, version = compare_and_set(self.client, self.path, bump, max_tries=self.max_tries)
+        assert data is not None
+        return layout.decode_int(data, self.path), version
+
+    def current(self) -> tuple[int, int]:
+        """(value, znode version); (0, -1) when it was never taken."""
+        try:
+            data, stat = self.client.get(self.path)
+        except NoNodeError:
+            return 0, -1
+        return layout.decode_int(data, self.path), int(stat.version)
 
 
 def split_zookeeper_address(address: str) -> tuple[str, str]:
@@ -94,6 +146,20 @@ class FencedOp:
     path: str
     data: bytes = b""
     version: int = -1
+    sequence: bool = False
+
+
+#: reads in flight at once in :meth:`ZkStore.read_many`
+READ_WINDOW = 1000
+
+
+@dataclass(slots=True)
+class ChunkResult:
+    """How one multi-op of :meth:`ZkStore.commit_fenced_many` ended."""
+
+    writes: list[StateWrite]
+    error: Exception | None = None
+    notice: str | None = None
 
 
 class ZkStore:
@@ -168,6 +234,31 @@ class ZkStore:
                 f"with the same id. Stop that broker or pick another --id."
             ) from None
 
+    def registration(self, broker_id: int) -> tuple[BrokerRegistration, int] | None:
+        """The broker's registration and the session that owns it, or None when absent."""
+        try:
+            data, stat = self.client.get(layout.broker_path(broker_id))
+        except NoNodeError:
+            return None
+        return BrokerRegistration.decode(broker_id, data), int(stat.ephemeralOwner)
+
+    def request_reassignment(self, moves: list[layout.Reassignment]) -> bool:
+        """Ask the controller to move partitions (``/admin/reassign_partitions``); False when
+        another reassignment is still in progress."""
+        try:
+            self.client.create(layout.REASSIGN_PARTITIONS, layout.encode_reassignments(moves))
+        except NodeExistsError:
+            return False
+        return True
+
+    def request_controlled_shutdown(self, broker_id: int) -> None:
+        """Ask the controller to move leadership off this broker (an ephemeral znode: the
+        request ends with the broker's session)."""
+        try:
+            self.client.create(f"{layout.CONTROLLED_SHUTDOWN}/{broker_id}", b"", ephemeral=True)
+        except NodeExistsError:
+            pass
+
     def live_brokers(self) -> dict[int, BrokerRegistration]:
         result: dict[int, BrokerRegistration] = {}
         for child in self.client.get_children(layout.BROKER_IDS):
@@ -202,11 +293,71 @@ class ZkStore:
 
     def controller_epoch(self) -> tuple[int, int]:
         """(epoch, znode version); (0, -1) before the first election."""
+        return self.controller_epoch_counter.current()
+
+    @property
+    def controller_epoch_counter(self) -> FencingCounter:
+        return FencingCounter(self.client, layout.CONTROLLER_EPOCH)
+
+    def claim_controller(self, broker_id: int) -> bool:
+        """Create the ephemeral ``/controller`` znode for this broker; False if another holds it."""
+        payload = orjson.dumps({"version": 1, "brokerid": broker_id, "timestamp": int(time.time() * 1000)})
         try:
-            data, stat = self.client.get(layout.CONTROLLER_EPOCH)
+            self.client.create(layout.CONTROLLER, payload, ephemeral=True)
+        except NodeExistsError:
+            return False
+        return True
+
+    def release_controller(self, broker_id: int) -> bool:
+        """Delete ``/controller`` only while this session holds it (checked by the znode's owner
+        and version in one conditional delete): a resigning controller never deletes the znode
+        of the controller that replaced it."""
+        try:
+            data, stat = self.client.get(layout.CONTROLLER)
         except NoNodeError:
-            return 0, -1
-        return layout.decode_int(data, layout.CONTROLLER_EPOCH), int(stat.version)
+            return False
+        try:
+            holder = int(layout._loads(data, layout.CONTROLLER)["brokerid"])
+        except (ValueError, KeyError):
+            return False
+        if holder != broker_id or stat.ephemeralOwner != self.session_id:
+            return False
+        try:
+            self.client.delete(layout.CONTROLLER, version=stat.version)
+        except (NoNodeError, BadVersionError):
+            return False
+        return True
+
+    def _transaction(self, epoch_zk_version: int, ops: Iterable[FencedOp]) -> Any:
+        txn = self.client.transaction()
+        if not test_switches.enabled(test_switches.DISABLE_EPOCH_FENCE):
+            txn.check(layout.CONTROLLER_EPOCH, epoch_zk_version)
+        for op in ops:
+            if op.kind == "create":
+                txn.create(op.path, op.data, sequence=op.sequence)
+            elif op.kind == "set":
+                txn.set_data(op.path, op.data, op.version)
+            elif op.kind == "delete":
+                txn.delete(op.path, op.version)
+            else:
+                raise ValueError(f"unknown fenced op {op.kind!r}")
+        return txn
+
+    def _fenced_failure(self, epoch_zk_version: int, results: list[Any]) -> Exception | None:
+        """None when every op went through; ControllerDeposedError when the epoch check failed;
+        otherwise the first op's own error (BadVersionError, NodeExistsError, ...)."""
+        failures = [r for r in results if isinstance(r, Exception)]
+        if not failures:
+            return None
+        if test_switches.enabled(test_switches.DISABLE_EPOCH_FENCE):
+            return failures[0]
+        first = results[0]
+        if isinstance(first, (BadVersionError, NoNodeError)):
+            return ControllerDeposedError(
+                f"controller epoch znode is no longer at version {epoch_zk_version}: deposed"
+            )
+        real = [r for r in results[1:] if isinstance(r, Exception) and type(r).__name__ != "RolledBackError"]
+        return real[0] if real else failures[0]
 
     def commit_fenced(self, epoch_zk_version: int, ops: Iterable[FencedOp]) -> None:
         """Apply ``ops`` atomically, only if ``/controller_epoch`` still has the given version.
@@ -214,32 +365,121 @@ class ZkStore:
         This is the fence of I4: a controller that was deposed (the epoch moved on) cannot
         change anything, because its check fails and ZooKeeper rejects the whole multi-op.
         """
+        results = self._transaction(epoch_zk_version, list(ops)).commit()
+        failure = self._fenced_failure(epoch_zk_version, results)
+        if failure is not None:
+            raise failure
+
+    def commit_fenced_many(
+        self, epoch_zk_version: int, groups: list[tuple[list[FencedOp], list[StateWrite]]], writer: str
+    ) -> list[ChunkResult]:
+        """Commit many partitions' changes as few fenced multi-ops as ZooKeeper's request limit
+        allows, all in flight at once. Each group (one partition's ops and the state writes they
+        make) stays within one multi-op; each multi-op also creates the state-change notice that
+        lists its writes. Raises ControllerDeposedError if any multi-op failed its epoch check;
+        otherwise returns each multi-op's outcome (a failed one changed nothing)."""
+
+        def size(item: FencedOp | StateWrite) -> int:
+            if isinstance(item, FencedOp):
+                return len(item.path) + len(item.data) + 32
+            return len(item.topic) + 120
+
+        chunks = layout.chunk_by_size([ops + writes for ops, writes in groups], size)
+        pending = []
+        for chunk in chunks:
+            ops = [i for i in chunk if isinstance(i, FencedOp)]
+            writes = [i for i in chunk if isinstance(i, StateWrite)]
+            if writes:
+                ops.append(self._notice_op(writes, writer))
+            pending.append((writes, self._transaction(epoch_zk_version, ops).commit_async()))
+        outcomes: list[ChunkResult] = []
+        deposed: Exception | None = None
+        for writes, result in pending:
+            results = result.get()
+            failure = self._fenced_failure(epoch_zk_version, results)
+            if isinstance(failure, ControllerDeposedError):
+                deposed = failure
+            notice = results[-1] if failure is None and writes and isinstance(results[-1], str) else None
+            outcomes.append(ChunkResult(writes, failure, notice))
+        if deposed is not None:
+            raise deposed
+        return outcomes
+
+    @staticmethod
+    def _notice_op(writes: list[StateWrite], writer: str) -> FencedOp:
+        notice = StateChanges(writer, int(time.time() * 1000), tuple(writes))
+        return FencedOp("create", layout.state_change_path(), notice.encode(), sequence=True)
+
+    def write_partition_state(self, write: StateWrite, expected_version: int, writer: str) -> str:
+        """A partition state written outside the controller (a leader's ISR change), conditional
+        on the version the writer read, together with its state-change notice. Raises
+        BadVersionError when someone changed the state meanwhile. Returns the notice's path."""
         txn = self.client.transaction()
-        if not test_switches.enabled(test_switches.DISABLE_EPOCH_FENCE):
-            txn.check(layout.CONTROLLER_EPOCH, epoch_zk_version)
-        ops = list(ops)
-        for op in ops:
-            if op.kind == "create":
-                txn.create(op.path, op.data)
-            elif op.kind == "set":
-                txn.set_data(op.path, op.data, op.version)
-            elif op.kind == "delete":
-                txn.delete(op.path, op.version)
-            else:
-                raise ValueError(f"unknown fenced op {op.kind!r}")
+        txn.set_data(
+            layout.partition_state_path(write.topic, write.partition), write.state.encode(), expected_version
+        )
+        op = self._notice_op([write], writer)
+        txn.create(op.path, op.data, sequence=True)
         results = txn.commit()
-        failures = [r for r in results if isinstance(r, Exception)]
-        if not failures:
-            return
-        if test_switches.enabled(test_switches.DISABLE_EPOCH_FENCE):
-            raise failures[0]
-        first = results[0]
-        if isinstance(first, (BadVersionError, NoNodeError)):
-            raise ControllerDeposedError(
-                f"controller epoch znode is no longer at version {epoch_zk_version}: deposed"
-            )
-        real = [r for r in results[1:] if isinstance(r, Exception) and type(r).__name__ != "RolledBackError"]
-        raise real[0] if real else failures[0]
+        if isinstance(results[0], Exception):
+            raise results[0]
+        if isinstance(results[1], Exception):
+            raise results[1]
+        return str(results[1])
+
+    def write_partition_states(
+        self, items: list[tuple[StateWrite, int]], writer: str
+    ) -> list[str | Exception]:
+        """Many leaders' ISR changes at once: as few multi-ops as the request limit allows (each
+        with one notice), each state conditional on its expected version. A multi-op that one
+        stale version refuses is retried one state at a time, so one conflict costs only its
+        own write. Returns, per item, the notice's path or the error that refused it."""
+        out: list[str | Exception] = [Exception("not written")] * len(items)
+        indexed = list(enumerate(items))
+        chunks = layout.chunk_by_size([[x] for x in indexed], lambda x: len(x[1][0].topic) + 200)
+        pending = []
+        for chunk in chunks:
+            txn = self.client.transaction()
+            for _, (write, expected) in chunk:
+                path = layout.partition_state_path(write.topic, write.partition)
+                txn.set_data(path, write.state.encode(), expected)
+            op = self._notice_op([w for _, (w, _) in chunk], writer)
+            txn.create(op.path, op.data, sequence=True)
+            pending.append((chunk, txn.commit_async()))
+        for chunk, result in pending:
+            results = result.get()
+            if not any(isinstance(r, Exception) for r in results):
+                for i, _ in chunk:
+                    out[i] = str(results[-1])
+                continue
+            for i, (write, expected) in chunk:
+                try:
+                    out[i] = self.write_partition_state(write, expected, writer)
+                except Exception as exc:
+                    out[i] = exc
+        return out
+
+    # -- bulk reads ----------------------------------------------------------------------------
+
+    def read_many(self, paths: Iterable[str]) -> dict[str, tuple[bytes, ZnodeStat] | None]:
+        """Read many znodes with their requests pipelined (kazoo's asynchronous API), at most
+        READ_WINDOW in flight: one round trip's latency for the lot instead of one each."""
+        out: dict[str, tuple[bytes, ZnodeStat] | None] = {}
+        window: deque[tuple[str, Any]] = deque()
+
+        def drain(keep: int) -> None:
+            while len(window) > keep:
+                path, result = window.popleft()
+                try:
+                    out[path] = result.get()
+                except NoNodeError:
+                    out[path] = None
+
+        for path in paths:
+            window.append((path, self.client.get_async(path)))
+            drain(READ_WINDOW)
+        drain(0)
+        return out
 
     # -- topics ------------------------------------------------------------------------------
 
@@ -259,6 +499,35 @@ class ZkStore:
         except NoNodeError:
             return None
         return TopicAssignment.decode(name, data), int(stat.version)
+
+    def all_topics(self) -> dict[str, TopicAssignment]:
+        """Every topic's assignment, read in one pipelined batch."""
+        found = self.read_many(layout.topic_path(n) for n in self.topics())
+        return {
+            path.rsplit("/", 1)[1]: TopicAssignment.decode(path.rsplit("/", 1)[1], got[0])
+            for path, got in found.items()
+            if got is not None
+        }
+
+    def complete_unclean_audit(self, topic: str, partition: int, leader_epoch: int, leo: int) -> bool:
+        """Fill in where the possible loss of an unclean election starts (the new leader's log
+        end when it took over); False when there is no such audit record or it is filled in."""
+        path = layout.unclean_election_path(topic, partition, leader_epoch)
+
+        def fill(data: bytes | None) -> bytes | None:
+            if data is None:
+                return None
+            record = orjson.loads(data)
+            if record.get("lost_from_offset") is not None:
+                return None
+            record["lost_from_offset"] = leo
+            return orjson.dumps(record)
+
+        before = self.client.exists(path)
+        if before is None:
+            return False
+        after, version = compare_and_set(self.client, path, fill)
+        return after is not None and version > before.version
 
     def create_topic(self, assignment: TopicAssignment) -> None:
         try:

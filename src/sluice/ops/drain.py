@@ -7,9 +7,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kazoo.exceptions import NodeExistsError
-
-from sluice.cluster import layout
 from sluice.cluster.layout import Reassignment
 from sluice.cluster.zkstore import ZkStore
 
@@ -64,12 +61,10 @@ def plan_drain(store: ZkStore, broker_id: int) -> DrainPlan:
 def start_drain(store: ZkStore, plan: DrainPlan) -> None:
     if not plan.moves:
         return
-    try:
-        store.client.create(layout.REASSIGN_PARTITIONS, layout.encode_reassignments(plan.moves))
-    except NodeExistsError:
+    if not store.request_reassignment(plan.moves):
         raise DrainError(
             "another reassignment is in progress (/admin/reassign_partitions exists); wait for it to finish"
-        ) from None
+        )
 
 
 def wait_drained(store: ZkStore, plan: DrainPlan, timeout_s: float) -> list[tuple[str, int]]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from sluice.cluster.zkstore import update_znode
+from sluice.cluster.zkstore import FencingCounter, update_znode
 from sluice.sync.targets.base import ColumnMapping, MappingError
 
 TASKS = "/tasks"
@@ -297,11 +297,8 @@ class TaskStore:
         the task's target already holds, so an epoch never goes back for a pipeline name even if
         the counter was lost)."""
 
-        def bump(data: bytes | None) -> bytes:
-            return str(max(int(data or b"0"), at_least) + 1).encode()
-
-        stored = self._call(update_znode, self.zk, self._epoch_path(task_id), bump)
-        return int(stored)
+        counter = FencingCounter(self.zk, self._epoch_path(task_id))
+        return int(self._call(counter.take, at_least)[0])
 
     def epoch(self, task_id: str) -> int:
         from kazoo.exceptions import NoNodeError
