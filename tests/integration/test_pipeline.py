@@ -243,13 +243,18 @@ def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestClu
     ckpt = tmp_path / "checkpoint"
     truth_path = tmp_path / "truth.json"
     gen: dict[str, GeneratorStats] = {}
+    gen_error: list[BaseException] = []
 
     def generate() -> None:
-        stats, _ = run_generator(
-            bootstrap,
-            GeneratorConfig(topic="crash.changes", rate=1500, duration_s=45, seed=11),
-            truth_path=truth_path,
-        )
+        try:
+            stats, _ = run_generator(
+                bootstrap,
+                GeneratorConfig(topic="crash.changes", rate=1500, duration_s=45, seed=11),
+                truth_path=truth_path,
+            )
+        except BaseException as exc:
+            gen_error.append(exc)
+            raise
         gen["stats"] = stats
 
     producer = threading.Thread(target=generate, daemon=True)
@@ -275,7 +280,7 @@ def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestClu
         time.sleep(4)
         cluster.restart(victim)
         producer.join(timeout=120)
-        assert "stats" in gen, "the generator failed"
+        assert "stats" in gen, f"the generator failed: {gen_error or 'still running after 120 s'}"
         ends = end_offsets(bootstrap, "crash.changes")
 
         def caught_up() -> bool:
