@@ -118,6 +118,22 @@ def test_high_watermark_change_counts_as_a_change() -> None:
     assert c.open(sid, 2, {}, [], privileged=True).answer({A0: res(10), A1: moved}).partitions == []
 
 
+def test_has_news_is_what_the_answer_would_include_besides_named_partitions_and_records_nothing() -> None:
+    """A follower's long poll ends on news (handlers.fetch), so the high watermark its own fetch
+    moved reaches it at once. Fails if ``has_news`` ignores a moved watermark, or if it records
+    what it saw (the answer would then leave the partition out)."""
+    c = cache()
+    sid = open_session(c, [A0, A1], hw=10)
+    ctx = c.open(sid, 1, {A0: req(5)}, [], privileged=True)
+    assert not ctx.has_news({A0: res(10), A1: res(10)}), "a named partition alone is not news"
+    for news in (res(12), res(10, records=True), res(10, log_start=3), res(10, error=6)):
+        assert ctx.has_news({A0: res(10), A1: news}), news
+    assert ctx.has_news({A0: res(10), A1: res(12)})
+    assert ctx.answer({A0: res(10), A1: res(12)}).partitions == [A0, A1]
+    full = c.open(INVALID_SESSION_ID, INITIAL_EPOCH, {A0: req()}, [], privileged=True)
+    assert not full.has_news({A0: res(12)}), "a full request keeps min_bytes' rule"
+
+
 def test_log_start_change_counts_as_a_change() -> None:
     c = cache()
     sid = open_session(c, [A0])

@@ -94,6 +94,16 @@ class CachedPartition:
     #: named in the request being answered: answered whatever changed.
     named: bool = False
 
+    def has_news(self, result: PartitionResult) -> bool:
+        """Whether ``result`` tells this fetcher something it has not been told (records, an
+        error, or a watermark that moved), without recording anything."""
+        return (
+            result.has_records
+            or result.error != ErrorCode.NONE
+            or (result.high_watermark, result.last_stable_offset, result.log_start_offset)
+            != (self.high_watermark, self.last_stable_offset, self.log_start_offset)
+        )
+
     def must_answer(self, result: PartitionResult) -> bool:
         """Whether ``result`` has anything this fetcher has not been told; records what is sent."""
         answer = self.named or result.has_records or result.error != ErrorCode.NONE
@@ -145,6 +155,15 @@ class FetchContext:
     session: FetchSession | None = None
     #: incremental: the session's epoch once this request was accepted.
     epoch_after: int = -1
+
+    def has_news(self, results: Mapping[Key, PartitionResult]) -> bool:
+        """Incremental: whether any partition's result is news to the fetcher (see
+        ``CachedPartition.has_news``). A follower's long poll ends on it, so a high watermark
+        its own fetch moved reaches it at once rather than when the poll times out."""
+        if self.kind is not Kind.INCREMENTAL or self.session is None:
+            return False
+        cached = self.session.partitions
+        return any(key in cached and cached[key].has_news(r) for key, r in results.items())
 
     def answer(self, results: Mapping[Key, PartitionResult]) -> Answer:
         """What to answer, given the read ``results`` (in read order)."""

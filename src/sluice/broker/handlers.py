@@ -380,10 +380,13 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     incremental; the long poll waits on, and wakes for, every partition of the session.
     """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + max(0, req["max_wait_ms"]) / 1000.0
+    replica_id = req["replica_id"]
+    max_wait_s = max(0, req["max_wait_ms"]) / 1000.0
+    if replica_id >= 0:
+        max_wait_s = min(max_wait_s, broker.replicas.follower_wait_cap_s())
+    deadline = loop.time() + max_wait_s
     min_bytes = max(0, req["min_bytes"])
     max_bytes = req["max_bytes"] if req.get("max_bytes", 0) > 0 else 50 * 1024 * 1024
-    replica_id = req["replica_id"]
     requested: dict[tuple[str, int], PartitionRequest] = {}
     topic_ids: dict[str, Any] = {}
     for t in req["topics"]:
@@ -416,6 +419,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     while True:
         total = 0
         read: dict[tuple[str, int], Body] = {}
+        results: dict[tuple[str, int], PartitionResult] = {}
         for key, p in partitions:
             remaining = max_bytes - total
             result = broker.replicas.read(
@@ -438,12 +442,20 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 "preferred_read_replica": -1,
                 "records": result.records.records if result.records is not None else b"",
             }
-        has_error = any(r["error_code"] != ErrorCode.NONE for r in read.values())
+            results[key] = PartitionResult(
+                result.error, result.high_watermark, result.high_watermark, result.log_start_offset,
+                result.size > 0,
+            )  # fmt: skip
+        has_error = any(r.error != ErrorCode.NONE for r in results.values())
         now = loop.time()
         if total >= min_bytes or has_error or now >= deadline or not partitions:
             break
+        if replica_id >= 0 and context.has_news(results):
+            break
         waiter: asyncio.Future[None] = loop.create_future()
         broker.replicas.add_waiter([key for key, _ in partitions], waiter)
+        if replica_id >= 0:
+            broker.replicas.add_follower_fetch_waiter(waiter)
         try:
             await asyncio.wait_for(waiter, timeout=deadline - now)
         except TimeoutError:
@@ -453,18 +465,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
             break
         if broker.stopping:
             break
-    answer = context.answer(
-        {
-            key: PartitionResult(
-                r["error_code"],
-                r["high_watermark"],
-                r["last_stable_offset"],
-                r["log_start_offset"],
-                len(r["records"]) > 0,
-            )
-            for key, r in read.items()
-        }
-    )
+    answer = context.answer(results)
     if answer.error is not ErrorCode.NONE:
         return _fetch_response(answer.error, INVALID_SESSION_ID, [])
     responses: dict[str, list[Body]] = {}
