@@ -70,7 +70,10 @@ def progress(msg: str) -> None:
 
 
 def admin_for(servers: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": servers, "log_level": 0})
+    # A broker answers the CreateTopics requests of one connection in order, so the last of a
+    # large creation waits for all before it: librdkafka's 60 s socket timeout would give up on
+    # it while the broker still works through the others.
+    return AdminClient({"bootstrap.servers": servers, "log_level": 0, "socket.timeout.ms": 300_000})
 
 
 def metadata(admin: AdminClient, topics: dict[str, int], timeout_s: float = 30.0) -> Parts | None:

@@ -210,17 +210,26 @@ class ReplicaManager:
     async def on_partition_states(self, keys: list[tuple[str, int]]) -> None:
         """Act on many partitions' states at once (a controller's batch of elections, a new
         topic): the logs this broker must create are created side by side off the event loop
-        (each is a directory and a few fsynced files), then each state is acted on in turn."""
-        needed: list[tuple[str, int, TopicAssignment]] = []
+        (each is a directory and a few fsynced files), then each state is acted on in turn.
+
+        A new log this broker is to lead also gets its leader epoch entry there: the entry is
+        written and fsynced before anything is appended in the epoch, as ``become_leader`` would
+        do (which then finds it in place), but not one after another on the event loop, where a
+        thousand new leaderships cost seconds of fsyncs. No fetcher can append to a log that is
+        not registered yet, so the entry starts at the log end as it would on the loop."""
+        needed: list[tuple[str, int, TopicAssignment, int | None]] = []
         for topic, index in keys:
             assignment = self.metadata.topic(topic)
+            known = self.metadata.partition_state(topic, index)
             if (
                 assignment is not None
                 and (topic, index) not in self.partitions
                 and self.broker_id in assignment.replicas.get(index, ())
-                and self.metadata.partition_state(topic, index) is not None
+                and known is not None
             ):
-                needed.append((topic, index, assignment))
+                state = known[0]
+                lead_epoch = state.leader_epoch if state.leader == self.broker_id else None
+                needed.append((topic, index, assignment, lead_epoch))
         if needed:
             opened = await asyncio.to_thread(self._open_many, needed)
             for part in opened:
@@ -233,12 +242,15 @@ class ReplicaManager:
         for topic, index in keys:
             self.on_partition_state(topic, index)
 
-    def _open_many(self, needed: list[tuple[str, int, TopicAssignment]]) -> list[Partition]:
-        def open_one(item: tuple[str, int, TopicAssignment]) -> Partition:
-            topic, index, assignment = item
-            return Partition.open(
+    def _open_many(self, needed: list[tuple[str, int, TopicAssignment, int | None]]) -> list[Partition]:
+        def open_one(item: tuple[str, int, TopicAssignment, int | None]) -> Partition:
+            topic, index, assignment, lead_epoch = item
+            part = Partition.open(
                 self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
             )
+            if lead_epoch is not None and part.log.latest_epoch() < lead_epoch:
+                part.log.assign_epoch(lead_epoch, part.log.log_end_offset)
+            return part
 
         with ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="create") as pool:
             return list(pool.map(open_one, needed))

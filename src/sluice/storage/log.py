@@ -124,12 +124,21 @@ class PartitionLog:
 
     @classmethod
     def open(
-        cls, directory: Path, config: LogConfig, *, now_ms: Callable[[], int] = _wall_clock_ms
+        cls,
+        directory: Path,
+        config: LogConfig,
+        *,
+        now_ms: Callable[[], int] = _wall_clock_ms,
+        new: bool = False,
     ) -> PartitionLog:
-        """Open (creating if needed) the log in ``directory``, recovering after an unclean stop."""
+        """Open (creating if needed) the log in ``directory``, recovering after an unclean stop.
+
+        ``new``: the caller created ``directory`` just now (``Partition.open``). A new log has
+        nothing to recover, so its empty files are not fsynced one by one; making the new
+        directory durable is the caller's part (``fsync_dir`` of it and of its parent)."""
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(directory, config, now_ms)
-        log._load()
+        log._load(new=new)
         return log
 
     def _new_segment(self, base_offset: int) -> LogSegment:
@@ -140,13 +149,13 @@ class PartitionLog:
             created_ms=self._now_ms(),
         )
 
-    def _load(self) -> None:
+    def _load(self, *, new: bool = False) -> None:
         d = self._dir
         for p in d.iterdir():
             if p.name.endswith(".tmp") or p.name.endswith(".deleted"):
                 p.unlink()
         marker = d / CLEAN_SHUTDOWN_FILE
-        clean = marker.exists()
+        clean = new or marker.exists()
         bases = sorted(
             int(p.stem) for p in d.glob("*" + _LOG_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
         )
