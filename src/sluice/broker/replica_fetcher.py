@@ -276,7 +276,11 @@ class LeaderFetcher:
                     # the partition by name next time, which it always answers.
                     self.session.name_again(key)
                     continue
-                progressed |= self._apply(part, r)
+                # An answer without records but with a new high watermark is progress too: the
+                # leader's poll ends on such news (handlers.fetch), so the next poll must follow
+                # at once, not after the back-off for an empty one (that back-off after every
+                # watermark update cut acks=all throughput of 1 MB batches from 118 to 17 MB/s).
+                progressed |= self._apply(part, r) or r["error_code"] == ErrorCode.NONE
         return progressed
 
     def _request_body(self, plan: FetchPlan) -> dict[str, Any]:
