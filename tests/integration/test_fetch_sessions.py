@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from sluice.broker import replica_fetcher
 from sluice.broker.broker import Broker
 from sluice.broker.config import BrokerConfig
 from sluice.broker.partition import Partition
@@ -104,6 +105,9 @@ def test_idle_follower_fetches_name_nothing_and_replication_still_follows_the_le
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     exchanges = record_fetches(monkeypatch)
+    # Polls of 0.5 s rather than the follower's 3 s: this test counts what fetches carry, not how
+    # long they wait, and would otherwise spend most of its time in idle polls.
+    monkeypatch.setattr(replica_fetcher, "FETCH_MAX_WAIT_MS", 500)
 
     async def run() -> None:
         leader = Broker(BrokerConfig(1, tmp_path / "b1", "127.0.0.1:1/unused"))
@@ -173,14 +177,24 @@ def test_idle_follower_fetches_name_nothing_and_replication_still_follows_the_le
             assert all(follows[i].high_watermark == 0 for i in range(PARTITIONS) if i != 7)
 
             # 4. The session is lost on the leader: the follower starts over with a full fetch.
+            # A poll already waiting when the session goes is still answered in it (it holds the
+            # session; a follower poll lasts up to 3 s, so one usually is), then the next
+            # request finds no session.
+            old_session = exchanges[-1].session_id
             for session_id in list(leader.fetch_sessions._sessions):
                 leader.fetch_sessions._remove(session_id)
             mark = len(exchanges)
-            await until(
-                lambda: any(e.epoch > 0 and not e.error for e in exchanges[mark + 1 :]), 10, "a new session"
-            )
-            assert exchanges[mark].error == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
-            again = exchanges[mark + 1]
+
+            def new_session() -> bool:
+                errors = [n for n in range(mark, len(exchanges)) if exchanges[n].error]
+                return bool(errors) and any(e.epoch > 0 and not e.error for e in exchanges[errors[0] + 1 :])
+
+            await until(new_session, 10, "a new session")
+            lost = next(n for n in range(mark, len(exchanges)) if exchanges[n].error)
+            assert lost - mark <= 1, "at most the poll in flight is answered in the removed session"
+            assert all(e.session_id == old_session for e in exchanges[mark:lost])
+            assert exchanges[lost].error == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+            again = exchanges[lost + 1]
             assert again.epoch == 0 and len(again.named) == PARTITIONS and again.session_id > 0
             leads[3].append(build_batch([(b"k", b"w")] * 2))
             await until(lambda: follows[3].log.log_end_offset == 2, 10, "partition 3 to replicate")
@@ -190,8 +204,15 @@ def test_idle_follower_fetches_name_nothing_and_replication_still_follows_the_le
             # 5. A partition that leaves the follower is forgotten, not named again.
             mark = len(exchanges)
             manager.remove(follows[11])
-            await until(lambda: len(exchanges) > mark + 1, 10, "two more fetches")
-            assert exchanges[mark].forgotten == [("t", 11)] or exchanges[mark + 1].forgotten == [("t", 11)]
+
+            def forgot_then_idle() -> bool:
+                forgot = [n for n in range(mark, len(exchanges)) if exchanges[n].forgotten]
+                return bool(forgot) and len(exchanges) > forgot[0] + 1
+
+            # (the poll in flight when the partition left is answered first, up to 3 s later)
+            await until(forgot_then_idle, 20, "the fetch forgetting it and one after it")
+            forgot = next(n for n in range(mark, len(exchanges)) if exchanges[n].forgotten)
+            assert forgot - mark <= 1 and exchanges[forgot].forgotten == [("t", 11)]
             last = exchanges[-1]
             assert last.named == [] and last.forgotten == []
 
