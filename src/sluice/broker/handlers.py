@@ -465,6 +465,10 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
             break
         if broker.stopping:
             break
+        if replica_id >= 0 and broker.replicas.follower_wait_cap_s() < max_wait_s:
+            # This broker took on a leadership while the poll waited: answer now, so that the
+            # follower's next fetch can add a partition it is to follow from now on.
+            break
     answer = context.answer(results)
     if answer.error is not ErrorCode.NONE:
         return _fetch_response(answer.error, INVALID_SESSION_ID, [])
