@@ -17,7 +17,7 @@ from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import build_batch
 from sluice.sync.wire_client import WireClient
-from tests.support.cluster import TestCluster
+from tests.support.cluster import TestCluster, one_broker_with_topic
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,21 +27,8 @@ VERSION = 11
 
 @pytest.fixture(scope="module")
 def broker(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    c = TestCluster(zookeeper, tmp_path_factory.mktemp("sessions-cluster"), 1)
-    try:
-        with WireClient.connect(c.bootstrap) as w:
-            r = w.request(
-                ApiKey.CREATE_TOPICS,
-                5,
-                {
-                    "topics": [{"name": TOPIC, "num_partitions": 3, "replication_factor": 1}],
-                    "timeout_ms": 30000,
-                },
-            )
-            assert r["topics"][0]["error_code"] == ErrorCode.NONE, r
+    with one_broker_with_topic(zookeeper, tmp_path_factory.mktemp("sessions-cluster"), TOPIC, 3) as c:
         yield c
-    finally:
-        c.down()
 
 
 def connect(c: TestCluster) -> WireClient:

@@ -16,7 +16,7 @@ from sluice.protocol.api import ApiKey, encode_request
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import build_batch
 from sluice.sync.wire_client import WireClient
-from tests.support.cluster import TestCluster
+from tests.support.cluster import TestCluster, one_broker_with_topic
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,21 +25,8 @@ TOPIC = "wire"
 
 @pytest.fixture(scope="module")
 def broker(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    c = TestCluster(zookeeper, tmp_path_factory.mktemp("wire-cluster"), 1)
-    try:
-        with WireClient.connect(c.bootstrap) as w:
-            r = w.request(
-                ApiKey.CREATE_TOPICS,
-                5,
-                {
-                    "topics": [{"name": TOPIC, "num_partitions": 2, "replication_factor": 1}],
-                    "timeout_ms": 30000,
-                },
-            )
-            assert r["topics"][0]["error_code"] == ErrorCode.NONE, r
+    with one_broker_with_topic(zookeeper, tmp_path_factory.mktemp("wire-cluster"), TOPIC, 2) as c:
         yield c
-    finally:
-        c.down()
 
 
 def connect(c: TestCluster) -> WireClient:

@@ -6,7 +6,8 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,30 @@ def _reap(pid: int) -> bool:
     except ChildProcessError:
         pass
     return not launcher.pid_alive(pid)
+
+
+@contextmanager
+def one_broker_with_topic(
+    zookeeper: str, directory: Path, topic: str, partitions: int
+) -> Iterator[TestCluster]:
+    """A one-broker cluster holding ``topic`` (replication factor 1), created over the wire; the
+    cluster is stopped on exit."""
+    from sluice.protocol.api import ApiKey
+    from sluice.protocol.errors import ErrorCode
+    from sluice.sync.wire_client import WireClient
+
+    c = TestCluster(zookeeper, directory, 1)
+    try:
+        with WireClient.connect(c.bootstrap) as w:
+            r = w.request(
+                ApiKey.CREATE_TOPICS,
+                5,
+                {
+                    "topics": [{"name": topic, "num_partitions": partitions, "replication_factor": 1}],
+                    "timeout_ms": 30000,
+                },
+            )
+            assert r["topics"][0]["error_code"] == ErrorCode.NONE, r
+        yield c
+    finally:
+        c.down()
