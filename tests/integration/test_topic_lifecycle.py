@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluice.broker.group_placement import OFFSETS_TOPIC
 from sluice.clients import close_within
+from sluice.cluster.layout import TopicAssignment
 from sluice.cluster.zkstore import ZkStore
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
@@ -153,3 +154,55 @@ def test_a_topic_created_again_never_serves_the_old_topics_records(
     assert producer.flush(30) == 0
     assert delivered == [0]
     assert _read_all(cluster.bootstrap, "again", 1) == [(0, b"new-0")]
+
+
+def test_a_topic_whose_partitions_have_no_state_yet_is_answered_as_being_created(
+    make_cluster: Callable[..., TestCluster],
+) -> None:
+    """Between a topic's znode and the controller's first partition states, a broker knows the
+    topic but not its leaders. It used to list the partitions with leader -1, which librdkafka
+    takes for offline until its metadata cache ages out (15 minutes): a consumer that asked for
+    watermarks in that window got "Unknown partition" on every later call, even once the leader
+    was elected. Here the window is held open by pausing the controller. Before the fix:
+    ``KafkaException(KafkaError{code=_UNKNOWN_PARTITION,val=-190,str="Failed to get watermark
+    offsets: Local: Unknown partition"})`` on every call for the 30 s, after the leader existed
+    (CI saw the same in test_a_topic_created_again..., one run in about ten)."""
+    cluster = make_cluster(2, session_timeout_s=30.0)
+    store = ZkStore(cluster.zookeeper)
+    store.start()
+    try:
+        controller = store.controller_id()
+        other = 2 if controller == 1 else 1
+        via_other = f"{cluster.broker(other).host}:{cluster.broker(other).port}"
+        probe = Consumer(
+            {
+                "bootstrap.servers": via_other,
+                "group.id": "probe",
+                "topic.metadata.refresh.interval.ms": 600000,
+                "log_level": 0,
+            }
+        )
+        cluster.kill(controller, signal.SIGSTOP)
+        try:
+            store.create_topic(TopicAssignment("window", uuid.uuid4(), {0: (other,)}))
+            admin = AdminClient({"bootstrap.servers": via_other, "log_level": 0})
+            wait_until(
+                lambda: "window" in admin.list_topics(timeout=5).topics, 30, "the topic's znode to be seen"
+            )
+            answer = admin.list_topics("window", timeout=5).topics["window"]
+            assert answer.error is not None and answer.error.code() == KafkaError.LEADER_NOT_AVAILABLE, answer
+            assert answer.partitions == {}, answer.partitions
+            with pytest.raises(KafkaException):  # no leader yet: the call may only fail now
+                probe.get_watermark_offsets(TopicPartition("window", 0), timeout=2, cached=False)
+        finally:
+            cluster.kill(controller, signal.SIGCONT)
+
+        def known() -> bool:
+            return probe.get_watermark_offsets(TopicPartition("window", 0), timeout=5, cached=False) == (0, 0)
+
+        try:
+            wait_until(known, 30, "the probe to find the new partition's leader")
+        finally:
+            close_within(probe)
+    finally:
+        store.stop()

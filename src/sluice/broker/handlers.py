@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker.fetch_sessions import (
@@ -27,6 +27,7 @@ from sluice.protocol.errors import ErrorCode
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
     from sluice.broker.replica_manager import ProduceResult
+    from sluice.cluster.view import PartitionInfo
 
 log = logging.getLogger("sluice.handlers")
 
@@ -223,6 +224,55 @@ async def delete_groups(broker: Broker, header: RequestHeader, req: Body) -> Bod
     return {"throttle_time_ms": 0, "results": results}
 
 
+def topic_metadata(
+    name: str, topic_id: uuid.UUID, infos: list[PartitionInfo], live: Mapping[int, object]
+) -> Body:
+    """One topic's entry in a Metadata answer.
+
+    A topic is answered only once this broker holds the state of every partition: until then it
+    is "being created" (topic-level LEADER_NOT_AVAILABLE, no partitions), which every client
+    retries. A partition listed with leader -1 means offline, and librdkafka takes that for a
+    fixed fact until its metadata cache ages out (metadata.max.age.ms, 15 minutes): a consumer
+    that asked for watermarks during the short window between a topic's znode and its first
+    state got "Unknown partition" for as long. Kafka has no such window either: a ZooKeeper-mode
+    broker learns a new topic from the controller's UpdateMetadata, leaders already elected; a
+    KRaft broker from one batch holding the topic and its partitions' leaders.
+    """
+    if not infos or any(info.state is None for info in infos):
+        return {
+            "error_code": ErrorCode.LEADER_NOT_AVAILABLE,
+            "name": name,
+            "topic_id": topic_id,
+            "is_internal": name.startswith("__"),
+            "partitions": [],
+        }
+    partitions = []
+    for info in infos:
+        state = info.state
+        assert state is not None
+        error = (
+            ErrorCode.NONE if state.leader >= 0 and state.leader in live else ErrorCode.LEADER_NOT_AVAILABLE
+        )
+        partitions.append(
+            {
+                "error_code": error,
+                "partition_index": info.partition,
+                "leader_id": state.leader if error is ErrorCode.NONE else -1,
+                "leader_epoch": state.leader_epoch,
+                "replica_nodes": list(info.replicas),
+                "isr_nodes": list(state.isr),
+                "offline_replicas": [r for r in info.replicas if r not in live],
+            }
+        )
+    return {
+        "error_code": ErrorCode.NONE,
+        "name": name,
+        "topic_id": topic_id,
+        "is_internal": name.startswith("__"),
+        "partitions": partitions,
+    }
+
+
 async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
     cache = broker.metadata
     requested = req.get("topics")
@@ -258,30 +308,8 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 }
             )
             continue
-        partitions = []
-        for info in cache.partitions(assignment.name):
-            state = info.state
-            leader = state.leader if state else -1
-            error = ErrorCode.NONE if leader >= 0 and leader in live else ErrorCode.LEADER_NOT_AVAILABLE
-            partitions.append(
-                {
-                    "error_code": error,
-                    "partition_index": info.partition,
-                    "leader_id": leader if error is ErrorCode.NONE else -1,
-                    "leader_epoch": state.leader_epoch if state else -1,
-                    "replica_nodes": list(info.replicas),
-                    "isr_nodes": list(state.isr) if state else [],
-                    "offline_replicas": [r for r in info.replicas if r not in live],
-                }
-            )
         topics.append(
-            {
-                "error_code": ErrorCode.NONE,
-                "name": assignment.name,
-                "topic_id": assignment.topic_id,
-                "is_internal": assignment.name.startswith("__"),
-                "partitions": partitions,
-            }
+            topic_metadata(assignment.name, assignment.topic_id, cache.partitions(assignment.name), live)
         )
     return {
         "throttle_time_ms": 0,
