@@ -13,7 +13,7 @@ import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sluice import test_switches
@@ -51,6 +51,9 @@ class ProduceResult:
     log_start_offset: int = -1
     message: str | None = None
     last_offset: int = -1
+    #: The replica appended to (acks=all waits on this one, never on whatever holds the key
+    #: by the time the wait starts).
+    partition: Partition | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,15 +371,24 @@ class ReplicaManager:
             info.log_append_time,
             part.log.log_start_offset,
             last_offset=info.last_offset,
+            partition=part,
         )
 
     async def wait_replicated(
         self, topic: str, index: int, result: ProduceResult, timeout_s: float
     ) -> ProduceResult:
-        """acks=all: answer only once every ISR member has the batch (it is below the high watermark)."""
-        part = self.partitions.get((topic, index))
-        if part is None or result.error is not ErrorCode.NONE or self._unsafe_acks_all:
+        """acks=all: answer only once every ISR member has the batch (it is below the high watermark).
+
+        The wait is on the replica the batch went into. Looking the partition up again by name
+        acknowledged a batch that was never replicated when the replica left this broker between
+        the append and the wait (a reassignment moving it away): nothing was found, and the
+        append's success went out unchanged (CI: a drained partition lost an acknowledged record
+        and the idempotent producer failed with OUT_OF_ORDER_SEQUENCE_NUMBER)."""
+        part = result.partition
+        if result.error is not ErrorCode.NONE or self._unsafe_acks_all:
             return result
+        if part is None:
+            raise ValueError(f"a successful append to {topic}-{index} must name its replica")
         if await part.wait_committed(result.last_offset, timeout_s):
             return result
         if not part.is_leader:
