@@ -21,9 +21,6 @@ from sluice.broker.fetch_sessions import (
     PartitionRequest,
     PartitionResult,
 )
-from sluice.broker.fetch_sessions import (
-    Kind as FetchKind,
-)
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 
@@ -447,20 +444,11 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     if context.error is not ErrorCode.NONE:
         return _fetch_response(context.error, INVALID_SESSION_ID, [])
     partitions = context.partitions
-    # A follower's incremental fetch skips the partitions its last read left quiet and that are
-    # unchanged since (see Partition.quiet_mark): an idle follower of thousands of partitions
-    # then costs a few attribute reads per partition instead of a read each.
-    quiet_ok = replica_id >= 0 and context.kind is FetchKind.INCREMENTAL
     while True:
         total = 0
         read: dict[tuple[str, int], Body] = {}
         results: dict[tuple[str, int], PartitionResult] = {}
-        now_ms = time.monotonic() * 1000
         for key, p in partitions:
-            if quiet_ok:
-                mark = context.quiet_mark(key)
-                if mark is not None and broker.replicas.refresh_quiet_follower(key, replica_id, mark, now_ms):
-                    continue
             remaining = max_bytes - total
             result = broker.replicas.read(
                 key[0],
@@ -486,12 +474,6 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 result.error, result.high_watermark, result.high_watermark, result.log_start_offset,
                 result.size > 0,
             )  # fmt: skip
-            if quiet_ok:
-                quiet = result.error is ErrorCode.NONE and result.size == 0
-                context.set_quiet(
-                    key,
-                    broker.replicas.quiet_follower_mark(key, replica_id, p.fetch_offset) if quiet else None,
-                )
         has_error = any(r.error != ErrorCode.NONE for r in results.values())
         now = loop.time()
         if total >= min_bytes or has_error or now >= deadline or not partitions:
