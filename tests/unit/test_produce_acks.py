@@ -23,10 +23,11 @@ from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import build_batch
 
 
-def _leader(broker: Broker, tmp_path: Path) -> Partition:
+def _leader(broker: Broker, tmp_path: Path, isr: tuple[int, ...] = (1, 2)) -> Partition:
+    """A new replica of t-0 (a topic id of its own), led by broker 1 with ``isr``."""
     part = Partition.open(tmp_path / "b1", "t", 0, uuid.uuid4(), {}, 1)
     broker.replicas.partitions[("t", 0)] = part
-    part.become_leader(0, (1, 2), (1, 2), time.monotonic() * 1000)
+    part.become_leader(0, isr, isr, time.monotonic() * 1000)
     return part
 
 
@@ -51,9 +52,7 @@ def test_a_replica_created_again_under_the_same_name_does_not_answer_for_the_old
         appended = broker.replicas.append("t", 0, build_batch([(b"k", b"v")] * 3), required_acks=-1)
         broker.replicas._remove_partition(old, delete=True)
         # A new replica under the same key, led here, with a high watermark past the old batch.
-        new = Partition.open(tmp_path / "b1", "t", 0, uuid.uuid4(), {}, 1)
-        broker.replicas.partitions[("t", 0)] = new
-        new.become_leader(0, (1,), (1,), time.monotonic() * 1000)
+        new = _leader(broker, tmp_path, isr=(1,))
         new.append(build_batch([(b"k", b"v")] * 5))
         assert new.high_watermark == 5
         answer = await broker.replicas.wait_replicated("t", 0, appended, 1.0)
