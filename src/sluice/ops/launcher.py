@@ -236,6 +236,7 @@ def cluster_up(
         for b in cluster.brokers:
             wait_broker_ready(cluster, b)
         wait_controller(cluster)
+        wait_views_complete(cluster)
     except BaseException:
         cluster_down(directory)
         raise
@@ -256,6 +257,38 @@ def ensure_chroot(zookeeper: str) -> None:
     finally:
         zk.stop()
         zk.close()
+
+
+def wait_views_complete(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
+    """Wait until every running broker answers Metadata naming every running broker and a
+    controller. A broker's registration is in ZooKeeper before the others' views have it (they
+    learn it from a watch); a CreateTopics with replication factor 3 sent in between was refused
+    as "larger than the 2 live broker(s)" right after `cluster up` returned."""
+    from sluice.protocol.api import ApiKey
+    from sluice.sync.wire_client import WireClient
+
+    running = [b for b in cluster.brokers if pid_alive(b.pid)]
+    want = {b.broker_id for b in running}
+    deadline = time.monotonic() + timeout_s
+    seen: dict[int, object] = {}
+    for b in running:
+        while True:
+            try:
+                with WireClient(b.host, b.port, client_id="sluice-launcher", timeout_s=5.0) as w:
+                    r = w.request(ApiKey.METADATA, 9, {"topics": [], "allow_auto_topic_creation": False})
+                names = {x["node_id"] for x in r["brokers"]}
+                seen[b.broker_id] = (sorted(names), r["controller_id"])
+                if want <= names and r["controller_id"] in names:
+                    break
+            except OSError as exc:
+                seen[b.broker_id] = str(exc)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"brokers do not all see each other after {timeout_s:.0f} s "
+                    f"(broker: [brokers seen], controller): {seen}; "
+                    f"see the broker logs in {cluster.directory}"
+                )
+            time.sleep(0.05)
 
 
 def wait_controller(cluster: LocalCluster, timeout_s: float = 30.0) -> int:
