@@ -26,7 +26,12 @@ def test_new_coordinator_returns_the_commit_acknowledged_before_the_old_one_died
     F becomes leader when L is killed; F learns the high watermark that acknowledged the last
     commit only on its next fetch response, which never comes. Loading to F's high watermark
     returned the commit before the last one: before the fix this failed with
-    ``timed out ... (last error: AssertionError('committed offset is 19, acknowledged 20'))``."""
+    ``timed out ... (last error: AssertionError('committed offset is 19, acknowledged 20'))``.
+
+    Since followers' polls end as soon as the high watermark moves (FetchContext.has_news), F
+    usually learns the last high watermark before the kill, so this end-to-end run seldom meets
+    the window any more; `tests/unit/test_coordinator_load.py` holds the follower's high
+    watermark back on purpose and fails without the fix in every run."""
     cluster = make_cluster(3)
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
     admin.create_topics([NewTopic("work", 1, 3)], operation_timeout=30)["work"].result(60)

@@ -152,6 +152,27 @@ def test_records_naming_sluice_tables_or_tables_outside_the_pipeline_are_refused
         assert t.read_rows("other")
 
 
+def test_a_tasks_apply_query_refuses_tables_outside_the_tasks_definition(tmp_path: Path) -> None:
+    """The refusal above reaches a task's apply query: the query a worker builds for a task
+    (`apply_config`) opens its target with the task's tables. Without that wiring the target
+    would accept any table, and this test fails on the second apply."""
+    from sluice.pipeline.apply import ApplyQuery
+    from sluice.sync.execution import apply_config
+    from sluice.sync.tasks import parse_spec
+
+    spec = parse_spec(
+        {"id": "wired", "source": {"kind": "mariadb", "host": "h", "port": 1, "user": "u", "database": "d"},
+         "tables": ["acct"], "target": f"sqlite:///{tmp_path / 'wired.db'}"}
+    )  # fmt: skip
+    query = ApplyQuery(None, apply_config(spec, "127.0.0.1:1", 0, tmp_path))
+    try:
+        query.target.apply(query.pipeline, query.epoch, records([event("c", 1, v="a")]))
+        with pytest.raises(BadEventError, match=r"changes table 'other'.*only acct"):
+            query.target.apply(query.pipeline, query.epoch, records([event("c", 2, table="other")], start=1))
+    finally:
+        query.stop()
+
+
 def test_bytes_are_stored_as_bytes_and_text_as_text(target: Target) -> None:
     """The envelope's `binary` columns hold base64 text; the target stores the bytes (BLOB,
     bytea), so bytes that happen to be valid UTF-8 stay distinguishable from text."""

@@ -335,3 +335,55 @@ def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commi
         stop_worker(worker)
         zk.stop()
     assert "hunter2" not in (tmp_path / "wf1.log").read_text()
+
+
+def test_a_worker_whose_spark_driver_was_killed_runs_its_task_on_a_new_one(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """kill -9 of the worker's Spark driver JVM alone (as an out-of-memory kill would do it): the
+    worker process lives on, the task's apply fails, and its retry runs on a new JVM, so the
+    target catches up with the changes made after the kill.
+
+    Failing run with the worker's session not replaced (a plain `spark_session()` at start):
+    the retries failed for ever ("apply failed: [Errno 111] Connection refused", then
+    "ConnectionRefusedError" at each start) and the wait for the target timed out."""
+    from sluice.chaos.sync_faults import spark_driver_pid
+
+    cluster = make_cluster(1)
+    bootstrap, zk_address = cluster.bootstrap, cluster.zookeeper
+    mariadb.execute("DROP DATABASE IF EXISTS wdrv", "CREATE DATABASE wdrv")
+    mariadb.execute(
+        "CREATE TABLE items (id INT PRIMARY KEY, v INT)",
+        "INSERT INTO items VALUES (1, 1), (2, 2)",
+        database="wdrv",
+    )
+    url = f"sqlite:///{tmp_path / 'drv.db'}"
+    task = ITEMS_TASK.format(id="drv", port=mariadb.port, target=url).replace(
+        "database: wf", "database: wdrv"
+    )
+    zk, store = create_task(task, tmp_path, zk_address)
+    worker = start_worker("wd1", bootstrap, zk_address, tmp_path)
+
+    def rows() -> dict[str, object]:
+        with open_target(url) as t:
+            return {k: r["v"] for k, r in t.read_rows("items").items()}
+
+    def source() -> dict[str, object]:
+        return {f'{{"id":{i}}}': v for i, v in mariadb.execute("SELECT id, v FROM items", database="wdrv")}
+
+    try:
+        wait_until(lambda: rows() == source(), 180, "the snapshot to be applied")
+        jvm = spark_driver_pid(worker.pid)
+        assert jvm is not None, "no Spark driver JVM under the worker"
+        os.kill(jvm, signal.SIGKILL)
+        mariadb.execute(
+            "UPDATE items SET v = 20 WHERE id = 2", "INSERT INTO items VALUES (3, 3)", database="wdrv"
+        )
+        wait_until(lambda: rows() == source(), 180, "the task to apply the changes made after the kill")
+        assert worker.poll() is None, "the worker exited"
+        assert spark_driver_pid(worker.pid) not in (None, jvm)
+        assert [a["kind"] for a in store.alarms("drv")].count("task-failed") >= 1
+    finally:
+        stop_worker(worker)
+        zk.stop()
+    assert "event=spark_driver_lost" in (tmp_path / "wd1.log").read_text()

@@ -9,6 +9,12 @@ Fault kinds (`SYNC_FAULT_KINDS`):
     worker-pause        SIGSTOP of a worker's process group for longer than its group session
                         (how a long GC pause looks), then SIGCONT: its tasks move and it wakes
                         up as a zombie.
+    driver-kill         kill -9 of a worker's Spark driver JVM alone, in the middle of its
+                        micro-batches: the worker lives on, its tasks' apply queries fail, and
+                        their retries run on a new JVM (pipeline.session.DriverSession).
+    driver-pause        SIGSTOP of a worker's Spark driver JVM alone, past the worker's group
+                        session (a long GC pause of the driver): the worker keeps heartbeating,
+                        so its tasks stay where they are and go on after SIGCONT.
     broker-kill         kill -9 of one broker (leader of a task topic's partition, controller,
                         coordinator of the workers' group, or any), restarted afterwards.
     broker-pause        SIGSTOP/SIGCONT of one broker.
@@ -43,7 +49,8 @@ from sluice.chaos.tcp_proxy import TcpProxy
 log = logging.getLogger("sluice.chaos.sync")
 
 SYNC_FAULT_KINDS = (
-    "worker-kill", "worker-pause", "broker-kill", "broker-pause", "target-pg-down", "target-sqlite-lock",
+    "worker-kill", "worker-pause", "driver-kill", "driver-pause", "broker-kill", "broker-pause",
+    "target-pg-down", "target-sqlite-lock",
 )  # fmt: skip
 WORKER_ROLES = ("pg-task-owner", "sqlite-task-owner", "any")
 BROKER_ROLES = ("leader", "controller", "coordinator", "any")
@@ -64,7 +71,9 @@ class SyncFault:
 
 
 def make_sync_schedule(seed: int, duration_s: float, kinds: tuple[str, ...]) -> list[SyncFault]:
-    """Faults one after another, each healed before the next; a function of its arguments only."""
+    """Faults one after another, each healed before the next; a function of its arguments only.
+    Kinds are dealt from a shuffled deck: every kind comes once before any comes again, so even a
+    short run meets as many different faults as it has room for."""
     for kind in kinds:
         if kind not in SYNC_FAULT_KINDS:
             raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(SYNC_FAULT_KINDS)}")
@@ -73,15 +82,19 @@ def make_sync_schedule(seed: int, duration_s: float, kinds: tuple[str, ...]) -> 
     rng = random.Random(f"sync-faults/{seed}")
     out: list[SyncFault] = []
     t = 3.0
+    deck: list[str] = []
     while t < duration_s - 3.0 and len(out) < 1000:
-        kind = rng.choice(kinds)
-        if kind.startswith("worker"):
+        if not deck:
+            deck = list(dict.fromkeys(kinds))
+            rng.shuffle(deck)
+        kind = deck.pop()
+        if kind.startswith(("worker", "driver")):
             role = rng.choice(WORKER_ROLES)
         elif kind.startswith("broker"):
             role = rng.choice(BROKER_ROLES)
         else:
             role = "target"
-        if kind == "worker-pause":
+        if kind in ("worker-pause", "driver-pause"):
             length = WORKER_SESSION_S + rng.uniform(2.0, 6.0)
         elif kind == "worker-kill":
             length = rng.uniform(3.0, 10.0)
@@ -120,6 +133,10 @@ class WorkerProcess:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def driver_pid(self) -> int | None:
+        """The worker's Spark driver JVM, if it runs one now."""
+        return spark_driver_pid(self.proc.pid) if self.running and self.proc is not None else None
 
     def _signal_group(self, sig: int) -> None:
         if self.proc is None:
@@ -234,6 +251,7 @@ class SyncFaultInjector:
     skipped: list[Injected] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     _lock: SqliteLockHolder | None = None
+    _paused_driver: int | None = None
     _t0: float = 0.0
     _thread: threading.Thread | None = None
     _rng: random.Random = field(default_factory=random.Random)
@@ -294,6 +312,30 @@ class SyncFaultInjector:
                 self._hold(fault.duration_s)
                 w.resume()
                 self._note(f"SIGCONT worker {name}")
+        elif fault.kind.startswith("driver"):
+            name = self._worker(fault.role)
+            pid = None if name is None else self.workers[name].driver_pid()
+            if name is None or pid is None:
+                self.skipped.append(
+                    Injected(fault.at_s, f"{fault.kind}: no Spark driver of a {fault.role} now")
+                )
+                return
+            tasks = [t for t in (self.pg_task, self.sqlite_task) if self.task_owner(t) == name]
+            runs = f"running {', '.join(tasks)}" if tasks else "running no task"
+            if fault.kind == "driver-kill":
+                _signal_pid(pid, signal.SIGKILL)
+                self._note(
+                    f"kill -9 the Spark driver JVM (pid {pid}) of worker {name} ({runs}); the worker lives on"
+                )
+            else:
+                _signal_pid(pid, signal.SIGSTOP)
+                self._paused_driver = pid
+                self._note(f"SIGSTOP the Spark driver JVM (pid {pid}) of worker {name} ({runs}) for "
+                           f"{fault.duration_s:.1f}s, past the worker's session")  # fmt: skip
+                self._hold(fault.duration_s)
+                _signal_pid(pid, signal.SIGCONT)
+                self._paused_driver = None
+                self._note(f"SIGCONT the Spark driver JVM of worker {name}")
         elif fault.kind.startswith("broker"):
             broker = self._broker(fault.role)
             if broker < 0:
@@ -361,6 +403,9 @@ class SyncFaultInjector:
             self._lock = None
         if self.pg_proxy.mode != "pass":
             self.pg_proxy.set_mode("pass")
+        if self._paused_driver is not None:
+            _signal_pid(self._paused_driver, signal.SIGCONT)
+            self._paused_driver = None
         for name, w in sorted(self.workers.items()):
             if w.paused:
                 w.resume()
@@ -372,3 +417,28 @@ class SyncFaultInjector:
                     )
                 w.start()
         self.dc.heal_all()
+
+
+def spark_driver_pid(parent_pid: int) -> int | None:
+    """The Spark driver JVM a process started: its child process running java (PySpark starts
+    the JVM as a direct child of the Python driver)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces, so split after its closing paren
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == parent_pid and comm == "java":
+            return int(entry.name)
+    return None
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

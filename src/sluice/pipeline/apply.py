@@ -200,11 +200,13 @@ class ApplyQuery:
         """Why the running query ended, or None while it runs (or was never started)."""
         if self.error is not None:
             return self.error
-        if self.query is None or self.query.isActive:
+        if self.query is None:
             return None
         try:
+            if self.query.isActive:
+                return None
             exc = self.query.exception()
-        except Exception as raised:  # the JVM side went away
+        except Exception as raised:  # the driver JVM went away (killed, out of memory)
             return raised
         return exc if exc is not None else RuntimeError("the apply query stopped")
 

@@ -45,3 +45,78 @@ def spark_session(master: str | None = None, app: str = "sluice", conf: dict[str
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(SluiceDataSource)
     return spark
+
+
+def driver_pid(spark: Any) -> int | None:
+    """The process id of the session's driver JVM (PySpark starts it as a child process)."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    return None if proc is None else int(proc.pid)
+
+
+def driver_alive(spark: Any) -> bool:
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    return proc is None or proc.poll() is None
+
+
+class DriverSession:
+    """A long-lived process's Spark session (a worker's), started again when its driver JVM died.
+
+    PySpark keeps one gateway to one JVM per Python process and never starts a second: after the
+    JVM was killed (kill -9, out of memory), every call on the old session fails, and so would a
+    new `getOrCreate`. `get()` notices the dead JVM, drops PySpark's handles to it and starts a new
+    one, so a worker whose driver died runs its tasks again on their next retry."""
+
+    def __init__(self, master: str | None = None, app: str = "sluice", conf: dict[str, str] | None = None):
+        import threading
+
+        self.master, self.app, self.conf = master, app, conf
+        self._lock = threading.Lock()
+        self._spark: Any = None
+        self.restarts = 0
+
+    def get(self) -> Any:
+        import logging
+
+        with self._lock:
+            if self._spark is not None and not driver_alive(self._spark):
+                logging.getLogger("sluice.spark").warning(
+                    "event=spark_driver_lost pid=%s exit=%s: starting a new one",
+                    driver_pid(self._spark), self._spark.sparkContext._gateway.proc.poll(),
+                )  # fmt: skip
+                _forget_driver(self._spark)
+                self._spark = None
+                self.restarts += 1
+            if self._spark is None:
+                self._spark = spark_session(self.master, self.app, self.conf)
+            return self._spark
+
+    def pid(self) -> int | None:
+        with self._lock:
+            return None if self._spark is None else driver_pid(self._spark)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._spark is None:
+                return
+            if driver_alive(self._spark):
+                self._spark.stop()
+            else:
+                _forget_driver(self._spark)
+            self._spark = None
+
+
+def _forget_driver(spark: Any) -> None:
+    """Drop PySpark's process-wide handles to a dead JVM, so that the next session starts one."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    gateway = spark.sparkContext._gateway
+    try:
+        gateway.shutdown()  # closes its sockets and the callback server foreachBatch used
+    except Exception:
+        pass
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,17 @@ class TaskExecution:
         *,
         worker: str,
         bootstrap: str,
-        spark: Any,
+        spark: Callable[[], Any],
         workdir: Path,
     ) -> None:
         self.task_id = task_id
         self.store = store
         self.worker = worker
         self.bootstrap = bootstrap
-        self.spark = spark
+        # The worker's Spark session, asked for at each start: a driver JVM that died since the
+        # last start is replaced (pipeline.session.DriverSession).
+        self.spark_session = spark
+        self.spark: Any = None
         self.workdir = workdir
         self.spec: TaskSpec = store.get(task_id)
         self.control = store.control(task_id)
@@ -107,6 +111,7 @@ class TaskExecution:
     def _start(self) -> None:
         self.stop_event = threading.Event()
         self.spec = self.store.get(self.task_id)  # as it is now (`sluice task update` restarts us)
+        self.spark = self.spark_session()
         # Past every epoch the target has seen, too: a task deleted and created again, or a
         # counter lost with its ZooKeeper, must not come back under an epoch the target refuses.
         self.epoch = self.store.next_epoch(
@@ -201,22 +206,10 @@ class TaskExecution:
             return True
 
     def _start_apply(self) -> None:
-        from sluice.pipeline.apply import ApplyConfig, ApplyQuery
-        from sluice.sync.targets import ColumnMapping
+        from sluice.pipeline.apply import ApplyQuery
 
-        spec = self.spec
-        seconds = parse_duration(str(spec.options.get("trigger", "1s")))
-        self.query = ApplyQuery(
-            self.spark,
-            ApplyConfig(
-                bootstrap=self.bootstrap, target=spec.target, topics=spec.topics(), pipeline=spec.id,
-                epoch=self.epoch, checkpoint=self.workdir / spec.id / "checkpoint", trigger_s=seconds,
-                mapping=ColumnMapping.from_config(spec.mapping),
-                max_records_per_trigger=spec.options.get("max_records_per_trigger"),
-                tables=spec.tables or None,
-            ),
-            on_error=self._on_commit_error,
-        )  # fmt: skip
+        config = apply_config(self.spec, self.bootstrap, self.epoch, self.workdir)
+        self.query = ApplyQuery(self.spark, config, on_error=self._on_commit_error)
         self.query.start()
 
     def _on_commit_error(self, exc: BaseException) -> None:
@@ -374,6 +367,21 @@ class TaskExecution:
         out["lag_records"] = lag
         out["lag_seconds"] = 0.0 if oldest is None else round(max(0.0, time.time() - oldest / 1000), 1)
         return out
+
+
+def apply_config(spec: TaskSpec, bootstrap: str, epoch: int, workdir: Path) -> Any:
+    """The apply query of a task: its topics into its target under `epoch`, refusing any event
+    that names a table outside the task's `tables` (or one of Sluice's own)."""
+    from sluice.pipeline.apply import ApplyConfig
+    from sluice.sync.targets import ColumnMapping
+
+    return ApplyConfig(
+        bootstrap=bootstrap, target=spec.target, topics=spec.topics(), pipeline=spec.id, epoch=epoch,
+        checkpoint=workdir / spec.id / "checkpoint",
+        trigger_s=parse_duration(str(spec.options.get("trigger", "1s"))),
+        mapping=ColumnMapping.from_config(spec.mapping),
+        max_records_per_trigger=spec.options.get("max_records_per_trigger"), tables=spec.tables or None,
+    )  # fmt: skip
 
 
 def _source_time_ms(value: bytes | None, fallback_ms: int) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -116,11 +117,18 @@ class TaskSpec:
         return parse_spec(orjson.loads(data))
 
 
-def scrub(text: str, secrets: list[str]) -> str:
-    """`text` with every secret replaced by ***."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
+#: the password of a URL (`scheme://user:password@host`), wherever a message quotes one
+#: (up to the authority's last @: a password may hold an unencoded @)
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)\S*@(?=[^@/\s]*(?:[/\s?#]|$))")
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret replaced by ***, and the password of any URL in it too (a task's
+    definition may be gone, or a driver may quote a URL the definition did not name)."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "***")
+    return _URL_PASSWORD.sub(r"\1***@", text)
 
 
 _OPTIONS = {

@@ -17,6 +17,7 @@ from sluice.ops.cli.common import (
     fail,
     task_store,
 )
+from sluice.ops.logging_setup import REDACTOR
 from sluice.ops.logging_setup import configure as configure_logging
 
 task_app = typer.Typer(no_args_is_help=True, help="Sync tasks: defined once in ZooKeeper, run by workers.")
@@ -265,23 +266,28 @@ def worker_start(
         changed.set()
         return not stop.is_set()
 
-    from sluice.pipeline.session import spark_session
+    from sluice.pipeline.session import DriverSession
 
     logging.getLogger("pymysqlreplication").setLevel(logging.WARNING)
-    spark = spark_session(spark_master, app=f"sluice-worker {me}")  # before joining: it takes seconds
+    # One Spark driver for the worker's tasks, started again if its JVM dies (the tasks then fail,
+    # and their retries run on the new one).
+    spark = DriverSession(spark_master, app=f"sluice-worker {me}")
+    spark.get()  # before joining: it takes seconds
 
     def start_task(task_id: str) -> object:
+        REDACTOR.add(store.get(task_id).secrets())  # before anything of the task can be logged
         return TaskExecution(
-            task_id, store, worker=me, bootstrap=bootstrap, spark=spark, workdir=directory / me
+            task_id, store, worker=me, bootstrap=bootstrap, spark=spark.get, workdir=directory / me
         )
 
     def describe_error(task_id: str, error: BaseException | str) -> str:
         """One line, with the task's passwords scrubbed (a driver's message may quote a URL)."""
         text = (error if isinstance(error, str) else f"{type(error).__name__}: {error}").splitlines()[0]
         try:
-            return scrub(text, store.get(task_id).secrets())
-        except Exception:
-            return text
+            REDACTOR.add(store.get(task_id).secrets())
+        except Exception:  # the task is gone or ZooKeeper is out of reach: what we know, and URLs
+            pass
+        return scrub(text, REDACTOR.secrets)
 
     def on_failure(task_id: str, error: str, attempts: int, retry_in_s: float) -> None:
         store.raise_alarm(
