@@ -173,6 +173,21 @@ def test_a_tasks_apply_query_refuses_tables_outside_the_tasks_definition(tmp_pat
         query.stop()
 
 
+def test_a_key_with_nul_is_refused_by_postgresql_and_kept_by_sqlite(target_url: str) -> None:
+    """PostgreSQL text cannot hold U+0000, and dropping it from a key would make 'a\\0b' and 'ab'
+    one row: that batch is refused with the record named. SQLite keeps both rows."""
+    with open_target(target_url) as t:
+        e = t.claim("p")
+        batch = records([event("c", 1, {"id": "a\x00b"}, v="nul"), event("c", 2, {"id": "ab"}, v="plain")])
+        if target_url.startswith("postgresql"):
+            with pytest.raises(BadEventError, match=r"t\[0\]@0 has U\+0000 in its primary key"):
+                t.apply("p", e, batch)
+            assert t.read_rows("acct") == {} and t.applied_offsets("p") == {}
+        else:
+            t.apply("p", e, batch)
+            assert len(t.read_rows("acct")) == 2
+
+
 def test_bytes_are_stored_as_bytes_and_text_as_text(target: Target) -> None:
     """The envelope's `binary` columns hold base64 text; the target stores the bytes (BLOB,
     bytea), so bytes that happen to be valid UTF-8 stay distinguishable from text."""

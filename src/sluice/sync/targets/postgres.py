@@ -8,7 +8,8 @@ target.pos < excluded.pos`, one `DELETE ... USING` and one tombstone upsert.
 Bytes arrive as base64 text (the change's `binary` columns) and are stored in `bytea` columns,
 decoded in SQL. PostgreSQL cannot store U+0000 in `text` or `jsonb`: that character is dropped
 from the batch's values (counted, and logged with the table) rather than failing the batch on
-every retry, which would stall the pipeline for good.
+every retry, which would stall the pipeline for good. In a primary key it is refused (the batch
+fails with the record named): dropped, it would make two source rows one.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.sync.envelope import key_text
+from sluice.sync.envelope import BadEventError, key_text
 from sluice.sync.targets.base import POS_COLUMN, ColumnMapping, Target, quote
 
 log = logging.getLogger("sluice.target")
@@ -376,19 +377,25 @@ def _staged_value(expr: str, column: str, cols: Mapping[str, str], casts: Mappin
 
 
 def strip_nul(rows: pa.Table) -> tuple[pa.Table, int]:
-    """`rows` with U+0000 removed from every string in `after` and `key` (PostgreSQL's text and
-    jsonb cannot hold it), and how many rows had one. Such rows are rare: only they are
-    re-encoded, in Python."""
-    hit = None
-    for col in ("after", "key"):
-        found = pc.fill_null(pc.match_substring(rows[col], "\\u0000"), False)
-        hit = found if hit is None else pc.or_(hit, found)
-    assert hit is not None
+    """`rows` with U+0000 removed from every string in `after` (PostgreSQL's text and jsonb
+    cannot hold it), and how many rows had one. Such rows are rare: only they are re-encoded, in
+    Python. A key holding U+0000 is refused instead: without it, 'a\\0b' and 'ab' would be one
+    row in the target, and one of two source rows would be lost."""
+    in_key = pc.fill_null(pc.match_substring(rows["key"], "\\u0000"), False)
+    if pc.any(in_key).as_py():
+        first = rows.filter(in_key).slice(0, 1).to_pylist()[0]
+        raise BadEventError(
+            f"record at {first['topic']}[{first['partition']}]@{first['offset']} has U+0000 in its "
+            f"primary key {first['key']} (table {first['table']!r}): PostgreSQL text cannot hold it, "
+            "and without it two different keys would become one row. Nothing of the batch was "
+            "written; change the key at the source, or apply this table to a target that keeps U+0000"
+        )
+    hit = pc.fill_null(pc.match_substring(rows["after"], "\\u0000"), False)
     count = int(pc.sum(hit).as_py() or 0)
     if not count:
         return rows, 0
     flags = hit.to_pylist()
-    for col in ("after", "key"):
+    for col in ("after",):
         values = rows[col].to_pylist()
         fixed = [
             orjson.dumps(_without_nul(orjson.loads(v))).decode() if f and v is not None else v
