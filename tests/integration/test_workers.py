@@ -256,12 +256,31 @@ def test_task_status_reports_the_lag_the_test_measures(
 
 ITEMS_TASK = """
 id: {id}
-source: {{kind: mariadb, host: 127.0.0.1, port: {port}, user: root, database: wf}}
+source: {{kind: mariadb, host: 127.0.0.1, port: {port}, user: root, database: {db}}}
 tables: [items]
 topic: "{id}.changes"
 target: {target}
 options: {{trigger: 500ms, partitions: 1, replication_factor: 1}}
 """
+
+
+def items_database(mariadb: LocalMariaDB, db: str) -> None:
+    """A source database `db` with one table, items (id, v), holding rows 1 and 2."""
+    mariadb.execute(f"DROP DATABASE IF EXISTS {db}", f"CREATE DATABASE {db}")
+    mariadb.execute(
+        "CREATE TABLE items (id INT PRIMARY KEY, v INT)",
+        "INSERT INTO items VALUES (1, 1), (2, 2)",
+        database=db,
+    )
+
+
+def items_in_target(url: str) -> dict[str, object]:
+    with open_target(url) as t:
+        return {k: r["v"] for k, r in t.read_rows("items").items()}
+
+
+def items_in_source(mariadb: LocalMariaDB, db: str) -> dict[str, object]:
+    return {f'{{"id":{i}}}': v for i, v in mariadb.execute("SELECT id, v FROM items", database=db)}
 
 
 def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commits(
@@ -277,27 +296,20 @@ def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commi
 
     cluster = make_cluster(1)
     bootstrap, zk_address = cluster.bootstrap, cluster.zookeeper
-    mariadb.execute("DROP DATABASE IF EXISTS wf", "CREATE DATABASE wf")
-    mariadb.execute(
-        "CREATE TABLE items (id INT PRIMARY KEY, v INT)",
-        "INSERT INTO items VALUES (1, 1), (2, 2)",
-        database="wf",
-    )
+    items_database(mariadb, "wf")
     good_url, fixed_url = f"sqlite:///{tmp_path / 'good.db'}", f"sqlite:///{tmp_path / 'fixed.db'}"
     bad_url = f"postgresql://sync:hunter2@127.0.0.1:{free_port()}/nowhere"
-    good_yaml = ITEMS_TASK.format(id="good", port=mariadb.port, target=good_url)
+    good_yaml = ITEMS_TASK.format(id="good", port=mariadb.port, db="wf", target=good_url)
     zk, store = create_task(good_yaml, tmp_path, zk_address)
-    create_task(ITEMS_TASK.format(id="bad", port=mariadb.port, target=bad_url), tmp_path, zk_address)[
-        0
-    ].stop()
+    create_task(
+        ITEMS_TASK.format(id="bad", port=mariadb.port, db="wf", target=bad_url), tmp_path, zk_address
+    )[0].stop()
     worker = start_worker("wf1", bootstrap, zk_address, tmp_path)
 
-    def rows(url: str) -> dict[str, object]:
-        with open_target(url) as t:
-            return {k: r["v"] for k, r in t.read_rows("items").items()}
+    rows = items_in_target
 
     def source() -> dict[str, object]:
-        return {f'{{"id":{i}}}': v for i, v in mariadb.execute("SELECT id, v FROM items", database="wf")}
+        return items_in_source(mariadb, "wf")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "sluice.ops.cli", *args, "--zookeeper", zk_address],
@@ -315,7 +327,7 @@ def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commi
         assert failed[1]["attempts"] == 2 and failed[1]["retry_in_s"] > failed[0]["retry_in_s"] * 1.2
 
         fixed = tmp_path / "fixed.yaml"
-        fixed.write_text(ITEMS_TASK.format(id="bad", port=mariadb.port, target=fixed_url))
+        fixed.write_text(ITEMS_TASK.format(id="bad", port=mariadb.port, db="wf", target=fixed_url))
         assert cli("task", "update", "--file", str(fixed)).returncode == 0
         mariadb.execute("UPDATE items SET v = 20 WHERE id = 2", database="wf")
         wait_until(lambda: rows(fixed_url) == source() == rows(good_url), 120, "both tasks to apply")
@@ -351,25 +363,17 @@ def test_a_worker_whose_spark_driver_was_killed_runs_its_task_on_a_new_one(
 
     cluster = make_cluster(1)
     bootstrap, zk_address = cluster.bootstrap, cluster.zookeeper
-    mariadb.execute("DROP DATABASE IF EXISTS wdrv", "CREATE DATABASE wdrv")
-    mariadb.execute(
-        "CREATE TABLE items (id INT PRIMARY KEY, v INT)",
-        "INSERT INTO items VALUES (1, 1), (2, 2)",
-        database="wdrv",
-    )
+    items_database(mariadb, "wdrv")
     url = f"sqlite:///{tmp_path / 'drv.db'}"
-    task = ITEMS_TASK.format(id="drv", port=mariadb.port, target=url).replace(
-        "database: wf", "database: wdrv"
-    )
+    task = ITEMS_TASK.format(id="drv", port=mariadb.port, db="wdrv", target=url)
     zk, store = create_task(task, tmp_path, zk_address)
     worker = start_worker("wd1", bootstrap, zk_address, tmp_path)
 
     def rows() -> dict[str, object]:
-        with open_target(url) as t:
-            return {k: r["v"] for k, r in t.read_rows("items").items()}
+        return items_in_target(url)
 
     def source() -> dict[str, object]:
-        return {f'{{"id":{i}}}': v for i, v in mariadb.execute("SELECT id, v FROM items", database="wdrv")}
+        return items_in_source(mariadb, "wdrv")
 
     try:
         wait_until(lambda: rows() == source(), 180, "the snapshot to be applied")
