@@ -26,7 +26,7 @@ from sluice.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
-    from sluice.broker.replica_manager import ProduceResult
+    from sluice.broker.replica_manager import FetchResult, ProduceResult
     from sluice.cluster.view import PartitionInfo
 
 log = logging.getLogger("sluice.handlers")
@@ -444,9 +444,11 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     if context.error is not ErrorCode.NONE:
         return _fetch_response(context.error, INVALID_SESSION_ID, [])
     partitions = context.partitions
+    read_committed = req.get("isolation_level", 0) == 1
     while True:
         total = 0
-        read: dict[tuple[str, int], Body] = {}
+        has_error = False
+        read: dict[tuple[str, int], FetchResult] = {}
         results: dict[tuple[str, int], PartitionResult] = {}
         for key, p in partitions:
             remaining = max_bytes - total
@@ -459,22 +461,13 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 min_one_batch=(total == 0),
                 replica_id=replica_id,
             )
-            total += result.size
-            read[key] = {
-                "partition_index": key[1],
-                "error_code": result.error,
-                "high_watermark": result.high_watermark,
-                "last_stable_offset": result.high_watermark,
-                "log_start_offset": result.log_start_offset,
-                "aborted_transactions": [] if req.get("isolation_level", 0) == 1 else None,
-                "preferred_read_replica": -1,
-                "records": result.records.records if result.records is not None else b"",
-            }
+            size = result.size
+            total += size
+            has_error = has_error or result.error != ErrorCode.NONE
+            read[key] = result
             results[key] = PartitionResult(
-                result.error, result.high_watermark, result.high_watermark, result.log_start_offset,
-                result.size > 0,
-            )  # fmt: skip
-        has_error = any(r.error != ErrorCode.NONE for r in results.values())
+                result.error, result.high_watermark, result.high_watermark, result.log_start_offset, size > 0
+            )
         now = loop.time()
         if total >= min_bytes or has_error or now >= deadline or not partitions:
             break
@@ -502,7 +495,19 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         return _fetch_response(answer.error, INVALID_SESSION_ID, [])
     responses: dict[str, list[Body]] = {}
     for key in answer.partitions:
-        responses.setdefault(key[0], []).append(read[key])
+        result = read[key]
+        responses.setdefault(key[0], []).append(
+            {
+                "partition_index": key[1],
+                "error_code": result.error,
+                "high_watermark": result.high_watermark,
+                "last_stable_offset": result.high_watermark,
+                "log_start_offset": result.log_start_offset,
+                "aborted_transactions": [] if read_committed else None,
+                "preferred_read_replica": -1,
+                "records": result.records.records if result.records is not None else b"",
+            }
+        )
     return _fetch_response(
         ErrorCode.NONE,
         answer.session_id,

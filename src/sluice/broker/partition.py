@@ -284,7 +284,9 @@ class Partition:
     def record_follower_fetch(self, replica: int, fetch_offset: int, now_ms: float) -> None:
         """A follower fetched from ``fetch_offset``: it has everything below it."""
         leo = self.log.log_end_offset
-        self.follower_leos[replica] = min(fetch_offset, leo)
+        has = min(fetch_offset, leo)
+        moved = self.follower_leos.get(replica) != has
+        self.follower_leos[replica] = has
         prev = self.follower_last_fetch.get(replica)
         if fetch_offset >= leo:
             self.follower_caught_up_ms[replica] = now_ms
@@ -292,7 +294,10 @@ class Partition:
             # It has what we had at its previous fetch, so it was caught up then.
             self.follower_caught_up_ms[replica] = max(self.follower_caught_up_ms.get(replica, 0.0), prev[1])
         self.follower_last_fetch[replica] = (leo, now_ms)
-        self._update_high_watermark()
+        if moved:
+            # The high watermark depends on the followers' ends only through this; the leader's
+            # own appends and ISR changes update it where they happen.
+            self._update_high_watermark()
 
     def isr_candidates_to_add(self) -> list[int]:
         epoch_start = self._epoch_start_offset()

@@ -441,13 +441,18 @@ class ReplicaManager:
             return FetchResult(
                 ErrorCode.NOT_LEADER_OR_FOLLOWER, part.high_watermark, part.log.log_start_offset
             )
-        if offset <= part.log.log_end_offset:
+        leo = part.log.log_end_offset
+        if offset <= leo:
             part.record_follower_fetch(replica_id, offset, time.monotonic() * 1000)
             # Only the follower fetching now may join (Kafka's maybeExpandIsr): a dead one whose
             # last known end happens to equal the high watermark must not be added back.
-            if replica_id in part.isr_candidates_to_add():
+            if replica_id not in part.isr and replica_id in part.isr_candidates_to_add():
                 for listener in self.isr_listeners:
                     listener(part)
+        if offset == leo:
+            # The follower has the whole log: nothing to read. Most partitions of an idle
+            # follower's session are here at every poll, so this path must stay cheap.
+            return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset)
         try:
             # A follower reads past the high watermark: it is how records get there.
             result = part.read(offset, max_bytes, committed_only=False, min_one_batch=True)
