@@ -93,6 +93,9 @@ class CachedPartition:
     log_start_offset: int = -1
     #: named in the request being answered: answered whatever changed.
     named: bool = False
+    #: a follower's last read of it left nothing to do (the broker's mark of what it held then):
+    #: while the mark holds, the next unnamed fetch need not read it. Opaque here.
+    quiet: object | None = None
 
     def has_news(self, result: PartitionResult) -> bool:
         """Whether ``result`` tells this fetcher something it has not been told (records, an
@@ -165,8 +168,24 @@ class FetchContext:
         cached = self.session.partitions
         return any(key in cached and cached[key].has_news(r) for key, r in results.items())
 
+    def quiet_mark(self, key: Key) -> object | None:
+        """Incremental: the mark ``key``'s last read left (``set_quiet``), unless this request
+        names it (a named partition is always read and answered)."""
+        if self.kind is not Kind.INCREMENTAL or self.session is None:
+            return None
+        cached = self.session.partitions.get(key)
+        return None if cached is None or cached.named else cached.quiet
+
+    def set_quiet(self, key: Key, mark: object | None) -> None:
+        """Incremental: remember what ``key``'s read left (None: read it next time)."""
+        if self.kind is Kind.INCREMENTAL and self.session is not None:
+            cached = self.session.partitions.get(key)
+            if cached is not None:
+                cached.quiet = mark
+
     def answer(self, results: Mapping[Key, PartitionResult]) -> Answer:
-        """What to answer, given the read ``results`` (in read order)."""
+        """What to answer, given the read ``results`` (in read order). A partition left out of
+        ``results`` (skipped as quiet) has nothing new and is not answered."""
         if self.kind is Kind.ERROR:
             return Answer(INVALID_SESSION_ID, [], self.error)
         if self.kind is Kind.SESSIONLESS:

@@ -299,6 +299,41 @@ class Partition:
             # own appends and ISR changes update it where they happen.
             self._update_high_watermark()
 
+    def quiet_mark(self, replica: int, fetch_offset: int) -> tuple[object, ...] | None:
+        """What a follower's fetch at ``fetch_offset`` found, when it left nothing to do: the
+        follower has the whole log, is in the ISR, and there is nothing to send. While the mark
+        stays the same, the same fetch would find the same (no record, watermark, log start,
+        leadership, ISR or replica change), so ``refresh_quiet_follower`` may stand in for it."""
+        leo = self.log.log_end_offset
+        if (
+            not self.is_leader
+            or fetch_offset != leo
+            or replica not in self.isr
+            or replica not in self.replicas
+            or self.follower_leos.get(replica) != leo
+        ):
+            return None
+        return (
+            self.leader_epoch,
+            leo,
+            self.high_watermark,
+            self.log.log_start_offset,
+            self.isr,
+            self.replicas,
+        )
+
+    def refresh_quiet_follower(self, replica: int, mark: tuple[object, ...], now_ms: float) -> bool:
+        """A follower fetched again where its last fetch left ``mark``: if nothing changed since,
+        record it as caught up (all ``record_follower_fetch`` would do) and say so; otherwise
+        the fetch must be read in full."""
+        leo = mark[1]
+        assert isinstance(leo, int)
+        if self.quiet_mark(replica, leo) != mark:
+            return False
+        self.follower_caught_up_ms[replica] = now_ms
+        self.follower_last_fetch[replica] = (leo, now_ms)
+        return True
+
     def isr_candidates_to_add(self) -> list[int]:
         epoch_start = self._epoch_start_offset()
         return [

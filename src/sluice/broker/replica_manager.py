@@ -56,6 +56,10 @@ class ProduceResult:
     partition: Partition | None = field(default=None, repr=False, compare=False)
 
 
+#: A follower's quiet fetch of one partition: the replica read and what it held then.
+QuietMark = tuple[Partition, tuple[object, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class FetchResult:
     error: ErrorCode
@@ -459,6 +463,28 @@ class ReplicaManager:
         except storage_errors.OffsetOutOfRangeError:
             return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, part.high_watermark, part.log.log_start_offset)
         return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset, result)
+
+    def quiet_follower_mark(
+        self, key: tuple[str, int], replica_id: int, fetch_offset: int
+    ) -> QuietMark | None:
+        """After a follower's read of ``key`` at ``fetch_offset``: its mark if the read left
+        nothing to do (``Partition.quiet_mark``), with the replica it was taken on."""
+        part = self.partitions.get(key)
+        if part is None:
+            return None
+        mark = part.quiet_mark(replica_id, fetch_offset)
+        return None if mark is None else (part, mark)
+
+    def refresh_quiet_follower(
+        self, key: tuple[str, int], replica_id: int, mark: object, now_ms: float
+    ) -> bool:
+        """A follower fetches ``key`` again where its last read left ``mark`` (a ``QuietMark``
+        kept by its fetch session): True (and the follower recorded as caught up) if the same
+        replica is unchanged since, so the read can be skipped; False if it must be read."""
+        part = self.partitions.get(key)
+        if part is None or not isinstance(mark, tuple) or mark[0] is not part:
+            return False
+        return part.refresh_quiet_follower(replica_id, mark[1], now_ms)
 
     @staticmethod
     def check_leader_epoch(part: Partition, current_leader_epoch: int) -> ErrorCode:
