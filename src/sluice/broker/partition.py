@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sluice.broker.replication import can_join_isr, followers_out_of_sync, high_watermark_for
 from sluice.storage.config import LogConfig
-from sluice.storage.fsutil import atomic_write, fsync_dir
+from sluice.storage.fsutil import atomic_write
 from sluice.storage.log import AppendInfo, PartitionLog, ReadResult
 
 log = logging.getLogger("sluice.partition")
@@ -162,18 +162,20 @@ class Partition:
                     else " note='not served; the replica starts empty and copies the leader; "
                     "delete the directory once it is known to hold nothing needed'",
                 )
-        # A new replica's files are made durable at once below (two directory fsyncs), not
-        # file by file: creating thousands of partitions is bound by fsyncs, and the files of an
-        # empty log hold nothing that one more fsync of each would keep.
+        # A new replica's files, its metadata among them, become durable at its log's first
+        # flush (PartitionLog.open): creating thousands of partitions is bound by fsyncs, and an
+        # empty log holds nothing that one would keep.
         new = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
         metadata = f"version: 0\ntopic_id: {topic_id}\n".encode()
-        atomic_write(directory / METADATA_FILE, metadata, durable=not new)
-        assert cls.read_topic_id(directory) == topic_id
-        plog = PartitionLog.open(directory, LogConfig.from_topic_config(dict(config)), new=new)
         if new:
-            fsync_dir(directory)
-            fsync_dir(root)
+            # Nothing to replace: a torn file reads as no id, and an empty log without an id is
+            # opened as this topic's again (local_log_action).
+            (directory / METADATA_FILE).write_bytes(metadata)
+        else:
+            atomic_write(directory / METADATA_FILE, metadata, durable=True)
+            assert cls.read_topic_id(directory) == topic_id
+        plog = PartitionLog.open(directory, LogConfig.from_topic_config(dict(config)), new=new)
         part = cls(topic, index, topic_id, plog, config, broker_id)
         # Start from the last checkpointed high watermark, never from the log end: records past
         # it may never have been committed, and exposing them could move what consumers saw

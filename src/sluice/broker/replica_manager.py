@@ -82,12 +82,50 @@ LEADERSHIP_SETTLING_S = 10.0
 FOLLOWER_WAIT_WHILE_CHANGING_S = 0.5
 
 
+class PartitionTable(dict[tuple[str, int], Partition]):
+    """The replicas on this broker by (topic, partition), with an index by topic: a topic's
+    change looks at that topic's replicas, not at every replica of the broker (10,000 of them,
+    once per topic, while a hundred topics were created)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_topic: dict[str, dict[int, Partition]] = {}
+
+    def __setitem__(self, key: tuple[str, int], part: Partition) -> None:
+        super().__setitem__(key, part)
+        self._by_topic.setdefault(key[0], {})[key[1]] = part
+
+    def __delitem__(self, key: tuple[str, int]) -> None:
+        super().__delitem__(key)
+        self._unindex(key)
+
+    def pop(self, key: tuple[str, int], *default: Partition | None) -> Partition | None:  # type: ignore[override]
+        if key in self:
+            self._unindex(key)
+        return super().pop(key, *default)
+
+    def clear(self) -> None:
+        super().clear()
+        self._by_topic.clear()
+
+    def of_topic(self, topic: str) -> dict[int, Partition]:
+        """The topic's replicas here, by partition (a copy)."""
+        return dict(self._by_topic.get(topic, {}))
+
+    def _unindex(self, key: tuple[str, int]) -> None:
+        parts = self._by_topic.get(key[0])
+        if parts is not None:
+            parts.pop(key[1], None)
+            if not parts:
+                del self._by_topic[key[0]]
+
+
 class ReplicaManager:
     def __init__(self, broker_id: int, data_dir: Path, metadata: MetadataCache):
         self.broker_id = broker_id
         self.data_dir = data_dir
         self.metadata = metadata
-        self.partitions: dict[tuple[str, int], Partition] = {}
+        self.partitions = PartitionTable()
         self.fetchers = FetcherManager(broker_id, metadata)
         self._unsafe_acks_all = test_switches.enabled(test_switches.UNSAFE_ACKS_ALL)
         #: Called with a leader partition whose ISR may grow; the broker writes the change.
@@ -195,8 +233,8 @@ class ReplicaManager:
         assignment = self.metadata.topic(topic)
         if assignment is None:
             return []
-        for (name, index), part in list(self.partitions.items()):
-            if name == topic and (part.topic_id != assignment.topic_id or index not in assignment.replicas):
+        for index, part in self.partitions.of_topic(topic).items():
+            if part.topic_id != assignment.topic_id or index not in assignment.replicas:
                 self._remove_stale(part, assignment.topic_id)
         return sorted(assignment.replicas)
 
@@ -217,12 +255,12 @@ class ReplicaManager:
     async def on_partition_states(self, keys: list[tuple[str, int]]) -> None:
         """Act on many partitions' states at once (a controller's batch of elections, a new
         topic): the logs this broker must create are created side by side off the event loop
-        (each is a directory and a few fsynced files), then each state is acted on in turn.
+        (each is a directory and a few files, made durable at the log's first flush), then each
+        state is acted on in turn.
 
-        A new log this broker is to lead also gets its leader epoch entry there: the entry is
-        written and fsynced before anything is appended in the epoch, as ``become_leader`` would
-        do (which then finds it in place), but not one after another on the event loop, where a
-        thousand new leaderships cost seconds of fsyncs. No fetcher can append to a log that is
+        A new log this broker is to lead also gets its leader epoch entry there, before anything
+        is appended in the epoch, as ``become_leader`` would do (which then finds it in place),
+        but not one after another on the event loop. No fetcher can append to a log that is
         not registered yet, so the entry starts at the log end as it would on the loop."""
         needed: list[tuple[str, int, TopicAssignment, int | None]] = []
         for topic, index in keys:
@@ -328,8 +366,8 @@ class ReplicaManager:
             log.info("event=log_deleted partition=%s topic_id=%s", part.name, part.topic_id)
 
     def on_topic_deleted(self, topic: str) -> None:
-        for key in [k for k in self.partitions if k[0] == topic]:
-            self._remove_partition(self.partitions[key], delete=True)
+        for part in self.partitions.of_topic(topic).values():
+            self._remove_partition(part, delete=True)
 
     def leader_partition(self, topic: str, index: int) -> tuple[Partition | None, ErrorCode]:
         part = self.partitions.get((topic, index))

@@ -12,7 +12,11 @@ smaller max timestamp.
 
 Unlike Kafka, files are not preallocated or memory-mapped: entries live in ``array``s in
 memory and are appended to the file with ``os.write``. Both are rebuilt from the log whenever
-they fail validation.
+they fail validation. A file is created, and a descriptor held, only from its first entry on: an
+index is sparse (an entry per ``index.interval.bytes``), so the many small or empty logs of a
+broker with thousands of partitions hold one descriptor each (the log file), not three. A
+missing index file reads as an index without entries, which is valid for any segment (lookups
+start at the segment's beginning), so it needs no durability of its own.
 """
 
 from __future__ import annotations
@@ -42,26 +46,41 @@ class _IndexFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd: int | None = None  # opened at the first write
+        self._closed = False
         self._dirty = False
         self._lock = threading.Lock()
 
+    def _open(self) -> int:
+        assert not self._closed, f"{self.path} is closed"
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        return self._fd
+
     def _raw(self) -> bytes:
-        assert self._fd is not None
-        size = os.fstat(self._fd).st_size
-        if size % self.entry_size:
-            raise IndexCorruptError(f"{self.path.name}: size {size} is not a multiple of {self.entry_size}")
-        return os.pread(self._fd, size, 0)
+        try:
+            raw = (
+                self.path.read_bytes()
+                if self._fd is None
+                else os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+            )
+        except FileNotFoundError:
+            return b""  # never written: no entries
+        if len(raw) % self.entry_size:
+            raise IndexCorruptError(
+                f"{self.path.name}: size {len(raw)} is not a multiple of {self.entry_size}"
+            )
+        return raw
 
     def _write(self, data: bytes) -> None:
-        assert self._fd is not None, f"{self.path} is closed"
-        n = os.write(self._fd, data)
+        n = os.write(self._open(), data)
         assert n == len(data), f"short write to {self.path}"
         self._dirty = True
 
     def _truncate_file(self, entries: int) -> None:
-        assert self._fd is not None
-        os.ftruncate(self._fd, entries * self.entry_size)
+        if self._fd is None and not self.path.exists():
+            return  # no file: no entries to cut
+        os.ftruncate(self._open(), entries * self.entry_size)
         self._dirty = True
 
     def flush(self) -> None:
@@ -73,6 +92,7 @@ class _IndexFile:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None

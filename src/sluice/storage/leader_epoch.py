@@ -18,7 +18,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Final
 
-from sluice.storage.fsutil import atomic_write
+from sluice.storage.fsutil import atomic_write, fsync_file
 
 __all__ = ["LEADER_EPOCH_CHECKPOINT", "UNDEFINED_EPOCH", "UNDEFINED_EPOCH_OFFSET", "LeaderEpochCache"]
 
@@ -31,8 +31,11 @@ _VERSION: Final = 0
 class LeaderEpochCache:
     """(epoch, start offset) entries, strictly ascending in both, persisted on every change."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, durable: bool = True) -> None:
         self.path = directory / LEADER_EPOCH_CHECKPOINT
+        #: False while the log's directory is new and not durable yet (``make_durable``): a
+        #: checkpoint fsynced into a directory that may vanish keeps nothing.
+        self.durable = durable
         self._entries: list[tuple[int, int]] = []
         self._lock = threading.Lock()
         if self.path.exists():
@@ -110,10 +113,18 @@ class LeaderEpochCache:
                 self._entries = []
                 self._persist()
 
+    def make_durable(self) -> None:
+        """From now on every change is fsynced; the checkpoint as it is now is fsynced first
+        (under the lock, so that no change can slip between the two)."""
+        with self._lock:
+            self.durable = True
+            if self.path.exists():
+                fsync_file(self.path)
+
     def _persist(self) -> None:
         lines = [str(_VERSION), str(len(self._entries))]
         lines += [f"{e} {s}" for e, s in self._entries]
-        atomic_write(self.path, ("\n".join(lines) + "\n").encode("ascii"))
+        atomic_write(self.path, ("\n".join(lines) + "\n").encode("ascii"), durable=self.durable)
 
 
 def _parse(text: str, path: Path) -> list[tuple[int, int]]:

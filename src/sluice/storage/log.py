@@ -50,7 +50,7 @@ from sluice.storage.errors import (
     RecordTooLargeError,
     UnexpectedAppendOffsetError,
 )
-from sluice.storage.fsutil import atomic_write
+from sluice.storage.fsutil import atomic_write, fsync_dir, fsync_file
 from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
 from sluice.storage.producer_state import ProducerStateManager, list_snapshots
 from sluice.storage.segment import LogSegment
@@ -117,6 +117,8 @@ class PartitionLog:
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms()
         self._closed = False
+        #: False for a new log until its first flush (see ``open``).
+        self._durable = True
         self._epochs: LeaderEpochCache
         self._producers = ProducerStateManager()
 
@@ -134,12 +136,32 @@ class PartitionLog:
         """Open (creating if needed) the log in ``directory``, recovering after an unclean stop.
 
         ``new``: the caller created ``directory`` just now (``Partition.open``). A new log has
-        nothing to recover, so its empty files are not fsynced one by one; making the new
-        directory durable is the caller's part (``fsync_dir`` of it and of its parent)."""
+        nothing to recover, and nothing in it is fsynced yet, not even the directory: creating
+        thousands of partitions is bound by fsyncs, and an empty log has nothing to keep. Its
+        files (the caller's among them), its directory and the directory's entry in its parent
+        become durable at its first flush, before any of its data does (``_make_durable``).
+        Until then it is in the page cache like any record written without a flush: a process
+        crash keeps it, a power loss may take it, and a replica that lost it is an empty
+        replica, which copies its leader."""
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(directory, config, now_ms)
+        log._durable = not new
         log._load(new=new)
         return log
+
+    def _make_durable(self) -> None:
+        """fsync every file of a new log's directory but its segments (the flush that calls
+        this fsyncs them next), the directory and its parent; once."""
+        self._epochs.make_durable()
+        for p in self._dir.iterdir():
+            try:
+                if p.is_file() and p.suffix not in (_LOG_SUFFIX, ".index", ".timeindex"):
+                    fsync_file(p)
+            except FileNotFoundError:
+                pass  # a temporary file renamed meanwhile: the directory fsync covers the rename
+        fsync_dir(self._dir)
+        fsync_dir(self._dir.parent)
+        self._durable = True
 
     def _new_segment(self, base_offset: int) -> LogSegment:
         return LogSegment(
@@ -151,6 +173,12 @@ class PartitionLog:
 
     def _load(self, *, new: bool = False) -> None:
         d = self._dir
+        if new:
+            # A directory created just now holds no log: nothing to scan, recover or rebuild.
+            self._segments = [self._new_segment(0)]
+            self._bases = [0]
+            self._epochs = LeaderEpochCache(d, durable=False)
+            return
         for p in d.iterdir():
             if p.name.endswith(".tmp") or p.name.endswith(".deleted"):
                 p.unlink()
@@ -168,10 +196,10 @@ class PartitionLog:
 
         rebuild_epochs = False
         try:
-            self._epochs = LeaderEpochCache(d)
+            self._epochs = LeaderEpochCache(d, durable=self._durable)
         except ValueError:
             (d / LEADER_EPOCH_CHECKPOINT).unlink()
-            self._epochs = LeaderEpochCache(d)
+            self._epochs = LeaderEpochCache(d, durable=self._durable)
             rebuild_epochs = True
 
         first_recover = len(self._segments)
@@ -617,6 +645,8 @@ class PartitionLog:
         with self._lock:
             if self._closed:
                 return
+            if not self._durable:
+                self._make_durable()
             segs = [s for s in self._segments if s.is_dirty or s is self._segments[-1]]
             leo = self._leo
             msgs = self._unflushed_messages
