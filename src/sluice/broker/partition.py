@@ -141,7 +141,11 @@ class Partition:
         topic_id: uuid.UUID,
         config: Mapping[str, str],
         broker_id: int,
+        *,
+        clean: bool | None = None,
     ) -> Partition:
+        """Open (creating, or recovering) the replica's log. ``clean``: whether the broker's data
+        directory was closed cleanly (None: the log's own marker says; see PartitionLog.open)."""
         directory = root / partition_dir_name(topic, index)
         if directory.exists():
             found = cls.read_topic_id(directory)
@@ -175,7 +179,7 @@ class Partition:
         else:
             atomic_write(directory / METADATA_FILE, metadata, durable=True)
             assert cls.read_topic_id(directory) == topic_id
-        plog = PartitionLog.open(directory, LogConfig.from_topic_config(dict(config)), new=new)
+        plog = PartitionLog.open(directory, LogConfig.from_topic_config(dict(config)), new=new, clean=clean)
         part = cls(topic, index, topic_id, plog, config, broker_id)
         # Start from the last checkpointed high watermark, never from the log end: records past
         # it may never have been committed, and exposing them could move what consumers saw
@@ -443,10 +447,11 @@ class Partition:
             if not fut.done():
                 fut.set_result(None)
 
-    def close(self) -> None:
+    def close(self, *, marker: bool = True) -> None:
+        """Close the log (``marker``: with its own clean-shutdown marker; see PartitionLog.close)."""
         self._notify()
         try:
             self.checkpoint_high_watermark()
         except OSError as exc:
             log.warning("event=hw_checkpoint_failed partition=%s error=%r", self.name, exc)
-        self.log.close()
+        self.log.close(marker=marker)

@@ -126,6 +126,11 @@ class ReplicaManager:
         self.data_dir = data_dir
         self.metadata = metadata
         self.partitions = PartitionTable()
+        #: How this broker knows its logs were closed cleanly: None, by each log's own marker (a
+        #: replica manager used on its own); True or False, by the data directory's one marker
+        #: as the broker found it at start (``Broker._take_clean_shutdown_marker``), which the
+        #: broker writes again once every log is closed.
+        self.clean_start: bool | None = None
         self.fetchers = FetcherManager(broker_id, metadata)
         self._unsafe_acks_all = test_switches.enabled(test_switches.UNSAFE_ACKS_ALL)
         #: Called with a leader partition whose ISR may grow; the broker writes the change.
@@ -135,6 +140,10 @@ class ReplicaManager:
         self.leadership_listeners: list[Callable[[str, int, bool], None]] = []
         self._follower_fetch_waiters: list[asyncio.Future[None]] = []
         self._leadership_taken_at = -LEADERSHIP_SETTLING_S
+
+    @property
+    def _log_markers(self) -> bool:
+        return self.clean_start is None
 
     # -- followers' long polls -------------------------------------------------------------------
 
@@ -200,8 +209,9 @@ class ReplicaManager:
             topic, index, assignment = item
             started = time.monotonic()
             part = Partition.open(
-                self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
-            )
+                self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id,
+                clean=self.clean_start,
+            )  # fmt: skip
             took_ms = (time.monotonic() - started) * 1000
             log.info(
                 "event=log_loaded partition=%s log_start=%d log_end=%d took_ms=%d",
@@ -281,7 +291,7 @@ class ReplicaManager:
                 key = (part.topic, part.index)
                 current = self.metadata.topic(part.topic)
                 if key in self.partitions or current is None or current.topic_id != part.topic_id:
-                    part.close()  # the topic changed meanwhile: on_partition_state decides again
+                    part.close(marker=self._log_markers)  # the topic changed meanwhile: decided again below
                     continue
                 self.partitions[key] = part
         for topic, index in keys:
@@ -291,8 +301,9 @@ class ReplicaManager:
         def open_one(item: tuple[str, int, TopicAssignment, int | None]) -> Partition:
             topic, index, assignment, lead_epoch = item
             part = Partition.open(
-                self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
-            )
+                self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id,
+                clean=self.clean_start,
+            )  # fmt: skip
             if lead_epoch is not None and part.log.latest_epoch() < lead_epoch:
                 part.log.assign_epoch(lead_epoch, part.log.log_end_offset)
             return part
@@ -320,8 +331,9 @@ class ReplicaManager:
         state, version = current
         if part is None:
             part = Partition.open(
-                self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id
-            )
+                self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id,
+                clean=self.clean_start,
+            )  # fmt: skip
             self.partitions[(topic, index)] = part
         if state.leader_epoch < part.leader_epoch:
             # A decision older than one this broker already acted on (a deposed controller's).
@@ -360,7 +372,7 @@ class ReplicaManager:
             part.is_leader = False
             for listener in self.leadership_listeners:
                 listener(part.topic, part.index, False)
-        part.close()
+        part.close(marker=self._log_markers)
         if delete and part.log.directory.exists():
             set_aside(part.log.directory, LocalLog.DELETE)
             log.info("event=log_deleted partition=%s topic_id=%s", part.name, part.topic_id)
@@ -610,19 +622,25 @@ class ReplicaManager:
     def leader_partitions(self) -> list[Partition]:
         return [p for p in self.partitions.values() if p.is_leader]
 
-    def close_all(self) -> None:
-        """Close every partition: each close fsyncs its files (about ten ms), so thousands are
-        closed side by side, letting the file system commit their fsyncs together."""
+    def close_all(self) -> bool:
+        """Close every partition, side by side (a close fsyncs what is unflushed); True if every
+        one closed, so that the broker may mark its data directory clean."""
+
+        failed: list[str] = []
 
         def close(part: Partition) -> None:
             try:
-                part.close()
+                part.close(marker=self._log_markers)
             except Exception:
+                failed.append(part.name)
                 log.exception("event=close_failed partition=%s", part.name)
 
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="close") as pool:
             list(pool.map(close, list(self.partitions.values())))
         took_ms = (time.monotonic() - started) * 1000
-        log.info("event=logs_closed partitions=%d took_ms=%d", len(self.partitions), took_ms)
+        log.info(
+            "event=logs_closed partitions=%d took_ms=%d failed=%d", len(self.partitions), took_ms, len(failed)
+        )
         self.partitions.clear()
+        return not failed

@@ -8,7 +8,9 @@ Directory contents::
     leader-epoch-checkpoint          Kafka's text format (see leader_epoch.py)
     00000000000000001234.snapshot    producer state after every batch below offset 1234
     recovery-point                   text: every batch below this offset was fsynced
-    .sluice-clean-shutdown           written by close(), removed by open()
+    .sluice-clean-shutdown           written by close(), removed by open(), for a log used on
+                                     its own; a broker keeps one marker for its whole data
+                                     directory instead (``clean`` and ``marker`` below)
 
 The log start offset is always the base offset of the first segment (DeleteRecords, which
 could move it inside a segment, is not supported yet), so it needs no checkpoint.
@@ -119,6 +121,8 @@ class PartitionLog:
         self._closed = False
         #: False for a new log until its first flush (see ``open``).
         self._durable = True
+        #: the offset of the newest producer-state snapshot on disk (-1: none)
+        self._snapshot_offset = -1
         self._epochs: LeaderEpochCache
         self._producers = ProducerStateManager()
 
@@ -132,6 +136,7 @@ class PartitionLog:
         *,
         now_ms: Callable[[], int] = _wall_clock_ms,
         new: bool = False,
+        clean: bool | None = None,
     ) -> PartitionLog:
         """Open (creating if needed) the log in ``directory``, recovering after an unclean stop.
 
@@ -142,11 +147,14 @@ class PartitionLog:
         become durable at its first flush, before any of its data does (``_make_durable``).
         Until then it is in the page cache like any record written without a flush: a process
         crash keeps it, a power loss may take it, and a replica that lost it is an empty
-        replica, which copies its leader."""
+        replica, which copies its leader.
+
+        ``clean``: whether the log was closed cleanly, as its owner knows it (a broker's one
+        marker for its data directory); None: this log's own marker says."""
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(directory, config, now_ms)
         log._durable = not new
-        log._load(new=new)
+        log._load(new=new, clean=clean)
         return log
 
     def _make_durable(self) -> None:
@@ -171,7 +179,7 @@ class PartitionLog:
             created_ms=self._now_ms(),
         )
 
-    def _load(self, *, new: bool = False) -> None:
+    def _load(self, *, new: bool = False, clean: bool | None = None) -> None:
         d = self._dir
         if new:
             # A directory created just now holds no log: nothing to scan, recover or rebuild.
@@ -183,7 +191,9 @@ class PartitionLog:
             if p.name.endswith(".tmp") or p.name.endswith(".deleted"):
                 p.unlink()
         marker = d / CLEAN_SHUTDOWN_FILE
-        clean = new or marker.exists()
+        own_marker = clean is None
+        if clean is None:
+            clean = marker.exists()
         bases = sorted(
             int(p.stem) for p in d.glob("*" + _LOG_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
         )
@@ -234,10 +244,11 @@ class PartitionLog:
                 seg.flush()
             self._recovery_point = self._leo
             self._write_recovery_point()
-        try:
-            marker.unlink()
-        except FileNotFoundError:
-            pass
+        if own_marker:
+            try:
+                marker.unlink()
+            except FileNotFoundError:
+                pass
 
     def _recover_epoch(self, header: BatchHeader) -> None:
         if header.partition_leader_epoch > self._epochs.latest_epoch():
@@ -269,6 +280,7 @@ class PartitionLog:
                 except (OSError, ValueError):
                     path.unlink()
         self._producers = mgr if mgr is not None else ProducerStateManager()
+        self._snapshot_offset = start if mgr is not None else -1
         for h in self._iter_headers(start):
             self._producers.update(h)
 
@@ -378,6 +390,7 @@ class PartitionLog:
             self._bases.append(first_offset)
         # State after every batch below the new segment: lets retention and recovery start here.
         self._producers.write_snapshot(self._dir, first_offset, durable=False)
+        self._snapshot_offset = first_offset
 
     def append_as_leader(
         self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int | None = None
@@ -645,7 +658,9 @@ class PartitionLog:
         with self._lock:
             if self._closed:
                 return
-            if not self._durable:
+            if not self._durable and self._leo > 0:
+                # A new log becomes durable once it holds something: one that never did has
+                # nothing to keep, and closing thousands of them must not fsync each.
                 self._make_durable()
             segs = [s for s in self._segments if s.is_dirty or s is self._segments[-1]]
             leo = self._leo
@@ -659,20 +674,29 @@ class PartitionLog:
                 self._recovery_point = leo
                 self._write_recovery_point()
 
-    def close(self) -> None:
-        """Flush, snapshot producer state, write the clean-shutdown marker and close files."""
+    def close(self, *, marker: bool = True) -> None:
+        """Flush, snapshot producer state, close files, and with ``marker`` write this log's
+        clean-shutdown marker. A broker passes ``marker=False`` and writes one marker for its data
+        directory once every log is closed; a log then costs nothing to close when nothing
+        changed since its last flush and snapshot (the recovery point is written by the flush,
+        a producer snapshot only if batches came after the last one; both are checked when
+        read, and neither is needed once the data directory's marker says clean)."""
         if self._closed:
             return
         self._segments[-1].on_roll()  # persist the active segment's max timestamp
         self.flush()
-        self._producers.write_snapshot(self._dir, self._leo, durable=True)
+        if marker or (self._leo > 0 and self._snapshot_offset != self._leo):
+            self._producers.write_snapshot(self._dir, self._leo, durable=marker)
+            self._snapshot_offset = self._leo
         with self._lock:
-            self._recovery_point = self._leo
-            self._write_recovery_point(durable=True)
+            if marker:
+                self._recovery_point = self._leo
+                self._write_recovery_point(durable=True)
             for seg in self._segments:
                 seg.close()
             self._closed = True
-        atomic_write(self._dir / CLEAN_SHUTDOWN_FILE, b"", durable=True)
+        if marker:
+            atomic_write(self._dir / CLEAN_SHUTDOWN_FILE, b"", durable=True)
 
     def abandon(self) -> None:
         """Close file handles without flushing or writing the clean-shutdown marker.
