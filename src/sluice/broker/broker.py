@@ -135,20 +135,32 @@ class Broker:
             self._stop_event.set()
 
     async def _housekeeping_until_stopped(self) -> None:
+        """The periodic work, each at its own interval: the ISR check (over the partitions led
+        here), time-based flushes (over those with ``flush.ms``), high-watermark checkpoints and
+        retention (over every replica, seconds and a minute apart)."""
         assert self._stop_event is not None
-        tick_s = min(self.config.flush_check_interval_ms, self.config.isr_check_interval_ms) / 1000.0
-        next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1000.0
+        c = self.config
+        tick_s = min(c.flush_check_interval_ms, c.isr_check_interval_ms) / 1000.0
+        now = time.monotonic()
+        next_flush = now + c.flush_check_interval_ms / 1000.0
+        next_checkpoint = now + c.hw_checkpoint_interval_ms / 1000.0
+        next_retention = now + c.retention_check_interval_ms / 1000.0
         while not self._stop_event.is_set():
             try:
                 await asyncio.wait_for(self._stop_event.wait(), timeout=tick_s)
             except TimeoutError:
                 pass
-            now_ms = int(time.time() * 1000)
+            now, now_ms = time.monotonic(), int(time.time() * 1000)
             self._shrink_isrs()
-            self.replicas.flush_due(now_ms)
-            if time.monotonic() >= next_retention:
+            if now >= next_flush:
+                self.replicas.flush_due(now_ms)
+                next_flush = now + c.flush_check_interval_ms / 1000.0
+            if now >= next_checkpoint:
+                self.replicas.checkpoint_high_watermarks()
+                next_checkpoint = now + c.hw_checkpoint_interval_ms / 1000.0
+            if now >= next_retention:
                 self.replicas.enforce_retention(now_ms)
-                next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1000.0
+                next_retention = now + c.retention_check_interval_ms / 1000.0
 
     async def _shutdown(self) -> None:
         log.info("event=broker_stopping id=%d", self.config.broker_id)

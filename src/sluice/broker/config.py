@@ -38,6 +38,8 @@ class BrokerConfig:
     controlled_shutdown: bool = True
     controlled_shutdown_timeout_s: float = 15.0
     flush_check_interval_ms: int = 1000
+    #: How often changed high watermarks are checkpointed (Kafka's default too).
+    hw_checkpoint_interval_ms: int = 5000
     retention_check_interval_ms: int = 60_000
     #: Incremental fetch sessions the broker keeps (Kafka's
     #: ``max.incremental.fetch.session.cache.slots``), and how long one may go unused before it

@@ -32,6 +32,7 @@ from sluice.broker.replica_fetcher import FetcherManager
 from sluice.cluster.layout import TopicAssignment
 from sluice.protocol.errors import ErrorCode
 from sluice.storage import errors as storage_errors
+from sluice.storage.config import LONG_MAX
 from sluice.storage.log import ReadResult
 
 log = logging.getLogger("sluice.replica_manager")
@@ -83,17 +84,34 @@ FOLLOWER_WAIT_WHILE_CHANGING_S = 0.5
 
 
 class PartitionTable(dict[tuple[str, int], Partition]):
-    """The replicas on this broker by (topic, partition), with an index by topic: a topic's
-    change looks at that topic's replicas, not at every replica of the broker (10,000 of them,
-    once per topic, while a hundred topics were created)."""
+    """The replicas on this broker by (topic, partition), with the subsets that periodic work
+    looks at kept apart, so that its cost follows them rather than every replica of the broker
+    (10,000 of them): by topic (a topic's change; once per topic while a hundred topics were
+    created), the replicas led here (the ISR check, twice a second) and those with a time-based
+    flush (``flush.ms``; the flusher)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._by_topic: dict[str, dict[int, Partition]] = {}
+        #: the replicas this broker leads (kept by ``mark_role``)
+        self.leaders: dict[tuple[str, int], Partition] = {}
+        #: the replicas whose topic sets ``flush.ms``
+        self.timed_flush: dict[tuple[str, int], Partition] = {}
 
     def __setitem__(self, key: tuple[str, int], part: Partition) -> None:
         super().__setitem__(key, part)
         self._by_topic.setdefault(key[0], {})[key[1]] = part
+        if part.log.config.flush_ms != LONG_MAX:
+            self.timed_flush[key] = part
+        self.mark_role(part)
+
+    def mark_role(self, part: Partition) -> None:
+        """Call after the replica's role may have changed."""
+        key = (part.topic, part.index)
+        if part.is_leader and self.get(key) is part:
+            self.leaders[key] = part
+        else:
+            self.leaders.pop(key, None)
 
     def __delitem__(self, key: tuple[str, int]) -> None:
         super().__delitem__(key)
@@ -107,12 +125,16 @@ class PartitionTable(dict[tuple[str, int], Partition]):
     def clear(self) -> None:
         super().clear()
         self._by_topic.clear()
+        self.leaders.clear()
+        self.timed_flush.clear()
 
     def of_topic(self, topic: str) -> dict[int, Partition]:
         """The topic's replicas here, by partition (a copy)."""
         return dict(self._by_topic.get(topic, {}))
 
     def _unindex(self, key: tuple[str, int]) -> None:
+        self.leaders.pop(key, None)
+        self.timed_flush.pop(key, None)
         parts = self._by_topic.get(key[0])
         if parts is not None:
             parts.pop(key[1], None)
@@ -362,6 +384,7 @@ class ReplicaManager:
                     self.fetchers.add(part)
             part.state_version = version
         if part.is_leader != was_leader:
+            self.partitions.mark_role(part)
             for listener in self.leadership_listeners:
                 listener(topic, index, part.is_leader)
 
@@ -594,9 +617,17 @@ class ReplicaManager:
     # -- housekeeping ------------------------------------------------------------------------------
 
     def flush_due(self, now_ms: int) -> None:
-        for part in list(self.partitions.values()):
+        """Flush the logs whose topic sets ``flush.ms`` and whose oldest unflushed data is that old."""
+        for part in list(self.partitions.timed_flush.values()):
             if part.log.needs_flush_by_time(now_ms):
                 part.log.flush()
+
+    def checkpoint_high_watermarks(self) -> None:
+        """Write the high watermark of every replica whose watermark moved since its last
+        checkpoint (every ``hw_checkpoint_interval_ms``, as Kafka's
+        ``replica.high.watermark.checkpoint.interval.ms``; a restarted replica starts from it and
+        never from its log end, so an older one only means starting lower)."""
+        for part in list(self.partitions.values()):
             part.checkpoint_high_watermark()
 
     def enforce_retention(self, now_ms: int) -> None:
@@ -620,7 +651,7 @@ class ReplicaManager:
                 )
 
     def leader_partitions(self) -> list[Partition]:
-        return [p for p in self.partitions.values() if p.is_leader]
+        return list(self.partitions.leaders.values())
 
     def close_all(self) -> bool:
         """Close every partition, side by side (a close fsyncs what is unflushed); True if every
