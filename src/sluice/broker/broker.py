@@ -534,10 +534,29 @@ def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> tuple[int, int]:
     return soft, hard
 
 
+#: The cyclic garbage collector's thresholds for a broker (CPython's default is 700, 10, 10).
+#: A broker's heap is mostly long-lived state, hundreds of objects per replica, and its hot paths
+#: allocate short-lived lists of thousands (a fetch session's partitions, a controller pass).
+#: Collecting the young generation every 700 allocations caught those alive and promoted them,
+#: and the old generation's promotions set off a full collection: at 10,000 partitions one of
+#: about 200 ms (the event loop stalled) every 30 s per broker while idle, 1,700 young
+#: collections a minute. At 20,000 the transient lists die before a collection sees them.
+GC_THRESHOLDS = (20_000, 10, 10)
+
+
+def tune_gc() -> tuple[int, int, int]:
+    """Set the broker's garbage-collection thresholds (``GC_THRESHOLDS``); returns them."""
+    import gc
+
+    gc.set_threshold(*GC_THRESHOLDS)
+    return gc.get_threshold()
+
+
 def run_broker(config: BrokerConfig) -> None:
     """Run one broker in the foreground until SIGTERM/SIGINT."""
     import uvloop
 
     soft, hard = raise_open_files_limit()
     log.info("event=open_files_limit soft=%d hard=%d", soft, hard)
+    log.info("event=gc_thresholds thresholds=%s", ",".join(map(str, tune_gc())))
     uvloop.run(Broker(config).run())
