@@ -171,19 +171,21 @@ class PartitionLog:
         fsync_dir(self._dir.parent)
         self._durable = True
 
-    def _new_segment(self, base_offset: int) -> LogSegment:
+    def _new_segment(self, base_offset: int, *, lazy: bool = False) -> LogSegment:
         return LogSegment(
             self._dir,
             base_offset,
             index_interval_bytes=self.config.index_interval_bytes,
             created_ms=self._now_ms(),
+            lazy=lazy,
         )
 
     def _load(self, *, new: bool = False, clean: bool | None = None) -> None:
         d = self._dir
         if new:
-            # A directory created just now holds no log: nothing to scan, recover or rebuild.
-            self._segments = [self._new_segment(0)]
+            # A directory created just now holds no log: nothing to scan, recover or rebuild,
+            # and no segment file until the first record (a log without one loads as this).
+            self._segments = [self._new_segment(0, lazy=True)]
             self._bases = [0]
             self._epochs = LeaderEpochCache(d, durable=False)
             return
@@ -610,7 +612,7 @@ class PartitionLog:
             next_base = self._bases[i + 1]
             if high_watermark is not None and next_base > high_watermark:
                 break
-            largest = seg.max_timestamp if seg.max_timestamp >= 0 else int(seg.path.stat().st_mtime * 1000)
+            largest = seg.max_timestamp if seg.max_timestamp >= 0 else seg.modified_ms
             by_time = cfg.retention_ms >= 0 and now_ms - largest > cfg.retention_ms
             by_size = cfg.retention_bytes >= 0 and total - seg.size >= cfg.retention_bytes
             if not (by_time or by_size):
