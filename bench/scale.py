@@ -15,7 +15,11 @@ For each size (a fresh cluster in a temp dir: 3 brokers, replication factor 3, t
   for moving leadership away); leaderless_after_shutdown: partitions without a live
   leader in the first metadata after the exit; still_leading_at_exit: partitions the broker
   itself logged as still led when its controlled shutdown ended;
-- back_in_isr_s: restart of that broker until it is back in every ISR.
+- back_in_isr_s: restart of that broker until it is back in every ISR;
+- fs_dir_file_us: right before the cluster starts, what creating a directory with one empty file
+  costs on the file system holding the cluster (microseconds each, mean of 2,000). Creating
+  partitions is bound by it (every replica is a directory and a file), and on a shared virtual
+  machine it moves several-fold from one minute to the next: read create_s beside it.
 
 Every wait is bounded by --timeout; a figure that ran out prints ``timeout`` and the figures
 that depend on it print ``-``. A markdown table row per size follows, for bench/RESULTS.md.
@@ -297,6 +301,7 @@ def controlled_shutdown(
 KEYS = [
     "partitions",
     "topics",
+    "fs_dir_file_us",
     "create_s",
     "isr_full_s",
     "idle_cpu_pct",
@@ -317,10 +322,25 @@ KEYS = [
 OPTIONAL_KEYS = {"create_errors", "error"}
 
 
+def fs_dir_file_us(parent: Path, n: int = 2000) -> float:
+    """Mean microseconds to create a directory holding one empty file, under ``parent``."""
+    probe = Path(tempfile.mkdtemp(prefix="fs-probe-", dir=parent))
+    try:
+        began = time.perf_counter()
+        for i in range(n):
+            d = probe / f"d{i}"
+            d.mkdir()
+            os.close(os.open(d / "f", os.O_WRONLY | os.O_CREAT, 0o644))
+        return (time.perf_counter() - began) / n * 1e6
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
 def run_size(size: int, args: argparse.Namespace) -> dict[str, str]:
     topics = plan_topics(size, args.partitions_per_topic)
     r: dict[str, str] = {"partitions": str(size), "topics": str(len(topics))}
     directory = Path(tempfile.mkdtemp(prefix=f"sluice-scale-{size}-"))
+    r["fs_dir_file_us"] = f"{fs_dir_file_us(directory):.0f}"
     began = time.monotonic()
     progress(f"{size} partitions in {len(topics)} topics; cluster in {directory}")
     cluster = None
@@ -355,10 +375,11 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, str]:
 def table(results: list[dict[str, str]], session_timeout: float) -> str:
     today = datetime.date.today().isoformat()
     lines = [
-        "| date | partitions | create (s) | all ISRs full (s) | idle CPU % of a core | RSS MB "
+        "| date | partitions | fs dir+file (us) | create (s) | all ISRs full (s) "
+        "| idle CPU % of a core | RSS MB "
         "| kill -9 to last new leader (s) | back in every ISR after kill -9 (s) "
         "| controlled shutdown (s) | leaderless at exit | back in every ISR (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
 
@@ -366,13 +387,14 @@ def table(results: list[dict[str, str]], session_timeout: float) -> str:
             return r.get(key, "-").replace(",", " / ")
 
         lines.append(
-            f"| {today} | {int(r['partitions']):,} | {g('create_s')} | {g('isr_full_s')} "
+            f"| {today} | {int(r['partitions']):,} | {g('fs_dir_file_us')} | {g('create_s')} "
+            f"| {g('isr_full_s')} "
             f"| {g('idle_cpu_pct')} | {g('rss_mb')} | {g('kill9_to_leaders_s')} "
             f"| {g('kill9_back_in_isr_s')} | {g('controlled_shutdown_s')} "
             f"| {g('leaderless_after_shutdown')} | {g('back_in_isr_s')} |"
         )
     lines.append(
-        f"| target at 10,000 | | < 20 | | < 5 each | | < {session_timeout + 3:g} | | < 5 | 0 | < 60 |"
+        f"| target at 10,000 | | | < 20 | | < 5 each | | < {session_timeout + 3:g} | | < 5 | 0 | < 60 |"
     )
     return "\n".join(lines)
 
