@@ -182,9 +182,11 @@ class LogSegment:
 
         ``batches`` holds (position within ``data``, header) of each batch in ``data``.
         """
-        assert not self._closed, f"{self.path} is closed"
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            with self._lock:  # against a close on another thread: never open after it
+                assert not self._closed, f"{self.path} is closed"
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        assert not self._closed, f"{self.path} is closed"
         assert batches and batches[0][1].base_offset >= self.next_offset, (
             f"append at offset {batches[0][1].base_offset} below segment next offset {self.next_offset}"
         )
