@@ -5,6 +5,7 @@ directory's entry in the data directory are fsynced before the flush fsyncs its 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -61,26 +62,33 @@ def test_an_existing_log_reopened_is_durable_from_the_start(tmp_path: Path, fsyn
     part.close()
 
 
-def test_a_new_log_has_no_segment_file_until_its_first_record(tmp_path: Path) -> None:
-    """Creating a replica creates one file (its metadata), not two: the first segment's file
-    appears with the first record. A log closed, or left by a crash, before that reopens empty
-    at offset 0, which is what it was."""
+def test_a_new_log_writes_nothing_into_its_directory_until_its_first_record(tmp_path: Path) -> None:
+    """Creating a replica makes a directory and no file: its metadata, its leader-epoch
+    checkpoint and its first segment file are written with its first record, before it. A log
+    closed, or left by a crash, before that reopens empty at offset 0, which is what it was."""
     tid = uuid.uuid4()
     d = tmp_path / "t-0"
     part = Partition.open(tmp_path, "t", 0, tid, {}, 1)
     part.become_leader(1, (1,), (1,), 0.0)
-    assert not list(d.glob("*.log")), sorted(p.name for p in d.iterdir())
+    assert sorted(p.name for p in d.iterdir()) == []
+    assert part.log.epoch_entries == [(1, 0)]
     assert part.log.read(0, max_bytes=1 << 20).records == b""
     part.close()
-    assert not list(d.glob("*.log"))
+    assert not list(d.glob("*.log")) and Partition.read_topic_id(d) is None
 
     again = Partition.open(tmp_path, "t", 0, tid, {}, 1)
     assert (again.log.log_start_offset, again.log.log_end_offset) == (0, 0)
-    again.become_leader(2, (1,), (1,), 0.0)
-    again.append(build_batch([(b"k", b"v")]))
+    again.close()
+    shutil.rmtree(d)
+
+    part = Partition.open(tmp_path, "t", 0, tid, {}, 1)
+    part.become_leader(2, (1,), (1,), 0.0)
+    part.append(build_batch([(b"k", b"v")]))
     assert [p.name for p in d.glob("*.log")] == ["00000000000000000000.log"]
-    # A crash (no close, no flush): the record is in the file and is found on reopening.
+    assert Partition.read_topic_id(d) == tid
+    # A crash (no close, no flush): the record, its epoch and the topic id are all found.
     reopened = Partition.open(tmp_path, "t", 0, tid, {}, 1)
     assert reopened.log.log_end_offset == 1
+    assert reopened.log.epoch_entries == [(2, 0)]
     reopened.close()
-    again.close()
+    part.close()

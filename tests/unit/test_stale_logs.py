@@ -24,6 +24,15 @@ def _with_records(root: Path, topic_id: uuid.UUID, n: int = 5) -> None:
     part.close()
 
 
+def _new_id_written_with_first_record(part: Partition, new_id: uuid.UUID) -> None:
+    """A new log writes its metadata with its first record: an empty directory without an id
+    is opened as the current topic's (``local_log_action``), which it is."""
+    directory = part.log.directory
+    assert Partition.read_topic_id(directory) is None and not list(directory.glob("*.log"))
+    part.append(build_batch([(b"k", b"new")]))
+    assert Partition.read_topic_id(directory) == new_id
+
+
 def _left_in(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir())
 
@@ -33,7 +42,9 @@ def test_open_moves_aside_the_log_of_a_deleted_topic(tmp_path: Path) -> None:
     _with_records(tmp_path, old_id)
     part = Partition.open(tmp_path, "t", 0, new_id, {}, broker_id=1)
     assert part.log.log_end_offset == 0 and part.log.log_start_offset == 0
-    assert Partition.read_topic_id(tmp_path / "t-0") == new_id
+    assert _left_in(tmp_path) == ["t-0"], "the old log is deleted, not kept under another name"
+    part.become_leader(1, (1,), (1,), 0.0)
+    _new_id_written_with_first_record(part, new_id)
     assert _left_in(tmp_path) == ["t-0"], "the old log is deleted, not kept under another name"
     part.close()
 
@@ -87,7 +98,7 @@ def test_a_broker_that_missed_the_deletion_replaces_the_old_replica(tmp_path: Pa
     part = manager.partitions[("t", 0)]
     assert part is not old and part.topic_id == new_id
     assert part.is_leader and part.log.log_end_offset == 0
-    assert Partition.read_topic_id(tmp_path / "t-0") == new_id
+    _new_id_written_with_first_record(part, new_id)
     assert _left_in(tmp_path) == ["t-0"]
     manager.close_all()
 

@@ -172,14 +172,17 @@ class Partition:
         new = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
         metadata = f"version: 0\ntopic_id: {topic_id}\n".encode()
+        deferred: dict[str, bytes] = {}
         if new:
-            # Nothing to replace: a torn file reads as no id, and an empty log without an id is
-            # opened as this topic's again (local_log_action).
-            (directory / METADATA_FILE).write_bytes(metadata)
+            # Written with the log's first record (PartitionLog.open): until then the directory
+            # holds no record, and a directory without an id and without records is opened as
+            # this topic's (local_log_action), which an empty log is.
+            deferred[METADATA_FILE] = metadata
         else:
             atomic_write(directory / METADATA_FILE, metadata, durable=True)
             assert cls.read_topic_id(directory) == topic_id
-        plog = PartitionLog.open(directory, LogConfig.from_topic_config(dict(config)), new=new, clean=clean)
+        log_config = LogConfig.from_topic_config(dict(config))
+        plog = PartitionLog.open(directory, log_config, new=new, clean=clean, deferred_files=deferred)
         part = cls(topic, index, topic_id, plog, config, broker_id)
         # Start from the last checkpointed high watermark, never from the log end: records past
         # it may never have been committed, and exposing them could move what consumers saw

@@ -31,11 +31,16 @@ _VERSION: Final = 0
 class LeaderEpochCache:
     """(epoch, start offset) entries, strictly ascending in both, persisted on every change."""
 
-    def __init__(self, directory: Path, *, durable: bool = True) -> None:
+    def __init__(self, directory: Path, *, durable: bool = True, deferred: bool = False) -> None:
         self.path = directory / LEADER_EPOCH_CHECKPOINT
         #: False while the log's directory is new and not durable yet (``make_durable``): a
         #: checkpoint fsynced into a directory that may vanish keeps nothing.
         self.durable = durable
+        #: True while the log is new and holds no record (``write_deferred``): entries are kept
+        #: in memory only. An entry says where an epoch's records start; with no record on disk
+        #: there is nothing for it to describe, and a log found without a checkpoint is an empty
+        #: log without epochs, which truncates to nothing and takes its epochs from its leader.
+        self.deferred = deferred
         self._entries: list[tuple[int, int]] = []
         self._lock = threading.Lock()
         if self.path.exists():
@@ -113,6 +118,15 @@ class LeaderEpochCache:
                 self._entries = []
                 self._persist()
 
+    def write_deferred(self) -> None:
+        """Start persisting: write the entries kept in memory so far (before the log's first
+        record is written)."""
+        with self._lock:
+            if self.deferred:
+                self.deferred = False
+                if self._entries:
+                    self._persist()
+
     def make_durable(self) -> None:
         """From now on every change is fsynced; the checkpoint as it is now is fsynced first
         (under the lock, so that no change can slip between the two)."""
@@ -122,6 +136,8 @@ class LeaderEpochCache:
                 fsync_file(self.path)
 
     def _persist(self) -> None:
+        if self.deferred:
+            return
         lines = [str(_VERSION), str(len(self._entries))]
         lines += [f"{e} {s}" for e, s in self._entries]
         atomic_write(self.path, ("\n".join(lines) + "\n").encode("ascii"), durable=self.durable)

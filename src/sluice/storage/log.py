@@ -26,7 +26,7 @@ import shutil
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -119,6 +119,9 @@ class PartitionLog:
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms()
         self._closed = False
+        #: What a new log writes into its directory with its first record (see ``open``);
+        #: None once written, and for a log that was not new.
+        self._deferred_files: dict[str, bytes] | None = None
         #: False for a new log until its first flush (see ``open``).
         self._durable = True
         #: the offset of the newest producer-state snapshot on disk (-1: none)
@@ -137,6 +140,7 @@ class PartitionLog:
         now_ms: Callable[[], int] = _wall_clock_ms,
         new: bool = False,
         clean: bool | None = None,
+        deferred_files: Mapping[str, bytes] | None = None,
     ) -> PartitionLog:
         """Open (creating if needed) the log in ``directory``, recovering after an unclean stop.
 
@@ -149,13 +153,35 @@ class PartitionLog:
         crash keeps it, a power loss may take it, and a replica that lost it is an empty
         replica, which copies its leader.
 
+        A new log writes nothing into its directory until its first record
+        (``_write_deferred``): not its first segment file (``LogSegment(lazy=True)``), not its
+        leader-epoch checkpoint, and not ``deferred_files`` (name to content; the caller's
+        metadata). A log found with no segment file and no record is what the new log was:
+        empty at offset 0. Creating partitions on this machine is bound by file creation.
+
         ``clean``: whether the log was closed cleanly, as its owner knows it (a broker's one
         marker for its data directory); None: this log's own marker says."""
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(directory, config, now_ms)
         log._durable = not new
         log._load(new=new, clean=clean)
+        if new:
+            log._deferred_files = dict(deferred_files or {})
+        else:
+            assert not deferred_files, "only a new log defers its files"
         return log
+
+    def _write_deferred(self) -> None:
+        """Write what a new log kept in memory (the caller's files, the epoch checkpoint), before
+        the first record or any other file goes into its directory; once."""
+        if self._deferred_files is None:
+            return
+        for name, content in self._deferred_files.items():
+            # Nothing to replace in a new directory: a torn file reads as absent, and the log
+            # it describes holds no record yet.
+            (self._dir / name).write_bytes(content)
+        self._epochs.write_deferred()
+        self._deferred_files = None
 
     def _make_durable(self) -> None:
         """fsync every file of a new log's directory but its segments (the flush that calls
@@ -187,7 +213,7 @@ class PartitionLog:
             # and no segment file until the first record (a log without one loads as this).
             self._segments = [self._new_segment(0, lazy=True)]
             self._bases = [0]
-            self._epochs = LeaderEpochCache(d, durable=False)
+            self._epochs = LeaderEpochCache(d, durable=False, deferred=True)
             return
         for p in d.iterdir():
             if p.name.endswith(".tmp") or p.name.endswith(".deleted"):
@@ -434,6 +460,7 @@ class PartitionLog:
             count += h.records_count
             max_ts = max(max_ts, h.max_timestamp)
         last_offset = offset - 1
+        self._write_deferred()
         self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
         self._segments[-1].append(buf, stamped)
         with self._lock:
@@ -472,6 +499,7 @@ class PartitionLog:
             count += h.records_count
             max_ts = max(max_ts, h.max_timestamp)
         first_offset = batches[0][1].base_offset
+        self._write_deferred()
         self._maybe_roll(len(records), max_ts, first_offset, expected - 1, self._now_ms())
         active = self._segments[-1]
         if expected - 1 - active.base_offset > 2**31 - 1 or first_offset < active.base_offset:
@@ -579,6 +607,7 @@ class PartitionLog:
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything and restart the log, empty, at ``offset``."""
         self._check_open()
+        self._write_deferred()  # its segment at ``offset`` is a file, so its directory is no longer new
         if offset < 0:
             raise OffsetOutOfRangeError(f"cannot start the log at negative offset {offset}")
         with self._lock:
