@@ -76,11 +76,20 @@ class FakeStore:
     """Just enough of ZkStore for the view's apply rules (no ZooKeeper)."""
 
     def __init__(self) -> None:
-        self.client = SimpleNamespace(add_listener=lambda _f: None)
         self.reads: dict[str, tuple[bytes, Any] | None] = {}
+        self.child_names: dict[str, list[str]] = {}
+
+    def add_session_listener(self, _listener: Any) -> None:
+        pass
 
     def read_many(self, paths: Any) -> dict[str, Any]:
         return {p: self.reads.get(p) for p in paths}
+
+    def read(self, path: str) -> tuple[bytes, Any] | None:
+        return self.reads.get(path)
+
+    def children(self, path: str) -> list[str] | None:
+        return self.child_names.get(path)
 
 
 def _view_with_topic(topic_id: uuid.UUID = TOPIC_ID) -> tuple[ClusterView, list[tuple[str, str, int]]]:
@@ -143,16 +152,9 @@ def test_a_topic_created_again_unseen_by_the_topic_watches_is_read_when_a_notice
     notice = StateChanges("controller 1 epoch 1", 1, (StateWrite("t", new_id, 0, state, 0),))
     znodes[f"{layout.STATE_CHANGES}/change-0000000007"] = (notice.encode(), SimpleNamespace(czxid=11))
 
-    def get(path: str) -> tuple[bytes, Any]:
-        from kazoo.exceptions import NoNodeError
-
-        if path not in znodes:
-            raise NoNodeError(path)
-        return znodes[path]
-
     store = FakeStore()
     store.reads = znodes  # type: ignore[assignment]
-    store.client = SimpleNamespace(add_listener=lambda _f: None, get=get, get_children=lambda _p: ["0"])
+    store.child_names = {layout.partitions_path("t"): ["0"]}
     store.watch_data = lambda *_a: None  # type: ignore[attr-defined]
     view = ClusterView(store)  # type: ignore[arg-type]
     view._topic_gone("t")  # the old topic's watch saw the deletion, nothing more

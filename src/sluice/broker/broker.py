@@ -115,7 +115,7 @@ class Broker:
             host, port = self.config.advertised
             reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)
             epoch = await asyncio.to_thread(self.store.register_broker, reg)
-            self.store.client.add_listener(self._on_session_state)
+            self.store.add_session_listener(self._on_session_state)
             self.controller.start()
             log.info(
                 "event=broker_started id=%d listen=%s:%d broker_epoch=%d zookeeper=%s pid=%d",
@@ -165,7 +165,7 @@ class Broker:
     async def _shutdown(self) -> None:
         log.info("event=broker_stopping id=%d", self.config.broker_id)
         await self.replicas.fetchers.stop()
-        if self.store.client.connected and self._controlled_shutdown_enabled:
+        if self.store.connected and self._controlled_shutdown_enabled:
             await self._controlled_shutdown()
         self.stopping = True
         await self.server.stop()

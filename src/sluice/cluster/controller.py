@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 import orjson
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NodeExistsError
 from kazoo.protocol.states import KazooState
 
 from sluice import test_switches
@@ -107,7 +107,7 @@ class Controller:
     def start(self) -> None:
         self._ensure_view()
         self._thread.start()
-        self.store.client.add_listener(self._on_session_state)
+        self.store.add_session_listener(self._on_session_state)
         self.store.watch_children(layout.DELETE_TOPICS, lambda children: self._post("topics_changed"))
         self.store.watch_data(layout.REASSIGN_PARTITIONS, lambda data, stat: self._post("reassignment"))
         self._post("controller_changed")
@@ -363,11 +363,10 @@ class Controller:
         self, topic: str, p: int, state: PartitionState, *, make_parent: bool
     ) -> list[FencedOp]:
         careful = topic in self._careful_topics
-        client = self.store.client
         if careful:
-            make_parent = not client.exists(layout.partitions_path(topic))
+            make_parent = not self.store.exists(layout.partitions_path(topic))
         ops = [FencedOp("create", layout.partitions_path(topic))] if make_parent else []
-        if not careful or not client.exists(layout.partition_path(topic, p)):
+        if not careful or not self.store.exists(layout.partition_path(topic, p)):
             ops.append(FencedOp("create", layout.partition_path(topic, p)))
         ops.append(FencedOp("create", layout.partition_state_path(topic, p), state.encode()))
         return ops
@@ -426,12 +425,11 @@ class Controller:
         the assignment and the ISR to the new list. Removed replicas then delete their logs."""
         if test_switches.enabled(test_switches.DISABLE_REASSIGNMENT):
             return
-        try:
-            data, stat = self.store.client.get(layout.REASSIGN_PARTITIONS)
-        except NoNodeError:
+        request = self.store.reassignment_request()
+        if request is None:
             self.reassigning = False
             return
-        moves = layout.decode_reassignments(data)
+        moves, request_version = request
         remaining: list[layout.Reassignment] = []
         for move in moves:
             if not self._reassign_one(term, move, live):
@@ -441,9 +439,9 @@ class Controller:
             return
         if remaining:
             encoded = layout.encode_reassignments(remaining)
-            op = FencedOp("set", layout.REASSIGN_PARTITIONS, encoded, int(stat.version))
+            op = FencedOp("set", layout.REASSIGN_PARTITIONS, encoded, request_version)
         else:
-            op = FencedOp("delete", layout.REASSIGN_PARTITIONS, version=int(stat.version))
+            op = FencedOp("delete", layout.REASSIGN_PARTITIONS, version=request_version)
         self.store.commit_fenced(term.epoch_zk_version, [op])
 
     def _reassign_one(self, term: ControllerTerm, move: layout.Reassignment, live: set[int]) -> bool:
@@ -535,8 +533,6 @@ class Controller:
             self.view.apply_writes(writes, notice=result.notice)
 
     def _delete_topic(self, term: ControllerTerm, name: str) -> None:
-        ops: list[FencedOp] = []
-        client = self.store.client
         if name in layout.INTERNAL_TOPICS:
             # A request written to ZooKeeper by hand: brokers refuse it over the wire already.
             self.store.commit_fenced(
@@ -548,15 +544,6 @@ class Controller:
                 name,
             )
             return
-        if client.exists(layout.topic_path(name)):
-            if client.exists(layout.partitions_path(name)):
-                for p in client.get_children(layout.partitions_path(name)):
-                    base = f"{layout.partitions_path(name)}/{p}"
-                    for child in client.get_children(base):
-                        ops.append(FencedOp("delete", f"{base}/{child}"))
-                    ops.append(FencedOp("delete", base))
-                ops.append(FencedOp("delete", layout.partitions_path(name)))
-            ops.append(FencedOp("delete", layout.topic_path(name)))
-        ops.append(FencedOp("delete", layout.delete_topic_path(name)))
+        ops = self.store.topic_deletion_ops(name)
         self.store.commit_fenced(term.epoch_zk_version, ops)
         log.info("event=topic_deleted controller_epoch=%d topic=%s", term.epoch, name)

@@ -30,7 +30,6 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import KazooState, ZnodeStat
 
 from sluice.cluster import layout
@@ -100,7 +99,7 @@ class ClusterView:
         self._store.watch_children(layout.CONTROLLED_SHUTDOWN, self._shutdown_changed)
         self._store.watch_children(layout.STATE_CHANGES, self._notices_changed)
         self._store.watch_children(layout.TOPICS, self._topics_changed)
-        self._store.client.add_listener(self._on_session_state)
+        self._store.add_session_listener(self._on_session_state)
         if self.verify_interval_s > 0:
             threading.Thread(target=self._verify_periodically, name="view-verify", daemon=True).start()
 
@@ -261,31 +260,28 @@ class ClusterView:
         brokers, controlled shutdowns, topics not yet known, and unapplied state-change notices.
         A controller calls it right after taking its epoch, so it decides from every change
         written before its term began."""
-        self._brokers_changed(self._store.client.get_children(layout.BROKER_IDS))
-        self._shutdown_changed(self._store.client.get_children(layout.CONTROLLED_SHUTDOWN))
-        names = self._store.client.get_children(layout.TOPICS)
+        self._brokers_changed(self._store.children(layout.BROKER_IDS) or [])
+        self._shutdown_changed(self._store.children(layout.CONTROLLED_SHUTDOWN) or [])
+        names = self._store.children(layout.TOPICS) or []
         with self._lock:
             unknown = [n for n in names if n not in self._topics]
         for name in sorted(unknown):
-            try:
-                data, stat = self._store.client.get(layout.topic_path(name))
-            except NoNodeError:
-                continue
-            self._topic_read(name, data, stat)
+            found = self._store.read(layout.topic_path(name))
+            if found is not None:
+                self._topic_read(name, *found)
         self._topics_changed(names)
-        self._notices_changed(self._store.client.get_children(layout.STATE_CHANGES))
+        self._notices_changed(self._store.children(layout.STATE_CHANGES) or [])
 
     def verify(self) -> int:
         """Re-read every topic's assignment and partition state and repair what differs; returns
         the number of partitions repaired. Costs one read per partition (pipelined)."""
         repaired = 0
-        names = self._store.client.get_children(layout.TOPICS)
+        names = self._store.children(layout.TOPICS) or []
         for name in sorted(names):
-            try:
-                data, stat = self._store.client.get(layout.topic_path(name))
-            except NoNodeError:
+            found = self._store.read(layout.topic_path(name))
+            if found is None:
                 continue
-            self._topic_read(name, data, stat, read_states=False)
+            self._topic_read(name, *found, read_states=False)
             t = self.topic(name)
             if t is not None:
                 repaired += len(self.read_states(name, t.replicas, repair=True))
@@ -387,11 +383,10 @@ class ClusterView:
 
     def _refresh_topic(self, name: str) -> None:
         """Read a topic's assignment now (a notice named a topic id this view does not hold)."""
-        try:
-            data, stat = self._store.client.get(layout.topic_path(name))
-        except NoNodeError:
+        found = self._store.read(layout.topic_path(name))
+        if found is None:
             return
-        self._topic_read(name, data, stat)
+        self._topic_read(name, *found)
         self._topics_changed([name])
 
     def _topic_read(self, name: str, data: bytes, stat: ZnodeStat, *, read_states: bool = True) -> None:
@@ -416,14 +411,9 @@ class ClusterView:
             # Only partitions whose znodes exist have a state to read: a new topic has none yet
             # (its states arrive with the controller's notice), so one list read stands in for
             # a read per partition.
-            try:
-                existing = {
-                    int(c)
-                    for c in self._store.client.get_children(layout.partitions_path(name))
-                    if c.isdigit()
-                }
-            except NoNodeError:
-                existing = set()
+            existing = {
+                int(c) for c in self._store.children(layout.partitions_path(name)) or [] if c.isdigit()
+            }
             missing = [p for p in missing if p in existing]
             if missing:
                 self.read_states(name, missing)

@@ -535,6 +535,58 @@ class ZkStore:
         except NodeExistsError:
             raise TopicExistsError(f"topic {assignment.name!r} already exists") from None
 
+    @property
+    def connected(self) -> bool:
+        return bool(self.client.connected)
+
+    def add_session_listener(self, listener: Callable[[Any], Any]) -> None:
+        """Call ``listener`` with each session state change (kazoo's KazooState); it runs on
+        kazoo's event thread and must not block."""
+        self.client.add_listener(listener)
+
+    def children(self, path: str) -> list[str] | None:
+        """The names of a znode's children; None if the znode does not exist."""
+        try:
+            return list(self.client.get_children(path))
+        except NoNodeError:
+            return None
+
+    def read(self, path: str) -> tuple[bytes, ZnodeStat] | None:
+        """A znode's data and stat; None if it does not exist."""
+        try:
+            data, stat = self.client.get(path)
+        except NoNodeError:
+            return None
+        return data, stat
+
+    def exists(self, path: str) -> bool:
+        return self.client.exists(path) is not None
+
+    def reassignment_request(self) -> tuple[list[layout.Reassignment], int] | None:
+        """The pending ``/admin/reassign_partitions`` request and its znode version, if any."""
+        try:
+            data, stat = self.client.get(layout.REASSIGN_PARTITIONS)
+        except NoNodeError:
+            return None
+        return layout.decode_reassignments(data), int(stat.version)
+
+    def topic_deletion_ops(self, name: str) -> list[FencedOp]:
+        """Fenced deletes of a topic's znodes, children before parents (partition states,
+        partitions, the topic), then of its deletion request."""
+        ops: list[FencedOp] = []
+        if self.client.exists(layout.topic_path(name)):
+            partitions = layout.partitions_path(name)
+            if self.client.exists(partitions):
+                for p in self.client.get_children(partitions):
+                    base = f"{partitions}/{p}"
+                    for child in self.client.get_children(base):
+                        ops.append(FencedOp("delete", f"{base}/{child}"))
+                    ops.append(FencedOp("delete", base))
+                ops.append(FencedOp("delete", partitions))
+            ops.append(FencedOp("delete", layout.topic_path(name)))
+        ops.append(FencedOp("delete", layout.delete_topic_path(name)))
+        return ops
+
     def topics_marked_for_deletion(self) -> list[str]:
         return sorted(self.client.get_children(layout.DELETE_TOPICS))
 
