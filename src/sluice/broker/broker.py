@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -29,7 +30,7 @@ from sluice.broker.metadata import VERIFY_INTERVAL_S, MetadataCache
 from sluice.broker.partition import Partition
 from sluice.broker.producer_ids import ProducerIdManager
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.server import KafkaServer
+from sluice.broker.server import KafkaServer, bind_listener
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller
 from sluice.cluster.layout import BrokerRegistration, PartitionState, StateWrite
@@ -58,7 +59,7 @@ class Broker:
         self.metadata = MetadataCache(
             self.store, self._on_metadata_change, verify_interval_s=VERIFY_INTERVAL_S
         )
-        self.replicas = ReplicaManager(config.broker_id, config.data_dir, self.metadata)
+        self.replicas = ReplicaManager(config.broker_id, config.data_dir, self.metadata, config.log_defaults)
         self.fetch_sessions = FetchSessionCache(
             config.fetch_session_cache_slots, config.fetch_session_eviction_ms
         )
@@ -100,6 +101,13 @@ class Broker:
         self._stop_event = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self.request_stop)
+        listener = bind_listener(self.config.host, self.config.port)
+        try:
+            await self._run_bound(listener)
+        finally:
+            listener.close()  # a no-op once the server has closed it
+
+    async def _run_bound(self, listener: socket.socket) -> None:
         self._lock_data_dir()
         self.replicas.clean_start = self._take_clean_shutdown_marker()
         await asyncio.to_thread(self.store.start)
@@ -111,7 +119,7 @@ class Broker:
             # The view first: a client asking this broker for metadata must never be told the
             # cluster has no topics because the view of thousands of partitions is still loading.
             await asyncio.to_thread(self.metadata.start)
-            await self.server.start(self.config.host, self.config.port)
+            await self.server.start(self.config.host, self.config.port, sock=listener)
             host, port = self.config.advertised
             reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)
             epoch = await asyncio.to_thread(self.store.register_broker, reg)

@@ -110,6 +110,10 @@ class GroupCoordinator:
         leader = brokers[current[0].leader]
         return ErrorCode.NONE, None, leader.broker_id, leader.host, leader.port
 
+    def _offsets_replication_factor(self, live: int) -> int:
+        configured = self.broker.config.offsets_topic_replication_factor
+        return max(1, min(3, live)) if configured == -1 else configured
+
     def _ensure_offsets_topic(self) -> None:
         if self._creating is not None and not self._creating.done():
             return
@@ -119,7 +123,7 @@ class GroupCoordinator:
             topic = {
                 "name": OFFSETS_TOPIC,
                 "num_partitions": self.partitions,
-                "replication_factor": max(1, min(3, live)),
+                "replication_factor": self._offsets_replication_factor(live),
                 # No compaction yet: keep every record so a new leader can replay the groups.
                 "configs": [
                     {"name": "retention.ms", "value": "-1"},

@@ -143,9 +143,11 @@ class Partition:
         broker_id: int,
         *,
         clean: bool | None = None,
+        defaults: LogConfig | None = None,
     ) -> Partition:
         """Open (creating, or recovering) the replica's log. ``clean``: whether the broker's data
-        directory was closed cleanly (None: the log's own marker says; see PartitionLog.open)."""
+        directory was closed cleanly (None: the log's own marker says; see PartitionLog.open).
+        ``defaults``: the broker's settings for what the topic's config does not set."""
         directory = root / partition_dir_name(topic, index)
         if directory.exists():
             found = cls.read_topic_id(directory)
@@ -181,7 +183,7 @@ class Partition:
         else:
             atomic_write(directory / METADATA_FILE, metadata, durable=True)
             assert cls.read_topic_id(directory) == topic_id
-        log_config = LogConfig.from_topic_config(dict(config))
+        log_config = LogConfig.from_topic_config(dict(config), base=defaults)
         plog = PartitionLog.open(directory, log_config, new=new, clean=clean, deferred_files=deferred)
         part = cls(topic, index, topic_id, plog, config, broker_id)
         # Start from the last checkpointed high watermark, never from the log end: records past
@@ -215,7 +217,7 @@ class Partition:
 
     @property
     def min_insync_replicas(self) -> int:
-        return int(self.config.get("min.insync.replicas", "1"))
+        return self.log.config.min_insync_replicas
 
     # -- leadership ------------------------------------------------------------------------------
 

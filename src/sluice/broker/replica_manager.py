@@ -32,7 +32,7 @@ from sluice.broker.replica_fetcher import FetcherManager
 from sluice.cluster.layout import TopicAssignment
 from sluice.protocol.errors import ErrorCode
 from sluice.storage import errors as storage_errors
-from sluice.storage.config import LONG_MAX
+from sluice.storage.config import LONG_MAX, LogConfig
 from sluice.storage.log import ReadResult
 
 log = logging.getLogger("sluice.replica_manager")
@@ -143,10 +143,14 @@ class PartitionTable(dict[tuple[str, int], Partition]):
 
 
 class ReplicaManager:
-    def __init__(self, broker_id: int, data_dir: Path, metadata: MetadataCache):
+    def __init__(
+        self, broker_id: int, data_dir: Path, metadata: MetadataCache, log_defaults: LogConfig | None = None
+    ):
         self.broker_id = broker_id
         self.data_dir = data_dir
         self.metadata = metadata
+        #: the broker's defaults for log settings a topic does not set itself
+        self.log_defaults = log_defaults or LogConfig()
         self.partitions = PartitionTable()
         #: How this broker knows its logs were closed cleanly: None, by each log's own marker (a
         #: replica manager used on its own); True or False, by the data directory's one marker
@@ -232,7 +236,7 @@ class ReplicaManager:
             started = time.monotonic()
             part = Partition.open(
                 self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id,
-                clean=self.clean_start,
+                clean=self.clean_start, defaults=self.log_defaults,
             )  # fmt: skip
             took_ms = (time.monotonic() - started) * 1000
             log.info(
@@ -324,7 +328,7 @@ class ReplicaManager:
             topic, index, assignment, lead_epoch = item
             part = Partition.open(
                 self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id,
-                clean=self.clean_start,
+                clean=self.clean_start, defaults=self.log_defaults,
             )  # fmt: skip
             if lead_epoch is not None and part.log.latest_epoch() < lead_epoch:
                 part.log.assign_epoch(lead_epoch, part.log.log_end_offset)
@@ -356,7 +360,7 @@ class ReplicaManager:
         if part is None:
             part = Partition.open(
                 self.data_dir, topic, index, assignment.topic_id, assignment.config, self.broker_id,
-                clean=self.clean_start,
+                clean=self.clean_start, defaults=self.log_defaults,
             )  # fmt: skip
             self.partitions[(topic, index)] = part
         if state.leader_epoch < part.leader_epoch:

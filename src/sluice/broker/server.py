@@ -44,15 +44,50 @@ WRITE_HIGH_WATER = 16 * 1024 * 1024
 current_client_host: contextvars.ContextVar[str] = contextvars.ContextVar("current_client_host", default="")
 
 
+class ListenerBindError(OSError):
+    """The broker's listener address cannot be bound (in use, not an address of this host)."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind (but do not yet listen on) the broker's listener address.
+
+    A broker binds first, before its data directory or ZooKeeper: a listener that cannot be
+    bound must stop it before it registers anywhere. Clients connecting meanwhile are refused
+    (nothing listens yet) rather than left waiting in a backlog nobody serves."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenerBindError(
+            f"listener PLAINTEXT://{host}:{port}: host {host!r} does not resolve ({exc.strerror}); "
+            "fix listeners"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ListenerBindError(
+            f"listener PLAINTEXT://{host}:{port} cannot be bound: {exc.strerror or exc}; fix listeners "
+            "(is another process on that port, or is the address not one of this host's?)"
+        ) from None
+    return sock
+
+
 class KafkaServer:
     def __init__(self, broker: Broker):
         self.broker = broker
         self._server: asyncio.base_events.Server | None = None
         self.connections: set[Connection] = set()
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
+        """Serve on ``sock`` (bound by :func:`bind_listener`) or, without one, on host:port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Connection(self), host, port, backlog=512)
+        if sock is not None:
+            self._server = await loop.create_server(lambda: Connection(self), sock=sock, backlog=512)
+        else:
+            self._server = await loop.create_server(lambda: Connection(self), host, port, backlog=512)
 
     async def stop(self) -> None:
         if self._server is not None:

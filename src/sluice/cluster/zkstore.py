@@ -126,6 +126,23 @@ class FencingCounter:
         return layout.decode_int(data, self.path), int(stat.version)
 
 
+def parse_zookeeper_connect(raw: str) -> str:
+    """A checked ``zookeeper.connect`` value, with the chroot made explicit; ValueError names
+    the part that is not ``host:port``."""
+    hosts, chroot = split_zookeeper_address(raw.strip())
+    host_ports(hosts)
+    return f"{hosts}{chroot}"
+
+
+def host_ports(raw: str) -> str:
+    """Check a ``host:port[,host:port...]`` list (a connect string or bootstrap.servers)."""
+    for hp in raw.split(","):
+        host, colon, port = hp.strip().rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{hp!r} is not host:port (expected host:port[,host:port...])")
+    return raw.strip()
+
+
 def split_zookeeper_address(address: str) -> tuple[str, str]:
     """``host:port[,host:port]/chroot`` -> (hosts, chroot). The chroot defaults to /sluice."""
     if "/" in address:

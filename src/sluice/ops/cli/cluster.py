@@ -128,40 +128,93 @@ def cluster_down(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
 
 @broker_app.command("start")
 def broker_start(
-    broker_id: Annotated[int, typer.Option("--id", help="Broker id (unique in the cluster)")],
-    port: Annotated[int, typer.Option("--port")],
-    data_dir: Annotated[Path, typer.Option("--data-dir")],
+    config_file: Annotated[
+        Path | None,
+        typer.Option("--config", help="A broker.properties file (Kafka's server.properties keys)"),
+    ] = None,
+    override: Annotated[
+        list[str] | None, typer.Option("--override", help="key=value over the file's, repeatable")
+    ] = None,
+    broker_id: Annotated[int | None, typer.Option("--id", help="broker.id")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="the listener's port")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="log.dirs")] = None,
     zookeeper: Annotated[
-        str, typer.Option("--zookeeper", help="HOST:PORT[/CHROOT]; chroot defaults to /sluice")
-    ],
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-    zk_session_timeout: Annotated[float, typer.Option(help="seconds")] = 6.0,
+        str | None,
+        typer.Option(
+            "--zookeeper",
+            help="zookeeper.connect: HOST:PORT or HOST:PORT/CHROOT (ensemble: comma-separated "
+            "HOST:PORT); chroot defaults to /sluice",
+        ),
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="the listener's host")] = None,
+    zk_session_timeout: Annotated[float | None, typer.Option(help="seconds")] = None,
     auto_create_topics: Annotated[
-        bool, typer.Option(help="Create unknown topics on metadata requests")
-    ] = False,
+        bool | None, typer.Option(help="Create unknown topics on metadata requests")
+    ] = None,
     log_level: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
-    """Run one broker in the foreground."""
+    """Run one broker in the foreground. Settings come from --config, then the flags, then
+    --override; an unknown key, a bad value or a listener that cannot be bound stops it before it
+    touches its data directory or ZooKeeper."""
     from sluice.broker.broker import DataDirInUseError, run_broker
     from sluice.broker.config import BrokerConfig
+    from sluice.broker.server import ListenerBindError
     from sluice.cluster.zkstore import BrokerIdInUseError
+    from sluice.properties import ConfigError
 
+    try:
+        values = broker_properties(
+            config_file, override or [], broker_id=broker_id, port=port, data_dir=data_dir,
+            zookeeper=zookeeper, host=host, zk_session_timeout=zk_session_timeout,
+            auto_create_topics=auto_create_topics,
+        )  # fmt: skip
+        config = BrokerConfig.from_properties(values, source=str(config_file or "broker settings"))
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
     configure_logging(log_level)
     try:
-        config = BrokerConfig(
-            broker_id=broker_id,
-            data_dir=data_dir.resolve(),
-            zookeeper=zookeeper,
-            host=host,
-            port=port,
-            zk_session_timeout_s=zk_session_timeout,
-            auto_create_topics=auto_create_topics,
-        )
         run_broker(config)
-    except (BrokerIdInUseError, DataDirInUseError, ConnectionError, ValueError) as exc:
+    except (BrokerIdInUseError, DataDirInUseError, ListenerBindError, ConnectionError, ValueError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
-        raise fail(f"broker {broker_id} could not start: {exc}") from None
+        raise fail(f"broker {config.broker_id} could not start: {exc}") from None
+
+
+def broker_properties(
+    config_file: Path | None,
+    overrides: list[str],
+    *,
+    broker_id: int | None = None,
+    port: int | None = None,
+    data_dir: Path | None = None,
+    zookeeper: str | None = None,
+    host: str | None = None,
+    zk_session_timeout: float | None = None,
+    auto_create_topics: bool | None = None,
+) -> dict[str, str]:
+    """The broker's keys: the file's, then the flags', then the overrides'."""
+    from sluice.broker.config import parse_listener
+    from sluice.properties import ConfigError, parse_overrides, read_properties
+
+    values = read_properties(config_file) if config_file is not None else {}
+    flags = {
+        "broker.id": broker_id,
+        "log.dirs": data_dir,
+        "zookeeper.connect": zookeeper,
+        "zookeeper.session.timeout.ms": None
+        if zk_session_timeout is None
+        else round(zk_session_timeout * 1000),
+        "auto.create.topics.enable": None if auto_create_topics is None else str(auto_create_topics).lower(),
+    }
+    values.update({k: str(v) for k, v in flags.items() if v is not None})
+    if host is not None or port is not None:
+        try:
+            file_host, file_port = parse_listener(values.get("listeners", "PLAINTEXT://127.0.0.1:9092"))
+        except ValueError as exc:
+            raise ConfigError(f"{config_file}: bad value for 'listeners': {exc}") from None
+        values["listeners"] = f"PLAINTEXT://{host if host is not None else file_host}:{port or file_port}"
+    values.update(parse_overrides(overrides))
+    return values
 
 
 @broker_app.command("stop")

@@ -10,7 +10,6 @@ from rich.table import Table
 
 from sluice.ops.cli.common import (
     DEFAULT_BOOTSTRAP,
-    Bootstrap,
     ZooKeeperOpt,
     console,
     err,
@@ -232,18 +231,36 @@ def task_delete(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
 
 @worker_app.command("start")
 def worker_start(
-    group: Annotated[
-        str, typer.Option(help="Worker group: workers of one group share its tasks")
-    ] = "sluice-workers",
-    name: Annotated[
-        str | None, typer.Option(help="This worker's name (default: host name + random suffix)")
+    config_file: Annotated[
+        Path | None,
+        typer.Option("--config", help="A worker.properties file (keys: README, Deploying on several hosts)"),
     ] = None,
-    directory: Annotated[Path, typer.Option("--dir", help="Working directory (Spark checkpoints)")] = Path(
-        ".sluice/worker"
-    ),
-    spark_master: Annotated[str | None, typer.Option(help="Spark master URL (default local[*])")] = None,
-    session_timeout: Annotated[float, typer.Option(help="Group session timeout in seconds")] = 10.0,
-    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    override: Annotated[
+        list[str] | None, typer.Option("--override", help="key=value over the file's, repeatable")
+    ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(help="group.id: workers of one group share its tasks [default: sluice-workers]"),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="worker.name (default: host name + random suffix)")] = None,
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="work.dir: Spark checkpoints [default: .sluice/worker]")
+    ] = None,
+    spark_master: Annotated[
+        str | None, typer.Option(help="spark.master: Spark master URL (default local[*])")
+    ] = None,
+    session_timeout: Annotated[
+        float | None, typer.Option(help="Group session timeout in seconds [default: 10]")
+    ] = None,
+    bootstrap: Annotated[
+        str | None,
+        typer.Option(
+            "--bootstrap-server",
+            "-b",
+            envvar="SLUICE_BOOTSTRAP",
+            help="bootstrap.servers (default: $SLUICE_BOOTSTRAP, else localhost:9092)",
+        ),
+    ] = None,
     zookeeper: ZooKeeperOpt = None,
 ) -> None:
     """Join a worker group and run the tasks it assigns to this worker, in the foreground."""
@@ -251,13 +268,30 @@ def worker_start(
     import signal as _signal
     import threading
 
+    from sluice.properties import ConfigError, parse_overrides, read_properties
     from sluice.sync.execution import TaskExecution
     from sluice.sync.tasks import scrub
     from sluice.sync.worker import Membership, Worker, worker_name
+    from sluice.sync.worker_config import WorkerConfig
 
+    try:
+        values = read_properties(config_file) if config_file is not None else {}
+        flags = {
+            "group.id": group, "worker.name": name, "work.dir": directory, "spark.master": spark_master,
+            "session.timeout.ms": None if session_timeout is None else round(session_timeout * 1000),
+            "bootstrap.servers": bootstrap, "zookeeper.connect": zookeeper,
+        }  # fmt: skip
+        values.update({k: str(v) for k, v in flags.items() if v is not None})
+        values.update(parse_overrides(override or []))
+        values.setdefault("bootstrap.servers", DEFAULT_BOOTSTRAP)
+        config = WorkerConfig.from_properties(values, source=str(config_file or "worker settings"))
+    except ConfigError as exc:
+        raise fail(str(exc), 2) from None
+    group, bootstrap, directory = config.group, config.bootstrap, config.work_dir
+    spark_master, session_timeout = config.spark_master, config.session_timeout_s
     configure_logging("info")
-    zk, store = task_store(zookeeper)
-    me = name or worker_name()
+    zk, store = task_store(config.zookeeper)
+    me = config.name or worker_name()
     stop = threading.Event()
     changed = threading.Event()
 

@@ -1,0 +1,173 @@
+"""`sluice broker start --config`: a broker from a properties file, and bad configurations
+refused before the broker touches its data directory or ZooKeeper (issue 15, acceptance 5)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from sluice.ops.ports import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def broker_start(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "broker", "start", *args],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+
+
+class WatchedPort:
+    """A TCP port standing in for ZooKeeper that counts the connections made to it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.fixture
+def watched_zookeeper() -> Iterator[WatchedPort]:
+    port = WatchedPort()
+    try:
+        yield port
+    finally:
+        port.close()
+
+
+def base_config(tmp_path: Path, zk_port: int, listen_port: int) -> str:
+    return (
+        f"broker.id=1\nlisteners=PLAINTEXT://127.0.0.1:{listen_port}\nlog.dirs={tmp_path / 'data'}\n"
+        f"zookeeper.connect=127.0.0.1:{zk_port}/c\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ("brokr.rack=r1\n", "unknown key 'brokr.rack'; did you mean 'broker.rack'?"),
+        ("min.insync.replicas=none\n", "bad value 'none' for 'min.insync.replicas'"),
+        (
+            "listeners=PLAINTEXT://127.0.0.1:99999\n",
+            "bad value 'PLAINTEXT://127.0.0.1:99999' for 'listeners'",
+        ),
+    ],
+)
+def test_a_bad_key_or_value_stops_the_broker_before_it_touches_anything(
+    tmp_path: Path, watched_zookeeper: WatchedPort, extra: str, says: str
+) -> None:
+    path = tmp_path / "broker.properties"
+    path.write_text(base_config(tmp_path, watched_zookeeper.port, free_port()) + extra)
+    done = broker_start("--config", str(path))
+    assert done.returncode != 0
+    message = " ".join(done.stderr.split())
+    assert says in message and str(path) in message, done.stderr
+    assert "Traceback" not in done.stderr
+    assert len([line for line in done.stderr.splitlines() if "error:" in line]) == 1, done.stderr
+    assert watched_zookeeper.accepted == 0
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_listener_that_cannot_bind_stops_the_broker_before_it_touches_anything(
+    tmp_path: Path, watched_zookeeper: WatchedPort
+) -> None:
+    taken = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = taken.getsockname()[1]
+        path = tmp_path / "broker.properties"
+        path.write_text(base_config(tmp_path, watched_zookeeper.port, port))
+        done = broker_start("--config", str(path))
+        message = " ".join(done.stderr.split())
+        assert done.returncode != 0
+        assert f"listener PLAINTEXT://127.0.0.1:{port} cannot be bound" in message, done.stderr
+        assert "Address already in use" in message, done.stderr
+        # an address that is not this host's
+        path.write_text(base_config(tmp_path, watched_zookeeper.port, free_port()).replace(
+            "PLAINTEXT://127.0.0.1:", "PLAINTEXT://192.0.2.1:"
+        ))  # fmt: skip
+        done = broker_start("--config", str(path))
+        assert done.returncode != 0
+        assert "listener PLAINTEXT://192.0.2.1:" in " ".join(done.stderr.split()), done.stderr
+    finally:
+        taken.close()
+    assert watched_zookeeper.accepted == 0
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_broker_from_a_config_file_serves_clients_at_its_advertised_address(
+    tmp_path: Path, zookeeper: str
+) -> None:
+    """The listener binds every address; clients are told `localhost`, and confluent-kafka
+    produces and consumes through it. min.insync.replicas=2 from the file holds back acks=all
+    on this single broker (the broker's log defaults reach its partitions)."""
+    port = free_port()
+    path = tmp_path / "broker.properties"
+    chroot = f"/broker-config-{os.getpid()}-{port}"
+    path.write_text(
+        f"broker.id=0\nlisteners=PLAINTEXT://0.0.0.0:{port}\n"
+        f"advertised.listeners=PLAINTEXT://localhost:{port}\nlog.dirs={tmp_path / 'data'}\n"
+        f"zookeeper.connect={zookeeper.split('/')[0]}{chroot}\nauto.create.topics.enable=true\n"
+    )
+    with open(tmp_path / "broker.log", "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.ops.cli", "broker", "start", "--config", str(path),
+             "--override", "min.insync.replicas=2"],
+            stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True,
+        )  # fmt: skip
+    try:
+        producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "acks": "all", "retries": 0})
+        md = producer.list_topics(timeout=20)
+        assert [(b.host, b.port) for b in md.brokers.values()] == [("localhost", port)]
+        errors: list[str] = []
+        producer.produce("cfg", b"v1", on_delivery=lambda e, _m: errors.append(e and e.name()))
+        producer.flush(25)
+        assert errors == ["NOT_ENOUGH_REPLICAS"], errors
+        one = Producer({"bootstrap.servers": f"localhost:{port}", "acks": "1"})
+        delivered: list[object] = []
+        one.produce("cfg", b"v2", on_delivery=lambda e, m: delivered.append(e or m.offset()))
+        one.flush(20)
+        assert delivered and isinstance(delivered[0], int), delivered
+        consumer = Consumer(
+            {"bootstrap.servers": f"localhost:{port}", "group.id": "g", "auto.offset.reset": "earliest"}
+        )
+        consumer.subscribe(["cfg"])
+        got = None
+        deadline = time.monotonic() + 30
+        while got is None and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                got = msg.value()
+        consumer.close()
+        assert got == b"v2"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
