@@ -44,6 +44,15 @@ def test_cluster_up_status_topic_produce_consume_down(tmp_path: Path) -> None:
         assert re.search(r"│ 1\s+│ 127\.0\.0\.1:\d+\s+│ \d+\s+│ yes\s+│ yes\s+│ \*", status.stdout), (
             status.stdout
         )
+        # the same cluster seen from ZooKeeper alone, as on a host that did not start it
+        remote = sluice(
+            "cluster", "status", "--zookeeper", zookeeper.group(1), "--dir", str(tmp_path / "none")
+        )
+        assert remote.returncode == 0, remote.stderr
+        assert re.search(r"│ 1\s+│ 127\.0\.0\.1:\d+\s+│ \d+\s+│ \?\s+│ yes\s+│ \*", remote.stdout), (
+            remote.stdout
+        )
+        assert "live_brokers=1" in remote.stdout and "offline_partitions=0" in remote.stdout
 
         created = sluice(
             "topic", "create", "orders", "--partitions", "3", "--config", "retention.ms=86400000", env=env

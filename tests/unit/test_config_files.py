@@ -142,3 +142,11 @@ def test_a_worker_file_sets_every_key_and_refuses_unknown_ones(tmp_path: Path) -
         WorkerConfig.from_properties({"bootstrap.servers": "h:1", "spark.master": "mesos://x"})
     with pytest.raises(ConfigError, match="'h' is not host:port"):
         WorkerConfig.from_properties({"bootstrap.servers": "h"})
+
+
+def test_the_deploy_guides_example_files_are_valid() -> None:
+    deploy = Path(__file__).resolve().parents[2] / "deploy" / "config"
+    broker = BrokerConfig.from_properties(read_properties(deploy / "broker.properties"))
+    assert broker.advertised == ("h2.example.internal", 9092) and broker.log_defaults.min_insync_replicas == 2
+    worker = WorkerConfig.from_properties(read_properties(deploy / "worker.properties"))
+    assert worker.spark_master == "spark://h1.example.internal:7077"

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from sluice.cluster.layout import BrokerRegistration
 from sluice.ops import launcher
 from sluice.ops.cli.common import (
     ClusterDir,
@@ -49,47 +50,67 @@ def cluster_up(
 
 
 @cluster_app.command("status")
-def cluster_status(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
-    """Per broker: id, address, pid, alive, controller."""
+def cluster_status(
+    directory: ClusterDir = launcher.DEFAULT_DIR,
+    zookeeper: Annotated[
+        str | None,
+        typer.Option(
+            "--zookeeper",
+            help="Inspect the cluster registered in this ensemble (HOST:PORT,.../CHROOT) instead of "
+            "the local one in --dir",
+        ),
+    ] = None,
+) -> None:
+    """Per broker: id, address, pid, alive, controller; then partitions that need attention."""
     from sluice.cluster.zkstore import ZkStore
 
-    try:
-        cluster = launcher.LocalCluster.load(directory.resolve())
-    except FileNotFoundError as exc:
-        raise fail(str(exc)) from None
+    cluster: launcher.LocalCluster | None = None
+    if zookeeper is None:
+        try:
+            cluster = launcher.LocalCluster.load(directory.resolve())
+        except FileNotFoundError as exc:
+            raise fail(f"{exc}; or give --zookeeper") from None
+        zookeeper = cluster.zookeeper
     from sluice.ops.health import PartitionHealth, partition_health
 
-    registered: set[int] = set()
+    registered: dict[int, BrokerRegistration] = {}
     controller = -1
     zk_ok = True
     health: list[PartitionHealth] = []
-    store = ZkStore(cluster.zookeeper, connect_timeout_s=5.0)
+    store = ZkStore(zookeeper, connect_timeout_s=5.0)
     try:
         store.start()
-        registered = set(store.live_brokers())
+        registered = store.live_brokers()
         controller = store.controller_id()
         health = partition_health(store)
     except Exception as exc:
         zk_ok = False
-        err.print(f"[yellow]ZooKeeper {cluster.zookeeper} is not reachable: {exc}[/]")
+        err.print(f"[yellow]ZooKeeper {zookeeper} is not reachable: {exc}[/]")
     finally:
         try:
             store.stop()
         except Exception:
             pass
-    table = Table(title=f"cluster in {cluster.directory}")
+    table = Table(title=f"cluster in {cluster.directory}" if cluster else f"cluster at {zookeeper}")
     for col in ("id", "address", "pid", "alive", "registered", "controller"):
         table.add_column(col)
-    for b in cluster.brokers:
-        alive = launcher.pid_alive(b.pid)
-        table.add_row(
-            str(b.broker_id),
-            b.address,
-            str(b.pid),
-            "yes" if alive else "[red]no[/]",
-            ("yes" if b.broker_id in registered else "[red]no[/]") if zk_ok else "?",
-            "*" if b.broker_id == controller else "",
-        )
+    if cluster is not None:
+        for b in cluster.brokers:
+            alive = launcher.pid_alive(b.pid)
+            table.add_row(
+                str(b.broker_id),
+                b.address,
+                str(b.pid),
+                "yes" if alive else "[red]no[/]",
+                ("yes" if b.broker_id in registered else "[red]no[/]") if zk_ok else "?",
+                "*" if b.broker_id == controller else "",
+            )
+    else:  # a cluster on other hosts: what the brokers registered is all there is to see
+        for broker_id, reg in sorted(registered.items()):
+            table.add_row(
+                str(broker_id), f"{reg.host}:{reg.port}", str(reg.pid), "?", "yes",
+                "*" if broker_id == controller else "",
+            )  # fmt: skip
     console.print(table)
     problems = [h for h in health if h.status != "ok"]
     if problems:
@@ -107,7 +128,8 @@ def cluster_status(directory: ClusterDir = launcher.DEFAULT_DIR) -> None:
                 h.reason,
             )
         console.print(ptable)
-    print(f"zookeeper={cluster.zookeeper}")
+    print(f"zookeeper={zookeeper}")
+    print(f"live_brokers={len(registered) if zk_ok else '?'}")
     print(f"controller={controller}")
     print(f"offline_partitions={sum(h.status == 'offline' for h in health)}")
     print(f"under_replicated_partitions={sum(h.status == 'under-replicated' for h in health)}")
