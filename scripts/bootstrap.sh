@@ -4,8 +4,9 @@
 #   1. apt packages: zookeeper (the coordination service brokers use), kcat (Kafka CLI client
 #      for manual checks), a Java runtime (ZooKeeper and Spark), PostgreSQL's and MariaDB's
 #      server binaries (the tests, drills and benchmarks start private servers; the packages'
-#      own services are kept from starting during the install), and venv support for the
-#      system Python 3.11.
+#      own services are kept from starting during the install), iproute2 and iptables (hosts
+#      in network namespaces and the network faults between them, sluice.ops.netns and
+#      sluice.chaos.netfaults), and venv support for the system Python 3.11.
 #      `apt-get update` and `apt-get install` run only when something is missing.
 #   2. <repo>/.venv with Python 3.11, and `pip install -e '.[test]'` in it. The pip step is
 #      skipped while .venv/.bootstrap-pyproject.sha256 matches the sha256 of pyproject.toml.
@@ -73,6 +74,10 @@ if command -v dpkg-query >/dev/null 2>&1; then
     command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
     compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
     command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+    # ip and tc (iproute2), iptables and iptables-restore: /usr/sbin is not on every user's PATH.
+    command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing+=(iproute2)
+    command -v tc >/dev/null 2>&1 || [ -x /usr/sbin/tc ] || [ -x /sbin/tc ] || missing+=(iproute2)
+    command -v iptables-restore >/dev/null 2>&1 || [ -x /usr/sbin/iptables-restore ] || missing+=(iptables)
     if [ "$need_venv" = 1 ]; then
         if PY="$(find_python)"; then
             # A Debian/Ubuntu system Python creates venvs only with python3.11-venv installed.
