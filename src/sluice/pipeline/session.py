@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -21,7 +22,10 @@ def spark_session(master: str | None = None, app: str = "sluice", conf: dict[str
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     master = master or DEFAULT_MASTER
-    if master.startswith("local"):
+    if master.startswith("local") or loopback_master(master):
+        # A master on a loopback address has its workers on this machine: the driver binds and
+        # advertises 127.0.0.1 too. Otherwise Spark, finding that the host name resolves to
+        # 127.0.0.1, advertises the first non-loopback interface's address to the executors.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     log4j = Path(__file__).with_name("log4j2.properties")
     java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
@@ -45,6 +49,22 @@ def spark_session(master: str | None = None, app: str = "sluice", conf: dict[str
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(SluiceDataSource)
     return spark
+
+
+def loopback_master(master: str) -> bool:
+    """Whether `master` is a standalone master URL (`spark://host:port`, or several for standby
+    masters: `spark://h1:p1,h2:p2`) whose hosts are all loopback addresses or `localhost`."""
+    if not master.startswith("spark://"):
+        return False
+    for host_port in master[len("spark://") :].split(","):
+        host = host_port.rpartition(":")[0].strip("[]")
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return False
+        except ValueError:
+            if host != "localhost":
+                return False
+    return True
 
 
 def driver_pid(spark: Any) -> int | None:
