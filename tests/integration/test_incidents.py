@@ -129,14 +129,17 @@ def test_same_seed_same_fault_schedule() -> None:
     assert make_schedule(7, 120, kinds) != make_schedule(8, 120, kinds)
     with pytest.raises(ValueError, match="unknown fault"):
         make_schedule(1, 30, ("meteor",))
+    with pytest.raises(ValueError, match="network faults need --hosts netns"):
+        make_schedule(1, 30, ("partition",))
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, seed: int) -> None:
-    result, schedule = run_chaos(
+    run = run_chaos(
         tmp_path / f"chaos-{seed}", seed=seed, duration_s=30, kinds=("kill", "pause", "shutdown", "zk-cut")
     )
-    assert schedule, "the schedule injected no fault"
+    result = run.result
+    assert run.schedule and sum(run.happened.values()) > 0, "the schedule injected no fault"
     assert result.ok, [(c.guarantee, c.detail) for c in result.checks if not c.passed]
 
 
@@ -144,7 +147,7 @@ def test_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, seed: int)
 @pytest.mark.timeout(7200)
 @pytest.mark.parametrize("seed", range(1, 21))
 def test_long_chaos_runs(tmp_path: Path, seed: int) -> None:
-    result, _ = run_chaos(
+    result = run_chaos(
         tmp_path / f"chaos-{seed}", seed=seed, duration_s=120, kinds=("kill", "pause", "shutdown", "zk-cut")
-    )
+    ).result
     assert result.ok, [(c.guarantee, c.detail) for c in result.checks if not c.passed]

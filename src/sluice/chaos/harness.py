@@ -1,7 +1,15 @@
-"""A local cluster wired for fault injection: a real ZooKeeper, one TCP proxy per broker on its
-way to ZooKeeper (to cut it off from ZooKeeper only), and N broker processes; plus the faults
-(kill -9, pause, controlled shutdown, restart, ZooKeeper cut) and the targets by role (leader
-of a partition, controller, coordinator of a group, a random broker)."""
+"""A cluster wired for fault injection, and the faults; the targets by role (leader of a
+partition, controller, coordinator of a group, a random broker).
+
+Two ways to run it:
+
+* ``hosts="local"``: a standalone ZooKeeper and N brokers on 127.0.0.1, with one TCP proxy per
+  broker on its way to ZooKeeper, so a broker can be cut from ZooKeeper alone.
+* ``hosts="netns"``: every ZooKeeper member and broker in its own network namespace
+  (``launcher.cluster_up(hosts="netns")``); network faults are real packet drops, delay and loss
+  between those hosts (``sluice.chaos.netfaults``), and ZooKeeper members can be killed.
+
+Process faults (kill -9, SIGSTOP, controlled shutdown, restart) work in both."""
 
 from __future__ import annotations
 
@@ -15,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
+from sluice.chaos import netfaults
 from sluice.chaos.tcp_proxy import TcpProxy
 from sluice.cluster import layout
 from sluice.cluster.layout import PartitionState
 from sluice.cluster.zkstore import ZkStore
 from sluice.ops import launcher
+from sluice.ops.netns import HostNetwork
 from sluice.ops.ports import free_port, free_ports
-from sluice.ops.zookeeper import LocalZooKeeper
+from sluice.ops.zookeeper import LocalZooKeeper, ZooKeeperEnsemble
 
 log = logging.getLogger("sluice.chaos")
 
@@ -29,14 +39,30 @@ CHROOT = "/sluice"
 
 
 class DrillCluster:
-    def __init__(self, directory: Path, brokers: int = 3, *, session_timeout_s: float = 6.0):
+    def __init__(
+        self,
+        directory: Path,
+        brokers: int = 3,
+        *,
+        session_timeout_s: float = 6.0,
+        hosts: str = "local",
+        zookeeper_nodes: int = 1,
+    ):
+        if hosts not in launcher.HOST_MODES:
+            raise ValueError(f"hosts must be one of {', '.join(launcher.HOST_MODES)}, not {hosts!r}")
         self.directory = directory.resolve()
         self.brokers = brokers
         self.session_timeout_s = session_timeout_s
+        self.hosts = hosts
+        self.zookeeper_nodes = zookeeper_nodes
         self.zk: LocalZooKeeper | None = None
         self.proxies: dict[int, TcpProxy] = {}
         self.cluster: launcher.LocalCluster | None = None
         self.store: ZkStore | None = None
+        #: hosts="netns": the namespaces, and the network faults in place by name
+        self.network: HostNetwork | None = None
+        self.net_faults: dict[str, netfaults.NetFault] = {}
+        self.ensemble: ZooKeeperEnsemble | None = None
         self.events: list[tuple[float, str]] = []
         self._t0 = time.monotonic()
 
@@ -46,6 +72,8 @@ class DrillCluster:
         if self.directory.exists():
             shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True)
+        if self.hosts == "netns" or self.zookeeper_nodes > 1:
+            return self._start_with_ensemble()
         self.zk = LocalZooKeeper(self.directory / "zookeeper", free_port(), force_sync=False)
         self.zk.start()
         zk_host, zk_port = self.zk.connect_string.rsplit(":", 1)
@@ -66,6 +94,19 @@ class DrillCluster:
         self.store.start()
         return self
 
+    def _start_with_ensemble(self) -> DrillCluster:
+        self.cluster = launcher.cluster_up(
+            self.directory / "cluster", self.brokers, hosts=self.hosts, zookeeper_nodes=self.zookeeper_nodes,
+            zk_session_timeout_s=self.session_timeout_s, zookeeper_force_sync=False,
+        )  # fmt: skip
+        if self.cluster.zookeeper_members:
+            self.ensemble = self.cluster.ensemble()
+        if self.hosts == "netns":
+            self.network = self.cluster.network()
+        self.store = ZkStore(self.cluster.zookeeper)
+        self.store.start()
+        return self
+
     def stop(self) -> None:
         for b in self.cluster.brokers if self.cluster else []:
             if launcher.pid_alive(b.pid):
@@ -73,10 +114,12 @@ class DrillCluster:
                     os.kill(b.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-        if self.cluster is not None:
-            launcher.cluster_down(Path(self.cluster.directory))
         if self.store is not None:
             self.store.stop()
+        if self.network is not None:
+            self.heal_network()
+        if self.cluster is not None:
+            launcher.cluster_down(Path(self.cluster.directory))
         for proxy in self.proxies.values():
             proxy.stop()
         if self.zk is not None:
@@ -130,18 +173,73 @@ class DrillCluster:
         self.note(f"restarted broker {broker_id}")
 
     def cut_zookeeper(self, broker_id: int, mode: str = "drop") -> None:
+        """Cut a broker from ZooKeeper alone: through its proxy (hosts="local"; ``mode`` drop or
+        reset), or by dropping every packet between its host and the ZooKeeper members."""
+        if self.network is not None:
+            self.apply_net_fault(
+                f"zk-cut-{broker_id}",
+                netfaults.Partition(self.network, broker_host(broker_id), self.zookeeper_hosts()),
+            )
+            return
         self.proxies[broker_id].set_mode(mode)
         self.note(f"cut broker {broker_id} from ZooKeeper ({mode})")
 
     def heal_zookeeper(self, broker_id: int) -> None:
+        if self.network is not None:
+            self.heal_net_fault(f"zk-cut-{broker_id}")
+            return
         self.proxies[broker_id].set_mode("pass")
         self.note(f"reconnected broker {broker_id} to ZooKeeper")
+
+    # -- network faults and ZooKeeper members (hosts="netns") --------------------------------------
+
+    def zookeeper_hosts(self) -> list[str]:
+        assert self.cluster is not None
+        return [f"zk{m.server_id}" for m in self.cluster.zookeeper_members]
+
+    def apply_net_fault(self, name: str, fault: netfaults.NetFault) -> None:
+        if name in self.net_faults:
+            raise RuntimeError(f"network fault {name} is already in place")
+        fault.apply()
+        self.net_faults[name] = fault
+        self.note(f"{fault.describe()}")
+
+    def heal_net_fault(self, name: str) -> None:
+        fault = self.net_faults.pop(name, None)
+        if fault is not None:
+            fault.heal()
+            self.note(f"healed: {fault.describe()}")
+
+    def heal_network(self) -> None:
+        for name in list(self.net_faults):
+            self.heal_net_fault(name)
+        if self.network is not None:
+            netfaults.heal_all(self.network)
+
+    def kill_zookeeper(self, server_id: int) -> None:
+        assert self.ensemble is not None
+        self.ensemble.kill(server_id)
+        self.note(f"kill -9 ZooKeeper member {server_id}")
+
+    def restart_zookeeper(self, server_id: int) -> None:
+        assert self.ensemble is not None
+        if self.ensemble.node(server_id).pid is not None:
+            return
+        self.ensemble.restart(server_id)
+        self.note(f"restarted ZooKeeper member {server_id}")
+
+    def zookeeper_leader(self) -> int | None:
+        return self.ensemble.leader() if self.ensemble is not None else None
 
     def heal_all(self) -> None:
         assert self.cluster is not None
         for bid, proxy in self.proxies.items():
             if proxy.mode != "pass":
                 self.heal_zookeeper(bid)
+        self.heal_network()
+        if self.ensemble is not None:
+            for sid in self.ensemble.nodes:
+                self.restart_zookeeper(sid)
         for b in self.cluster.brokers:
             if launcher.pid_alive(b.pid):
                 os.kill(b.pid, signal.SIGCONT)
@@ -202,6 +300,11 @@ class DrillCluster:
             if state.leader not in live or set(state.isr) != set(paths[path]):
                 return False
         return True
+
+
+def broker_host(broker_id: int) -> str:
+    """The name of a broker's host in a netns cluster (launcher.cluster_up)."""
+    return f"broker{broker_id}"
 
 
 class LeaderlessMonitor:

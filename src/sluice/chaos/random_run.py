@@ -1,19 +1,44 @@
-"""`sluice chaos run`: random faults against a local 3-broker cluster under a verifiable load,
-then heal, wait for quiescence and check. The schedule depends only on the seed (and the
-duration and fault kinds), so a failing seed can be replayed."""
+"""`sluice chaos run`: random faults against a 3-broker cluster under a verifiable load, then
+heal, wait for quiescence and check. The schedule depends only on the seed (and the duration and
+fault kinds), so a failing seed can be replayed.
+
+Fault kinds (each hits a broker chosen by role: a partition's leader, the controller, the
+group's coordinator or any broker):
+
+* ``kill`` (kill -9, restarted after the fault's duration), ``pause`` (SIGSTOP), ``shutdown``
+  (controlled shutdown, restarted), ``zk-cut`` (the broker loses ZooKeeper alone: through its
+  proxy on local hosts, by dropped packets on netns hosts).
+
+With ``hosts="netns"`` (every ZooKeeper member and broker in its own namespace), also:
+
+* ``partition``: the broker exchanges no packets with the other brokers; ZooKeeper still
+  reaches it.
+* ``zk-partition``: either the broker is cut from every ZooKeeper member but not from the other
+  brokers (incident A's blip), or ZooKeeper splits: one member and the broker against the
+  majority and the other brokers (the variant is part of the seeded schedule).
+* ``one-way``: packets from the broker to another host (broker or ZooKeeper member) are dropped;
+  the other way passes.
+* ``netem``: the broker's link is slow and lossy (delay with jitter, and loss).
+* ``zk-kill``: kill -9 of a ZooKeeper member (the ensemble's leader half the time), restarted
+  after the fault's duration.
+"""
 
 from __future__ import annotations
 
+import collections
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.chaos.harness import DrillCluster
+from sluice.chaos import netfaults
+from sluice.chaos.harness import DrillCluster, broker_host
 from sluice.chaos.incidents import Check, IncidentResult, _create_topic, _row, _wait_acks
 from sluice.chaos.workload import GroupReader, VerifiableProducer, read_everything
 
-FAULT_KINDS = ("kill", "pause", "shutdown", "zk-cut")
+LOCAL_FAULT_KINDS = ("kill", "pause", "shutdown", "zk-cut")
+NETNS_FAULT_KINDS = ("partition", "zk-partition", "one-way", "netem", "zk-kill")
+FAULT_KINDS = LOCAL_FAULT_KINDS + NETNS_FAULT_KINDS
 ROLES = ("leader", "controller", "coordinator", "random")
 TOPIC = "chaos"
 GROUP = "chaos-readers"
@@ -25,32 +50,66 @@ class ScheduledFault:
     kind: str
     role: str
     duration_s: float
+    #: a fault's own random choices (variant, peer, delay), drawn from the schedule's seed
+    variant: int = 0
 
 
-def make_schedule(seed: int, duration_s: float, kinds: tuple[str, ...]) -> list[ScheduledFault]:
-    """One fault at a time, so that two of three replicas stay up (min.insync.replicas=2)."""
+@dataclass
+class ChaosRun:
+    result: IncidentResult
+    schedule: list[ScheduledFault]
+    #: faults that happened, by kind (and zk-partition's variant): a fault whose target was
+    #: missing at its time is skipped and not counted
+    happened: collections.Counter[str]
+
+
+def make_schedule(
+    seed: int, duration_s: float, kinds: tuple[str, ...], *, hosts: str = "local"
+) -> list[ScheduledFault]:
+    """One fault at a time, so that two of three replicas stay up (min.insync.replicas=2).
+    Kinds are dealt from a shuffled deck: every kind comes once before any comes again."""
+    allowed = FAULT_KINDS if hosts == "netns" else LOCAL_FAULT_KINDS
     for kind in kinds:
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULT_KINDS)}")
+        if kind not in allowed:
+            extra = " (network faults need --hosts netns)" if kind in FAULT_KINDS else ""
+            raise ValueError(f"unknown fault {kind!r}{extra}; choose from {', '.join(allowed)}")
     rng = random.Random(seed)
     t = 3.0
-    out = []
-    while t < duration_s - 4.0:
-        kind = rng.choice(kinds)
+    out: list[ScheduledFault] = []
+    deck: list[str] = []
+    while t < duration_s - 4.0 and kinds:
+        if not deck:
+            deck = list(dict.fromkeys(kinds))
+            rng.shuffle(deck)
+        kind = deck.pop()
         role = rng.choice(ROLES)
         length = round(rng.uniform(2.0, 9.0), 1)
-        out.append(ScheduledFault(round(t, 1), kind, role, length))
+        out.append(ScheduledFault(round(t, 1), kind, role, length, rng.randrange(1 << 30)))
         t += length + rng.uniform(3.0, 6.0)
     return out
 
 
 def run_chaos(
-    directory: Path, *, seed: int, duration_s: float, kinds: tuple[str, ...], session_timeout_s: float = 6.0
-) -> tuple[IncidentResult, list[ScheduledFault]]:
-    schedule = make_schedule(seed, duration_s, kinds)
+    directory: Path,
+    *,
+    seed: int,
+    duration_s: float,
+    kinds: tuple[str, ...],
+    session_timeout_s: float = 6.0,
+    hosts: str = "local",
+    zookeeper_nodes: int = 1,
+) -> ChaosRun:
+    schedule = make_schedule(seed, duration_s, kinds, hosts=hosts)
+    if any(f.kind == "zk-kill" for f in schedule) and zookeeper_nodes < 3:
+        raise ValueError(
+            "zk-kill needs an ensemble that survives a member's loss: --zookeeper-nodes 3 or more"
+        )
     rng = random.Random(seed)
-    result = IncidentResult(f"chaos seed={seed}")
-    with DrillCluster(directory, 3, session_timeout_s=session_timeout_s) as dc:
+    result = IncidentResult(f"chaos seed={seed} hosts={hosts}")
+    happened: collections.Counter[str] = collections.Counter()
+    with DrillCluster(
+        directory, 3, session_timeout_s=session_timeout_s, hosts=hosts, zookeeper_nodes=zookeeper_nodes
+    ) as dc:
         _create_topic(dc.bootstrap, TOPIC, 6, 3, {"min.insync.replicas": "2"})
         producer = VerifiableProducer(dc.bootstrap, TOPIC, 6, writer=f"s{seed}", rate_per_s=1500).start()
         reader = GroupReader(dc.bootstrap, TOPIC, GROUP).start()
@@ -64,7 +123,7 @@ def run_chaos(
             if target < 0:
                 dc.note(f"skip {fault.kind}: no {fault.role} right now")
                 continue
-            _apply(dc, fault, target)
+            happened[_apply(dc, fault, target)] += 1
         remaining = started + duration_s - time.monotonic()
         if remaining > 0:
             time.sleep(remaining)
@@ -87,7 +146,7 @@ def run_chaos(
         result.checks.append(Check("0 duplicated", row.duplicated == 0, f"{row.duplicated} duplicated"))
         result.checks.append(Check("no record out of order", row.out_of_order == 0, f"{row.out_of_order}"))
         result.timeline = dc.events
-    return result, schedule
+    return ChaosRun(result, schedule, happened)
 
 
 def _target(dc: DrillCluster, role: str, rng: random.Random) -> int:
@@ -100,7 +159,11 @@ def _target(dc: DrillCluster, role: str, rng: random.Random) -> int:
     return dc.random_broker(rng)
 
 
-def _apply(dc: DrillCluster, fault: ScheduledFault, target: int) -> None:
+def _apply(dc: DrillCluster, fault: ScheduledFault, target: int) -> str:
+    """Inject one fault, hold it for its duration, heal it; return what happened (its kind, and
+    zk-partition's variant)."""
+    what = fault.kind
+    choice = random.Random(fault.variant)
     if fault.kind == "kill":
         dc.kill(target)
         time.sleep(fault.duration_s)
@@ -117,5 +180,50 @@ def _apply(dc: DrillCluster, fault: ScheduledFault, target: int) -> None:
         dc.cut_zookeeper(target, "drop")
         time.sleep(fault.duration_s)
         dc.heal_zookeeper(target)
+    elif fault.kind == "zk-kill":
+        assert dc.ensemble is not None
+        leader = dc.zookeeper_leader()
+        members = sorted(dc.ensemble.nodes)
+        member = leader if leader is not None and choice.random() < 0.5 else choice.choice(members)
+        what = f"zk-kill ({'leader' if member == leader else 'follower'})"
+        dc.kill_zookeeper(member)
+        time.sleep(fault.duration_s)
+        dc.restart_zookeeper(member)
+    else:
+        what = _apply_network_fault(dc, fault, target, choice)
     # Let the broker rejoin before the next fault, so two of three replicas stay in sync.
     dc.wait_quiescent(60)
+    return what
+
+
+def _apply_network_fault(dc: DrillCluster, fault: ScheduledFault, target: int, choice: random.Random) -> str:
+    net = dc.network
+    assert net is not None and dc.cluster is not None
+    me = broker_host(target)
+    brokers = [broker_host(b.broker_id) for b in dc.cluster.brokers]
+    zks = dc.zookeeper_hosts()
+    what = fault.kind
+    made: netfaults.NetFault
+    if fault.kind == "partition":
+        made = netfaults.Partition(net, me, [b for b in brokers if b != me])
+    elif fault.kind == "zk-partition" and choice.random() < 0.5:
+        what = "zk-partition (broker-cut)"
+        made = netfaults.Partition(net, me, zks)
+    elif fault.kind == "zk-partition":
+        what = "zk-partition (zk-split)"
+        made = netfaults.Split(net, [choice.choice(zks), me])
+    elif fault.kind == "one-way":
+        made = netfaults.OneWayDrop(net, me, choice.choice([h for h in brokers + zks if h != me]))
+    elif fault.kind == "netem":
+        made = netfaults.LinkImpairment(
+            net, me, delay_ms=choice.uniform(20, 150), jitter_ms=choice.uniform(0, 20),
+            loss_percent=choice.uniform(0.5, 5.0), seed=choice.randrange(1 << 30),
+        )  # fmt: skip
+    else:
+        raise ValueError(f"unknown fault {fault.kind!r}")
+    dc.apply_net_fault(fault.kind, made)
+    try:
+        time.sleep(fault.duration_s)
+    finally:
+        dc.heal_net_fault(fault.kind)
+    return what

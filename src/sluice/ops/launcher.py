@@ -1,8 +1,13 @@
-"""A local Sluice cluster on this machine: a standalone ZooKeeper and N broker processes.
+"""A Sluice cluster on this machine: ZooKeeper (one server or an ensemble), N brokers and,
+optionally, K sync workers.
 
 Everything a cluster started lives in one directory: ``cluster.json`` (what runs where),
-``zookeeper/`` and ``broker-N/`` (data and logs). Ports are picked free at start, so several
-clusters (tests, demos) can run side by side.
+``zookeeper/`` and ``broker-N/`` (data and logs). With ``hosts="local"`` every process listens
+on 127.0.0.1 on free ports, so several clusters (tests, demos) can run side by side. With
+``hosts="netns"`` every ZooKeeper member, broker and worker runs in its own network namespace
+with its own address on a private bridge (``sluice.ops.netns``; ``network.json`` records it),
+as on separate hosts, so real network faults (``sluice.chaos.netfaults``) can be put between
+them; brokers then listen on the standard port 9092 of their own address.
 """
 
 from __future__ import annotations
@@ -18,11 +23,16 @@ from pathlib import Path
 
 import orjson
 
+from sluice.ops.netns import HostNetwork
 from sluice.ops.ports import free_ports
-from sluice.ops.zookeeper import LocalZooKeeper
+from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
 
 STATE_FILE = "cluster.json"
+NETWORK_FILE = "network.json"
 DEFAULT_DIR = Path(".sluice/cluster")
+HOST_MODES = ("local", "netns")
+#: The port brokers listen on in their own namespace (each has its own address).
+NETNS_BROKER_PORT = 9092
 
 
 @dataclass
@@ -35,10 +45,32 @@ class BrokerProcess:
     pid: int = -1
     #: this broker's own way to ZooKeeper (e.g. through a fault-injection proxy); None: the cluster's
     zookeeper: str | None = None
+    #: the network namespace it runs in (hosts="netns"); None: this host's
+    namespace: str | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+@dataclass
+class ZooKeeperMember:
+    """One member of the cluster's own ZooKeeper ensemble (files in ``zookeeper/zk<id>/``)."""
+
+    server_id: int
+    host: str
+    client_port: int
+    peer_port: int
+    election_port: int
+    namespace: str | None = None
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    log_file: str
+    pid: int = -1
+    namespace: str | None = None
 
 
 @dataclass
@@ -49,10 +81,20 @@ class LocalCluster:
     own_zookeeper: bool
     brokers: list[BrokerProcess] = field(default_factory=list)
     zk_session_timeout_s: float = 6.0
+    hosts: str = "local"
+    #: the members of the cluster's own ZooKeeper ensemble (empty: a standalone server in
+    #: ``zookeeper/``, or none of its own)
+    zookeeper_members: list[ZooKeeperMember] = field(default_factory=list)
+    workers: list[WorkerProcess] = field(default_factory=list)
+    zookeeper_force_sync: bool = True
 
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(b.address for b in self.brokers)
+
+    @property
+    def network_state(self) -> Path:
+        return Path(self.directory) / NETWORK_FILE
 
     def save(self) -> None:
         path = Path(self.directory) / STATE_FILE
@@ -69,7 +111,29 @@ class LocalCluster:
             )
         obj = orjson.loads(path.read_bytes())
         obj["brokers"] = [BrokerProcess(**b) for b in obj["brokers"]]
+        obj["zookeeper_members"] = [ZooKeeperMember(**m) for m in obj.get("zookeeper_members", [])]
+        obj["workers"] = [WorkerProcess(**w) for w in obj.get("workers", [])]
         return cls(**obj)
+
+    def network(self) -> HostNetwork:
+        """The namespaces of a ``hosts="netns"`` cluster."""
+        return HostNetwork.load(self.network_state)
+
+    def ensemble(self) -> ZooKeeperEnsemble:
+        """The cluster's own ZooKeeper ensemble, to kill or restart members (state is read from
+        each member's files, so any process can use it)."""
+        if not self.zookeeper_members:
+            raise RuntimeError(f"the cluster in {self.directory} runs no ZooKeeper ensemble of its own")
+        members = [
+            EnsembleMember(
+                m.server_id, m.host, m.client_port, m.peer_port, m.election_port,
+                exec_prefix=tuple(namespace_prefix(m.namespace)),
+            )
+            for m in self.zookeeper_members
+        ]  # fmt: skip
+        return ZooKeeperEnsemble(
+            Path(self.directory) / "zookeeper", members, force_sync=self.zookeeper_force_sync
+        )
 
     def broker(self, broker_id: int) -> BrokerProcess:
         for b in self.brokers:
@@ -103,36 +167,41 @@ def port_open(host: str, port: int) -> bool:
         return False
 
 
-def broker_command(
-    b: BrokerProcess, zookeeper: str, session_timeout_s: float, extra: list[str] | None = None
-) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "sluice.ops.cli",
-        "broker",
-        "start",
-        "--id",
-        str(b.broker_id),
-        "--host",
-        b.host,
-        "--port",
-        str(b.port),
-        "--data-dir",
-        b.data_dir,
-        "--zookeeper",
-        zookeeper,
-        "--zk-session-timeout",
-        str(session_timeout_s),
-        *(extra or []),
+def namespace_prefix(namespace: str | None) -> list[str]:
+    return ["ip", "netns", "exec", namespace] if namespace else []
+
+
+def broker_properties(b: BrokerProcess, zookeeper: str, session_timeout_s: float) -> str:
+    """The broker's configuration file (``sluice broker start --config``). A broker in its own
+    namespace binds every address of it and advertises its own."""
+    listener = f"PLAINTEXT://{b.host}:{b.port}"
+    lines = [
+        f"broker.id={b.broker_id}",
+        f"listeners={'PLAINTEXT://0.0.0.0:' + str(b.port) if b.namespace else listener}",
+        f"advertised.listeners={listener}",
+        f"log.dirs={b.data_dir}",
+        f"zookeeper.connect={zookeeper}",
+        f"zookeeper.session.timeout.ms={round(session_timeout_s * 1000)}",
     ]
+    return "# written by `sluice cluster up`\n" + "\n".join(lines) + "\n"
+
+
+def broker_command(b: BrokerProcess, config_file: Path) -> list[str]:
+    return [
+        *namespace_prefix(b.namespace),
+        sys.executable, "-m", "sluice.ops.cli", "broker", "start", "--config", str(config_file),
+    ]  # fmt: skip
 
 
 def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
     Path(b.data_dir).mkdir(parents=True, exist_ok=True)
+    config_file = Path(cluster.directory) / f"broker-{b.broker_id}.properties"
+    config_file.write_text(
+        broker_properties(b, b.zookeeper or cluster.zookeeper, cluster.zk_session_timeout_s)
+    )
     with open(b.log_file, "ab") as logf:
         proc = subprocess.Popen(
-            broker_command(b, b.zookeeper or cluster.zookeeper, cluster.zk_session_timeout_s),
+            broker_command(b, config_file),
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -193,7 +262,17 @@ def cluster_up(
     host: str = "127.0.0.1",
     zk_session_timeout_s: float = 6.0,
     broker_zookeeper: dict[int, str] | None = None,
+    hosts: str = "local",
+    zookeeper_nodes: int = 1,
+    workers: int = 0,
+    zookeeper_force_sync: bool = True,
 ) -> LocalCluster:
+    """Start ZooKeeper (unless ``zookeeper`` names one), the brokers and the workers; wait until
+    every broker is registered, a controller elected and every broker's view complete.
+
+    ``hosts="netns"`` runs every process in its own network namespace (module docstring);
+    ``zookeeper_nodes`` > 1 starts an ensemble instead of a standalone server. On any failure
+    everything started so far is stopped and removed."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / STATE_FILE).exists():
@@ -202,34 +281,45 @@ def cluster_up(
             raise RuntimeError(
                 f"a cluster is already running in {directory}; `sluice cluster down --dir {directory}` first"
             )
+        if existing.network_state.exists():
+            cluster_down(directory)  # the namespaces of a cluster that was not taken down
     if brokers < 1:
         raise ValueError("--brokers must be at least 1")
-    ports = free_ports(brokers + 1, host=host)
-    own_zk = zookeeper is None
-    if own_zk:
-        zk = LocalZooKeeper(directory / "zookeeper", ports[0], host=host)
-        zk.start()
-        zookeeper = f"{zk.connect_string}/sluice"
-        zk_port = ports[0]
-    else:
-        assert zookeeper is not None
-        zk_port = -1
+    if hosts not in HOST_MODES:
+        raise ValueError(f"--hosts must be one of {', '.join(HOST_MODES)}, not {hosts!r}")
+    if zookeeper_nodes < 1 or zookeeper_nodes > 9:
+        raise ValueError("--zookeeper-nodes must be 1 to 9 (an odd number survives the most failures)")
+    if zookeeper is not None and (hosts == "netns" or zookeeper_nodes > 1):
+        raise ValueError("--zookeeper names an existing ensemble: it cannot be combined with --hosts netns "
+                         "or --zookeeper-nodes")  # fmt: skip
+    if workers < 0:
+        raise ValueError("--workers must be 0 or more")
     cluster = LocalCluster(
-        str(directory), zookeeper, zk_port, own_zk, zk_session_timeout_s=zk_session_timeout_s
-    )
-    for i in range(brokers):
-        bid = i + 1
-        b = BrokerProcess(
-            bid,
-            host,
-            ports[i + 1],
-            str(directory / f"broker-{bid}"),
-            str(directory / f"broker-{bid}.log"),
-            zookeeper=(broker_zookeeper or {}).get(bid),
-        )
-        cluster.brokers.append(b)
+        str(directory), zookeeper or "", -1, zookeeper is None, zk_session_timeout_s=zk_session_timeout_s,
+        hosts=hosts, zookeeper_force_sync=zookeeper_force_sync,
+    )  # fmt: skip
+    network: HostNetwork | None = None
     try:
-        ensure_chroot(zookeeper)
+        if hosts == "netns":
+            network = HostNetwork.create(cluster.network_state, owner_pid=None)
+        _start_zookeeper(cluster, network, zookeeper_nodes, host)
+        ports = free_ports(brokers, host=host) if network is None else [NETNS_BROKER_PORT] * brokers
+        for i in range(brokers):
+            bid = i + 1
+            place = network.add_host(f"broker{bid}") if network else None
+            cluster.brokers.append(
+                BrokerProcess(
+                    bid,
+                    place.ip if place else host,
+                    ports[i],
+                    str(directory / f"broker-{bid}"),
+                    str(directory / f"broker-{bid}.log"),
+                    zookeeper=(broker_zookeeper or {}).get(bid),
+                    namespace=place.namespace if place else None,
+                )
+            )
+        cluster.save()
+        ensure_chroot(cluster.zookeeper)
         for b in cluster.brokers:
             start_broker_process(cluster, b)
         cluster.save()
@@ -237,10 +327,70 @@ def cluster_up(
             wait_broker_ready(cluster, b)
         wait_controller(cluster)
         wait_views_complete(cluster)
+        for i in range(workers):
+            place = network.add_host(f"worker{i + 1}") if network else None
+            w = WorkerProcess(
+                f"worker-{i + 1}", str(directory / f"worker-{i + 1}.log"),
+                namespace=place.namespace if place else None,
+            )  # fmt: skip
+            cluster.workers.append(w)
+            start_worker_process(cluster, w)
+        cluster.save()
     except BaseException:
+        cluster.save()
         cluster_down(directory)
         raise
     return cluster
+
+
+def _start_zookeeper(cluster: LocalCluster, network: HostNetwork | None, nodes: int, host: str) -> None:
+    """The cluster's own ZooKeeper: a standalone server, or an ensemble of ``nodes`` members
+    (each in its own namespace when there is a network)."""
+    if not cluster.own_zookeeper:
+        return
+    directory = Path(cluster.directory)
+    if network is None and nodes == 1:
+        port = free_ports(1, host=host)[0]
+        zk = LocalZooKeeper(directory / "zookeeper", port, host=host, force_sync=cluster.zookeeper_force_sync)
+        zk.start()
+        cluster.zookeeper, cluster.zookeeper_port = f"{zk.connect_string}/sluice", port
+        return
+    if network is not None:
+        members = [
+            EnsembleMember(i, h.ip, exec_prefix=tuple(h.exec_prefix))
+            for i, h in enumerate((network.add_host(f"zk{n}") for n in range(1, nodes + 1)), start=1)
+        ]
+    else:
+        ports = free_ports(3 * nodes, host=host)
+        members = [
+            EnsembleMember(i + 1, host, ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])
+            for i in range(nodes)
+        ]
+    cluster.zookeeper_members = [
+        ZooKeeperMember(
+            m.server_id, m.host, m.client_port, m.peer_port, m.election_port,
+            namespace=m.exec_prefix[-1] if m.exec_prefix else None,
+        )
+        for m in members
+    ]  # fmt: skip
+    cluster.save()  # before starting: `cluster down` finds the members of a start that failed
+    ensemble = cluster.ensemble()
+    ensemble.start()
+    cluster.zookeeper = f"{ensemble.connect_string}/sluice"
+
+
+def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
+    """A sync worker (`sluice worker start`) of the cluster, in its own namespace if it has one."""
+    argv = [
+        *namespace_prefix(w.namespace), sys.executable, "-m", "sluice.ops.cli", "worker", "start",
+        "--name", w.name, "--dir", str(Path(cluster.directory) / w.name),
+        "--bootstrap-server", cluster.bootstrap_servers, "--zookeeper", cluster.zookeeper,
+    ]  # fmt: skip
+    with open(w.log_file, "ab") as logf:
+        proc = subprocess.Popen(
+            argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    w.pid = proc.pid
 
 
 def ensure_chroot(zookeeper: str) -> None:
@@ -334,12 +484,30 @@ def stop_pid(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> bo
 
 
 def cluster_down(directory: Path) -> list[str]:
+    """Stop everything the cluster in ``directory`` started (workers, brokers with a controlled
+    shutdown, its ZooKeeper) and remove its network namespaces; returns what was stopped."""
     directory = directory.resolve()
     cluster = LocalCluster.load(directory)
     stopped = []
+    for w in cluster.workers:
+        if stop_pid(w.pid):
+            stopped.append(f"worker {w.name} (pid {w.pid})")
     for b in cluster.brokers:
+        if pid_alive(b.pid):
+            try:
+                os.kill(b.pid, signal.SIGCONT)  # a paused broker cannot stop
+            except ProcessLookupError:
+                pass
         if stop_pid(b.pid):
             stopped.append(f"broker {b.broker_id} (pid {b.pid})")
-    if cluster.own_zookeeper and LocalZooKeeper.stop_from_pidfile(directory / "zookeeper"):
+    if cluster.own_zookeeper and cluster.zookeeper_members:
+        for m in cluster.zookeeper_members:
+            if LocalZooKeeper.stop_from_pidfile(directory / "zookeeper" / f"zk{m.server_id}"):
+                stopped.append(f"zookeeper {m.server_id}")
+    elif cluster.own_zookeeper and LocalZooKeeper.stop_from_pidfile(directory / "zookeeper"):
         stopped.append("zookeeper")
+    if cluster.network_state.exists():
+        network = cluster.network()
+        network.remove()
+        stopped.append(f"network {network.tag} ({len(network.hosts)} namespaces)")
     return stopped

@@ -78,8 +78,16 @@ def driver_alive(spark: Any) -> bool:
     return proc is None or proc.poll() is None
 
 
+class SparkMasterConflictError(RuntimeError):
+    """A task asks for a Spark master other than the one this process's driver runs on."""
+
+
 class DriverSession:
     """A long-lived process's Spark session (a worker's), started again when its driver JVM died.
+
+    A process has one Spark driver, so one master: the worker's own (``--spark-master``), or,
+    for a worker started without one, the first task's ``spark_master`` option. A task asking
+    for another master is refused with :class:`SparkMasterConflictError`, naming both.
 
     PySpark keeps one gateway to one JVM per Python process and never starts a second: after the
     JVM was killed (kill -9, out of memory), every call on the old session fails, and so would a
@@ -92,9 +100,22 @@ class DriverSession:
         self.master, self.app, self.conf = master, app, conf
         self._lock = threading.Lock()
         self._spark: Any = None
+        #: the master the running driver was started with (None: local[*])
+        self._running_master: str | None = None
+        #: whether a task was handed the running driver (a warmed driver can still change master)
+        self._handed_out = False
         self.restarts = 0
 
-    def get(self) -> Any:
+    def warm(self) -> None:
+        """Start the driver now (it takes seconds), on the worker's master; a worker without one
+        may still move it to its first task's master."""
+        with self._lock:
+            if self._spark is None:
+                self._spark = spark_session(self.master, self.app, self.conf)
+                self._running_master = self.master
+
+    def get(self, master: str | None = None) -> Any:
+        """The session, on ``master`` if given (a task's option), else on the worker's own."""
         import logging
 
         with self._lock:
@@ -107,7 +128,25 @@ class DriverSession:
                 self._spark = None
                 self.restarts += 1
             if self._spark is None:
-                self._spark = spark_session(self.master, self.app, self.conf)
+                chosen = self.master or (self._running_master if self._handed_out else None) or master
+            elif self.master is None and not self._handed_out and master not in (None, self._running_master):
+                # only warmed, used by no task yet: move it to the first task's master
+                self._spark.stop()
+                self._spark = None
+                chosen = master
+            else:
+                chosen = self._running_master
+            if master is not None and master != chosen:
+                raise SparkMasterConflictError(
+                    f"the task asks for Spark master {master}, but this worker's Spark driver runs on "
+                    f"{chosen or 'local[*]'} (one driver per process): start workers with "
+                    f"--spark-master {master} (spark.master in worker.properties) for such tasks, or "
+                    "remove the task's spark_master option"
+                )
+            if self._spark is None:
+                self._spark = spark_session(chosen, self.app, self.conf)
+                self._running_master = chosen
+            self._handed_out = True
             return self._spark
 
     def pid(self) -> int | None:

@@ -68,15 +68,16 @@ class TaskExecution:
         *,
         worker: str,
         bootstrap: str,
-        spark: Callable[[], Any],
+        spark: Callable[[str | None], Any],
         workdir: Path,
     ) -> None:
         self.task_id = task_id
         self.store = store
         self.worker = worker
         self.bootstrap = bootstrap
-        # The worker's Spark session, asked for at each start: a driver JVM that died since the
-        # last start is replaced (pipeline.session.DriverSession).
+        # The worker's Spark session, asked for at each start with the task's spark_master option:
+        # a driver JVM that died since the last start is replaced, and a task wanting another
+        # master than the driver's is refused, naming both (pipeline.session.DriverSession).
         self.spark_session = spark
         self.spark: Any = None
         self.workdir = workdir
@@ -111,7 +112,7 @@ class TaskExecution:
     def _start(self) -> None:
         self.stop_event = threading.Event()
         self.spec = self.store.get(self.task_id)  # as it is now (`sluice task update` restarts us)
-        self.spark = self.spark_session()
+        self.spark = self.spark_session(self.spec.options.get("spark_master"))
         # Past every epoch the target has seen, too: a task deleted and created again, or a
         # counter lost with its ZooKeeper, must not come back under an epoch the target refuses.
         self.epoch = self.store.next_epoch(

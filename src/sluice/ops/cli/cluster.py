@@ -34,18 +34,39 @@ def cluster_up(
     zk_session_timeout: Annotated[
         float, typer.Option(help="ZooKeeper session timeout of the brokers, seconds")
     ] = 6.0,
+    hosts: Annotated[
+        str,
+        typer.Option(
+            "--hosts",
+            help="local: every process on 127.0.0.1; netns: every ZooKeeper node, broker and worker "
+            "in its own network namespace with its own address on a private bridge (needs root)",
+        ),
+    ] = "local",
+    zookeeper_nodes: Annotated[
+        int, typer.Option("--zookeeper-nodes", help="Members of the cluster's own ZooKeeper ensemble")
+    ] = 1,
+    workers: Annotated[
+        int, typer.Option("--workers", help="Sync workers to start (sluice worker start)")
+    ] = 0,
 ) -> None:
-    """Start a local ZooKeeper (unless --zookeeper names one) and N brokers; wait until ready."""
+    """Start ZooKeeper (unless --zookeeper names one), N brokers and K workers; wait until ready."""
+    from sluice.ops.netns import NetnsError
+
     started = time.monotonic()
     try:
-        cluster = launcher.cluster_up(directory, brokers, zookeeper, zk_session_timeout_s=zk_session_timeout)
-    except (RuntimeError, TimeoutError, ValueError, FileNotFoundError) as exc:
+        cluster = launcher.cluster_up(
+            directory, brokers, zookeeper, zk_session_timeout_s=zk_session_timeout, hosts=hosts,
+            zookeeper_nodes=zookeeper_nodes, workers=workers,
+        )  # fmt: skip
+    except (RuntimeError, TimeoutError, ValueError, FileNotFoundError, NetnsError) as exc:
         raise fail(str(exc)) from None
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
     print(f"zookeeper={cluster.zookeeper}")
     took_s = time.monotonic() - started
     err.print(
-        f"[green]cluster up[/] in {took_s:.1f} s: {len(cluster.brokers)} broker(s), dir {cluster.directory}"
+        f"[green]cluster up[/] in {took_s:.1f} s: {len(cluster.brokers)} broker(s), "
+        f"{max(1, len(cluster.zookeeper_members))} ZooKeeper node(s), {len(cluster.workers)} worker(s), "
+        f"hosts {cluster.hosts}, dir {cluster.directory}"
     )
 
 

@@ -115,30 +115,64 @@ def chaos_run(
     duration: Annotated[float, typer.Option(help="Seconds of faults")] = 60.0,
     seed: Annotated[str, typer.Option(help="A seed, or a range A..B for several runs")] = "1",
     faults: Annotated[
-        str, typer.Option(help="Comma-separated: kill,pause,shutdown,zk-cut")
-    ] = "kill,pause,shutdown,zk-cut",
+        str | None,
+        typer.Option(
+            help="Comma-separated: kill,pause,shutdown,zk-cut; with --hosts netns also "
+            "partition,zk-partition,one-way,netem,zk-kill [default: every kind the hosts allow]"
+        ),
+    ] = None,
+    hosts: Annotated[
+        str, typer.Option(help="local (127.0.0.1) or netns (each process in its own network namespace)")
+    ] = "local",
+    zookeeper_nodes: Annotated[
+        int | None, typer.Option(help="Members of the ZooKeeper ensemble [default: 1 local, 3 netns]")
+    ] = None,
     directory: Annotated[Path, typer.Option("--dir")] = Path(".sluice/chaos"),
 ) -> None:
-    """Random faults against a local 3-broker cluster under an idempotent acks=all load; then heal,
+    """Random faults against a 3-broker cluster under an idempotent acks=all load; then heal,
     wait for quiescence and check. Same seed, same fault schedule."""
-    from sluice.chaos.random_run import run_chaos
+    import collections
 
-    lo, _, hi = seed.partition("..")
-    seeds = range(int(lo), int(hi or lo) + 1)
-    kinds = tuple(k.strip() for k in faults.split(",") if k.strip())
+    from sluice.chaos.random_run import FAULT_KINDS, LOCAL_FAULT_KINDS, run_chaos
+
+    seeds = _seed_range(seed)
+    default = FAULT_KINDS if hosts == "netns" else LOCAL_FAULT_KINDS
+    kinds = tuple(k.strip() for k in (faults or ",".join(default)).split(",") if k.strip())
+    nodes = zookeeper_nodes if zookeeper_nodes is not None else (3 if hosts == "netns" else 1)
     configure_logging("WARNING")
     all_ok = True
+    total: collections.Counter[str] = collections.Counter()
     for s in seeds:
         try:
-            result, schedule = run_chaos(directory / f"seed-{s}", seed=s, duration_s=duration, kinds=kinds)
+            run = run_chaos(
+                directory / f"seed-{s}", seed=s, duration_s=duration, kinds=kinds, hosts=hosts,
+                zookeeper_nodes=nodes,
+            )  # fmt: skip
         except ValueError as exc:
             raise fail(str(exc)) from None
         console.print(
-            f"seed {s}: {len(schedule)} faults: "
-            + "; ".join(f"{f.at_s:.0f}s {f.kind} {f.role} {f.duration_s:.0f}s" for f in schedule)
+            f"seed {s}: {len(run.schedule)} faults: "
+            + "; ".join(f"{f.at_s:.0f}s {f.kind} {f.role} {f.duration_s:.0f}s" for f in run.schedule)
         )
-        all_ok &= _print_result(result)
+        all_ok &= _print_result(run.result)
+        row = run.result.rows[0]
+        print(
+            f"chaos seed={s} hosts={hosts} verdict={'pass' if run.result.ok else 'fail'} "
+            f"acknowledged={row.acknowledged} lost={row.lost} duplicated={row.duplicated} "
+            f"faults={sum(run.happened.values())}"
+        )
+        total.update(run.happened)
+    for kind in sorted(total):
+        print(f"faults_{kind.split(' ')[0]}{_variant(kind)}={total[kind]}")
+    missing = [k for k in kinds if not any(h.split(" ")[0] == k for h in total)]
+    print(f"fault_kinds_missing={','.join(missing) or 'none'}")
     raise typer.Exit(0 if all_ok else 1)
+
+
+def _variant(kind: str) -> str:
+    """'zk-kill (leader)' -> '[leader]': a printable key suffix for a fault's variant."""
+    _, _, rest = kind.partition(" (")
+    return f"[{rest.rstrip(')').replace(' ', '-')}]" if rest else ""
 
 
 def _seed_range(text: str) -> list[int]:

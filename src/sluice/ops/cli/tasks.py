@@ -306,7 +306,7 @@ def worker_start(
     # One Spark driver for the worker's tasks, started again if its JVM dies (the tasks then fail,
     # and their retries run on the new one).
     spark = DriverSession(spark_master, app=f"sluice-worker {me}")
-    spark.get()  # before joining: it takes seconds
+    spark.warm()  # before joining: it takes seconds
 
     def start_task(task_id: str) -> object:
         REDACTOR.add(store.get(task_id).secrets())  # before anything of the task can be logged
