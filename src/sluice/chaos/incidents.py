@@ -284,9 +284,15 @@ def _wait_moved(dc: DrillCluster, topic: str, partition: int, victim: int, timeo
 
 
 def controller_split_brain(dc: DrillCluster, rng: random.Random) -> IncidentResult:
-    """Pause the controller past its session while the broker leading the group's coordinator
-    partition fails; resume it; then fail the coordinator's broker again. Throughout, a group
-    consumes and an idempotent acks=all producer writes."""
+    """Take the controller away past its session while the broker leading the group's
+    coordinator partition fails; bring it back; then fail the coordinator's broker again.
+    Throughout, a group consumes and an idempotent acks=all producer writes.
+
+    On local hosts the controller is paused (SIGSTOP). On netns hosts it is a network blip, as in
+    incident B: every packet between the controller's host and the ZooKeeper members is dropped,
+    while the controller keeps running and still reaches the other brokers; its session expires,
+    another broker becomes controller, and the old one comes back to a ZooKeeper where its epoch
+    is stale."""
     from sluice.ops.admin_client import AdminClient
 
     result = IncidentResult("controller-split-brain")
@@ -311,9 +317,14 @@ def controller_split_brain(dc: DrillCluster, rng: random.Random) -> IncidentResu
     # brokers it sees die (no sweep of leaderless partitions) never elects for its partitions.
     dc.kill(coordinator)
     time.sleep(1.0)
-    dc.pause(controller)
-    time.sleep(dc.session_timeout_s + 4.0)
-    dc.resume(controller)
+    if dc.network is not None:
+        dc.cut_zookeeper(controller)
+        time.sleep(dc.session_timeout_s + 4.0)
+        dc.heal_zookeeper(controller)
+    else:
+        dc.pause(controller)
+        time.sleep(dc.session_timeout_s + 4.0)
+        dc.resume(controller)
     before = reader.count()
     progressed_1 = _wait_for(lambda: reader.count() > before + 300, 45)
     dc.restart(coordinator)
@@ -473,7 +484,7 @@ INCIDENTS: dict[str, tuple[str, Callable[[DrillCluster, random.Random], Incident
         acks1_failover,
     ),
     "controller-split-brain": (
-        "B: a paused controller and broker failures around a group's coordinator",
+        "B: a controller paused (netns: cut from ZooKeeper) and broker failures around a group's coordinator",
         controller_split_brain,
     ),
     "single-replica-shutdown": (
@@ -488,10 +499,25 @@ INCIDENTS: dict[str, tuple[str, Callable[[DrillCluster, random.Random], Incident
 
 
 def run_incident(
-    name: str, directory: Path, *, seed: int = 1, session_timeout_s: float = 6.0
+    name: str,
+    directory: Path,
+    *,
+    seed: int = 1,
+    session_timeout_s: float = 6.0,
+    hosts: str = "local",
+    zookeeper_nodes: int | None = None,
 ) -> IncidentResult:
+    """Run one drill on a fresh 3-broker cluster. ``hosts="netns"``: every broker and ZooKeeper
+    member in its own network namespace (a 3-member ensemble unless told otherwise), and
+    ZooKeeper cuts are dropped packets rather than a proxy."""
     if name not in INCIDENTS:
         raise KeyError(f"unknown incident {name!r}; `sluice incident list` shows them")
     _, drill = INCIDENTS[name]
-    with DrillCluster(directory, 3, session_timeout_s=session_timeout_s) as dc:
-        return drill(dc, random.Random(seed))
+    nodes = zookeeper_nodes if zookeeper_nodes is not None else (3 if hosts == "netns" else 1)
+    with DrillCluster(
+        directory, 3, session_timeout_s=session_timeout_s, hosts=hosts, zookeeper_nodes=nodes
+    ) as dc:
+        result = drill(dc, random.Random(seed))
+        if hosts != "local":
+            result.name = f"{result.name} hosts={hosts}"
+        return result

@@ -94,6 +94,13 @@ def incident_run(
     ] = None,
     directory: Annotated[Path, typer.Option("--dir")] = Path(".sluice/incident"),
     seed: Annotated[int, typer.Option()] = 1,
+    hosts: Annotated[
+        str,
+        typer.Option(
+            help="local (127.0.0.1; a ZooKeeper cut goes through a proxy) or netns (each broker and "
+            "ZooKeeper member in its own network namespace; faults are dropped packets; needs root)"
+        ),
+    ] = "local",
 ) -> None:
     """Replay an incident and print the checker's rows and the verdict; exits 1 if a guarantee broke."""
     from sluice.chaos.incidents import INCIDENTS, run_incident
@@ -105,8 +112,11 @@ def incident_run(
             "drills inject faults into broker processes (kill -9, SIGSTOP, cutting ZooKeeper), which "
             "needs a cluster on this machine that the drill starts itself: use --local"
         )
-    configure_logging("WARNING")
-    result = run_incident(name, directory / name, seed=seed)
+    _drill_logging()
+    try:
+        result = run_incident(name, directory / name, seed=seed, hosts=hosts)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     raise typer.Exit(0 if _print_result(result) else 1)
 
 
@@ -139,7 +149,7 @@ def chaos_run(
     default = FAULT_KINDS if hosts == "netns" else LOCAL_FAULT_KINDS
     kinds = tuple(k.strip() for k in (faults or ",".join(default)).split(",") if k.strip())
     nodes = zookeeper_nodes if zookeeper_nodes is not None else (3 if hosts == "netns" else 1)
-    configure_logging("WARNING")
+    _drill_logging()
     all_ok = True
     total: collections.Counter[str] = collections.Counter()
     for s in seeds:
@@ -173,6 +183,15 @@ def _variant(kind: str) -> str:
     """'zk-kill (leader)' -> '[leader]': a printable key suffix for a fault's variant."""
     _, _, rest = kind.partition(" (")
     return f"[{rest.rstrip(')').replace(' ', '-')}]" if rest else ""
+
+
+def _drill_logging() -> None:
+    """Warnings only; and the drills' own ZooKeeper sessions lose their server on purpose, so
+    kazoo's reconnect warnings are noise here."""
+    import logging
+
+    configure_logging("WARNING")
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
 
 
 def _seed_range(text: str) -> list[int]:
@@ -233,7 +252,7 @@ def chaos_sync(
         value_kinds = () if values.strip() == "none" else parse_kinds(values, VALUE_KINDS, "value kind")
     except ValueError as exc:
         raise fail(str(exc), 2) from None
-    configure_logging("WARNING")
+    _drill_logging()
     reports = run_sync_chaos(
         directory, seeds, duration_s=duration, fault_kinds=fault_kinds, statement_kinds=statement_kinds,
         value_kinds=value_kinds, keep=keep, catch_up_timeout_s=catch_up_timeout,
