@@ -29,6 +29,8 @@ CHAINS = {
     "test_two_workers_share_a_task_through_kills_and_a_pause": "chain-2",
     "test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commits": "chain-2",
     "test_demo_ends_with_the_target_equal_to_the_source": "chain-2",
+    "test_apply_on_a_standalone_cluster_survives_kill_9_of_its_worker": "chain-3",
+    "test_a_tasks_spark_master_option_runs_it_on_the_standalone_cluster": "chain-3",
 }
 
 

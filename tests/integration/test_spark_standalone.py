@@ -45,6 +45,7 @@ from pathlib import Path
 import pytest
 
 from sluice import test_switches
+from sluice.ops.mariadb import LocalMariaDB
 from sluice.ops.spark_standalone import SparkDaemon, StandaloneSpark, pids_in
 from sluice.pipeline.session import loopback_master
 from sluice.sync.sources.generator import GeneratorConfig, run_generator
@@ -233,3 +234,49 @@ def test_without_a_new_worker_the_target_never_catches_up(
 )
 def test_the_driver_binds_loopback_only_for_a_loopback_master(master: str, loopback: bool) -> None:
     assert loopback_master(master) is loopback
+
+
+def test_a_tasks_spark_master_option_runs_it_on_the_standalone_cluster(
+    standalone: StandaloneSpark,
+    mariadb: LocalMariaDB,
+    make_cluster: Callable[..., TestCluster],
+    tmp_path: Path,
+) -> None:
+    """A worker started without --spark-master runs a task whose options name the standalone
+    master on that master (the option used to be accepted and ignored: the task ran on
+    local[*] and the master never saw an application)."""
+    from tests.integration.test_workers import (
+        ITEMS_TASK,
+        create_task,
+        items_database,
+        items_in_source,
+        items_in_target,
+        stop_worker,
+    )
+
+    master = standalone.start_master()
+    standalone.start_worker()
+    cluster = make_cluster(1)
+    items_database(mariadb, "sm")
+    url = f"sqlite:///{tmp_path / 'sm.db'}"
+    task = ITEMS_TASK.format(id="sm", port=mariadb.port, db="sm", target=url).replace(
+        "replication_factor: 1}", f"replication_factor: 1, spark_master: '{master}'}}"
+    )
+    assert f"spark_master: '{master}'" in task
+    zk, _ = create_task(task, tmp_path, cluster.zookeeper)
+    with (tmp_path / "sm-worker.log").open("ab") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--group", "sm", "--name", "sm1",
+             "--session-timeout", "6", "-b", cluster.bootstrap, "--zookeeper", cluster.zookeeper,
+             "--dir", str(tmp_path)],
+            stdout=log, stderr=log, env={**os.environ, **standalone.driver_env(), "COLUMNS": "200"},
+        )  # fmt: skip
+    try:
+        wait_until(lambda: items_in_target(url) == items_in_source(mariadb, "sm"), 180, "the task's snapshot")
+        mariadb.execute("INSERT INTO items VALUES (3, 3)", database="sm")
+        wait_until(lambda: items_in_target(url) == items_in_source(mariadb, "sm"), 120, "a change after it")
+        apps = standalone.state().get("activeapps", [])
+        assert [a["name"] for a in apps] == ["sluice-worker sm1"], apps
+    finally:
+        stop_worker(worker)
+        zk.stop()
