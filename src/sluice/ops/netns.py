@@ -77,6 +77,7 @@ THIS_PROCESS = -1
 HOST_INTERFACE = "eth0"
 
 _NETNS_DIR = Path("/run/netns")
+_BRIDGE_NF_CALL_IPTABLES = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
 _LOCK_PATH = Path("/run/sluice-netns.lock")
 _ALIAS_PREFIX = "sluice-netns"
 _STATE_VERSION = 1
@@ -108,6 +109,33 @@ def unavailable_reason() -> str | None:
         return "making network namespaces, veths and bridges needs root"
     if shutil.which("ip") is None:
         return "iproute2's `ip` is missing (apt-get install iproute2)"
+    return _bridged_traffic_blocked()
+
+
+def _bridged_traffic_blocked() -> str | None:
+    """Why packets between hosts on the bridge would be dropped by the root namespace's own
+    firewall, if they would: with ``br_netfilter`` loaded and ``bridge-nf-call-iptables`` on,
+    bridged frames pass the root FORWARD chain, whose DROP policy (Docker sets one) would drop
+    every packet between two hosts while each still reached the root namespace."""
+    try:
+        if _BRIDGE_NF_CALL_IPTABLES.read_text().strip() != "1":
+            return None
+    except OSError:
+        return None  # br_netfilter not loaded: bridged frames never see iptables
+    if shutil.which("iptables") is None:
+        return None
+    try:
+        rules = subprocess.run(
+            ["iptables", "-S", "FORWARD"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if "-P FORWARD DROP" in rules.splitlines():
+        return (
+            "the root namespace's FORWARD policy is DROP and bridge-nf-call-iptables is 1, so packets "
+            "between hosts on the bridge would be dropped: run `sysctl net.bridge.bridge-nf-call-iptables=0` "
+            "or allow the bridge (`iptables -I FORWARD -i 'slu+' -o 'slu+' -j ACCEPT`)"
+        )
     return None
 
 
