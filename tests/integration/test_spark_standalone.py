@@ -172,6 +172,10 @@ def run_with_worker_killed(
         interpreters = {cmd[0] for cmd in python_workers(second)}
     finally:
         stop_apply(proc)
+    # SIGTERM stops it cleanly (it used to stop the query from the signal handler, inside a py4j
+    # call: "reentrant call" errors and a JVM stack trace)
+    tail = log.read_text(errors="replace")[-4000:]
+    assert tail.rstrip().endswith("stopped") and "Traceback" not in tail, tail
 
     # The driver lost its executor with the worker, and went on with one on the new worker,
     # which it reached on the loopback address; that executor's Python is the driver's.

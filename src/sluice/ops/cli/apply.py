@@ -97,12 +97,12 @@ def apply(
     err.print(
         f"applying {name} to {target} under fencing epoch {query.epoch}; checkpoint {config.checkpoint}"
     )
-    stopping = []
+    stopping: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
+        # Only note it: the main thread may be inside a py4j call, and stopping the query from
+        # here made a reentrant one (a py4j error and a JVM stack trace on every SIGTERM).
         stopping.append(signum)
-        if query.query is not None:
-            query.query.stop()
 
     _signal.signal(_signal.SIGTERM, on_signal)
     _signal.signal(_signal.SIGINT, on_signal)
@@ -110,7 +110,8 @@ def apply(
     for note in query.notes:
         err.print(note)
     try:
-        query.await_termination()
+        while not stopping and not query.await_termination(0.5):
+            pass
     except StaleEpochError as exc:
         raise fail(str(exc), 3) from None
     except Exception as exc:
