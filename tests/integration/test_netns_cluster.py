@@ -148,6 +148,50 @@ def test_brokers_from_config_files_serve_root_namespace_clients_at_their_namespa
     assert tag and tag.group(1) not in left, left
 
 
+def test_a_sync_worker_in_its_own_namespace_runs_a_task(tmp_path: Path) -> None:
+    """`cluster up --hosts netns --workers 1`: the worker runs in its namespace, reaches the
+    broker and ZooKeeper at their addresses, and applies a generator task to a target."""
+    import sqlite3
+
+    d = tmp_path / "netns-workers"
+    up = sluice("cluster", "up", "--hosts", "netns", "--brokers", "1", "--workers", "1", "--dir", str(d))
+    try:
+        assert up.returncode == 0, up.stderr
+        zookeeper = re.search(r"^zookeeper=(\S+)$", up.stdout, re.M)
+        assert zookeeper, up.stdout
+        worker = json.loads((d / "cluster.json").read_text())["workers"][0]
+        assert namespace_of(worker["pid"]) == worker["namespace"]
+        target = tmp_path / "gen.db"
+        spec = tmp_path / "gen.yaml"
+        spec.write_text(
+            "id: gen\nsource: {kind: generator, rate: 200, seed: 3}\n"
+            f"target: sqlite:///{target}\noptions: {{trigger: 500ms, partitions: 1, replication_factor: 1}}\n"
+        )
+        created = sluice("task", "create", "--file", str(spec), "--zookeeper", zookeeper.group(1))
+        assert created.returncode == 0, created.stderr
+
+        def applied() -> int:
+            if not target.exists():
+                return 0
+            db = sqlite3.connect(target)
+            try:
+                return int(
+                    db.execute("SELECT coalesce(sum(next_offset), 0) FROM _sluice_offsets").fetchone()[0]
+                )
+            except sqlite3.OperationalError:
+                return 0
+            finally:
+                db.close()
+
+        deadline = time.monotonic() + 150
+        while applied() < 500 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert applied() >= 500, (d / "worker-1.log").read_text()[-3000:]
+    finally:
+        down = sluice("cluster", "down", "--dir", str(d))
+    assert down.returncode == 0 and "worker worker-1" in down.stderr, down.stderr
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_short_netns_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, seed: int) -> None:
     """Acceptance 1, short: every fault kind on offer, 30 s, a 3-member ensemble."""
