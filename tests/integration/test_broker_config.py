@@ -171,3 +171,22 @@ def test_a_broker_from_a_config_file_serves_clients_at_its_advertised_address(
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_a_worker_with_a_bad_config_file_stops_before_it_connects(
+    tmp_path: Path, watched_zookeeper: WatchedPort
+) -> None:
+    path = tmp_path / "worker.properties"
+    path.write_text(
+        f"bootstrap.servers=127.0.0.1:{free_port()}\nzookeeper.connect=127.0.0.1:{watched_zookeeper.port}/w\n"
+        "group.id=g\nspark.mastr=local[1]\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--config", str(path)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    message = " ".join(done.stderr.split())
+    assert done.returncode != 0
+    assert "unknown key 'spark.mastr'; did you mean 'spark.master'?" in message and str(path) in message
+    assert "Traceback" not in done.stderr
+    assert watched_zookeeper.accepted == 0
