@@ -9,7 +9,6 @@ the broker touches its data directory or ZooKeeper.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,9 +118,6 @@ class BrokerConfig:
             return cls(**fields_)
         except ValueError as exc:
             raise props.ConfigError(f"{source}: {exc}") from None
-
-    def with_overrides(self, **changes: Any) -> BrokerConfig:
-        return dataclasses.replace(self, **changes)
 
 
 def parse_listener(raw: str) -> tuple[str, int]:
