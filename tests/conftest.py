@@ -16,21 +16,31 @@ from sluice.ops.postgres import LocalPostgres
 from sluice.ops.zookeeper import LocalZooKeeper
 from tests.support.cluster import TestCluster
 
-#: The longest tests, which start Spark worker processes (and brokers, MariaDB, a target), in
-#: two chains of about equal length. Under pytest-xdist (scripts/test.sh) each chain runs on one
-#: worker, one test after another, and the chains are handed out first: two of these at once
-#: is what two cores carry, and a chain started last would keep the suite waiting at its end.
-#: The other tests are handed out one by one around them.
+#: The longest tests, which start Spark worker processes or ZooKeeper ensembles (and brokers,
+#: MariaDB, a target), in three chains. Under pytest-xdist (scripts/test.sh) each chain runs on
+#: one worker, one test after another, and the chains are handed out first: a chain started
+#: last would keep the suite waiting at its end. The other tests are handed out one by one
+#: around them.
 CHAINS = {
+    # The heaviest tests, each starting several JVMs (Spark drivers and workers, ZooKeeper
+    # ensembles), one after another on one worker: run side by side on two cores they starved the
+    # short sync chaos run's Spark drivers (a PySpark local socket timed out after 15 s and the
+    # run took 542 s instead of 180).
     "test_short_chaos_sync_run_targets_equal_the_source": "chain-1",
-    "test_zombie_task_passes_from_the_cli": "chain-1",
-    "test_task_status_reports_the_lag_the_test_measures": "chain-1",
+    "test_short_netns_chaos_run_loses_and_duplicates_nothing": "chain-1",
+    "test_incident_a_with_a_real_network_cut": "chain-1",
+    "test_incident_b_with_a_real_network_blip": "chain-1",
+    "test_apply_on_a_standalone_cluster_survives_kill_9_of_its_worker": "chain-1",
+    "test_a_tasks_spark_master_option_runs_it_on_the_standalone_cluster": "chain-1",
     "test_driver_killed_around_commits_and_a_broker_killed": "chain-2",
     "test_two_workers_share_a_task_through_kills_and_a_pause": "chain-2",
     "test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commits": "chain-2",
     "test_demo_ends_with_the_target_equal_to_the_source": "chain-2",
-    "test_apply_on_a_standalone_cluster_survives_kill_9_of_its_worker": "chain-3",
-    "test_a_tasks_spark_master_option_runs_it_on_the_standalone_cluster": "chain-3",
+    "test_zombie_task_passes_from_the_cli": "chain-2",
+    "test_task_status_reports_the_lag_the_test_measures": "chain-3",
+    "test_a_worker_whose_spark_driver_was_killed_runs_its_task_on_a_new_one": "chain-3",
+    "test_a_sync_worker_in_its_own_namespace_runs_a_task": "chain-3",
+    "test_brokers_from_config_files_serve_root_namespace_clients_at_their_namespace_addresses": "chain-3",
 }
 
 
