@@ -202,7 +202,7 @@ class DrillCluster:
             raise RuntimeError(f"network fault {name} is already in place")
         fault.apply()
         self.net_faults[name] = fault
-        self.note(f"{fault.describe()}")
+        self.note(fault.describe())
 
     def heal_net_fault(self, name: str) -> None:
         fault = self.net_faults.pop(name, None)

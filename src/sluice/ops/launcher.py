@@ -23,8 +23,9 @@ from pathlib import Path
 
 import orjson
 
-from sluice.ops.netns import HostNetwork
+from sluice.ops.netns import HostNetwork, namespace_exec_prefix
 from sluice.ops.ports import free_ports
+from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
 
 STATE_FILE = "cluster.json"
@@ -142,23 +143,6 @@ class LocalCluster:
         raise KeyError(f"broker {broker_id} is not part of the cluster in {self.directory}")
 
 
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); look at its state.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
@@ -168,7 +152,7 @@ def port_open(host: str, port: int) -> bool:
 
 
 def namespace_prefix(namespace: str | None) -> list[str]:
-    return ["ip", "netns", "exec", namespace] if namespace else []
+    return namespace_exec_prefix(namespace) if namespace else []
 
 
 def broker_properties(b: BrokerProcess, zookeeper: str, session_timeout_s: float) -> str:
@@ -356,23 +340,20 @@ def _start_zookeeper(cluster: LocalCluster, network: HostNetwork | None, nodes: 
         cluster.zookeeper, cluster.zookeeper_port = f"{zk.connect_string}/sluice", port
         return
     if network is not None:
-        members = [
-            EnsembleMember(i, h.ip, exec_prefix=tuple(h.exec_prefix))
-            for i, h in enumerate((network.add_host(f"zk{n}") for n in range(1, nodes + 1)), start=1)
-        ]
+        places = [network.add_host(f"zk{n}") for n in range(1, nodes + 1)]
+        members = [EnsembleMember(i, h.ip) for i, h in enumerate(places, start=1)]
+        namespaces: list[str | None] = [h.namespace for h in places]
     else:
         ports = free_ports(3 * nodes, host=host)
         members = [
             EnsembleMember(i + 1, host, ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])
             for i in range(nodes)
         ]
+        namespaces = [None] * nodes
     cluster.zookeeper_members = [
-        ZooKeeperMember(
-            m.server_id, m.host, m.client_port, m.peer_port, m.election_port,
-            namespace=m.exec_prefix[-1] if m.exec_prefix else None,
-        )
-        for m in members
-    ]  # fmt: skip
+        ZooKeeperMember(m.server_id, m.host, m.client_port, m.peer_port, m.election_port, namespace=ns)
+        for m, ns in zip(members, namespaces, strict=True)
+    ]
     cluster.save()  # before starting: `cluster down` finds the members of a start that failed
     ensemble = cluster.ensemble()
     ensemble.start()

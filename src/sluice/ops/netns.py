@@ -53,6 +53,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from sluice.ops.processes import pid_alive
+
 __all__ = [
     "DEFAULT_TAG_PREFIX",
     "THIS_PROCESS",
@@ -60,6 +62,7 @@ __all__ = [
     "HostNetwork",
     "NetnsError",
     "call_in_namespace",
+    "namespace_exec_prefix",
     "remove_leftovers",
     "unavailable_reason",
 ]
@@ -163,7 +166,7 @@ class Host:
     @property
     def exec_prefix(self) -> list[str]:
         """The argv prefix that runs a program inside this host: ``ip netns exec <ns>``."""
-        return ["ip", "netns", "exec", self.namespace]
+        return namespace_exec_prefix(self.namespace)
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` inside this host; keyword arguments go to :class:`subprocess.Popen`.
@@ -197,6 +200,11 @@ class Host:
     def exists(self) -> bool:
         """Return whether this host's namespace exists."""
         return (_NETNS_DIR / self.namespace).exists()
+
+
+def namespace_exec_prefix(namespace: str) -> list[str]:
+    """The argv prefix that runs a program inside ``namespace``."""
+    return ["ip", "netns", "exec", namespace]
 
 
 def call_in_namespace(namespace: str, fn: Callable[[], T]) -> T:
@@ -535,7 +543,7 @@ def remove_leftovers(tag_prefix: str, *, orphans_only: bool = True) -> list[str]
         if orphans_only:
             alias = links.get(f"{tag}br", {}).get("ifalias", "")
             owner = _owner_from_alias(alias)
-            if owner is None or owner == "none" or _pid_alive(int(owner)):
+            if owner is None or owner == "none" or pid_alive(int(owner)):
                 continue
         own_namespaces = [ns for ns in namespaces if ns.startswith(f"{tag}-")]
         _kill_namespace_processes(own_namespaces)
@@ -638,17 +646,6 @@ def _owner_from_alias(alias: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _pid_alive(pid: int) -> bool:
-    """Return whether a process with ``pid`` exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _namespace_pids(namespace: str) -> list[int]:
     """Return the pids running in ``namespace`` (empty when it does not exist)."""
     if not (_NETNS_DIR / namespace).exists():
@@ -670,21 +667,13 @@ def _kill_namespace_processes(namespaces: Sequence[str]) -> None:
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + _KILL_GRACE_S
     # An exited child of this process stays a zombie until its Popen reaps it; it holds no
-    # namespace any more, so it counts as gone.
-    while time.monotonic() < deadline and any(_pid_alive(p) and not _is_zombie(p) for p in pids):
+    # namespace any more, so it counts as gone (pid_alive).
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.05)
     for pid in pids:
-        if _pid_alive(pid) and not _is_zombie(pid):
+        if pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _is_zombie(pid: int) -> bool:
-    """Return whether ``pid`` has exited and waits to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _remove_host_parts(host: Host) -> None:
