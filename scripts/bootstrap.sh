@@ -6,7 +6,8 @@
 #      server binaries (the tests, drills and benchmarks start private servers; the packages'
 #      own services are kept from starting during the install), iproute2 and iptables (hosts
 #      in network namespaces and the network faults between them, sluice.ops.netns and
-#      sluice.chaos.netfaults), and venv support for the system Python 3.11.
+#      sluice.chaos.netfaults), chromium and chromium-driver (the manager console's browser tests),
+#      and venv support for the system Python 3.11.
 #      `apt-get update` and `apt-get install` run only when something is missing.
 #   2. <repo>/.venv with Python 3.11, and `pip install -e '.[test]'` in it. The pip step is
 #      skipped while .venv/.bootstrap-pyproject.sha256 matches the sha256 of pyproject.toml.
@@ -78,6 +79,10 @@ if command -v dpkg-query >/dev/null 2>&1; then
     command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing+=(iproute2)
     command -v tc >/dev/null 2>&1 || [ -x /usr/sbin/tc ] || [ -x /sbin/tc ] || missing+=(iproute2)
     command -v iptables-restore >/dev/null 2>&1 || [ -x /usr/sbin/iptables-restore ] || missing+=(iptables)
+    # The manager's console is tested in a real headless browser: Debian's chromium, driven by
+    # selenium through chromium-driver (no browser download at test time).
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
     if [ "$need_venv" = 1 ]; then
         if PY="$(find_python)"; then
             # A Debian/Ubuntu system Python creates venvs only with python3.11-venv installed.

@@ -1,22 +1,12 @@
-"""Which partitions are offline or under-replicated, and why, read from ZooKeeper."""
+"""Which partitions are offline or under-replicated, and why, read from ZooKeeper (classified by
+the one classifier, `sluice.cluster.health.classify_partition`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from sluice.cluster.state_machine import offline_reason
+from sluice.cluster.health import PartitionHealth, classify_partition
 from sluice.cluster.zkstore import ZkStore
 
-
-@dataclass(frozen=True, slots=True)
-class PartitionHealth:
-    topic: str
-    partition: int
-    leader: int
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]
-    status: str  # "ok" | "under-replicated" | "offline"
-    reason: str
+__all__ = ["PartitionHealth", "partition_health"]
 
 
 def partition_health(store: ZkStore) -> list[PartitionHealth]:
@@ -28,24 +18,5 @@ def partition_health(store: ZkStore) -> list[PartitionHealth]:
             continue
         for p, replicas in sorted(assignment.replicas.items()):
             current = store.partition_state(name, p)
-            state = current[0] if current else None
-            why = offline_reason(state, replicas, live)
-            if why is not None or state is None:
-                result.append(
-                    PartitionHealth(
-                        name, p, -1, replicas, state.isr if state else (), "offline", why or "no state"
-                    )
-                )
-                continue
-            missing = [r for r in replicas if r not in state.isr]
-            if missing:
-                down = [r for r in missing if r not in live]
-                reason = f"replica(s) {missing} out of sync" + (
-                    f"; broker(s) {down} down" if down else "; catching up"
-                )
-                result.append(
-                    PartitionHealth(name, p, state.leader, replicas, state.isr, "under-replicated", reason)
-                )
-            else:
-                result.append(PartitionHealth(name, p, state.leader, replicas, state.isr, "ok", ""))
+            result.append(classify_partition(name, p, current[0] if current else None, replicas, live))
     return result

@@ -113,8 +113,8 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
     """Per partition: leader, replicas, ISR, log start and end offsets."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from sluice.cluster.health import OFFLINE, OK, classify_partition
     from sluice.cluster.layout import PartitionState
-    from sluice.cluster.state_machine import offline_reason
 
     md = _admin(bootstrap).list_topics(topic=name, timeout=15)
     topic = md.topics.get(name)
@@ -135,22 +135,18 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
     try:
         for pid in sorted(topic.partitions):
             p = topic.partitions[pid]
-            status = "ok"
             start = end = "-"
-            if p.leader < 0:
-                isr = tuple(p.isrs) or tuple(p.replicas)
-                why = offline_reason(PartitionState(-1, 0, isr, 0), p.replicas, live)
-                status = f"[red]offline[/]: {why}"
-            else:
+            state = PartitionState(p.leader, 0, tuple(p.isrs) or tuple(p.replicas), 0)
+            health = classify_partition(name, pid, state, p.replicas, live)
+            status = "ok" if health.status == OK else f"[{'red' if health.status == OFFLINE else 'yellow'}]"
+            if health.status != OK:
+                status += f"{health.status}[/]: {health.reason}"
+            if health.status != OFFLINE:
                 try:
                     lo, hi = consumer.get_watermark_offsets(TopicPartition(name, pid), timeout=10)
                     start, end = str(lo), str(hi)
                 except Exception as exc:
                     status = f"[yellow]offsets unavailable[/]: {_kafka_error_text(exc)}"
-                if len(p.isrs) < len(p.replicas):
-                    status = (
-                        f"[yellow]under-replicated[/]: out of sync {sorted(set(p.replicas) - set(p.isrs))}"
-                    )
             table.add_row(str(pid), str(p.leader), str(p.replicas), str(p.isrs), start, end, status)
     finally:
         close_within(consumer)
