@@ -650,3 +650,86 @@ class ZkStore:
 
     def watch_data(self, path: str, callback: Callable[[bytes | None, ZnodeStat | None], Any]) -> None:
         self.client.DataWatch(path, callback)
+
+
+class LeaderElection:
+    """One leader at a time among processes, without blocking (kazoo's Election recipe, polled).
+
+    Each contender keeps an ephemeral sequential znode under `path`, its name starting with a
+    nonce of its own (so a create whose reply was lost is found again rather than doubled); the
+    lowest sequence number leads. A contender whose session expired finds its znode gone and
+    queues again at the back. On becoming leader it takes the next value of the fencing counter
+    at `epoch_path` (:class:`FencingCounter`), and its writes check that znode's version in the
+    same multi-op: a leader that was paused past its session cannot write once its successor
+    has taken the counter (the controller's rule, I4).
+
+    :meth:`lead` costs at most five ZooKeeper calls; a failed call raises kazoo's error and the
+    caller counts itself as not leading until its next call succeeds."""
+
+    def __init__(self, client: KazooClient, path: str, identity: str, epoch_path: str):
+        self.client = client
+        self.path = path.rstrip("/")
+        self.identity = identity
+        self.epoch_path = epoch_path
+        self._prefix = f"{uuid.uuid4().hex}__c-"
+        self._fence: tuple[int, int] | None = None  # (epoch, znode version) while leading
+
+    @staticmethod
+    def _sequence(name: str) -> int:
+        return int(name[-10:])
+
+    def _contenders(self) -> list[str]:
+        try:
+            return sorted(self.client.get_children(self.path), key=self._sequence)
+        except NoNodeError:
+            return []
+
+    def lead(self) -> tuple[int, int] | None:
+        """Contend (again, after a lost session) and answer: the fencing (epoch, znode version)
+        while this contender leads, None while another does."""
+        children = self._contenders()
+        mine = [c for c in children if c.startswith(self._prefix)]
+        if not mine:
+            self._fence = None
+            self.client.create(
+                f"{self.path}/{self._prefix}", self.identity.encode(), ephemeral=True, sequence=True,
+                makepath=True,
+            )  # fmt: skip
+            children = self._contenders()
+            mine = [c for c in children if c.startswith(self._prefix)]
+        for extra in mine[1:]:  # a retried create: keep the first
+            try:
+                self.client.delete(f"{self.path}/{extra}")
+            except NoNodeError:
+                pass
+        if not mine or children[0] != mine[0]:
+            if self._fence is not None:
+                log.info("event=leadership_lost path=%s identity=%s", self.path, self.identity)
+            self._fence = None
+            return None
+        if self._fence is None:
+            self._fence = FencingCounter(self.client, self.epoch_path).take()
+            log.info(
+                "event=leader_elected path=%s identity=%s epoch=%d", self.path, self.identity, self._fence[0]
+            )
+        return self._fence
+
+    def leader(self) -> str | None:
+        """The identity of the contender leading now (None when nobody contends)."""
+        for name in self._contenders():
+            try:
+                data, _ = self.client.get(f"{self.path}/{name}")
+            except NoNodeError:
+                continue
+            return bytes(data).decode()
+        return None
+
+    def resign(self) -> None:
+        """Leave the election (best effort: a znode left behind goes with the session)."""
+        self._fence = None
+        try:
+            for name in self._contenders():
+                if name.startswith(self._prefix):
+                    self.client.delete(f"{self.path}/{name}")
+        except Exception as exc:
+            log.info("event=resign_incomplete path=%s identity=%s error=%s", self.path, self.identity, exc)
