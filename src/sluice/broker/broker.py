@@ -21,6 +21,7 @@ from typing import Any
 
 from kazoo.exceptions import BadVersionError
 
+from sluice import metrics
 from sluice.broker.admin import TopicAdmin
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
@@ -33,6 +34,7 @@ from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.server import KafkaServer, bind_listener
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller
+from sluice.cluster.health import OFFLINE, UNDER_REPLICATED, classify_partition
 from sluice.cluster.layout import BrokerRegistration, PartitionState, StateWrite
 from sluice.cluster.zkstore import BrokerIdInUseError, ZkStore
 from sluice.storage.fsutil import atomic_write, fsync_dir
@@ -87,6 +89,8 @@ class Broker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
         self._lock_fd: int | None = None
+        #: the Prometheus endpoint's bound port (None: metrics.port unset)
+        self.metrics_port: int | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         """Run a background task, keeping a reference so it is not collected mid-flight."""
@@ -103,6 +107,7 @@ class Broker:
             self._loop.add_signal_handler(sig, self.request_stop)
         listener = bind_listener(self.config.host, self.config.port)
         try:
+            self._serve_metrics()
             await self._run_bound(listener)
         finally:
             listener.close()  # a no-op once the server has closed it
@@ -126,17 +131,48 @@ class Broker:
             self.store.add_session_listener(self._on_session_state)
             self.controller.start()
             log.info(
-                "event=broker_started id=%d listen=%s:%d broker_epoch=%d zookeeper=%s pid=%d",
+                "event=broker_started id=%d listen=%s:%d broker_epoch=%d zookeeper=%s pid=%d metrics_port=%s",
                 self.config.broker_id,
                 host,
                 port,
                 epoch,
                 self.store.address,
                 os.getpid(),
+                self.metrics_port if self.metrics_port is not None else "off",
             )
             await self._housekeeping_until_stopped()
         finally:
             await self._shutdown()
+
+    def _serve_metrics(self) -> None:
+        """The Prometheus endpoint, on the listener's host, before the data directory or
+        ZooKeeper: like the listener, a port that cannot be bound stops the broker first."""
+        if self.config.metrics_port is None:
+            return
+        metrics.enable_broker(self.health_gauges)
+        self.metrics_port = metrics.serve(self.config.metrics_port, self.config.host)
+
+    def health_gauges(self) -> metrics.BrokerGauges:
+        """The partition and controller gauges, asked for by a scrape on the metrics server's
+        thread: from the view (its lock, held briefly per call) and the partitions led here,
+        never ZooKeeper, never the event loop. One classifier decides (cluster.health)."""
+        live = self.metadata.brokers()
+        me = self.config.broker_id
+        under = 0
+        for part in self.replicas.leader_partitions():
+            held = self.metadata.partition_state(part.topic, part.index)
+            if held is None or held[0].leader != me:
+                continue  # leadership moving: the view's leader reports it
+            health = classify_partition(part.topic, part.index, held[0], part.replicas, live)
+            under += health.status == UNDER_REPLICATED
+        active = self.controller.is_active
+        offline = 0
+        if active:  # Kafka's OfflinePartitionsCount: the controller's figure, so a sum counts each once
+            for name in self.metadata.topics():
+                for info in self.metadata.partitions(name):
+                    health = classify_partition(name, info.partition, info.state, info.replicas, live)
+                    offline += health.status == OFFLINE
+        return metrics.BrokerGauges(offline, under, int(active))
 
     def request_stop(self) -> None:
         if self._stop_event is not None:

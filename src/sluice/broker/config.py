@@ -16,6 +16,7 @@ from typing import Any
 
 from sluice import properties as props
 from sluice.cluster.zkstore import parse_zookeeper_connect
+from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 from sluice.storage.config import LogConfig
 
 #: Kafka's default for ``socket.request.max.bytes``: frames above it close the connection.
@@ -69,6 +70,9 @@ class BrokerConfig:
     fetch_session_eviction_ms: int = 120_000
     #: Period of the controller's leaderless-partition sweep (I5).
     controller_sweep_interval_s: float = 2.0
+    #: The Prometheus endpoint's port, on the listener's host (``metrics.port``): None serves
+    #: none, 0 a free port (sluice.metrics).
+    metrics_port: int | None = None
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -241,6 +245,7 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         _int(0, 1_000_000),
         "incremental fetch sessions kept",
     ),
+    props.Setting("metrics.port", "metrics_port", parse_metrics_port, METRICS_PORT_DOC),
     *(
         props.Setting(k, "_log_default", str, f"default of the topic config {v}")
         for k, v in _LOG_DEFAULT_KEYS.items()

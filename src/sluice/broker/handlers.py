@@ -24,6 +24,7 @@ from sluice.broker.fetch_sessions import (
 from sluice.broker.fetch_sessions import (
     Kind as FetchKind,
 )
+from sluice.metrics import TRAFFIC
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 
@@ -341,6 +342,7 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
     acks = req["acks"]
     responses: list[Body] = []
     waits: list[tuple[str, int, int, ProduceResult]] = []
+    appended = 0  # record bytes (sluice_bytes_in_total)
     if req.get("transactional_id") is not None:
         log.info("event=produce_rejected reason=transactions_unsupported client=%s", header.client_id)
     for topic in req["topic_data"]:
@@ -373,10 +375,13 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
                 )
                 continue
             result = broker.replicas.append(name, pd["index"], pd["records"], required_acks=acks)
-            if acks == -1 and result.error is ErrorCode.NONE:
-                waits.append((name, pd["index"], len(parts), result))
+            if result.error is ErrorCode.NONE:
+                appended += len(pd["records"])
+                if acks == -1:
+                    waits.append((name, pd["index"], len(parts), result))
             parts.append(_produce_partition_response(pd["index"], result))
         responses.append({"name": name, "partition_responses": parts})
+    TRAFFIC.bytes_in += appended
     if waits:
         # Every partition was appended first; now wait for all of them to be replicated at once.
         timeout_s = max(0, req["timeout_ms"]) / 1000.0
@@ -513,8 +518,10 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     if answer.error is not ErrorCode.NONE:
         return _fetch_response(answer.error, INVALID_SESSION_ID, [])
     responses: dict[str, list[Body]] = {}
+    sent = 0
     for key in answer.partitions:
         result = read[key]
+        sent += result.size
         responses.setdefault(key[0], []).append(
             {
                 "partition_index": key[1],
@@ -527,6 +534,8 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 "records": result.records.records if result.records is not None else b"",
             }
         )
+    if replica_id < 0:  # a consumer's: replication is not bytes out (Kafka's BytesOutPerSec)
+        TRAFFIC.bytes_out += sent
     return _fetch_response(
         ErrorCode.NONE,
         answer.session_id,

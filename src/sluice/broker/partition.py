@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from sluice import metrics
 from sluice.broker.replication import can_join_isr, followers_out_of_sync, high_watermark_for
 from sluice.storage.config import LogConfig
 from sluice.storage.fsutil import atomic_write
@@ -383,6 +384,11 @@ class Partition:
     def set_isr(self, isr: tuple[int, ...], version: int) -> None:
         assert self.broker_id in isr or not self.is_leader, "a leader is always in its own ISR (I6)"
         added = set(isr) - set(self.isr) - {self.broker_id}
+        if self.is_leader:  # this leader's write, or the controller's (a dead follower dropped)
+            if added:
+                metrics.ISR_EXPANDS.inc()
+            if not set(self.isr) <= set(isr):
+                metrics.ISR_SHRINKS.inc()
         self.isr = isr
         self.state_version = version
         self._update_high_watermark()

@@ -17,10 +17,12 @@ import asyncio
 import contextvars
 import logging
 import socket
+import time
 from collections import deque
 from typing import TYPE_CHECKING, cast
 
 from sluice.broker.handlers import HANDLERS
+from sluice.metrics import TRAFFIC
 from sluice.protocol.api import (
     ApiKey,
     UnsupportedVersion,
@@ -260,23 +262,29 @@ class Connection(asyncio.BufferedProtocol):
         if handler is None:
             log.warning("event=unhandled_api peer=%s api_key=%d action=close", peer, header.api_key)
             return False
+        stats = TRAFFIC.api(header.api_key)
+        started = time.perf_counter()
         try:
-            response = await handler(self.server.broker, header, body)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception(
-                "event=handler_failed peer=%s api_key=%d version=%d action=close",
-                peer,
-                header.api_key,
-                header.api_version,
-            )
-            return False
-        if response is None:
-            return True
-        if self._closed:
-            return False
-        self.transport.writelines(encode_response(header, response))
+            try:
+                response = await handler(self.server.broker, header, body)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "event=handler_failed peer=%s api_key=%d version=%d action=close",
+                    peer,
+                    header.api_key,
+                    header.api_version,
+                )
+                return False
+            if response is None:
+                return True
+            if self._closed:
+                return False
+            self.transport.writelines(encode_response(header, response))
+        finally:
+            # Handled, answered or not (acks=0, a closed connection, a handler's failure).
+            stats.observe(time.perf_counter() - started)
         if self._writing_paused or self.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             await self._drained.wait()
         return True

@@ -34,7 +34,7 @@ import orjson
 from kazoo.exceptions import NodeExistsError
 from kazoo.protocol.states import KazooState
 
-from sluice import test_switches
+from sluice import metrics, test_switches
 from sluice.cluster import layout
 from sluice.cluster.election import initial_partition_state, next_partition_state, offline_partition_leader
 from sluice.cluster.layout import PartitionState, StateWrite, TopicAssignment
@@ -271,6 +271,8 @@ class Controller:
             )
         groups: list[Group] = []
         changes: list[str] = []
+        #: partitions given a leader by an election, and whether it was unclean (for metrics)
+        elections: dict[tuple[str, int], bool] = {}
         new_topics: dict[str, bool] = {}
         for name, p in keys:
             assignment = topics[name]
@@ -315,17 +317,26 @@ class Controller:
             if decision.unclean:
                 ops.append(self._unclean_audit_op(name, p, new_state, state))
             groups.append((ops, [StateWrite(name, assignment.topic_id, p, new_state, version + 1)]))
+            if new_state.leader >= 0 and new_state.leader_epoch > state.leader_epoch:
+                elections[key] = decision.unclean
             changes.append(
                 f"{name}-{p}:leader {state.leader}->{new_state.leader} epoch={new_state.leader_epoch} "
                 f"isr={list(new_state.isr)}"
             )
         self._known_epochs = epochs
         if groups:
-            self._write_states(term, groups, changes)
+            self._write_states(term, groups, changes, elections)
 
-    def _write_states(self, term: ControllerTerm, groups: list[Group], changes: list[str]) -> None:
+    def _write_states(
+        self,
+        term: ControllerTerm,
+        groups: list[Group],
+        changes: list[str],
+        elections: dict[tuple[str, int], bool],
+    ) -> None:
         """Write decided states in fenced multi-ops; apply what went through to the view, read
-        again what was refused (someone wrote meanwhile) and decide it next pass."""
+        again what was refused (someone wrote meanwhile) and decide it next pass. `elections`:
+        the partitions whose state elects a leader (True: an unclean one), counted once written."""
         described = {
             (w.topic, w.partition): c for (_, writes), c in zip(groups, changes, strict=True) for w in writes
         }
@@ -352,6 +363,10 @@ class Controller:
             for key in keys:
                 self._bounced.pop(key, None)
                 log.info("event=partition_state_changed controller_epoch=%d %s", term.epoch, described[key])
+                if key in elections:
+                    metrics.LEADER_ELECTIONS.inc()
+                    if elections[key]:
+                        metrics.UNCLEAN_ELECTIONS.inc()
             written += len(keys)
         if written > 1:
             log.info(
@@ -482,6 +497,7 @@ class Controller:
                 [FencedOp("set", path, new_state.encode(), state_version)],
                 [StateWrite(name, assignment.topic_id, p, new_state, state_version + 1)],
             )
+            metrics.LEADER_ELECTIONS.inc()
             log.info(
                 "event=partition_state_changed controller_epoch=%d %s-%d:leader %d->%d epoch=%d "
                 "reason=reassignment",
