@@ -9,6 +9,7 @@ from sluice.ops.cli.cluster import broker_app, cluster_app
 from sluice.ops.cli.demo import demo
 from sluice.ops.cli.drills import chaos_app, incident_app
 from sluice.ops.cli.groups import group_app
+from sluice.ops.cli.manager import manager_app
 from sluice.ops.cli.tasks import task_app, worker_app
 from sluice.ops.cli.topics import consume, produce, topic_app
 
@@ -20,6 +21,7 @@ app = typer.Typer(
 for _sub, _name in (
     (cluster_app, "cluster"), (broker_app, "broker"), (topic_app, "topic"), (group_app, "group"),
     (incident_app, "incident"), (chaos_app, "chaos"), (task_app, "task"), (worker_app, "worker"),
+    (manager_app, "manager"),
 ):  # fmt: skip
     app.add_typer(_sub, name=_name)
 for _fn, _name in ((produce, "produce"), (consume, "consume"), (apply, "apply"), (demo, "demo")):

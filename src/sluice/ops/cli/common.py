@@ -43,16 +43,33 @@ ZooKeeperOpt = Annotated[
 ]
 
 
+def local_zookeeper() -> str:
+    """The local cluster's ZooKeeper (in .sluice/cluster), or exit 2 saying to give one."""
+    try:
+        return launcher.LocalCluster.load(launcher.DEFAULT_DIR.resolve()).zookeeper
+    except FileNotFoundError:
+        raise fail("no --zookeeper given and no local cluster in .sluice/cluster", 2) from None
+
+
+def services(zookeeper: str | None, bootstrap: str | None = None):  # type: ignore[no-untyped-def]
+    """The service layer's connections (`sluice.service.context.Services`), as the manager's API
+    has them: the CLI and the API call the same functions."""
+    from sluice.service.context import open_services
+    from sluice.service.errors import ServiceError
+
+    try:
+        return open_services(zookeeper or local_zookeeper(), bootstrap or DEFAULT_BOOTSTRAP)
+    except ServiceError as exc:
+        raise fail(str(exc)) from None
+
+
 def task_store(zookeeper: str | None):  # type: ignore[no-untyped-def]
     """A TaskStore on the given ZooKeeper, or on the local cluster's."""
     from sluice.cluster.zkstore import ZkStore
     from sluice.sync.tasks import TaskStore
 
     if zookeeper is None:
-        try:
-            zookeeper = launcher.LocalCluster.load(launcher.DEFAULT_DIR.resolve()).zookeeper
-        except FileNotFoundError:
-            raise fail("no --zookeeper given and no local cluster in .sluice/cluster", 2) from None
+        zookeeper = local_zookeeper()
     store = ZkStore(zookeeper, connect_timeout_s=10.0)
     try:
         store.start()

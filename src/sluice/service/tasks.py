@@ -1,0 +1,189 @@
+"""Sync tasks: define (the same validation as `sluice task create`, errors naming the field),
+pause, resume, restart (optionally from a source position), delete, and their status: epoch,
+execution, worker, captured position, applied offsets, lag, execution history and events."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from sluice.service.context import Services
+from sluice.service.errors import ConflictError, InvalidError, NotFoundError
+from sluice.sync.tasks import TaskNotFoundError, TaskSpec, TaskSpecError, parse_spec, redact
+
+#: a task whose last failure is this recent, and that has no running execution, is "failing"
+FAILING_WINDOW_S = 120.0
+
+
+def _field_of(message: str) -> str:
+    head = message.split(":", 1)[0]
+    return head if head.startswith("task") and " " not in head else "task"
+
+
+def parse_definition(doc: Any) -> TaskSpec:
+    """A validated task definition from a mapping (JSON or YAML parsed), or InvalidError whose
+    `field` names the bad field (`task.source.port`)."""
+    try:
+        return parse_spec(doc)
+    except TaskSpecError as exc:
+        raise InvalidError(str(exc), field=_field_of(str(exc))) from None
+    except TypeError as exc:  # a field of the wrong shape that the dataclass itself refused
+        raise InvalidError(f"task: {exc}", field="task") from None
+
+
+def parse_definition_text(text: str, what: str = "task definition") -> TaskSpec:
+    """A definition from YAML (JSON is YAML too)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidError(f"{what} is not valid YAML or JSON: {exc}", field="task") from None
+    return parse_definition(doc)
+
+
+def redacted_definition(spec: TaskSpec) -> dict[str, Any]:
+    doc = asdict(spec)
+    doc["target"] = redact(spec.target)
+    if doc["source"].get("password"):
+        doc["source"]["password"] = "***"
+    return doc
+
+
+def _spec(svc: Services, task_id: str) -> TaskSpec:
+    try:
+        return svc.tasks.get(task_id)
+    except TaskNotFoundError:
+        raise NotFoundError(f"no task {task_id!r}") from None
+
+
+def create_task(svc: Services, spec: TaskSpec) -> dict[str, Any]:
+    try:
+        svc.tasks.create(spec)
+    except TaskSpecError as exc:
+        raise ConflictError(str(exc), field=_field_of(str(exc))) from None
+    return task_summary(svc, spec.id)
+
+
+def update_task(svc: Services, spec: TaskSpec, task_id: str | None = None) -> dict[str, Any]:
+    """Replace a task's definition; its execution restarts with it under a new epoch."""
+    if task_id is not None and spec.id != task_id:
+        raise InvalidError(f"task.id: {spec.id!r} does not match the task being updated ({task_id!r})",
+                           field="task.id")  # fmt: skip
+    try:
+        svc.tasks.update(spec)
+    except TaskNotFoundError:
+        raise NotFoundError(f"no task {spec.id!r}: create it first") from None
+    return task_summary(svc, spec.id)
+
+
+def _state(status: dict[str, Any] | None, paused: bool, events: list[dict[str, Any]], now: float) -> str:
+    if paused:
+        return "paused"
+    if status and status.get("error"):
+        return "failing"
+    if status:
+        return "running"
+    failed = [e for e in events if e.get("kind") == "task-failed"]
+    if failed and now - float(failed[-1].get("at") or 0) < FAILING_WINDOW_S:
+        return "failing"
+    return "waiting"
+
+
+def task_summary(svc: Services, task_id: str, *, open_alarms: int = 0) -> dict[str, Any]:
+    spec = _spec(svc, task_id)
+    try:
+        status = svc.tasks.status(task_id)
+        control = svc.tasks.control(task_id)
+        events = svc.tasks.alarms(task_id)
+    except TaskNotFoundError:
+        raise NotFoundError(f"no task {task_id!r}") from None
+    except Exception as exc:
+        if "NoNode" in type(exc).__name__:  # deleted while we read it
+            raise NotFoundError(f"no task {task_id!r}") from None
+        raise
+    status = status or {}
+    last_error = status.get("error")
+    if not last_error:
+        failed = [e for e in events if e.get("kind") == "task-failed"]
+        last_error = failed[-1].get("error") if failed and not status else None
+    return {
+        "id": spec.id,
+        "source": spec.source.kind,
+        "target": redact(spec.target),
+        "topics": spec.topics(),
+        "state": _state(status or None, control.paused, events, time.time()),
+        "worker": status.get("worker"),
+        "epoch": status.get("epoch") or svc.tasks.epoch(task_id),
+        "latest_epoch": svc.tasks.epoch(task_id),
+        "execution": status.get("execution"),
+        "lag_records": status.get("lag_records"),
+        "lag_seconds": status.get("lag_seconds"),
+        "error": last_error,
+        "restarts": control.restarts,
+        "open_alarms": open_alarms,
+    }
+
+
+def list_tasks(svc: Services) -> list[dict[str, Any]]:
+    out = []
+    for task_id in svc.tasks.ids():
+        try:
+            out.append(task_summary(svc, task_id))
+        except NotFoundError:  # deleted while listing
+            continue
+    return out
+
+
+def task_detail(svc: Services, task_id: str) -> dict[str, Any]:
+    summary = task_summary(svc, task_id)
+    spec = _spec(svc, task_id)
+    status = svc.tasks.status(task_id) or {}
+    control = svc.tasks.control(task_id)
+    return {
+        **summary,
+        "definition": redacted_definition(spec),
+        "captured_position": status.get("captured_position"),
+        "applied_offsets": status.get("applied_offsets"),
+        "started": status.get("started"),
+        "updated": status.get("updated"),
+        "control": asdict(control),
+        "executions": svc.tasks.executions(task_id),
+        "events": svc.tasks.alarms(task_id)[-50:],
+    }
+
+
+def set_control(svc: Services, task_id: str, **changes: Any) -> dict[str, Any]:
+    _spec(svc, task_id)
+    try:
+        if changes.pop("restart", False):
+            changes["restarts"] = svc.tasks.control(task_id).restarts + 1
+        svc.tasks.set_control(task_id, **changes)
+    except TaskNotFoundError:
+        raise NotFoundError(f"no task {task_id!r}") from None
+    return task_summary(svc, task_id)
+
+
+def pause_task(svc: Services, task_id: str) -> dict[str, Any]:
+    return set_control(svc, task_id, paused=True)
+
+
+def resume_task(svc: Services, task_id: str) -> dict[str, Any]:
+    return set_control(svc, task_id, paused=False)
+
+
+def restart_task(svc: Services, task_id: str, from_position: str | None = None) -> dict[str, Any]:
+    """Restart the execution under a new epoch; with a position, capture from there."""
+    if from_position is not None and (not isinstance(from_position, str) or not from_position.strip()):
+        raise InvalidError("from_position: must be a source position such as mysql-bin.000003:4",
+                           field="from_position")  # fmt: skip
+    return set_control(svc, task_id, restart=True, from_position=from_position)
+
+
+def delete_task(svc: Services, task_id: str) -> dict[str, Any]:
+    try:
+        svc.tasks.delete(task_id)
+    except TaskNotFoundError:
+        raise NotFoundError(f"no task {task_id!r}") from None
+    return {"deleted": task_id}
