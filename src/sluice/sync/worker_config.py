@@ -13,6 +13,7 @@ from typing import Any
 
 from sluice import properties as props
 from sluice.cluster.zkstore import host_ports, parse_zookeeper_connect
+from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 
 DEFAULT_GROUP = "sluice-workers"
 
@@ -39,6 +40,9 @@ class WorkerConfig:
     #: None: local[*]
     spark_master: str | None = None
     session_timeout_s: float = 10.0
+    #: the Prometheus endpoint (sluice.metrics): None serves none, 0 a free port
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
 
     @classmethod
     def from_properties(cls, values: Mapping[str, str], *, source: str = "worker config") -> WorkerConfig:
@@ -64,4 +68,6 @@ WORKER_SETTINGS: tuple[props.Setting, ...] = (
         props.integer(1000, 600_000),
         "worker group session timeout",
     ),
+    props.Setting("metrics.port", "metrics_port", parse_metrics_port, METRICS_PORT_DOC),
+    props.Setting("metrics.host", "metrics_host", props.non_empty, "address the metrics endpoint binds"),
 )

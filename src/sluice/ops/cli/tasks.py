@@ -290,6 +290,15 @@ def worker_start(
     group, bootstrap, directory = config.group, config.bootstrap, config.work_dir
     spark_master, session_timeout = config.spark_master, config.session_timeout_s
     configure_logging("info")
+    if config.metrics_port is not None:
+        from sluice import metrics
+
+        metrics.enable_worker()
+        try:
+            port = metrics.serve(config.metrics_port, config.metrics_host)
+        except metrics.MetricsBindError as exc:
+            raise fail(str(exc), 2) from None
+        err.print(f"metrics on http://{config.metrics_host}:{port}/metrics")
     zk, store = task_store(config.zookeeper)
     me = config.name or worker_name()
     stop = threading.Event()
