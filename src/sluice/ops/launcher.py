@@ -8,6 +8,10 @@ on 127.0.0.1 on free ports, so several clusters (tests, demos) can run side by s
 with its own address on a private bridge (``sluice.ops.netns``; ``network.json`` records it),
 as on separate hosts, so real network faults (``sluice.chaos.netfaults``) can be put between
 them; brokers then listen on the standard port 9092 of their own address.
+
+Every broker and worker serves Prometheus metrics (``metrics.port`` in the properties file the
+launcher writes for it): on a free port of 127.0.0.1, or on port 9404 of its own address in a
+namespace. ``cluster.json`` keeps the ports and :meth:`LocalCluster.metrics_urls` lists them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ DEFAULT_DIR = Path(".sluice/cluster")
 HOST_MODES = ("local", "netns")
 #: The port brokers listen on in their own namespace (each has its own address).
 NETNS_BROKER_PORT = 9092
+#: The metrics port of a broker or worker in its own namespace.
+NETNS_METRICS_PORT = 9404
 
 
 @dataclass
@@ -48,10 +54,16 @@ class BrokerProcess:
     zookeeper: str | None = None
     #: the network namespace it runs in (hosts="netns"); None: this host's
     namespace: str | None = None
+    #: the port of its Prometheus endpoint, on ``host`` (None: a cluster saved before metrics)
+    metrics_port: int | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        return None if self.metrics_port is None else f"http://{self.host}:{self.metrics_port}/metrics"
 
 
 @dataclass
@@ -72,6 +84,13 @@ class WorkerProcess:
     log_file: str
     pid: int = -1
     namespace: str | None = None
+    #: the address its metrics are reached at (its namespace's, or the cluster's host)
+    host: str = "127.0.0.1"
+    metrics_port: int | None = None
+
+    @property
+    def metrics_url(self) -> str | None:
+        return None if self.metrics_port is None else f"http://{self.host}:{self.metrics_port}/metrics"
 
 
 @dataclass
@@ -92,6 +111,10 @@ class LocalCluster:
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(b.address for b in self.brokers)
+
+    def metrics_urls(self) -> list[str]:
+        """The Prometheus endpoints of the brokers, then of the workers."""
+        return [u for p in [*self.brokers, *self.workers] if (u := p.metrics_url) is not None]
 
     @property
     def network_state(self) -> Path:
@@ -167,6 +190,8 @@ def broker_properties(b: BrokerProcess, zookeeper: str, session_timeout_s: float
         f"zookeeper.connect={zookeeper}",
         f"zookeeper.session.timeout.ms={round(session_timeout_s * 1000)}",
     ]
+    if b.metrics_port is not None:
+        lines.append(f"metrics.port={b.metrics_port}")
     return "# written by `sluice cluster up`\n" + "\n".join(lines) + "\n"
 
 
@@ -287,7 +312,12 @@ def cluster_up(
         if hosts == "netns":
             network = HostNetwork.create(cluster.network_state, owner_pid=None)
         _start_zookeeper(cluster, network, zookeeper_nodes, host)
-        ports = free_ports(brokers, host=host) if network is None else [NETNS_BROKER_PORT] * brokers
+        if network is None:
+            ports = free_ports(2 * brokers + workers, host=host)  # all held at once: distinct
+            ports, metrics_ports = ports[:brokers], ports[brokers:]
+        else:
+            ports = [NETNS_BROKER_PORT] * brokers
+            metrics_ports = [NETNS_METRICS_PORT] * (brokers + workers)
         for i in range(brokers):
             bid = i + 1
             place = network.add_host(f"broker{bid}") if network else None
@@ -300,6 +330,7 @@ def cluster_up(
                     str(directory / f"broker-{bid}.log"),
                     zookeeper=(broker_zookeeper or {}).get(bid),
                     namespace=place.namespace if place else None,
+                    metrics_port=metrics_ports[i],
                 )
             )
         cluster.save()
@@ -315,7 +346,8 @@ def cluster_up(
             place = network.add_host(f"worker{i + 1}") if network else None
             w = WorkerProcess(
                 f"worker-{i + 1}", str(directory / f"worker-{i + 1}.log"),
-                namespace=place.namespace if place else None,
+                namespace=place.namespace if place else None, host=place.ip if place else host,
+                metrics_port=metrics_ports[brokers + i],
             )  # fmt: skip
             cluster.workers.append(w)
             start_worker_process(cluster, w)
@@ -360,12 +392,27 @@ def _start_zookeeper(cluster: LocalCluster, network: HostNetwork | None, nodes: 
     cluster.zookeeper = f"{ensemble.connect_string}/sluice"
 
 
+def worker_properties(cluster: LocalCluster, w: WorkerProcess) -> str:
+    """The worker's configuration file (``sluice worker start --config``). A worker in its own
+    namespace serves its metrics on every address of it."""
+    lines = [
+        f"bootstrap.servers={cluster.bootstrap_servers}",
+        f"zookeeper.connect={cluster.zookeeper}",
+        f"worker.name={w.name}",
+        f"work.dir={Path(cluster.directory) / w.name}",
+    ]
+    if w.metrics_port is not None:
+        lines += [f"metrics.port={w.metrics_port}", f"metrics.host={'0.0.0.0' if w.namespace else w.host}"]
+    return "# written by `sluice cluster up`\n" + "\n".join(lines) + "\n"
+
+
 def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
     """A sync worker (`sluice worker start`) of the cluster, in its own namespace if it has one."""
+    config_file = Path(cluster.directory) / f"{w.name}.properties"
+    config_file.write_text(worker_properties(cluster, w))
     argv = [
         *namespace_prefix(w.namespace), sys.executable, "-m", "sluice.ops.cli", "worker", "start",
-        "--name", w.name, "--dir", str(Path(cluster.directory) / w.name),
-        "--bootstrap-server", cluster.bootstrap_servers, "--zookeeper", cluster.zookeeper,
+        "--config", str(config_file),
     ]  # fmt: skip
     with open(w.log_file, "ab") as logf:
         proc = subprocess.Popen(

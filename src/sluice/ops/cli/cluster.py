@@ -61,6 +61,7 @@ def cluster_up(
     except (RuntimeError, TimeoutError, ValueError, FileNotFoundError, NetnsError) as exc:
         raise fail(str(exc)) from None
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
+    print(f"metrics={','.join(cluster.metrics_urls())}")
     print(f"zookeeper={cluster.zookeeper}")
     took_s = time.monotonic() - started
     err.print(
@@ -113,7 +114,7 @@ def cluster_status(
         except Exception:
             pass
     table = Table(title=f"cluster in {cluster.directory}" if cluster else f"cluster at {zookeeper}")
-    for col in ("id", "address", "pid", "alive", "registered", "controller"):
+    for col in ("id", "address", "pid", "alive", "registered", "controller", "metrics port"):
         table.add_column(col)
     if cluster is not None:
         for b in cluster.brokers:
@@ -125,12 +126,13 @@ def cluster_status(
                 "yes" if alive else "[red]no[/]",
                 ("yes" if b.broker_id in registered else "[red]no[/]") if zk_ok else "?",
                 "*" if b.broker_id == controller else "",
+                str(b.metrics_port) if b.metrics_port is not None else "-",
             )
     else:  # a cluster on other hosts: what the brokers registered is all there is to see
         for broker_id, reg in sorted(registered.items()):
             table.add_row(
                 str(broker_id), f"{reg.host}:{reg.port}", str(reg.pid), "?", "yes",
-                "*" if broker_id == controller else "",
+                "*" if broker_id == controller else "", "?",
             )  # fmt: skip
     console.print(table)
     problems = [h for h in health if h.status != "ok"]
@@ -150,6 +152,8 @@ def cluster_status(
             )
         console.print(ptable)
     print(f"zookeeper={zookeeper}")
+    if cluster is not None:
+        print(f"metrics={','.join(cluster.metrics_urls())}")
     print(f"live_brokers={len(registered) if zk_ok else '?'}")
     print(f"controller={controller}")
     print(f"offline_partitions={sum(h.status == 'offline' for h in health)}")
