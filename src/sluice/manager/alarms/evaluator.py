@@ -70,6 +70,9 @@ class AlarmEvaluator:
         self.deliver = deliver
         self._events = EventCache()
         self._leading = False
+        #: passes completed while leading, and when the last one ended (for the console, tests)
+        self.passes = 0
+        self.last_pass_at: float | None = None
         self._missing: frozenset[str] = frozenset()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -162,4 +165,6 @@ class AlarmEvaluator:
                     self.deliver(webhooks, t.event, t.alarm)
             if any(t.event == "resolved" for t in transitions):
                 self.store.prune()
+        self.passes += 1
+        self.last_pass_at = facts.now
         return transitions

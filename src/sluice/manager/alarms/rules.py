@@ -416,10 +416,7 @@ def evaluate(
         if bad_s < threshold:
             continue
         if rule == PARTITION_OFFLINE:
-            summary = (
-                f"partition {name} is offline: {p.reason}; producers and consumers of it fail until a "
-                f"replica of {list(p.replicas)} is back"
-            )
+            summary = f"partition {name} is offline: {p.reason}"
         else:
             summary = (
                 f"partition {name} is under-replicated for {_secs(bad_s)}: {p.reason}; threshold "
