@@ -65,6 +65,7 @@ class BatchReport:
     freshness_ms: list[int]  # commit time minus each applied record's source timestamp
     took_s: float  # the whole batch function
     collect_s: float  # reading the batch from Spark into the driver as Arrow
+    commit_s: float  # the target's transaction (Target.apply)
 
 
 class ApplyQuery:
@@ -142,6 +143,7 @@ class ApplyQuery:
         collected = time.monotonic()
         try:
             result = self.target.apply(self.pipeline, self.epoch, records)
+            commit_s = time.monotonic() - collected
         except BaseException as exc:
             self.error = exc
             if self.on_error is not None:
@@ -163,7 +165,9 @@ class ApplyQuery:
             self.applied_records += result.records - result.skipped
         if self.on_batch is not None:
             self.on_batch(
-                BatchReport(batch_id, result, committed, freshness, time.monotonic() - t0, collected - t0)
+                BatchReport(
+                    batch_id, result, committed, freshness, time.monotonic() - t0, collected - t0, commit_s
+                )
             )
 
     def start(self) -> None:

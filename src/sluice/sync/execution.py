@@ -14,6 +14,13 @@ window in which both ran, and the older execution stops. A refused commit is rec
 own too (`stale-commit-refused`), with the epoch refused and the epoch that holds the target.
 The apply query claims the target under our epoch when it starts, so from then on nothing the
 older execution still has in flight can commit.
+
+Every execution is recorded in the task's history (`TaskStore.record_execution`) at its start and
+again, in the same entry, at its end with its outcome: stopped, failed, superseded (it stepped
+down for a newer one) or fenced (the target refused its commit). A failure to record is logged
+and never fails or holds up the task. The worker's metrics (sluice.metrics: lag, commit time,
+refused commits, duplicate executions) are updated here and removed when the worker stops
+running the task.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sluice import metrics
 from sluice.clients import close_within
-from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration
+from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration, scrub
 
 log = logging.getLogger("sluice.execution")
 
@@ -91,13 +99,18 @@ class TaskExecution:
         self.started = time.time()
         self.epoch = 0
         self.execution = ""
+        #: this execution's entry in the task's history (None: not recorded, or ended)
+        self._history_node: str | None = None
+        #: the target refused a commit of this execution (a newer epoch holds its fence)
+        self._fenced = False
         self._consumer: Any = None
         # Status reads use their own target connection: the apply query's is busy on the batch
         # thread, and one connection cannot hold two transactions at once.
         self._status_target: Any = None
         try:
             self._start()
-        except BaseException:
+        except BaseException as exc:
+            self.error = self.error or f"start failed: {exc}"
             self.stop()  # nothing half-started keeps running (a capture thread, a query)
             raise
 
@@ -120,11 +133,11 @@ class TaskExecution:
         )
         self.execution = uuid.uuid4().hex[:12]
         self.started = time.time()
+        self._fenced = False
+        self._record_start()
         other = self.store.status(self.task_id)
         if other and other.get("execution") != self.execution and not other.get("paused"):
-            self.store.raise_alarm(
-                self.task_id,
-                "duplicate-execution",
+            self._raise_duplicate_alarm(
                 {
                     "executions": [other.get("execution"), self.execution],
                     "workers": [other.get("worker"), self.worker],
@@ -210,8 +223,16 @@ class TaskExecution:
         from sluice.pipeline.apply import ApplyQuery
 
         config = apply_config(self.spec, self.bootstrap, self.epoch, self.workdir)
-        self.query = ApplyQuery(self.spark, config, on_error=self._on_commit_error)
+        self.query = ApplyQuery(self.spark, config, on_error=self._on_commit_error, on_batch=self._on_batch)
         self.query.start()
+
+    def _on_batch(self, report: Any) -> None:
+        """On the batch thread, after each micro-batch's commit (never raises: it would fail the
+        batch)."""
+        try:
+            metrics.TASK_APPLY_BATCH_SECONDS.labels(self.task_id).observe(report.commit_s)
+        except Exception:
+            log.warning("task %s: recording the batch's metrics failed", self.task_id, exc_info=True)
 
     def _on_commit_error(self, exc: BaseException) -> None:
         """On the batch thread: a refused stale commit is recorded at once, whatever else this
@@ -220,6 +241,8 @@ class TaskExecution:
 
         if not isinstance(exc, StaleEpochError):
             return
+        self._fenced = True
+        metrics.TASK_COMMITS_REFUSED.labels(self.task_id).inc()
         self.store.raise_alarm(
             self.task_id,
             "stale-commit-refused",
@@ -232,6 +255,12 @@ class TaskExecution:
                     self.task_id, self.execution, exc.epoch, exc.current)  # fmt: skip
 
     def stop(self) -> None:
+        """Stop for good: the worker no longer runs the task here, so its series go too."""
+        self._halt()
+        metrics.forget_task(self.task_id)
+
+    def _halt(self) -> None:
+        """Stop this execution (a restart starts the next one on the same object)."""
         self.stop_event.set()
         if self.query is not None:
             self.query.stop()
@@ -250,6 +279,7 @@ class TaskExecution:
                 self.store.clear_status(self.task_id, self.execution)
             except Exception as exc:  # ZooKeeper out of reach: the znode goes with the session
                 log.info("task %s: status left for its session to remove: %s", self.task_id, exc)
+        self._record_end()
 
     def alive(self) -> bool:
         return self.error is None
@@ -261,14 +291,14 @@ class TaskExecution:
         control = self.store.control(self.task_id)
         if control.paused != self.control.paused or control.restarts != self.control.restarts:
             log.info("task %s: control changed (%s), restarting the execution", self.task_id, control)
-            self.stop()
+            self._halt()
             self.control = control
             self.error = None
             try:
                 self._start()
             except Exception as exc:  # the worker retries this task with a backoff
-                self.stop()
                 self.error = f"restart failed: {exc}"
+                self._halt()
             return
         newest = self.store.epoch(self.task_id)
         if newest > self.epoch and not self.error:
@@ -288,7 +318,11 @@ class TaskExecution:
             self.error = (
                 f"apply failed: {str(failure).splitlines()[0] if str(failure) else type(failure).__name__}"
             )
-        self._publish(self._progress())
+        progress = self._progress()
+        if "lag_records" in progress:
+            metrics.TASK_LAG_RECORDS.labels(self.task_id).set(progress["lag_records"])
+            metrics.TASK_LAG_SECONDS.labels(self.task_id).set(progress["lag_seconds"])
+        self._publish(progress)
 
     def relinquish(self) -> None:
         """The worker lost its group session (it was paused or cut off): the task is someone
@@ -302,9 +336,7 @@ class TaskExecution:
 
     def _step_down(self, newer: dict[str, Any], detail: str) -> None:
         """A newer execution owns the task: record the duplicate execution and stop."""
-        self.store.raise_alarm(
-            self.task_id,
-            "duplicate-execution",
+        self._raise_duplicate_alarm(
             {
                 "executions": [self.execution, newer.get("execution")],
                 "workers": [self.worker, newer.get("worker")],
@@ -318,6 +350,44 @@ class TaskExecution:
         log.warning("task %s: execution %s superseded: %s", self.task_id, self.execution, detail)
         self.error = SUPERSEDED
         self.stop()
+
+    def _raise_duplicate_alarm(self, detail: dict[str, Any]) -> None:
+        self.store.raise_alarm(self.task_id, "duplicate-execution", detail)
+        metrics.TASK_DUPLICATE_EXECUTIONS.labels(self.task_id).inc()
+
+    def _outcome(self) -> str:
+        if self._fenced:
+            return "fenced"
+        if self.error == SUPERSEDED:
+            return "superseded"
+        return "failed" if self.error else "stopped"
+
+    def _record_start(self) -> None:
+        """Open this execution's entry in the task's history (outcome running)."""
+        self._history_node = self._write_history(self._history_entry(None, "running", None), None)
+
+    def _record_end(self) -> None:
+        """Complete this execution's entry, in place, once it has stopped (once)."""
+        node, self._history_node = self._history_node, None
+        if node is not None:
+            error = scrub(self.error, self.spec.secrets()) if self.error else None
+            self._write_history(self._history_entry(time.time(), self._outcome(), error), node)
+
+    def _history_entry(self, ended: float | None, outcome: str, error: str | None) -> dict[str, Any]:
+        return {
+            "execution": self.execution, "epoch": self.epoch, "worker": self.worker, "started": self.started,
+            "ended": ended, "outcome": outcome, "error": error,
+        }  # fmt: skip
+
+    def _write_history(self, entry: dict[str, Any], node: str | None) -> str | None:
+        """Best effort (TaskStore.record_execution bounds the wait): a failure is logged and
+        the task goes on; the entry's znode name, or None."""
+        try:
+            return self.store.record_execution(self.task_id, entry, node=node)
+        except Exception as exc:
+            log.warning("task %s: execution %s not recorded in the task's history (%s): %r",
+                        self.task_id, self.execution, entry["outcome"], exc)  # fmt: skip
+            return None
 
     def _publish(self, extra: dict[str, Any]) -> None:
         status = {

@@ -13,6 +13,12 @@ ZooKeeper layout (under the cluster's chroot):
                              worker, positions and lag (gone when the execution's session is);
                              written only by the execution with the newest epoch
     /tasks/{id}/alarms/      persistent sequential alarms (duplicate executions, errors)
+    /tasks/{id}/executions/  persistent sequential, one per execution (`execution-N`): execution
+                             id, epoch, worker, started, ended (None while it runs), outcome
+                             (running, stopped, failed, superseded, fenced) and error; written at
+                             its start and updated in place at its end; the newest
+                             EXECUTIONS_KEPT are kept. Created with the task (a task created
+                             before the history gets it at its next execution)
 
 A definition is validated before it is stored; errors name the bad field
 (`task.source.port: must be an integer in 1..65535`).
@@ -33,6 +39,9 @@ from sluice.sync.targets.base import ColumnMapping, MappingError
 
 TASKS = "/tasks"
 EPOCHS = "/task_epochs"
+#: executions kept in a task's history; the oldest go first
+EXECUTIONS_KEPT = 50
+EXECUTION_OUTCOMES = ("running", "stopped", "failed", "superseded", "fenced")
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SOURCE_KINDS = ("mysql", "mariadb", "generator")
 
@@ -259,6 +268,7 @@ class TaskStore:
         tx.create(self._path(spec.id), spec.to_json())
         tx.create(self._path(spec.id, "control"), orjson.dumps(asdict(Control())))
         tx.create(self._path(spec.id, "alarms"), b"")
+        tx.create(self._path(spec.id, "executions"), b"")
         results = tx.commit()
         for r in results:
             if isinstance(r, NodeExistsError):
@@ -389,5 +399,58 @@ class TaskStore:
         out = []
         for child in sorted(self._call(self.zk.get_children, self._path(task_id, "alarms"))):
             data, _ = self._call(self.zk.get, self._path(task_id, "alarms", child))
+            out.append(orjson.loads(data))
+        return out
+
+    def record_execution(
+        self, task_id: str, entry: dict[str, Any], *, node: str | None = None, timeout_s: float = 2.0
+    ) -> str:
+        """Write one execution's entry in the task's history and return its znode's name: a new
+        entry (the oldest beyond EXECUTIONS_KEPT removed), or, given `node` (what the first call
+        returned), that entry updated in place. History is for people: each ZooKeeper call is
+        tried once and waited on for `timeout_s` at most, so a task never waits long on it; the
+        caller logs a failure (raised) and goes on."""
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+
+        assert entry.get("outcome") in EXECUTION_OUTCOMES, entry
+        parent = self._path(task_id, "executions")
+        data = orjson.dumps(entry)
+        if node is not None:
+            self.zk.set_async(f"{parent}/{node}", data).get(timeout=timeout_s)
+            return node
+        try:
+            path = self.zk.create_async(f"{parent}/execution-", data, sequence=True).get(timeout=timeout_s)
+        except NoNodeError:
+            # A task created before the history. Its parent only: never makepath, so a task
+            # deleted meanwhile is not brought back as an empty znode.
+            try:
+                self.zk.create_async(parent, b"").get(timeout=timeout_s)
+            except NodeExistsError:
+                pass
+            path = self.zk.create_async(f"{parent}/execution-", data, sequence=True).get(timeout=timeout_s)
+        children = sorted(self.zk.get_children_async(parent).get(timeout=timeout_s))
+        for old in children[: max(0, len(children) - EXECUTIONS_KEPT)]:
+            try:
+                self.zk.delete_async(f"{parent}/{old}").get(timeout=timeout_s)
+            except NoNodeError:
+                pass  # another worker trimmed it
+        name: str = path.rsplit("/", 1)[1]
+        return name
+
+    def executions(self, task_id: str) -> list[dict[str, Any]]:
+        """The task's recent executions, oldest first (at most EXECUTIONS_KEPT)."""
+        from kazoo.exceptions import NoNodeError
+
+        parent = self._path(task_id, "executions")
+        try:
+            children = sorted(self._call(self.zk.get_children, parent))
+        except NoNodeError:
+            return []  # created before the history, and not run since
+        out = []
+        for child in children:
+            try:
+                data, _ = self._call(self.zk.get, f"{parent}/{child}")
+            except NoNodeError:
+                continue  # trimmed meanwhile
             out.append(orjson.loads(data))
         return out
