@@ -160,9 +160,13 @@ class Console:
         return path
 
     def js_errors(self) -> list[str]:
-        """Severe messages of the page's console since the last call (uncaught exceptions, failed
-        loads other than the API answers the test provoked)."""
-        return [e["message"] for e in self.driver.get_log("browser") if e["level"] == "SEVERE"]
+        """Script errors in the page's console since the last call. An API answer of 4xx/5xx is
+        logged by the browser too ("Failed to load resource"): those are the tests' to provoke."""
+        return [
+            e["message"]
+            for e in self.driver.get_log("browser")
+            if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]
+        ]
 
 
 def _slug(text: str) -> str:

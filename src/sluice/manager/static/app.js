@@ -207,8 +207,10 @@
     if (err instanceof ApiError && err.status === 401) return; // showLogin took over
     const banner = $("error-banner");
     const since = state.lastOk ? ` Showing what it said at ${hms(state.lastOk)}.` : "";
-    if (err instanceof Unreachable || (err instanceof ApiError && err.status >= 500)) {
+    if (err instanceof Unreachable) {
       banner.textContent = `The manager is unreachable: ${err.message}. Retrying every ${POLL_MS / 1000} s.${since}`;
+    } else if (err instanceof ApiError && err.status >= 500) {
+      banner.textContent = `The manager could not answer: ${err.message}. Retrying every ${POLL_MS / 1000} s.${since}`;
     } else {
       banner.textContent = `Could not load this page: ${err.message}.${since}`;
     }
@@ -237,10 +239,7 @@
       return result;
     } catch (e) {
       if (e instanceof ApiError && e.status === 401) return undefined;
-      const why = e instanceof ApiError && e.status === 403
-        ? `${e.message} (your role, ${state.role}, is not allowed to do this)`
-        : e.message;
-      flash(`${label} failed: ${why}`, false);
+      flash(`${label} failed: ${e.message}`, false);
       return undefined;
     }
   }
@@ -428,7 +427,16 @@
       const o = await get("/overview");
       const c = o.cluster;
       const alarmsList = o.alarms || [];
-      const items = o.attention || [];
+      // The partition lines of `attention` come from c.problems, which the page groups (one
+      // broker down can leave fifty partitions under-replicated for one reason): the other lines
+      // are shown as the server wrote them.
+      const groups = problemGroups(c.problems);
+      const others = (o.attention || []).filter((line) => !line.startsWith("partition "));
+      const items = [
+        ...others.filter((line) => !line.startsWith("alarm: ")),
+        ...groups.map((g) => `${g.label} ${g.partitions.length === 1 ? "is" : "are"} ${g.status}: ${g.reason}`),
+        ...others.filter((line) => line.startsWith("alarm: ")),
+      ];
       const anyCritical = c.partitions.offline > 0 || c.controller.id < 0
         || c.brokers.some((b) => !b.alive) || alarmsList.some((a) => a.severity === "critical" && a.state === "open")
         || (o.tasks || []).some((t) => t.state === "failing");
@@ -438,7 +446,10 @@
       headline.textContent = items.length
         ? `${items.length} ${items.length === 1 ? "thing needs" : "things need"} attention`
         : "All clear: every partition online and in sync, every task running";
-      fill(attention, items.map((line) => h("li", { testid: "attention-item" }, line)));
+      const ATTENTION_SHOWN = 8;
+      fill(attention, items.slice(0, ATTENTION_SHOWN).map((line) => h("li", { testid: "attention-item" }, line)),
+        items.length > ATTENTION_SHOWN
+          ? h("li", { class: "muted" }, `and ${items.length - ATTENTION_SHOWN} more below`) : null);
       $("cluster-id").textContent = c.cluster_id ? `cluster ${c.cluster_id}` : "";
 
       const alive = c.brokers.filter((b) => b.alive).length;
@@ -460,20 +471,26 @@
           openAlarms.some((a) => a.severity === "critical") ? "critical" : openAlarms.length ? "warning" : "ok", "card-alarms"));
 
       fill(problems, table(
-        ["Topic", "Partition", "Status", "Leader", "Replicas", "In sync", "Reason"],
-        c.problems.map((p) => h("tr", {
-          testid: "partition-problem", class: p.status === "offline" ? "row-critical" : "row-warning",
-          data: { topic: p.topic, partition: p.partition, status: p.status },
-        },
-        td(h("a", { href: `#/topics/${encodeURIComponent(p.topic)}` }, p.topic)), tdNum(p.partition),
-        td(stateBadge(p.status)), tdNum(p.leader >= 0 ? p.leader : "none"), td(list(p.replicas)), td(list(p.isr)),
-        td(p.reason, { class: "reason" }))),
+        ["Topic", "Partitions", "Status", "Leader", "Replicas", "In sync", "Reason"],
+        groups.map((g) => {
+          const p = g.first;
+          const same = (k) => g.members.every((m) => String(m[k]) === String(p[k]));
+          return h("tr", {
+            testid: "partition-problem", class: g.status === "offline" ? "row-critical" : "row-warning",
+            data: { topic: g.topic, partitions: g.partitions.join(","), status: g.status,
+              partition: g.partitions.length === 1 ? g.partitions[0] : "" },
+          },
+          td(h("a", { href: `#/topics/${encodeURIComponent(g.topic)}` }, g.topic)), td(ranges(g.partitions)),
+          td(stateBadge(g.status)), td(same("leader") ? (p.leader >= 0 ? String(p.leader) : "none") : "various"),
+          td(same("replicas") ? list(p.replicas) : "various"), td(same("isr") ? list(p.isr) : "various"),
+          td(g.reason, { class: "reason" }));
+        }),
         "Every partition is online with all its replicas in sync."));
 
       fill(brokers, table(
         ["Broker", "Address", "Status", ""],
         c.brokers.map((b) => h("tr", { testid: "broker-row", class: b.alive ? "" : "row-critical", data: { broker: b.id, alive: b.alive } },
-          tdNum(b.id), td(h("span", { class: "mono" }, `${b.host}:${b.port}`)),
+          tdNum(b.id), td(b.host ? h("span", { class: "mono" }, `${b.host}:${b.port}`) : h("span", { class: "muted" }, "not registered")),
           td(stateBadge(b.alive ? "alive" : "dead")),
           td(b.id === c.controller.id ? badge(`controller · epoch ${c.controller.epoch}`, "") : ""))),
         "No brokers registered."));
@@ -487,6 +504,38 @@
     }
     return { root, refresh };
   };
+
+  /** Problems grouped by topic, status and reason, offline first. */
+  function problemGroups(problems) {
+    const byKey = new Map();
+    for (const p of problems || []) {
+      const key = JSON.stringify([p.topic, p.status, p.reason]);
+      if (!byKey.has(key)) byKey.set(key, { topic: p.topic, status: p.status, reason: p.reason, first: p, members: [], partitions: [] });
+      const g = byKey.get(key);
+      g.members.push(p);
+      g.partitions.push(p.partition);
+    }
+    const groups = [...byKey.values()];
+    for (const g of groups) {
+      g.partitions.sort((a, b) => a - b);
+      g.label = g.partitions.length === 1 ? `partition ${g.topic}-${g.partitions[0]}`
+        : `${g.partitions.length} partitions of ${g.topic} (${ranges(g.partitions)})`;
+    }
+    const rank = (g) => (g.status === "offline" ? 0 : 1);
+    return groups.sort((a, b) => rank(a) - rank(b) || a.topic.localeCompare(b.topic));
+  }
+
+  /** [0,1,2,3,7,9,10] -> "0–3, 7, 9–10" */
+  function ranges(numbers) {
+    const out = [];
+    for (let i = 0; i < numbers.length; i++) {
+      let j = i;
+      while (j + 1 < numbers.length && numbers[j + 1] === numbers[j] + 1) j++;
+      out.push(j > i ? `${numbers[i]}–${numbers[j]}` : String(numbers[i]));
+      i = j;
+    }
+    return out.join(", ");
+  }
 
   function card(label, value, sub, level, testid) {
     return h("div", { class: `card ${level}`, testid, data: { level } },
@@ -515,9 +564,12 @@
     const formError = h("p", { class: "form-error", testid: "topic-create-error", hidden: true });
     const name = h("input", { name: "name", placeholder: "orders.changes", required: true, testid: "topic-name" });
     const partitions = h("input", { name: "partitions", type: "number", min: 1, value: 3, style: "width:90px", testid: "topic-partitions" });
-    const rf = h("input", { name: "replication_factor", type: "number", min: 1, value: 1, style: "width:90px", testid: "topic-rf" });
+    const rf = h("input", { name: "replication_factor", type: "number", min: 1, value: 3, style: "width:90px", testid: "topic-rf" });
+    const single = h("input", { type: "checkbox", testid: "topic-single-replica" });
     const form = h("form", { class: "inline", testid: "topic-create" },
       h("label", {}, "Name", name), h("label", {}, "Partitions", partitions), h("label", {}, "Replication factor", rf),
+      h("label", { title: "A partition with one replica goes offline when its broker does" },
+        h("span", {}, single, " allow a single replica")),
       h("button", { type: "submit", class: "primary", disabled: !canOperate(), testid: "topic-create-submit" }, "Create topic"),
       roleNote());
     form.addEventListener("submit", async (e) => {
@@ -527,6 +579,7 @@
         try {
           return await api("POST", "/topics", {
             name: name.value.trim(), partitions: parseInt(partitions.value, 10), replication_factor: parseInt(rf.value, 10),
+            allow_single_replica: single.checked,
           });
         } catch (ex) {
           if (ex instanceof ApiError) { formError.textContent = ex.message; formError.hidden = false; }
@@ -658,7 +711,7 @@
         h("dt", {}, "Protocol"), h("dd", {}, `${g.protocol_type || "—"} / ${g.protocol || "—"}`),
         h("dt", {}, "Coordinator"), h("dd", {}, `broker ${text(g.coordinator)}`),
         h("dt", {}, "Total lag"), h("dd", { testid: "group-total-lag" }, num(g.total_lag)));
-      chart.update((hist.samples || []).map((x) => ({ t: x.t, v: x.lag })));
+      chart.update((hist.samples || []).filter((x) => typeof x.lag === "number").map((x) => ({ t: x.t, v: x.lag })));
       fill(partitions, table(["Topic", th("Partition", "num"), th("Committed", "num"), th("End", "num"), th("Lag", "num"), "Member"],
         g.partitions.map((p) => h("tr", { testid: "group-partition" }, td(p.topic), tdNum(p.partition), tdNum(num(p.committed)),
           tdNum(num(p.end)), tdNum(num(p.lag)), td(p.member || "—"))),
@@ -782,15 +835,18 @@
         h("dt", {}, "Worker"), h("dd", {}, t.worker || "—"),
         h("dt", {}, "Epoch"), h("dd", { testid: "task-epoch" }, num(t.epoch)),
         h("dt", {}, "Execution"), h("dd", { class: "mono", testid: "task-execution" }, text(t.execution)),
-        h("dt", {}, "Lag"), h("dd", { testid: "task-lag" }, `${num(t.lag_records)} records · ${seconds(t.lag_seconds)}`),
+        h("dt", {}, "Lag"), h("dd", { testid: "task-lag" }, t.lag_records === null || t.lag_records === undefined
+          ? "— (no execution reports one)" : `${num(t.lag_records)} records · ${seconds(t.lag_seconds)}`),
         h("dt", {}, "Captured up to"), h("dd", { class: "mono" }, text(t.captured_position)),
         h("dt", {}, "Source"), h("dd", {}, text(t.source)),
         h("dt", {}, "Target"), h("dd", { class: "mono" }, text(t.target)),
+        h("dt", {}, "Topics"), h("dd", { class: "mono" }, list(t.topics || [])),
         h("dt", {}, "Status updated"), h("dd", {}, t.updated ? `${when(t.updated)} (${ago(t.updated)})` : "—"),
         h("dt", {}, "Open alarms"), h("dd", {}, t.open_alarms ? h("a", { href: "#/alarms" }, badge(`${t.open_alarms} open`, "critical")) : "none"));
       const samples = hist.samples || [];
-      lagChart.update(samples.map((x) => ({ t: x.t, v: x.lag_records ?? 0 })));
-      lagSecondsChart.update(samples.map((x) => ({ t: x.t, v: x.lag_seconds ?? 0 })));
+      // A sample without a number (no execution reported one) is a gap, not a zero.
+      lagChart.update(samples.filter((x) => typeof x.lag_records === "number").map((x) => ({ t: x.t, v: x.lag_records })));
+      lagSecondsChart.update(samples.filter((x) => typeof x.lag_seconds === "number").map((x) => ({ t: x.t, v: x.lag_seconds })));
       fill(offsets, table(["Partition", th("Next offset", "num")],
         Object.entries(t.applied_offsets || {}).map(([tp, o]) => h("tr", {}, td(h("span", { class: "mono" }, tp)), tdNum(num(o)))),
         "Nothing applied yet."));
@@ -869,13 +925,22 @@
     limit.addEventListener("change", () => refreshNow());
     const body = h("div");
     const root = h("div", {}, h("div", { class: "page-head" }, h("h1", {}, "Audit log"), limit), body);
-    const json = (v) => (v === null || v === undefined ? h("span", { class: "muted" }, "—") : h("pre", {}, JSON.stringify(v, null, 1)));
+    const plain = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+    /** One side of a change: key: value lines, the keys that changed marked. */
+    const side = (v, other) => {
+      if (v === null || v === undefined) return h("span", { class: "muted" }, "—");
+      if (!plain(v)) return h("pre", {}, JSON.stringify(v, null, 1));
+      return h("div", { class: "kv" }, Object.entries(v).map(([k, x]) => {
+        const changed = plain(other) ? JSON.stringify(other[k]) !== JSON.stringify(x) : other !== undefined && other !== null;
+        return h("div", { class: changed ? "changed" : "" }, h("span", { class: "k" }, `${k}: `), h("code", {}, JSON.stringify(x)));
+      }));
+    };
     async function refresh() {
       const rows = await get(`/audit?limit=${limit.value}`);
       fill(body, table(["When", "User", "Action", "Target", "Before", "After"],
         rows.map((r) => h("tr", { testid: "audit-row", data: { id: r.id, user: r.user, action: r.action, target: r.target } },
           td(timeCell(r.at)), td(h("strong", { testid: "audit-user" }, r.user)), td(h("span", { testid: "audit-action" }, r.action)),
-          td(h("span", { class: "mono", testid: "audit-target" }, text(r.target))), td(json(r.before)), td(json(r.after)))),
+          td(h("span", { class: "mono", testid: "audit-target" }, text(r.target))), td(side(r.before, r.after)), td(side(r.after, r.before)))),
         "Nothing recorded yet."));
     }
     return { root, refresh };
@@ -934,7 +999,13 @@
   }
 
   async function refreshAlarmCount() {
-    const open = await get("/alarms?state=open");
+    let open;
+    try {
+      open = await get("/alarms?state=open");
+    } catch (e) {
+      if (e instanceof Unreachable) throw e;
+      open = []; // alarms not available on this manager: the pages say so where it matters
+    }
     const el = $("alarm-count");
     el.hidden = !open.length;
     el.textContent = String(open.length);
@@ -985,7 +1056,7 @@
       showApp();
     } catch (ex) {
       err.textContent = ex instanceof ApiError && ex.status === 401
-        ? `Wrong user or password (${ex.message}).` : `Could not log in: ${ex.message}`;
+        ? `${ex.message.charAt(0).toUpperCase()}${ex.message.slice(1)}.` : `Could not log in: ${ex.message}`;
       err.hidden = false;
     } finally {
       button.disabled = false;
