@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sluice.cluster.zkstore import ZkStore
+from sluice.cluster.zkstore import FencingCounter, ZkStore
 from sluice.manager.alarms import AlarmEvaluator, AlarmStore
+from sluice.manager.alarms.store import EPOCH
 from sluice.sync.tasks import TaskStore, parse_spec
 from tests.support.cluster import TestCluster, wait_until
 from tests.unit.test_webhooks import Receiver
@@ -152,6 +153,30 @@ def test_one_evaluator_leads_and_a_successor_notifies_nothing_again(
     finally:
         for e in evaluators:
             e.stop()
+
+
+def test_an_evaluator_whose_epoch_was_taken_writes_nothing_then_contends_again(
+    open_zk: Callable[[], ZkStore],
+) -> None:
+    zk = open_zk()
+    tasks, store = TaskStore(zk.client), AlarmStore(zk.client)
+    store.set_rules({"task_lag_records": 100})
+    create_task(tasks)
+    heard: list[str] = []
+    evaluator = AlarmEvaluator(
+        zk, tasks, NO_BROKERS, identity="m1", deliver=lambda hooks, event, alarm: heard.append(event)
+    )
+    try:
+        assert evaluator.evaluate_once() == [] and evaluator.is_leader
+        # What a successor does when this evaluator's session expired during a pause.
+        FencingCounter(zk.client, EPOCH).take()
+        publish_lag(tasks, 500)
+        assert evaluator.evaluate_once() == [] and not evaluator.is_leader
+        assert store.list() == []
+        [raised] = evaluator.evaluate_once()  # the only contender again, under a new epoch
+        assert raised.event == "raised" and evaluator.is_leader and len(store.list()) == 1
+    finally:
+        evaluator.stop()
 
 
 def test_a_partition_offline_after_its_only_broker_is_killed_raises_an_alarm_naming_why(

@@ -149,7 +149,11 @@ class AlarmEvaluator:
             except ConcurrentChangeError:
                 continue
             except FencedOutError:
+                # Another evaluator took the epoch while this one thought it led (paused past its
+                # session): nothing was written. Contend again, from the back of the queue.
+                log.warning("event=alarm_evaluator_fenced identity=%s", self.identity)
                 self._set_leading(False)
+                self.election.resign()
                 return []
         else:
             log.warning("event=alarm_commit_contended identity=%s tries=%d", self.identity, COMMIT_TRIES)
