@@ -114,7 +114,8 @@ class LocalCluster:
 
     def metrics_urls(self) -> list[str]:
         """The Prometheus endpoints of the brokers, then of the workers."""
-        return [u for p in [*self.brokers, *self.workers] if (u := p.metrics_url) is not None]
+        urls = [b.metrics_url for b in self.brokers] + [w.metrics_url for w in self.workers]
+        return [u for u in urls if u is not None]
 
     @property
     def network_state(self) -> Path:
