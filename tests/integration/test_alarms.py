@@ -14,8 +14,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluice.cluster.zkstore import FencingCounter, ZkStore
 from sluice.manager.alarms import AlarmEvaluator, AlarmStore
+from sluice.manager.alarms.facts import collect_facts
 from sluice.manager.alarms.store import EPOCH
 from sluice.sync.tasks import TaskStore, parse_spec
+from sluice.sync.worker import Membership
 from tests.support.cluster import TestCluster, wait_until
 from tests.unit.test_webhooks import Receiver
 
@@ -179,23 +181,33 @@ def test_an_evaluator_whose_epoch_was_taken_writes_nothing_then_contends_again(
         evaluator.stop()
 
 
-def test_a_partition_offline_after_its_only_broker_is_killed_raises_an_alarm_naming_why(
-    make_cluster: Callable[..., TestCluster], open_zk: Callable[[], ZkStore]
+def test_a_worker_leaving_and_a_partition_offline_raise_alarms_naming_why(
+    make_cluster: Callable[..., TestCluster],
 ) -> None:
     cluster = make_cluster(1, session_timeout_s=2.0)
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
     admin.create_topics([NewTopic("orders", num_partitions=1, replication_factor=1)])["orders"].result(30)
     zk = ZkStore(cluster.zookeeper)
     zk.start()
+    evaluator = AlarmEvaluator(zk, TaskStore(zk.client), cluster.bootstrap, identity="m1")
     try:
-        evaluator = AlarmEvaluator(zk, TaskStore(zk.client), cluster.bootstrap, identity="m1")
-        offline = ("partition-offline", "partition:orders-0")
 
         def alarms() -> dict[tuple[str, str], dict[str, Any]]:
             evaluator.evaluate_once()
             return {(a["rule"], a["subject"]): a for a in evaluator.store.list("open")}
 
-        assert offline not in alarms()
+        # A worker as sync/worker.py joins: its name is its client id.
+        member = Membership(cluster.bootstrap, "sluice-workers", "w1", session_timeout_ms=6000)
+        member.join(b'{"worker": "w1", "tasks": []}')
+        member.sync({member.member_id: b""})
+        facts = collect_facts(zk, evaluator.tasks, cluster.bootstrap)
+        assert facts.workers == ["w1"] and facts.unavailable == {}
+        assert alarms() == {}
+        member.leave()
+        lost = wait_until(lambda: alarms().get(("worker-lost", "worker:w1")), 10, "the worker-lost alarm")
+        assert lost["summary"].startswith("worker w1 left the worker group")
+
+        offline = ("partition-offline", "partition:orders-0")
         cluster.kill(1)
         alarm = wait_until(lambda: alarms().get(offline), 20, "the partition-offline alarm")
         assert alarm["severity"] == "critical"
@@ -203,6 +215,9 @@ def test_a_partition_offline_after_its_only_broker_is_killed_raises_an_alarm_nam
             "partition orders-0 is offline: its only replica, broker 1, is down"
         )
         assert alarm["detail"]["reason"].startswith("its only replica, broker 1, is down")
-        evaluator.stop()
+        # The brokers are gone: the workers cannot be read, and the worker's alarm is held, not resolved.
+        assert "workers" in collect_facts(zk, evaluator.tasks, cluster.bootstrap).unavailable
+        assert ("worker-lost", "worker:w1") in alarms()
     finally:
+        evaluator.stop()
         zk.stop()
