@@ -27,7 +27,6 @@ from sluice.cluster.view import PartitionInfo
 from sluice.cluster.zkstore import ChunkResult
 from sluice.ops import launcher
 from sluice.properties import ConfigError
-from sluice.sync import execution as execution_module
 from sluice.sync.execution import SUPERSEDED, TaskExecution
 from sluice.sync.targets import StaleEpochError
 from sluice.sync.tasks import Control, parse_spec
@@ -147,7 +146,7 @@ def test_serve_binds_a_free_port_and_a_taken_port_is_refused_naming_the_setting(
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        with pytest.raises(metrics.MetricsBindError, match="metrics.port"):
+        with pytest.raises(metrics.MetricsBindError, match=r"metrics\.port"):
             metrics.serve(taken.getsockname()[1], "127.0.0.1", registry=registry)
 
 
@@ -189,8 +188,9 @@ def test_health_gauges_count_partitions_led_here_and_offline_ones_only_on_the_co
 def test_isr_changes_are_counted_on_the_leader_only(tmp_path: Path) -> None:
     part = Partition.open(tmp_path, "t", 0, uuid.uuid4(), {}, 1)
     part.become_leader(0, (1, 2, 3), (1, 2, 3), time.monotonic() * 1000)
-    shrinks, expands = value(metrics.ISR_SHRINKS, "sluice_isr_shrinks_total"), value(
-        metrics.ISR_EXPANDS, "sluice_isr_expands_total"
+    shrinks, expands = (
+        value(metrics.ISR_SHRINKS, "sluice_isr_shrinks_total"),
+        value(metrics.ISR_EXPANDS, "sluice_isr_expands_total"),
     )
     part.set_isr((1, 2), 1)  # the controller dropped dead broker 3
     part.set_isr((1, 2), 2)  # the same ISR again (the notice of our own write): no change
@@ -210,9 +210,7 @@ class _ControllerView:
         self.states = states
         self.live = live
         config = {"unclean.leader.election.enable": "true"} if unclean else {}
-        self._topics = {
-            "t": TopicAssignment("t", uuid.uuid4(), {p: (1, 2, 3) for _, p in states}, config)
-        }
+        self._topics = {"t": TopicAssignment("t", uuid.uuid4(), {p: (1, 2, 3) for _, p in states}, config)}
 
     def catch_up(self) -> None: ...
     def brokers(self) -> dict[int, None]:
@@ -449,4 +447,4 @@ def test_the_dashboard_is_importable_and_charts_every_metric() -> None:
     text = "\n".join(exprs)
     missing = [m for m in REQUIRED_METRICS if m not in text]
     assert not missing, f"no panel charts {missing}"
-    assert 'histogram_quantile(0.99, sum by (api, le) (rate(sluice_request_seconds_bucket' in text
+    assert "histogram_quantile(0.99, sum by (api, le) (rate(sluice_request_seconds_bucket" in text
