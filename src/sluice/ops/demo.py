@@ -1,7 +1,8 @@
 """The README's main job: the whole platform on one machine.
 
 1. a local cluster: ZooKeeper and 3 brokers;
-2. a change topic, replication factor 3, min.insync.replicas 2;
+2. a change topic, replication factor 3, min.insync.replicas 2, and the manager's console
+   (its URL printed as `manager=`), which shows the cluster, the topic and the apply lag;
 3. a Spark Structured Streaming query applying it to the target (SQLite by default);
 4. the generator writing inserts, updates and deletes of three tables for a bounded time, with
    kill -9 of one broker half way (restarted a few seconds later);
@@ -71,9 +72,12 @@ def run_demo(
         f"   bootstrap.servers={cluster.bootstrap_servers}  zookeeper={cluster.zookeeper}  "
         f"({time.monotonic() - t0:.1f} s)"
     )
+    manager = _start_manager(cluster, console)
     try:
         return _run(cluster, directory, target, duration_s, rate, spark_master, console)
     finally:
+        if manager is not None:
+            manager.stop()
         if keep:
             console.print(
                 f"cluster left running: `sluice cluster down --dir {directory / 'cluster'}` stops it"
@@ -81,6 +85,69 @@ def run_demo(
         else:
             launcher.cluster_down(directory / "cluster")
             console.print("[bold]7.[/] cluster stopped")
+
+
+#: the consumer group the demo commits its applied offsets to, so the manager's console shows the
+#: apply lag over time (the target's offsets table stays the truth; this is a mirror for people)
+APPLY_GROUP = "demo-apply"
+
+
+def _start_manager(cluster: launcher.LocalCluster, console: Console):  # type: ignore[no-untyped-def]
+    """The manager's console on the demo's cluster, serving while the demo runs."""
+    from sluice.manager.server import run_manager
+
+    try:
+        handle = run_manager(cluster.zookeeper, cluster.bootstrap_servers, port=0)
+    except Exception as exc:  # the demo goes on without a console
+        console.print(f"   [yellow]the manager did not start: {exc}[/]")
+        return None
+    user, password = handle.initial_admin or ("admin", "(set before)")
+    console.print(f"   console: {handle.url}  (user {user}, password {password})")
+    print(f"manager={handle.url}", flush=True)
+    print(f"manager_user={user}", flush=True)
+    print(f"manager_password={password}", flush=True)
+    return handle
+
+
+class _OffsetMirror:
+    """Commits the target's applied offsets to a consumer group on its own thread (a commit
+    may wait for a coordinator that moved with the killed broker; the demo's loop must not)."""
+
+    def __init__(self, bootstrap: str, group: str) -> None:
+        import queue
+
+        self.bootstrap, self.group = bootstrap, group
+        self._queue: queue.Queue[dict[tuple[str, int], int] | None] = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._run, name="offset-mirror", daemon=True)
+        self._thread.start()
+
+    def submit(self, offsets: dict[tuple[str, int], int]) -> None:
+        import queue
+
+        try:
+            self._queue.put_nowait(dict(offsets))
+        except queue.Full:  # the previous one is still on its way: this one is skipped
+            pass
+
+    def stop(self) -> None:
+        import queue
+
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        from sluice.ops.admin_client import AdminClient
+        from sluice.ops.group_view import commit_offsets
+
+        while (offsets := self._queue.get()) is not None:
+            try:
+                with AdminClient(self.bootstrap, timeout_s=3.0) as admin:
+                    commit_offsets(admin, self.group, offsets)
+            except Exception:  # a mirror for people: the next sample tries again
+                pass
 
 
 def _run(
@@ -165,6 +232,7 @@ def _run(
 
     watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": "sluice-demo-watch", "log_level": 0})
     lag_target = open_target(target)
+    mirror = _OffsetMirror(bootstrap, APPLY_GROUP)
 
     def end_offsets() -> int:
         total = 0
@@ -176,7 +244,10 @@ def _run(
         return total
 
     def applied_offsets() -> int:
-        return sum(lag_target.applied_offsets(PIPELINE).values())
+        applied = lag_target.applied_offsets(PIPELINE)
+        if applied:
+            mirror.submit(applied)
+        return sum(applied.values())
 
     gen_thread = threading.Thread(target=generate, name="generator", daemon=True)
     start = time.monotonic()
@@ -227,6 +298,7 @@ def _run(
     gen_thread.join(timeout=60)
     query.stop()
     watcher.close()
+    mirror.stop()
     spark.stop()
     console.print(
         f"   {progress.produced:,} changes produced, {progress.applied:,} applied "

@@ -128,39 +128,49 @@ def reset_offsets(bootstrap: str, group_id: str, topic: str, target: str | int) 
         missing = [tp for tp, off in offsets.items() if off < 0]
         if missing:
             raise AdminError(f"no leader for {', '.join(f'{t}-{p}' for t, p in missing)}; try again shortly")
-        r = admin.group_request(
-            group_id,
-            ApiKey.OFFSET_COMMIT,
-            8,
-            {
-                "group_id": group_id,
-                "generation_id_or_member_epoch": -1,
-                "member_id": "",
-                "group_instance_id": None,
-                "topics": [
-                    {
-                        "name": topic,
-                        "partitions": [
-                            {
-                                "partition_index": p,
-                                "committed_offset": off,
-                                "committed_leader_epoch": -1,
-                                "committed_metadata": None,
-                            }
-                            for (_, p), off in sorted(offsets.items())
-                        ],
-                    }
-                ],
-            },
-        )
-        errors = [
-            (p["partition_index"], p["error_code"])
-            for t in r["topics"]
-            for p in t["partitions"]
-            if p["error_code"] != ErrorCode.NONE
-        ]
-        if errors:
-            raise AdminError(
-                "offset commit refused: " + ", ".join(f"{topic}-{p}: {ErrorCode(e).name}" for p, e in errors)
-            )
+        commit_offsets(admin, group_id, offsets)
         return {p: off for (_, p), off in offsets.items()}
+
+
+def commit_offsets(admin: AdminClient, group_id: str, offsets: dict[tuple[str, int], int]) -> None:
+    """OffsetCommit for a group without members (generation -1), as a tool does; AdminError
+    names every partition the coordinator refused."""
+    by_topic: dict[str, list[tuple[int, int]]] = {}
+    for (topic, p), off in sorted(offsets.items()):
+        by_topic.setdefault(topic, []).append((p, off))
+    r = admin.group_request(
+        group_id,
+        ApiKey.OFFSET_COMMIT,
+        8,
+        {
+            "group_id": group_id,
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {
+                            "partition_index": p,
+                            "committed_offset": off,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": None,
+                        }
+                        for p, off in parts
+                    ],
+                }
+                for topic, parts in by_topic.items()
+            ],
+        },
+    )
+    errors = [
+        (t["name"], p["partition_index"], p["error_code"])
+        for t in r["topics"]
+        for p in t["partitions"]
+        if p["error_code"] != ErrorCode.NONE
+    ]
+    if errors:
+        raise AdminError(
+            "offset commit refused: " + ", ".join(f"{t}-{p}: {ErrorCode(e).name}" for t, p, e in errors)
+        )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from sluice.cluster.zkstore import ZkStore
@@ -12,13 +11,43 @@ from sluice.sync.tasks import TaskStore
 DEFAULT_WORKER_GROUP = "sluice-workers"
 
 
-@dataclass
 class Services:
-    zookeeper: str
-    bootstrap: str
-    zk: ZkStore
-    tasks: TaskStore
-    worker_group: str = DEFAULT_WORKER_GROUP
+    """Connections a service call needs. ZooKeeper is connected on first use: calls that only
+    talk to the brokers (create a topic, describe a group) work without one."""
+
+    def __init__(
+        self,
+        zookeeper: str | None,
+        bootstrap: str,
+        *,
+        worker_group: str = DEFAULT_WORKER_GROUP,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self.zookeeper = zookeeper
+        self.bootstrap = bootstrap
+        self.worker_group = worker_group
+        self.connect_timeout_s = connect_timeout_s
+        self._zk: ZkStore | None = None
+        self._tasks: TaskStore | None = None
+
+    @property
+    def zk(self) -> ZkStore:
+        if self._zk is None:
+            if self.zookeeper is None:
+                raise UnavailableError("this needs ZooKeeper: give --zookeeper (or $SLUICE_ZOOKEEPER)")
+            zk = ZkStore(self.zookeeper, connect_timeout_s=self.connect_timeout_s)
+            try:
+                zk.start()
+            except ConnectionError as exc:
+                raise UnavailableError(str(exc)) from None
+            self._zk = zk
+        return self._zk
+
+    @property
+    def tasks(self) -> TaskStore:
+        if self._tasks is None:
+            self._tasks = TaskStore(self.zk.client)
+        return self._tasks
 
     @property
     def client(self) -> Any:
@@ -26,7 +55,8 @@ class Services:
         return self.zk.client
 
     def close(self) -> None:
-        self.zk.stop()
+        if self._zk is not None:
+            self._zk.stop()
 
     def __enter__(self) -> Services:
         return self
@@ -42,9 +72,7 @@ def open_services(
     worker_group: str = DEFAULT_WORKER_GROUP,
     connect_timeout_s: float = 10.0,
 ) -> Services:
-    zk = ZkStore(zookeeper, connect_timeout_s=connect_timeout_s)
-    try:
-        zk.start()
-    except ConnectionError as exc:
-        raise UnavailableError(str(exc)) from None
-    return Services(zookeeper, bootstrap, zk, TaskStore(zk.client), worker_group)
+    """Services connected to ZooKeeper now (a manager wants to know at start that it can)."""
+    svc = Services(zookeeper, bootstrap, worker_group=worker_group, connect_timeout_s=connect_timeout_s)
+    svc.zk  # noqa: B018 - connect now
+    return svc

@@ -171,6 +171,12 @@ def delete_topic(svc: Services, name: str) -> dict[str, Any]:
     refuse_internal(name)
     if svc.zk.topic(name) is None:
         raise NotFoundError(f"topic {name!r} does not exist")
+    return delete_topic_via_brokers(svc, name)
+
+
+def delete_topic_via_brokers(svc: Services, name: str) -> dict[str, Any]:
+    """DeleteTopics through the brokers (no ZooKeeper needed: the CLI's path)."""
+    refuse_internal(name)
     admin = _confluent_admin(svc.bootstrap)  # kept referenced until the future resolves
     futures = admin.delete_topics([name], operation_timeout=30, request_timeout=40)
     try:

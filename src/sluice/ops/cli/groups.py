@@ -35,38 +35,43 @@ def group_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
 @group_app.command("describe")
 def group_describe(group: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
     """State, members (client id, host, assignment) and per-partition committed offset, end and lag."""
-    from sluice.ops.group_view import describe_group
+    from sluice.service.context import Services
+    from sluice.service.errors import ServiceError
+    from sluice.service.groups import group_view
 
     try:
-        view = describe_group(bootstrap, group)
-    except RuntimeError as exc:
+        view = group_view(Services(None, bootstrap), group)
+    except ServiceError as exc:
         raise fail(str(exc)) from None
     console.print(
-        f"group [bold]{group}[/]: state {view.state}, protocol {view.protocol_type or '-'}"
-        f"/{view.protocol or '-'}, coordinator {view.coordinator}"
+        f"group [bold]{group}[/]: state {view['state']}, protocol {view['protocol_type'] or '-'}"
+        f"/{view['protocol'] or '-'}, coordinator {view['coordinator']}"
     )
-    members = Table(title=f"{len(view.members)} member(s)")
+    members = Table(title=f"{len(view['members'])} member(s)")
     for col in ("member", "client id", "host", "assignment"):
         members.add_column(col)
-    for m in view.members:
+    for m in view["members"]:
         members.add_row(
-            m.member_id, m.client_id, m.client_host, ", ".join(f"{t}-{p}" for t, p in m.assignment) or "-"
+            m["member_id"],
+            m["client_id"],
+            m["host"],
+            ", ".join(f"{t}-{p}" for t, p in m["assignment"]) or "-",
         )
     console.print(members)
     offsets = Table(title="offsets")
     for col in ("topic", "partition", "committed", "end", "lag", "member"):
         offsets.add_column(col)
-    for row in view.partitions:
+    for row in view["partitions"]:
         offsets.add_row(
-            row.topic,
-            str(row.partition),
-            str(row.committed) if row.committed >= 0 else "-",
-            str(row.end) if row.end >= 0 else "-",
-            str(row.lag) if row.lag is not None else "-",
-            row.member or "-",
+            row["topic"],
+            str(row["partition"]),
+            str(row["committed"]) if row["committed"] is not None else "-",
+            str(row["end"]) if row["end"] is not None else "-",
+            str(row["lag"]) if row["lag"] is not None else "-",
+            row["member"] or "-",
         )
     console.print(offsets)
-    print(f"total_lag={view.total_lag}")
+    print(f"total_lag={view['total_lag']}")
 
 
 @group_app.command("reset-offsets")
@@ -79,16 +84,19 @@ def group_reset_offsets(
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> None:
     """Set the group's committed offsets for TOPIC. Refused while the group has members."""
-    from sluice.ops.group_view import reset_offsets
+    from sluice.service.context import Services
+    from sluice.service.errors import ServiceError
+    from sluice.service.groups import reset_group_offsets
 
     chosen = [to_earliest, to_latest, to_offset is not None]
     if sum(chosen) != 1:
         raise fail("give exactly one of --to-earliest, --to-latest, --to-offset N")
     target = "earliest" if to_earliest else "latest" if to_latest else int(to_offset or 0)
     try:
-        result = reset_offsets(bootstrap, group, topic, target)
-    except RuntimeError as exc:
-        raise fail(str(exc)) from None
+        reset = reset_group_offsets(Services(None, bootstrap), group, topic, target)
+    except ServiceError as exc:
+        raise fail(str(exc).replace("to: must be", "--to-offset must be")) from None
+    result = {int(p): off for p, off in reset["offsets"].items()}
     table = Table(title=f"group {group}: offsets of {topic} reset")
     for col in ("partition", "new offset"):
         table.add_column(col)

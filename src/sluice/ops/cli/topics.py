@@ -10,7 +10,6 @@ import typer
 from rich.table import Table
 
 from sluice.clients import close_within
-from sluice.cluster.layout import INTERNAL_TOPICS
 from sluice.ops.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
@@ -54,28 +53,21 @@ def topic_create(
     ] = False,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> None:
-    from confluent_kafka.admin import NewTopic
+    from sluice.service.context import Services
+    from sluice.service.errors import ServiceError
+    from sluice.service.topics import SINGLE_REPLICA_RISK, create_topic
 
     cfg = _parse_configs(config or [])
     if replication_factor == 1:
-        risk = (
-            "replication factor 1 keeps one copy of every partition: when its broker stops or fails, "
-            "the partition is offline (and its data lost if the disk is); drain the broker "
-            "(`sluice broker drain`) before any maintenance"
-        )
         if not allow_single_replica:
-            raise fail(f"{risk}. Pass --allow-single-replica to create it anyway.")
-        err.print(f"[yellow]warning:[/] {risk}")
-    admin = _admin(bootstrap)
-    futures = admin.create_topics(
-        [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=cfg)],
-        operation_timeout=30,
-        request_timeout=40,
-    )
+            raise fail(f"{SINGLE_REPLICA_RISK}. Pass --allow-single-replica to create it anyway.")
+        err.print(f"[yellow]warning:[/] {SINGLE_REPLICA_RISK}")
     try:
-        futures[name].result()
-    except Exception as exc:
-        raise fail(f"topic {name!r} was not created: {_kafka_error_text(exc)}") from None
+        create_topic(
+            Services(None, bootstrap), name, partitions, replication_factor, cfg, allow_single_replica=True
+        )
+    except ServiceError as exc:
+        raise fail(str(exc)) from None
     console.print(f"created topic {name} with {partitions} partition(s)")
 
 
@@ -94,17 +86,14 @@ def topic_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
 
 @topic_app.command("delete")
 def topic_delete(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
-    if name in INTERNAL_TOPICS:
-        from sluice.broker.admin import internal_topic_refusal
+    from sluice.service.context import Services
+    from sluice.service.errors import ServiceError
+    from sluice.service.topics import delete_topic_via_brokers
 
-        # The brokers refuse it too, but older DeleteTopics versions carry no message.
-        raise fail(internal_topic_refusal(name))
-    admin = _admin(bootstrap)
-    futures = admin.delete_topics([name], operation_timeout=30, request_timeout=40)
     try:
-        futures[name].result()
-    except Exception as exc:
-        raise fail(f"topic {name!r} was not deleted: {_kafka_error_text(exc)}") from None
+        delete_topic_via_brokers(Services(None, bootstrap), name)
+    except ServiceError as exc:
+        raise fail(str(exc)) from None
     console.print(f"deleted topic {name}")
 
 
