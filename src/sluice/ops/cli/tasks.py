@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -14,6 +14,7 @@ from sluice.ops.cli.common import (
     console,
     err,
     fail,
+    services,
     task_store,
 )
 from sluice.ops.logging_setup import REDACTOR
@@ -25,20 +26,33 @@ worker_app = typer.Typer(no_args_is_help=True, help="Workers: processes that sha
 
 def _read_spec(file: Path):  # type: ignore[no-untyped-def]
     """A validated task definition from a YAML (or JSON) file, or exit 2 naming the bad field."""
-    import yaml
-
-    from sluice.sync.tasks import TaskSpecError, parse_spec
+    from sluice.service.errors import ServiceError
+    from sluice.service.tasks import parse_definition_text
 
     try:
-        doc = yaml.safe_load(file.read_text())
+        text = file.read_text()
     except OSError as exc:
         raise fail(f"cannot read {file}: {exc}", 2) from None
-    except yaml.YAMLError as exc:
-        raise fail(f"{file} is not valid YAML: {exc}", 2) from None
     try:
-        return parse_spec(doc)
-    except TaskSpecError as exc:
+        return parse_definition_text(text, what=str(file))
+    except ServiceError as exc:
         raise fail(f"{file}: {exc}", 2) from None
+
+
+def _call(zookeeper: str | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """One service-layer call (the functions the manager's API calls), with its refusal shown
+    as an error: exit 2 for a bad or unknown task, 1 otherwise."""
+    from sluice.service.errors import InvalidError, NotFoundError, ServiceError
+
+    svc = services(zookeeper)
+    try:
+        return fn(svc, *args, **kwargs)
+    except (NotFoundError, InvalidError) as exc:
+        raise fail(str(exc), 2) from None
+    except ServiceError as exc:
+        raise fail(str(exc), 2 if exc.status == 409 else 1) from None
+    finally:
+        svc.close()
 
 
 @task_app.command("create")
@@ -47,18 +61,12 @@ def task_create(
     zookeeper: ZooKeeperOpt = None,
 ) -> None:
     """Validate a task definition and store it; errors name the bad field."""
-    from sluice.sync.tasks import TaskSpecError, redact
+    from sluice.service.tasks import create_task
 
     spec = _read_spec(file)
-    zk, store = task_store(zookeeper)
-    try:
-        store.create(spec)
-    except TaskSpecError as exc:
-        raise fail(str(exc), 2) from None
-    finally:
-        zk.stop()
+    created = _call(zookeeper, create_task, spec)
     console.print(
-        f"task {spec.id} created: {spec.source.kind} -> {', '.join(spec.topics())} -> {redact(spec.target)}"
+        f"task {spec.id} created: {spec.source.kind} -> {', '.join(spec.topics())} -> {created['target']}"
     )
 
 
@@ -69,86 +77,84 @@ def task_update(
 ) -> None:
     """Replace a task's definition (same id) and restart its execution with it, under a new epoch:
     no delete needed, so the target's fence, offsets and rows carry on."""
-    from sluice.sync.tasks import TaskNotFoundError, redact
+    from sluice.service.errors import NotFoundError
+    from sluice.service.tasks import update_task
 
     spec = _read_spec(file)
-    zk, store = task_store(zookeeper)
+    svc = services(zookeeper)
     try:
-        store.update(spec)
-    except TaskNotFoundError:
+        updated = update_task(svc, spec)
+    except NotFoundError:
         raise fail(f"no task {spec.id!r}: create it with `sluice task create --file {file}`", 2) from None
     finally:
-        zk.stop()
+        svc.close()
     console.print(
-        f"task {spec.id} updated: {spec.source.kind} -> {', '.join(spec.topics())} -> {redact(spec.target)}; "
+        f"task {spec.id} updated: {spec.source.kind} -> {', '.join(spec.topics())} -> {updated['target']}; "
         "its execution restarts with it"
     )
 
 
+_STATE_WORDS = {"waiting": "waiting for a worker"}
+
+
 @task_app.command("list")
 def task_list(zookeeper: ZooKeeperOpt = None) -> None:
-    """Tasks with their state: running (worker, epoch), paused or waiting for a worker."""
-    from sluice.sync.tasks import redact
+    """Tasks with their state: running (worker, epoch), paused, failing or waiting for a worker."""
+    from sluice.service.tasks import list_tasks
 
-    zk, store = task_store(zookeeper)
-    try:
-        table = Table("task", "source", "target", "state", "worker", "epoch")
-        for task_id in store.ids():
-            spec = store.get(task_id)
-            status = store.status(task_id)
-            control = store.control(task_id)
-            state = "paused" if control.paused else ("running" if status else "waiting for a worker")
-            table.add_row(
-                task_id, spec.source.kind, redact(spec.target), state,
-                str(status.get("worker", "")) if status else "", str(store.epoch(task_id)),
-            )  # fmt: skip
-        console.print(table)
-    finally:
-        zk.stop()
+    table = Table("task", "source", "target", "state", "worker", "epoch")
+    for t in _call(zookeeper, list_tasks):
+        table.add_row(
+            t["id"], t["source"], t["target"], _STATE_WORDS.get(t["state"], t["state"]),
+            str(t["worker"] or ""), str(t["latest_epoch"]),
+        )  # fmt: skip
+    console.print(table)
 
 
 @task_app.command("status")
 def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
-    """Worker, execution id, epoch, captured position, applied offsets, lag and alarms."""
-    from sluice.sync.tasks import TaskNotFoundError, redact
+    """Worker, execution id, epoch, captured position, applied offsets, lag, executions and alarms."""
+    from sluice.service.tasks import task_detail
 
-    zk, store = task_store(zookeeper)
-    try:
-        try:
-            spec = store.get(task_id)
-        except TaskNotFoundError:
-            raise fail(f"no task {task_id!r}", 2) from None
-        status = store.status(task_id)
-        control = store.control(task_id)
-        console.print(
-            f"task {spec.id}: {spec.source.kind} -> {', '.join(spec.topics())} -> {redact(spec.target)}"
-        )
-        console.print(
-            f"  state      {'paused' if control.paused else 'running' if status else 'waiting for a worker'}"
-        )
-        console.print(f"  epoch      {store.epoch(task_id)} (latest taken)")
-        if status:
-            for key in ("worker", "execution", "epoch", "captured_position", "applied_offsets",
-                        "lag_records", "lag_seconds", "updated"):  # fmt: skip
-                if key in status:
-                    console.print(f"  {key:<18} {status[key]}")
-        alarms = store.alarms(task_id)
-        console.print(f"  alarms     {len(alarms)}")
-        for alarm in alarms[-5:]:
-            console.print(f"    {_describe_alarm(alarm)}", markup=False, highlight=False)
-    finally:
-        zk.stop()
+    t = _call(zookeeper, task_detail, task_id)
+    console.print(f"task {t['id']}: {t['source']} -> {', '.join(t['topics'])} -> {t['target']}")
+    console.print(f"  state      {_STATE_WORDS.get(t['state'], t['state'])}")
+    console.print(f"  epoch      {t['latest_epoch']} (latest taken)")
+    if t["execution"]:
+        for key in ("worker", "execution", "epoch", "captured_position", "applied_offsets",
+                    "lag_records", "lag_seconds", "updated"):  # fmt: skip
+            if t.get(key) is not None:
+                console.print(f"  {key:<18} {t[key]}")
+    if t["error"]:
+        console.print(f"  error      {t['error']}", markup=False, highlight=False)
+    executions = t["executions"]
+    console.print(f"  executions {len(executions)}")
+    for e in executions[-5:]:
+        console.print(f"    {_describe_execution(e)}", markup=False, highlight=False)
+    alarms = t["events"]
+    console.print(f"  alarms     {len(alarms)}")
+    for alarm in alarms[-5:]:
+        console.print(f"    {_describe_alarm(alarm)}", markup=False, highlight=False)
+
+
+def _clock(t: object) -> str:
+    import datetime as dt
+
+    if not isinstance(t, (int, float)):
+        return "now"
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S")
+
+
+def _describe_execution(e: dict[str, Any]) -> str:
+    ended = _clock(e["ended"]) if e.get("ended") else "running"
+    text = f"{e.get('execution')} epoch {e.get('epoch')} on {e.get('worker')}: "
+    text += f"{_clock(e.get('started'))}..{ended} {e.get('outcome')}"
+    return text + (f" ({e['error']})" if e.get("error") else "")
 
 
 def _describe_alarm(alarm: dict[str, object]) -> str:
     """One line: when, what, and the executions, workers, epochs and window it names."""
-    import datetime as dt
-
-    def when(t: object) -> str:
-        if not isinstance(t, (int, float)):
-            return "now"
-        return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S")
-
+    when = _clock
     at = alarm.get("at")
     parts = [f"{when(at) if at else '?'} {alarm.get('kind')}"]
     for name in ("executions", "workers", "epochs"):
@@ -175,32 +181,20 @@ def _describe_alarm(alarm: dict[str, object]) -> str:
     return "; ".join(parts)
 
 
-def _set_control(task_id: str, zookeeper: str | None, **changes: object) -> None:
-    from sluice.sync.tasks import TaskNotFoundError
-
-    zk, store = task_store(zookeeper)
-    try:
-        try:
-            store.get(task_id)
-        except TaskNotFoundError:
-            raise fail(f"no task {task_id!r}", 2) from None
-        if "restarts" in changes:
-            changes["restarts"] = store.control(task_id).restarts + 1
-        store.set_control(task_id, **changes)
-    finally:
-        zk.stop()
-
-
 @task_app.command("pause")
 def task_pause(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
     """Stop the task's execution; it stays assigned but does nothing until resumed."""
-    _set_control(task_id, zookeeper, paused=True)
+    from sluice.service.tasks import pause_task
+
+    _call(zookeeper, pause_task, task_id)
     console.print(f"task {task_id} paused")
 
 
 @task_app.command("resume")
 def task_resume(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
-    _set_control(task_id, zookeeper, paused=False)
+    from sluice.service.tasks import resume_task
+
+    _call(zookeeper, resume_task, task_id)
     console.print(f"task {task_id} resumed")
 
 
@@ -211,21 +205,17 @@ def task_restart(
     zookeeper: ZooKeeperOpt = None,
 ) -> None:
     """Restart the task's execution (under a new epoch), optionally from a source position."""
-    _set_control(task_id, zookeeper, restarts=True, from_position=from_position)
+    from sluice.service.tasks import restart_task
+
+    _call(zookeeper, restart_task, task_id, from_position)
     console.print(f"task {task_id} restarting" + (f" from {from_position}" if from_position else ""))
 
 
 @task_app.command("delete")
 def task_delete(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
-    from sluice.sync.tasks import TaskNotFoundError
+    from sluice.service.tasks import delete_task
 
-    zk, store = task_store(zookeeper)
-    try:
-        store.delete(task_id)
-    except TaskNotFoundError:
-        raise fail(f"no task {task_id!r}", 2) from None
-    finally:
-        zk.stop()
+    _call(zookeeper, delete_task, task_id)
     console.print(f"task {task_id} deleted")
 
 
