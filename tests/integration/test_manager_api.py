@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sluice.manager.auth import UserStore
+from sluice.manager.config import ManagerConfig
 from sluice.manager.server import ManagerHandle, run_manager
 from tests.support.cluster import TestCluster, wait_until
 
@@ -36,7 +36,11 @@ def api_cluster(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def manager(api_cluster: TestCluster) -> Iterator[ManagerHandle]:
-    handle = run_manager(api_cluster.zookeeper, api_cluster.bootstrap, port=0)
+    config = ManagerConfig(
+        bootstrap=api_cluster.bootstrap, zookeeper=api_cluster.zookeeper, port=0,
+        sample_interval_ms=500, alarm_interval_ms=500,
+    )  # fmt: skip
+    handle = run_manager(config.zookeeper, config.bootstrap, config=config)
     users = UserStore(handle.state.services.client)
     users.add("olivia", "operator-pw-1", "operator")
     users.add("victor", "viewer-pw-12", "viewer")
@@ -126,7 +130,12 @@ def test_login_refuses_a_wrong_password_and_a_token_can_be_checked(manager: Mana
 
 
 def test_a_changed_password_ends_the_users_tokens(manager: ManagerHandle, admin: httpx.Client) -> None:
-    assert admin.post("/api/v1/users", json={"user": "tess", "password": "tess-pw-123", "role": "viewer"}).status_code == 201
+    assert (
+        admin.post(
+            "/api/v1/users", json={"user": "tess", "password": "tess-pw-123", "role": "viewer"}
+        ).status_code
+        == 201
+    )
     tess = client(manager, "tess", "tess-pw-123")
     assert tess.get("/api/v1/me").status_code == 200
     assert admin.patch("/api/v1/users/tess", json={"password": "tess-pw-456"}).status_code == 200
@@ -187,9 +196,11 @@ def test_topics_create_describe_configs_delete_and_refusals(
     assert listed[name]["partitions"] == 2 and listed[name]["replication_factor"] == 2
     assert listed["__consumer_offsets"]["internal"] if "__consumer_offsets" in listed else True
     described = wait_until(
-        lambda: (d := viewer.get(f"/api/v1/topics/{name}").json())
-        and all(p["log_end"] is not None for p in d["partitions"])
-        and d,
+        lambda: (
+            (d := viewer.get(f"/api/v1/topics/{name}").json())
+            and all(p["log_end"] is not None for p in d["partitions"])
+            and d
+        ),
         30,
         "the new topic's partitions to have leaders",
     )
@@ -218,13 +229,20 @@ def test_groups_show_members_offsets_and_lag_and_reset_offsets(
     api_cluster: TestCluster, operator: httpx.Client, viewer: httpx.Client, admin: httpx.Client
 ) -> None:
     topic, group = f"g-{uuid.uuid4().hex[:6]}", f"readers-{uuid.uuid4().hex[:6]}"
-    assert operator.post("/api/v1/topics", json={"name": topic, "partitions": 1, "replication_factor": 2}).status_code == 201
+    assert (
+        operator.post(
+            "/api/v1/topics", json={"name": topic, "partitions": 1, "replication_factor": 2}
+        ).status_code
+        == 201
+    )
     producer = Producer({"bootstrap.servers": api_cluster.bootstrap, "acks": "all", "log_level": 3})
     for i in range(30):
         producer.produce(topic, value=f"v{i}".encode())
     assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": api_cluster.bootstrap, "group.id": group,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3})  # fmt: skip
+    consumer = Consumer(
+        {"bootstrap.servers": api_cluster.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+         "enable.auto.commit": False, "log_level": 3}
+    )  # fmt: skip
     consumer.assign([TopicPartition(topic, 0, 0)])
     got = 0
     deadline = time.monotonic() + 30
@@ -246,7 +264,10 @@ def test_groups_show_members_offsets_and_lag_and_reset_offsets(
     assert viewer.get("/api/v1/groups/no-such-group").status_code == 404
     r = operator.post(f"/api/v1/groups/{group}/reset-offsets", json={"topic": topic, "to": "sideways"})
     assert r.status_code == 422 and r.json()["field"] == "to"
-    assert viewer.post(f"/api/v1/groups/{group}/reset-offsets", json={"topic": topic, "to": 0}).status_code == 403
+    assert (
+        viewer.post(f"/api/v1/groups/{group}/reset-offsets", json={"topic": topic, "to": 0}).status_code
+        == 403
+    )
     r = operator.post(f"/api/v1/groups/{group}/reset-offsets", json={"topic": topic, "to": "earliest"})
     assert r.status_code == 200 and r.json()["offsets"] == {"0": 0}, r.text
     assert viewer.get(f"/api/v1/groups/{group}").json()["total_lag"] == 30
@@ -274,9 +295,9 @@ def test_an_invalid_task_definition_answers_422_naming_the_field(operator: httpx
 
 
 def test_tasks_create_control_update_and_delete_with_an_audit_trail(
-    operator: httpx.Client, viewer: httpx.Client, admin: httpx.Client, tmp_path: Path
+    operator: httpx.Client, viewer: httpx.Client, admin: httpx.Client
 ) -> None:
-    task = {**GOOD_TASK, "id": "api-orders", "target": f"postgresql://app:s3cret@127.0.0.1:1/db"}
+    task = {**GOOD_TASK, "id": "api-orders", "target": "postgresql://app:s3cret@127.0.0.1:1/db"}
     r = operator.post("/api/v1/tasks", json=task)
     assert r.status_code == 201, r.text
     summary = r.json()
@@ -295,10 +316,14 @@ def test_tasks_create_control_update_and_delete_with_an_audit_trail(
     assert detail["executions"] == [] and detail["events"] == []
     assert "s3cret" not in viewer.get("/api/v1/tasks/api-orders").text
     yaml_update = "id: api-orders\nsource: {kind: generator, rate: 20}\ntarget: sqlite:////tmp/x.db\n"
-    r = operator.put("/api/v1/tasks/api-orders", content=yaml_update, headers={"content-type": "application/yaml"})
+    r = operator.put(
+        "/api/v1/tasks/api-orders", content=yaml_update, headers={"content-type": "application/yaml"}
+    )
     assert r.status_code == 200, r.text
     assert viewer.get("/api/v1/tasks/api-orders").json()["definition"]["source"]["rate"] == 20
-    r = operator.put("/api/v1/tasks/other-id", content=yaml_update, headers={"content-type": "application/yaml"})
+    r = operator.put(
+        "/api/v1/tasks/other-id", content=yaml_update, headers={"content-type": "application/yaml"}
+    )
     assert r.status_code == 422 and r.json()["field"] == "task.id"
     assert operator.put("/api/v1/tasks/ghost", json={**GOOD_TASK, "id": "ghost"}).status_code == 404
     assert viewer.get("/api/v1/tasks/ghost").status_code == 404
@@ -320,6 +345,60 @@ def test_workers_lists_the_worker_group(viewer: httpx.Client) -> None:
     r = viewer.get("/api/v1/workers")
     assert r.status_code == 200 and r.json()["group"] == "sluice-workers"
     assert r.json()["members"] == []
+
+
+# -- alarms -----------------------------------------------------------------------------------------
+
+
+def test_alarm_rules_and_webhooks_are_validated_and_only_admins_change_them(
+    admin: httpx.Client, operator: httpx.Client, viewer: httpx.Client
+) -> None:
+    rules = viewer.get("/api/v1/alarms/rules").json()
+    assert rules["task_lag_records"] == 10000
+    assert operator.put("/api/v1/alarms/rules", json={**rules, "task_lag_records": 5}).status_code == 403
+    r = admin.put("/api/v1/alarms/rules", json={**rules, "task_lag_records": -5})
+    assert r.status_code == 422 and "task_lag_records" in r.json()["field"], r.text
+    r = admin.put("/api/v1/alarms/rules", json={**rules, "tasks": {"orders": {"task_lag_records": 500}}})
+    assert r.status_code == 200, r.text
+    assert viewer.get("/api/v1/alarms/rules").json()["tasks"]["orders"]["task_lag_records"] == 500
+    assert viewer.get("/api/v1/alarms/webhooks").status_code == 403
+    r = admin.put("/api/v1/alarms/webhooks", json=[{"url": "ftp://nope", "format": "json"}])
+    assert r.status_code == 422 and "url" in r.json()["field"], r.text
+    hooks = [{"url": "http://127.0.0.1:9/hook", "format": "slack"}]
+    r = admin.put("/api/v1/alarms/webhooks", json=hooks)
+    assert r.status_code == 200 and r.json()[0]["url"] == hooks[0]["url"], r.text
+    assert admin.put("/api/v1/alarms/webhooks", json=[]).status_code == 200
+    actions = [a for _, a, _ in _audit_actions(admin)]
+    assert "alarm.rules" in actions and "alarm.webhooks" in actions
+
+
+def test_an_alarm_is_raised_listed_and_acknowledged(
+    manager: ManagerHandle, admin: httpx.Client, operator: httpx.Client, viewer: httpx.Client
+) -> None:
+    task = {**GOOD_TASK, "id": "alarmed"}
+    assert operator.post("/api/v1/tasks", json=task).status_code == 201
+    manager.state.services.tasks.raise_alarm(
+        "alarmed", "task-failed", {"worker": "w1", "error": "target refused: connection reset", "attempts": 3}
+    )
+    alarm = wait_until(
+        lambda: next(
+            (a for a in viewer.get("/api/v1/alarms?state=open").json() if a["subject"] == "task:alarmed"),
+            None,
+        ),
+        30,
+        "the task-failed alarm",
+    )
+    assert alarm["rule"] == "task-failed" and "connection reset" in str(alarm)
+    assert viewer.get("/api/v1/tasks/alarmed").json()["open_alarms"] >= 1
+    assert any("alarm" in line for line in viewer.get("/api/v1/overview").json()["attention"])
+    assert viewer.post(f"/api/v1/alarms/{alarm['id']}/acknowledge").status_code == 403
+    acked = operator.post(f"/api/v1/alarms/{alarm['id']}/acknowledge").json()
+    assert acked["state"] == "acknowledged" and acked["acknowledged_by"] == "olivia"
+    assert [a["id"] for a in viewer.get("/api/v1/alarms?state=acknowledged").json()] == [alarm["id"]]
+    assert operator.post("/api/v1/alarms/nope/acknowledge").status_code == 404
+    assert viewer.get("/api/v1/alarms?state=sideways").status_code == 422
+    assert ("olivia", "alarm.acknowledge", f"alarm:{alarm['id']}") in _audit_actions(admin)
+    assert operator.delete("/api/v1/tasks/alarmed").status_code == 200
 
 
 # -- documentation and metrics ----------------------------------------------------------------------

@@ -362,6 +362,7 @@ def create_app(state: ManagerState) -> FastAPI:
         from starlette.concurrency import run_in_threadpool
 
         def change() -> dict[str, Any]:
+            task_service.check_same_id(spec, task_id)
             try:
                 before = task_service.redacted_definition(svc.tasks.get(task_id))
             except KeyError:

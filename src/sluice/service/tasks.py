@@ -66,11 +66,15 @@ def create_task(svc: Services, spec: TaskSpec) -> dict[str, Any]:
     return task_summary(svc, spec.id)
 
 
-def update_task(svc: Services, spec: TaskSpec, task_id: str | None = None) -> dict[str, Any]:
-    """Replace a task's definition; its execution restarts with it under a new epoch."""
+def check_same_id(spec: TaskSpec, task_id: str | None) -> None:
     if task_id is not None and spec.id != task_id:
         raise InvalidError(f"task.id: {spec.id!r} does not match the task being updated ({task_id!r})",
                            field="task.id")  # fmt: skip
+
+
+def update_task(svc: Services, spec: TaskSpec, task_id: str | None = None) -> dict[str, Any]:
+    """Replace a task's definition; its execution restarts with it under a new epoch."""
+    check_same_id(spec, task_id)
     try:
         svc.tasks.update(spec)
     except TaskNotFoundError:
