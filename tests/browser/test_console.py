@@ -4,6 +4,10 @@ alarm while its target is locked; pause and resume in the audit log; a viewer ca
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,8 +17,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from sluice.manager.auth import UserStore
 from sluice.manager.config import ManagerConfig
 from sluice.manager.server import ManagerHandle, run_manager
-from tests.support.browser import Console
-from tests.support.cluster import TestCluster
+from tests.support.browser import Console, WebhookReceiver
+from tests.support.cluster import TestCluster, wait_until
 
 USERS = {
     "alice": ("alice-password", "operator"),
@@ -174,3 +178,143 @@ def test_pause_and_resume_from_the_console_are_in_the_audit_log_and_a_viewer_can
         banner = console.wait_visible("error-banner")
         assert "unreachable" in banner.text, banner.text
         console.shot("manager-gone")
+
+
+LAG_TASK = """id: gen-lag
+source: {{kind: generator, rate: 20, seed: 7}}
+target: {target}
+options: {{trigger: 500ms, partitions: 1, replication_factor: 1}}
+"""
+LAG_RECORDS_MAX = 40
+
+
+def test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_then_resolved(
+    driver: WebDriver,
+    make_cluster: Callable[..., TestCluster],
+    postgres_url: str,
+    webhook_receiver: WebhookReceiver,
+    test_name: str,
+    tmp_path: Path,
+) -> None:
+    """A generator -> PostgreSQL task created from the console's YAML form and run by a worker
+    process; a lag rule of 40 records for it and a webhook. A transaction of the test holds an
+    ACCESS EXCLUSIVE lock on a target table: the lag chart rises, the alarm shows in the console
+    and reaches the webhook; the lock released, both see it resolved."""
+    import httpx
+    import psycopg
+
+    cluster = make_cluster(1)
+    with manager_for(cluster) as manager:
+        admin = httpx.Client(base_url=manager.url, auth=("root", USERS["root"][0]), timeout=30)
+        # The rule comes once the task has caught up after its start (a lag of a few hundred
+        # records, which would raise an alarm of its own).
+        rules = {"tasks": {"gen-lag": {"task_lag_records": LAG_RECORDS_MAX, "task_lag_seconds": 3600,
+                                       "task_not_running_seconds": 3600}}}  # fmt: skip
+        hooks = [{"url": webhook_receiver.url, "format": "json", "name": "test receiver"}]
+
+        console = Console(driver, manager.url, test_name)
+        log_in(console, "alice")
+        console.go("tasks")
+        console.find("task-create").find_element("xpath", "..").find_element("tag name", "summary").click()
+        console.type("task-create-yaml", LAG_TASK.format(target=postgres_url))
+        console.shot("create-task")
+        console.click("task-create-submit")
+        console.wait(lambda: console.driver.current_url.endswith("#/tasks/gen-lag"), "the new task's page")
+
+        worker = start_worker("w1", cluster, tmp_path)
+        try:
+            console.wait(lambda: console.find("task-state").text == "running", "the task running", 180)
+
+            def applied() -> bool:
+                with psycopg.connect(postgres_url) as pg:
+                    return bool(pg.execute("SELECT to_regclass('customers')").fetchone()[0]) and bool(
+                        pg.execute("SELECT count(*) FROM customers").fetchone()[0]
+                    )
+
+            wait_until(applied, 120, "the first changes applied to the target")
+            console.wait(lambda: _lag(console) < LAG_RECORDS_MAX, "the lag under the threshold", 60)
+            console.shot("running")
+            assert admin.put("/api/v1/alarms/rules", json=rules).status_code == 200
+            assert admin.put("/api/v1/alarms/webhooks", json=hooks).status_code == 200
+
+            with psycopg.connect(postgres_url) as lock:
+                lock.execute("LOCK TABLE customers IN ACCESS EXCLUSIVE MODE")
+                # The chart's last point (not its maximum: the start's catch-up was higher).
+                console.wait(lambda: _lag(console) > 2 * LAG_RECORDS_MAX, "the lag chart to rise", 60)
+                console.shot("lag-rising")
+                raised = webhook_receiver.wait_for(
+                    lambda b: b["event"] == "raised" and b["alarm"]["rule"] == "task-lag", 30, "raised"
+                )
+                assert raised["alarm"]["subject"] == "task:gen-lag", raised
+                console.go("alarms")
+                row = console.wait(
+                    lambda: next(
+                        (
+                            r
+                            for r in console.find_all("alarm-row")
+                            if r.get_attribute("data-rule") == "task-lag"
+                        ),
+                        None,
+                    ),
+                    "the task-lag alarm in the console",
+                )
+                assert row.get_attribute("data-subject") == "task:gen-lag"
+                assert row.get_attribute("data-state") == "open"
+                assert "gen-lag" in row.text
+                console.shot("alarm-open")
+                lock.rollback()  # the lock goes with the transaction
+
+            webhook_receiver.wait_for(
+                lambda b: b["event"] == "resolved" and b["alarm"]["id"] == raised["alarm"]["id"],
+                60,
+                "resolved",
+            )
+            console.click("alarms-tab-resolved")
+            console.wait(
+                lambda: any(
+                    r.get_attribute("data-id") == raised["alarm"]["id"] for r in console.find_all("alarm-row")
+                ),
+                "the alarm among the resolved",
+            )
+            console.shot("alarm-resolved")
+            console.go("tasks/gen-lag")
+            console.wait(
+                lambda: (
+                    (c := console.find("task-lag-chart")).get_attribute("data-last") not in ("", None)
+                    and float(c.get_attribute("data-last")) < LAG_RECORDS_MAX
+                ),
+                "the lag back under the threshold on the chart",
+                60,
+            )
+            console.shot("lag-fallen")
+            console.wait(lambda: console.find("task-open-alarms").text == "none", "no open alarm on the task")
+            notices = webhook_receiver.bodies()  # raised, perhaps updated, then resolved: one alarm
+            assert (notices[0]["event"], notices[-1]["event"]) == ("raised", "resolved"), notices
+            assert {b["alarm"]["id"] for b in notices} == {raised["alarm"]["id"]}, notices
+            assert console.js_errors() == []
+        finally:
+            stop_worker(worker)
+            admin.close()
+
+
+def _lag(console: Console) -> float:
+    last = console.find("task-lag-chart").get_attribute("data-last")
+    return float(last) if last else float("inf")
+
+
+def start_worker(name: str, cluster: TestCluster, workdir: Path) -> subprocess.Popen[bytes]:
+    log = (workdir / f"{name}.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--name", name, "--session-timeout", "6",
+         "-b", cluster.bootstrap, "--zookeeper", cluster.zookeeper, "--dir", str(workdir / name)],
+        stdout=log, stderr=log, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

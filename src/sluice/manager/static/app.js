@@ -340,7 +340,10 @@
     }
     let t0 = points[0].t, t1 = points[points.length - 1].t;
     if (t1 <= t0) { t0 -= 30; t1 += 1; }
-    const vmax = Math.max(...points.map((p) => p.v), opts.threshold || 0);
+    // A threshold far above the data would flatten it: drawn only when near (the caption says it).
+    const dataMax = Math.max(...points.map((p) => p.v));
+    const threshold = opts.threshold && opts.threshold <= 2 * Math.max(dataMax, 1) ? opts.threshold : null;
+    const vmax = Math.max(dataMax, threshold || 0);
     const step = vmax > 0 ? niceStep(vmax, 4) : 1;
     const ymax = Math.max(step, Math.ceil(vmax / step) * step);
     const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
@@ -352,8 +355,8 @@
     for (const [t, anchor] of [[t0, "start"], [(t0 + t1) / 2, "middle"], [t1, "end"]]) {
       svg.append(s("text", { x: x(t), y: H - 6, "text-anchor": anchor, class: "axis-label" }, hms(new Date(t * 1000))));
     }
-    if (opts.threshold) {
-      svg.append(s("line", { x1: L, x2: W - R, y1: y(opts.threshold), y2: y(opts.threshold), class: "threshold" }));
+    if (threshold) {
+      svg.append(s("line", { x1: L, x2: W - R, y1: y(threshold), y2: y(threshold), class: "threshold" }));
     }
     const line = points.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
     const base = y(0).toFixed(1);
@@ -378,7 +381,11 @@
         el.dataset.points = String(points.length);
         el.dataset.last = last === null ? "" : String(last);
         el.dataset.max = points.length ? String(Math.max(...points.map((p) => p.v))) : "";
-        now.textContent = last === null ? "" : `now ${format ? format(last) : num(last)}`;
+        const f = format || num;
+        const parts = [];
+        if (opts && opts.threshold) parts.push(`alarm at ${f(opts.threshold)}`);
+        if (last !== null) parts.push(`now ${f(last)}`);
+        now.textContent = parts.join(" · ");
       },
     };
   }
@@ -823,7 +830,13 @@
       h("h2", {}, "Definition"), definition);
 
     async function refresh() {
-      const [t, hist] = await Promise.all([get(path), get(`${path}/lag-history`)]);
+      const [t, hist, rules] = await Promise.all([
+        get(path), get(`${path}/lag-history`), get("/alarms/rules").catch(() => null),
+      ]);
+      // The task-lag rule's thresholds for this task, drawn on the charts as dashed lines.
+      const own = (rules && rules.tasks && rules.tasks[taskId]) || {};
+      const lagOn = rules && ((own.enabled || {})["task-lag"] ?? (rules.enabled || {})["task-lag"] ?? true);
+      const pick = (k) => (lagOn ? own[k] ?? rules[k] : null);
       fill(stateEl, stateBadge(t.state, "task-state"));
       if (canOperate()) {
         pause.disabled = t.state === "paused";
@@ -842,11 +855,13 @@
         h("dt", {}, "Target"), h("dd", { class: "mono" }, text(t.target)),
         h("dt", {}, "Topics"), h("dd", { class: "mono" }, list(t.topics || [])),
         h("dt", {}, "Status updated"), h("dd", {}, t.updated ? `${when(t.updated)} (${ago(t.updated)})` : "—"),
-        h("dt", {}, "Open alarms"), h("dd", {}, t.open_alarms ? h("a", { href: "#/alarms" }, badge(`${t.open_alarms} open`, "critical")) : "none"));
+        h("dt", {}, "Open alarms"), h("dd", { testid: "task-open-alarms" }, t.open_alarms ? h("a", { href: "#/alarms" }, badge(`${t.open_alarms} open`, "critical")) : "none"));
       const samples = hist.samples || [];
       // A sample without a number (no execution reported one) is a gap, not a zero.
-      lagChart.update(samples.filter((x) => typeof x.lag_records === "number").map((x) => ({ t: x.t, v: x.lag_records })));
-      lagSecondsChart.update(samples.filter((x) => typeof x.lag_seconds === "number").map((x) => ({ t: x.t, v: x.lag_seconds })));
+      lagChart.update(samples.filter((x) => typeof x.lag_records === "number").map((x) => ({ t: x.t, v: x.lag_records })),
+        { threshold: pick("task_lag_records") });
+      lagSecondsChart.update(samples.filter((x) => typeof x.lag_seconds === "number").map((x) => ({ t: x.t, v: x.lag_seconds })),
+        { threshold: pick("task_lag_seconds") });
       fill(offsets, table(["Partition", th("Next offset", "num")],
         Object.entries(t.applied_offsets || {}).map(([tp, o]) => h("tr", {}, td(h("span", { class: "mono" }, tp)), tdNum(num(o)))),
         "Nothing applied yet."));
@@ -894,7 +909,8 @@
           const notes = a.notifications || [];
           const more = h("details", { testid: "alarm-details" },
             h("summary", {}, `details · ${notes.length} notification${notes.length === 1 ? "" : "s"}`),
-            a.detail ? h("pre", { class: "mono" }, text(a.detail)) : null,
+            a.detail ? h("pre", { class: "mono", testid: "alarm-detail" },
+              typeof a.detail === "object" ? JSON.stringify(a.detail, null, 2) : String(a.detail)) : null,
             notes.length ? table(["Webhook", "Event", "When", "Delivered", th("Attempts", "num"), "Error"],
               notes.map((n) => h("tr", { testid: "alarm-notification", data: { event: n.event, ok: n.ok } },
                 td(h("span", { class: "mono" }, n.webhook)), td(n.event), td(timeCell(n.at)),
