@@ -272,9 +272,19 @@ def test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_th
             console.click("alarms-tab-resolved")
             console.wait(
                 lambda: any(
-                    r.get_attribute("data-id") == raised["alarm"]["id"] for r in console.find_all("alarm-row")
+                    (r.get_attribute("data-id"), r.get_attribute("data-state"))
+                    == (raised["alarm"]["id"], "resolved")
+                    for r in console.find_all("alarm-row")
                 ),
                 "the alarm among the resolved",
+            )
+            console.find("alarm-details").find_element("tag name", "summary").click()
+
+            def deliveries() -> list[str | None]:
+                return [n.get_attribute("data-event") for n in console.find_all("alarm-notification")]
+
+            console.wait(
+                lambda: deliveries()[:1] + deliveries()[-1:] == ["raised", "resolved"], "the deliveries shown"
             )
             console.shot("alarm-resolved")
             console.go("tasks/gen-lag")

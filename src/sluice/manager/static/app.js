@@ -901,8 +901,10 @@
     const root = h("div", {}, h("div", { class: "page-head" }, h("h1", {}, "Alarms"), roleNote()), tabs, body);
 
     async function refresh() {
-      const wanted = tab === "all" ? ALARM_TABS.slice(0, 3) : [tab];
+      const asked = tab;
+      const wanted = asked === "all" ? ALARM_TABS.slice(0, 3) : [asked];
       const lists = await Promise.all(wanted.map((st) => get(`/alarms?state=${st}`)));
+      if (asked !== tab) return; // the tab changed while this answer was on its way: a newer poll draws it
       const alarms = lists.flat().sort((a, b) => (toDate(b.raised_at) || 0) - (toDate(a.raised_at) || 0));
       fill(body, table(["Severity", "State", "Alarm", "Subject", "Raised", "Handled", ""],
         alarms.map((a) => {
@@ -952,7 +954,9 @@
       }));
     };
     async function refresh() {
-      const rows = await get(`/audit?limit=${limit.value}`);
+      const asked = limit.value;
+      const rows = await get(`/audit?limit=${asked}`);
+      if (asked !== limit.value) return; // a newer poll asks for the new limit
       fill(body, table(["When", "User", "Action", "Target", "Before", "After"],
         rows.map((r) => h("tr", { testid: "audit-row", data: { id: r.id, user: r.user, action: r.action, target: r.target } },
           td(timeCell(r.at)), td(h("strong", { testid: "audit-user" }, r.user)), td(h("span", { testid: "audit-action" }, r.action)),
