@@ -23,6 +23,7 @@ from sluice import test_switches
 from sluice.chaos.incidents import STALE_RECORDS, IncidentResult, run_incident
 from sluice.chaos.netfaults import unavailable_reason
 from sluice.chaos.random_run import FAULT_KINDS, run_chaos
+from tests.support.cluster import wait_until
 
 pytestmark = [
     pytest.mark.timeout(600),
@@ -191,9 +192,24 @@ def test_a_sync_worker_in_its_own_namespace_runs_a_task(tmp_path: Path) -> None:
             time.sleep(1)
             got = applied()
         assert got >= 500, (d / "worker-1.log").read_text()[-3000:]
+        # Metrics at the namespace addresses (issue 16): the broker's and the worker's, whose task
+        # series appear with the task's first status.
+        urls = re.search(r"^metrics=(\S+)$", up.stdout, re.M)
+        assert urls, up.stdout
+        broker_url, worker_url = urls.group(1).split(",")
+        assert broker_url.startswith(f"http://{worker['host'].rsplit('.', 1)[0]}.")
+        assert "sluice_controller_active 1.0" in _get(broker_url)
+        wait_until(lambda: 'sluice_task_lag_records{task="gen"}' in _get(worker_url), 30, "the task's lag")
     finally:
         down = sluice("cluster", "down", "--dir", str(d))
     assert down.returncode == 0 and "worker worker-1" in down.stderr, down.stderr
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return str(r.read().decode())
 
 
 @pytest.mark.parametrize("seed", [1, 2])
