@@ -135,6 +135,22 @@ def test_pause_and_resume_from_the_console_are_in_the_audit_log_and_a_viewer_can
         )
         console = Console(driver, manager.url, test_name)
         log_in(console, "alice")
+        # A topic created and deleted (after a confirmation) from the console.
+        console.go("topics")
+        console.type("topic-name", "events")
+        console.type("topic-partitions", "2")
+        console.click("topic-create-submit")
+        console.wait_text("topic-row", "events").find_element("css selector", "a").click()
+        console.wait(lambda: len(console.find_all("topic-partition")) == 2, "the new topic's two partitions")
+        console.click("topic-delete")
+        console.wait_text("confirm-text", "cannot be undone")
+        console.shot("confirm-topic-delete")
+        console.click("confirm-ok")
+        console.wait(lambda: console.driver.current_url.endswith("#/topics"), "back to the topics")
+        console.wait(
+            lambda: not any("events" in r.text for r in console.find_all("topic-row")), "the topic gone"
+        )
+
         console.go("tasks")
         console.wait_text("task-row", "gen-a").find_element("css selector", "a").click()
         console.wait(lambda: console.find("task-state").text == "waiting", "the task waiting for a worker")
@@ -156,6 +172,7 @@ def test_pause_and_resume_from_the_console_are_in_the_audit_log_and_a_viewer_can
                 for r in rows[:2]]  # fmt: skip
         assert seen == [("alice", "task.resume", "task:gen-a"), ("alice", "task.pause", "task:gen-a")], seen
         assert '"paused"' in rows[1].text  # the state after the pause
+        assert [r.get_attribute("data-action") for r in rows[2:4]] == ["topic.delete", "topic.create"]
         console.shot("audit")
 
         console.logout()
@@ -262,6 +279,10 @@ def test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_th
                 assert row.get_attribute("data-state") == "open"
                 assert "gen-lag" in row.text
                 console.shot("alarm-open")
+                row.find_element("css selector", '[data-testid="alarm-ack"]').click()
+                console.click("alarms-tab-acknowledged")
+                console.wait_text("alarm-row", "by alice")
+                console.shot("alarm-acknowledged")
                 lock.rollback()  # the lock goes with the transaction
 
             webhook_receiver.wait_for(

@@ -571,12 +571,12 @@
     const formError = h("p", { class: "form-error", testid: "topic-create-error", hidden: true });
     const name = h("input", { name: "name", placeholder: "orders.changes", required: true, testid: "topic-name" });
     const partitions = h("input", { name: "partitions", type: "number", min: 1, value: 3, style: "width:90px", testid: "topic-partitions" });
-    const rf = h("input", { name: "replication_factor", type: "number", min: 1, value: 3, style: "width:90px", testid: "topic-rf" });
+    const rf = h("input", { name: "replication_factor", type: "number", min: 1, placeholder: "default", style: "width:110px", testid: "topic-rf" });
     const single = h("input", { type: "checkbox", testid: "topic-single-replica" });
     const form = h("form", { class: "inline", testid: "topic-create" },
       h("label", {}, "Name", name), h("label", {}, "Partitions", partitions), h("label", {}, "Replication factor", rf),
-      h("label", { title: "A partition with one replica goes offline when its broker does" },
-        h("span", {}, single, " allow a single replica")),
+      h("label", { class: "check", title: "A partition with one replica goes offline when its broker does" },
+        single, "allow a single replica"),
       h("button", { type: "submit", class: "primary", disabled: !canOperate(), testid: "topic-create-submit" }, "Create topic"),
       roleNote());
     form.addEventListener("submit", async (e) => {
@@ -585,7 +585,8 @@
       const created = await act(`Create topic ${name.value}`, async () => {
         try {
           return await api("POST", "/topics", {
-            name: name.value.trim(), partitions: parseInt(partitions.value, 10), replication_factor: parseInt(rf.value, 10),
+            name: name.value.trim(), partitions: parseInt(partitions.value, 10),
+            replication_factor: rf.value.trim() ? parseInt(rf.value, 10) : -1, // -1: the cluster's default
             allow_single_replica: single.checked,
           });
         } catch (ex) {
