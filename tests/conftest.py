@@ -41,6 +41,8 @@ CHAINS = {
     "test_a_worker_whose_spark_driver_was_killed_runs_its_task_on_a_new_one": "chain-3",
     "test_a_sync_worker_in_its_own_namespace_runs_a_task": "chain-3",
     "test_brokers_from_config_files_serve_root_namespace_clients_at_their_namespace_addresses": "chain-3",
+    # a sync worker (a Spark driver) under a headless Chromium and a PostgreSQL lock
+    "test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_then_resolved": "chain-3",
 }
 
 
