@@ -295,7 +295,7 @@ def test_an_invalid_task_definition_answers_422_naming_the_field(operator: httpx
 
 
 def test_tasks_create_control_update_and_delete_with_an_audit_trail(
-    operator: httpx.Client, viewer: httpx.Client, admin: httpx.Client
+    manager: ManagerHandle, operator: httpx.Client, viewer: httpx.Client, admin: httpx.Client
 ) -> None:
     task = {**GOOD_TASK, "id": "api-orders", "target": "postgresql://app:s3cret@127.0.0.1:1/db"}
     r = operator.post("/api/v1/tasks", json=task)
@@ -315,6 +315,11 @@ def test_tasks_create_control_update_and_delete_with_an_audit_trail(
     assert detail["definition"]["target"] == "postgresql://app:***@127.0.0.1:1/db"
     assert detail["executions"] == [] and detail["events"] == []
     assert "s3cret" not in viewer.get("/api/v1/tasks/api-orders").text
+    # the definition as the API shows it (passwords as ***) saved back keeps the stored password
+    shown = viewer.get("/api/v1/tasks/api-orders").json()["definition"]
+    assert operator.put("/api/v1/tasks/api-orders", json=shown).status_code == 200
+    stored = manager.state.services.tasks.get("api-orders")
+    assert stored.target == "postgresql://app:s3cret@127.0.0.1:1/db"
     yaml_update = "id: api-orders\nsource: {kind: generator, rate: 20}\ntarget: sqlite:////tmp/x.db\n"
     r = operator.put(
         "/api/v1/tasks/api-orders", content=yaml_update, headers={"content-type": "application/yaml"}
@@ -333,7 +338,8 @@ def test_tasks_create_control_update_and_delete_with_an_audit_trail(
     assert operator.delete("/api/v1/tasks/api-orders").status_code == 404
     trail = [e for e in admin.get("/api/v1/audit").json() if e["target"] == "task:api-orders"]
     assert [e["action"] for e in reversed(trail)] == [
-        "task.create", "task.pause", "task.resume", "task.restart", "task.update", "task.delete",
+        "task.create", "task.pause", "task.resume", "task.restart", "task.update", "task.update",
+        "task.delete",
     ]  # fmt: skip
     assert all(e["user"] == "olivia" for e in trail)
     pause = next(e for e in trail if e["action"] == "task.pause")

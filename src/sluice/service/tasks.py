@@ -72,9 +72,31 @@ def check_same_id(spec: TaskSpec, task_id: str | None) -> None:
                            field="task.id")  # fmt: skip
 
 
+REDACTED = "***"
+
+
+def keep_stored_secrets(new: TaskSpec, old: TaskSpec) -> TaskSpec:
+    """A definition read back from the API shows its passwords as ***; saving it again keeps the
+    stored passwords rather than store *** (the source's password, and the target URL's)."""
+    if new.source.password == REDACTED:
+        new.source.password = old.source.password
+    scheme, sep, rest = new.target.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if sep and at and creds.endswith(f":{REDACTED}"):
+        old_creds = old.target.partition("://")[2].rpartition("@")[0]
+        if old_creds.split(":", 1)[0] == creds.split(":", 1)[0] and ":" in old_creds:
+            new.target = f"{scheme}://{old_creds}@{host}"
+    return new
+
+
 def update_task(svc: Services, spec: TaskSpec, task_id: str | None = None) -> dict[str, Any]:
-    """Replace a task's definition; its execution restarts with it under a new epoch."""
+    """Replace a task's definition; its execution restarts with it under a new epoch. Passwords
+    given as *** (as the API shows them) keep their stored values."""
     check_same_id(spec, task_id)
+    try:
+        spec = keep_stored_secrets(spec, svc.tasks.get(spec.id))
+    except TaskNotFoundError:
+        raise NotFoundError(f"no task {spec.id!r}: create it first") from None
     try:
         svc.tasks.update(spec)
     except TaskNotFoundError:
