@@ -423,3 +423,16 @@ def test_the_openapi_page_documents_every_endpoint(manager: ManagerHandle) -> No
 def test_metrics_are_served_without_credentials(manager: ManagerHandle) -> None:
     r = client(manager).get("/metrics")
     assert r.status_code == 200 and "sluice_group_lag_records" in r.text
+
+
+def test_groups_are_listed_while_a_broker_killed_a_moment_ago_is_still_in_the_metadata(
+    api_cluster: TestCluster, viewer: httpx.Client
+) -> None:
+    """Last in the module: it kills broker 2. Until broker 2's ZooKeeper session ends, the
+    metadata still names it; the groups the other broker coordinates are listed meanwhile."""
+    before = {g["group"] for g in viewer.get("/api/v1/groups").json()}
+    assert before, "the group tests above left groups"
+    api_cluster.kill(2)
+    r = viewer.get("/api/v1/groups")
+    assert r.status_code == 200, r.text
+    assert viewer.get("/api/v1/cluster").status_code == 200

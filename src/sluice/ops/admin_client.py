@@ -40,6 +40,8 @@ class AdminClient:
         self._conns: dict[int, WireClient] = {}
         self._bootstrap_conn = WireClient.connect(bootstrap, client_id="sluice-admin", timeout_s=timeout_s)
         self.brokers: dict[int, tuple[str, int]] = {}
+        #: brokers the last list_groups could not reach, with why
+        self.unreachable: dict[int, str] = {}
 
     def close(self) -> None:
         self._bootstrap_conn.close()
@@ -140,10 +142,22 @@ class AdminClient:
     def list_groups(self) -> list[dict[str, Any]]:
         self.metadata(None)
         groups: dict[str, dict[str, Any]] = {}
+        self.unreachable = {}
         for node_id in sorted(self.brokers):
-            r = self.node(node_id).request(ApiKey.LIST_GROUPS, 4, {"states_filter": []})
+            try:
+                r = self.node(node_id).request(ApiKey.LIST_GROUPS, 4, {"states_filter": []})
+            except (OSError, TimeoutError) as exc:
+                # A broker just killed stays in the metadata until its ZooKeeper session ends:
+                # the groups of the others are still worth listing. Raise only if none answered.
+                dead = self._conns.pop(node_id, None)
+                if dead is not None:
+                    dead.close()
+                self.unreachable[node_id] = f"{type(exc).__name__}: {exc}"
+                continue
             for g in r["groups"]:
                 groups[g["group_id"]] = {**g, "coordinator": node_id}
+        if self.brokers and len(self.unreachable) == len(self.brokers):
+            raise AdminError(f"no broker answered ListGroups: {self.unreachable}")
         return [groups[k] for k in sorted(groups)]
 
 
