@@ -106,7 +106,10 @@ def test_log_in_then_see_a_partition_offline_with_its_reason_when_its_only_broke
         assert row.get_attribute("data-status") == "offline"
         assert console.find("overall-status").get_attribute("data-level") == "critical"
         console.wait_text("attention-item", "partition orders-0 is offline")
-        assert console.find("card-brokers").get_attribute("data-level") == "critical"
+        # the page redraws on each poll: wait for the value rather than read it once
+        console.wait(
+            lambda: console.find("card-brokers").get_attribute("data-level") == "critical", "brokers card"
+        )
         console.shot("offline")
         console.go("topics/orders")
         console.wait_text("topic-partition", f"broker {victim}")
