@@ -70,6 +70,17 @@ def parse_overrides(items: Iterable[str], flag: str = "--override") -> dict[str,
     return out
 
 
+def layered(
+    config_file: Path | None, flags: Mapping[str, object], overrides: Iterable[str] = ()
+) -> dict[str, str]:
+    """A process's keys: the file's, then the command line's flags that were given (None: not
+    given), then ``--override key=value``s, each layer winning over the one before."""
+    values = read_properties(config_file) if config_file is not None else {}
+    values.update({k: str(v) for k, v in flags.items() if v is not None})
+    values.update(parse_overrides(overrides))
+    return values
+
+
 def resolve(
     table: Iterable[Setting], values: Mapping[str, str], *, source: str, required: Iterable[str] = ()
 ) -> dict[str, Any]:

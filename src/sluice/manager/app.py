@@ -230,17 +230,17 @@ def create_app(state: ManagerState) -> FastAPI:
             return []
         return [a for a in state.alarms.list() if a.get("state") in states]
 
-    def _open_alarms_by_task() -> dict[str, int]:
+    def _open_alarms_by_task(active: list[dict[str, Any]] | None = None) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for a in _alarms(("open", "acknowledged")):
+        for a in _alarms(("open", "acknowledged")) if active is None else active:
             subject = str(a.get("subject", ""))
             if subject.startswith("task:"):
                 task_id = subject[5:].split(":", 1)[0]
                 counts[task_id] = counts.get(task_id, 0) + 1
         return counts
 
-    def _tasks() -> list[dict[str, Any]]:
-        counts = _open_alarms_by_task()
+    def _tasks(active_alarms: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        counts = _open_alarms_by_task(active_alarms)
         rows = task_service.list_tasks(svc)
         for row in rows:
             row["open_alarms"] = counts.get(row["id"], 0)
@@ -257,8 +257,8 @@ def create_app(state: ManagerState) -> FastAPI:
         """Everything the console's overview shows, in one call: the cluster, the tasks, open
         alarms, and one line for each thing that needs attention."""
         view = cluster_service.cluster_view(svc)
-        tasks = _tasks()
         alarms = _alarms(("open", "acknowledged"))
+        tasks = _tasks(alarms)
         attention = []
         if view["controller"]["id"] < 0:
             attention.append("no active controller: leadership cannot change until one is elected")
@@ -303,10 +303,9 @@ def create_app(state: ManagerState) -> FastAPI:
     @app.delete(f"{API}/topics/{{name}}", tags=["topics"])
     def delete_topic(name: str, who: Operator) -> dict[str, Any]:
         topic_service.refuse_internal(name)
-        before = topic_service.describe_topic(svc, name)
+        before = topic_service.topic_settings(svc, name)
         result = topic_service.delete_topic(svc, name)
-        audit(who, "topic.delete", f"topic:{name}",
-              {"partitions": len(before["partitions"]), "configs": before["configs"]}, None)  # fmt: skip
+        audit(who, "topic.delete", f"topic:{name}", before, None)
         return result
 
     # -- groups -------------------------------------------------------------------------------

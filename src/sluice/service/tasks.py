@@ -5,12 +5,12 @@ execution, worker, captured position, applied offsets, lag, execution history an
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sluice.service.context import Services
 from sluice.service.errors import ConflictError, InvalidError, NotFoundError
-from sluice.sync.tasks import TaskNotFoundError, TaskSpec, TaskSpecError, parse_spec, redact
+from sluice.sync.tasks import Control, TaskNotFoundError, TaskSpec, TaskSpecError, parse_spec, redact
 
 #: a task whose last failure is this recent, and that has no running execution, is "failing"
 FAILING_WINDOW_S = 120.0
@@ -117,7 +117,18 @@ def _state(status: dict[str, Any] | None, paused: bool, events: list[dict[str, A
     return "waiting"
 
 
-def task_summary(svc: Services, task_id: str, *, open_alarms: int = 0) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _TaskRead:
+    """What ZooKeeper holds for one task, read once per call."""
+
+    spec: TaskSpec
+    status: dict[str, Any]
+    control: Control
+    events: list[dict[str, Any]]
+    latest_epoch: int
+
+
+def _read(svc: Services, task_id: str) -> _TaskRead:
     spec = _spec(svc, task_id)
     try:
         status = svc.tasks.status(task_id)
@@ -129,27 +140,35 @@ def task_summary(svc: Services, task_id: str, *, open_alarms: int = 0) -> dict[s
         if "NoNode" in type(exc).__name__:  # deleted while we read it
             raise NotFoundError(f"no task {task_id!r}") from None
         raise
-    status = status or {}
+    return _TaskRead(spec, status or {}, control, events, svc.tasks.epoch(task_id))
+
+
+def _summary(t: _TaskRead, open_alarms: int = 0) -> dict[str, Any]:
+    status = t.status
     last_error = status.get("error")
     if not last_error:
-        failed = [e for e in events if e.get("kind") == "task-failed"]
+        failed = [e for e in t.events if e.get("kind") == "task-failed"]
         last_error = failed[-1].get("error") if failed and not status else None
     return {
-        "id": spec.id,
-        "source": spec.source.kind,
-        "target": redact(spec.target),
-        "topics": spec.topics(),
-        "state": _state(status or None, control.paused, events, time.time()),
+        "id": t.spec.id,
+        "source": t.spec.source.kind,
+        "target": redact(t.spec.target),
+        "topics": t.spec.topics(),
+        "state": _state(status or None, t.control.paused, t.events, time.time()),
         "worker": status.get("worker"),
-        "epoch": status.get("epoch") or svc.tasks.epoch(task_id),
-        "latest_epoch": svc.tasks.epoch(task_id),
+        "epoch": status.get("epoch") or t.latest_epoch,
+        "latest_epoch": t.latest_epoch,
         "execution": status.get("execution"),
         "lag_records": status.get("lag_records"),
         "lag_seconds": status.get("lag_seconds"),
         "error": last_error,
-        "restarts": control.restarts,
+        "restarts": t.control.restarts,
         "open_alarms": open_alarms,
     }
+
+
+def task_summary(svc: Services, task_id: str, *, open_alarms: int = 0) -> dict[str, Any]:
+    return _summary(_read(svc, task_id), open_alarms)
 
 
 def list_tasks(svc: Services) -> list[dict[str, Any]]:
@@ -163,20 +182,17 @@ def list_tasks(svc: Services) -> list[dict[str, Any]]:
 
 
 def task_detail(svc: Services, task_id: str) -> dict[str, Any]:
-    summary = task_summary(svc, task_id)
-    spec = _spec(svc, task_id)
-    status = svc.tasks.status(task_id) or {}
-    control = svc.tasks.control(task_id)
+    t = _read(svc, task_id)
     return {
-        **summary,
-        "definition": redacted_definition(spec),
-        "captured_position": status.get("captured_position"),
-        "applied_offsets": status.get("applied_offsets"),
-        "started": status.get("started"),
-        "updated": status.get("updated"),
-        "control": asdict(control),
+        **_summary(t),
+        "definition": redacted_definition(t.spec),
+        "captured_position": t.status.get("captured_position"),
+        "applied_offsets": t.status.get("applied_offsets"),
+        "started": t.status.get("started"),
+        "updated": t.status.get("updated"),
+        "control": asdict(t.control),
         "executions": svc.tasks.executions(task_id),
-        "events": svc.tasks.alarms(task_id)[-50:],
+        "events": t.events[-50:],
     }
 
 

@@ -57,10 +57,15 @@ def list_topics(svc: Services) -> list[dict[str, Any]]:
 
 
 def topic_configs(svc: Services, name: str) -> dict[str, str]:
+    return dict(topic_settings(svc, name)["configs"])
+
+
+def topic_settings(svc: Services, name: str) -> dict[str, Any]:
+    """Partition count and configs from ZooKeeper alone (no broker round trip)."""
     a = svc.zk.topic(name)
     if a is None:
         raise NotFoundError(f"topic {name!r} does not exist")
-    return dict(a.config)
+    return {"partitions": a.partition_count, "configs": dict(a.config)}
 
 
 def describe_topic(svc: Services, name: str) -> dict[str, Any]:

@@ -241,9 +241,8 @@ def broker_properties(
 ) -> dict[str, str]:
     """The broker's keys: the file's, then the flags', then the overrides'."""
     from sluice.broker.config import parse_listener
-    from sluice.properties import ConfigError, parse_overrides, read_properties
+    from sluice.properties import ConfigError, layered, parse_overrides
 
-    values = read_properties(config_file) if config_file is not None else {}
     flags = {
         "broker.id": broker_id,
         "log.dirs": data_dir,
@@ -253,7 +252,7 @@ def broker_properties(
         else round(zk_session_timeout * 1000),
         "auto.create.topics.enable": None if auto_create_topics is None else str(auto_create_topics).lower(),
     }
-    values.update({k: str(v) for k, v in flags.items() if v is not None})
+    values = layered(config_file, flags)
     if host is not None or port is not None:
         try:
             file_host, file_port = parse_listener(values.get("listeners", "PLAINTEXT://127.0.0.1:9092"))

@@ -48,15 +48,13 @@ def manager_start(
     from sluice.manager.config import ManagerConfig
     from sluice.manager.server import ManagerBindError, run_manager
     from sluice.ops.logging_setup import configure as configure_logging
-    from sluice.properties import ConfigError, parse_overrides, read_properties
+    from sluice.properties import ConfigError, layered
     from sluice.service.errors import ServiceError
 
     try:
-        values = read_properties(config_file) if config_file is not None else {}
         flags = {"manager.port": port, "manager.host": host, "bootstrap.servers": bootstrap,
                  "zookeeper.connect": zookeeper}  # fmt: skip
-        values.update({k: str(v) for k, v in flags.items() if v is not None})
-        values.update(parse_overrides(override or []))
+        values = layered(config_file, flags, override or [])
         values.setdefault("bootstrap.servers", DEFAULT_BOOTSTRAP)
         if "zookeeper.connect" not in values:
             values["zookeeper.connect"] = local_zookeeper()

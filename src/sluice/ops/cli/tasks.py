@@ -258,21 +258,19 @@ def worker_start(
     import signal as _signal
     import threading
 
-    from sluice.properties import ConfigError, parse_overrides, read_properties
+    from sluice.properties import ConfigError, layered
     from sluice.sync.execution import TaskExecution
     from sluice.sync.tasks import scrub
     from sluice.sync.worker import Membership, Worker, worker_name
     from sluice.sync.worker_config import WorkerConfig
 
     try:
-        values = read_properties(config_file) if config_file is not None else {}
         flags = {
             "group.id": group, "worker.name": name, "work.dir": directory, "spark.master": spark_master,
             "session.timeout.ms": None if session_timeout is None else round(session_timeout * 1000),
             "bootstrap.servers": bootstrap, "zookeeper.connect": zookeeper,
         }  # fmt: skip
-        values.update({k: str(v) for k, v in flags.items() if v is not None})
-        values.update(parse_overrides(override or []))
+        values = layered(config_file, flags, override or [])
         values.setdefault("bootstrap.servers", DEFAULT_BOOTSTRAP)
         config = WorkerConfig.from_properties(values, source=str(config_file or "worker settings"))
     except ConfigError as exc:
