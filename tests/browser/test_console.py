@@ -102,14 +102,10 @@ def test_log_in_then_see_a_partition_offline_with_its_reason_when_its_only_broke
 
         cluster.kill(victim)
         row = console.wait_text("partition-problem", f"its only replica, broker {victim}, is down", 60)
-        assert (row.get_attribute("data-topic"), row.get_attribute("data-partition")) == ("orders", "0")
-        assert row.get_attribute("data-status") == "offline"
-        assert console.find("overall-status").get_attribute("data-level") == "critical"
+        assert (row["topic"], row["partition"], row["status"]) == ("orders", "0", "offline"), row
+        assert console.attr("overall-status", "level") == "critical"
         console.wait_text("attention-item", "partition orders-0 is offline")
-        # the page redraws on each poll: wait for the value rather than read it once
-        console.wait(
-            lambda: console.find("card-brokers").get_attribute("data-level") == "critical", "brokers card"
-        )
+        console.wait(lambda: console.attr("card-brokers", "level") == "critical", "brokers card")
         console.shot("offline")
         console.go("topics/orders")
         console.wait_text("topic-partition", f"broker {victim}")
@@ -143,7 +139,7 @@ def test_pause_and_resume_from_the_console_are_in_the_audit_log_and_a_viewer_can
         console.type("topic-name", "events")
         console.type("topic-partitions", "2")
         console.click("topic-create-submit")
-        console.wait_text("topic-row", "events").find_element("css selector", "a").click()
+        console.click_in("topic-row", lambda r: "events" in r["text"], "a", "of events")
         console.wait(lambda: len(console.find_all("topic-partition")) == 2, "the new topic's two partitions")
         console.click("topic-delete")
         console.wait_text("confirm-text", "cannot be undone")
@@ -151,11 +147,11 @@ def test_pause_and_resume_from_the_console_are_in_the_audit_log_and_a_viewer_can
         console.click("confirm-ok")
         console.wait(lambda: console.driver.current_url.endswith("#/topics"), "back to the topics")
         console.wait(
-            lambda: not any("events" in r.text for r in console.find_all("topic-row")), "the topic gone"
+            lambda: not any("events" in r["text"] for r in console.read("topic-row")), "the topic gone"
         )
 
         console.go("tasks")
-        console.wait_text("task-row", "gen-a").find_element("css selector", "a").click()
+        console.click_in("task-row", lambda r: "gen-a" in r["text"], "a", "of gen-a")
         console.wait(lambda: console.find("task-state").text == "waiting", "the task waiting for a worker")
         console.shot("task")
         console.click("task-pause")
@@ -170,12 +166,11 @@ def test_pause_and_resume_from_the_console_are_in_the_audit_log_and_a_viewer_can
         assert not console.find("confirm-dialog").is_displayed()
 
         console.go("audit")
-        rows = console.wait(lambda: len(r := console.find_all("audit-row")) >= 2 and r, "two audit rows")
-        seen = [(r.get_attribute("data-user"), r.get_attribute("data-action"), r.get_attribute("data-target"))
-                for r in rows[:2]]  # fmt: skip
+        rows = console.wait(lambda: len(r := console.read("audit-row")) >= 4 and r, "four audit rows")
+        seen = [(r["user"], r["action"], r["target"]) for r in rows[:2]]
         assert seen == [("alice", "task.resume", "task:gen-a"), ("alice", "task.pause", "task:gen-a")], seen
-        assert '"paused"' in rows[1].text  # the state after the pause
-        assert [r.get_attribute("data-action") for r in rows[2:4]] == ["topic.delete", "topic.create"]
+        assert '"paused"' in rows[1]["text"]  # the state after the pause
+        assert [r["action"] for r in rows[2:4]] == ["topic.delete", "topic.create"], rows
         console.shot("audit")
 
         console.logout()
@@ -190,7 +185,7 @@ def test_pause_and_resume_from_the_console_are_in_the_audit_log_and_a_viewer_can
         )
         console.find("task-pause").click()
         flash = console.wait_text("flash", "vera is a viewer")
-        assert flash.get_attribute("data-kind") == "error"
+        assert flash["kind"] == "error", flash
         console.shot("viewer-refused")
         assert svc.tasks.control("gen-a").paused is False
 
@@ -267,22 +262,18 @@ def test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_th
                 )
                 assert raised["alarm"]["subject"] == "task:gen-lag", raised
                 console.go("alarms")
-                row = console.wait(
-                    lambda: next(
-                        (
-                            r
-                            for r in console.find_all("alarm-row")
-                            if r.get_attribute("data-rule") == "task-lag"
-                        ),
-                        None,
-                    ),
-                    "the task-lag alarm in the console",
+                row = console.wait_read(
+                    "alarm-row", lambda r: r.get("rule") == "task-lag", "the task-lag alarm"
                 )
-                assert row.get_attribute("data-subject") == "task:gen-lag"
-                assert row.get_attribute("data-state") == "open"
-                assert "gen-lag" in row.text
+                assert (row["subject"], row["state"]) == ("task:gen-lag", "open"), row
+                assert "gen-lag" in row["text"]
                 console.shot("alarm-open")
-                row.find_element("css selector", '[data-testid="alarm-ack"]').click()
+                console.click_in(
+                    "alarm-row",
+                    lambda r: r.get("rule") == "task-lag",
+                    '[data-testid="alarm-ack"]',
+                    "task-lag",
+                )
                 console.click("alarms-tab-acknowledged")
                 console.wait_text("alarm-row", "by alice")
                 console.shot("alarm-acknowledged")
@@ -294,31 +285,22 @@ def test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_th
                 "resolved",
             )
             console.click("alarms-tab-resolved")
-            console.wait(
-                lambda: any(
-                    (r.get_attribute("data-id"), r.get_attribute("data-state"))
-                    == (raised["alarm"]["id"], "resolved")
-                    for r in console.find_all("alarm-row")
-                ),
-                "the alarm among the resolved",
+            alarm_id = raised["alarm"]["id"]
+            console.wait_read(
+                "alarm-row", lambda r: (r.get("id"), r.get("state")) == (alarm_id, "resolved"), "resolved"
             )
-            console.find("alarm-details").find_element("tag name", "summary").click()
+            console.click_in("alarm-row", lambda r: r.get("id") == alarm_id, "summary", "resolved")
 
             def deliveries() -> list[str | None]:
-                return [n.get_attribute("data-event") for n in console.find_all("alarm-notification")]
+                return [n.get("event") for n in console.read("alarm-notification")]
 
             console.wait(
-                lambda: deliveries()[:1] + deliveries()[-1:] == ["raised", "resolved"], "the deliveries shown"
+                lambda: (d := deliveries())[:1] + d[-1:] == ["raised", "resolved"], "the deliveries shown"
             )
             console.shot("alarm-resolved")
             console.go("tasks/gen-lag")
             console.wait(
-                lambda: (
-                    (c := console.find("task-lag-chart")).get_attribute("data-last") not in ("", None)
-                    and float(c.get_attribute("data-last")) < LAG_RECORDS_MAX
-                ),
-                "the lag back under the threshold on the chart",
-                60,
+                lambda: _lag(console) < LAG_RECORDS_MAX, "the lag back under the threshold on the chart", 60
             )
             console.shot("lag-fallen")
             console.wait(lambda: console.find("task-open-alarms").text == "none", "no open alarm on the task")
@@ -332,7 +314,7 @@ def test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_th
 
 
 def _lag(console: Console) -> float:
-    last = console.find("task-lag-chart").get_attribute("data-last")
+    last = console.attr("task-lag-chart", "last")
     return float(last) if last else float("inf")
 
 

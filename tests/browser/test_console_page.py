@@ -11,7 +11,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.browser.stub_api import HOSTILE, Stub, serve_stub
-from tests.support.browser import Console
+from tests.support.browser import Console, tid
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def console(driver: WebDriver, stub: tuple[str, Stub], test_name: str) -> Consol
 def test_every_route_draws_and_server_text_stays_text(console: Console) -> None:
     console.login("alice", "alice-pw")
     console.wait_text("partition-problem", "its only replica, broker 2, is down")
-    assert console.find("overall-status").get_attribute("data-level") == "critical"
+    assert console.attr("overall-status", "level") == "critical"
     console.shot("overview")
     routes = {
         "topics": "topic-row",
@@ -46,12 +46,9 @@ def test_every_route_draws_and_server_text_stays_text(console: Console) -> None:
         console.wait_updated()
         console.shot(route)
     console.go("tasks/shop-to-pg")
-    chart = console.wait(
-        lambda: (c := console.find("task-lag-chart")).get_attribute("data-points") == "60" and c,
-        "the lag chart",
-    )
-    assert chart.get_attribute("data-max") == str(20 * 59)
-    assert console.find_all("task-lag-chart")[0].find_elements(By.CSS_SELECTOR, "polyline")
+    chart = console.wait_read("task-lag-chart", lambda c: c.get("points") == "60", "60 points")
+    assert chart["max"] == str(20 * 59), chart
+    assert console.driver.find_elements(By.CSS_SELECTOR, f"{tid('task-lag-chart')} polyline")
     # A hostile topic name, task error and alarm summary show as the text they are.
     console.go("tasks")
     console.wait_text("task-row", HOSTILE)
@@ -76,8 +73,8 @@ def test_a_viewer_sees_no_enabled_action_and_a_refused_one_says_why(console: Con
     # Were the button enabled anyway, the 403's detail is shown.
     console.driver.execute_script("document.querySelector('[data-testid=\"task-pause\"]').disabled = false")
     console.find("task-pause").click()
-    flash = console.wait_visible("flash")
-    assert "victor is a viewer" in flash.text and flash.get_attribute("data-kind") == "error", flash.text
+    flash = console.wait_read("flash", lambda f: f["shown"], "shown")
+    assert "victor is a viewer" in flash["text"] and flash["kind"] == "error", flash
     console.shot("viewer-refused")
     console.logout()
 
@@ -115,7 +112,7 @@ def test_pause_resume_and_acknowledge_are_in_the_audit_log(console: Console) -> 
     console.click("alarms-tab-acknowledged")
     console.wait_text("alarm-row", "by alice")
     console.go("audit")
-    rows = console.wait(lambda: len(r := console.find_all("audit-row")) >= 3 and r, "three audit rows")
-    actions = [(r.get_attribute("data-user"), r.get_attribute("data-action")) for r in rows[:3]]
+    rows = console.wait(lambda: len(r := console.read("audit-row")) >= 3 and r, "three audit rows")
+    actions = [(r["user"], r["action"]) for r in rows[:3]]
     assert actions == [("alice", "alarm.acknowledge"), ("alice", "task.resume"), ("alice", "task.pause")]
     console.shot("audit")

@@ -138,13 +138,49 @@ class Console:
             lambda: (e := self.find(testid)).is_displayed() and e, f"{testid} visible", timeout_s
         )
 
-    def wait_text(self, testid: str, text: str, timeout_s: float = 20) -> WebElement:
-        """The first element with this test id whose text holds `text`."""
+    # -- reading a page that redraws its rows on every poll
+    #
+    # A table row found by one WebDriver call may be replaced by the next poll before the next
+    # call reads it (StaleElementReferenceException). Rows are therefore read in one script
+    # call, as plain values: their data-* attributes, their text and whether they are shown.
 
-        def found() -> WebElement | None:
-            return next((e for e in self.find_all(testid) if text in e.text), None)
+    def read(self, testid: str) -> list[dict[str, Any]]:
+        """Every element with this test id as {data-* attributes..., "text", "shown", "enabled"},
+        read at one instant."""
+        return self.driver.execute_script(_READ_SCRIPT, tid(testid))
 
-        return self.wait(found, f"{testid} showing {text!r}", timeout_s)
+    def wait_read(
+        self, testid: str, match: Callable[[dict[str, Any]], bool], what: str, timeout_s: float = 20
+    ) -> dict[str, Any]:
+        """The first element (as `read` gives it) with this test id that satisfies `match`."""
+        return self.wait(
+            lambda: next((r for r in self.read(testid) if match(r)), None), f"{testid}: {what}", timeout_s
+        )
+
+    def wait_text(self, testid: str, text: str, timeout_s: float = 20) -> dict[str, Any]:
+        """The first element (as `read` gives it) with this test id whose text holds `text`."""
+        return self.wait_read(testid, lambda r: text in r["text"], f"showing {text!r}", timeout_s)
+
+    def attr(self, testid: str, name: str) -> str | None:
+        """A data-* attribute of the first element with this test id, None if there is none."""
+        rows = self.read(testid)
+        return rows[0].get(name) if rows else None
+
+    def click_in(
+        self, testid: str, match: Callable[[dict[str, Any]], bool], selector: str, what: str
+    ) -> None:
+        """Click `selector` inside the first element with this test id that satisfies `match`.
+        Found and clicked in one wait step: a row replaced in between is looked up again (a click
+        on a stale element raises before it reaches the page, so nothing is clicked twice)."""
+
+        def attempt() -> bool:
+            for row in self.find_all(testid):
+                if match(self.driver.execute_script(_READ_ONE_SCRIPT, row)):  # stale: raises
+                    row.find_element(By.CSS_SELECTOR, selector).click()
+                    return True
+            return False
+
+        self.wait(attempt, f"{selector} in the {testid} {what}")
 
     def wait_updated(self) -> None:
         """One more successful poll than now (the page shows what the API says at this moment)."""
@@ -167,6 +203,13 @@ class Console:
             for e in self.driver.get_log("browser")
             if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]
         ]
+
+
+_READ = """const read = (e) => Object.assign({}, e.dataset,
+  {text: e.innerText, shown: e.getClientRects().length > 0, enabled: !e.disabled});
+"""
+_READ_SCRIPT = _READ + "return Array.from(document.querySelectorAll(arguments[0])).map(read);"
+_READ_ONE_SCRIPT = _READ + "return read(arguments[0]);"
 
 
 def _slug(text: str) -> str:
