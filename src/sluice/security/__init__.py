@@ -1,0 +1,1 @@
+"""Security: who a connection is (SASL, TLS), what it may do (ACLs), and the secrets it holds."""
