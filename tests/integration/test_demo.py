@@ -70,4 +70,5 @@ def test_demo_ends_with_the_target_equal_to_the_source(tmp_path: Path) -> None:
     assert "cluster stopped" in text
     assert printed.get("manager", "").startswith("http://"), text[-2000:]
     assert demo_topic_seen, "the console never listed the demo's topic"
-    assert apply_lag_seen, "the console never showed the demo's apply lag"
+    warnings = [line for line in seen if "event=" in line]
+    assert apply_lag_seen, f"the console never showed the demo's apply lag; the demo logged: {warnings[-20:]}"

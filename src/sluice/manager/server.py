@@ -103,11 +103,9 @@ def _sample(state: ManagerState) -> None:
         status = svc.tasks.status(task_id) or {}
         state.history.add_task(task_id, now, status.get("lag_records"), status.get("lag_seconds"))
     state.history.forget_tasks(set(ids))
-    try:
-        lags = group_service.group_lags(svc)
-    except Exception:  # the brokers are away: task lag (from ZooKeeper) is still sampled
-        return
-    state.history.add_groups(now, lags)
+    # The brokers may be away: the task lags (from ZooKeeper) are sampled by then, and the
+    # Sampler logs this failure.
+    state.history.add_groups(now, group_service.group_lags(svc))
 
 
 def _start_evaluator(state: ManagerState, config: ManagerConfig, identity: str) -> None:

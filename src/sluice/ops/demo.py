@@ -14,6 +14,7 @@ equal / missing / extra / different. The cluster is stopped at the end (unless -
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -27,6 +28,8 @@ from rich.live import Live
 from rich.table import Table
 
 from sluice.ops import launcher
+
+_log = logging.getLogger("sluice.demo")
 
 TOPIC = "demo.changes"
 PARTITIONS = 3
@@ -142,12 +145,18 @@ class _OffsetMirror:
         from sluice.ops.admin_client import AdminClient
         from sluice.ops.group_view import commit_offsets
 
+        failures = 0
         while (offsets := self._queue.get()) is not None:
             try:
                 with AdminClient(self.bootstrap, timeout_s=3.0) as admin:
                     commit_offsets(admin, self.group, offsets)
-            except Exception:  # a mirror for people: the next sample tries again
-                pass
+                failures = 0
+            except Exception as exc:  # a mirror for people: the next sample tries again
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    _log.warning(
+                        "event=offset_mirror_failed group=%s failures=%d error=%r", self.group, failures, exc
+                    )
 
 
 def _run(
