@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sluice.manager.auth import UserStore
 from sluice.manager.config import ManagerConfig
 from sluice.manager.server import ManagerHandle, run_manager
+from sluice.security.secrets import SecretRef
 from tests.support.cluster import TestCluster, wait_until
 
 GOOD_TASK = {
@@ -297,12 +298,17 @@ def test_an_invalid_task_definition_answers_422_naming_the_field(operator: httpx
 def test_tasks_create_control_update_and_delete_with_an_audit_trail(
     manager: ManagerHandle, operator: httpx.Client, viewer: httpx.Client, admin: httpx.Client
 ) -> None:
-    task = {**GOOD_TASK, "id": "api-orders", "target": "postgresql://app:s3cret@127.0.0.1:1/db"}
+    target = {"url": "postgresql://app@127.0.0.1:1/db", "password": {"env": "API_ORDERS_PW"}}
+    task = {**GOOD_TASK, "id": "api-orders", "target": target}
+    plain = {**task, "target": "postgresql://app:s3cret@127.0.0.1:1/db"}
+    r = operator.post("/api/v1/tasks", json=plain)
+    assert r.status_code == 422 and r.json()["field"] == "task.target", r.text
+    assert "{env: SHOP_PG_PASSWORD}" in r.json()["detail"] and "s3cret" not in r.text
     r = operator.post("/api/v1/tasks", json=task)
     assert r.status_code == 201, r.text
     summary = r.json()
     assert summary["id"] == "api-orders" and summary["state"] == "waiting"
-    assert "s3cret" not in r.text and summary["target"] == "postgresql://app:***@127.0.0.1:1/db"
+    assert summary["target"] == "postgresql://app@127.0.0.1:1/db"
     assert operator.post("/api/v1/tasks", json=task).status_code == 409
     assert viewer.post("/api/v1/tasks/api-orders/pause").status_code == 403
     assert operator.post("/api/v1/tasks/api-orders/pause").json()["state"] == "paused"
@@ -312,14 +318,16 @@ def test_tasks_create_control_update_and_delete_with_an_audit_trail(
     assert r.status_code == 200 and r.json()["restarts"] == 1
     detail = viewer.get("/api/v1/tasks/api-orders").json()
     assert detail["control"] == {"paused": False, "restarts": 1, "from_position": "mysql-bin.000002:4"}
-    assert detail["definition"]["target"] == "postgresql://app:***@127.0.0.1:1/db"
+    assert detail["definition"]["target"] == target and detail["plain_text_secrets"] == []
     assert detail["executions"] == [] and detail["events"] == []
-    assert "s3cret" not in viewer.get("/api/v1/tasks/api-orders").text
-    # the definition as the API shows it (passwords as ***) saved back keeps the stored password
+    # the definition as the API shows it (secrets as their references) saved back is unchanged
     shown = viewer.get("/api/v1/tasks/api-orders").json()["definition"]
     assert operator.put("/api/v1/tasks/api-orders", json=shown).status_code == 200
     stored = manager.state.services.tasks.get("api-orders")
-    assert stored.target == "postgresql://app:s3cret@127.0.0.1:1/db"
+    assert stored.target == target["url"] and stored.target_password == SecretRef("env", "API_ORDERS_PW")
+    r = operator.put("/api/v1/tasks/api-orders", json={**shown, "target": {**target, "password": "s3cret"}})
+    assert r.status_code == 422 and r.json()["field"] == "task.target.password", r.text
+    assert "s3cret" not in r.text
     yaml_update = "id: api-orders\nsource: {kind: generator, rate: 20}\ntarget: sqlite:////tmp/x.db\n"
     r = operator.put(
         "/api/v1/tasks/api-orders", content=yaml_update, headers={"content-type": "application/yaml"}

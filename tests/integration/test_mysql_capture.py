@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from sluice.clients import close_within
 from sluice.ops.mariadb import LocalMariaDB
+from sluice.security.secrets import Secret
 from sluice.sync.envelope import key_text
 from sluice.sync.sources.mysql import (
     BinlogPosition,
@@ -159,7 +160,9 @@ def test_clear_errors_for_format_privileges_and_purged_binlogs(mariadb: LocalMar
         "CREATE USER IF NOT EXISTS 'reader'@'127.0.0.1' IDENTIFIED BY 'pw'",
         "GRANT SELECT ON shop2.* TO 'reader'@'127.0.0.1'",
     )
-    weak = SourceSpec(kind="mariadb", port=mariadb.port, user="reader", password="pw", database="shop2")
+    weak = SourceSpec(
+        kind="mariadb", port=mariadb.port, user="reader", password=Secret("pw"), database="shop2"
+    )
     with pytest.raises(CaptureError, match="lacks privileges to read the binlog"):
         check_source(weak)
 

@@ -33,12 +33,16 @@ options: {{trigger: 1s, partitions: 3}}
 """
 
 
-def start_worker(name: str, bootstrap: str, zk: str, workdir: Path) -> subprocess.Popen[bytes]:
+def start_worker(
+    name: str, bootstrap: str, zk: str, workdir: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A worker process logging to workdir/NAME.log; `env` adds to its environment (the variables
+    its tasks' secret references name)."""
     log = (workdir / f"{name}.log").open("ab")
     return subprocess.Popen(
         [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--group", "g", "--name", name,
          "--session-timeout", "6", "-b", bootstrap, "--zookeeper", zk, "--dir", str(workdir)],
-        stdout=log, stderr=log, env={**os.environ, "COLUMNS": "200"},
+        stdout=log, stderr=log, env={**os.environ, "COLUMNS": "200", **(env or {})},
     )  # fmt: skip
 
 
@@ -286,25 +290,27 @@ def items_in_source(mariadb: LocalMariaDB, db: str) -> dict[str, object]:
 def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commits(
     mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
 ) -> None:
-    """One worker, two tasks. `bad` has a target nobody listens on, with a password in its URL:
-    it fails to start, again and again (a task-failed alarm each time, the password nowhere),
-    while `good` runs on the same worker. `bad` is then fixed with `sluice task update` and
-    runs. `good` is restarted (epoch 2), deleted and created again: its new execution must take
-    an epoch past the target's and commit (it used to start at epoch 1 and be refused forever).
-    Failing run before the fix: the worker process exited with the ConnectionError."""
+    """One worker, two tasks. `bad` has a target nobody listens on, with a password (a reference to
+    the worker's environment): it fails to start, again and again (a task-failed alarm each time,
+    the password nowhere), while `good` runs on the same worker. `bad` is then fixed with
+    `sluice task update` and runs. `good` is restarted (epoch 2), deleted and created again: its
+    new execution must take an epoch past the target's and commit (it used to start at epoch 1
+    and be refused forever). Failing run before the fix: the worker process exited with the
+    ConnectionError."""
     from sluice.ops.ports import free_port
 
     cluster = make_cluster(1)
     bootstrap, zk_address = cluster.bootstrap, cluster.zookeeper
     items_database(mariadb, "wf")
     good_url, fixed_url = f"sqlite:///{tmp_path / 'good.db'}", f"sqlite:///{tmp_path / 'fixed.db'}"
-    bad_url = f"postgresql://sync:hunter2@127.0.0.1:{free_port()}/nowhere"
+    bad_port = free_port()
+    bad_target = f"{{url: 'postgresql://sync@127.0.0.1:{bad_port}/nowhere', password: {{env: WF_BAD_PW}}}}"
     good_yaml = ITEMS_TASK.format(id="good", port=mariadb.port, db="wf", target=good_url)
     zk, store = create_task(good_yaml, tmp_path, zk_address)
     create_task(
-        ITEMS_TASK.format(id="bad", port=mariadb.port, db="wf", target=bad_url), tmp_path, zk_address
+        ITEMS_TASK.format(id="bad", port=mariadb.port, db="wf", target=bad_target), tmp_path, zk_address
     )[0].stop()
-    worker = start_worker("wf1", bootstrap, zk_address, tmp_path)
+    worker = start_worker("wf1", bootstrap, zk_address, tmp_path, env={"WF_BAD_PW": "hunter2"})
 
     rows = items_in_target
 
@@ -323,7 +329,9 @@ def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commi
         )  # fmt: skip
         assert worker.poll() is None, "the worker exited"
         assert all("hunter2" not in str(a) for a in store.alarms("bad")), failed
-        assert "cannot connect" in failed[0]["error"] and "***" in failed[0]["error"], failed[0]
+        # the URL as the definition gives it (no password in it), the password nowhere
+        assert "cannot connect" in failed[0]["error"], failed[0]
+        assert f"postgresql://sync@127.0.0.1:{bad_port}/nowhere" in failed[0]["error"], failed[0]
         assert failed[1]["attempts"] == 2 and failed[1]["retry_in_s"] > failed[0]["retry_in_s"] * 1.2
 
         fixed = tmp_path / "fixed.yaml"

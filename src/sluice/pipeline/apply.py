@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from sluice.security.secrets import Secret
 from sluice.sync.targets import ApplyResult, ColumnMapping, Target, open_target
 
 log = logging.getLogger("sluice.apply")
@@ -50,6 +51,8 @@ class ApplyConfig:
     #: the source tables this pipeline applies; records of any other table fail the batch
     #: (None: any table that is not one of Sluice's own)
     tables: list[str] | None = None
+    #: the target's password, resolved by the worker (prints as ***; the URL holds none)
+    target_password: Secret | None = None
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -89,7 +92,9 @@ class ApplyQuery:
         self.on_error = on_error  # called on the batch thread when a commit fails
         self.keep_freshness = keep_freshness
         self.pipeline = config.pipeline_name()
-        self.target: Target = open_target(config.target, config.mapping, tables=config.tables)
+        self.target: Target = open_target(
+            config.target, config.mapping, tables=config.tables, password=config.target_password
+        )
         self.epoch = self.target.claim(self.pipeline, config.epoch)
         self.query: Any = None
         self.error: BaseException | None = None

@@ -44,11 +44,10 @@ def parse_definition_text(text: str, what: str = "task definition") -> TaskSpec:
 
 
 def redacted_definition(spec: TaskSpec) -> dict[str, Any]:
-    doc = asdict(spec)
-    doc["target"] = redact(spec.target)
-    if doc["source"].get("password"):
-        doc["source"]["password"] = "***"
-    return doc
+    """The definition as the API and the CLI show it: secrets as their references
+    (`{"env": "SHOP_DB_PASSWORD"}`), plain text of a definition stored before references as ***.
+    Saved back as it is, it is accepted, unless it holds *** (refused, naming the field)."""
+    return spec.to_doc(shown=True)
 
 
 def _spec(svc: Services, task_id: str) -> TaskSpec:
@@ -72,31 +71,10 @@ def check_same_id(spec: TaskSpec, task_id: str | None) -> None:
                            field="task.id")  # fmt: skip
 
 
-REDACTED = "***"
-
-
-def keep_stored_secrets(new: TaskSpec, old: TaskSpec) -> TaskSpec:
-    """A definition read back from the API shows its passwords as ***; saving it again keeps the
-    stored passwords rather than store *** (the source's password, and the target URL's)."""
-    if new.source.password == REDACTED:
-        new.source.password = old.source.password
-    scheme, sep, rest = new.target.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if sep and at and creds.endswith(f":{REDACTED}"):
-        old_creds = old.target.partition("://")[2].rpartition("@")[0]
-        if old_creds.split(":", 1)[0] == creds.split(":", 1)[0] and ":" in old_creds:
-            new.target = f"{scheme}://{old_creds}@{host}"
-    return new
-
-
 def update_task(svc: Services, spec: TaskSpec, task_id: str | None = None) -> dict[str, Any]:
-    """Replace a task's definition; its execution restarts with it under a new epoch. Passwords
-    given as *** (as the API shows them) keep their stored values."""
+    """Replace a task's definition; its execution restarts with it under a new epoch. A definition
+    holds references, never secrets, so one read back from the API can be saved as it is."""
     check_same_id(spec, task_id)
-    try:
-        spec = keep_stored_secrets(spec, svc.tasks.get(spec.id))
-    except TaskNotFoundError:
-        raise NotFoundError(f"no task {spec.id!r}: create it first") from None
     try:
         svc.tasks.update(spec)
     except TaskNotFoundError:
@@ -186,6 +164,8 @@ def task_detail(svc: Services, task_id: str) -> dict[str, Any]:
     return {
         **_summary(t),
         "definition": redacted_definition(t.spec),
+        # a definition stored before references, still run as it is: update it with references
+        "plain_text_secrets": t.spec.plain_text_secrets(),
         "captured_position": t.status.get("captured_position"),
         "applied_offsets": t.status.get("applied_offsets"),
         "started": t.status.get("started"),

@@ -35,7 +35,8 @@ from typing import Any
 
 from sluice import metrics
 from sluice.clients import close_within
-from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration, scrub
+from sluice.security.secrets import resolved_only
+from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration, resolved, scrub
 
 log = logging.getLogger("sluice.execution")
 
@@ -119,12 +120,25 @@ class TaskExecution:
         if self._status_target is None:
             from sluice.sync.targets import open_target
 
-            self._status_target = open_target(self.spec.target)
+            self._status_target = open_target(
+                self.spec.target, password=resolved_only(self.spec.target_password)
+            )
         return self._status_target
 
     def _start(self) -> None:
         self.stop_event = threading.Event()
-        self.spec = self.store.get(self.task_id)  # as it is now (`sluice task update` restarts us)
+        # The definition as it is now (`sluice task update` restarts us), its secret references
+        # read here, on the worker that runs it: a missing variable or file fails the start,
+        # named (an alarm, retries with backoff), and never a value.
+        spec = self.store.get(self.task_id)
+        plain = spec.plain_text_secrets()
+        if plain:
+            log.warning(
+                "task %s: event=plain_text_secret fields=%s: the definition was stored before secret "
+                "references and still runs as it is; update it with `password: {env: NAME}` or "
+                "`{file: PATH}` (sluice task update --file)", self.task_id, ",".join(plain),
+            )  # fmt: skip
+        self.spec = resolved(spec)
         self.spark = self.spark_session(self.spec.options.get("spark_master"))
         # Past every epoch the target has seen, too: a task deleted and created again, or a
         # counter lost with its ZooKeeper, must not come back under an epoch the target refuses.
@@ -447,7 +461,8 @@ def apply_config(spec: TaskSpec, bootstrap: str, epoch: int, workdir: Path) -> A
     from sluice.sync.targets import ColumnMapping
 
     return ApplyConfig(
-        bootstrap=bootstrap, target=spec.target, topics=spec.topics(), pipeline=spec.id, epoch=epoch,
+        bootstrap=bootstrap, target=spec.target, target_password=resolved_only(spec.target_password),
+        topics=spec.topics(), pipeline=spec.id, epoch=epoch,
         checkpoint=workdir / spec.id / "checkpoint",
         trigger_s=parse_duration(str(spec.options.get("trigger", "1s"))),
         mapping=ColumnMapping.from_config(spec.mapping),

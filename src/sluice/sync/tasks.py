@@ -21,7 +21,11 @@ ZooKeeper layout (under the cluster's chroot):
                              before the history gets it at its next execution)
 
 A definition is validated before it is stored; errors name the bad field
-(`task.source.port: must be an integer in 1..65535`).
+(`task.source.port: must be an integer in 1..65535`). Secrets are references
+(`password: {env: SHOP_DB_PASSWORD}` or `{file: /run/secrets/shop}`, security/secrets.py), resolved
+by the worker when it starts the task (`resolved`); a new definition with a plain-text secret is
+refused. Definitions stored before references may hold plain text: they are read and run as they
+are, and the worker warns at each start.
 """
 
 from __future__ import annotations
@@ -29,12 +33,22 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from sluice.cluster.zkstore import FencingCounter, update_znode
+from sluice.security.secrets import (
+    PLAIN,
+    Secret,
+    SecretRef,
+    SecretRefError,
+    parse_ref,
+    resolve,
+    revealed,
+    url_has_password,
+)
 from sluice.sync.targets.base import ColumnMapping, MappingError
 
 TASKS = "/tasks"
@@ -83,7 +97,8 @@ class SourceSpec:
     host: str = "127.0.0.1"
     port: int = 3306
     user: str = "root"
-    password: str = ""
+    #: a reference in a definition; a resolved Secret in the worker that runs the task
+    password: SecretRef | Secret | None = None
     database: str = ""
     server_id: int | None = None
     # generator
@@ -101,6 +116,8 @@ class TaskSpec:
     topic: str = "{task}.changes"  # "{task}" and "{table}" are replaced
     mapping: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    #: the target's password (`target: {url: ..., password: {env: ...}}`); the URL holds none
+    target_password: SecretRef | Secret | None = None
 
     def topic_for(self, table: str) -> str:
         return self.topic.replace("{task}", self.id).replace("{table}", table)
@@ -110,12 +127,44 @@ class TaskSpec:
             return sorted({self.topic_for(t) for t in self.tables})
         return [self.topic_for("")]
 
+    def to_doc(self, *, shown: bool = False) -> dict[str, Any]:
+        """The definition as stored (`shown=False`) or as the API and the CLI show it: secrets as
+        their references, plain text of an old definition as ***, the target URL's password as
+        ***. Never of a resolved spec: its secrets are values."""
+
+        def secret(value: SecretRef | Secret | None) -> Any:
+            assert not isinstance(value, Secret), "a resolved definition is never stored or shown"
+            return None if value is None else value.shown() if shown else value.stored()
+
+        source = {**asdict(self.source), "password": secret(self.source.password)}
+        if source["password"] is None:
+            del source["password"]
+        url = redact(self.target) if shown else self.target
+        target: Any = (
+            url if self.target_password is None else {"url": url, "password": secret(self.target_password)}
+        )
+        doc = {**asdict(self), "source": source, "target": target}
+        del doc["target_password"]
+        return doc
+
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self.to_doc())
+
+    def plain_text_secrets(self) -> list[str]:
+        """The fields of a definition stored before references that still hold plain text."""
+        fields = []
+        if isinstance(self.source.password, SecretRef) and self.source.password.kind == PLAIN:
+            fields.append("task.source.password")
+        if url_has_password(self.target):
+            fields.append("task.target")
+        return fields
 
     def secrets(self) -> list[str]:
-        """The passwords in the definition, to scrub from any text that may be shown or logged."""
-        found = [self.source.password] if self.source.password else []
+        """The plain-text passwords of a definition stored before references, to scrub from any
+        text that may be shown or logged (resolved references are scrubbed by `scrub` itself)."""
+        found = []
+        if isinstance(self.source.password, SecretRef) and self.source.password.kind == PLAIN:
+            found.append(self.source.password.name)
         creds = self.target.partition("://")[2].rpartition("@")[0]
         if ":" in creds:
             found.append(creds.split(":", 1)[1])
@@ -123,7 +172,20 @@ class TaskSpec:
 
     @classmethod
     def from_json(cls, data: bytes) -> TaskSpec:
-        return parse_spec(orjson.loads(data))
+        return parse_spec(orjson.loads(data), stored=True)
+
+
+def resolved(spec: TaskSpec, environ: Any = None) -> TaskSpec:
+    """A copy of `spec` with its secrets read here, on the worker that runs it (SecretError names
+    the task, the field and the missing variable or file). Old plain text resolves to itself."""
+
+    def one(value: SecretRef | Secret | None, name: str) -> Secret | None:
+        if value is None or isinstance(value, Secret):
+            return value
+        return resolve(value, task=spec.id, field=name, environ=environ)
+
+    source = replace(spec.source, password=one(spec.source.password, "task.source.password"))
+    return replace(spec, source=source, target_password=one(spec.target_password, "task.target.password"))
 
 
 #: the password of a URL (`scheme://user:password@host`), wherever a message quotes one
@@ -132,9 +194,10 @@ _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)\S*@(?=[^@/
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every secret replaced by ***, and the password of any URL in it too (a task's
-    definition may be gone, or a driver may quote a URL the definition did not name)."""
-    for secret in sorted(set(secrets), key=len, reverse=True):
+    """`text` with every secret replaced by ***, every secret this process resolved too
+    (security.secrets.revealed), and the password of any URL in it (a task's definition may be
+    gone, or a driver may quote a URL the definition did not name)."""
+    for secret in sorted(set(secrets) | revealed(), key=len, reverse=True):
         if secret:
             text = text.replace(secret, "***")
     return _URL_PASSWORD.sub(r"\1***@", text)
@@ -153,8 +216,10 @@ _OPTIONS = {
 }
 
 
-def parse_spec(doc: Any) -> TaskSpec:
-    """Validate a task definition (a mapping, e.g. from YAML) into a TaskSpec."""
+def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
+    """Validate a task definition (a mapping, e.g. from YAML) into a TaskSpec. Plain-text secrets
+    are refused, naming the field and how to write it, unless `stored` (read from ZooKeeper: a
+    definition stored before references)."""
     if not isinstance(doc, dict):
         raise TaskSpecError("task: must be a mapping with id, source, target")
     unknown = set(doc) - {"id", "source", "target", "tables", "topic", "mapping", "options"}
@@ -163,10 +228,8 @@ def parse_spec(doc: Any) -> TaskSpec:
     task_id = doc.get("id")
     if not isinstance(task_id, str) or not _ID.match(task_id):
         raise TaskSpecError("task.id: must be 1-63 lowercase letters, digits, '.', '_' or '-'")
-    target = doc.get("target")
-    if not isinstance(target, str) or not target.startswith(("sqlite:///", "postgresql://", "postgres://")):
-        raise TaskSpecError("task.target: must be sqlite:///path or postgresql://user@host:port/db")
-    source = _parse_source(doc.get("source"))
+    target, target_password = _parse_target(doc.get("target"), stored)
+    source = _parse_source(doc.get("source"), stored)
     tables = doc.get("tables", [])
     if not isinstance(tables, list) or not all(isinstance(t, str) and t for t in tables):
         raise TaskSpecError("task.tables: must be a list of table names")
@@ -200,10 +263,47 @@ def parse_spec(doc: Any) -> TaskSpec:
                 raise TaskSpecError(
                     f"task.options.trigger: must be a duration like 1s or 500ms, not {value!r}"
                 ) from None
-    return TaskSpec(task_id, source, target, list(tables), topic, dict(mapping), dict(options))
+    return TaskSpec(
+        task_id, source, target, list(tables), topic, dict(mapping), dict(options), target_password
+    )
 
 
-def _parse_source(doc: Any) -> SourceSpec:
+_TARGET_FORMS = (
+    "task.target: must be sqlite:///path, postgresql://user@host:port/db, or "
+    "{url: postgresql://user@host:port/db, password: {env: SHOP_PG_PASSWORD}}"
+)
+
+
+def _parse_target(doc: Any, stored: bool) -> tuple[str, SecretRef | None]:
+    """The target URL and its password's reference: a URL, or `{url: ..., password: {env: ...}}`.
+    A password inside the URL is refused (it would be stored and shown with the URL)."""
+    password: SecretRef | None = None
+    if isinstance(doc, dict):
+        unknown = set(doc) - {"url", "password"}
+        if unknown:
+            raise TaskSpecError(
+                f"task.target: unknown field(s) {', '.join(sorted(unknown))} (known: url, password)"
+            )
+        try:
+            password = parse_ref(doc.get("password"), "task.target.password", stored=stored)
+        except SecretRefError as exc:
+            raise TaskSpecError(str(exc)) from None
+        doc = doc.get("url")
+    if not isinstance(doc, str) or not doc.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        raise TaskSpecError(_TARGET_FORMS)
+    if password is not None and doc.startswith("sqlite:"):
+        raise TaskSpecError("task.target.password: a sqlite target has no password: remove it")
+    if not stored and url_has_password(doc):
+        raise TaskSpecError(
+            "task.target: a password in the URL is refused (it would be stored in ZooKeeper in plain "
+            "text): write the URL without it and name the password, `target: {url: "
+            "postgresql://user@host:5432/db, password: {env: SHOP_PG_PASSWORD}}` "
+            "(or {file: /run/secrets/shop-pg})"
+        )
+    return doc, password
+
+
+def _parse_source(doc: Any, stored: bool) -> SourceSpec:
     if not isinstance(doc, dict):
         raise TaskSpecError("task.source: must be a mapping with kind (mysql, mariadb or generator)")
     kind = doc.get("kind")
@@ -213,10 +313,14 @@ def _parse_source(doc: Any) -> SourceSpec:
     unknown = set(doc) - known
     if unknown:
         raise TaskSpecError(f"task.source: unknown field(s) {', '.join(sorted(unknown))}")
-    spec = SourceSpec(**doc)
+    try:
+        password = parse_ref(doc.get("password"), "task.source.password", stored=stored)
+    except SecretRefError as exc:
+        raise TaskSpecError(str(exc)) from None
+    spec = SourceSpec(**{**doc, "password": password})
     if not isinstance(spec.port, int) or isinstance(spec.port, bool) or not 1 <= spec.port <= 65535:
         raise TaskSpecError("task.source.port: must be an integer in 1..65535")
-    for name in ("host", "user", "password", "database"):
+    for name in ("host", "user", "database"):
         if not isinstance(getattr(spec, name), str):
             raise TaskSpecError(f"task.source.{name}: must be a string")
     if kind in ("mysql", "mariadb") and not spec.database:

@@ -17,7 +17,13 @@ from sluice.ops.cli.common import (
 
 
 def apply(
-    target: Annotated[str, typer.Option(help="sqlite:///path/to.db or postgresql://user@host:port/db")],
+    target: Annotated[
+        str,
+        typer.Option(
+            help="sqlite:///path/to.db or postgresql://user@host:port/db (no password: set PGPASSWORD "
+            "in the environment, or use ~/.pgpass)"
+        ),
+    ],
     topics: Annotated[str | None, typer.Option(help="Comma-separated topics to apply")] = None,
     pattern: Annotated[
         str | None, typer.Option(help="Regular expression over topic names (instead of --topics)")
@@ -48,11 +54,14 @@ def apply(
     position, offsets recorded with the rows, fencing epoch checked. Stop with Ctrl-C."""
     import signal as _signal
 
+    from sluice.security.secrets import url_has_password
     from sluice.sync.targets import StaleEpochError
     from sluice.sync.targets.base import ColumnMapping, MappingError
 
     if bool(topics) == bool(pattern):
         raise fail("give exactly one of --topics and --pattern", 2)
+    if url_has_password(target):
+        raise fail(PASSWORD_IN_URL, 2)
     try:
         column_mapping = ColumnMapping.from_config(_load_mapping(mapping)) if mapping else ColumnMapping()
     except (MappingError, OSError, ValueError) as exc:
@@ -121,6 +130,14 @@ def apply(
         query.stop()
         spark.stop()
     err.print("stopped" if stopping else "done")
+
+
+#: a command line is visible to every user of the host (ps) and kept in shell histories
+PASSWORD_IN_URL = (
+    "--target: a password in the URL is refused (a command line is visible to every user of this host "
+    "and kept in shell histories): leave it out and set PGPASSWORD in this command's environment, or "
+    "put it in ~/.pgpass"
+)
 
 
 def _load_mapping(path: Path) -> dict[str, object]:

@@ -18,7 +18,8 @@ def demo(
     duration: Annotated[float, typer.Option(help="Seconds the generator writes changes")] = 40.0,
     rate: Annotated[float, typer.Option(help="Changes per second from the generator")] = 2000.0,
     target: Annotated[
-        str | None, typer.Option(help="Target URL (default: SQLite in the demo directory)")
+        str | None,
+        typer.Option(help="Target URL without a password (PGPASSWORD in the environment; default: SQLite)"),
     ] = None,
     spark_master: Annotated[str | None, typer.Option(help="Spark master URL (default local[*])")] = None,
     keep: Annotated[bool, typer.Option(help="Leave the cluster running afterwards")] = False,
@@ -26,8 +27,13 @@ def demo(
     """The whole platform on this machine: a 3-broker cluster, the generator writing changes, a
     Spark query applying them to SQLite, one broker killed with kill -9 in the middle, and a
     comparison of the target with the generator's ground truth. Exits 1 if they differ."""
+    from sluice.ops.cli.apply import PASSWORD_IN_URL
+    from sluice.ops.cli.common import fail
     from sluice.ops.demo import run_demo
+    from sluice.security.secrets import url_has_password
 
+    if target and url_has_password(target):
+        raise fail(PASSWORD_IN_URL, 2)
     ok = run_demo(
         directory, duration_s=duration, rate=rate, target=target, spark_master=spark_master,
         keep=keep, console=console,

@@ -127,6 +127,10 @@ def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
                 console.print(f"  {key:<18} {t[key]}")
     if t["error"]:
         console.print(f"  error      {t['error']}", markup=False, highlight=False)
+    for name in t.get("plain_text_secrets") or []:
+        console.print(f"  warning    {name} is stored in plain text (a definition from before secret "
+                      "references): update it with `password: {env: NAME}` or `{file: PATH}`",
+                      markup=False, highlight=False)  # fmt: skip
     executions = t["executions"]
     console.print(f"  executions {len(executions)}")
     for e in executions[-5:]:

@@ -1,13 +1,15 @@
 """Targets: where change events are applied, one transaction per batch, exactly once in effect.
 
 `open_target(url)` picks the implementation from the URL scheme: `sqlite:///path` or
-`postgresql://user@host:port/db`.
+`postgresql://user@host:port/db`; a PostgreSQL target's password comes apart from the URL, as a
+resolved `Secret` (security/secrets.py), or from libpq's PGPASSWORD or ~/.pgpass.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sluice.security.secrets import Secret
 from sluice.sync.targets.base import (
     ApplyResult,
     BadTargetUrlError,
@@ -17,15 +19,19 @@ from sluice.sync.targets.base import (
 )
 
 
-def open_target(url: str, mapping: ColumnMapping | None = None, **options: Any) -> Target:
+def open_target(
+    url: str, mapping: ColumnMapping | None = None, *, password: Secret | None = None, **options: Any
+) -> Target:
+    """The target `url` names; `password` (a resolved Secret, or None) only for PostgreSQL."""
     if url.startswith("sqlite://"):
+        assert password is None, "a sqlite target has no password"
         from sluice.sync.targets.sqlite import SqliteTarget
 
         return SqliteTarget(url, mapping, **options)
     if url.startswith(("postgresql://", "postgres://")):
         from sluice.sync.targets.postgres import PostgresTarget
 
-        return PostgresTarget(url, mapping, **options)
+        return PostgresTarget(url, mapping, password=password, **options)
     raise BadTargetUrlError(
         f"unsupported target {url!r}: use sqlite:///path/to/file.db or postgresql://user@host:port/db"
     )

@@ -23,8 +23,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.security.secrets import Secret
 from sluice.sync.envelope import BadEventError, key_text
 from sluice.sync.targets.base import POS_COLUMN, ColumnMapping, Target, quote
+from sluice.test_switches import OFF, Switches
 
 log = logging.getLogger("sluice.target")
 
@@ -52,15 +54,22 @@ _TYPES = {"string": "text", "boolean": "boolean", "object": "jsonb", "array": "j
 
 class PostgresTarget(Target):
     def __init__(
-        self, url: str, mapping: ColumnMapping | None = None, tables: Collection[str] | None = None
+        self,
+        url: str,
+        mapping: ColumnMapping | None = None,
+        tables: Collection[str] | None = None,
+        password: Secret | None = None,
+        switches: Switches = OFF,
     ) -> None:
         import psycopg
 
         from sluice.sync.tasks import redact
 
-        super().__init__(url, mapping, tables)
+        super().__init__(url, mapping, tables, switches)
+        # The password goes to libpq apart from the URL, so the URL stays printable.
+        extra: dict[str, Any] = {} if password is None else {"password": password.reveal()}
         try:
-            self.conn = psycopg.connect(url, autocommit=False)
+            self.conn = psycopg.connect(url, autocommit=False, **extra)
         except psycopg.OperationalError as exc:
             raise ConnectionError(f"cannot connect to the PostgreSQL target {redact(url)}: {exc}") from None
         with self.conn.transaction():
