@@ -21,7 +21,7 @@ from typing import Any
 
 from kazoo.exceptions import BadVersionError
 
-from sluice import metrics
+from sluice import metrics, test_switches
 from sluice.broker.admin import TopicAdmin
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
@@ -55,13 +55,17 @@ class DataDirInUseError(RuntimeError):
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig):
+    def __init__(self, config: BrokerConfig, *, switches: test_switches.Switches = test_switches.OFF):
         self.config = config
-        self.store = ZkStore(config.zookeeper, session_timeout_s=config.zk_session_timeout_s)
+        self.store = ZkStore(
+            config.zookeeper, session_timeout_s=config.zk_session_timeout_s, switches=switches
+        )
         self.metadata = MetadataCache(
             self.store, self._on_metadata_change, verify_interval_s=VERIFY_INTERVAL_S
         )
-        self.replicas = ReplicaManager(config.broker_id, config.data_dir, self.metadata, config.log_defaults)
+        self.replicas = ReplicaManager(
+            config.broker_id, config.data_dir, self.metadata, config.log_defaults, switches=switches
+        )
         self.fetch_sessions = FetchSessionCache(
             config.fetch_session_cache_slots, config.fetch_session_eviction_ms
         )
@@ -72,6 +76,7 @@ class Broker:
             config.broker_id,
             sweep_interval_s=config.controller_sweep_interval_s,
             view=self.metadata,
+            switches=switches,
         )
         self.server = KafkaServer(self)
         self.coordinator = GroupCoordinator(self)
@@ -603,4 +608,4 @@ def run_broker(config: BrokerConfig) -> None:
     soft, hard = raise_open_files_limit()
     log.info("event=open_files_limit soft=%d hard=%d", soft, hard)
     log.info("event=gc_thresholds thresholds=%s", ",".join(map(str, tune_gc())))
-    uvloop.run(Broker(config).run())
+    uvloop.run(Broker(config, switches=test_switches.for_process()).run())

@@ -144,7 +144,13 @@ class PartitionTable(dict[tuple[str, int], Partition]):
 
 class ReplicaManager:
     def __init__(
-        self, broker_id: int, data_dir: Path, metadata: MetadataCache, log_defaults: LogConfig | None = None
+        self,
+        broker_id: int,
+        data_dir: Path,
+        metadata: MetadataCache,
+        log_defaults: LogConfig | None = None,
+        *,
+        switches: test_switches.Switches = test_switches.OFF,
     ):
         self.broker_id = broker_id
         self.data_dir = data_dir
@@ -158,7 +164,7 @@ class ReplicaManager:
         #: broker writes again once every log is closed.
         self.clean_start: bool | None = None
         self.fetchers = FetcherManager(broker_id, metadata)
-        self._unsafe_acks_all = test_switches.enabled(test_switches.UNSAFE_ACKS_ALL)
+        self._unsafe_acks_all = switches.unsafe_acks_all
         #: Called with a leader partition whose ISR may grow; the broker writes the change.
         self.isr_listeners: list[Callable[[Partition], None]] = []
         #: Called with (topic, partition, is_leader) after this broker's role for a partition

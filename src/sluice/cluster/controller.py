@@ -70,6 +70,7 @@ class Controller:
         *,
         sweep_interval_s: float = 2.0,
         view: ClusterView | None = None,
+        switches: test_switches.Switches = test_switches.OFF,
     ):
         self.store = store
         self.broker_id = broker_id
@@ -86,7 +87,8 @@ class Controller:
         self._known_epochs: dict[int, int] | None = None
         #: partitions whose decision must exclude a restarted broker until it is written
         self._bounced: dict[tuple[str, int], frozenset[int]] = {}
-        self._sweep_disabled = test_switches.enabled(test_switches.DISABLE_LEADERLESS_SWEEP)
+        self._sweep_disabled = switches.disable_leaderless_sweep
+        self._reassignment_disabled = switches.disable_reassignment
         self._lock = threading.Lock()
         self._dirty: set[tuple[str, int]] = set()
         self._everything = True
@@ -438,7 +440,7 @@ class Controller:
         pass, each phase a fenced write: (1) add the new replicas to the assignment, (2) wait
         until they are in the ISR, (3) move leadership into the new list if needed, (4) shrink
         the assignment and the ISR to the new list. Removed replicas then delete their logs."""
-        if test_switches.enabled(test_switches.DISABLE_REASSIGNMENT):
+        if self._reassignment_disabled:
             return
         request = self.store.reassignment_request()
         if request is None:

@@ -182,12 +182,20 @@ class ChunkResult:
 class ZkStore:
     """A kazoo session on the cluster's chroot."""
 
-    def __init__(self, address: str, *, session_timeout_s: float = 6.0, connect_timeout_s: float = 15.0):
+    def __init__(
+        self,
+        address: str,
+        *,
+        session_timeout_s: float = 6.0,
+        connect_timeout_s: float = 15.0,
+        switches: test_switches.Switches = test_switches.OFF,
+    ):
         hosts, chroot = split_zookeeper_address(address)
         self.address = f"{hosts}{chroot}"
         self.hosts = hosts
         self.chroot = chroot
         self._connect_timeout_s = connect_timeout_s
+        self._epoch_fence_disabled = switches.disable_epoch_fence
         self.client = KazooClient(
             hosts=self.address, timeout=session_timeout_s, connection_retry={"max_tries": -1, "max_delay": 1}
         )
@@ -347,7 +355,7 @@ class ZkStore:
 
     def _transaction(self, epoch_zk_version: int, ops: Iterable[FencedOp]) -> Any:
         txn = self.client.transaction()
-        if not test_switches.enabled(test_switches.DISABLE_EPOCH_FENCE):
+        if not self._epoch_fence_disabled:
             txn.check(layout.CONTROLLER_EPOCH, epoch_zk_version)
         for op in ops:
             if op.kind == "create":
@@ -366,7 +374,7 @@ class ZkStore:
         failures = [r for r in results if isinstance(r, Exception)]
         if not failures:
             return None
-        if test_switches.enabled(test_switches.DISABLE_EPOCH_FENCE):
+        if self._epoch_fence_disabled:
             return failures[0]
         first = results[0]
         if isinstance(first, (BadVersionError, NoNodeError)):

@@ -221,7 +221,7 @@ class RowChange:
 
 
 def row_changes(
-    kind: str, rows: list[dict[str, Any]], keys: list[str], start: int, size: int
+    kind: str, rows: list[dict[str, Any]], keys: list[str], start: int, size: int, *, shared: bool = False
 ) -> list[RowChange]:
     """The changes of one rows event (`kind` insert, update or delete) whose bytes start at the
     encoded position `start` and are `size` long, each at a position of its own, in order.
@@ -230,8 +230,10 @@ def row_changes(
     and when it changes the primary key, a delete of the old key comes first at `start + 2i`.
     Every position is below `start + size` (a row takes at least a byte per image), so changes
     of later events are higher. A rows event whose rows outrun its bytes (compressed events)
-    is refused rather than given positions that could collide with the next event's."""
-    shared = test_switches.enabled(test_switches.SHARED_EVENT_POSITION)
+    is refused rather than given positions that could collide with the next event's.
+
+    `shared` (the test switch `shared_event_position`) puts every change at the event's end, as
+    before each change had its own."""
     out: list[RowChange] = []
     for i, row in enumerate(rows):
         if kind == "update":
@@ -295,6 +297,7 @@ class MySqlCapture:
         snapshot_runner: Callable[[list[Any]], list[Any]] | None = None,
         snapshot_parallel_rows: int = PARALLEL_SNAPSHOT_ROWS,
         snapshot_chunk_rows: int = SNAPSHOT_CHUNK_ROWS,
+        switches: test_switches.Switches = test_switches.OFF,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -313,6 +316,7 @@ class MySqlCapture:
         self.snapshot_runner = snapshot_runner
         self.snapshot_parallel_rows = snapshot_parallel_rows
         self.snapshot_chunk_rows = snapshot_chunk_rows
+        self.switches = switches
         self._snapshot_start: str | None = None  # carried by snapshot rows while one runs
         self.stats = CaptureStats()
         self.is_mariadb = False
@@ -334,7 +338,7 @@ class MySqlCapture:
     def _emit(
         self, producer: Any, table: str, env: dict[str, Any], tx: list[Any], partition: int | None = None
     ) -> None:
-        test_switches.pause_point("capture-produce")
+        test_switches.pause_point(self.switches, "capture-produce")
         key = record_key(table, env["key"])
         value = orjson.dumps(env, default=encode_value)
         with self._lock:
@@ -707,7 +711,10 @@ class MySqlCapture:
                             )
                     kind = ("insert" if isinstance(event, WriteRowsEvent)
                             else "update" if isinstance(event, UpdateRowsEvent) else "delete")  # fmt: skip
-                    for change in row_changes(kind, rows, keys[table], event_start, event.event_size):
+                    shared = self.switches.shared_event_position
+                    for change in row_changes(
+                        kind, rows, keys[table], event_start, event.event_size, shared=shared
+                    ):
                         image = change.after if change.after is not None else change.before or {}
                         key = {k: image[k] for k in keys[table]}
                         env = self._envelope(change.op, table, key, change.before, change.after, change.pos,

@@ -178,12 +178,17 @@ class Target(ABC):
     url: str
 
     def __init__(
-        self, url: str, mapping: ColumnMapping | None = None, tables: Collection[str] | None = None
+        self,
+        url: str,
+        mapping: ColumnMapping | None = None,
+        tables: Collection[str] | None = None,
+        switches: test_switches.Switches = test_switches.OFF,
     ) -> None:
         self.url = url
         self.mapping = mapping or ColumnMapping()
         # The source tables this pipeline applies (None: any table that is not Sluice's own).
         self.tables = frozenset(tables) if tables else None
+        self.switches = switches
 
     # --- what subclasses implement ---------------------------------------------------------------
     @abstractmethod
@@ -244,11 +249,7 @@ class Target(ABC):
             current = self._lock_epoch(tx, pipeline)
             if epoch is None:
                 epoch = (current or 0) + 1
-            elif (
-                current is not None
-                and epoch < current
-                and not test_switches.enabled(test_switches.DISABLE_TARGET_FENCE)
-            ):
+            elif current is not None and epoch < current and not self.switches.disable_target_fence:
                 raise StaleEpochError(pipeline, epoch, current)
             if current != epoch:
                 self._set_epoch(tx, pipeline, epoch)
@@ -276,11 +277,11 @@ class Target(ABC):
         if "value" in records.column_names:
             records = pa.Table.from_batches([to_changes(records)]) if records.num_rows else records
         result = ApplyResult(records=_count(records))
-        test_switches.pause_point("apply-commit")
+        test_switches.pause_point(self.switches, "apply-commit")
         with self._transaction() as tx:
             current = self._lock_epoch(tx, pipeline)
             if current is not None and epoch < current:
-                if not test_switches.enabled(test_switches.DISABLE_TARGET_FENCE):
+                if not self.switches.disable_target_fence:
                     raise StaleEpochError(pipeline, epoch, current)
             elif current != epoch:
                 self._set_epoch(tx, pipeline, epoch)
@@ -291,7 +292,7 @@ class Target(ABC):
             result.skipped = result.records - _count(fresh)
             if fresh.num_rows:
                 self._refuse_foreign_tables(fresh)
-                guard = not test_switches.enabled(test_switches.DISABLE_VERSION_GUARD)
+                guard = not self.switches.disable_version_guard
                 collapsed = collapse(fresh)
                 result.changes = collapsed.num_rows
                 is_truncate = pc.equal(collapsed["op"], TRUNCATE)
@@ -309,8 +310,8 @@ class Target(ABC):
             for tp, nxt in new.items():
                 merged[tp] = max(nxt, merged.get(tp, 0))
             self._write_offsets(tx, pipeline, epoch, {tp: merged[tp] for tp in new})
-            test_switches.crash_point("before-commit", count=True)
-        test_switches.crash_point("after-commit")
+            test_switches.crash_point(self.switches, "before-commit", count=True)
+        test_switches.crash_point(self.switches, "after-commit")
         out: dict[str, dict[int, int]] = {}
         for (t, p), o in sorted(merged.items()):
             out.setdefault(t, {})[p] = o

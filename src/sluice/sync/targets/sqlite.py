@@ -26,6 +26,7 @@ from sluice.sync.targets.base import (
     infer_type,
     quote,
 )
+from sluice.test_switches import OFF, Switches
 
 META = """
 CREATE TABLE IF NOT EXISTS _sluice_fence (
@@ -48,9 +49,13 @@ def sqlite_path(url: str) -> Path:
 
 class SqliteTarget(Target):
     def __init__(
-        self, url: str, mapping: ColumnMapping | None = None, tables: Collection[str] | None = None
+        self,
+        url: str,
+        mapping: ColumnMapping | None = None,
+        tables: Collection[str] | None = None,
+        switches: Switches = OFF,
     ) -> None:
-        super().__init__(url, mapping, tables)
+        super().__init__(url, mapping, tables, switches)
         self.path = sqlite_path(url)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
