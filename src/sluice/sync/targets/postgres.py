@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from sluice.security.secrets import Secret
 from sluice.sync.envelope import BadEventError, key_text
 from sluice.sync.targets.base import POS_COLUMN, ColumnMapping, Target, quote
+from sluice.test_switches import OFF, Switches
 
 log = logging.getLogger("sluice.target")
 
@@ -58,12 +59,13 @@ class PostgresTarget(Target):
         mapping: ColumnMapping | None = None,
         tables: Collection[str] | None = None,
         password: Secret | None = None,
+        switches: Switches = OFF,
     ) -> None:
         import psycopg
 
         from sluice.sync.tasks import redact
 
-        super().__init__(url, mapping, tables)
+        super().__init__(url, mapping, tables, switches)
         # The password goes to libpq apart from the URL, so the URL stays printable.
         extra: dict[str, Any] = {} if password is None else {"password": password.reveal()}
         try:
