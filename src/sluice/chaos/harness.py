@@ -9,7 +9,11 @@ Two ways to run it:
   (``launcher.cluster_up(hosts="netns")``); network faults are real packet drops, delay and loss
   between those hosts (``sluice.chaos.netfaults``), and ZooKeeper members can be killed.
 
-Process faults (kill -9, SIGSTOP, controlled shutdown, restart) work in both."""
+Process faults (kill -9, SIGSTOP, controlled shutdown, restart) work in both.
+
+A drill that must be able to fail runs on a cluster given test switches: every process the
+cluster starts, brokers restarted mid-drill included, is armed with them (`test_switches.armed`)
+for as long as the cluster runs."""
 
 from __future__ import annotations
 
@@ -19,9 +23,12 @@ import random
 import shutil
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from sluice import test_switches
 from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
 from sluice.chaos import netfaults
 from sluice.chaos.tcp_proxy import TcpProxy
@@ -47,6 +54,7 @@ class DrillCluster:
         session_timeout_s: float = 6.0,
         hosts: str = "local",
         zookeeper_nodes: int = 1,
+        switches: test_switches.Switches = test_switches.OFF,
     ):
         if hosts not in launcher.HOST_MODES:
             raise ValueError(f"hosts must be one of {', '.join(launcher.HOST_MODES)}, not {hosts!r}")
@@ -65,6 +73,10 @@ class DrillCluster:
         self.ensemble: ZooKeeperEnsemble | None = None
         self.events: list[tuple[float, str]] = []
         self._t0 = time.monotonic()
+        #: what the cluster's processes turn off; drills that start processes of their own
+        #: (zombie.py's workers) arm them with these too
+        self.switches = switches
+        self._armed = ExitStack()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -72,6 +84,10 @@ class DrillCluster:
         if self.directory.exists():
             shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True)
+        if self.switches != test_switches.OFF:
+            # Every process started from here on inherits them: brokers restarted by faults too.
+            env = self._armed.enter_context(test_switches.armed(self.switches))
+            self._armed.enter_context(_exported(env))
         if self.hosts == "netns" or self.zookeeper_nodes > 1:
             return self._start_with_ensemble()
         self.zk = LocalZooKeeper(self.directory / "zookeeper", free_port(), force_sync=False)
@@ -124,6 +140,7 @@ class DrillCluster:
             proxy.stop()
         if self.zk is not None:
             self.zk.stop()
+        self._armed.close()
 
     def __enter__(self) -> DrillCluster:
         return self.start()
@@ -300,6 +317,22 @@ class DrillCluster:
             if state.leader not in live or set(state.isr) != set(paths[path]):
                 return False
         return True
+
+
+@contextmanager
+def _exported(env: dict[str, str]) -> Iterator[None]:
+    """`env` set in this process's environment for the block, so every child started in it
+    inherits it (the launcher starts brokers with the environment it runs in)."""
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def broker_host(broker_id: int) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluice import test_switches
 from sluice.chaos.checker import Read, check, parse_value
 from sluice.chaos.harness import DrillCluster, LeaderlessMonitor
 from sluice.chaos.workload import (
@@ -506,17 +507,20 @@ def run_incident(
     session_timeout_s: float = 6.0,
     hosts: str = "local",
     zookeeper_nodes: int | None = None,
+    switches: test_switches.Switches = test_switches.OFF,
 ) -> IncidentResult:
     """Run one drill on a fresh 3-broker cluster. ``hosts="netns"``: every broker and ZooKeeper
     member in its own network namespace (a 3-member ensemble unless told otherwise), and
-    ZooKeeper cuts are dropped packets rather than a proxy."""
+    ZooKeeper cuts are dropped packets rather than a proxy. ``switches`` (tests only) turn a
+    guarantee off in every process of the drill, to show the drill able to fail."""
     if name not in INCIDENTS:
         raise KeyError(f"unknown incident {name!r}; `sluice incident list` shows them")
     _, drill = INCIDENTS[name]
     nodes = zookeeper_nodes if zookeeper_nodes is not None else (3 if hosts == "netns" else 1)
     with DrillCluster(
-        directory, 3, session_timeout_s=session_timeout_s, hosts=hosts, zookeeper_nodes=nodes
-    ) as dc:
+        directory, 3, session_timeout_s=session_timeout_s, hosts=hosts, zookeeper_nodes=nodes,
+        switches=switches,
+    ) as dc:  # fmt: skip
         result = drill(dc, random.Random(seed))
         if hosts != "local":
             result.name = f"{result.name} hosts={hosts}"

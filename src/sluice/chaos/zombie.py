@@ -4,8 +4,9 @@ session, and the zombie tries to write stale state.
 Real pieces throughout: a private MariaDB with a row binlog, the drill's 3-broker cluster, two
 `sluice worker start` processes in one group, and a SQLite target. The pauses are real SIGSTOPs;
 to land each one at the instant that matters, the paused worker stops itself at an armed pause
-point (`sluice.test_switches.pause_point`), exactly as a GC pause would stop it there, and the
-drill sends SIGCONT later.
+point (`sluice.test_switches.pause_point`, armed for that worker alone with
+`test_switches.armed`), exactly as a GC pause would stop it there, and the drill sends SIGCONT
+later.
 
 Phase 1 (the zombie's capture): worker 1 has read update S2 from the binlog and is about to
 produce it when it stops. Its session expires, worker 2 takes the task under a newer epoch,
@@ -30,6 +31,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,19 +83,24 @@ def _stopped(pid: int) -> bool:
 
 
 class _Worker:
-    """One `sluice worker start` process, with its own pause-point directory."""
+    """One `sluice worker start` process, armed with the drill's switches and a pause-point
+    directory of its own."""
 
-    def __init__(self, name: str, directory: Path, bootstrap: str, zookeeper: str) -> None:
+    def __init__(
+        self, name: str, directory: Path, bootstrap: str, zookeeper: str, switches: test_switches.Switches
+    ) -> None:
         self.name = name
         self.pause_dir = directory / f"{name}-pause"
         self.pause_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = directory / f"{name}.log"
+        self._armed = ExitStack()
+        env = self._armed.enter_context(test_switches.armed(replace(switches, pause_dir=str(self.pause_dir))))
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--group", GROUP,
                  "--name", name, "--session-timeout", str(SESSION_S), "-b", bootstrap,
                  "--zookeeper", zookeeper, "--dir", str(directory / "workers")],
-                stdout=out, stderr=out, env={**os.environ, test_switches.PAUSE_DIR: str(self.pause_dir)},
+                stdout=out, stderr=out, env={**os.environ, **env},
             )  # fmt: skip
 
     def arm(self, point: str) -> None:
@@ -119,6 +127,7 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._armed.close()
 
 
 class _Drill:
@@ -243,7 +252,7 @@ class _Drill:
         self.store.create(spec)
 
     def start_worker(self, name: str) -> _Worker:
-        worker = _Worker(name, self.root, self.dc.bootstrap, self.zookeeper)
+        worker = _Worker(name, self.root, self.dc.bootstrap, self.zookeeper, self.dc.switches)
         self.workers[name] = worker
         self.dc.note(f"worker {name} started (pid {worker.proc.pid})")
         return worker

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from sluice import test_switches
 from sluice.security.secrets import Secret
 from sluice.sync.targets import ApplyResult, ColumnMapping, Target, open_target
 
@@ -53,6 +54,8 @@ class ApplyConfig:
     tables: list[str] | None = None
     #: the target's password, resolved by the worker (prints as ***; the URL holds none)
     target_password: Secret | None = None
+    #: the process's test switches (all off outside tests: `test_switches.for_process`)
+    switches: test_switches.Switches = test_switches.OFF
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -93,7 +96,11 @@ class ApplyQuery:
         self.keep_freshness = keep_freshness
         self.pipeline = config.pipeline_name()
         self.target: Target = open_target(
-            config.target, config.mapping, tables=config.tables, password=config.target_password
+            config.target,
+            config.mapping,
+            tables=config.tables,
+            password=config.target_password,
+            switches=config.switches,
         )
         self.epoch = self.target.claim(self.pipeline, config.epoch)
         self.query: Any = None

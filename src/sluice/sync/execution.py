@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sluice import metrics
+from sluice import metrics, test_switches
 from sluice.clients import close_within
 from sluice.security.secrets import resolved_only
 from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration, resolved, scrub
@@ -79,8 +79,10 @@ class TaskExecution:
         bootstrap: str,
         spark: Callable[[str | None], Any],
         workdir: Path,
+        switches: test_switches.Switches = test_switches.OFF,
     ) -> None:
         self.task_id = task_id
+        self.switches = switches
         self.store = store
         self.worker = worker
         self.bootstrap = bootstrap
@@ -199,7 +201,7 @@ class TaskExecution:
             self.capture = MySqlCapture(
                 spec.source, spec.tables, spec.topic_for, self.bootstrap, name=spec.id, epoch=self.epoch,
                 execution=self.execution, start=start, stop=self.stop_event,
-                still_owner=self._still_owner, snapshot_runner=runner,
+                still_owner=self._still_owner, snapshot_runner=runner, switches=self.switches,
                 snapshot_parallel_rows=int(opts.get("snapshot_parallel_rows", PARALLEL_SNAPSHOT_ROWS)),
                 snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", SNAPSHOT_CHUNK_ROWS)),
             )  # fmt: skip
@@ -236,7 +238,7 @@ class TaskExecution:
     def _start_apply(self) -> None:
         from sluice.pipeline.apply import ApplyQuery
 
-        config = apply_config(self.spec, self.bootstrap, self.epoch, self.workdir)
+        config = apply_config(self.spec, self.bootstrap, self.epoch, self.workdir, self.switches)
         self.query = ApplyQuery(self.spark, config, on_error=self._on_commit_error, on_batch=self._on_batch)
         self.query.start()
 
@@ -454,7 +456,13 @@ class TaskExecution:
         return out
 
 
-def apply_config(spec: TaskSpec, bootstrap: str, epoch: int, workdir: Path) -> Any:
+def apply_config(
+    spec: TaskSpec,
+    bootstrap: str,
+    epoch: int,
+    workdir: Path,
+    switches: test_switches.Switches = test_switches.OFF,
+) -> Any:
     """The apply query of a task: its topics into its target under `epoch`, refusing any event
     that names a table outside the task's `tables` (or one of Sluice's own)."""
     from sluice.pipeline.apply import ApplyConfig
@@ -467,6 +475,7 @@ def apply_config(spec: TaskSpec, bootstrap: str, epoch: int, workdir: Path) -> A
         trigger_s=parse_duration(str(spec.options.get("trigger", "1s"))),
         mapping=ColumnMapping.from_config(spec.mapping),
         max_records_per_trigger=spec.options.get("max_records_per_trigger"), tables=spec.tables or None,
+        switches=switches,
     )  # fmt: skip
 
 

@@ -66,6 +66,7 @@ def apply(
         column_mapping = ColumnMapping.from_config(_load_mapping(mapping)) if mapping else ColumnMapping()
     except (MappingError, OSError, ValueError) as exc:
         raise fail(f"bad --mapping: {exc}", 2) from None
+    from sluice import test_switches
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
     from sluice.pipeline.session import spark_session
 
@@ -81,6 +82,7 @@ def apply(
         max_records_per_trigger=max_records_per_trigger,
         mapping=column_mapping,
         tables=[t.strip() for t in tables.split(",") if t.strip()] if tables else None,
+        switches=test_switches.for_process(),  # all off unless a test harness armed them
     )
     name = config.pipeline_name()
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

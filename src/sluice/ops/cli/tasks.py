@@ -282,6 +282,9 @@ def worker_start(
     group, bootstrap, directory = config.group, config.bootstrap, config.work_dir
     spark_master, session_timeout = config.spark_master, config.session_timeout_s
     configure_logging("info")
+    from sluice import test_switches
+
+    switches = test_switches.for_process()  # all off unless a test harness armed them
     if config.metrics_port is not None:
         from sluice import metrics
 
@@ -312,8 +315,9 @@ def worker_start(
     def start_task(task_id: str) -> object:
         REDACTOR.add(store.get(task_id).secrets())  # before anything of the task can be logged
         return TaskExecution(
-            task_id, store, worker=me, bootstrap=bootstrap, spark=spark.get, workdir=directory / me
-        )
+            task_id, store, worker=me, bootstrap=bootstrap, spark=spark.get, workdir=directory / me,
+            switches=switches,
+        )  # fmt: skip
 
     def describe_error(task_id: str, error: BaseException | str) -> str:
         """One line, with the task's passwords scrubbed (a driver's message may quote a URL)."""
