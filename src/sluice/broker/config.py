@@ -17,6 +17,7 @@ from typing import Any
 from sluice import properties as props
 from sluice.cluster.zkstore import parse_zookeeper_connect
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
+from sluice.security.acl import AclAuthorizer, parse_super_users
 from sluice.storage.config import LogConfig
 
 #: Kafka's default for ``socket.request.max.bytes``: frames above it close the connection.
@@ -73,6 +74,13 @@ class BrokerConfig:
     #: The Prometheus endpoint's port, on the listener's host (``metrics.port``): None serves
     #: none, 0 a free port (sluice.metrics).
     metrics_port: int | None = None
+    #: The authorizer (``authorizer.class.name``): empty, every request is allowed; or
+    #: ``sluice.security.acl.AclAuthorizer``, Kafka's ACLs (sluice.security.acl).
+    authorizer: str = ""
+    #: Principals allowed everything (``super.users``, ``User:a;User:b``).
+    super_users: frozenset[str] = frozenset()
+    #: A resource without any ACL is open to everyone (``allow.everyone.if.no.acl.found``).
+    allow_everyone_if_no_acl_found: bool = False
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -153,6 +161,13 @@ def _parse_log_dirs(raw: str) -> Path:
     if len(dirs) > 1:
         raise ValueError("a broker keeps one data directory: give one path (run more brokers for more disks)")
     return Path(dirs[0]).expanduser().resolve()
+
+
+def _parse_authorizer(raw: str) -> str:
+    name = raw.strip()
+    if name not in ("", AclAuthorizer.CLASS_NAME):
+        raise ValueError(f"the authorizer is {AclAuthorizer.CLASS_NAME} (ACLs), or empty for none")
+    return name
 
 
 def _parse_rack(raw: str) -> str | None:
@@ -246,6 +261,21 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         "incremental fetch sessions kept",
     ),
     props.Setting("metrics.port", "metrics_port", parse_metrics_port, METRICS_PORT_DOC),
+    props.Setting(
+        "authorizer.class.name",
+        "authorizer",
+        _parse_authorizer,
+        f"empty (no authorization) or {AclAuthorizer.CLASS_NAME} (ACLs)",
+    ),
+    props.Setting(
+        "super.users", "super_users", parse_super_users, "User:name;User:other: principals allowed everything"
+    ),
+    props.Setting(
+        "allow.everyone.if.no.acl.found",
+        "allow_everyone_if_no_acl_found",
+        props.boolean,
+        "a resource without any ACL is open to every principal (default false)",
+    ),
     *(
         props.Setting(k, "_log_default", str, f"default of the topic config {v}")
         for k, v in _LOG_DEFAULT_KEYS.items()

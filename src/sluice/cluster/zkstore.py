@@ -97,6 +97,47 @@ def update_znode(
     return compare_and_set(client, path, change, ephemeral=ephemeral, max_tries=max_tries)[0]
 
 
+def compare_and_set_noted(
+    client: KazooClient,
+    path: str,
+    change: Callable[[bytes | None], bytes | None],
+    note_path: str,
+    *,
+    max_tries: int = 100,
+) -> tuple[bytes | None, int]:
+    """:func:`compare_and_set` for a family of znodes that readers follow through one note znode
+    (ACLs: a reader watches ``note_path`` instead of every znode of the family). The write and a
+    touch of ``note_path`` go in one multi-op, so no change can be made without its note, and a
+    reader that loaded everything after seeing the note's version N has every change up to N.
+
+    ``change`` returns the new data, None to leave the znode as it is, or ``b""`` to delete it.
+    ``path``'s parent and ``note_path`` must exist. Returns what is stored afterwards (None when
+    absent) and the note's znode version after the write (-1 when nothing was written)."""
+    for _ in range(max_tries):
+        try:
+            current, stat = client.get(path)
+        except NoNodeError:
+            current, stat = None, None
+        new = change(current)
+        if new is None or (new == b"" and stat is None):
+            return current, -1
+        txn = client.transaction()
+        if stat is None:
+            txn.create(path, new)
+        elif new == b"":
+            txn.delete(path, version=stat.version)
+        else:
+            txn.set_data(path, new, version=stat.version)
+        txn.set_data(note_path, b"")
+        results = txn.commit()
+        if not any(isinstance(r, Exception) for r in results):
+            return (new or None), int(results[-1].version)
+        if isinstance(results[0], (BadVersionError, NodeExistsError, NoNodeError)):
+            continue
+        raise next(r for r in results if isinstance(r, Exception) and type(r).__name__ != "RolledBackError")
+    raise ZnodeContentionError(f"{path}: gave up after {max_tries} conflicting writes")
+
+
 class FencingCounter:
     """A counter znode that only grows, taken by compare-and-set: the controller epoch and each
     task's epoch. Taking the next value also returns the znode version, which a holder's later

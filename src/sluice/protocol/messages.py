@@ -15,12 +15,18 @@ from sluice.protocol.schema import Field, Message
 __all__ = [
     "API_VERSIONS_REQUEST",
     "API_VERSIONS_RESPONSE",
+    "CREATE_ACLS_REQUEST",
+    "CREATE_ACLS_RESPONSE",
     "CREATE_TOPICS_REQUEST",
     "CREATE_TOPICS_RESPONSE",
+    "DELETE_ACLS_REQUEST",
+    "DELETE_ACLS_RESPONSE",
     "DELETE_GROUPS_REQUEST",
     "DELETE_GROUPS_RESPONSE",
     "DELETE_TOPICS_REQUEST",
     "DELETE_TOPICS_RESPONSE",
+    "DESCRIBE_ACLS_REQUEST",
+    "DESCRIBE_ACLS_RESPONSE",
     "DESCRIBE_CONFIGS_REQUEST",
     "DESCRIBE_CONFIGS_RESPONSE",
     "DESCRIBE_GROUPS_REQUEST",
@@ -1037,6 +1043,157 @@ OFFSET_FOR_LEADER_EPOCH_RESPONSE = Message(
     ],
 )
 
+# The ACL APIs (KIP-140; v1 adds pattern types, KIP-290). Codes of resource types, pattern types,
+# operations and permissions are those of sluice.security.acl.
+DESCRIBE_ACLS_REQUEST = Message(
+    "DescribeAclsRequest",
+    29,
+    valid="0-3",
+    flexible="2+",
+    fields=[
+        Field("ResourceTypeFilter", "int8", "0+"),
+        Field("ResourceNameFilter", "string", "0+", nullable="0+"),
+        Field("PatternTypeFilter", "int8", "1+", default="3"),
+        Field("PrincipalFilter", "string", "0+", nullable="0+"),
+        Field("HostFilter", "string", "0+", nullable="0+"),
+        Field("Operation", "int8", "0+"),
+        Field("PermissionType", "int8", "0+"),
+    ],
+)
+
+DESCRIBE_ACLS_RESPONSE = Message(
+    "DescribeAclsResponse",
+    29,
+    valid="0-3",
+    flexible="2+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("ErrorCode", "int16", "0+"),
+        Field("ErrorMessage", "string", "0+", nullable="0+"),
+        Field(
+            "Resources",
+            "[]DescribeAclsResource",
+            "0+",
+            fields=[
+                Field("ResourceType", "int8", "0+"),
+                Field("ResourceName", "string", "0+"),
+                Field("PatternType", "int8", "1+", default="3"),
+                Field(
+                    "Acls",
+                    "[]AclDescription",
+                    "0+",
+                    fields=[
+                        Field("Principal", "string", "0+"),
+                        Field("Host", "string", "0+"),
+                        Field("Operation", "int8", "0+"),
+                        Field("PermissionType", "int8", "0+"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+CREATE_ACLS_REQUEST = Message(
+    "CreateAclsRequest",
+    30,
+    valid="0-3",
+    flexible="2+",
+    fields=[
+        Field(
+            "Creations",
+            "[]AclCreation",
+            "0+",
+            fields=[
+                Field("ResourceType", "int8", "0+"),
+                Field("ResourceName", "string", "0+"),
+                Field("ResourcePatternType", "int8", "1+", default="3"),
+                Field("Principal", "string", "0+"),
+                Field("Host", "string", "0+"),
+                Field("Operation", "int8", "0+"),
+                Field("PermissionType", "int8", "0+"),
+            ],
+        ),
+    ],
+)
+
+CREATE_ACLS_RESPONSE = Message(
+    "CreateAclsResponse",
+    30,
+    valid="0-3",
+    flexible="2+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field(
+            "Results",
+            "[]AclCreationResult",
+            "0+",
+            fields=[
+                Field("ErrorCode", "int16", "0+"),
+                Field("ErrorMessage", "string", "0+", nullable="0+"),
+            ],
+        ),
+    ],
+)
+
+DELETE_ACLS_REQUEST = Message(
+    "DeleteAclsRequest",
+    31,
+    valid="0-3",
+    flexible="2+",
+    fields=[
+        Field(
+            "Filters",
+            "[]DeleteAclsFilter",
+            "0+",
+            fields=[
+                Field("ResourceTypeFilter", "int8", "0+"),
+                Field("ResourceNameFilter", "string", "0+", nullable="0+"),
+                Field("PatternTypeFilter", "int8", "1+", default="3"),
+                Field("PrincipalFilter", "string", "0+", nullable="0+"),
+                Field("HostFilter", "string", "0+", nullable="0+"),
+                Field("Operation", "int8", "0+"),
+                Field("PermissionType", "int8", "0+"),
+            ],
+        ),
+    ],
+)
+
+DELETE_ACLS_RESPONSE = Message(
+    "DeleteAclsResponse",
+    31,
+    valid="0-3",
+    flexible="2+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field(
+            "FilterResults",
+            "[]DeleteAclsFilterResult",
+            "0+",
+            fields=[
+                Field("ErrorCode", "int16", "0+"),
+                Field("ErrorMessage", "string", "0+", nullable="0+"),
+                Field(
+                    "MatchingAcls",
+                    "[]DeleteAclsMatchingAcl",
+                    "0+",
+                    fields=[
+                        Field("ErrorCode", "int16", "0+"),
+                        Field("ErrorMessage", "string", "0+", nullable="0+"),
+                        Field("ResourceType", "int8", "0+"),
+                        Field("ResourceName", "string", "0+"),
+                        Field("PatternType", "int8", "1+", default="3"),
+                        Field("Principal", "string", "0+"),
+                        Field("Host", "string", "0+"),
+                        Field("Operation", "int8", "0+"),
+                        Field("PermissionType", "int8", "0+"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
 DESCRIBE_CONFIGS_REQUEST = Message(
     "DescribeConfigsRequest",
     32,
@@ -1155,6 +1312,9 @@ REQUESTS: dict[int, Message] = {
         DELETE_TOPICS_REQUEST,
         INIT_PRODUCER_ID_REQUEST,
         OFFSET_FOR_LEADER_EPOCH_REQUEST,
+        DESCRIBE_ACLS_REQUEST,
+        CREATE_ACLS_REQUEST,
+        DELETE_ACLS_REQUEST,
         DESCRIBE_CONFIGS_REQUEST,
         DELETE_GROUPS_REQUEST,
     )
@@ -1182,6 +1342,9 @@ RESPONSES: dict[int, Message] = {
         DELETE_TOPICS_RESPONSE,
         INIT_PRODUCER_ID_RESPONSE,
         OFFSET_FOR_LEADER_EPOCH_RESPONSE,
+        DESCRIBE_ACLS_RESPONSE,
+        CREATE_ACLS_RESPONSE,
+        DELETE_ACLS_RESPONSE,
         DESCRIBE_CONFIGS_RESPONSE,
         DELETE_GROUPS_RESPONSE,
     )
