@@ -186,7 +186,10 @@ def _check_private(path: Path, is_kind: Callable[[int], bool], kind: str) -> Non
     try:
         st = os.lstat(path)
     except OSError as exc:
-        raise NotArmedError(f"no switches {kind} {path}: {exc.strerror}") from None
+        raise NotArmedError(
+            f"no switches {kind} {path} ({exc.strerror}): the run that armed it is over, or the "
+            "variable was copied from elsewhere"
+        ) from None
     if not is_kind(st.st_mode):
         raise NotArmedError(f"{path} is not a {kind}")
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from sluice import test_switches
 from sluice.chaos.sync_compare import (
     ColumnKind,
     TableSchema,
@@ -165,7 +164,7 @@ def test_long_chaos_sync_runs_from_the_cli(tmp_path: Path) -> None:
 
 
 def test_the_random_workload_ends_unequal_with_shared_event_positions(
-    mariadb: LocalMariaDB, zookeeper: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mariadb: LocalMariaDB, zookeeper: str, tmp_path: Path
 ) -> None:
     """The checker is able to fail: with every row of a binlog event given the event's end
     position again (the test switch), some seed of the random workload (its statements that
@@ -178,6 +177,7 @@ def test_the_random_workload_ends_unequal_with_shared_event_positions(
     from sluice.chaos.sync_workload import TABLES, WorkloadRunner
     from sluice.sync.sources.mysql import MySqlCapture
     from sluice.sync.tasks import SourceSpec
+    from sluice.test_switches import Switches
     from tests.integration.test_capture_statements import apply_to
     from tests.integration.test_mysql_capture import running, wait_caught_up
     from tests.integration.test_pipeline import create_topic
@@ -192,12 +192,9 @@ def test_the_random_workload_ends_unequal_with_shared_event_positions(
         mariadb.execute(f"DROP DATABASE IF EXISTS `{db}`", f"CREATE DATABASE `{db}` COLLATE utf8mb4_bin")
         mariadb.execute(*workload.initial(), database=db)
         create_topic(cluster.bootstrap, topic, 3, 1)
-        if shared:
-            monkeypatch.setenv(test_switches.SHARED_EVENT_POSITION, "1")
-        else:
-            monkeypatch.delenv(test_switches.SHARED_EVENT_POSITION, raising=False)
         spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database=db)
-        cap = MySqlCapture(spec, list(TABLES), lambda _t: topic, cluster.bootstrap, name=db)
+        cap = MySqlCapture(spec, list(TABLES), lambda _t: topic, cluster.bootstrap, name=db,
+                           switches=Switches(shared_event_position=shared))  # fmt: skip
         with running(cap):
             wait_until(lambda: cap.stats.position, 60, "the snapshot")
             runner = WorkloadRunner(lambda: pymysql.connect(**mariadb.connect_args(db)), workload,

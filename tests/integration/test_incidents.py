@@ -1,39 +1,30 @@
 """The incident drills pass, and each fails when the guarantee it checks is switched off
-(test-only switches in sluice.test_switches), so a pass means something."""
+(test-only switches in sluice.test_switches, armed for the drill's processes), so a pass means
+something."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sluice import test_switches
 from sluice.chaos.incidents import STALE_RECORDS, IncidentResult, run_incident
 from sluice.chaos.random_run import make_schedule, run_chaos
+from sluice.test_switches import OFF, Switches
 
 pytestmark = pytest.mark.timeout(400)
 
 
-@pytest.fixture
-def switch() -> Iterator[None]:
-    yield
-    for name in test_switches.ALL:
-        os.environ.pop(name, None)
-
-
-def run(name: str, tmp_path: Path, switch_on: str | None = None) -> IncidentResult:
-    if switch_on is not None:
-        os.environ[switch_on] = "1"
-    return run_incident(name, tmp_path / name)
+def run(name: str, tmp_path: Path, switches: Switches = OFF) -> IncidentResult:
+    return run_incident(name, tmp_path / name, switches=switches)
 
 
 def failed(result: IncidentResult) -> list[str]:
     return [c.guarantee for c in result.checks if not c.passed]
 
 
-def test_acks1_failover_acks_all_loses_nothing(tmp_path: Path, switch: None) -> None:
+def test_acks1_failover_acks_all_loses_nothing(tmp_path: Path) -> None:
     result = run("acks1-failover", tmp_path)
     assert result.ok, failed(result)
     acks1, acks_all = result.rows
@@ -45,7 +36,7 @@ def test_acks1_failover_acks_all_loses_nothing(tmp_path: Path, switch: None) -> 
     assert acks1.lost_by_writer.get("a1-stale") == STALE_RECORDS
 
 
-def test_acks1_failover_fails_when_acks_all_does_not_wait_for_the_isr(tmp_path: Path, switch: None) -> None:
+def test_acks1_failover_fails_when_acks_all_does_not_wait_for_the_isr(tmp_path: Path) -> None:
     """With the switch on, acks=all is acknowledged right after the leader's own append, so what
     the cut-off leader acknowledges after the new leader stopped fetching from it is lost.
 
@@ -62,38 +53,38 @@ def test_acks1_failover_fails_when_acks_all_does_not_wait_for_the_isr(tmp_path: 
     client, still believing the victim leads, writes ``STALE_RECORDS`` records to it once the
     new leader acts as leader and while the victim is still cut off: none of them reaches
     another replica, so every one the victim acknowledges is lost, in every run."""
-    result = run("acks1-failover", tmp_path, test_switches.UNSAFE_ACKS_ALL)
+    result = run("acks1-failover", tmp_path, Switches(unsafe_acks_all=True))
     assert "acks=all loses no acknowledged record" in failed(result), result.checks
     acks_all = result.rows[1]
     assert acks_all.acknowledged_by_writer.get("aall-stale") == STALE_RECORDS
     assert acks_all.lost_by_writer.get("aall-stale") == STALE_RECORDS
 
 
-def test_controller_split_brain_passes(tmp_path: Path, switch: None) -> None:
+def test_controller_split_brain_passes(tmp_path: Path) -> None:
     result = run("controller-split-brain", tmp_path)
     assert result.ok, failed(result)
 
 
-def test_controller_split_brain_fails_without_the_leaderless_sweep(tmp_path: Path, switch: None) -> None:
-    result = run("controller-split-brain", tmp_path, test_switches.DISABLE_LEADERLESS_SWEEP)
+def test_controller_split_brain_fails_without_the_leaderless_sweep(tmp_path: Path) -> None:
+    result = run("controller-split-brain", tmp_path, Switches(disable_leaderless_sweep=True))
     assert not result.ok
     assert "no partition with a live in-sync replica stayed leaderless more than 5 s" in failed(result)
 
 
-def test_single_replica_shutdown_passes(tmp_path: Path, switch: None) -> None:
+def test_single_replica_shutdown_passes(tmp_path: Path) -> None:
     result = run("single-replica-shutdown", tmp_path)
     assert result.ok, failed(result)
     kill_row, drain_row = result.rows
     assert kill_row.failed_sends > 0 and drain_row.failed_sends == 0
 
 
-def test_single_replica_shutdown_fails_when_drain_cannot_move_replicas(tmp_path: Path, switch: None) -> None:
-    result = run("single-replica-shutdown", tmp_path, test_switches.DISABLE_REASSIGNMENT)
+def test_single_replica_shutdown_fails_when_drain_cannot_move_replicas(tmp_path: Path) -> None:
+    result = run("single-replica-shutdown", tmp_path, Switches(disable_reassignment=True))
     assert not result.ok
     assert "drain then stop: zero failed sends" in failed(result)
 
 
-def test_zombie_task_passes_from_the_cli(tmp_path: Path, switch: None) -> None:
+def test_zombie_task_passes_from_the_cli(tmp_path: Path) -> None:
     """`sluice incident run zombie-task --local`, as an operator runs it."""
     import subprocess
     import sys
@@ -108,17 +99,17 @@ def test_zombie_task_passes_from_the_cli(tmp_path: Path, switch: None) -> None:
 
 
 @pytest.mark.slow  # the guard alone is also shown failing in test_targets.py, in the default suite
-def test_zombie_task_fails_without_the_version_guard(tmp_path: Path, switch: None) -> None:
+def test_zombie_task_fails_without_the_version_guard(tmp_path: Path) -> None:
     """The zombie's capture writes S2 into the log after the new execution wrote S3: without the
     version guard, S3 is overwritten by S2 (incident D)."""
-    result = run("zombie-task", tmp_path, test_switches.DISABLE_VERSION_GUARD)
+    result = run("zombie-task", tmp_path, Switches(disable_version_guard=True))
     assert not result.ok
     assert failed(result) == ["phase 1: the target equals the source (S3) after the zombie's writes"]
 
 
 @pytest.mark.slow  # the fence alone is also shown failing in test_targets.py, in the default suite
-def test_zombie_task_fails_without_the_target_fence(tmp_path: Path, switch: None) -> None:
-    result = run("zombie-task", tmp_path, test_switches.DISABLE_TARGET_FENCE)
+def test_zombie_task_fails_without_the_target_fence(tmp_path: Path) -> None:
+    result = run("zombie-task", tmp_path, Switches(disable_target_fence=True))
     assert not result.ok
     assert failed(result) == ["phase 2: the zombie's stale commit was refused by the target"]
 

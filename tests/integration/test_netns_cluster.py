@@ -14,15 +14,14 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sluice import test_switches
 from sluice.chaos.incidents import STALE_RECORDS, IncidentResult, run_incident
 from sluice.chaos.netfaults import unavailable_reason
 from sluice.chaos.random_run import FAULT_KINDS, run_chaos
+from sluice.test_switches import Switches
 from tests.support.cluster import wait_until
 
 pytestmark = [
@@ -36,13 +35,6 @@ def sluice(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]
         [sys.executable, "-m", "sluice.ops.cli", *args],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
-
-
-@pytest.fixture
-def switch() -> Iterator[None]:
-    yield
-    for name in test_switches.ALL:
-        os.environ.pop(name, None)
 
 
 def failed(result: IncidentResult) -> list[str]:
@@ -225,7 +217,7 @@ def test_short_netns_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, seed
     assert not (tmp_path / f"netns-chaos-{seed}" / "cluster" / "network.json").exists()
 
 
-def test_incident_a_with_a_real_network_cut(tmp_path: Path, switch: None) -> None:
+def test_incident_a_with_a_real_network_cut(tmp_path: Path) -> None:
     """Acceptance 2: the victim is cut from every ZooKeeper member by dropped packets."""
     result = run_incident("acks1-failover", tmp_path / "a", hosts="netns")
     assert result.ok, failed(result)
@@ -238,7 +230,7 @@ def test_incident_a_with_a_real_network_cut(tmp_path: Path, switch: None) -> Non
     )
 
 
-def test_incident_b_with_a_real_network_blip(tmp_path: Path, switch: None) -> None:
+def test_incident_b_with_a_real_network_blip(tmp_path: Path) -> None:
     """Acceptance 2: the controller is cut from ZooKeeper (not paused) past its session."""
     result = run_incident("controller-split-brain", tmp_path / "b", hosts="netns")
     assert result.ok, failed(result)
@@ -247,21 +239,22 @@ def test_incident_b_with_a_real_network_blip(tmp_path: Path, switch: None) -> No
 
 
 @pytest.mark.slow
-def test_incident_a_with_a_real_network_cut_fails_when_acks_all_does_not_wait(
-    tmp_path: Path, switch: None
-) -> None:
-    os.environ[test_switches.UNSAFE_ACKS_ALL] = "1"
-    result = run_incident("acks1-failover", tmp_path / "a", hosts="netns")
+def test_incident_a_with_a_real_network_cut_fails_when_acks_all_does_not_wait(tmp_path: Path) -> None:
+    result = run_incident(
+        "acks1-failover", tmp_path / "a", hosts="netns", switches=Switches(unsafe_acks_all=True)
+    )
     assert "acks=all loses no acknowledged record" in failed(result), result.checks
     assert result.rows[1].lost_by_writer.get("aall-stale") == STALE_RECORDS
 
 
 @pytest.mark.slow
-def test_incident_b_with_a_real_network_blip_fails_without_the_leaderless_sweep(
-    tmp_path: Path, switch: None
-) -> None:
-    os.environ[test_switches.DISABLE_LEADERLESS_SWEEP] = "1"
-    result = run_incident("controller-split-brain", tmp_path / "b", hosts="netns")
+def test_incident_b_with_a_real_network_blip_fails_without_the_leaderless_sweep(tmp_path: Path) -> None:
+    result = run_incident(
+        "controller-split-brain",
+        tmp_path / "b",
+        hosts="netns",
+        switches=Switches(disable_leaderless_sweep=True),
+    )
     assert "no partition with a live in-sync replica stayed leaderless more than 5 s" in failed(result)
 
 

@@ -218,11 +218,10 @@ def audited_target(path: Path) -> str:
 
 
 def start_apply(
-    bootstrap: str, url: str, ckpt: Path, log: Path, crash: str | None = None
+    bootstrap: str, url: str, ckpt: Path, log: Path, armed: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k not in test_switches.ALL}
-    if crash:
-        env[test_switches.CRASH_AT] = crash
+    """`sluice apply` of crash.changes; `armed`: the test switches it runs with (test_switches.armed)."""
+    env = {**os.environ, **(armed or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "sluice.ops.cli", "apply", "-b", bootstrap, "--topics", "crash.changes",
          "--target", url, "--pipeline", "crash", "--checkpoint", str(ckpt), "--trigger", "1s",
@@ -267,8 +266,10 @@ def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestClu
     for n, crash in enumerate(["before-commit:3", "after-commit:2"]):
         log = tmp_path / f"apply-{n}.log"
         logs.append(log)
-        proc = start_apply(bootstrap, url, ckpt, log, crash)
-        assert proc.wait(timeout=180) == -signal.SIGKILL, log.read_text()[-3000:]
+        with test_switches.armed(test_switches.Switches(crash_at=crash)) as armed:
+            proc = start_apply(bootstrap, url, ckpt, log, armed)
+            assert proc.wait(timeout=180) == -signal.SIGKILL, log.read_text()[-3000:]
+        assert f"event=test_switch_on name=crash_at value={crash}" in log.read_text()
 
     # 3. A driver that runs to the end, through kill -9 of a broker.
     final_log = tmp_path / "apply-final.log"

@@ -44,7 +44,6 @@ from pathlib import Path
 
 import pytest
 
-from sluice import test_switches
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.ops.spark_standalone import SparkDaemon, StandaloneSpark, pids_in
 from sluice.pipeline.session import loopback_master
@@ -72,11 +71,7 @@ def standalone(tmp_path: Path) -> Iterator[StandaloneSpark]:
 def start_apply(
     bootstrap: str, url: str, master: str, tmp_path: Path, env_extra: dict[str, str]
 ) -> subprocess.Popen[bytes]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in test_switches.ALL and not k.startswith(("SPARK_", "PYSPARK_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
     env.update(env_extra)
     with (tmp_path / "apply.log").open("ab") as log:
         return subprocess.Popen(

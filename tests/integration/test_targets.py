@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice import test_switches
 from sluice.sync.envelope import BadEventError, ChangeEvent
 from sluice.sync.targets import StaleEpochError, Target, open_target
 from sluice.sync.targets.base import ColumnMapping, MappingError
+from sluice.test_switches import Switches
 from tests.support.changes import event, records
 
 
@@ -219,19 +219,16 @@ def test_a_bad_record_rolls_back_the_batch_and_says_where(target: Target) -> Non
     assert target.applied_offsets("p") == {}
 
 
-def test_the_guard_tests_fail_with_the_guards_switched_off(
-    target: Target, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_guard_tests_fail_with_the_guards_switched_off(target: Target, target_url: str) -> None:
     """The two guards are what keeps the row at S3: with each switched off, it is not."""
     e = target.claim("p")
     target.apply("p", e, records([event("c", 1, v="S1"), event("u", 3, v="S3")]))
-    monkeypatch.setenv(test_switches.DISABLE_VERSION_GUARD, "1")
-    target.apply("p", e, records([event("u", 2, v="S2")], start=2))
+    with open_target(target_url, switches=Switches(disable_version_guard=True)) as unguarded:
+        unguarded.apply("p", e, records([event("u", 2, v="S2")], start=2))
     assert row(target)["v"] == "S2"  # type: ignore[index]
-    monkeypatch.delenv(test_switches.DISABLE_VERSION_GUARD)
     newer = target.claim("p")
-    monkeypatch.setenv(test_switches.DISABLE_TARGET_FENCE, "1")
-    target.apply("p", e, records([event("u", 9, v="zombie")], start=3))
+    with open_target(target_url, switches=Switches(disable_target_fence=True)) as unfenced:
+        unfenced.apply("p", e, records([event("u", 9, v="zombie")], start=3))
     assert row(target)["v"] == "zombie" and newer > e  # type: ignore[index]
 
 

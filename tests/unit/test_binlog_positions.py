@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice import test_switches
 from sluice.sync.sources.mysql import (
     FILE_BITS,
     OFFSET_BITS,
@@ -81,7 +80,6 @@ def test_an_event_too_short_for_its_rows_is_refused() -> None:
         row_changes("insert", [{"values": {"id": i}} for i in range(100)], ["id"], 0, 40)
 
 
-def test_the_switch_gives_every_row_the_events_end_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(test_switches.SHARED_EVENT_POSITION, "1")
+def test_the_switch_gives_every_row_the_events_end_as_before() -> None:
     rows = [upd({"id": 1, "v": 1}, {"id": 1, "v": 2}), upd({"id": 1, "v": 2}, {"id": 1, "v": 3})]
-    assert {c.pos for c in row_changes("update", rows, ["id"], 5000, 60)} == {5060}
+    assert {c.pos for c in row_changes("update", rows, ["id"], 5000, 60, shared=True)} == {5060}
