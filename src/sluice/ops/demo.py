@@ -253,9 +253,11 @@ def _run(
         return total
 
     def applied_offsets() -> int:
-        applied = lag_target.applied_offsets(PIPELINE)
-        if applied:
-            mirror.submit(applied)
+        # Nothing applied yet is position 0 of each partition (the topic is new), not "no
+        # position": the console shows the whole lag while the first batch is still running
+        # (under load that first batch can take most of the run).
+        applied = {(TOPIC, p): 0 for p in range(PARTITIONS)} | lag_target.applied_offsets(PIPELINE)
+        mirror.submit(applied)
         return sum(applied.values())
 
     gen_thread = threading.Thread(target=generate, name="generator", daemon=True)
