@@ -111,6 +111,7 @@ def test_idle_follower_fetches_name_nothing_and_replication_still_follows_the_le
 
     async def run() -> None:
         leader = Broker(BrokerConfig(1, tmp_path / "b1", "127.0.0.1:1/unused"))
+        leader.metadata.brokers = lambda: {1: None, 2: None, 3: None}  # type: ignore[method-assign,misc]
         topic_id = uuid.uuid4()
         now_ms = time.monotonic() * 1000
         leads: dict[int, Partition] = {}
@@ -128,7 +129,8 @@ def test_idle_follower_fetches_name_nothing_and_replication_still_follows_the_le
         manager = FetcherManager(2, LeaderOnly(port))  # type: ignore[arg-type]
 
         def fetch_as_3(i: int, offset: int) -> None:
-            assert leader.replicas.read("t", i, offset, 1 << 20, 0, True, replica_id=3).error == 0
+            claim = leader.replicas.replica_claim(3)
+            assert leader.replicas.read("t", i, offset, 1 << 20, 0, True, replica=claim).error == 0
 
         def idle_since(n: int) -> list[Exchange]:
             return [e for e in exchanges[n:] if e.epoch > 0]

@@ -27,7 +27,9 @@ from sluice.protocol.records import build_batch
 
 
 def _fetch(broker: Broker, replica: int, offset: int) -> None:
-    result = broker.replicas.read("t", 0, offset, 1 << 20, -1, True, replica_id=replica)
+    result = broker.replicas.read(
+        "t", 0, offset, 1 << 20, -1, True, replica=broker.replicas.replica_claim(replica)
+    )
     assert result.error == 0, result
 
 

@@ -70,7 +70,8 @@ def test_a_batch_replicated_by_every_isr_member_is_acknowledged(tmp_path: Path) 
         waiting = asyncio.ensure_future(broker.replicas.wait_replicated("t", 0, appended, 5.0))
         await asyncio.sleep(0.05)
         assert not waiting.done(), "acknowledged before follower 2 had the batch"
-        result = broker.replicas.read("t", 0, 2, 1 << 20, -1, True, replica_id=2)
+        broker.metadata.brokers = lambda: {1: None, 2: None}  # type: ignore[method-assign,misc]
+        result = broker.replicas.read("t", 0, 2, 1 << 20, -1, True, replica=broker.replicas.replica_claim(2))
         assert result.error == 0
         answer = await waiting
         assert answer.error is ErrorCode.NONE and answer.last_offset == 1

@@ -69,6 +69,7 @@ class Leader:
             self.broker.replicas.partitions[(TOPIC, p)] = part
             part.become_leader(0, (1, FOLLOWER, 3), (1, FOLLOWER, 3), time.monotonic() * 1000)
             self.parts.append(part)
+        self.broker.metadata.brokers = lambda: {1: None, FOLLOWER: None, 3: None}  # type: ignore[method-assign,misc]
         self.reads: list[tuple[str, int]] = []
         real_read = self.broker.replicas.read
 
@@ -86,7 +87,9 @@ class Leader:
         return answer
 
     def other_follower_fetches(self, p: int, offset: int) -> None:
-        result = self.broker.replicas.read(TOPIC, p, offset, 1 << 20, 0, True, replica_id=3)
+        result = self.broker.replicas.read(
+            TOPIC, p, offset, 1 << 20, 0, True, replica=self.broker.replicas.replica_claim(3)
+        )
         assert result.error == 0, result
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from sluice.broker.metadata import VERIFY_INTERVAL_S, MetadataCache
 from sluice.broker.partition import Partition
 from sluice.broker.producer_ids import ProducerIdManager
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.replication import isr_eligible
 from sluice.broker.server import KafkaServer, bind_listener
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller
@@ -385,9 +386,10 @@ class Broker:
                 self._change_isr(part, tuple(r for r in part.isr if r not in out), f"lagging {out}")
 
     def _on_isr_may_grow(self, part: Partition) -> None:
-        """Called from a follower's fetch: only a replica that is fetching can rejoin."""
-        live = self.metadata.brokers()
-        joining = [r for r in part.isr_candidates_to_add() if r in live]
+        """Called from a follower's fetch: only a replica that is fetching can rejoin, and only
+        while it is ISR-eligible (registered, not shutting down)."""
+        live, leaving = self.metadata.brokers(), self.metadata.shutting_down()
+        joining = [r for r in part.isr_candidates_to_add() if isr_eligible(r, live, leaving)]
         if joining:
             members = set(part.isr) | set(joining)
             self._change_isr(
@@ -481,6 +483,18 @@ class Broker:
         ):
             return None
         assert new_isr and self.config.broker_id in new_isr, "I6: the leader stays in a non-empty ISR"
+        live, leaving = self.metadata.brokers(), self.metadata.shutting_down()
+        ineligible = [r for r in new_isr if r not in state.isr and not isr_eligible(r, live, leaving)]
+        if ineligible:
+            # Checked again at the write: a broker whose session expired, or that began a
+            # controlled shutdown, while the decision waited for its batch must not be written
+            # back into the ISR the controller is shrinking (KIP-841).
+            log.info(
+                "event=isr_expansion_abandoned partition=%s ineligible=%s reason=unregistered_or_leaving",
+                part.name,
+                ineligible,
+            )
+            return None
         lagging = {r: part.follower_leos.get(r, -1) for r in part.joining}
         if any(leo < part.high_watermark for leo in lagging.values()):
             # A joining follower's log end went back (it truncated): it no longer qualifies.

@@ -30,6 +30,7 @@ from sluice.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
+    from sluice.broker.replica_access import ReplicaClaim
     from sluice.broker.replica_manager import FetchResult, ProduceResult
     from sluice.cluster.view import PartitionInfo
 
@@ -425,17 +426,31 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     max_bytes = req["max_bytes"] if req.get("max_bytes", 0) > 0 else 50 * 1024 * 1024
     requested: dict[tuple[str, int], PartitionRequest] = {}
     topic_ids: dict[str, Any] = {}
+    # A request as a follower is judged by the replication door (replica_access) on every
+    # partition it would touch: the named ones here, before any session is opened for them (a
+    # refused one is answered with its error and joins no session), and every session partition
+    # again where it is read.
+    claim = broker.replicas.replica_claim(replica_id) if replica_id >= 0 else None
+    refused: dict[tuple[str, int], ErrorCode] = {}
     for t in req["topics"]:
         name = _fetch_topic_name(broker, t)
         topic_ids[name] = t.get("topic_id", ZERO_UUID)
         for p in t["partitions"]:
-            requested[(name, p["partition"])] = PartitionRequest(
+            key = (name, p["partition"])
+            if claim is not None:
+                refusal = broker.replicas.replica_refusal(claim, key, p.get("current_leader_epoch", -1))
+                if refusal is not ErrorCode.NONE:
+                    refused[key] = refusal
+                    continue
+            requested[key] = PartitionRequest(
                 p["fetch_offset"],
                 p["partition_max_bytes"],
                 p.get("current_leader_epoch", -1),
                 p.get("log_start_offset", -1),
                 p.get("last_fetched_epoch", -1),
             )
+    if refused and claim is not None:
+        _log_refused_claim(claim, refused)
     sessions = header.api_version >= 7
     forgotten = [
         (_fetch_topic_name(broker, t), index)
@@ -447,7 +462,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         req.get("session_epoch", FINAL_EPOCH) if sessions else FINAL_EPOCH,
         requested,
         forgotten,
-        privileged=replica_id >= 0,
+        privileged=claim is not None,
     )
     if context.error is not ErrorCode.NONE:
         return _fetch_response(context.error, INVALID_SESSION_ID, [])
@@ -465,8 +480,9 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         now_ms = time.monotonic() * 1000
         for key, p in partitions:
             if quiet_ok:
+                assert claim is not None
                 mark = context.quiet_mark(key)
-                if mark is not None and broker.replicas.refresh_quiet_follower(key, replica_id, mark, now_ms):
+                if mark is not None and broker.replicas.refresh_quiet_follower(key, claim, mark, now_ms):
                     continue
             remaining = max_bytes - total
             result = broker.replicas.read(
@@ -476,7 +492,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 min(p.max_bytes, max(0, remaining)),
                 p.current_leader_epoch,
                 min_one_batch=(total == 0),
-                replica_id=replica_id,
+                replica=claim,
             )
             size = result.size
             total += size
@@ -518,6 +534,8 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     if answer.error is not ErrorCode.NONE:
         return _fetch_response(answer.error, INVALID_SESSION_ID, [])
     responses: dict[str, list[Body]] = {}
+    for key, refusal in refused.items():
+        responses.setdefault(key[0], []).append(_fetch_error_partition(key[1], refusal, read_committed))
     sent = 0
     for key in answer.partitions:
         result = read[key]
@@ -544,6 +562,47 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
             for name, parts in responses.items()
         ],
     )
+
+
+#: Replica ids whose refused requests were last logged when (monotonic s): a client asking in a
+#: loop, or a follower whose registration lapsed, logs once per REFUSAL_LOG_INTERVAL_S.
+_refusals_logged: dict[int, float] = {}
+REFUSAL_LOG_INTERVAL_S = 10.0
+
+
+def _log_refused_claim(claim: ReplicaClaim, refused: Mapping[tuple[str, int], ErrorCode]) -> None:
+    now = time.monotonic()
+    if now - _refusals_logged.get(claim.replica_id, -REFUSAL_LOG_INTERVAL_S) < REFUSAL_LOG_INTERVAL_S:
+        return
+    if len(_refusals_logged) >= 1024:  # bounded: replica ids are whatever clients send
+        _refusals_logged.clear()
+    _refusals_logged[claim.replica_id] = now
+    (topic, index), error = next(iter(refused.items()))
+    log.info(
+        "event=replica_request_refused replica_id=%d host=%s principal=%s live=%s partitions=%d "
+        "first=%s-%d error=%s",
+        claim.replica_id,
+        claim.session.host,
+        claim.session.principal,
+        claim.replica_id in claim.live_brokers,
+        len(refused),
+        topic,
+        index,
+        error.name,
+    )
+
+
+def _fetch_error_partition(index: int, error: ErrorCode, read_committed: bool) -> Body:
+    return {
+        "partition_index": index,
+        "error_code": error,
+        "high_watermark": -1,
+        "last_stable_offset": -1,
+        "log_start_offset": -1,
+        "aborted_transactions": [] if read_committed else None,
+        "preferred_read_replica": -1,
+        "records": b"",
+    }
 
 
 def _fetch_response(error: ErrorCode, session_id: int, responses: list[Body]) -> Body:
@@ -575,12 +634,19 @@ async def list_offsets(broker: Broker, header: RequestHeader, req: Body) -> Body
 async def offset_for_leader_epoch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     """KIP-101/KIP-279: the end offset of a leader epoch, which a follower (or a consumer after
     a leader change) truncates to before fetching, so replicas never diverge (I2)."""
+    replica_id = req.get("replica_id", -1)
+    # A follower's question is judged by the replication door like its fetches (replica_access).
+    claim = broker.replicas.replica_claim(replica_id) if replica_id >= 0 else None
     topics = []
     for t in req["topics"]:
         parts = []
         for p in t["partitions"]:
             error, epoch, end_offset = broker.replicas.end_offset_for_epoch(
-                t["topic"], p["partition"], p["leader_epoch"], p.get("current_leader_epoch", -1)
+                t["topic"],
+                p["partition"],
+                p["leader_epoch"],
+                p.get("current_leader_epoch", -1),
+                replica=claim,
             )
             parts.append(
                 {

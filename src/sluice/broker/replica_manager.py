@@ -28,9 +28,11 @@ from sluice.broker.partition import (
     parse_partition_dir_name,
     set_aside,
 )
+from sluice.broker.replica_access import ReplicaClaim, replica_refusal
 from sluice.broker.replica_fetcher import FetcherManager
 from sluice.cluster.layout import TopicAssignment
 from sluice.protocol.errors import ErrorCode
+from sluice.security.session import current_session
 from sluice.storage import errors as storage_errors
 from sluice.storage.config import LONG_MAX, LogConfig
 from sluice.storage.log import ReadResult
@@ -493,6 +495,25 @@ class ReplicaManager:
             )
         return ProduceResult(ErrorCode.REQUEST_TIMED_OUT, message="not replicated to the ISR in time")
 
+    # -- the replication door ------------------------------------------------------------------
+
+    def replica_claim(self, replica_id: int) -> ReplicaClaim:
+        """What a request claiming to come from follower ``replica_id`` is judged on: the
+        session of the connection it came on and ``/brokers/ids`` as this broker sees it now."""
+        return ReplicaClaim(
+            replica_id, current_session.get(), self.broker_id, frozenset(self.metadata.brokers())
+        )
+
+    def replica_refusal(
+        self, claim: ReplicaClaim, key: tuple[str, int], current_leader_epoch: int
+    ) -> ErrorCode:
+        """``replica_access.replica_refusal`` for a partition led here; NONE for any other (its
+        read answers NOT_LEADER_OR_FOLLOWER or UNKNOWN_TOPIC_OR_PARTITION by itself)."""
+        part = self.partitions.get(key)
+        if part is None or not part.is_leader:
+            return ErrorCode.NONE
+        return replica_refusal(claim, part.replicas, current_leader_epoch)
+
     # -- fetch -------------------------------------------------------------------------------------
 
     def read(
@@ -504,16 +525,21 @@ class ReplicaManager:
         current_leader_epoch: int,
         min_one_batch: bool,
         *,
-        replica_id: int = -1,
+        replica: ReplicaClaim | None = None,
     ) -> FetchResult:
+        """Read for a consumer, or, with ``replica``, for the follower it claims to be (judged by
+        ``replica_access.replica_refusal`` before any follower state is touched)."""
         part, error = self.leader_partition(topic, index)
         if part is None:
             return FetchResult(error)
         epoch_error = self.check_leader_epoch(part, current_leader_epoch)
         if epoch_error is not ErrorCode.NONE:
             return FetchResult(epoch_error, part.high_watermark, part.log.log_start_offset)
-        if replica_id >= 0:
-            return self._read_for_follower(part, replica_id, offset, max_bytes)
+        if replica is not None:
+            refusal = replica_refusal(replica, part.replicas, current_leader_epoch)
+            if refusal is not ErrorCode.NONE:
+                return FetchResult(refusal)
+            return self._read_for_follower(part, replica.replica_id, offset, max_bytes)
         if offset > part.high_watermark and offset <= part.log.log_end_offset:
             # Data past the high watermark exists but is not committed yet: nothing to return.
             return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset)
@@ -526,10 +552,7 @@ class ReplicaManager:
     def _read_for_follower(
         self, part: Partition, replica_id: int, offset: int, max_bytes: int
     ) -> FetchResult:
-        if replica_id not in part.replicas:
-            return FetchResult(
-                ErrorCode.NOT_LEADER_OR_FOLLOWER, part.high_watermark, part.log.log_start_offset
-            )
+        """A follower the door let in (``read``) fetches ``offset``: record its position."""
         leo = part.log.log_end_offset
         if offset <= leo:
             part.record_follower_fetch(replica_id, offset, time.monotonic() * 1000)
@@ -561,15 +584,20 @@ class ReplicaManager:
         return None if mark is None else (part, mark)
 
     def refresh_quiet_follower(
-        self, key: tuple[str, int], replica_id: int, mark: object, now_ms: float
+        self, key: tuple[str, int], replica: ReplicaClaim, mark: object, now_ms: float
     ) -> bool:
         """A follower fetches ``key`` again where its last read left ``mark`` (a ``QuietMark``
         kept by its fetch session): True (and the follower recorded as caught up) if the same
-        replica is unchanged since, so the read can be skipped; False if it must be read."""
+        replica is unchanged since, so the read can be skipped; False if it must be read (and
+        so judged by the door, as every read is)."""
         part = self.partitions.get(key)
         if part is None or not isinstance(mark, tuple) or mark[0] is not part:
             return False
-        return part.refresh_quiet_follower(replica_id, mark[1], now_ms)
+        # The mark holds the replica set, so only the claim's own facts (principal, liveness)
+        # can have changed since the read that took it; the read decides with the epoch.
+        if replica_refusal(replica, part.replicas, -1) is not ErrorCode.NONE:
+            return False
+        return part.refresh_quiet_follower(replica.replica_id, mark[1], now_ms)
 
     @staticmethod
     def check_leader_epoch(part: Partition, current_leader_epoch: int) -> ErrorCode:
@@ -586,15 +614,26 @@ class ReplicaManager:
                 part.add_waiter(fut)
 
     def end_offset_for_epoch(
-        self, topic: str, index: int, leader_epoch: int, current_leader_epoch: int
+        self,
+        topic: str,
+        index: int,
+        leader_epoch: int,
+        current_leader_epoch: int,
+        *,
+        replica: ReplicaClaim | None = None,
     ) -> tuple[ErrorCode, int, int]:
-        """(error, epoch, end offset): the largest epoch <= ``leader_epoch`` and where it ends."""
+        """(error, epoch, end offset): the largest epoch <= ``leader_epoch`` and where it ends.
+        ``replica``: the request comes from that follower, judged by the replication door."""
         part, error = self.leader_partition(topic, index)
         if part is None:
             return error, -1, -1
         epoch_error = self.check_leader_epoch(part, current_leader_epoch)
         if epoch_error is not ErrorCode.NONE:
             return epoch_error, -1, -1
+        if replica is not None:
+            refusal = replica_refusal(replica, part.replicas, current_leader_epoch)
+            if refusal is not ErrorCode.NONE:
+                return refusal, -1, -1
         epoch, end = part.log.end_offset_for_epoch(leader_epoch)
         return ErrorCode.NONE, epoch, end
 

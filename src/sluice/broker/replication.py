@@ -3,6 +3,7 @@
 - ``high_watermark_for``: the high watermark a leader may expose.
 - ``followers_out_of_sync``: which ISR members the leader removes.
 - ``can_join_isr``: when a follower is back in sync (KAFKA-7128).
+- ``isr_eligible``: which brokers may be in an ISR at all (KIP-841).
 - ``truncation_step``: where a new follower cuts its log before fetching, or which epoch it
   asks the leader about next (KIP-101, KIP-279).
 """
@@ -60,6 +61,15 @@ def can_join_isr(follower_leo: int, high_watermark: int, leader_epoch_start_offs
     leader epoch up to now started (KAFKA-7128: otherwise a replica that missed the start of the
     epoch could become leader and lose records the old ISR acknowledged)."""
     return follower_leo >= high_watermark and follower_leo >= leader_epoch_start_offset
+
+
+def isr_eligible(replica: int, live: Collection[int], shutting_down: Collection[int]) -> bool:
+    """Whether a leader may add ``replica`` to an ISR: a broker registered in ``/brokers/ids``
+    (``live``) and not in controlled shutdown (KIP-841: a fenced or shutting-down broker is not
+    ISR-eligible). The controller drops such brokers from every ISR; a leader that added them
+    back on the strength of a fetch would undo its shrink, and an acks=all record would count a
+    copy on a broker that is gone or leaving."""
+    return replica in live and replica not in shutting_down
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,231 @@
+"""Replication is a privileged door (issue 17, acceptance 6), against three broker processes.
+
+A plain client sends Fetch requests with a follower's replica id at the leader's log end while
+the real followers are stopped (SIGSTOP) past their ZooKeeper sessions. Before the door, the
+leader recorded them as caught up, wrote them back into the ISR the controller had shrunk, and
+answered acks=all with the one copy it held: a kill of the leader then lost acknowledged
+records. Now the requests are refused, the ISR and the high watermark stay where they are, and
+acks=all is acknowledged only once a real follower, back and registered, has the data.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.protocol.api import ApiKey
+from sluice.protocol.errors import ErrorCode
+from sluice.protocol.records import build_batch
+from sluice.sync.wire_client import WireClient
+from tests.support.cluster import TestCluster, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+TOPIC = "door"
+REFUSED = (ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+#: How long the client keeps knocking as a follower (bounded in time and count).
+SPOOF_S = 3.0
+SPOOF_ROUNDS_MAX = 100
+
+
+def create_topic(c: TestCluster) -> None:
+    with WireClient.connect(c.bootstrap, timeout_s=30) as w:
+        r = w.request(
+            ApiKey.CREATE_TOPICS,
+            5,
+            {
+                "topics": [
+                    {
+                        "name": TOPIC,
+                        "num_partitions": 1,
+                        "replication_factor": 3,
+                        "configs": [{"name": "min.insync.replicas", "value": "2"}],
+                    }
+                ],
+                "timeout_ms": 30000,
+            },
+        )
+        assert r["topics"][0]["error_code"] == ErrorCode.NONE, r
+
+
+def metadata(w: WireClient) -> tuple[set[int], dict[str, Any]]:
+    """(registered broker ids, partition 0's entry) as the broker ``w`` talks to sees them."""
+    r = w.request(ApiKey.METADATA, 12, {"topics": [{"name": TOPIC}]})
+    return {b["node_id"] for b in r["brokers"]}, r["topics"][0]["partitions"][0]
+
+
+def produce(w: WireClient, timeout_ms: int) -> dict[str, Any]:
+    r = w.request(
+        ApiKey.PRODUCE,
+        9,
+        {
+            "acks": -1,
+            "timeout_ms": timeout_ms,
+            "topic_data": [
+                {"name": TOPIC, "partition_data": [{"index": 0, "records": build_batch([(None, b"v")])}]}
+            ],
+        },
+    )
+    return dict(r["responses"][0]["partition_responses"][0])
+
+
+def high_watermark(w: WireClient) -> int:
+    r = w.request(
+        ApiKey.LIST_OFFSETS,
+        7,
+        {
+            "replica_id": -1,
+            "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
+        },
+    )
+    p = r["topics"][0]["partitions"][0]
+    assert p["error_code"] == ErrorCode.NONE, p
+    return int(p["offset"])
+
+
+def fetch_as(w: WireClient, replica: int, offset: int, leader_epoch: int) -> dict[str, Any]:
+    """A Fetch claiming to come from follower ``replica``, at ``offset``: its partition's answer."""
+    r = w.request(
+        ApiKey.FETCH,
+        12,
+        {
+            "replica_id": replica,
+            "max_wait_ms": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": [
+                {
+                    "topic": TOPIC,
+                    "partitions": [
+                        {
+                            "partition": 0,
+                            "current_leader_epoch": leader_epoch,
+                            "fetch_offset": offset,
+                            "log_start_offset": -1,
+                            "partition_max_bytes": 1 << 20,
+                        }
+                    ],
+                }
+            ],
+            "forgotten_topics_data": [],
+            "rack_id": "",
+        },
+    )
+    return dict(r["responses"][0]["partitions"][0])
+
+
+@contextmanager
+def three_brokers_with_topic(zookeeper: str, directory: Path) -> Iterator[tuple[TestCluster, int, list[int]]]:
+    """(cluster, leader id, follower ids) of ``TOPIC``: RF 3, min.insync.replicas 2, all in sync."""
+    c = TestCluster(zookeeper, directory, 3)
+    try:
+        create_topic(c)
+        with WireClient.connect(c.bootstrap, timeout_s=30) as w:
+            _, p = wait_until(
+                lambda: (m := metadata(w)) and len(m[1]["isr_nodes"]) == 3 and m[1]["leader_id"] >= 0 and m,
+                30,
+                "the topic with three in-sync replicas",
+            )
+        leader = int(p["leader_id"])
+        yield c, leader, [r for r in p["replica_nodes"] if r != leader]
+    finally:
+        c.down()
+
+
+def leader_client(c: TestCluster, leader: int) -> WireClient:
+    b = c.broker(leader)
+    return WireClient(b.host, b.port, client_id="plain-client", timeout_s=30)
+
+
+def knock_as_followers(w: WireClient, followers: list[int], leader_epoch: int) -> tuple[list[int], set[Any]]:
+    """Fetch as each follower at the log end for SPOOF_S (at most SPOOF_ROUNDS_MAX rounds):
+    (the error codes answered, every (ISR, high watermark) seen after a round)."""
+    errors, seen = [], set()
+    deadline = time.monotonic() + SPOOF_S
+    for _ in range(SPOOF_ROUNDS_MAX):
+        if time.monotonic() >= deadline:
+            break
+        leo = high_watermark(w)  # the log end too: nothing uncommitted was appended
+        for f in followers:
+            errors.append(int(fetch_as(w, f, leo, leader_epoch)["error_code"]))
+        seen.add((tuple(metadata(w)[1]["isr_nodes"]), high_watermark(w)))
+        time.sleep(0.05)
+    return errors, seen
+
+
+def test_a_client_fetching_as_the_stopped_followers_is_refused_and_acks_all_waits_for_a_real_one(
+    zookeeper: str, tmp_path: Path
+) -> None:
+    with (
+        three_brokers_with_topic(zookeeper, tmp_path) as (c, leader, followers),
+        leader_client(c, leader) as w,
+    ):
+        assert produce(w, 10_000)["error_code"] == ErrorCode.NONE
+        for f in followers:
+            c.kill(f, signal.SIGSTOP)
+        try:
+            # Their sessions expire: the controller drops them from /brokers/ids and the ISR.
+            wait_until(
+                lambda: (m := metadata(w)) and not m[0] & set(followers) and m[1]["isr_nodes"] == [leader],
+                60,
+                "the stopped followers out of /brokers/ids and the ISR",
+            )
+            _, p = metadata(w)
+            hw = high_watermark(w)
+            errors, seen = knock_as_followers(w, followers, p["leader_epoch"])
+            print(
+                f"spoofed_fetches={len(errors)} answered={sorted(set(errors))} hw={hw} isr_and_hw_seen={seen}"
+            )
+            assert errors and all(e in REFUSED for e in errors), (
+                f"a fetch as a follower was believed: {errors}"
+            )
+            assert seen == {((leader,), hw)}, "the ISR or the high watermark moved on a client's fetches"
+            refused = produce(w, 1_000)
+            assert refused["error_code"] != ErrorCode.NONE, "acks=all acknowledged with one copy"
+            assert high_watermark(w) == hw
+            # A real follower comes back: it registers again, catches up, rejoins, and only
+            # then is acks=all acknowledged.
+            back = followers[0]
+            c.kill(back, signal.SIGCONT)
+            acked = wait_until(
+                lambda: (r := produce(w, 2_000))["error_code"] == ErrorCode.NONE and r,
+                90,
+                f"acks=all acknowledged once follower {back} is back",
+            )
+            _, p = metadata(w)
+            assert back in p["isr_nodes"], p
+            assert high_watermark(w) > acked["base_offset"]
+        finally:
+            for f in followers:
+                c.kill(f, signal.SIGCONT)
+
+
+def test_a_broker_absent_from_brokers_ids_never_enters_the_isr(zookeeper: str, tmp_path: Path) -> None:
+    """A follower killed (kill -9) past its session, and an id never registered at all: fetches
+    in their names are refused and the killed one stays out of the ISR the controller shrank."""
+    with (
+        three_brokers_with_topic(zookeeper, tmp_path) as (c, leader, followers),
+        leader_client(c, leader) as w,
+    ):
+        dead = followers[0]
+        c.kill(dead)
+        wait_until(
+            lambda: (m := metadata(w)) and dead not in m[0] and dead not in m[1]["isr_nodes"],
+            60,
+            f"broker {dead} out of /brokers/ids and the ISR",
+        )
+        assert produce(w, 10_000)["error_code"] == ErrorCode.NONE  # ISR of two: min.insync.replicas holds
+        _, p = metadata(w)
+        errors, seen = knock_as_followers(w, [dead, 42], p["leader_epoch"])
+        assert errors and all(e in REFUSED for e in errors), errors
+        assert all(dead not in isr for isr, _ in seen), f"broker {dead} written back into the ISR: {seen}"
+        assert "event=replica_request_refused" in c.log_text(leader)

@@ -1,0 +1,177 @@
+"""Replication is a privileged door: a request acting as follower R is believed only from a
+registered, live, assigned replica that is not the leader itself, through one decision
+(``replica_access.replica_refusal``); a refused one touches no follower state.
+
+Before, any client sending Fetch with a follower's replica id at the log end was recorded as
+that follower caught up: the high watermark moved and acks=all was answered with one copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sluice.broker import handlers, replica_access
+from sluice.broker.broker import Broker
+from sluice.broker.config import BrokerConfig
+from sluice.broker.partition import Partition
+from sluice.broker.replica_access import ReplicaClaim, replica_refusal
+from sluice.cluster import layout
+from sluice.cluster.layout import PartitionState, StateWrite
+from sluice.protocol.api import ApiKey, RequestHeader
+from sluice.protocol.errors import ErrorCode
+from sluice.protocol.records import build_batch
+from sluice.security.session import Session
+
+LIVE = frozenset({1, 2, 3})
+
+
+def _claim(replica: int, live: frozenset[int] = LIVE) -> ReplicaClaim:
+    return ReplicaClaim(replica, Session(), 1, live)
+
+
+def test_only_a_live_assigned_replica_other_than_this_broker_may_act_as_a_follower() -> None:
+    assert replica_refusal(_claim(2), (1, 2, 3), 0) is ErrorCode.NONE
+    assert replica_refusal(_claim(2, frozenset({1, 3})), (1, 2, 3), 0) is ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert replica_refusal(_claim(2, frozenset({1, 3})), (1, 2, 3), -1) is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert (
+        replica_refusal(_claim(4, frozenset({1, 2, 3, 4})), (1, 2, 3), -1) is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    )
+    assert replica_refusal(_claim(1), (1, 2, 3), -1) is ErrorCode.NOT_LEADER_OR_FOLLOWER, "the leader itself"
+
+
+def test_a_principal_that_may_not_replicate_is_refused_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seam for the inter-broker principal check (ClusterAction): once it says no, nothing
+    else matters, and the answer is Kafka's for a follower fetch without ClusterAction."""
+    asked: list[Session] = []
+
+    def deny(session: Session) -> bool:
+        asked.append(session)
+        return False
+
+    monkeypatch.setattr(replica_access, "may_act_as_replica", deny)
+    assert replica_refusal(_claim(2), (1, 2, 3), 0) is ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    assert asked == [Session()]
+
+
+def _fetch_body(replica: int, offset: int) -> dict[str, Any]:
+    return {
+        "replica_id": replica,
+        "max_wait_ms": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": 0,
+        "topics": [
+            {
+                "topic": "t",
+                "partitions": [
+                    {
+                        "partition": 0,
+                        "fetch_offset": offset,
+                        "partition_max_bytes": 1 << 20,
+                        "current_leader_epoch": 0,
+                        "log_start_offset": 0,
+                    }
+                ],
+            }
+        ],
+        "forgotten_topics_data": [],
+    }
+
+
+def _leader(tmp_path: Path, live: dict[int, None]) -> tuple[Broker, Partition]:
+    """Broker 1 leading t-0 (replicas 1, 2, 3, all in the ISR, min.insync.replicas 2), with
+    ``live`` as its view of /brokers/ids; ISR writes are recorded, not sent."""
+    broker = Broker(BrokerConfig(1, tmp_path / "b1", "127.0.0.1:1/unused"))
+    topic_id = uuid.uuid4()
+    part = Partition.open(tmp_path / "b1", "t", 0, topic_id, {"min.insync.replicas": "2"}, 1)
+    broker.replicas.partitions[("t", 0)] = part
+    part.become_leader(0, (1, 2, 3), (1, 2, 3), time.monotonic() * 1000)
+    broker.metadata.brokers = lambda: dict(live)  # type: ignore[method-assign,assignment,return-value]
+    broker.metadata.topic = lambda t: SimpleNamespace(topic_id=topic_id)  # type: ignore[method-assign]
+    return broker, part
+
+
+def test_a_fetch_as_an_unregistered_follower_is_refused_and_moves_nothing(tmp_path: Path) -> None:
+    async def run() -> None:
+        live: dict[int, None] = {1: None}  # followers 2 and 3: sessions expired
+        broker, part = _leader(tmp_path, live)
+        appended = broker.replicas.append("t", 0, build_batch([(b"k", b"v")] * 3), required_acks=-1)
+        assert appended.error is ErrorCode.NONE
+        waiting = asyncio.ensure_future(broker.replicas.wait_replicated("t", 0, appended, 5.0))
+        header = RequestHeader(ApiKey.FETCH, 12, 1, "not-a-broker")
+        for replica in (2, 3):
+            answer = await handlers.fetch(broker, header, _fetch_body(replica, part.log.log_end_offset))
+            p = answer["responses"][0]["partitions"][0]
+            assert p["error_code"] == ErrorCode.UNKNOWN_LEADER_EPOCH, p
+            assert answer["session_id"] == 0, "a refused request opens no (privileged) fetch session"
+        await asyncio.sleep(0.05)
+        assert part.high_watermark == 0 and part.follower_leos == {}
+        assert not waiting.done(), "acks=all answered with one copy"
+        # OffsetForLeaderEpoch as a follower goes through the same door.
+        oe = await handlers.offset_for_leader_epoch(
+            broker,
+            RequestHeader(ApiKey.OFFSET_FOR_LEADER_EPOCH, 4, 2, "not-a-broker"),
+            {
+                "replica_id": 2,
+                "topics": [
+                    {
+                        "topic": "t",
+                        "partitions": [{"partition": 0, "current_leader_epoch": 0, "leader_epoch": 0}],
+                    }
+                ],
+            },
+        )
+        assert oe["topics"][0]["partitions"][0]["error_code"] == ErrorCode.UNKNOWN_LEADER_EPOCH
+        # The followers register again: their fetches at the log end are believed (the control).
+        for replica in (2, 3):
+            live[replica] = None
+            answer = await handlers.fetch(broker, header, _fetch_body(replica, part.log.log_end_offset))
+            assert answer["responses"][0]["partitions"][0]["error_code"] == ErrorCode.NONE
+        assert (await waiting).error is ErrorCode.NONE and part.high_watermark == 3
+        part.close()
+
+    asyncio.run(run())
+
+
+def test_an_isr_expansion_is_not_written_for_a_broker_no_longer_registered(tmp_path: Path) -> None:
+    """Follower 3 caught up and was decided into the ISR, then its ZooKeeper session expired
+    before the leader's batched write: the write must not put it back (the controller is
+    dropping it), whatever the decision said."""
+
+    async def run() -> None:
+        live: dict[int, None] = {1: None, 2: None, 3: None}
+        broker, part = _leader(tmp_path, live)
+        part.become_leader(1, (1, 2), (1, 2, 3), time.monotonic() * 1000)
+        part.state_version = 7
+        broker.metadata.partition_state = lambda t, p: (PartitionState(1, 1, part.isr, 0), 7)  # type: ignore[method-assign]
+        written: list[tuple[StateWrite, int]] = []
+
+        def write(items: list[tuple[StateWrite, int]], writer: str) -> list[str]:
+            written.extend(items)
+            return [f"{layout.STATE_CHANGES}/change-0000000001"] * len(items)
+
+        broker.store.write_partition_states = write  # type: ignore[method-assign]
+        part.append(build_batch([(b"k", b"v")] * 4))
+        claim = broker.replicas.replica_claim(2)
+        assert broker.replicas.read("t", 0, 4, 1 << 20, 1, True, replica=claim).error is ErrorCode.NONE
+        claim = broker.replicas.replica_claim(3)
+        assert broker.replicas.read("t", 0, 4, 1 << 20, 1, True, replica=claim).error is ErrorCode.NONE
+        assert broker._isr_queue, "follower 3 was decided into the ISR"
+        del live[3]  # its session expires while the decision waits for its batch
+        deadline = time.monotonic() + 5
+        while broker._isr_writes and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert written == [], "a broker absent from /brokers/ids was written into the ISR"
+        assert part.isr == (1, 2) and part.joining == frozenset()
+        part.close()
+
+    asyncio.run(run())
