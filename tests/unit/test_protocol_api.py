@@ -134,9 +134,11 @@ def test_supported_table() -> None:
     assert SUPPORTED[ApiKey.METADATA] == (1, 12)
     assert SUPPORTED[ApiKey.API_VERSIONS] == (0, 3)
     assert SUPPORTED[ApiKey.DELETE_GROUPS] == (0, 2)
-    assert len(SUPPORTED) == 20
+    assert SUPPORTED[ApiKey.SASL_HANDSHAKE] == (0, 1) and SUPPORTED[ApiKey.SASL_AUTHENTICATE] == (0, 2)
+    assert len(SUPPORTED) == 27
     assert is_flexible(ApiKey.PRODUCE, 9) and not is_flexible(ApiKey.PRODUCE, 8)
     assert is_flexible(ApiKey.API_VERSIONS, 3)
+    assert not is_flexible(ApiKey.SASL_HANDSHAKE, 1)  # no flexible version at all
 
 
 # ----------------------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ class ApiKey(IntEnum):
     SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
@@ -86,7 +87,10 @@ class ApiKey(IntEnum):
     CREATE_ACLS = 30
     DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
+    SASL_AUTHENTICATE = 36
     DELETE_GROUPS = 42
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
 
 
 SUPPORTED: dict[ApiKey, tuple[int, int]] = {
@@ -95,7 +99,10 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
 """Supported (min, max) version of each API, as advertised in ApiVersions responses."""
 
 _KEYS: dict[int, ApiKey] = {int(k): k for k in ApiKey}
-_FLEXIBLE_FROM: dict[int, int] = {k: m.flexible.lo for k, m in REQUESTS.items()}
+#: The first flexible version of each API; an API with no flexible version (SaslHandshake) never is.
+_FLEXIBLE_FROM: dict[int, int] = {
+    k: m.flexible.lo if m.flexible.lo <= m.flexible.hi else 0x7FFF for k, m in REQUESTS.items()
+}
 
 # Every request schema must have a response schema with the same versions.
 assert set(REQUESTS) == set(RESPONSES) == set(_KEYS)

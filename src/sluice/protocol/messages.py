@@ -13,6 +13,8 @@ from __future__ import annotations
 from sluice.protocol.schema import Field, Message
 
 __all__ = [
+    "ALTER_USER_SCRAM_CREDENTIALS_REQUEST",
+    "ALTER_USER_SCRAM_CREDENTIALS_RESPONSE",
     "API_VERSIONS_REQUEST",
     "API_VERSIONS_RESPONSE",
     "CREATE_ACLS_REQUEST",
@@ -31,6 +33,8 @@ __all__ = [
     "DESCRIBE_CONFIGS_RESPONSE",
     "DESCRIBE_GROUPS_REQUEST",
     "DESCRIBE_GROUPS_RESPONSE",
+    "DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST",
+    "DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE",
     "FETCH_REQUEST",
     "FETCH_RESPONSE",
     "FIND_COORDINATOR_REQUEST",
@@ -59,6 +63,10 @@ __all__ = [
     "PRODUCE_RESPONSE",
     "REQUESTS",
     "RESPONSES",
+    "SASL_AUTHENTICATE_REQUEST",
+    "SASL_AUTHENTICATE_RESPONSE",
+    "SASL_HANDSHAKE_REQUEST",
+    "SASL_HANDSHAKE_RESPONSE",
     "SYNC_GROUP_REQUEST",
     "SYNC_GROUP_RESPONSE",
 ]
@@ -1291,6 +1299,126 @@ DELETE_GROUPS_RESPONSE = Message(
 )
 
 
+SASL_HANDSHAKE_REQUEST = Message(
+    "SaslHandshakeRequest",
+    17,
+    valid="0-1",
+    flexible="none",
+    fields=[Field("Mechanism", "string", "0+")],
+)
+
+SASL_HANDSHAKE_RESPONSE = Message(
+    "SaslHandshakeResponse",
+    17,
+    valid="0-1",
+    flexible="none",
+    fields=[Field("ErrorCode", "int16", "0+"), Field("Mechanisms", "[]string", "0+")],
+)
+
+SASL_AUTHENTICATE_REQUEST = Message(
+    "SaslAuthenticateRequest",
+    36,
+    valid="0-2",
+    flexible="2+",
+    fields=[Field("AuthBytes", "bytes", "0+")],
+)
+
+SASL_AUTHENTICATE_RESPONSE = Message(
+    "SaslAuthenticateResponse",
+    36,
+    valid="0-2",
+    flexible="2+",
+    fields=[
+        Field("ErrorCode", "int16", "0+"),
+        Field("ErrorMessage", "string", "0+", nullable="0+"),
+        Field("AuthBytes", "bytes", "0+"),
+        Field("SessionLifetimeMs", "int64", "1+", default="0", ignorable=True),
+    ],
+)
+
+DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST = Message(
+    "DescribeUserScramCredentialsRequest",
+    50,
+    valid="0",
+    flexible="0+",
+    fields=[Field("Users", "[]UserName", "0+", nullable="0+", fields=[Field("Name", "string", "0+")])],
+)
+
+DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE = Message(
+    "DescribeUserScramCredentialsResponse",
+    50,
+    valid="0",
+    flexible="0+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("ErrorCode", "int16", "0+"),
+        Field("ErrorMessage", "string", "0+", nullable="0+"),
+        Field(
+            "Results",
+            "[]DescribeUserScramCredentialsResult",
+            "0+",
+            fields=[
+                Field("User", "string", "0+"),
+                Field("ErrorCode", "int16", "0+"),
+                Field("ErrorMessage", "string", "0+", nullable="0+"),
+                Field(
+                    "CredentialInfos",
+                    "[]CredentialInfo",
+                    "0+",
+                    fields=[Field("Mechanism", "int8", "0+"), Field("Iterations", "int32", "0+")],
+                ),
+            ],
+        ),
+    ],
+)
+
+ALTER_USER_SCRAM_CREDENTIALS_REQUEST = Message(
+    "AlterUserScramCredentialsRequest",
+    51,
+    valid="0",
+    flexible="0+",
+    fields=[
+        Field(
+            "Deletions",
+            "[]ScramCredentialDeletion",
+            "0+",
+            fields=[Field("Name", "string", "0+"), Field("Mechanism", "int8", "0+")],
+        ),
+        Field(
+            "Upsertions",
+            "[]ScramCredentialUpsertion",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field("Mechanism", "int8", "0+"),
+                Field("Iterations", "int32", "0+"),
+                Field("Salt", "bytes", "0+"),
+                Field("SaltedPassword", "bytes", "0+"),
+            ],
+        ),
+    ],
+)
+
+ALTER_USER_SCRAM_CREDENTIALS_RESPONSE = Message(
+    "AlterUserScramCredentialsResponse",
+    51,
+    valid="0",
+    flexible="0+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field(
+            "Results",
+            "[]AlterUserScramCredentialsResult",
+            "0+",
+            fields=[
+                Field("User", "string", "0+"),
+                Field("ErrorCode", "int16", "0+"),
+                Field("ErrorMessage", "string", "0+", nullable="0+"),
+            ],
+        ),
+    ],
+)
+
 REQUESTS: dict[int, Message] = {
     m.api_key: m
     for m in (
@@ -1317,6 +1445,10 @@ REQUESTS: dict[int, Message] = {
         DELETE_ACLS_REQUEST,
         DESCRIBE_CONFIGS_REQUEST,
         DELETE_GROUPS_REQUEST,
+        SASL_HANDSHAKE_REQUEST,
+        SASL_AUTHENTICATE_REQUEST,
+        DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST,
+        ALTER_USER_SCRAM_CREDENTIALS_REQUEST,
     )
 }
 """Request body schemas by API key."""
@@ -1347,6 +1479,10 @@ RESPONSES: dict[int, Message] = {
         DELETE_ACLS_RESPONSE,
         DESCRIBE_CONFIGS_RESPONSE,
         DELETE_GROUPS_RESPONSE,
+        SASL_HANDSHAKE_RESPONSE,
+        SASL_AUTHENTICATE_RESPONSE,
+        DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE,
+        ALTER_USER_SCRAM_CREDENTIALS_RESPONSE,
     )
 }
 """Response body schemas by API key."""
