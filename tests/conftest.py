@@ -137,8 +137,12 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def make_cluster(zookeeper: str, tmp_path: Path) -> Iterator[Callable[..., TestCluster]]:
     clusters: list[TestCluster] = []
 
-    def make(brokers: int = 1, session_timeout_s: float = 6.0) -> TestCluster:
-        c = TestCluster(zookeeper, tmp_path / f"cluster-{len(clusters)}", brokers, session_timeout_s)
+    def make(
+        brokers: int = 1, session_timeout_s: float = 6.0, broker_settings: dict[str, str] | None = None
+    ) -> TestCluster:
+        c = TestCluster(
+            zookeeper, tmp_path / f"cluster-{len(clusters)}", brokers, session_timeout_s, broker_settings
+        )
         clusters.append(c)
         return c
 

@@ -27,6 +27,8 @@ The broker's metrics (Kafka's names in brackets):
 - ``sluice_bytes_in_total``, ``sluice_bytes_out_total`` (BytesInPerSec, BytesOutPerSec): record
   bytes producers appended here, and record bytes answered to consumers' fetches (replication
   traffic between brokers is in neither, as in Kafka).
+- ``sluice_authorization_denied_total{api,resource_type}`` (Kafka logs these in its authorizer
+  log): refusals of the ACL authorizer, each topic, group or resource of a request counted once.
 
 The partition gauges are computed when Prometheus scrapes, on the HTTP server's thread, from the
 broker's in-memory view (the one classifier, ``cluster.health.classify_partition``); a scrape
@@ -136,6 +138,12 @@ ISR_SHRINKS = Counter(
 )
 ISR_EXPANDS = Counter(
     "sluice_isr_expands_total", "ISR expansions of partitions led here (a follower caught up)", registry=None
+)
+AUTHORIZATION_DENIED = Counter(
+    "sluice_authorization_denied_total",
+    "Requests, or parts of them (a topic, a group), the authorizer refused, by API and resource type",
+    ["api", "resource_type"],
+    registry=None,
 )
 
 
@@ -274,7 +282,8 @@ def enable_broker(gauges: Callable[[], BrokerGauges]) -> None:
             _broker_collector.gauges = gauges
             return
         _broker_collector = BrokerCollector(TRAFFIC, gauges)
-        for metric in (LEADER_ELECTIONS, UNCLEAN_ELECTIONS, ISR_SHRINKS, ISR_EXPANDS, _broker_collector):
+        elections = (LEADER_ELECTIONS, UNCLEAN_ELECTIONS)
+        for metric in (*elections, ISR_SHRINKS, ISR_EXPANDS, AUTHORIZATION_DENIED, _broker_collector):
             REGISTRY.register(metric)
 
 

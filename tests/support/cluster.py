@@ -36,11 +36,22 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interv
 class TestCluster:
     __test__ = False  # a harness, not a test class
 
-    def __init__(self, zookeeper: str, directory: Path, brokers: int, session_timeout_s: float = 6.0):
+    def __init__(
+        self,
+        zookeeper: str,
+        directory: Path,
+        brokers: int,
+        session_timeout_s: float = 6.0,
+        broker_settings: dict[str, str] | None = None,
+    ):
         self.chroot = f"/t-{uuid.uuid4().hex[:10]}"
         self.directory = directory
         self.cluster: LocalCluster = launcher.cluster_up(
-            directory, brokers, f"{zookeeper}{self.chroot}", zk_session_timeout_s=session_timeout_s
+            directory,
+            brokers,
+            f"{zookeeper}{self.chroot}",
+            zk_session_timeout_s=session_timeout_s,
+            broker_settings=broker_settings,
         )
 
     @property

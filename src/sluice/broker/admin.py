@@ -38,6 +38,20 @@ REPLICATION_CONFIGS: dict[str, tuple[str, str]] = {
 }
 
 
+#: Words that make a config key a secret (Kafka's password-typed keys: ssl.key.password,
+#: sasl.jaas.config, ssl.keystore.password, delegation.token.secret.key ...).
+_SECRET_WORDS = ("password", "secret", "jaas", "credential", "token", "private", "keystore.key")
+#: Keys never described although not secrets: where the cluster's ZooKeeper is (a client that can
+#: reach it could rewrite every ACL and partition state).
+_UNDESCRIBED_KEYS = frozenset({"zookeeper.connect"})
+
+
+def hidden_config(name: str) -> bool:
+    """Whether DescribeConfigs leaves a config key out: the one rule for every resource."""
+    lowered = name.lower()
+    return lowered in _UNDESCRIBED_KEYS or any(word in lowered for word in _SECRET_WORDS)
+
+
 def validate_topic_name(name: str) -> str | None:
     if not name:
         return "topic name is empty"
@@ -320,7 +334,7 @@ class TopicAdmin:
                     "documentation": doc,
                 }
             )
-        return entries, ErrorCode.NONE, None
+        return [e for e in entries if not hidden_config(str(e["name"]))], ErrorCode.NONE, None
 
     def describe_broker_config(self, name: str) -> tuple[list[dict[str, Any]], ErrorCode, str | None]:
         cfg = self.broker.config
@@ -350,6 +364,7 @@ class TopicAdmin:
                     "documentation": None,
                 }
                 for k, v in sorted(values.items())
+                if not hidden_config(k)
             ],
             ErrorCode.NONE,
             None,

@@ -23,6 +23,7 @@ from kazoo.exceptions import BadVersionError
 
 from sluice import metrics, test_switches
 from sluice.broker.admin import TopicAdmin
+from sluice.broker.authz import make_authorizer
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.fetch_sessions import FetchSessionCache
@@ -79,6 +80,8 @@ class Broker:
             view=self.metadata,
             switches=switches,
         )
+        #: ACL authorization (broker/authz.py), or None when authorizer.class.name is empty
+        self.authorizer = make_authorizer(config, self.store)
         self.server = KafkaServer(self)
         self.coordinator = GroupCoordinator(self)
         self.replicas.leadership_listeners.append(self._on_leadership)
@@ -130,6 +133,9 @@ class Broker:
             # The view first: a client asking this broker for metadata must never be told the
             # cluster has no topics because the view of thousands of partitions is still loading.
             await asyncio.to_thread(self.metadata.start)
+            if self.authorizer is not None:
+                # The ACLs before the listener: no request is answered without them.
+                await asyncio.to_thread(self.authorizer.start)
             await self.server.start(self.config.host, self.config.port, sock=listener)
             host, port = self.config.advertised
             reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)

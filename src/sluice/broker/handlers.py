@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from sluice.broker import acl_apis
+from sluice.broker.authz import guard_handlers
 from sluice.broker.fetch_sessions import (
     FINAL_EPOCH,
     INVALID_SESSION_ID,
@@ -751,6 +753,16 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.LIST_GROUPS: list_groups,
     ApiKey.DELETE_GROUPS: delete_groups,
 }
+HANDLERS.update(
+    {
+        ApiKey.DESCRIBE_ACLS: acl_apis.describe_acls,
+        ApiKey.CREATE_ACLS: acl_apis.create_acls,
+        ApiKey.DELETE_ACLS: acl_apis.delete_acls,
+    }
+)
+# Authorization (broker/authz.py) wraps each API's handler here, so the handlers above stay as
+# they are; while no authorizer is configured a guard only reads broker.authorizer.
+HANDLERS.update(guard_handlers(HANDLERS))
 
 
 def now_ms() -> int:

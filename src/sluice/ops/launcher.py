@@ -107,6 +107,8 @@ class LocalCluster:
     zookeeper_members: list[ZooKeeperMember] = field(default_factory=list)
     workers: list[WorkerProcess] = field(default_factory=list)
     zookeeper_force_sync: bool = True
+    #: more keys of every broker's configuration file (``authorizer.class.name`` ...)
+    broker_settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -179,7 +181,9 @@ def namespace_prefix(namespace: str | None) -> list[str]:
     return namespace_exec_prefix(namespace) if namespace else []
 
 
-def broker_properties(b: BrokerProcess, zookeeper: str, session_timeout_s: float) -> str:
+def broker_properties(
+    b: BrokerProcess, zookeeper: str, session_timeout_s: float, settings: dict[str, str] | None = None
+) -> str:
     """The broker's configuration file (``sluice broker start --config``). A broker in its own
     namespace binds every address of it and advertises its own."""
     listener = f"PLAINTEXT://{b.host}:{b.port}"
@@ -193,6 +197,7 @@ def broker_properties(b: BrokerProcess, zookeeper: str, session_timeout_s: float
     ]
     if b.metrics_port is not None:
         lines.append(f"metrics.port={b.metrics_port}")
+    lines.extend(f"{k}={v}" for k, v in (settings or {}).items())
     return "# written by `sluice cluster up`\n" + "\n".join(lines) + "\n"
 
 
@@ -207,7 +212,9 @@ def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
     Path(b.data_dir).mkdir(parents=True, exist_ok=True)
     config_file = Path(cluster.directory) / f"broker-{b.broker_id}.properties"
     config_file.write_text(
-        broker_properties(b, b.zookeeper or cluster.zookeeper, cluster.zk_session_timeout_s)
+        broker_properties(
+            b, b.zookeeper or cluster.zookeeper, cluster.zk_session_timeout_s, cluster.broker_settings
+        )
     )
     with open(b.log_file, "ab") as logf:
         proc = subprocess.Popen(
@@ -276,6 +283,7 @@ def cluster_up(
     zookeeper_nodes: int = 1,
     workers: int = 0,
     zookeeper_force_sync: bool = True,
+    broker_settings: dict[str, str] | None = None,
 ) -> LocalCluster:
     """Start ZooKeeper (unless ``zookeeper`` names one), the brokers and the workers; wait until
     every broker is registered, a controller elected and every broker's view complete.
@@ -306,7 +314,7 @@ def cluster_up(
         raise ValueError("--workers must be 0 or more")
     cluster = LocalCluster(
         str(directory), zookeeper or "", -1, zookeeper is None, zk_session_timeout_s=zk_session_timeout_s,
-        hosts=hosts, zookeeper_force_sync=zookeeper_force_sync,
+        hosts=hosts, zookeeper_force_sync=zookeeper_force_sync, broker_settings=dict(broker_settings or {}),
     )  # fmt: skip
     network: HostNetwork | None = None
     try:

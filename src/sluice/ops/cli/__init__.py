@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from sluice.ops.cli.acl import acl_app
 from sluice.ops.cli.apply import apply
 from sluice.ops.cli.cluster import broker_app, cluster_app
 from sluice.ops.cli.demo import demo
@@ -21,7 +22,7 @@ app = typer.Typer(
 for _sub, _name in (
     (cluster_app, "cluster"), (broker_app, "broker"), (topic_app, "topic"), (group_app, "group"),
     (incident_app, "incident"), (chaos_app, "chaos"), (task_app, "task"), (worker_app, "worker"),
-    (manager_app, "manager"),
+    (manager_app, "manager"), (acl_app, "acl"),
 ):  # fmt: skip
     app.add_typer(_sub, name=_name)
 for _fn, _name in ((produce, "produce"), (consume, "consume"), (apply, "apply"), (demo, "demo")):
