@@ -48,6 +48,9 @@ def sluice(*args: str, zk: str) -> subprocess.CompletedProcess[str]:
         (("trigger: 1s", "trigger: 1s, colour: red"), "task.options.colour"),
         (("trigger: 1s", "trigger: soon"), "task.options.trigger"),
         (("rename: {amount_cents: amount}", "renames: {}"), "task.mapping.orders"),
+        (("user: sluice,", "user: sluice, password: hunter2,"), "task.source.password"),
+        (("user: sluice,", "user: sluice, password: {env: 9}, "), "task.source.password.env"),
+        (("postgresql://postgres@", "postgresql://postgres:hunter2@"), "task.target"),
     ],
 )
 def test_validation_names_the_bad_field(change: tuple[str, str], field: str) -> None:
