@@ -66,7 +66,7 @@ def canned() -> dict[str, Any]:
     task = {
         "id": "shop-to-pg",
         "source": "mariadb 127.0.0.1:3306/shop",
-        "target": "postgresql://sluice:***@127.0.0.1:5432/shop",
+        "target": "postgresql://sluice@127.0.0.1:5432/shop",
         "state": "running",
         "worker": "wa",
         "epoch": 7,
@@ -367,8 +367,11 @@ def make_app(stub: Stub) -> FastAPI:
             **task_or_404(task_id),
             "definition": {
                 "id": task_id,
-                "source": {"kind": "mariadb", "password": "***", "note": HOSTILE},
-                "target": "postgresql://sluice:***@127.0.0.1:5432/shop",
+                "source": {"kind": "mariadb", "password": {"env": "SHOP_DB_PASSWORD"}, "note": HOSTILE},
+                "target": {
+                    "url": "postgresql://sluice@127.0.0.1:5432/shop",
+                    "password": {"file": "/run/secrets/shop-pg"},
+                },
                 "tables": ["orders"],
             },
             "captured_position": "mysql-bin.000003:1234",
