@@ -15,13 +15,24 @@ from pathlib import Path
 from typing import Any
 
 from sluice import properties as props
+from sluice.broker.listeners import (
+    Listener,
+    advertised_for,
+    parse_endpoints,
+    parse_protocol_map,
+    resolve_listeners,
+)
 from sluice.cluster.zkstore import parse_zookeeper_connect
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 from sluice.security.acl import AclAuthorizer, parse_super_users
+from sluice.security.sasl import DEFAULT_MECHANISMS, SUPPORTED_MECHANISMS
+from sluice.security.tls import CLIENT_AUTH, ServerTls
 from sluice.storage.config import LogConfig
 
 #: Kafka's default for ``socket.request.max.bytes``: frames above it close the connection.
 SOCKET_REQUEST_MAX_BYTES = 100 * 1024 * 1024
+#: Kafka's default for ``fetch.max.bytes``: the most a Fetch answer carries, whatever it asks.
+FETCH_MAX_BYTES = 55 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +49,26 @@ class BrokerConfig:
     rack: str | None = None
     zk_session_timeout_s: float = 6.0
     socket_request_max_bytes: int = SOCKET_REQUEST_MAX_BYTES
+    #: Open connections, in all and from one address (Kafka's ``max.connections`` and
+    #: ``max.connections.per.ip``, unlimited there; bounded here so that a client cannot take
+    #: every descriptor), and per-address exceptions (``max.connections.per.ip.overrides``).
+    max_connections: int = 10_000
+    max_connections_per_ip: int = 1_000
+    max_connections_per_ip_overrides: Mapping[str, int] = field(default_factory=dict)
+    #: Bytes of requests being read or waiting to be handled, across connections (Kafka's
+    #: ``queued.max.request.bytes``; -1 there, unbounded; None here means the same).
+    queued_max_request_bytes: int | None = 512 * 1024 * 1024
+    #: A connection with nothing in flight this long is closed (Kafka's ``connections.max.idle.ms``).
+    connections_max_idle_ms: int = 600_000
+    #: A request must arrive whole within this long of its first byte (a slow-loris holds a
+    #: connection with a frame it never finishes); Sluice's own key.
+    socket_request_read_timeout_ms: int = 60_000
+    #: The most one Fetch answer carries, a consumer's or a follower's (Kafka's ``fetch.max.bytes``).
+    fetch_max_bytes: int = FETCH_MAX_BYTES
+    #: Members of one group (Kafka's ``group.max.size``, unlimited there), and groups this broker
+    #: coordinates (Sluice's own ``group.max.count``): JoinGroup past either is refused.
+    group_max_size: int = 1_000
+    group_max_count: int = 10_000
     #: Partitions of a topic created without a count (Kafka's ``num.partitions``).
     num_partitions: int = 1
     #: ``-1``: min(3, live brokers), which is Kafka's behaviour for ``default.replication.factor``
@@ -82,19 +113,79 @@ class BrokerConfig:
     #: A resource without any ACL is open to everyone (``allow.everyone.if.no.acl.found``).
     allow_everyone_if_no_acl_found: bool = False
 
+    #: Every listener the broker binds (``listeners`` with ``listener.security.protocol.map``);
+    #: empty: one PLAINTEXT listener on host:port. host/port/advertised_* are the inter-broker
+    #: listener's.
+    listeners: tuple[Listener, ...] = ()
+    #: (name, host, port) clients of each listener are told to use (``advertised.listeners``).
+    advertised_listeners: tuple[tuple[str, str, int], ...] = ()
+    #: The listener brokers fetch from each other on (``inter.broker.listener.name``).
+    inter_broker_listener: str | None = None
+    #: TLS of the SSL and SASL_SSL listeners (``ssl.keystore.location`` ...).
+    tls: ServerTls | None = None
+    #: Mechanisms SASL listeners offer (``sasl.enabled.mechanisms``).
+    sasl_mechanisms: tuple[str, ...] = DEFAULT_MECHANISMS
+    #: What this broker authenticates with on a SASL inter-broker listener
+    #: (``sasl.mechanism.inter.broker.protocol``, ``inter.broker.sasl.username``/``password``).
+    inter_broker_sasl_mechanism: str = "SCRAM-SHA-512"
+    inter_broker_username: str | None = None
+    inter_broker_password: str | None = field(default=None, repr=False)
+    #: A failed authentication is answered this much later (``connection.failed.authentication.delay.ms``).
+    failed_authentication_delay_ms: int = 100
+    #: A connection on a SASL listener that has not authenticated by then is closed
+    #: (``authentication.timeout.ms``).
+    authentication_timeout_ms: int = 10_000
+
     @property
     def advertised(self) -> tuple[str, int]:
         return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    @property
+    def bound_listeners(self) -> tuple[Listener, ...]:
+        return self.listeners or (Listener("PLAINTEXT", "PLAINTEXT", self.host, self.port),)
+
+    @property
+    def inter_broker(self) -> Listener:
+        name = self.inter_broker_listener
+        return next((lst for lst in self.bound_listeners if lst.name == name), self.bound_listeners[0])
+
+    def advertised_endpoints(self) -> dict[str, tuple[str, str, int]]:
+        """listener name -> (protocol, host, port) as clients are told (what /brokers/ids holds)."""
+        given = {n: (h, p) for n, h, p in self.advertised_listeners}
+        return {
+            lst.name: (lst.protocol, *given.get(lst.name, (lst.host, lst.port)))
+            for lst in self.bound_listeners
+        }
 
     def __post_init__(self) -> None:
         if self.broker_id < 0:
             raise ValueError(f"broker id must be >= 0, got {self.broker_id}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if (
+            self.queued_max_request_bytes is not None
+            and self.queued_max_request_bytes < self.socket_request_max_bytes
+        ):
+            raise ValueError(
+                f"queued.max.request.bytes ({self.queued_max_request_bytes}) is below "
+                f"socket.request.max.bytes ({self.socket_request_max_bytes}), so the largest request "
+                "could never be read: raise it, or lower socket.request.max.bytes"
+            )
         if self.advertised[0] in ("", "0.0.0.0", "::"):
             raise ValueError(
                 f"listeners binds {self.host or 'every address'!r}, which clients cannot connect "
                 "to: set advertised.listeners=PLAINTEXT://<host clients use>:<port>"
+            )
+        if any(lst.tls for lst in self.bound_listeners) and self.tls is None:
+            raise ValueError(
+                "an SSL or SASL_SSL listener needs ssl.keystore.location (a PEM file with the "
+                "broker's certificate chain and private key)"
+            )
+        if self.inter_broker.sasl and not (self.inter_broker_username and self.inter_broker_password):
+            raise ValueError(
+                f"the inter-broker listener {self.inter_broker.name} is {self.inter_broker.protocol}: "
+                "set inter.broker.sasl.username and inter.broker.sasl.password (a user made with "
+                "`sluice user add`)"
             )
 
     @classmethod
@@ -112,10 +203,12 @@ class BrokerConfig:
         fields_: dict[str, Any] = props.resolve(
             BROKER_SETTINGS, rest, source=source, required=("broker.id", "log.dirs", "zookeeper.connect")
         )
-        host, port = fields_.pop("listener", ("127.0.0.1", 9092))
-        fields_["host"], fields_["port"] = host, port
-        if "advertised" in fields_:
-            fields_["advertised_host"], fields_["advertised_port"] = fields_.pop("advertised")
+        try:
+            _listener_fields(fields_)
+        except ValueError as exc:
+            raise props.ConfigError(f"{source}: {exc}") from None
+        if fields_.get("queued_max_request_bytes") == -1:
+            fields_["queued_max_request_bytes"] = None
         if "zk_session_timeout_ms" in fields_:
             fields_["zk_session_timeout_s"] = fields_.pop("zk_session_timeout_ms") / 1000.0
         for key, raw in log_keys.items():  # one at a time, so the error names the broker key
@@ -130,6 +223,60 @@ class BrokerConfig:
             return cls(**fields_)
         except ValueError as exc:
             raise props.ConfigError(f"{source}: {exc}") from None
+
+
+def _listener_fields(fields_: dict[str, Any]) -> None:
+    """listeners, advertised.listeners, the protocol map, the inter-broker listener's name and
+    the TLS keys -> BrokerConfig's fields (in place)."""
+    endpoints = fields_.pop("listener", (("PLAINTEXT", "127.0.0.1", 9092),))
+    listeners = resolve_listeners(endpoints, fields_.pop("protocol_map", {}))
+    advertised = fields_.pop("advertised", ())
+    advertised_for(listeners, advertised)  # refuses unknown names and unusable addresses
+    name = fields_.get("inter_broker_listener") or ("PLAINTEXT" if any(
+        lst.name == "PLAINTEXT" for lst in listeners) else listeners[0].name)  # fmt: skip
+    inter = next((lst for lst in listeners if lst.name == name), None)
+    if inter is None:
+        raise ValueError(f"inter.broker.listener.name={name} names no listener of listeners")
+    fields_["inter_broker_listener"] = name
+    fields_["listeners"], fields_["advertised_listeners"] = listeners, tuple(advertised)
+    fields_["host"], fields_["port"] = inter.host, inter.port
+    for n, h, p in advertised:
+        if n == name:
+            fields_["advertised_host"], fields_["advertised_port"] = h, p
+    keystore = fields_.pop("ssl_keystore", None)
+    tls = (fields_.pop("ssl_key_password", None), fields_.pop("ssl_truststore", None),
+           fields_.pop("ssl_client_auth", "none"))  # fmt: skip
+    if keystore is not None:
+        fields_["tls"] = ServerTls(keystore, *tls)
+
+
+def _parse_mechanisms(raw: str) -> tuple[str, ...]:
+    names = tuple(m.strip().upper() for m in raw.split(",") if m.strip())
+    unknown = [m for m in names if m not in SUPPORTED_MECHANISMS]
+    if unknown or not names:
+        raise ValueError(f"use some of {', '.join(SUPPORTED_MECHANISMS)}")
+    return names
+
+
+def _parse_scram_mechanism(raw: str) -> str:
+    value = raw.strip().upper()
+    if value not in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+        raise ValueError("use SCRAM-SHA-256 or SCRAM-SHA-512")
+    return value
+
+
+def _parse_client_auth(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in CLIENT_AUTH:
+        raise ValueError(f"use one of {', '.join(CLIENT_AUTH)}")
+    return value
+
+
+def _existing_file(raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file")
+    return path
 
 
 def parse_listener(raw: str) -> tuple[str, int]:
@@ -152,6 +299,24 @@ def parse_listener(raw: str) -> tuple[str, int]:
     if not 0 < port < 65536:
         raise ValueError(f"port {port} is out of 1..65535")
     return (host or "0.0.0.0", port)
+
+
+def parse_ip_overrides(raw: str) -> dict[str, int]:
+    """``host:count[,host:count...]`` (Kafka's ``max.connections.per.ip.overrides``)."""
+    overrides: dict[str, int] = {}
+    for item in (i.strip() for i in raw.split(",")):
+        if not item:
+            continue
+        host, colon, count = item.rpartition(":")
+        if not colon or not host:
+            raise ValueError(f"expected host:count, got {item!r}")
+        try:
+            overrides[host.strip("[]")] = int(count)
+        except ValueError:
+            raise ValueError(f"count {count!r} of {host!r} is not a number") from None
+        if overrides[host.strip("[]")] < 0:
+            raise ValueError(f"count of {host!r} must be >= 0")
+    return overrides
 
 
 def _parse_log_dirs(raw: str) -> Path:
@@ -191,9 +356,60 @@ _LOG_DEFAULT_KEYS: dict[str, str] = {
 _int = props.integer
 BROKER_SETTINGS: tuple[props.Setting, ...] = (
     props.Setting("broker.id", "broker_id", _int(0, 2**31 - 1), "this broker's id, unique in the cluster"),
-    props.Setting("listeners", "listener", parse_listener, "PLAINTEXT://host:port the broker binds"),
     props.Setting(
-        "advertised.listeners", "advertised", parse_listener, "PLAINTEXT://host:port clients are told to use"
+        "listeners",
+        "listener",
+        parse_endpoints,
+        "NAME://host:port[,...] the broker binds (PLAINTEXT://, SASL_SSL://)",
+    ),
+    props.Setting(
+        "advertised.listeners",
+        "advertised",
+        parse_endpoints,
+        "NAME://host:port[,...] clients are told to use",
+    ),
+    props.Setting(
+        "listener.security.protocol.map",
+        "protocol_map",
+        parse_protocol_map,
+        "NAME:PROTOCOL[,...] for listener names that are not a protocol",
+    ),
+    props.Setting(
+        "inter.broker.listener.name", "inter_broker_listener", props.non_empty, "the listener brokers use"
+    ),
+    props.Setting(
+        "ssl.keystore.location", "ssl_keystore", _existing_file, "PEM file: certificate chain and private key"
+    ),
+    props.Setting("ssl.key.password", "ssl_key_password", str, "password of an encrypted private key"),
+    props.Setting(
+        "ssl.truststore.location",
+        "ssl_truststore",
+        _existing_file,
+        "PEM file of CAs (mTLS, inter-broker TLS)",
+    ),
+    props.Setting("ssl.client.auth", "ssl_client_auth", _parse_client_auth, "none, requested or required"),
+    props.Setting("sasl.enabled.mechanisms", "sasl_mechanisms", _parse_mechanisms, "PLAIN,SCRAM-SHA-256,..."),
+    props.Setting(
+        "sasl.mechanism.inter.broker.protocol",
+        "inter_broker_sasl_mechanism",
+        _parse_scram_mechanism,
+        "SCRAM-SHA-256 or SCRAM-SHA-512",
+    ),
+    props.Setting(
+        "inter.broker.sasl.username", "inter_broker_username", props.non_empty, "inter-broker user"
+    ),
+    props.Setting("inter.broker.sasl.password", "inter_broker_password", props.non_empty, "its password"),
+    props.Setting(
+        "connection.failed.authentication.delay.ms",
+        "failed_authentication_delay_ms",
+        _int(0, 60_000),
+        "delay before a failed authentication is answered",
+    ),
+    props.Setting(
+        "authentication.timeout.ms",
+        "authentication_timeout_ms",
+        _int(100, 3_600_000),
+        "a SASL connection not authenticated by then is closed",
     ),
     props.Setting("log.dirs", "data_dir", _parse_log_dirs, "the broker's data directory"),
     props.Setting(
@@ -254,6 +470,39 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         _int(1024, 2**31 - 1),
         "largest request accepted",
     ),
+    props.Setting("max.connections", "max_connections", _int(1, 2**31 - 1), "open connections, in all"),
+    props.Setting(
+        "max.connections.per.ip",
+        "max_connections_per_ip",
+        _int(0, 2**31 - 1),
+        "open connections from one address",
+    ),
+    props.Setting(
+        "max.connections.per.ip.overrides",
+        "max_connections_per_ip_overrides",
+        parse_ip_overrides,
+        "host:count[,host:count...]: per-address exceptions to max.connections.per.ip",
+    ),
+    props.Setting(
+        "queued.max.request.bytes",
+        "queued_max_request_bytes",
+        _int(-1, 2**62),
+        "bytes of requests being read or queued, all connections together (-1: unbounded)",
+    ),
+    props.Setting(
+        "connections.max.idle.ms", "connections_max_idle_ms", _int(1000, 2**31 - 1), "close idle connections"
+    ),
+    props.Setting(
+        "socket.request.read.timeout.ms",
+        "socket_request_read_timeout_ms",
+        _int(1000, 2**31 - 1),
+        "a request must arrive whole within this long of its first byte",
+    ),
+    props.Setting(
+        "fetch.max.bytes", "fetch_max_bytes", _int(1024, 2**31 - 1), "most bytes one Fetch answer carries"
+    ),
+    props.Setting("group.max.size", "group_max_size", _int(1, 2**31 - 1), "members of one consumer group"),
+    props.Setting("group.max.count", "group_max_count", _int(1, 2**31 - 1), "groups this broker coordinates"),
     props.Setting(
         "max.incremental.fetch.session.cache.slots",
         "fetch_session_cache_slots",

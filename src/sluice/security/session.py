@@ -30,4 +30,7 @@ class Session:
 
 
 #: The session of the connection whose request this task is handling.
-current_session: contextvars.ContextVar[Session] = contextvars.ContextVar("current_session", default=Session())
+current_session: contextvars.ContextVar[Session] = contextvars.ContextVar(
+    "current_session",
+    default=Session(),  # noqa: B039 (frozen: a shared default cannot be changed)
+)

@@ -1,0 +1,141 @@
+"""TLS: the broker's server context, a client's context, and a local certificate authority.
+
+Certificates and keys are PEM files. A broker's listener takes ``ssl.keystore.location`` (its
+certificate chain and private key in one PEM file, Kafka's ``ssl.keystore.type=PEM``),
+``ssl.key.password`` when the key is encrypted, ``ssl.truststore.location`` (PEM CAs that sign
+client certificates) and ``ssl.client.auth`` = none | requested | required (mTLS: the
+certificate's subject becomes the principal). ``local_ca`` writes a CA and a certificate for
+``sluice cluster up --security ...`` (the ``cryptography`` library does the X.509 work).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    keystore: Path
+    key_password: str | None = field(default=None, repr=False)
+    truststore: Path | None = None
+    client_auth: str = "none"
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(self.keystore, password=self.key_password)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"ssl.keystore.location {self.keystore}: cannot load a certificate and key from it ({exc}); "
+                "give a PEM file holding the certificate chain and its private key"
+            ) from None
+        if self.client_auth != "none":
+            if self.truststore is None:
+                raise ValueError(f"ssl.client.auth={self.client_auth} needs ssl.truststore.location")
+            ctx.load_verify_locations(cafile=str(self.truststore))
+        ctx.verify_mode = CLIENT_AUTH[self.client_auth]
+        return ctx
+
+
+def client_context(
+    ca_file: Path | None, cert_file: Path | None = None, key_file: Path | None = None
+) -> ssl.SSLContext:
+    """A client's context: the server's certificate is checked against ``ca_file`` (the system's
+    CAs without one), host names included."""
+    ctx = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None:
+        ctx.load_cert_chain(cert_file, keyfile=key_file)
+    return ctx
+
+
+def peer_principal(ssl_object: Any) -> str | None:
+    """``User:<subject>`` of a verified client certificate (mTLS), Kafka's default principal
+    builder's form (``CN=alice,OU=...``); None without one."""
+    if ssl_object is None:
+        return None
+    cert = ssl_object.getpeercert()
+    if not cert:
+        return None
+    parts = [f"{k}={v}" for rdn in reversed(cert.get("subject", ())) for k, v in rdn]
+    names = {"commonName": "CN", "organizationalUnitName": "OU", "organizationName": "O", "countryName": "C",
+             "localityName": "L", "stateOrProvinceName": "ST"}  # fmt: skip
+    for long, short in names.items():
+        parts = [p.replace(f"{long}=", f"{short}=", 1) if p.startswith(f"{long}=") else p for p in parts]
+    return "User:" + ",".join(parts) if parts else None
+
+
+# ---------------------------------------------------------------- a local certificate authority
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCa:
+    ca_file: Path  # the CA certificate (clients' ssl.ca.location)
+    keystore: Path  # a server certificate + key for the given host names (brokers' keystore)
+
+
+def local_ca(directory: Path, hosts: list[str], *, days: int = 365) -> LocalCa:
+    """A new CA and one server certificate for ``hosts`` (names and IP addresses), signed by
+    it, written to ``directory`` (ca.pem, server.pem with its key; keys readable by the owner
+    only). For local clusters and tests; production brings its own certificates."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Sluice local CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    ca_file = directory / "ca.pem"
+    ca_file.write_bytes(ca_cert.public_bytes(pem))
+    keystore = directory / "server.pem"
+    keystore.touch(mode=0o600)
+    keystore.write_bytes(
+        cert.public_bytes(pem)
+        + ca_cert.public_bytes(pem)
+        + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return LocalCa(ca_file, keystore)
