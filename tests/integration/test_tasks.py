@@ -241,3 +241,48 @@ def test_task_update_replaces_the_definition_and_restarts_the_execution(
         assert store.control("shop-to-pg").restarts == 1
     finally:
         zk.stop()
+
+
+def test_a_definition_stored_with_plain_text_passwords_is_shown_redacted_and_flagged(
+    zk_address: str, tmp_path: Path
+) -> None:
+    """A definition stored before secret references (plain-text passwords, written straight into
+    ZooKeeper as older releases did) still reads and runs; `task list`, `task status` and the
+    service layer show *** and name its plain-text fields; saving it back as shown is refused."""
+    import orjson
+    import yaml
+
+    from sluice.service.context import Services
+    from sluice.service.errors import InvalidError
+    from sluice.service.tasks import parse_definition, task_detail
+
+    good = tmp_path / "task.yaml"
+    good.write_text(GOOD)
+    assert sluice("task", "create", "--file", str(good), zk=zk_address).returncode == 0
+    old = yaml.safe_load(GOOD)
+    old["source"]["password"] = "legacy-opensesame"
+    old["target"] = "postgresql://postgres:legacy-hunter2@127.0.0.1:5432/shop"
+    zk = ZkStore(zk_address)
+    zk.start()
+    try:
+        zk.client.set("/tasks/shop-to-pg", orjson.dumps(old))
+        spec = TaskStore(zk.client).get("shop-to-pg")
+        assert spec.plain_text_secrets() == ["task.source.password", "task.target"]
+        svc = Services(zk_address, bootstrap="127.0.0.1:1")
+        try:
+            detail = task_detail(svc, "shop-to-pg")
+        finally:
+            svc.close()
+        assert detail["plain_text_secrets"] == ["task.source.password", "task.target"]
+        assert detail["definition"]["source"]["password"] == "***"
+        assert "legacy-" not in str(detail)
+        with pytest.raises(InvalidError) as refused:
+            parse_definition(detail["definition"])
+        assert refused.value.field == "task.target" and "legacy-" not in str(refused.value)
+    finally:
+        zk.stop()
+    status = sluice("task", "status", "shop-to-pg", zk=zk_address)
+    listed = sluice("task", "list", zk=zk_address)
+    assert status.returncode == 0 and listed.returncode == 0, status.stderr + listed.stderr
+    assert "task.source.password is stored in plain text" in status.stdout, status.stdout
+    assert "legacy-" not in status.stdout + status.stderr + listed.stdout + listed.stderr
