@@ -104,20 +104,43 @@ class BrokerRegistration:
     """What ``/brokers/ids/{id}`` holds: where a live broker listens."""
 
     broker_id: int
+    #: The inter-broker listener's advertised address (peers fetch from it).
     host: str
     port: int
     pid: int
     rack: str | None = None
+    #: Every listener: (name, security protocol, advertised host, port). A client is told the
+    #: address of the listener it connected on. Empty: one PLAINTEXT listener at host:port.
+    endpoints: tuple[tuple[str, str, str, int], ...] = ()
+
+    def endpoint(self, listener: str) -> tuple[str, int] | None:
+        """The advertised address of `listener` on this broker; None if it has none of that
+        name (a client of that listener is not told about this broker, as in Kafka)."""
+        if not self.endpoints:
+            return (self.host, self.port) if listener == "PLAINTEXT" else None
+        return next(((h, p) for n, _, h, p in self.endpoints if n == listener), None)
 
     def encode(self) -> bytes:
-        return _dumps(
-            {"version": 1, "host": self.host, "port": self.port, "pid": self.pid, "rack": self.rack}
-        )
+        obj: dict[str, Any] = {"version": 2, "host": self.host, "port": self.port, "pid": self.pid,
+                               "rack": self.rack}  # fmt: skip
+        if self.endpoints:  # Kafka's fields for listeners by name
+            obj["endpoints"] = [f"{n}://{h}:{p}" for n, _, h, p in self.endpoints]
+            obj["listener_security_protocol_map"] = {n: proto for n, proto, _, _ in self.endpoints}
+        return _dumps(obj)
 
     @classmethod
     def decode(cls, broker_id: int, data: bytes) -> BrokerRegistration:
         obj = _loads(data, broker_path(broker_id))
-        return cls(broker_id, str(obj["host"]), int(obj["port"]), int(obj.get("pid", -1)), obj.get("rack"))
+        protocols = obj.get("listener_security_protocol_map") or {}
+        endpoints = []
+        for item in obj.get("endpoints") or ():
+            name, _, address = str(item).partition("://")
+            host, _, port = address.rpartition(":")
+            endpoints.append((name, str(protocols.get(name, name)), host.strip("[]"), int(port)))
+        return cls(
+            broker_id, str(obj["host"]), int(obj["port"]), int(obj.get("pid", -1)), obj.get("rack"),
+            tuple(endpoints),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
