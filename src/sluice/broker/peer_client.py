@@ -10,6 +10,7 @@ import struct
 from typing import Any
 
 from sluice.protocol.api import decode_response, encode_request
+from sluice.security.client import PLAINTEXT, ClientAuthError, ClientSecurity, authenticate_async
 
 _SIZE = struct.Struct(">i")
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
@@ -20,18 +21,31 @@ class PeerConnectionError(ConnectionError):
 
 
 class PeerConnection:
-    def __init__(self, host: str, port: int, client_id: str):
+    def __init__(self, host: str, port: int, client_id: str, security: ClientSecurity = PLAINTEXT):
         self.host = host
         self.port = port
         self.client_id = client_id
+        self.security = security
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._correlation = 0
 
     async def connect(self, timeout_s: float = 5.0) -> None:
+        """Connect (TLS and SASL too, on a secured inter-broker listener)."""
+        context = self.security.ssl_context()
         self._reader, self._writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port, limit=8 * 1024 * 1024), timeout_s
-        )
+            asyncio.open_connection(
+                self.host, self.port, limit=8 * 1024 * 1024, ssl=context,
+                server_hostname=self.host if context is not None else None,
+            ),
+            timeout_s,
+        )  # fmt: skip
+        if self.security.sasl:
+            try:
+                await authenticate_async(self.security, lambda k, v, b: self._exchange(k, v, b, timeout_s))
+            except ClientAuthError as exc:
+                await self.close()
+                raise PeerConnectionError(f"{self.host}:{self.port}: {exc}") from exc
 
     @property
     def connected(self) -> bool:
@@ -42,6 +56,11 @@ class PeerConnection:
     ) -> dict[str, Any]:
         if self._reader is None or self._writer is None:
             await self.connect()
+        return await self._exchange(api_key, version, body, timeout_s)
+
+    async def _exchange(
+        self, api_key: int, version: int, body: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any]:
         assert self._reader is not None and self._writer is not None
         self._correlation += 1
         cid = self._correlation

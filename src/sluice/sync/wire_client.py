@@ -13,6 +13,7 @@ from collections import deque
 from typing import Any
 
 from sluice.protocol.api import decode_response, encode_request
+from sluice.security.client import ClientSecurity, authenticate
 
 _SIZE = struct.Struct(">i")
 
@@ -22,12 +23,29 @@ class WireError(ConnectionError):
 
 
 class WireClient:
-    def __init__(self, host: str, port: int, *, client_id: str = "sluice-wire", timeout_s: float = 30.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        client_id: str = "sluice-wire",
+        timeout_s: float = 30.0,
+        security: ClientSecurity | None = None,
+    ):
+        """Connect, and with `security` set up TLS and authenticate (SASL) before returning."""
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.client_id = client_id
         self._correlation = 0
         self._inflight: deque[tuple[int, int, int]] = deque()
+        context = security.ssl_context() if security is not None else None
+        try:
+            self.sock = context.wrap_socket(sock, server_hostname=host) if context is not None else sock
+            if security is not None and security.sasl:
+                authenticate(security, self.request)
+        except BaseException:
+            sock.close()
+            raise
 
     @classmethod
     def connect(cls, bootstrap: str, **kwargs: Any) -> WireClient:

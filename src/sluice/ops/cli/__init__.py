@@ -13,6 +13,7 @@ from sluice.ops.cli.groups import group_app
 from sluice.ops.cli.manager import manager_app
 from sluice.ops.cli.tasks import task_app, worker_app
 from sluice.ops.cli.topics import consume, produce, topic_app
+from sluice.ops.cli.users import user_app
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Sluice: change-data sync on a replicated log.",
@@ -22,7 +23,7 @@ app = typer.Typer(
 for _sub, _name in (
     (cluster_app, "cluster"), (broker_app, "broker"), (topic_app, "topic"), (group_app, "group"),
     (incident_app, "incident"), (chaos_app, "chaos"), (task_app, "task"), (worker_app, "worker"),
-    (manager_app, "manager"), (acl_app, "acl"),
+    (manager_app, "manager"), (acl_app, "acl"), (user_app, "user"),
 ):  # fmt: skip
     app.add_typer(_sub, name=_name)
 for _fn, _name in ((produce, "produce"), (consume, "consume"), (apply, "apply"), (demo, "demo")):
