@@ -15,8 +15,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 from sluice.broker import handlers, replica_access
 from sluice.broker.broker import Broker
 from sluice.broker.config import BrokerConfig
@@ -46,18 +44,37 @@ def test_only_a_live_assigned_replica_other_than_this_broker_may_act_as_a_follow
     assert replica_refusal(_claim(1), (1, 2, 3), -1) is ErrorCode.NOT_LEADER_OR_FOLLOWER, "the leader itself"
 
 
-def test_a_principal_that_may_not_replicate_is_refused_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The seam for the inter-broker principal check (ClusterAction): once it says no, nothing
-    else matters, and the answer is Kafka's for a follower fetch without ClusterAction."""
-    asked: list[Session] = []
+def test_a_principal_that_may_not_replicate_is_refused_first() -> None:
+    """Once the principal may not replicate, nothing else matters, and the answer is Kafka's for
+    a follower fetch without ClusterAction."""
+    claim = ReplicaClaim(2, Session(), 1, LIVE, may_replicate=False)
+    assert replica_refusal(claim, (1, 2, 3), 0) is ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
-    def deny(session: Session) -> bool:
-        asked.append(session)
-        return False
 
-    monkeypatch.setattr(replica_access, "may_act_as_replica", deny)
-    assert replica_refusal(_claim(2), (1, 2, 3), 0) is ErrorCode.TOPIC_AUTHORIZATION_FAILED
-    assert asked == [Session()]
+class _Acls:
+    """An authorizer that lets only User:broker do CLUSTER_ACTION on the cluster."""
+
+    def authorize(self, session: Session, op: object, resource: object) -> bool:
+        from sluice.security.acl import Operation, Resource
+
+        return (
+            session.principal == "User:broker"
+            and op == Operation.CLUSTER_ACTION
+            and (resource == Resource.cluster())
+        )
+
+
+def test_only_the_authenticated_inter_broker_principal_may_replicate_on_a_secured_cluster() -> None:
+    anonymous, broker = Session(), Session("User:broker", "SASL_SSL", "SASL_SSL")
+    alice = Session("User:alice", "SASL_SSL", "SASL_SSL")
+    may = replica_access.may_act_as_replica
+    assert may(anonymous, None, inter_broker_sasl=False)  # a plaintext cluster: the other checks decide
+    assert not may(anonymous, None, inter_broker_sasl=True)  # brokers authenticate: anonymous never
+    assert may(alice, None, inter_broker_sasl=True)  # authenticated, no authorizer: as Kafka
+    acls: Any = _Acls()
+    assert may(broker, acls, inter_broker_sasl=True)
+    assert not may(alice, acls, inter_broker_sasl=True)
+    assert not may(anonymous, acls, inter_broker_sasl=False)
 
 
 def _fetch_body(replica: int, offset: int) -> dict[str, Any]:

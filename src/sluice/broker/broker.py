@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ from sluice.broker.group_placement import OFFSETS_TOPIC
 from sluice.broker.metadata import VERIFY_INTERVAL_S, MetadataCache
 from sluice.broker.partition import Partition
 from sluice.broker.producer_ids import ProducerIdManager
+from sluice.broker.replica_access import may_act_as_replica
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.replication import isr_eligible
 from sluice.broker.server import KafkaServer, bind_listener
@@ -82,6 +84,11 @@ class Broker:
         )
         #: ACL authorization (broker/authz.py), or None when authorizer.class.name is empty
         self.authorizer = make_authorizer(config, self.store)
+        # The replication door's principal check, and how this broker's followers connect.
+        self.replicas.may_replicate = functools.partial(
+            may_act_as_replica, authorizer=self.authorizer, inter_broker_sasl=config.inter_broker.sasl
+        )
+        self.replicas.fetchers.security = config.inter_broker_client()
         self.server = KafkaServer(self)
         self.coordinator = GroupCoordinator(self)
         self.replicas.leadership_listeners.append(self._on_leadership)
@@ -138,7 +145,7 @@ class Broker:
                 await asyncio.to_thread(self.authorizer.start)
             await self.server.start(self.config.host, self.config.port, sock=listener)
             host, port = self.config.advertised
-            reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)
+            reg = self._registration()
             epoch = await asyncio.to_thread(self.store.register_broker, reg)
             self.store.add_session_listener(self._on_session_state)
             self.controller.start()
@@ -565,9 +572,14 @@ class Broker:
         elif state == KazooState.CONNECTED and self._loop is not None and not self.stopping:
             self._loop.call_soon_threadsafe(lambda: self.spawn(self._reregister()))
 
-    async def _reregister(self) -> None:
+    def _registration(self) -> BrokerRegistration:
+        """What /brokers/ids/<id> holds: the inter-broker listener's address and every listener's."""
         host, port = self.config.advertised
-        reg = BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack)
+        endpoints = tuple((n, *e) for n, e in self.config.advertised_endpoints().items())
+        return BrokerRegistration(self.config.broker_id, host, port, os.getpid(), self.config.rack, endpoints)
+
+    async def _reregister(self) -> None:
+        reg = self._registration()
         try:
             await asyncio.to_thread(self.store.register_broker, reg)
         except BrokerIdInUseError as exc:

@@ -25,6 +25,7 @@ from sluice.broker.listeners import (
 from sluice.cluster.zkstore import parse_zookeeper_connect
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 from sluice.security.acl import AclAuthorizer, parse_super_users
+from sluice.security.client import ClientSecurity
 from sluice.security.sasl import DEFAULT_MECHANISMS, SUPPORTED_MECHANISMS
 from sluice.security.tls import CLIENT_AUTH, ServerTls
 from sluice.storage.config import LogConfig
@@ -148,6 +149,18 @@ class BrokerConfig:
     def inter_broker(self) -> Listener:
         name = self.inter_broker_listener
         return next((lst for lst in self.bound_listeners if lst.name == name), self.bound_listeners[0])
+
+    def inter_broker_client(self) -> ClientSecurity:
+        """How this broker connects to the others' inter-broker listener: its protocol, the
+        broker user's SCRAM credentials, and the CAs of ssl.truststore.location."""
+        lst = self.inter_broker
+        return ClientSecurity(
+            lst.protocol,
+            self.inter_broker_sasl_mechanism,
+            self.inter_broker_username if lst.sasl else None,
+            self.inter_broker_password if lst.sasl else None,
+            self.tls.truststore if self.tls is not None and lst.tls else None,
+        )
 
     def advertised_endpoints(self) -> dict[str, tuple[str, str, int]]:
         """listener name -> (protocol, host, port) as clients are told (what /brokers/ids holds)."""

@@ -29,6 +29,7 @@ from sluice.broker.fetch_sessions import (
 from sluice.metrics import TRAFFIC
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
+from sluice.security.session import current_session
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
@@ -67,6 +68,13 @@ async def find_coordinator(broker: Broker, header: RequestHeader, req: Body) -> 
     coordinators = []
     for key in keys:
         error, message, node, host, port = broker.coordinator.find_coordinator(key, req.get("key_type", 0))
+        if node >= 0:  # the coordinator's address on the listener this client came in on
+            reg = broker.metadata.brokers().get(node)
+            address = reg.endpoint(current_session.get().listener) if reg is not None else None
+            if address is None:
+                error, message, node, host, port = ErrorCode.COORDINATOR_NOT_AVAILABLE, None, -1, "", -1
+            else:
+                host, port = address
         coordinators.append(
             {
                 "key": key,
@@ -320,9 +328,10 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
         )
     return {
         "throttle_time_ms": 0,
-        "brokers": [
-            {"node_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
+        "brokers": [  # their addresses on the listener this client came in on (Kafka's rule)
+            {"node_id": b.broker_id, "host": a[0], "port": a[1], "rack": b.rack}
             for b in sorted(live.values(), key=lambda b: b.broker_id)
+            if (a := b.endpoint(current_session.get().listener)) is not None
         ],
         "cluster_id": cache.cluster_id,
         "controller_id": cache.controller_id,

@@ -18,19 +18,29 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sluice.protocol.errors import ErrorCode
+from sluice.security.acl import Operation, Resource
 from sluice.security.session import Session
 
+if TYPE_CHECKING:
+    from sluice.broker.authz import BrokerAuthorizer as Authorizer
 
-def may_act_as_replica(session: Session) -> bool:
+
+def may_act_as_replica(session: Session, authorizer: Authorizer | None, inter_broker_sasl: bool) -> bool:
     """Whether the connection's principal may replicate (Kafka's ClusterAction on the cluster).
 
-    This is the seam where the inter-broker principal check plugs in: once brokers authenticate
-    (``sluice.security``), it answers True only for the inter-broker principal on an
-    authenticated listener. Until then every connection is anonymous and it answers True, so
-    the other checks of ``replica_refusal`` (a registered, live, assigned replica that is not
-    this broker) are what stands between a plain client and the follower state."""
+    When the inter-broker listener authenticates (SASL), a connection that did not authenticate
+    never may, whichever listener it came in on; with an authorizer, the principal needs
+    CLUSTER_ACTION on the cluster (the brokers' user gets it, or is a super user). A cluster
+    without either lets every connection claim to be a follower, and the other checks of
+    ``replica_refusal`` (a registered, live, assigned replica that is not this broker) are what
+    stands between a plain client and the follower state."""
+    if inter_broker_sasl and not session.authenticated:
+        return False
+    if authorizer is not None:
+        return authorizer.authorize(session, Operation.CLUSTER_ACTION, Resource.cluster())
     return True
 
 
@@ -43,6 +53,8 @@ class ReplicaClaim:
     session: Session
     local_broker_id: int
     live_brokers: frozenset[int]
+    #: may_act_as_replica's answer for the session
+    may_replicate: bool = True
 
 
 def replica_refusal(claim: ReplicaClaim, replicas: Collection[int], current_leader_epoch: int) -> ErrorCode:
@@ -58,7 +70,7 @@ def replica_refusal(claim: ReplicaClaim, replicas: Collection[int], current_lead
       broker whose ZooKeeper session expired must register again before it replicates, so a
       shrink of the ISR by the controller cannot be undone by its fetches.
     """
-    if not may_act_as_replica(claim.session):
+    if not claim.may_replicate:
         return ErrorCode.TOPIC_AUTHORIZATION_FAILED
     r = claim.replica_id
     if r == claim.local_broker_id or r not in claim.live_brokers or r not in replicas:

@@ -27,6 +27,7 @@ from sluice.broker.peer_client import PeerConnection, PeerConnectionError
 from sluice.broker.replication import AskAgain, TruncateTo, truncation_step
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
+from sluice.security.client import PLAINTEXT
 from sluice.storage import errors as storage_errors
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class FetcherManager:
         #: False: every fetch names every partition (sessionless, as before KIP-227); kept to
         #: measure what sessions save and as a fallback.
         self.fetch_sessions = fetch_sessions
+        #: how followers connect to leaders (TLS, SASL on a secured inter-broker listener)
+        self.security = PLAINTEXT
         self._fetchers: dict[int, LeaderFetcher] = {}
         self.closed = False
 
@@ -141,7 +144,9 @@ class LeaderFetcher:
             await self._conn.close()
         # A new connection follows a failed request, whose effect on the session is unknown.
         self.session.reset()
-        self._conn = PeerConnection(reg.host, reg.port, f"replica-fetcher-{self.manager.broker_id}")
+        self._conn = PeerConnection(
+            reg.host, reg.port, f"replica-fetcher-{self.manager.broker_id}", self.manager.security
+        )
         await self._conn.connect()
         return self._conn
 

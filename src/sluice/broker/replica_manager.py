@@ -32,7 +32,7 @@ from sluice.broker.replica_access import ReplicaClaim, replica_refusal
 from sluice.broker.replica_fetcher import FetcherManager
 from sluice.cluster.layout import TopicAssignment
 from sluice.protocol.errors import ErrorCode
-from sluice.security.session import current_session
+from sluice.security.session import Session, current_session
 from sluice.storage import errors as storage_errors
 from sluice.storage.config import LONG_MAX, LogConfig
 from sluice.storage.log import ReadResult
@@ -157,6 +157,9 @@ class ReplicaManager:
         self.broker_id = broker_id
         self.data_dir = data_dir
         self.metadata = metadata
+        #: may a session act as a follower (replica_access.may_act_as_replica; the broker sets
+        #: it from its authorizer and inter-broker listener)
+        self.may_replicate: Callable[[Session], bool] = lambda session: True
         #: the broker's defaults for log settings a topic does not set itself
         self.log_defaults = log_defaults or LogConfig()
         self.partitions = PartitionTable()
@@ -500,8 +503,13 @@ class ReplicaManager:
     def replica_claim(self, replica_id: int) -> ReplicaClaim:
         """What a request claiming to come from follower ``replica_id`` is judged on: the
         session of the connection it came on and ``/brokers/ids`` as this broker sees it now."""
+        session = current_session.get()
         return ReplicaClaim(
-            replica_id, current_session.get(), self.broker_id, frozenset(self.metadata.brokers())
+            replica_id,
+            session,
+            self.broker_id,
+            frozenset(self.metadata.brokers()),
+            self.may_replicate(session),
         )
 
     def replica_refusal(
