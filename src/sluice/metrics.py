@@ -139,12 +139,26 @@ ISR_SHRINKS = Counter(
 ISR_EXPANDS = Counter(
     "sluice_isr_expands_total", "ISR expansions of partitions led here (a follower caught up)", registry=None
 )
+CONNECTIONS_REFUSED = Counter(
+    "sluice_connections_refused_total",
+    "Connections refused at accept, by the limit they hit (max_connections, max_connections_per_ip)",
+    ["reason"],
+    registry=None,
+)
+CONNECTIONS_CLOSED = Counter(
+    "sluice_connections_closed_total",
+    "Connections the broker closed for idling (idle) or for a request that never arrived whole "
+    "(slow_request)",
+    ["reason"],
+    registry=None,
+)
 AUTHORIZATION_DENIED = Counter(
     "sluice_authorization_denied_total",
     "Requests, or parts of them (a topic, a group), the authorizer refused, by API and resource type",
     ["api", "resource_type"],
     registry=None,
 )
+CONNECTION_COUNTERS = (CONNECTIONS_REFUSED, CONNECTIONS_CLOSED)
 
 
 class ApiStats:
@@ -283,7 +297,14 @@ def enable_broker(gauges: Callable[[], BrokerGauges]) -> None:
             return
         _broker_collector = BrokerCollector(TRAFFIC, gauges)
         elections = (LEADER_ELECTIONS, UNCLEAN_ELECTIONS)
-        for metric in (*elections, ISR_SHRINKS, ISR_EXPANDS, AUTHORIZATION_DENIED, _broker_collector):
+        for metric in (
+            *elections,
+            ISR_SHRINKS,
+            ISR_EXPANDS,
+            AUTHORIZATION_DENIED,
+            *CONNECTION_COUNTERS,
+            _broker_collector,
+        ):
             REGISTRY.register(metric)
 
 

@@ -63,6 +63,7 @@ class GroupCoordinator:
         self.partitions = broker.config.offsets_topic_partitions
         self.initial_rebalance_delay_s = broker.config.group_initial_rebalance_delay_ms / 1000.0
         self.groups: dict[str, Group] = {}
+        self._limit_logged_at = -1.0
         #: __consumer_offsets partitions this broker leads: "loading" or "active".
         self.owned: dict[int, str] = {}
         self._load_tasks: dict[int, asyncio.Task[None]] = {}
@@ -459,10 +460,23 @@ class GroupCoordinator:
             return {"error_code": ErrorCode.INVALID_SESSION_TIMEOUT, "member_id": member_id}
         protocols = [(p["name"], bytes(p["metadata"])) for p in req["protocols"]]
         group = self.groups.get(group_id)
+        limits = self.broker.config
         if group is None:
             if member_id:
                 return {"error_code": ErrorCode.UNKNOWN_MEMBER_ID, "member_id": member_id}
+            if len(self.groups) >= limits.group_max_count:
+                self._log_group_limit("group_max_count", group_id, len(self.groups), limits.group_max_count)
+                return {"error_code": ErrorCode.GROUP_MAX_SIZE_REACHED, "member_id": member_id}
             group = self.groups[group_id] = Group(group_id)
+        joining_new = not member_id or (
+            member_id not in group.members and member_id not in group.pending_members
+        )
+        size = len(group.members) + len(group.pending_members)
+        if joining_new and size >= limits.group_max_size:
+            # Members and members-to-be (KIP-394's pending ids) both count: either is memory a
+            # client can make the broker hold.
+            self._log_group_limit("group_max_size", group_id, size, limits.group_max_size)
+            return {"error_code": ErrorCode.GROUP_MAX_SIZE_REACHED, "member_id": member_id}
         if group.state is S.DEAD:
             return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "member_id": member_id}
         if not group.supports(req["protocol_type"], protocols):
@@ -532,6 +546,21 @@ class GroupCoordinator:
             group.rebalance_deadline = max(group.rebalance_deadline, now + rebalance_ms / 1000.0)
         self._maybe_complete_join(group)
         return await fut
+
+    def _log_group_limit(self, limit: str, group_id: str, current: int, maximum: int) -> None:
+        now = time.monotonic()
+        if now - self._limit_logged_at < 1.0:  # a client retrying in a loop logs once a second
+            return
+        self._limit_logged_at = now
+        log.warning(
+            "event=join_refused group=%s limit=%s current=%d max=%d error=GROUP_MAX_SIZE_REACHED "
+            "action='raise %s if this is expected'",
+            group_id,
+            limit,
+            current,
+            maximum,
+            limit.replace("_", "."),
+        )
 
     async def sync(self, req: Body) -> Body:
         group_id, member_id, generation = req["group_id"], req["member_id"], req["generation_id"]

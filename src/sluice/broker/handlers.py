@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker import acl_apis
@@ -45,6 +45,20 @@ Handler = Callable[["Broker", RequestHeader, Body], Awaitable[Body | None]]
 ZERO_UUID = uuid.UUID(int=0)
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
+
+
+DUPLICATE_MESSAGE = "the request names this partition more than once; send each partition once"
+
+
+def duplicated(keys: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
+    """The partitions a request names more than once. Such a partition is answered
+    INVALID_REQUEST and not acted on (as Kafka answers ListOffsets): two fetch positions or two
+    batches for one partition in one request have no defined order."""
+    seen: set[tuple[str, int]] = set()
+    twice: set[tuple[str, int]] = set()
+    for key in keys:
+        (twice if key in seen else seen).add(key)
+    return twice
 
 
 async def api_versions(broker: Broker, header: RequestHeader, req: Body) -> Body:
@@ -159,7 +173,20 @@ async def leave_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
 
 
 async def offset_commit(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    results = await broker.coordinator.commit_offsets(req)
+    twice = duplicated((t["name"], p["partition_index"]) for t in req["topics"] for p in t["partitions"])
+    if twice:
+        # Which of two offsets for one partition would win is undefined: commit neither.
+        kept = [
+            {
+                **t,
+                "partitions": [p for p in t["partitions"] if (t["name"], p["partition_index"]) not in twice],
+            }
+            for t in req["topics"]
+        ]
+        results = await broker.coordinator.commit_offsets({**req, "topics": kept})
+        results.update(dict.fromkeys(twice, ErrorCode.INVALID_REQUEST))
+    else:
+        results = await broker.coordinator.commit_offsets(req)
     return {
         "throttle_time_ms": 0,
         "topics": [
@@ -357,10 +384,21 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
     appended = 0  # record bytes (sluice_bytes_in_total)
     if req.get("transactional_id") is not None:
         log.info("event=produce_rejected reason=transactions_unsupported client=%s", header.client_id)
+    twice = duplicated((t["name"], pd["index"]) for t in req["topic_data"] for pd in t["partition_data"])
     for topic in req["topic_data"]:
         name = topic["name"]
         parts = []
         for pd in topic["partition_data"]:
+            if (name, pd["index"]) in twice:
+                parts.append(
+                    {
+                        "index": pd["index"],
+                        "error_code": ErrorCode.INVALID_REQUEST,
+                        "base_offset": -1,
+                        "error_message": DUPLICATE_MESSAGE,
+                    }
+                )
+                continue
             if acks not in (0, 1, -1):
                 parts.append(
                     {"index": pd["index"], "error_code": ErrorCode.INVALID_REQUIRED_ACKS, "base_offset": -1}
@@ -434,7 +472,10 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         max_wait_s = min(max_wait_s, broker.replicas.follower_wait_cap_s())
     deadline = loop.time() + max_wait_s
     min_bytes = max(0, req["min_bytes"])
-    max_bytes = req["max_bytes"] if req.get("max_bytes", 0) > 0 else 50 * 1024 * 1024
+    # fetch.max.bytes caps every answer, whatever the request asks (a Fetch asking for 2 GB
+    # must not make the broker build one).
+    cap = broker.config.fetch_max_bytes
+    max_bytes = min(req["max_bytes"], cap) if req.get("max_bytes", 0) > 0 else cap
     requested: dict[tuple[str, int], PartitionRequest] = {}
     topic_ids: dict[str, Any] = {}
     # A request as a follower is judged by the replication door (replica_access) on every
@@ -443,11 +484,17 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     # again where it is read.
     claim = broker.replicas.replica_claim(replica_id) if replica_id >= 0 else None
     refused: dict[tuple[str, int], ErrorCode] = {}
+    twice = duplicated(
+        (_fetch_topic_name(broker, t), p["partition"]) for t in req["topics"] for p in t["partitions"]
+    )
     for t in req["topics"]:
         name = _fetch_topic_name(broker, t)
         topic_ids[name] = t.get("topic_id", ZERO_UUID)
         for p in t["partitions"]:
             key = (name, p["partition"])
+            if key in twice:
+                refused[key] = ErrorCode.INVALID_REQUEST
+                continue
             if claim is not None:
                 refusal = broker.replicas.replica_refusal(claim, key, p.get("current_leader_epoch", -1))
                 if refusal is not ErrorCode.NONE:
@@ -455,12 +502,12 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                     continue
             requested[key] = PartitionRequest(
                 p["fetch_offset"],
-                p["partition_max_bytes"],
+                min(p["partition_max_bytes"], cap),
                 p.get("current_leader_epoch", -1),
                 p.get("log_start_offset", -1),
                 p.get("last_fetched_epoch", -1),
             )
-    if refused and claim is not None:
+    if claim is not None and any(e is not ErrorCode.INVALID_REQUEST for e in refused.values()):
         _log_refused_claim(claim, refused)
     sessions = header.api_version >= 7
     forgotten = [
@@ -622,12 +669,16 @@ def _fetch_response(error: ErrorCode, session_id: int, responses: list[Body]) ->
 
 async def list_offsets(broker: Broker, header: RequestHeader, req: Body) -> Body:
     topics = []
+    twice = duplicated((t["name"], p["partition_index"]) for t in req["topics"] for p in t["partitions"])
     for t in req["topics"]:
         parts = []
         for p in t["partitions"]:
-            error, ts, offset, epoch = broker.replicas.list_offset(
-                t["name"], p["partition_index"], p["timestamp"], p.get("current_leader_epoch", -1)
-            )
+            if (t["name"], p["partition_index"]) in twice:
+                error, ts, offset, epoch = ErrorCode.INVALID_REQUEST, -1, -1, -1
+            else:
+                error, ts, offset, epoch = broker.replicas.list_offset(
+                    t["name"], p["partition_index"], p["timestamp"], p.get("current_leader_epoch", -1)
+                )
             parts.append(
                 {
                     "partition_index": p["partition_index"],

@@ -2,13 +2,34 @@
 
 Each connection is a ``BufferedProtocol`` that receives every request straight into its own
 ``bytearray`` (one kernel copy, no stream-buffer churn: at 1 MB requests this halves the
-broker's work per byte). Complete frames queue up, at most ``FRAMES_QUEUED_MAX`` of them,
-after which the socket stops being read until the handler catches up (backpressure). One task
-per connection takes frames in order, runs the handler, and writes the response before it
-takes the next (Kafka's per-connection ordering; clients pipeline on their side).
+broker's work per byte). One task per connection takes complete frames in order, runs the
+handler, and writes the response before it takes the next (Kafka's per-connection ordering;
+clients pipeline on their side).
+
+Hostile or broken clients cannot stop the broker from serving the others (the limits are in
+``connection_quotas``, the rules there, the I/O here):
+
+- a frame's buffer follows the bytes that arrive (``frame_capacity``): announcing 100 MB and
+  sending 10 bytes costs 10 bytes and one chunk;
+- every byte being read or waiting to be handled is reserved first in the server's
+  ``MemoryPool`` (``queued.max.request.bytes``); a connection that cannot reserve stops reading
+  its socket until another releases. A frame's first chunk may use the pool's last
+  ``POOL_HEADROOM`` bytes, the rest of a large frame may not, so large partial frames cannot
+  starve small requests; the rest of a frame is reserved at once, so frames that hold their
+  reservation always complete and release it;
+- a connection queues at most ``FRAMES_QUEUED_MAX`` complete frames and
+  ``socket.request.max.bytes`` of them before it stops reading (backpressure);
+- ``max.connections`` and ``max.connections.per.ip`` refuse new connections at accept;
+- a connection with nothing in flight for ``connections.max.idle.ms``, and a frame not complete
+  ``socket.request.read.timeout.ms`` after its first byte (a slow-loris), are closed by a sweep.
 
 Bad input never takes the broker down: an oversized, negative or unparseable frame closes
 that connection after one log line; every other connection goes on.
+
+Where authentication will sit: ``Connection._serve`` hands every complete frame to
+``_handle``; a per-connection authentication state belongs between the two (frames before
+authentication go to the SASL exchange, never to ``HANDLERS``), and ``current_session`` is set
+there once the connection has authenticated.
 """
 
 from __future__ import annotations
@@ -21,6 +42,14 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, cast
 
+from sluice import metrics
+from sluice.broker.connection_quotas import (
+    FRAME_CHUNK_BYTES,
+    ConnectionLimits,
+    MemoryPool,
+    connection_refusal,
+    frame_capacity,
+)
 from sluice.broker.handlers import HANDLERS
 from sluice.metrics import TRAFFIC
 from sluice.protocol.api import (
@@ -39,6 +68,10 @@ log = logging.getLogger("sluice.server")
 
 #: Complete requests a connection may hold before the broker stops reading its socket.
 FRAMES_QUEUED_MAX = 4
+#: The pool's last bytes, which only the first chunk of a frame may take (see the docstring).
+POOL_HEADROOM_MAX = 8 * 1024 * 1024
+#: How often idle and slow connections are looked for.
+SWEEP_INTERVAL_S = 1.0
 #: Bytes of responses queued to a slow client before the connection waits for them to drain.
 WRITE_HIGH_WATER = 16 * 1024 * 1024
 
@@ -80,8 +113,21 @@ def bind_listener(host: str, port: int) -> socket.socket:
 class KafkaServer:
     def __init__(self, broker: Broker):
         self.broker = broker
+        config = broker.config
         self._server: asyncio.base_events.Server | None = None
         self.connections: set[Connection] = set()
+        self.limits = ConnectionLimits(
+            config.max_connections, config.max_connections_per_ip, config.max_connections_per_ip_overrides
+        )
+        self._per_ip: dict[str, int] = {}
+        self.pool = MemoryPool(config.queued_max_request_bytes)
+        capacity = config.queued_max_request_bytes
+        self.pool_headroom = 0 if capacity is None else min(POOL_HEADROOM_MAX, capacity // 8)
+        #: connections that stopped reading until the pool has room, in the order they asked
+        self._pool_waiters: deque[Connection] = deque()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._refusals_logged_at = 0.0
+        self._refused_unlogged = 0
 
     async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
         """Serve on ``sock`` (bound by :func:`bind_listener`) or, without one, on host:port."""
@@ -90,10 +136,13 @@ class KafkaServer:
             self._server = await loop.create_server(lambda: Connection(self), sock=sock, backlog=512)
         else:
             self._server = await loop.create_server(lambda: Connection(self), host, port, backlog=512)
+        self._sweeper = loop.create_task(self._sweep_until_stopped())
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         tasks = [c.task for c in list(self.connections) if c.task is not None]
         for c in list(self.connections):
             c.close()
@@ -104,6 +153,116 @@ class KafkaServer:
         if self._server is not None:
             await self._server.wait_closed()
 
+    # -- connection limits -----------------------------------------------------------------------
+
+    def admit(self, conn: Connection) -> bool:
+        """Count a new connection in, or refuse it (max.connections, max.connections.per.ip)."""
+        ip = conn.ip
+        reason = connection_refusal(self.limits, len(self.connections), self._per_ip.get(ip, 0), ip)
+        if reason is not None:
+            metrics.CONNECTIONS_REFUSED.labels(reason).inc()
+            self._log_refusal(ip, reason)
+            return False
+        self.connections.add(conn)
+        self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+        return True
+
+    def forget(self, conn: Connection) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            left = self._per_ip.get(conn.ip, 1) - 1
+            if left:
+                self._per_ip[conn.ip] = left
+            else:
+                self._per_ip.pop(conn.ip, None)
+        try:
+            self._pool_waiters.remove(conn)
+        except ValueError:
+            pass
+
+    def _log_refusal(self, ip: str, reason: str) -> None:
+        # A flood of connections must not become a flood of log lines: one a second at most.
+        now = time.monotonic()
+        if now - self._refusals_logged_at < 1.0:
+            self._refused_unlogged += 1
+            return
+        log.warning(
+            "event=connection_refused ip=%s reason=%s open=%d open_from_ip=%d refused_since_last_line=%d "
+            "action='raise %s if these clients are expected'",
+            ip,
+            reason,
+            len(self.connections),
+            self._per_ip.get(ip, 0),
+            self._refused_unlogged,
+            reason.replace("_", "."),
+        )
+        self._refusals_logged_at = now
+        self._refused_unlogged = 0
+
+    # -- the request memory pool -----------------------------------------------------------------
+
+    def reserve(self, conn: Connection, nbytes: int, *, first_chunk: bool) -> bool:
+        """Reserve ``nbytes`` for ``conn``'s frame; False (and ``conn`` queued to be woken) when
+        the pool has no room: the connection stops reading until it has."""
+        keep = 0 if first_chunk else self.pool_headroom
+        # First come, first served: a large frame waiting for room is not overtaken by later ones.
+        in_turn = first_chunk or not self._pool_waiters or self._pool_waiters[0] is conn
+        if in_turn and self.pool.try_reserve(nbytes, keep=keep):
+            return True
+        if conn not in self._pool_waiters:
+            self._pool_waiters.append(conn)
+        return False
+
+    def release(self, nbytes: int) -> None:
+        if nbytes:
+            self.pool.release(nbytes)
+            self._wake_pool_waiters()
+
+    def _wake_pool_waiters(self) -> None:
+        while self._pool_waiters:
+            conn = self._pool_waiters[0]
+            if not conn.retry_reserve():
+                return
+            if self._pool_waiters and self._pool_waiters[0] is conn:
+                self._pool_waiters.popleft()
+
+    # -- idle and slow connections ---------------------------------------------------------------
+
+    async def _sweep_until_stopped(self) -> None:
+        config = self.broker.config
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                self.sweep(
+                    time.monotonic(), config.connections_max_idle_ms, config.socket_request_read_timeout_ms
+                )
+            except Exception:
+                log.exception("event=connection_sweep_failed")
+
+    def sweep(self, now: float, idle_ms: int, read_timeout_ms: int) -> None:
+        """Close connections idle for ``idle_ms`` (nothing received, queued or in flight) and
+        those with a frame started more than ``read_timeout_ms`` ago and still incomplete."""
+        idle = slow = 0
+        for conn in list(self.connections):
+            why = conn.stale(now, idle_ms / 1000.0, read_timeout_ms / 1000.0)
+            if why is None:
+                continue
+            metrics.CONNECTIONS_CLOSED.labels(why).inc()
+            if why == "idle":
+                idle += 1
+            else:
+                slow += 1
+            conn.close()
+        if idle or slow:
+            log.info(
+                "event=connections_closed idle=%d slow_request=%d idle_ms=%d read_timeout_ms=%d open=%d",
+                idle,
+                slow,
+                idle_ms,
+                read_timeout_ms,
+                len(self.connections),
+            )
+
 
 class Connection(asyncio.BufferedProtocol):
     """One client connection: framing in ``get_buffer``/``buffer_updated``, handling in ``_serve``."""
@@ -113,18 +272,30 @@ class Connection(asyncio.BufferedProtocol):
         self.max_bytes = server.broker.config.socket_request_max_bytes
         self.transport: asyncio.Transport | None = None
         self.peer: object = None
+        self.ip = ""
         self.task: asyncio.Task[None] | None = None
         self._size = bytearray(4)
+        #: the frame being received: its announced size, its buffer (grown as bytes arrive, see
+        #: ``frame_capacity``), the bytes reserved for it in the pool, and when it started
+        self._frame_size = 0
         self._frame: bytearray | None = None
+        self._frame_reserved = 0
+        self._frame_started = 0.0
+        #: waiting for the pool: the frame's next reservation could not be made
+        self._wants_pool = False
         self._pos = 0
         #: complete frames; a None entry means "the frame was refused: close the connection"
         self._frames: deque[tuple[int, bytearray | None]] = deque()
+        #: pool bytes held by complete frames not yet handled (released once handled)
+        self._queued_bytes = 0
         self._frame_ready: asyncio.Event = asyncio.Event()
         self._closed = False
         self._reading_paused = False
         self._writing_paused = False
         self._drained: asyncio.Event = asyncio.Event()
         self._drained.set()
+        self._handling = False
+        self._last_activity = time.monotonic()
 
     # -- asyncio protocol callbacks --------------------------------------------------------------
 
@@ -132,18 +303,27 @@ class Connection(asyncio.BufferedProtocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
         self.peer = transport.get_extra_info("peername")
+        self.ip = str(self.peer[0]) if isinstance(self.peer, tuple) else ""
+        if not self.server.admit(self):
+            self._closed = True
+            self.transport.abort()
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.server.connections.add(self)
         self.task = asyncio.get_running_loop().create_task(self._serve())
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        target = self._size if self._frame is None else self._frame
-        return memoryview(target)[self._pos :]
+        if self._frame is None:
+            return memoryview(self._size)[self._pos :]
+        if self._pos == len(self._frame):
+            # Grow only for bytes that are arriving: the announcement alone allocates nothing.
+            self._frame += bytes(frame_capacity(self._pos, self._frame_size) - self._pos)
+        return memoryview(self._frame)[self._pos :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._pos += nbytes
+        self._last_activity = time.monotonic()
         if self._frame is None:
             if self._pos < 4:
                 return
@@ -154,12 +334,59 @@ class Connection(asyncio.BufferedProtocol):
                 self._push(size, None)
                 self._pause_reading()
                 return
-            self._frame = bytearray(size)
+            self._frame_size = size
+            self._frame = bytearray()
+            self._frame_started = self._last_activity
+            self._reserve_next()
             return
-        if self._pos == len(self._frame):
-            self._push(len(self._frame), self._frame)
-            self._frame = None
+        if self._pos == self._frame_size:
+            frame = self._frame
+            assert len(frame) == self._frame_size == self._frame_reserved
+            self._queued_bytes += self._frame_reserved
+            self._frame, self._frame_reserved, self._frame_size = None, 0, 0
             self._pos = 0
+            self._push(len(frame), frame)
+        elif self._pos == self._frame_reserved:
+            self._reserve_next()
+
+    def _reserve_next(self) -> None:
+        """Reserve the frame's next bytes in the pool before reading them: its first chunk,
+        then, once that is full, all the rest at once. Without room, stop reading until the pool
+        wakes this connection (``retry_reserve``)."""
+        assert self._frame is not None
+        first = self._frame_reserved == 0
+        nbytes = (
+            min(self._frame_size, FRAME_CHUNK_BYTES) if first else self._frame_size - self._frame_reserved
+        )
+        if self.server.reserve(self, nbytes, first_chunk=first):
+            self._frame_reserved += nbytes
+            self._wants_pool = False
+            return
+        self._wants_pool = True
+        self._pause_reading()
+
+    def retry_reserve(self) -> bool:
+        """Called by the server when pool bytes were released: True when this connection no
+        longer waits for the pool (it reserved, or closed)."""
+        if self._closed or self._frame is None or not self._wants_pool:
+            self._wants_pool = False
+            return True
+        self._reserve_next()
+        if self._wants_pool:
+            return False
+        self._maybe_resume_reading()
+        return True
+
+    def stale(self, now: float, idle_s: float, read_timeout_s: float) -> str | None:
+        """Why the sweep should close this connection ("idle", "slow_request"), or None."""
+        if self._closed:
+            return None
+        if self._frame is not None or self._pos > 0:
+            started = self._frame_started if self._frame is not None else self._last_activity
+            return "slow_request" if now - started > read_timeout_s else None
+        if self._handling or self._frames:
+            return None
+        return "idle" if now - self._last_activity > idle_s else None
 
     def eof_received(self) -> bool:
         self._closed = True
@@ -170,7 +397,13 @@ class Connection(asyncio.BufferedProtocol):
         self._closed = True
         self._frame_ready.set()
         self._drained.set()
-        self.server.connections.discard(self)
+        self.server.forget(self)
+        # Bytes of a partial frame and of frames never handled go back to the pool (frames the
+        # serving task is handling now are released by it).
+        held, self._frame_reserved, self._frame = self._frame_reserved, 0, None
+        queued, self._queued_bytes = self._queued_bytes, 0
+        self._frames.clear()
+        self.server.release(held + queued)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -185,8 +418,11 @@ class Connection(asyncio.BufferedProtocol):
     def _push(self, size: int, frame: bytearray | None) -> None:
         self._frames.append((size, frame))
         self._frame_ready.set()
-        if len(self._frames) >= FRAMES_QUEUED_MAX:
+        if self._queue_full():
             self._pause_reading()
+
+    def _queue_full(self) -> bool:
+        return len(self._frames) >= FRAMES_QUEUED_MAX or self._queued_bytes >= self.max_bytes
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self._closed:
@@ -200,11 +436,21 @@ class Connection(asyncio.BufferedProtocol):
             self._frame_ready.clear()
             await self._frame_ready.wait()
         item = self._frames.popleft()
-        if self._reading_paused and item[1] is not None and len(self._frames) < FRAMES_QUEUED_MAX // 2:
+        if item[1] is not None:
+            self._maybe_resume_reading()
+        return item
+
+    def _maybe_resume_reading(self) -> None:
+        if (
+            self._reading_paused
+            and not self._closed
+            and not self._wants_pool
+            and len(self._frames) < FRAMES_QUEUED_MAX // 2
+            and self._queued_bytes < self.max_bytes
+        ):
             self._reading_paused = False
             assert self.transport is not None
             self.transport.resume_reading()
-        return item
 
     def close(self) -> None:
         self._closed = True
@@ -228,8 +474,19 @@ class Connection(asyncio.BufferedProtocol):
                         "event=frame_rejected peer=%s size=%d max=%d action=close", peer, size, self.max_bytes
                     )
                     return
-                if not await self._handle(frame, size):
-                    return
+                self._handling = True
+                try:
+                    if not await self._handle(frame, size):
+                        return
+                finally:
+                    self._handling = False
+                    self._last_activity = time.monotonic()
+                    # The frame's bytes go back to the pool once handled (a record blob may be
+                    # referenced until the handler returns).
+                    released = min(self._queued_bytes, size)
+                    self._queued_bytes -= released
+                    self.server.release(released)
+                    self._maybe_resume_reading()
         except asyncio.CancelledError:
             pass
         finally:
