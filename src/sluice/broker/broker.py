@@ -29,6 +29,7 @@ from sluice.broker.config import BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.fetch_sessions import FetchSessionCache
 from sluice.broker.group_placement import OFFSETS_TOPIC
+from sluice.broker.listeners import Listener
 from sluice.broker.metadata import VERIFY_INTERVAL_S, MetadataCache
 from sluice.broker.partition import Partition
 from sluice.broker.producer_ids import ProducerIdManager
@@ -121,14 +122,17 @@ class Broker:
         self._stop_event = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self.request_stop)
-        listener = bind_listener(self.config.host, self.config.port)
+        bound: list[tuple[Listener, socket.socket]] = []
         try:
+            for lst in self.config.bound_listeners:
+                bound.append((lst, bind_listener(lst.host, lst.port)))
             self._serve_metrics()
-            await self._run_bound(listener)
+            await self._run_bound(bound)
         finally:
-            listener.close()  # a no-op once the server has closed it
+            for _, sock in bound:
+                sock.close()  # a no-op once the server has closed it
 
-    async def _run_bound(self, listener: socket.socket) -> None:
+    async def _run_bound(self, listeners: list[tuple[Listener, socket.socket]]) -> None:
         self._lock_data_dir()
         self.replicas.clean_start = self._take_clean_shutdown_marker()
         await asyncio.to_thread(self.store.start)
@@ -143,7 +147,7 @@ class Broker:
             if self.authorizer is not None:
                 # The ACLs before the listener: no request is answered without them.
                 await asyncio.to_thread(self.authorizer.start)
-            await self.server.start(self.config.host, self.config.port, sock=listener)
+            await self.server.start_listeners(listeners)
             host, port = self.config.advertised
             reg = self._registration()
             epoch = await asyncio.to_thread(self.store.register_broker, reg)

@@ -61,6 +61,10 @@ def duplicated(keys: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
     return twice
 
 
+#: APIs the connection answers itself (broker/authentication.py), not a handler.
+CONNECTION_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+
 async def api_versions(broker: Broker, header: RequestHeader, req: Body) -> Body:
     # Advertise only what this broker handles, so clients never pick an API it would refuse.
     return {
@@ -68,7 +72,7 @@ async def api_versions(broker: Broker, header: RequestHeader, req: Body) -> Body
         "api_keys": [
             {"api_key": int(k), "min_version": lo, "max_version": hi}
             for k, (lo, hi) in sorted(SUPPORTED.items())
-            if k in HANDLERS
+            if k in HANDLERS or k in CONNECTION_APIS
         ],
         "throttle_time_ms": 0,
     }

@@ -36,13 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import socket
 import time
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sluice import metrics
+from sluice.broker.authentication import ConnectionAuth
 from sluice.broker.connection_quotas import (
     FRAME_CHUNK_BYTES,
     ConnectionLimits,
@@ -51,21 +53,28 @@ from sluice.broker.connection_quotas import (
     frame_capacity,
 )
 from sluice.broker.handlers import HANDLERS
+from sluice.broker.listeners import Listener
 from sluice.metrics import TRAFFIC
 from sluice.protocol.api import (
     ApiKey,
+    RequestHeader,
     UnsupportedVersion,
     decode_request,
     encode_api_versions_fallback,
     encode_response,
 )
 from sluice.protocol.primitives import DecodeError
+from sluice.security.session import current_session
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
 
 log = logging.getLogger("sluice.server")
 
+#: The largest frame a SASL connection may send before it has authenticated (Kafka's default
+#: ``sasl.server.max.receive.size``).
+PRE_AUTH_MAX_BYTES = 512 * 1024
+PLAINTEXT_LISTENER = Listener("PLAINTEXT", "PLAINTEXT", "", 0)
 #: Complete requests a connection may hold before the broker stops reading its socket.
 FRAMES_QUEUED_MAX = 4
 #: The pool's last bytes, which only the first chunk of a frame may take (see the docstring).
@@ -115,6 +124,7 @@ class KafkaServer:
         self.broker = broker
         config = broker.config
         self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []
         self.connections: set[Connection] = set()
         self.limits = ConnectionLimits(
             config.max_connections, config.max_connections_per_ip, config.max_connections_per_ip_overrides
@@ -130,17 +140,29 @@ class KafkaServer:
         self._refused_unlogged = 0
 
     async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
-        """Serve on ``sock`` (bound by :func:`bind_listener`) or, without one, on host:port."""
+        """Serve one PLAINTEXT listener on ``sock`` (bound by :func:`bind_listener`) or, without
+        one, on host:port."""
+        if sock is None:
+            sock = bind_listener(host, port)
+        await self.start_listeners([(Listener("PLAINTEXT", "PLAINTEXT", host, port), sock)])
+
+    async def start_listeners(self, bound: list[tuple[Listener, socket.socket]]) -> None:
+        """Serve every listener on its bound socket; SSL and SASL_SSL ones with the broker's TLS."""
         loop = asyncio.get_running_loop()
-        if sock is not None:
-            self._server = await loop.create_server(lambda: Connection(self), sock=sock, backlog=512)
-        else:
-            self._server = await loop.create_server(lambda: Connection(self), host, port, backlog=512)
+        tls = self.broker.config.tls
+        context = tls.context() if tls is not None and any(lst.tls for lst, _ in bound) else None
+        for lst, sock in bound:
+            server = await loop.create_server(
+                functools.partial(Connection, self, lst), sock=sock, backlog=512,
+                ssl=context if lst.tls else None,
+            )  # fmt: skip
+            self._servers.append(server)
+        self._server = self._servers[0] if self._servers else None
         self._sweeper = loop.create_task(self._sweep_until_stopped())
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
         tasks = [c.task for c in list(self.connections) if c.task is not None]
@@ -150,8 +172,8 @@ class KafkaServer:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
     # -- connection limits -----------------------------------------------------------------------
 
@@ -267,9 +289,16 @@ class KafkaServer:
 class Connection(asyncio.BufferedProtocol):
     """One client connection: framing in ``get_buffer``/``buffer_updated``, handling in ``_serve``."""
 
-    def __init__(self, server: KafkaServer):
+    def __init__(self, server: KafkaServer, listener: Listener = PLAINTEXT_LISTENER):
         self.server = server
+        self.listener = listener
+        #: who this connection is (broker/authentication.py); made once connected
+        self.auth: ConnectionAuth | None = None
+        # Before a SASL connection authenticates, its frames are small (Kafka's 512 KB
+        # sasl.server.max.receive.size): an anonymous client cannot make the broker hold more.
         self.max_bytes = server.broker.config.socket_request_max_bytes
+        if listener.sasl:
+            self.max_bytes = min(self.max_bytes, PRE_AUTH_MAX_BYTES)
         self.transport: asyncio.Transport | None = None
         self.peer: object = None
         self.ip = ""
@@ -311,6 +340,9 @@ class Connection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.auth = ConnectionAuth(
+            self.server.broker, self.listener, f"/{self.ip}", transport.get_extra_info("ssl_object")
+        )
         self.task = asyncio.get_running_loop().create_task(self._serve())
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -381,6 +413,8 @@ class Connection(asyncio.BufferedProtocol):
         """Why the sweep should close this connection ("idle", "slow_request"), or None."""
         if self._closed:
             return None
+        if self.auth is not None and self.auth.expired():
+            return "unauthenticated"
         if self._frame is not None or self._pos > 0:
             started = self._frame_started if self._frame is not None else self._last_activity
             return "slow_request" if now - started > read_timeout_s else None
@@ -463,6 +497,8 @@ class Connection(asyncio.BufferedProtocol):
     async def _serve(self) -> None:
         peer = self.peer
         current_client_host.set(f"/{peer[0]}" if isinstance(peer, tuple) else "")
+        if self.auth is not None:
+            current_session.set(self.auth.session)
         try:
             while True:
                 item = await self._next_frame()
@@ -515,6 +551,16 @@ class Connection(asyncio.BufferedProtocol):
         except DecodeError as exc:
             log.warning("event=malformed_request peer=%s size=%d error=%r action=close", peer, size, str(exc))
             return False
+        auth = self.auth
+        if auth is not None and header.api_key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
+            return await self._authenticate(auth, header, body)
+        if auth is not None and not auth.allows(header.api_key):
+            log.warning(
+                "event=unauthenticated_request listener=%s peer=%s api_key=%d action=close "
+                "hint='authenticate with SASL (security.protocol=%s) before any other request'",
+                self.listener.name, peer, header.api_key, self.listener.protocol,
+            )  # fmt: skip
+            return False
         handler = HANDLERS.get(header.api_key)
         if handler is None:
             log.warning("event=unhandled_api peer=%s api_key=%d action=close", peer, header.api_key)
@@ -545,3 +591,16 @@ class Connection(asyncio.BufferedProtocol):
         if self._writing_paused or self.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             await self._drained.wait()
         return True
+
+    async def _authenticate(self, auth: ConnectionAuth, header: RequestHeader, body: dict[str, Any]) -> bool:
+        """SaslHandshake or SaslAuthenticate: answered by the connection's ConnectionAuth; a
+        failure is answered and the connection closed."""
+        assert self.transport is not None
+        response, close = await auth.handle(header, body)
+        if self._closed:
+            return False
+        self.transport.writelines(encode_response(header, response))
+        if auth.authenticated:
+            current_session.set(auth.session)
+            self.max_bytes = self.server.broker.config.socket_request_max_bytes
+        return not close

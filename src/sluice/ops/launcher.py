@@ -31,11 +31,17 @@ from sluice.ops.netns import HostNetwork, namespace_exec_prefix
 from sluice.ops.ports import free_ports
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
+from sluice.security.client import PLAINTEXT, ClientSecurity
 
 STATE_FILE = "cluster.json"
 NETWORK_FILE = "network.json"
 DEFAULT_DIR = Path(".sluice/cluster")
 HOST_MODES = ("local", "netns")
+#: ``cluster up --security``: none (PLAINTEXT) or sasl_ssl (TLS + SCRAM + ACLs)
+SECURITY_MODES = ("none", "sasl_ssl")
+CLIENT_PROPERTIES = "client.properties"
+ADMIN_USER = "admin"
+BROKER_USER = "sluice-broker"
 #: The port brokers listen on in their own namespace (each has its own address).
 NETNS_BROKER_PORT = 9092
 #: The metrics port of a broker or worker in its own namespace.
@@ -109,6 +115,17 @@ class LocalCluster:
     zookeeper_force_sync: bool = True
     #: more keys of every broker's configuration file (``authorizer.class.name`` ...)
     broker_settings: dict[str, str] = field(default_factory=dict)
+    #: "none" (PLAINTEXT) or "sasl_ssl": TLS, SCRAM users, ACLs (``cluster_up`` sets them up)
+    security: str = "none"
+
+    @property
+    def client_properties(self) -> Path | None:
+        """The admin user's Kafka client properties (security on), else None."""
+        return Path(self.directory) / CLIENT_PROPERTIES if self.security != "none" else None
+
+    def client_security(self) -> ClientSecurity:
+        path = self.client_properties
+        return ClientSecurity.from_file(path) if path is not None else PLAINTEXT
 
     @property
     def bootstrap_servers(self) -> str:
@@ -126,7 +143,10 @@ class LocalCluster:
     def save(self) -> None:
         path = Path(self.directory) / STATE_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2))
+        # owner-only: with security on, the brokers' settings hold the inter-broker password
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2))
         os.replace(tmp, path)
 
     @classmethod
@@ -182,14 +202,18 @@ def namespace_prefix(namespace: str | None) -> list[str]:
 
 
 def broker_properties(
-    b: BrokerProcess, zookeeper: str, session_timeout_s: float, settings: dict[str, str] | None = None
+    b: BrokerProcess,
+    zookeeper: str,
+    session_timeout_s: float,
+    settings: dict[str, str] | None = None,
+    protocol: str = "PLAINTEXT",
 ) -> str:
     """The broker's configuration file (``sluice broker start --config``). A broker in its own
     namespace binds every address of it and advertises its own."""
-    listener = f"PLAINTEXT://{b.host}:{b.port}"
+    listener = f"{protocol}://{b.host}:{b.port}"
     lines = [
         f"broker.id={b.broker_id}",
-        f"listeners={'PLAINTEXT://0.0.0.0:' + str(b.port) if b.namespace else listener}",
+        f"listeners={protocol + '://0.0.0.0:' + str(b.port) if b.namespace else listener}",
         f"advertised.listeners={listener}",
         f"log.dirs={b.data_dir}",
         f"zookeeper.connect={zookeeper}",
@@ -211,11 +235,13 @@ def broker_command(b: BrokerProcess, config_file: Path) -> list[str]:
 def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
     Path(b.data_dir).mkdir(parents=True, exist_ok=True)
     config_file = Path(cluster.directory) / f"broker-{b.broker_id}.properties"
+    config_file.touch(mode=0o600)  # it may hold the inter-broker password
     config_file.write_text(
         broker_properties(
-            b, b.zookeeper or cluster.zookeeper, cluster.zk_session_timeout_s, cluster.broker_settings
+            b, b.zookeeper or cluster.zookeeper, cluster.zk_session_timeout_s, cluster.broker_settings,
+            "SASL_SSL" if cluster.security == "sasl_ssl" else "PLAINTEXT",
         )
-    )
+    )  # fmt: skip
     with open(b.log_file, "ab") as logf:
         proc = subprocess.Popen(
             broker_command(b, config_file),
@@ -284,6 +310,7 @@ def cluster_up(
     workers: int = 0,
     zookeeper_force_sync: bool = True,
     broker_settings: dict[str, str] | None = None,
+    security: str = "none",
 ) -> LocalCluster:
     """Start ZooKeeper (unless ``zookeeper`` names one), the brokers and the workers; wait until
     every broker is registered, a controller elected and every broker's view complete.
@@ -312,9 +339,12 @@ def cluster_up(
                          "or --zookeeper-nodes")  # fmt: skip
     if workers < 0:
         raise ValueError("--workers must be 0 or more")
+    if security not in SECURITY_MODES:
+        raise ValueError(f"--security must be one of {', '.join(SECURITY_MODES)}, not {security!r}")
     cluster = LocalCluster(
         str(directory), zookeeper or "", -1, zookeeper is None, zk_session_timeout_s=zk_session_timeout_s,
         hosts=hosts, zookeeper_force_sync=zookeeper_force_sync, broker_settings=dict(broker_settings or {}),
+        security=security,
     )  # fmt: skip
     network: HostNetwork | None = None
     try:
@@ -344,6 +374,8 @@ def cluster_up(
             )
         cluster.save()
         ensure_chroot(cluster.zookeeper)
+        if security == "sasl_ssl":
+            _secure(cluster, host)
         for b in cluster.brokers:
             start_broker_process(cluster, b)
         cluster.save()
@@ -366,6 +398,44 @@ def cluster_up(
         cluster_down(directory)
         raise
     return cluster
+
+
+def _secure(cluster: LocalCluster, host: str) -> None:
+    """SASL_SSL for a local cluster: a CA and a certificate for the brokers' addresses, an
+    ``admin`` user and the brokers' own user (random passwords, SCRAM credentials in ZooKeeper),
+    Kafka's ACL authorizer with both as super users, and the admin's client properties."""
+    import secrets
+
+    from kazoo.client import KazooClient
+
+    from sluice.security.credentials import CredentialStore
+    from sluice.security.scram import MECHANISMS
+    from sluice.security.tls import local_ca
+
+    directory = Path(cluster.directory)
+    hosts = sorted({host, "localhost", "127.0.0.1", *(b.host for b in cluster.brokers)})
+    ca = local_ca(directory / "tls", hosts)
+    passwords = {user: secrets.token_urlsafe(18) for user in (ADMIN_USER, BROKER_USER)}
+    zk = KazooClient(hosts=cluster.zookeeper, timeout=10.0)
+    zk.start(timeout=15)
+    try:
+        store = CredentialStore(zk)
+        for user, password in passwords.items():
+            store.set_password(user, password, tuple(MECHANISMS))
+    finally:
+        zk.stop()
+        zk.close()
+    cluster.broker_settings.update({
+        "ssl.keystore.location": str(ca.keystore),
+        "ssl.truststore.location": str(ca.ca_file),
+        "inter.broker.sasl.username": BROKER_USER,
+        "inter.broker.sasl.password": passwords[BROKER_USER],
+        "authorizer.class.name": "sluice.security.acl.AclAuthorizer",
+        "super.users": f"User:{ADMIN_USER};User:{BROKER_USER}",
+    })  # fmt: skip
+    admin = ClientSecurity("SASL_SSL", "SCRAM-SHA-512", ADMIN_USER, passwords[ADMIN_USER], ca.ca_file)
+    admin.write(directory / CLIENT_PROPERTIES)
+    cluster.save()
 
 
 def _start_zookeeper(cluster: LocalCluster, network: HostNetwork | None, nodes: int, host: str) -> None:
@@ -461,7 +531,8 @@ def wait_views_complete(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
     for b in running:
         while True:
             try:
-                with WireClient(b.host, b.port, client_id="sluice-launcher", timeout_s=5.0) as w:
+                with WireClient(b.host, b.port, client_id="sluice-launcher", timeout_s=5.0,
+                                security=cluster.client_security()) as w:  # fmt: skip
                     r = w.request(ApiKey.METADATA, 9, {"topics": [], "allow_auto_topic_creation": False})
                 names = {x["node_id"] for x in r["brokers"]}
                 seen[b.broker_id] = (sorted(names), r["controller_id"])

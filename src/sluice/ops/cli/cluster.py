@@ -48,6 +48,14 @@ def cluster_up(
     workers: Annotated[
         int, typer.Option("--workers", help="Sync workers to start (sluice worker start)")
     ] = 0,
+    security: Annotated[
+        str,
+        typer.Option(
+            "--security",
+            help="none: PLAINTEXT; sasl_ssl: TLS with a local CA, SCRAM users (admin, the brokers'), "
+            "ACLs, and client.properties for the admin user",
+        ),
+    ] = "none",
 ) -> None:
     """Start ZooKeeper (unless --zookeeper names one), N brokers and K workers; wait until ready."""
     from sluice.ops.netns import NetnsError
@@ -56,13 +64,15 @@ def cluster_up(
     try:
         cluster = launcher.cluster_up(
             directory, brokers, zookeeper, zk_session_timeout_s=zk_session_timeout, hosts=hosts,
-            zookeeper_nodes=zookeeper_nodes, workers=workers,
+            zookeeper_nodes=zookeeper_nodes, workers=workers, security=security.lower(),
         )  # fmt: skip
     except (RuntimeError, TimeoutError, ValueError, FileNotFoundError, NetnsError) as exc:
         raise fail(str(exc)) from None
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
     print(f"metrics={','.join(cluster.metrics_urls())}")
     print(f"zookeeper={cluster.zookeeper}")
+    if cluster.client_properties is not None:
+        print(f"client.properties={cluster.client_properties}")
     took_s = time.monotonic() - started
     err.print(
         f"[green]cluster up[/] in {took_s:.1f} s: {len(cluster.brokers)} broker(s), "
