@@ -138,11 +138,15 @@ def make_cluster(zookeeper: str, tmp_path: Path) -> Iterator[Callable[..., TestC
     clusters: list[TestCluster] = []
 
     def make(
-        brokers: int = 1, session_timeout_s: float = 6.0, broker_settings: dict[str, str] | None = None
+        brokers: int = 1,
+        session_timeout_s: float = 6.0,
+        broker_settings: dict[str, str] | None = None,
+        security: str = "none",
     ) -> TestCluster:
         c = TestCluster(
-            zookeeper, tmp_path / f"cluster-{len(clusters)}", brokers, session_timeout_s, broker_settings
-        )
+            zookeeper, tmp_path / f"cluster-{len(clusters)}", brokers, session_timeout_s, broker_settings,
+            security,
+        )  # fmt: skip
         clusters.append(c)
         return c
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.ops import launcher
+from sluice.security.client import ClientSecurity
 from sluice.ops.launcher import BrokerProcess, LocalCluster
 
 
@@ -43,6 +44,7 @@ class TestCluster:
         brokers: int,
         session_timeout_s: float = 6.0,
         broker_settings: dict[str, str] | None = None,
+        security: str = "none",
     ):
         self.chroot = f"/t-{uuid.uuid4().hex[:10]}"
         self.directory = directory
@@ -52,7 +54,16 @@ class TestCluster:
             f"{zookeeper}{self.chroot}",
             zk_session_timeout_s=session_timeout_s,
             broker_settings=broker_settings,
+            security=security,
         )
+
+    @property
+    def client_properties(self) -> Path | None:
+        """The admin user's Kafka client properties (security on), else None."""
+        return self.cluster.client_properties
+
+    def client_security(self) -> ClientSecurity:
+        return self.cluster.client_security()
 
     @property
     def bootstrap(self) -> str:
