@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from sluice.ops import launcher
-from sluice.security.client import ClientSecurity
 from sluice.ops.launcher import BrokerProcess, LocalCluster
+from sluice.security.client import ClientSecurity
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
