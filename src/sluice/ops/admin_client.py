@@ -10,6 +10,7 @@ from typing import Any
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.primitives import DecodeError, Reader
+from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.sync.wire_client import WireClient
 
 RETRIABLE_COORDINATOR = (
@@ -34,11 +35,15 @@ class PartitionMeta:
 
 
 class AdminClient:
-    def __init__(self, bootstrap: str, *, timeout_s: float = 15.0):
+    def __init__(self, bootstrap: str, *, timeout_s: float = 15.0, security: ClientSecurity = PLAINTEXT):
+        """``security``: every connection (bootstrap, leaders, coordinators) authenticates with it."""
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
+        self.security = security
         self._conns: dict[int, WireClient] = {}
-        self._bootstrap_conn = WireClient.connect(bootstrap, client_id="sluice-admin", timeout_s=timeout_s)
+        self._bootstrap_conn = WireClient.connect(
+            bootstrap, client_id="sluice-admin", timeout_s=timeout_s, security=security
+        )
         self.brokers: dict[int, tuple[str, int]] = {}
         #: brokers the last list_groups could not reach, with why
         self.unreachable: dict[int, str] = {}
@@ -61,7 +66,9 @@ class AdminClient:
             if node_id not in self.brokers:
                 raise AdminError(f"broker {node_id} is not in the cluster metadata")
             host, port = self.brokers[node_id]
-            self._conns[node_id] = WireClient(host, port, client_id="sluice-admin", timeout_s=self.timeout_s)
+            self._conns[node_id] = WireClient(
+                host, port, client_id="sluice-admin", timeout_s=self.timeout_s, security=self.security
+            )
         return self._conns[node_id]
 
     def metadata(self, topics: list[str] | None) -> dict[str, list[PartitionMeta]]:

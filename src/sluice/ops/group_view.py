@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.ops.admin_client import AdminClient, AdminError, decode_consumer_assignment
+from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 
@@ -59,8 +60,8 @@ def _describe(admin: AdminClient, group_id: str) -> dict[str, Any]:
     return dict(g)
 
 
-def describe_group(bootstrap: str, group_id: str) -> GroupView:
-    with AdminClient(bootstrap) as admin:
+def describe_group(bootstrap: str, group_id: str, security: ClientSecurity = PLAINTEXT) -> GroupView:
+    with AdminClient(bootstrap, security=security) as admin:
         g = _describe(admin, group_id)
         coordinator = admin.coordinator_id(group_id)
         members = [
@@ -102,8 +103,10 @@ def describe_group(bootstrap: str, group_id: str) -> GroupView:
         )
 
 
-def reset_offsets(bootstrap: str, group_id: str, topic: str, target: str | int) -> dict[int, int]:
-    with AdminClient(bootstrap) as admin:
+def reset_offsets(
+    bootstrap: str, group_id: str, topic: str, target: str | int, security: ClientSecurity = PLAINTEXT
+) -> dict[int, int]:
+    with AdminClient(bootstrap, security=security) as admin:
         g = _describe(admin, group_id)
         if g["members"]:
             raise AdminError(

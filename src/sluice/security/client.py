@@ -119,6 +119,35 @@ class ClientSecurity:
 
 PLAINTEXT = ClientSecurity()
 
+#: Kafka's client keys, as a process's configuration file (worker, manager) holds them, and the
+#: field each sets; :func:`pop_client_security` turns the fields into one ClientSecurity.
+CLIENT_KEYS = {
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.username": "sasl_username",
+    "sasl.password": "sasl_password",
+    "ssl.ca.location": "ssl_ca_location",
+}
+CLIENT_SETTINGS: tuple[props.Setting, ...] = (
+    props.Setting("security.protocol", "security_protocol", props.non_empty,
+                  f"how to reach the brokers: {', '.join(PROTOCOLS)} (default PLAINTEXT)"),
+    props.Setting("sasl.mechanism", "sasl_mechanism", props.non_empty,
+                  f"SASL mechanism: {', '.join(MECHANISMS)} (default SCRAM-SHA-512)"),
+    props.Setting("sasl.username", "sasl_username", props.non_empty, "SASL user"),
+    props.Setting("sasl.password", "sasl_password", props.non_empty, "SASL password"),
+    props.Setting("ssl.ca.location", "ssl_ca_location", props.non_empty, "CA of the brokers' certificates"),
+)  # fmt: skip
+
+
+def pop_client_security(fields: dict[str, Any], source: str) -> ClientSecurity:
+    """Take the client keys' fields out of ``fields`` (``props.resolve`` of CLIENT_SETTINGS) as
+    one ClientSecurity; ConfigError (naming ``source``, never the password) if they disagree."""
+    values = {key: fields.pop(attr) for key, attr in CLIENT_KEYS.items() if attr in fields}
+    try:
+        return ClientSecurity.from_properties(values)
+    except props.ConfigError as exc:
+        raise props.ConfigError(f"{source}: {exc}") from None
+
 
 # ---------------------------------------------------------------- the exchange over a connection
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.cluster.zkstore import ZkStore
+from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.service.errors import UnavailableError
 from sluice.sync.tasks import TaskStore
 
@@ -22,9 +23,12 @@ class Services:
         *,
         worker_group: str = DEFAULT_WORKER_GROUP,
         connect_timeout_s: float = 10.0,
+        security: ClientSecurity = PLAINTEXT,
     ) -> None:
         self.zookeeper = zookeeper
         self.bootstrap = bootstrap
+        #: how every broker connection of a service call authenticates (Kafka's client keys)
+        self.security = security
         self.worker_group = worker_group
         self.connect_timeout_s = connect_timeout_s
         self._zk: ZkStore | None = None
@@ -71,8 +75,15 @@ def open_services(
     *,
     worker_group: str = DEFAULT_WORKER_GROUP,
     connect_timeout_s: float = 10.0,
+    security: ClientSecurity = PLAINTEXT,
 ) -> Services:
     """Services connected to ZooKeeper now (a manager wants to know at start that it can)."""
-    svc = Services(zookeeper, bootstrap, worker_group=worker_group, connect_timeout_s=connect_timeout_s)
+    svc = Services(
+        zookeeper,
+        bootstrap,
+        worker_group=worker_group,
+        connect_timeout_s=connect_timeout_s,
+        security=security,
+    )
     svc.zk  # noqa: B018 - connect now
     return svc

@@ -46,7 +46,7 @@ def _view_dict(view: GroupView) -> dict[str, Any]:
 
 def group_view(svc: Services, group: str) -> dict[str, Any]:
     try:
-        view = describe_group(svc.bootstrap, group)
+        view = describe_group(svc.bootstrap, group, svc.security)
     except AdminError as exc:
         if "does not exist" in str(exc):
             raise NotFoundError(str(exc)) from None
@@ -60,7 +60,7 @@ def list_groups(svc: Services, *, with_lag: bool = True) -> list[dict[str, Any]]
     """Every group any broker coordinates; with each one's member count and total lag
     (one describe per group: fine for the tens of groups a cluster has)."""
     try:
-        with AdminClient(svc.bootstrap, timeout_s=5.0) as admin:
+        with AdminClient(svc.bootstrap, timeout_s=5.0, security=svc.security) as admin:
             groups = admin.list_groups()
     except (AdminError, OSError, TimeoutError) as exc:
         raise UnavailableError(f"cannot list groups: {exc}") from None
@@ -72,7 +72,7 @@ def list_groups(svc: Services, *, with_lag: bool = True) -> list[dict[str, Any]]
         }  # fmt: skip
         if with_lag:
             try:
-                view = describe_group(svc.bootstrap, g["group_id"])
+                view = describe_group(svc.bootstrap, g["group_id"], svc.security)
                 row["members"] = len(view.members)
                 row["total_lag"] = view.total_lag if view.protocol_type in ("consumer", "") else None
                 row["state"] = view.state
@@ -90,7 +90,7 @@ def group_lags(svc: Services) -> dict[tuple[str, str, int], int]:
         if g["protocol_type"] not in ("consumer", ""):
             continue
         try:
-            view = describe_group(svc.bootstrap, g["group"])
+            view = describe_group(svc.bootstrap, g["group"], svc.security)
         except Exception:
             continue
         for p in view.partitions:
@@ -107,7 +107,7 @@ def reset_group_offsets(svc: Services, group: str, topic: str, to: Any) -> dict[
     if not isinstance(topic, str) or not topic:
         raise InvalidError("topic: required", field="topic")
     try:
-        result = reset_offsets(svc.bootstrap, group, topic, to)
+        result = reset_offsets(svc.bootstrap, group, topic, to, svc.security)
     except AdminError as exc:
         text = str(exc)
         if "active member" in text:
@@ -125,7 +125,7 @@ def workers(svc: Services) -> dict[str, Any]:
 
     group = svc.worker_group
     try:
-        with AdminClient(svc.bootstrap, timeout_s=5.0) as admin:
+        with AdminClient(svc.bootstrap, timeout_s=5.0, security=svc.security) as admin:
             g = _describe(admin, group)
     except (AdminError, OSError, TimeoutError) as exc:
         raise UnavailableError(f"cannot describe the worker group {group!r}: {exc}") from None

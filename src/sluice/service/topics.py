@@ -30,10 +30,12 @@ def kafka_error_text(exc: BaseException) -> str:
     return text() if callable(text) else str(arg)
 
 
-def _confluent_admin(bootstrap: str) -> Any:
+def _confluent_admin(svc: Services) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    return AdminClient(
+        {"bootstrap.servers": svc.bootstrap, "log_level": 3, **svc.security.confluent_config()}
+    )
 
 
 def list_topics(svc: Services) -> list[dict[str, Any]]:
@@ -80,7 +82,7 @@ def describe_topic(svc: Services, name: str) -> dict[str, Any]:
     ends: dict[tuple[str, int], int] = {}
     if tps:
         try:
-            with AdminClient(svc.bootstrap, timeout_s=5.0) as admin:
+            with AdminClient(svc.bootstrap, timeout_s=5.0, security=svc.security) as admin:
                 starts, ends = admin.offsets(tps, -2), admin.offsets(tps, -1)
         except Exception:  # the leaders are out of reach: the rest of the view still stands
             starts, ends = {}, {}
@@ -145,7 +147,7 @@ def create_topic(
             field="replication_factor",
         )
     cfg = {str(k): str(v) for k, v in (configs or {}).items()}
-    admin = _confluent_admin(svc.bootstrap)  # kept referenced until the future resolves
+    admin = _confluent_admin(svc)  # kept referenced until the future resolves
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=cfg)],
         operation_timeout=30,
@@ -182,7 +184,7 @@ def delete_topic(svc: Services, name: str) -> dict[str, Any]:
 def delete_topic_via_brokers(svc: Services, name: str) -> dict[str, Any]:
     """DeleteTopics through the brokers (no ZooKeeper needed: the CLI's path)."""
     refuse_internal(name)
-    admin = _confluent_admin(svc.bootstrap)  # kept referenced until the future resolves
+    admin = _confluent_admin(svc)  # kept referenced until the future resolves
     futures = admin.delete_topics([name], operation_timeout=30, request_timeout=40)
     try:
         futures[name].result()

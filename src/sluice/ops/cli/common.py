@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from sluice.ops import launcher
+from sluice.security.client import PLAINTEXT, ClientSecurity
 
 console = Console()
 err = Console(stderr=True)
@@ -26,6 +27,36 @@ Bootstrap = Annotated[
     ),
 ]
 ClusterDir = Annotated[Path, typer.Option("--dir", help="Directory of the local cluster")]
+CommandConfig = Annotated[
+    Path | None,
+    typer.Option(
+        "--command-config",
+        envvar="SLUICE_COMMAND_CONFIG",
+        help="Kafka client properties (security.protocol, sasl.mechanism, sasl.username, sasl.password, "
+        "ssl.ca.location) [default: the local cluster's client.properties when -b names its brokers]",
+    ),
+]
+
+
+def client_security(command_config: Path | None, bootstrap: str | None) -> ClientSecurity:
+    """How the command authenticates to the brokers: ``--command-config``'s properties; without
+    one, the local cluster's (.sluice/cluster) client.properties if ``bootstrap`` names one of
+    its brokers (the admin's password goes to no other address); else PLAINTEXT."""
+    from sluice.properties import ConfigError
+
+    try:
+        if command_config is not None:
+            return ClientSecurity.from_file(command_config)
+        try:
+            cluster = launcher.LocalCluster.load(launcher.DEFAULT_DIR.resolve())
+        except (FileNotFoundError, ValueError, TypeError, KeyError):
+            return PLAINTEXT
+        ours = {b.address for b in cluster.brokers}
+        if cluster.client_properties is not None and ours & set((bootstrap or DEFAULT_BOOTSTRAP).split(",")):
+            return cluster.client_security()
+    except ConfigError as exc:
+        raise fail(str(exc), 2) from None
+    return PLAINTEXT
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -51,14 +82,19 @@ def local_zookeeper() -> str:
         raise fail("no --zookeeper given and no local cluster in .sluice/cluster", 2) from None
 
 
-def services(zookeeper: str | None, bootstrap: str | None = None):  # type: ignore[no-untyped-def]
+def services(  # type: ignore[no-untyped-def]
+    zookeeper: str | None, bootstrap: str | None = None, command_config: Path | None = None
+):
     """The service layer's connections (`sluice.service.context.Services`), as the manager's API
     has them: the CLI and the API call the same functions."""
     from sluice.service.context import open_services
     from sluice.service.errors import ServiceError
 
+    security = client_security(command_config, bootstrap)
     try:
-        return open_services(zookeeper or local_zookeeper(), bootstrap or DEFAULT_BOOTSTRAP)
+        return open_services(
+            zookeeper or local_zookeeper(), bootstrap or DEFAULT_BOOTSTRAP, security=security
+        )
     except ServiceError as exc:
         raise fail(str(exc)) from None
 

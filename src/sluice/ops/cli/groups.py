@@ -10,6 +10,8 @@ from rich.table import Table
 from sluice.ops.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
+    CommandConfig,
+    client_security,
     console,
     fail,
 )
@@ -18,11 +20,11 @@ group_app = typer.Typer(no_args_is_help=True, help="Consumer groups: list, descr
 
 
 @group_app.command("list")
-def group_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
+def group_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, command_config: CommandConfig = None) -> None:
     """Every group any broker coordinates, with its state and protocol type."""
     from sluice.ops.admin_client import AdminClient
 
-    with AdminClient(bootstrap) as admin:
+    with AdminClient(bootstrap, security=client_security(command_config, bootstrap)) as admin:
         groups = admin.list_groups()
     table = Table(title=f"{len(groups)} group(s)")
     for col in ("group", "state", "protocol type", "coordinator"):
@@ -33,14 +35,18 @@ def group_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
 
 
 @group_app.command("describe")
-def group_describe(group: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
+def group_describe(
+    group: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, command_config: CommandConfig = None
+) -> None:
     """State, members (client id, host, assignment) and per-partition committed offset, end and lag."""
     from sluice.service.context import Services
     from sluice.service.errors import ServiceError
     from sluice.service.groups import group_view
 
     try:
-        view = group_view(Services(None, bootstrap), group)
+        view = group_view(
+            Services(None, bootstrap, security=client_security(command_config, bootstrap)), group
+        )
     except ServiceError as exc:
         raise fail(str(exc)) from None
     console.print(
@@ -82,6 +88,7 @@ def group_reset_offsets(
     to_latest: Annotated[bool, typer.Option("--to-latest")] = False,
     to_offset: Annotated[int | None, typer.Option("--to-offset")] = None,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    command_config: CommandConfig = None,
 ) -> None:
     """Set the group's committed offsets for TOPIC. Refused while the group has members."""
     from sluice.service.context import Services
@@ -93,7 +100,8 @@ def group_reset_offsets(
         raise fail("give exactly one of --to-earliest, --to-latest, --to-offset N")
     target = "earliest" if to_earliest else "latest" if to_latest else int(to_offset or 0)
     try:
-        reset = reset_group_offsets(Services(None, bootstrap), group, topic, target)
+        svc = Services(None, bootstrap, security=client_security(command_config, bootstrap))
+        reset = reset_group_offsets(svc, group, topic, target)
     except ServiceError as exc:
         raise fail(str(exc).replace("to: must be", "--to-offset must be")) from None
     result = {int(p): off for p, off in reset["offsets"].items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,6 +14,8 @@ from sluice.clients import close_within
 from sluice.ops.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
+    CommandConfig,
+    client_security,
     console,
     err,
     fail,
@@ -21,10 +24,21 @@ from sluice.ops.cli.common import (
 topic_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
 
 
-def _admin(bootstrap: str):  # type: ignore[no-untyped-def]
+def _admin(bootstrap: str, command_config: Path | None):  # type: ignore[no-untyped-def]
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3, **_client(command_config, bootstrap)})
+
+
+def _client(command_config: Path | None, bootstrap: str) -> dict[str, str]:
+    """The confluent-kafka keys of the command's client security (--command-config)."""
+    return client_security(command_config, bootstrap).confluent_config()
+
+
+def _services(bootstrap: str, command_config: Path | None):  # type: ignore[no-untyped-def]
+    from sluice.service.context import Services
+
+    return Services(None, bootstrap, security=client_security(command_config, bootstrap))
 
 
 def _parse_configs(configs: list[str]) -> dict[str, str]:
@@ -52,8 +66,8 @@ def topic_create(
         ),
     ] = False,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    command_config: CommandConfig = None,
 ) -> None:
-    from sluice.service.context import Services
     from sluice.service.errors import ServiceError
     from sluice.service.topics import SINGLE_REPLICA_RISK, create_topic
 
@@ -64,7 +78,12 @@ def topic_create(
         err.print(f"[yellow]warning:[/] {SINGLE_REPLICA_RISK}")
     try:
         create_topic(
-            Services(None, bootstrap), name, partitions, replication_factor, cfg, allow_single_replica=True
+            _services(bootstrap, command_config),
+            name,
+            partitions,
+            replication_factor,
+            cfg,
+            allow_single_replica=True,
         )
     except ServiceError as exc:
         raise fail(str(exc)) from None
@@ -78,34 +97,37 @@ def _kafka_error_text(exc: Exception) -> str:
 
 
 @topic_app.command("list")
-def topic_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
-    md = _admin(bootstrap).list_topics(timeout=15)
+def topic_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, command_config: CommandConfig = None) -> None:
+    md = _admin(bootstrap, command_config).list_topics(timeout=15)
     for name in sorted(md.topics):
         print(name)
 
 
 @topic_app.command("delete")
-def topic_delete(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
-    from sluice.service.context import Services
+def topic_delete(
+    name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, command_config: CommandConfig = None
+) -> None:
     from sluice.service.errors import ServiceError
     from sluice.service.topics import delete_topic_via_brokers
 
     try:
-        delete_topic_via_brokers(Services(None, bootstrap), name)
+        delete_topic_via_brokers(_services(bootstrap, command_config), name)
     except ServiceError as exc:
         raise fail(str(exc)) from None
     console.print(f"deleted topic {name}")
 
 
 @topic_app.command("describe")
-def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
+def topic_describe(
+    name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, command_config: CommandConfig = None
+) -> None:
     """Per partition: leader, replicas, ISR, log start and end offsets."""
     from confluent_kafka import Consumer, TopicPartition
 
     from sluice.cluster.health import OFFLINE, OK, classify_partition
     from sluice.cluster.layout import PartitionState
 
-    md = _admin(bootstrap).list_topics(topic=name, timeout=15)
+    md = _admin(bootstrap, command_config).list_topics(topic=name, timeout=15)
     topic = md.topics.get(name)
     if topic is None or (topic.error is not None and topic.error.code() == 3):
         raise fail(f"topic {name!r} does not exist")
@@ -116,6 +138,7 @@ def topic_describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> None:
             "group.id": "sluice-cli",
             "enable.auto.commit": False,
             "log_level": 3,
+            **_client(command_config, bootstrap),
         }
     )
     table = Table(title=f"topic {name} ({len(topic.partitions)} partitions)")
@@ -149,6 +172,7 @@ def produce(
         str | None, typer.Option(help="Split each line into key and value at this string")
     ] = None,
     acks: Annotated[str, typer.Option()] = "all",
+    command_config: CommandConfig = None,
 ) -> None:
     """Send each line of standard input as one record (idempotent, acks=all by default)."""
     from confluent_kafka import Producer
@@ -167,6 +191,7 @@ def produce(
             "enable.idempotence": acks == "all",
             "linger.ms": 5,
             "log_level": 3,
+            **_client(command_config, bootstrap),
         }
     )
     for line in sys.stdin:
@@ -204,6 +229,7 @@ def consume(
         float, typer.Option(help="Stop after this many seconds without a record (0: never)")
     ] = 0,
     print_key: Annotated[bool, typer.Option("--print-key")] = False,
+    command_config: CommandConfig = None,
 ) -> None:
     """Print records of TOPIC by partition assignment (no consumer group)."""
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
@@ -215,6 +241,7 @@ def consume(
             "enable.auto.commit": False,
             "log_level": 3,
             "enable.partition.eof": False,
+            **_client(command_config, bootstrap),
         }
     )
     md = consumer.list_topics(topic, timeout=15)
