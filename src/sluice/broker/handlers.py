@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sluice.broker import acl_apis
+from sluice.broker import acl_apis, scram_apis
 from sluice.broker.authz import guard_handlers
 from sluice.broker.fetch_sessions import (
     FINAL_EPOCH,
@@ -822,6 +822,8 @@ HANDLERS.update(
         ApiKey.DESCRIBE_ACLS: acl_apis.describe_acls,
         ApiKey.CREATE_ACLS: acl_apis.create_acls,
         ApiKey.DELETE_ACLS: acl_apis.delete_acls,
+        ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_apis.describe_user_scram_credentials,
+        ApiKey.ALTER_USER_SCRAM_CREDENTIALS: scram_apis.alter_user_scram_credentials,
     }
 )
 # Authorization (broker/authz.py) wraps each API's handler here, so the handlers above stay as
