@@ -14,6 +14,7 @@ from typing import Any
 from sluice import properties as props
 from sluice.cluster.zkstore import host_ports, parse_zookeeper_connect
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
+from sluice.security.client import CLIENT_SETTINGS, PLAINTEXT, ClientSecurity, pop_client_security
 
 DEFAULT_GROUP = "sluice-workers"
 
@@ -43,6 +44,9 @@ class WorkerConfig:
     #: the Prometheus endpoint (sluice.metrics): None serves none, 0 a free port
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    #: Kafka's client keys: how the worker's group membership, capture producers, apply reads
+    #: (driver and executors) and admin calls authenticate to the brokers
+    security: ClientSecurity = PLAINTEXT
 
     @classmethod
     def from_properties(cls, values: Mapping[str, str], *, source: str = "worker config") -> WorkerConfig:
@@ -52,6 +56,7 @@ class WorkerConfig:
         )
         if "session_timeout_ms" in fields:
             fields["session_timeout_s"] = fields.pop("session_timeout_ms") / 1000.0
+        fields["security"] = pop_client_security(fields, source)
         return cls(**fields)
 
 
@@ -70,4 +75,5 @@ WORKER_SETTINGS: tuple[props.Setting, ...] = (
     ),
     props.Setting("metrics.port", "metrics_port", parse_metrics_port, METRICS_PORT_DOC),
     props.Setting("metrics.host", "metrics_host", props.non_empty, "address the metrics endpoint binds"),
+    *CLIENT_SETTINGS,
 )
