@@ -26,11 +26,12 @@ def lookup(user: str, mechanism: str) -> ScramCredential | None:
 
 
 def test_a_credential_round_trips_in_kafkas_text_form_and_holds_no_password() -> None:
-    c = make_credential("SCRAM-SHA-512", "pw", 8192)
+    # "!" is not a base64 character: the password cannot turn up in the encoded salt by chance
+    c = make_credential("SCRAM-SHA-512", "pw!", 8192)
     text = c.encode()
-    assert text.startswith("salt=") and "iterations=8192" in text and "pw" not in text
+    assert text.startswith("salt=") and "iterations=8192" in text and "pw!" not in text
     assert ScramCredential.decode(text) == c
-    assert password_matches("SCRAM-SHA-512", c, "pw") and not password_matches("SCRAM-SHA-512", c, "pW")
+    assert password_matches("SCRAM-SHA-512", c, "pw!") and not password_matches("SCRAM-SHA-512", c, "pW!")
     with pytest.raises(CredentialError, match="iterations"):
         make_credential("SCRAM-SHA-256", "pw", 100)
     with pytest.raises(CredentialError, match="unknown SCRAM mechanism"):
@@ -111,3 +112,50 @@ def test_listeners_by_name_with_a_protocol_map_and_advertised_addresses(tmp_path
         "EXTERNAL": ("SSL", "broker1.example", 9094),
     }
     assert "broker-secret" not in repr(config)
+
+
+def librdkafka_before_2_6_1(exchange: SaslExchange, mechanism: str, user: str, password: str) -> bytes:
+    """The client side of SCRAM as librdkafka < 2.6.1 (Debian's kcat) does it: its client nonce
+    goes in front of the whole nonce a second time in the final message (librdkafka#4895)."""
+    import base64
+    import hashlib
+    import hmac
+
+    digest = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
+    c_nonce = "rdkafkaClientNonce"
+    bare = f"n={user},r={c_nonce}"
+    server_first = exchange.step(f"n,,{bare}".encode()).response.decode()
+    fields = dict(part.split("=", 1) for part in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(digest, password.encode(), base64.b64decode(fields["s"]), int(fields["i"]))
+    without_proof = f"c=biws,r={c_nonce}{fields['r']}"
+    auth_message = f"{bare},{server_first},{without_proof}".encode()
+    client_key = hmac.digest(salted, b"Client Key", digest)
+    signature = hmac.digest(hashlib.new(digest, client_key).digest(), auth_message, digest)
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    final = exchange.step(f"{without_proof},p={base64.b64encode(proof).decode()}".encode())
+    server_signature = hmac.digest(hmac.digest(salted, b"Server Key", digest), auth_message, digest)
+    assert final.response == b"v=" + base64.b64encode(server_signature), "the broker must prove the password"
+    return final.response
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_librdkafka_before_2_6_1_authenticates_with_its_doubled_nonce(mechanism: str) -> None:
+    exchange = SaslExchange(ALL, lookup)
+    assert exchange.handshake(mechanism)
+    librdkafka_before_2_6_1(exchange, mechanism, "alice", "alice-secret")
+    assert exchange.user == "alice"
+
+    wrong = SaslExchange(ALL, lookup)
+    assert wrong.handshake(mechanism)
+    with pytest.raises(AuthenticationFailed):
+        librdkafka_before_2_6_1(wrong, mechanism, "alice", "not-alice-secret")
+    assert wrong.user is None
+
+
+def test_a_final_nonce_without_the_servers_part_is_refused() -> None:
+    exchange = SaslExchange(ALL, lookup)
+    assert exchange.handshake("SCRAM-SHA-256")
+    exchange.step(b"n,,n=alice,r=clientnonce")
+    with pytest.raises(AuthenticationFailed):
+        exchange.step(b"c=biws,r=clientnonceclientnonce,p=AAAA")
+    assert exchange.user is None
