@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.ops.admin_client import AdminClient, AdminError, decode_consumer_assignment
-from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
+from sluice.security.client import PLAINTEXT, ClientSecurity
 
 EARLIEST = -2
 LATEST = -1

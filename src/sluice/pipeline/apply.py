@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from sluice import test_switches
+from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.security.secrets import Secret
 from sluice.sync.targets import ApplyResult, ColumnMapping, Target, open_target
 
@@ -56,6 +57,8 @@ class ApplyConfig:
     target_password: Secret | None = None
     #: the process's test switches (all off outside tests: `test_switches.for_process`)
     switches: test_switches.Switches = test_switches.OFF
+    #: how the query's reads (driver and executors) authenticate to the brokers
+    security: ClientSecurity = PLAINTEXT
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -186,6 +189,8 @@ class ApplyQuery:
         c = self.config
         self.reconcile_checkpoint()
         reader = self.spark.readStream.format("sluice").option("bootstrap.servers", c.bootstrap)
+        # Executors authenticate with these too; Spark redacts the password in plans and the UI.
+        reader = reader.options(**c.security.properties())
         reader = (
             reader.option("subscribe", ",".join(c.topics))
             if c.topics

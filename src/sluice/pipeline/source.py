@@ -15,6 +15,11 @@ Options
     failOnDataLoss          true (default): fail when the next offset was already deleted by
                             retention (when the query plans a batch, or while an executor reads
                             it); false: skip ahead to the log start and go on
+    security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location
+                            Kafka's client keys (`kafka.`-prefixed accepted too): how the
+                            driver and every executor authenticate to the brokers. Spark
+                            redacts option values whose key says "password" in plans and the
+                            UI (spark.redaction.regex); Sluice never logs them
     decode                  none (default): raw records | envelope: each input partition parses
                             the change envelopes (sluice.sync.changes) and returns the newest
                             change per row, with the columns of CHANGE_SCHEMA; parsing and
@@ -128,6 +133,22 @@ def _bootstrap(options: dict[str, str]) -> str:
     return servers
 
 
+def _client_config(options: dict[str, str]) -> dict[str, str]:
+    """confluent-kafka's security keys from the client keys among the options."""
+    from sluice.properties import ConfigError
+    from sluice.security.client import CLIENT_KEYS, ClientSecurity
+
+    values = {}
+    for key in CLIENT_KEYS:
+        value = _opt(options, key) or _opt(options, f"kafka.{key}")
+        if value:
+            values[key] = value
+    try:
+        return ClientSecurity.from_properties(values).confluent_config()
+    except ConfigError as exc:
+        raise SluiceSourceError(str(exc)) from None
+
+
 def _decode(options: dict[str, str]) -> bool:
     raw = (_opt(options, "decode", "none") or "none").lower()
     if raw not in ("none", "envelope"):
@@ -218,6 +239,7 @@ class _LogView:
                     # Leaders move when a broker dies: look again soon rather than in 5 minutes.
                     "topic.metadata.refresh.interval.ms": 2000,
                     "log_level": 0,
+                    **_client_config(self.options),
                 }
             )
         return self._consumer
@@ -347,7 +369,7 @@ def _consume_range(options: dict[str, str], part: Range) -> Iterator[list[Any]]:
     from confluent_kafka import KafkaError, TopicPartition
 
     fail_on_data_loss = _fail_on_data_loss(options)
-    consumer = _reader_consumer(_bootstrap(options))
+    consumer = _reader_consumer(_bootstrap(options), _client_config(options))
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         next_offset = part.start
@@ -440,14 +462,15 @@ def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iter
         )
 
 
-# One consumer per Python worker process and bootstrap list, kept between tasks: Spark reuses
-# its Python workers, and connecting plus fetching metadata for every task would cost more than
-# reading a small micro-batch.
-_CONSUMERS: dict[str, Any] = {}
+# One consumer per Python worker process, bootstrap list and client security, kept between tasks:
+# Spark reuses its Python workers, and connecting plus fetching metadata for every task would
+# cost more than reading a small micro-batch.
+_CONSUMERS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 
 
-def _reader_consumer(bootstrap: str) -> Any:
-    consumer = _CONSUMERS.get(bootstrap)
+def _reader_consumer(bootstrap: str, client: dict[str, str]) -> Any:
+    cache_key = (bootstrap, tuple(sorted(client.items())))
+    consumer = _CONSUMERS.get(cache_key)
     if consumer is None:
         from confluent_kafka import Consumer
 
@@ -465,9 +488,10 @@ def _reader_consumer(bootstrap: str) -> Any:
                 # a deleted offset is reported to _consume_range, which knows failOnDataLoss.
                 "auto.offset.reset": "error",
                 "log_level": 0,
+                **client,
             }
         )
-        _CONSUMERS[bootstrap] = consumer
+        _CONSUMERS[cache_key] = consumer
     return consumer
 
 

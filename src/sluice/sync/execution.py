@@ -35,6 +35,7 @@ from typing import Any
 
 from sluice import metrics, test_switches
 from sluice.clients import close_within
+from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.security.secrets import resolved_only
 from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration, resolved, scrub
 
@@ -49,10 +50,16 @@ SUPERSEDED = "superseded by a newer execution"
 CHANGE_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
 
 
-def ensure_topics(bootstrap: str, topics: list[str], partitions: int, replication: int | None) -> None:
+def ensure_topics(
+    bootstrap: str,
+    topics: list[str],
+    partitions: int,
+    replication: int | None,
+    security: ClientSecurity = PLAINTEXT,
+) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **security.confluent_config()})
     existing = set(admin.list_topics(timeout=15).topics)
     missing = [t for t in topics if t not in existing]
     if not missing:
@@ -80,12 +87,15 @@ class TaskExecution:
         spark: Callable[[str | None], Any],
         workdir: Path,
         switches: test_switches.Switches = test_switches.OFF,
+        security: ClientSecurity = PLAINTEXT,
     ) -> None:
         self.task_id = task_id
         self.switches = switches
         self.store = store
         self.worker = worker
         self.bootstrap = bootstrap
+        #: how the execution's capture, apply query, status reads and topic creation authenticate
+        self.security = security
         # The worker's Spark session, asked for at each start with the task's spark_master option:
         # a driver JVM that died since the last start is replaced, and a task wanting another
         # master than the driver's is refused, naming both (pipeline.session.DriverSession).
@@ -172,8 +182,9 @@ class TaskExecution:
         spec = self.spec
         opts = spec.options
         ensure_topics(
-            self.bootstrap, spec.topics(), int(opts.get("partitions", 3)), opts.get("replication_factor")
-        )
+            self.bootstrap, spec.topics(), int(opts.get("partitions", 3)), opts.get("replication_factor"),
+            self.security,
+        )  # fmt: skip
         self._start_capture()
         self._start_apply()
 
@@ -188,7 +199,8 @@ class TaskExecution:
                 recover_position,
             )
 
-            start = self.control.from_position or recover_position(self.bootstrap, spec.topics())
+            client = self.security.confluent_config()
+            start = self.control.from_position or recover_position(self.bootstrap, spec.topics(), client)
             runner = None
             if self.spark is not None:
                 from sluice.pipeline.snapshot import run_snapshot_chunks
@@ -204,6 +216,7 @@ class TaskExecution:
                 still_owner=self._still_owner, snapshot_runner=runner, switches=self.switches,
                 snapshot_parallel_rows=int(opts.get("snapshot_parallel_rows", PARALLEL_SNAPSHOT_ROWS)),
                 snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", SNAPSHOT_CHUNK_ROWS)),
+                producer_config=client,
             )  # fmt: skip
             target = self.capture.run
         else:
@@ -212,11 +225,13 @@ class TaskExecution:
             src = spec.source
             config = GeneratorConfig(
                 topic=spec.topic.replace("{task}", spec.id), rate=src.rate, skew=src.skew, seed=src.seed,
-                duration_s=None, name=spec.id, start_pos=_next_generator_pos(self.bootstrap, spec.topics()),
+                duration_s=None, name=spec.id,
+                start_pos=_next_generator_pos(self.bootstrap, spec.topics(), self.security),
             )  # fmt: skip
+            client = self.security.confluent_config()
 
             def target() -> None:
-                run_generator(self.bootstrap, config, stop=self.stop_event)
+                run_generator(self.bootstrap, config, stop=self.stop_event, producer_config=client)
 
         def run() -> None:
             try:
@@ -238,7 +253,9 @@ class TaskExecution:
     def _start_apply(self) -> None:
         from sluice.pipeline.apply import ApplyQuery
 
-        config = apply_config(self.spec, self.bootstrap, self.epoch, self.workdir, self.switches)
+        config = apply_config(
+            self.spec, self.bootstrap, self.epoch, self.workdir, self.switches, self.security
+        )
         self.query = ApplyQuery(self.spark, config, on_error=self._on_commit_error, on_batch=self._on_batch)
         self.query.start()
 
@@ -433,7 +450,8 @@ class TaskExecution:
         out["applied_offsets"] = {f"{t}[{p}]": o for (t, p), o in sorted(applied.items())}
         if self._consumer is None:
             self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "sluice-status",
-                                       "enable.auto.commit": False, "log_level": 0})  # fmt: skip
+                                       "enable.auto.commit": False, "log_level": 0,
+                                       **self.security.confluent_config()})  # fmt: skip
         lag = 0
         oldest: int | None = None
         try:
@@ -462,6 +480,7 @@ def apply_config(
     epoch: int,
     workdir: Path,
     switches: test_switches.Switches = test_switches.OFF,
+    security: ClientSecurity = PLAINTEXT,
 ) -> Any:
     """The apply query of a task: its topics into its target under `epoch`, refusing any event
     that names a table outside the task's `tables` (or one of Sluice's own)."""
@@ -475,7 +494,7 @@ def apply_config(
         trigger_s=parse_duration(str(spec.options.get("trigger", "1s"))),
         mapping=ColumnMapping.from_config(spec.mapping),
         max_records_per_trigger=spec.options.get("max_records_per_trigger"), tables=spec.tables or None,
-        switches=switches,
+        switches=switches, security=security,
     )  # fmt: skip
 
 
@@ -492,10 +511,14 @@ def _source_time_ms(value: bytes | None, fallback_ms: int) -> int:
     return ts if isinstance(ts, int) and not isinstance(ts, bool) else fallback_ms
 
 
-def _next_generator_pos(bootstrap: str, topics: list[str]) -> int:
+def _next_generator_pos(bootstrap: str, topics: list[str], security: ClientSecurity = PLAINTEXT) -> int:
     """One past the highest source position in the topics' last records (1 when empty)."""
     from sluice.sync.sources import last_envelopes
 
     return 1 + max(
-        (int(doc.get("source", {}).get("pos", 0)) for doc in last_envelopes(bootstrap, topics)), default=0
+        (
+            int(doc.get("source", {}).get("pos", 0))
+            for doc in last_envelopes(bootstrap, topics, security.confluent_config())
+        ),
+        default=0,
     )

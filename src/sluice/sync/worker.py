@@ -30,6 +30,7 @@ import orjson
 
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
+from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.sync.assignment import assign
 from sluice.sync.execution import SUPERSEDED
 from sluice.sync.wire_client import WireClient, WireError
@@ -57,8 +58,11 @@ class Membership:
         name: str,
         session_timeout_ms: int = 10_000,
         rebalance_timeout_ms: int = 30_000,
+        security: ClientSecurity = PLAINTEXT,
     ) -> None:
         self.bootstrap = bootstrap
+        #: every connection to the brokers (finding the coordinator, joining, heartbeats) uses it
+        self.security = security
         self.group = group
         self.name = name
         self.session_timeout_ms = session_timeout_ms
@@ -74,7 +78,7 @@ class Membership:
         while True:
             try:
                 for server in self.bootstrap.split(","):
-                    with WireClient.connect(server, timeout_s=10) as w:
+                    with WireClient.connect(server, timeout_s=10, security=self.security) as w:
                         r = w.request(
                             ApiKey.FIND_COORDINATOR, FIND_V, {"key_type": 0, "coordinator_keys": [self.group]}
                         )
@@ -91,7 +95,7 @@ class Membership:
         if self.conn is None:
             host, port = self._find()
             timeout = self.rebalance_timeout_ms / 1000 + 10
-            self.conn = WireClient(host, port, client_id=self.name, timeout_s=timeout)
+            self.conn = WireClient(host, port, client_id=self.name, timeout_s=timeout, security=self.security)
         return self.conn
 
     def reset_connection(self) -> None:
@@ -157,7 +161,9 @@ class Membership:
         try:
             if self.hb_conn is None:
                 host, port = self._find()
-                self.hb_conn = WireClient(host, port, client_id=self.name, timeout_s=10)
+                self.hb_conn = WireClient(
+                    host, port, client_id=self.name, timeout_s=10, security=self.security
+                )
             r = self.hb_conn.request(
                 ApiKey.HEARTBEAT,
                 HEARTBEAT_V,

@@ -280,6 +280,8 @@ def worker_start(
     except ConfigError as exc:
         raise fail(str(exc), 2) from None
     group, bootstrap, directory = config.group, config.bootstrap, config.work_dir
+    security = config.security
+    REDACTOR.add([security.password or ""])  # no log line of the worker's may show it
     spark_master, session_timeout = config.spark_master, config.session_timeout_s
     configure_logging("info")
     from sluice import test_switches
@@ -316,7 +318,7 @@ def worker_start(
         REDACTOR.add(store.get(task_id).secrets())  # before anything of the task can be logged
         return TaskExecution(
             task_id, store, worker=me, bootstrap=bootstrap, spark=spark.get, workdir=directory / me,
-            switches=switches,
+            switches=switches, security=security,
         )  # fmt: skip
 
     def describe_error(task_id: str, error: BaseException | str) -> str:
@@ -334,7 +336,9 @@ def worker_start(
             {"worker": me, "error": error, "attempts": attempts, "retry_in_s": round(retry_in_s, 1)},
         )  # fmt: skip
 
-    membership = Membership(bootstrap, group, me, session_timeout_ms=int(session_timeout * 1000))
+    membership = Membership(
+        bootstrap, group, me, session_timeout_ms=int(session_timeout * 1000), security=security
+    )
     worker = Worker(
         membership, store.ids, start_task, tasks_changed=changed, stop=stop, on_failure=on_failure,
         describe_error=describe_error,

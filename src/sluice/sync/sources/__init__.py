@@ -12,7 +12,9 @@ class LogTailError(RuntimeError):
     """The last record of a partition could not be read (the source cannot know where it was)."""
 
 
-def last_envelopes(bootstrap: str, topics: list[str]) -> Iterator[dict[str, Any]]:
+def last_envelopes(
+    bootstrap: str, topics: list[str], client: dict[str, str] | None = None
+) -> Iterator[dict[str, Any]]:
     """The last envelope of every non-empty partition of `topics`: where a restarted source
     picks up from the log itself."""
     import orjson
@@ -24,6 +26,7 @@ def last_envelopes(bootstrap: str, topics: list[str]) -> Iterator[dict[str, Any]
             "group.id": "sluice-recover",
             "enable.auto.commit": False,
             "log_level": 0,
+            **(client or {}),  # confluent-kafka's security keys (ClientSecurity.confluent_config)
         }
     )
     try:

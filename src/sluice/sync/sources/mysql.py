@@ -754,7 +754,7 @@ def _is_commit(event: Any) -> bool:
     return str(getattr(event, "query", "")).strip().upper() == "COMMIT"
 
 
-def recover_position(bootstrap: str, topics: list[str]) -> str | None:
+def recover_position(bootstrap: str, topics: list[str], client: dict[str, str] | None = None) -> str | None:
     """Where a restarted capture begins, from the last records of every partition of `topics`:
 
     - None when the topics hold no change yet (capture starts with a snapshot);
@@ -767,7 +767,7 @@ def recover_position(bootstrap: str, topics: list[str]) -> str | None:
     snapshot_from: BinlogPosition | None = None
     snapshot_cut = False
     try:
-        for doc in last_envelopes(bootstrap, topics):
+        for doc in last_envelopes(bootstrap, topics, client):
             source = doc.get("source", {})
             resume = source.get("resume")
             if resume == SNAPSHOT or resume is None:
