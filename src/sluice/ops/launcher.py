@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -32,6 +33,9 @@ from sluice.ops.ports import free_ports
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
 from sluice.security.client import PLAINTEXT, ClientSecurity
+
+if TYPE_CHECKING:
+    from sluice.security.acl import AclBinding
 
 STATE_FILE = "cluster.json"
 NETWORK_FILE = "network.json"
@@ -42,6 +46,14 @@ SECURITY_MODES = ("none", "sasl_ssl")
 CLIENT_PROPERTIES = "client.properties"
 ADMIN_USER = "admin"
 BROKER_USER = "sluice-broker"
+#: the workers' SCRAM user of a secured local cluster: not a super user, only its ACLs
+#: (``worker_client_acls``); its client properties are ``worker-client.properties``
+WORKER_USER = "sluice-worker"
+WORKER_CLIENT_PROPERTIES = "worker-client.properties"
+#: groups a worker's Kafka clients name without joining them (assign() only, nothing committed):
+#: task status reads, the log tail a restarted capture reads, the Spark planner and readers.
+#: librdkafka still looks their coordinator up, which needs DESCRIBE (implied by READ)
+WORKER_CLIENT_GROUPS = ("sluice-status", "sluice-recover", "sluice-spark-planner", "sluice-spark-reader")
 #: The port brokers listen on in their own namespace (each has its own address).
 NETNS_BROKER_PORT = 9092
 #: The metrics port of a broker or worker in its own namespace.
@@ -126,6 +138,12 @@ class LocalCluster:
     def client_security(self) -> ClientSecurity:
         path = self.client_properties
         return ClientSecurity.from_file(path) if path is not None else PLAINTEXT
+
+    def worker_security(self) -> ClientSecurity:
+        """The workers' client security (the ``sluice-worker`` user), PLAINTEXT with security off."""
+        if self.security == "none":
+            return PLAINTEXT
+        return ClientSecurity.from_file(Path(self.directory) / WORKER_CLIENT_PROPERTIES)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -415,7 +433,7 @@ def _secure(cluster: LocalCluster, host: str) -> None:
     directory = Path(cluster.directory)
     hosts = sorted({host, "localhost", "127.0.0.1", *(b.host for b in cluster.brokers)})
     ca = local_ca(directory / "tls", hosts)
-    passwords = {user: secrets.token_urlsafe(18) for user in (ADMIN_USER, BROKER_USER)}
+    passwords = {user: secrets.token_urlsafe(18) for user in (ADMIN_USER, BROKER_USER, WORKER_USER)}
     zk = KazooClient(hosts=cluster.zookeeper, timeout=10.0)
     zk.start(timeout=15)
     try:
@@ -435,7 +453,49 @@ def _secure(cluster: LocalCluster, host: str) -> None:
     })  # fmt: skip
     admin = ClientSecurity("SASL_SSL", "SCRAM-SHA-512", ADMIN_USER, passwords[ADMIN_USER], ca.ca_file)
     admin.write(directory / CLIENT_PROPERTIES)
+    worker = ClientSecurity("SASL_SSL", "SCRAM-SHA-512", WORKER_USER, passwords[WORKER_USER], ca.ca_file)
+    worker.write(directory / WORKER_CLIENT_PROPERTIES)
+    _add_acls(cluster, worker_client_acls(f"User:{WORKER_USER}"))
     cluster.save()
+
+
+def worker_client_acls(principal: str) -> list[AclBinding]:
+    """A worker principal's ACLs: ``worker_acls`` (its group, every topic, idempotent writes) and
+    READ on the groups its Kafka clients name (WORKER_CLIENT_GROUPS)."""
+    from sluice.security.acl import (
+        WILDCARD,
+        AccessControlEntry,
+        AclBinding,
+        Operation,
+        Permission,
+        ResourcePattern,
+        ResourceType,
+        worker_acls,
+    )
+
+    return [
+        *worker_acls(principal),
+        *(
+            AclBinding(
+                ResourcePattern(ResourceType.GROUP, group),
+                AccessControlEntry(principal, WILDCARD, Operation.READ, Permission.ALLOW),
+            )
+            for group in WORKER_CLIENT_GROUPS
+        ),
+    ]
+
+
+def _add_acls(cluster: LocalCluster, bindings: list[AclBinding]) -> None:
+    """Store ACLs before the brokers start (their authorizer loads them before listening)."""
+    from sluice.cluster.zkstore import ZkStore
+    from sluice.security.acl_store import AclStore
+
+    store = ZkStore(cluster.zookeeper, connect_timeout_s=15.0)
+    store.start()
+    try:
+        AclStore(store).add(bindings)
+    finally:
+        store.stop()
 
 
 def _start_zookeeper(cluster: LocalCluster, network: HostNetwork | None, nodes: int, host: str) -> None:
@@ -480,6 +540,10 @@ def worker_properties(cluster: LocalCluster, w: WorkerProcess) -> str:
         f"worker.name={w.name}",
         f"work.dir={Path(cluster.directory) / w.name}",
     ]
+    # Kafka's client keys of the workers' own user (security on): group membership, capture,
+    # apply and admin calls all authenticate with them
+    if cluster.security != "none":
+        lines += [f"{k}={v}" for k, v in cluster.worker_security().properties().items()]
     if w.metrics_port is not None:
         lines += [f"metrics.port={w.metrics_port}", f"metrics.host={'0.0.0.0' if w.namespace else w.host}"]
     return "# written by `sluice cluster up`\n" + "\n".join(lines) + "\n"
@@ -488,6 +552,7 @@ def worker_properties(cluster: LocalCluster, w: WorkerProcess) -> str:
 def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
     """A sync worker (`sluice worker start`) of the cluster, in its own namespace if it has one."""
     config_file = Path(cluster.directory) / f"{w.name}.properties"
+    config_file.touch(mode=0o600)  # it may hold the workers' password
     config_file.write_text(worker_properties(cluster, w))
     argv = [
         *namespace_prefix(w.namespace), sys.executable, "-m", "sluice.ops.cli", "worker", "start",
