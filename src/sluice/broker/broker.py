@@ -63,7 +63,10 @@ class Broker:
     def __init__(self, config: BrokerConfig, *, switches: test_switches.Switches = test_switches.OFF):
         self.config = config
         self.store = ZkStore(
-            config.zookeeper, session_timeout_s=config.zk_session_timeout_s, switches=switches
+            config.zookeeper,
+            session_timeout_s=config.zk_session_timeout_s,
+            switches=switches,
+            auth=config.zk_auth,
         )
         self.metadata = MetadataCache(
             self.store, self._on_metadata_change, verify_interval_s=VERIFY_INTERVAL_S

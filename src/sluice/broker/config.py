@@ -22,7 +22,7 @@ from sluice.broker.listeners import (
     parse_protocol_map,
     resolve_listeners,
 )
-from sluice.cluster.zkstore import parse_zookeeper_connect
+from sluice.cluster.zkstore import ZK_AUTH_SETTINGS, ZkAuth, parse_zookeeper_connect, zk_auth_from_fields
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 from sluice.security.acl import AclAuthorizer, parse_super_users
 from sluice.security.client import ClientSecurity
@@ -49,6 +49,9 @@ class BrokerConfig:
     advertised_port: int | None = None
     rack: str | None = None
     zk_session_timeout_s: float = 6.0
+    #: ZooKeeper digest credentials and ACLs (``zookeeper.set.acl``, ``zookeeper.auth.*``);
+    #: None: no credentials, znodes open to every client (a cluster without ACLs).
+    zk_auth: ZkAuth | None = None
     socket_request_max_bytes: int = SOCKET_REQUEST_MAX_BYTES
     #: Open connections, in all and from one address (Kafka's ``max.connections`` and
     #: ``max.connections.per.ip``, unlimited there; bounded here so that a client cannot take
@@ -224,6 +227,10 @@ class BrokerConfig:
             fields_["queued_max_request_bytes"] = None
         if "zk_session_timeout_ms" in fields_:
             fields_["zk_session_timeout_s"] = fields_.pop("zk_session_timeout_ms") / 1000.0
+        try:
+            fields_["zk_auth"] = zk_auth_from_fields(fields_)
+        except ValueError as exc:
+            raise props.ConfigError(f"{source}: {exc}") from None
         for key, raw in log_keys.items():  # one at a time, so the error names the broker key
             try:
                 LogConfig.from_topic_config({_LOG_DEFAULT_KEYS[key]: raw})
@@ -437,6 +444,7 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         _int(1000, 600_000),
         "ZooKeeper session timeout",
     ),
+    *ZK_AUTH_SETTINGS,
     props.Setting("broker.rack", "rack", _parse_rack, "rack of this broker (replica placement)"),
     props.Setting(
         "num.partitions", "num_partitions", _int(1, 100_000), "partitions of an auto-created topic"

@@ -119,7 +119,7 @@ class DrillCluster:
             self.ensemble = self.cluster.ensemble()
         if self.hosts == "netns":
             self.network = self.cluster.network()
-        self.store = ZkStore(self.cluster.zookeeper)
+        self.store = ZkStore(self.cluster.zookeeper, auth=self.cluster.zk_auth())
         self.store.start()
         return self
 

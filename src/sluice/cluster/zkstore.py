@@ -10,14 +10,17 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.protocol.states import ZnodeStat
+from kazoo.security import ACL, make_acl, make_digest_acl
 
+from sluice import properties as props
 from sluice import test_switches
 from sluice.cluster import layout
 from sluice.cluster.layout import (
@@ -33,6 +36,207 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHROOT = "/sluice"
 PRODUCER_ID_BLOCK_SIZE = 1000
+
+
+#: Znodes no one but Sluice's own processes may read, once ACLs are on: SCRAM credentials,
+#: sync task definitions (they hold database passwords), the manager's users and token key, and
+#: Kafka ACLs. Every other znode is world-readable (as Kafka's ``zookeeper.set.acl=true`` does),
+#: and only Sluice's digest user may change anything.
+SENSITIVE_PATHS = ("/config/users", "/tasks", "/manager", "/acls")
+
+
+def is_sensitive(path: str) -> bool:
+    """True for a path (relative to the chroot) at or under one of :data:`SENSITIVE_PATHS`."""
+    return any(path == p or path.startswith(p + "/") for p in SENSITIVE_PATHS)
+
+
+@dataclass(frozen=True, slots=True)
+class ZkAuth:
+    """The ZooKeeper digest credentials of Sluice's processes (brokers, workers, the manager and
+    the CLI all use the same user). ``set_acl`` (Kafka's ``zookeeper.set.acl``): znodes this
+    client creates get ACLs (:meth:`acl_for`); without it, it only authenticates, which is how a
+    cluster created without ACLs is moved to them."""
+
+    username: str
+    password: str = field(repr=False)
+    set_acl: bool = True
+    _own: list[ACL] = field(init=False, repr=False, compare=False)
+    _shared: list[ACL] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.username or ":" in self.username:
+            raise ValueError("zookeeper.auth.username must be non-empty and hold no ':'")
+        if not self.password:
+            raise ValueError("zookeeper.auth.password must not be empty")
+        own = make_digest_acl(self.username, self.password, all=True)
+        object.__setattr__(self, "_own", [own])
+        object.__setattr__(self, "_shared", [own, make_acl("world", "anyone", read=True)])
+
+    @property
+    def auth_data(self) -> list[tuple[str, str]]:
+        """kazoo's ``auth_data``: sent on every (re)connection of the session."""
+        return [("digest", f"{self.username}:{self.password}")]
+
+    def acl_for(self, path: str) -> list[ACL]:
+        """The ACL of a znode created at ``path`` (relative to the chroot): only this user for a
+        sensitive one, this user and world READ for the rest. The same list objects each time
+        (:class:`_AclClient` recognises them)."""
+        return self._own if is_sensitive(path) else self._shared
+
+    def properties(self) -> dict[str, str]:
+        """The keys of a configuration file that give these credentials."""
+        return {
+            "zookeeper.set.acl": "true" if self.set_acl else "false",
+            "zookeeper.auth.username": self.username,
+            "zookeeper.auth.password": self.password,
+        }
+
+
+def _auth_file(raw: str) -> Path:
+    return Path(props.non_empty(raw)).expanduser()
+
+
+#: The ZooKeeper authentication keys of the broker, worker and manager configurations.
+ZK_AUTH_SETTINGS: tuple[props.Setting, ...] = (
+    props.Setting(
+        "zookeeper.set.acl", "zk_set_acl", props.boolean, "create znodes with ACLs (needs zookeeper.auth.*)"
+    ),
+    props.Setting("zookeeper.auth.username", "zk_auth_username", props.non_empty, "ZooKeeper digest user"),
+    props.Setting("zookeeper.auth.password", "zk_auth_password", props.non_empty, "its password"),
+    props.Setting(
+        "zookeeper.auth.file",
+        "zk_auth_file",
+        _auth_file,
+        "a properties file holding zookeeper.auth.username and .password (and zookeeper.set.acl)",
+    ),
+)
+
+
+def zk_auth_from_fields(fields: dict[str, Any]) -> ZkAuth | None:
+    """Pop the fields of :data:`ZK_AUTH_SETTINGS` from a resolved configuration and return the
+    credentials they give (None: connect without any, as before). ValueError names what is
+    missing; the password is never part of a message."""
+    set_acl = fields.pop("zk_set_acl", None)
+    username = fields.pop("zk_auth_username", None)
+    password = fields.pop("zk_auth_password", None)
+    path = fields.pop("zk_auth_file", None)
+    if path is not None:
+        from_file = load_zk_auth_file(path)
+        username, password = username or from_file.username, password or from_file.password
+        set_acl = from_file.set_acl if set_acl is None else set_acl
+    if username is None and password is None:
+        if set_acl:
+            raise ValueError(
+                "zookeeper.set.acl=true needs zookeeper.auth.username and zookeeper.auth.password"
+            )
+        return None
+    if username is None or password is None:
+        raise ValueError("zookeeper.auth.username and zookeeper.auth.password go together")
+    return ZkAuth(username, password, set_acl=True if set_acl is None else set_acl)
+
+
+def load_zk_auth_file(path: Path) -> ZkAuth:
+    """Credentials from a properties file (``zookeeper.auth.file``, ``$SLUICE_ZOOKEEPER_AUTH_FILE``)."""
+    values = props.read_properties(path)
+    fields = props.resolve(
+        [s for s in ZK_AUTH_SETTINGS if s.key != "zookeeper.auth.file"], values, source=str(path)
+    )
+    auth = zk_auth_from_fields(fields)
+    if auth is None:
+        raise props.ConfigError(f"{path}: names no zookeeper.auth.username and zookeeper.auth.password")
+    return auth
+
+
+class _AclTransaction(TransactionRequest):
+    def create(
+        self, path: str, value: bytes = b"", acl: Any = None, ephemeral: bool = False, sequence: bool = False
+    ) -> None:
+        client = self.client
+        assert isinstance(client, _AclClient)
+        super().create(path, value, client._policy_acl(path, acl), ephemeral, sequence)
+
+
+class _AclClient(KazooClient):
+    """A kazoo client whose creates (plain, ``makepath`` parents, ``ensure_path``, multi-ops)
+    give each znode the ACL its path calls for (:meth:`ZkAuth.acl_for`) unless the caller names
+    one. kazoo's ``default_acl`` alone is one ACL for every path."""
+
+    def __init__(self, auth: ZkAuth, **kwargs: Any) -> None:
+        self._zk_auth = auth
+        self._policy_acls = (auth.acl_for("/"), auth.acl_for(SENSITIVE_PATHS[0]))
+        super().__init__(default_acl=self._policy_acls[0], auth_data=auth.auth_data, **kwargs)
+
+    def _policy_acl(self, path: str, acl: Any) -> Any:
+        # kazoo passes default_acl, or for makepath parents the child's ACL, down as `acl`: any
+        # of our own lists means "the policy's", so each parent gets its own path's ACL.
+        if acl is None or any(acl is p for p in self._policy_acls):
+            return self._zk_auth.acl_for(path)
+        return acl
+
+    def create_async(self, path: str, value: bytes = b"", acl: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return super().create_async(path, value, self._policy_acl(path, acl), *args, **kwargs)
+
+    def transaction(self) -> TransactionRequest:
+        return _AclTransaction(self)
+
+
+def make_client(
+    address: str,
+    *,
+    auth: ZkAuth | None,
+    session_timeout_s: float = 10.0,
+    connection_retry: dict[str, Any] | None = None,
+) -> KazooClient:
+    """The one way Sluice makes a kazoo client (not started): on ``host:port[,...][/chroot]``,
+    authenticated with ``auth``'s digest and creating znodes with its ACLs when it has any;
+    ``auth=None`` is a client without credentials (a cluster without ACLs)."""
+    kwargs: dict[str, Any] = {"hosts": address, "timeout": session_timeout_s}
+    if connection_retry is not None:
+        kwargs["connection_retry"] = connection_retry
+    if auth is None:
+        return KazooClient(**kwargs)
+    if not auth.set_acl:
+        return KazooClient(auth_data=auth.auth_data, **kwargs)
+    return _AclClient(auth, **kwargs)
+
+
+def connect(
+    address: str,
+    *,
+    auth: ZkAuth | None,
+    session_timeout_s: float = 10.0,
+    connect_timeout_s: float = 15.0,
+) -> KazooClient:
+    """:func:`make_client`, started; ConnectionError says ZooKeeper cannot be reached."""
+    client = make_client(address, auth=auth, session_timeout_s=session_timeout_s)
+    try:
+        client.start(timeout=connect_timeout_s)
+    except Exception as exc:
+        client.close()
+        raise ConnectionError(
+            f"cannot reach ZooKeeper at {address}: {exc}; is it running? "
+            "(`sluice cluster up` starts a local one)"
+        ) from exc
+    return client
+
+
+def close(client: KazooClient) -> None:
+    """Stop and close a client from :func:`connect`."""
+    try:
+        client.stop()
+    finally:
+        client.close()
+
+
+def ensure_chroot(zookeeper: str, *, auth: ZkAuth | None, connect_timeout_s: float = 15.0) -> None:
+    """Create the cluster's chroot (with ``auth``'s ACL: world READ, writable by Sluice only),
+    so that chrooted sessions can use it."""
+    hosts, chroot = split_zookeeper_address(zookeeper)
+    root = connect(hosts, auth=auth, connect_timeout_s=connect_timeout_s)
+    try:
+        root.ensure_path(chroot)
+    finally:
+        close(root)
 
 
 class BrokerIdInUseError(RuntimeError):
@@ -230,6 +434,7 @@ class ZkStore:
         session_timeout_s: float = 6.0,
         connect_timeout_s: float = 15.0,
         switches: test_switches.Switches = test_switches.OFF,
+        auth: ZkAuth | None = None,
     ):
         hosts, chroot = split_zookeeper_address(address)
         self.address = f"{hosts}{chroot}"
@@ -237,27 +442,19 @@ class ZkStore:
         self.chroot = chroot
         self._connect_timeout_s = connect_timeout_s
         self._epoch_fence_disabled = switches.disable_epoch_fence
-        self.client = KazooClient(
-            hosts=self.address, timeout=session_timeout_s, connection_retry={"max_tries": -1, "max_delay": 1}
+        self.auth = auth
+        self.client = make_client(
+            self.address,
+            auth=auth,
+            session_timeout_s=session_timeout_s,
+            connection_retry={"max_tries": -1, "max_delay": 1},
         )
 
     # -- session -----------------------------------------------------------------------------
 
     def start(self) -> None:
         # The chroot must exist before a chrooted session can use it.
-        root = KazooClient(hosts=self.hosts, timeout=10.0)
-        try:
-            root.start(timeout=self._connect_timeout_s)
-        except Exception as exc:
-            raise ConnectionError(
-                f"cannot reach ZooKeeper at {self.hosts}: {exc}; is it running? "
-                "(`sluice cluster up` starts a local one)"
-            ) from exc
-        try:
-            root.ensure_path(self.chroot)
-        finally:
-            root.stop()
-            root.close()
+        ensure_chroot(self.address, auth=self.auth, connect_timeout_s=self._connect_timeout_s)
         self.client.start(timeout=self._connect_timeout_s)
         for path in layout.PERSISTENT_PATHS:
             self.client.ensure_path(path)

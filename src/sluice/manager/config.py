@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice import properties as props
-from sluice.cluster.zkstore import host_ports, parse_zookeeper_connect
+from sluice.cluster.zkstore import (
+    ZK_AUTH_SETTINGS,
+    ZkAuth,
+    host_ports,
+    parse_zookeeper_connect,
+    zk_auth_from_fields,
+)
 from sluice.service.context import DEFAULT_WORKER_GROUP
 
 
@@ -19,6 +25,8 @@ from sluice.service.context import DEFAULT_WORKER_GROUP
 class ManagerConfig:
     bootstrap: str
     zookeeper: str
+    #: ZooKeeper digest credentials (``zookeeper.set.acl``, ``zookeeper.auth.*``); None: none
+    zk_auth: ZkAuth | None = None
     host: str = "127.0.0.1"
     #: 0: any free port
     port: int = 8090
@@ -38,12 +46,17 @@ class ManagerConfig:
         )
         if "token_ttl_minutes" in fields:
             fields["token_ttl_s"] = fields.pop("token_ttl_minutes") * 60
+        try:
+            fields["zk_auth"] = zk_auth_from_fields(fields)
+        except ValueError as exc:
+            raise props.ConfigError(f"{source}: {exc}") from None
         return cls(**fields)
 
 
 MANAGER_SETTINGS: tuple[props.Setting, ...] = (
     props.Setting("bootstrap.servers", "bootstrap", host_ports, "host:port[,host:port...] of brokers"),
     props.Setting("zookeeper.connect", "zookeeper", parse_zookeeper_connect, "the cluster's ZooKeeper"),
+    *ZK_AUTH_SETTINGS,
     props.Setting("manager.host", "host", props.non_empty, "address the console and API listen on"),
     props.Setting("manager.port", "port", props.integer(0, 65535), "port of the console and API (0: any)"),
     props.Setting("metrics.port", "metrics_port", props.integer(0, 65535), "a separate Prometheus port"),

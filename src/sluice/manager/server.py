@@ -143,7 +143,9 @@ def run_manager(
     bound_port = sock.getsockname()[1]
     identity = config.name or f"{socket.gethostname()}:{bound_port}"
     try:
-        services = open_services(config.zookeeper, config.bootstrap, worker_group=config.worker_group)
+        services = open_services(
+            config.zookeeper, config.bootstrap, worker_group=config.worker_group, zk_auth=config.zk_auth
+        )
     except Exception:
         sock.close()
         raise

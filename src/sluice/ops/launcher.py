@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from sluice.cluster.zkstore import ZkAuth, close, connect
 from sluice.ops.netns import HostNetwork, namespace_exec_prefix
 from sluice.ops.ports import free_ports
 from sluice.ops.processes import pid_alive
@@ -45,6 +46,9 @@ HOST_MODES = ("local", "netns")
 SECURITY_MODES = ("none", "sasl_ssl")
 CLIENT_PROPERTIES = "client.properties"
 ADMIN_USER = "admin"
+#: the ZooKeeper digest user of a secured local cluster's processes
+ZOOKEEPER_USER = "sluice"
+ZOOKEEPER_AUTH_FILE = "zookeeper-auth.properties"
 BROKER_USER = "sluice-broker"
 #: the workers' SCRAM user of a secured local cluster: not a super user, only its ACLs
 #: (``worker_client_acls``); its client properties are ``worker-client.properties``
@@ -129,6 +133,14 @@ class LocalCluster:
     broker_settings: dict[str, str] = field(default_factory=dict)
     #: "none" (PLAINTEXT) or "sasl_ssl": TLS, SCRAM users, ACLs (``cluster_up`` sets them up)
     security: str = "none"
+    #: the ZooKeeper digest user and password of every process of the cluster (security on; the
+    #: znodes carry its ACLs); None: ZooKeeper without credentials or ACLs
+    zookeeper_auth: dict[str, str] | None = None
+
+    def zk_auth(self) -> ZkAuth | None:
+        """The credentials of :attr:`zookeeper_auth`, for :func:`sluice.cluster.zkstore.connect`."""
+        a = self.zookeeper_auth
+        return None if a is None else ZkAuth(a["username"], a["password"])
 
     @property
     def client_properties(self) -> Path | None:
@@ -285,11 +297,8 @@ def restart_broker(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 6
 
 
 def wait_broker_ready(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 60.0) -> None:
-    from kazoo.client import KazooClient
-
     deadline = time.monotonic() + timeout_s
-    zk = KazooClient(hosts=cluster.zookeeper, timeout=10.0)
-    zk.start(timeout=15)
+    zk = connect(cluster.zookeeper, auth=cluster.zk_auth())
     try:
         while time.monotonic() < deadline:
             if not pid_alive(b.pid):
@@ -300,8 +309,7 @@ def wait_broker_ready(cluster: LocalCluster, b: BrokerProcess, timeout_s: float 
                 return
             time.sleep(0.1)
     finally:
-        zk.stop()
-        zk.close()
+        close(zk)
     raise TimeoutError(
         f"broker {b.broker_id} was not ready after {timeout_s:.0f} s; see {b.log_file}:\n{tail(b.log_file)}"
     )
@@ -390,8 +398,10 @@ def cluster_up(
                     metrics_port=metrics_ports[i],
                 )
             )
+        if security == "sasl_ssl":
+            _zookeeper_credential(cluster)
         cluster.save()
-        ensure_chroot(cluster.zookeeper)
+        ensure_chroot(cluster.zookeeper, auth=cluster.zk_auth())
         if security == "sasl_ssl":
             _secure(cluster, host)
         for b in cluster.brokers:
@@ -424,8 +434,6 @@ def _secure(cluster: LocalCluster, host: str) -> None:
     Kafka's ACL authorizer with both as super users, and the admin's client properties."""
     import secrets
 
-    from kazoo.client import KazooClient
-
     from sluice.security.credentials import CredentialStore
     from sluice.security.scram import MECHANISMS
     from sluice.security.tls import local_ca
@@ -434,15 +442,15 @@ def _secure(cluster: LocalCluster, host: str) -> None:
     hosts = sorted({host, "localhost", "127.0.0.1", *(b.host for b in cluster.brokers)})
     ca = local_ca(directory / "tls", hosts)
     passwords = {user: secrets.token_urlsafe(18) for user in (ADMIN_USER, BROKER_USER, WORKER_USER)}
-    zk = KazooClient(hosts=cluster.zookeeper, timeout=10.0)
-    zk.start(timeout=15)
+    # before any broker starts, and with the cluster's ZooKeeper credential: the credentials'
+    # znodes get the ACL that keeps them from everyone else
+    zk = connect(cluster.zookeeper, auth=cluster.zk_auth())
     try:
         store = CredentialStore(zk)
         for user, password in passwords.items():
             store.set_password(user, password, tuple(MECHANISMS))
     finally:
-        zk.stop()
-        zk.close()
+        close(zk)
     cluster.broker_settings.update({
         "ssl.keystore.location": str(ca.keystore),
         "ssl.truststore.location": str(ca.ca_file),
@@ -457,6 +465,29 @@ def _secure(cluster: LocalCluster, host: str) -> None:
     worker.write(directory / WORKER_CLIENT_PROPERTIES)
     _add_acls(cluster, worker_client_acls(f"User:{WORKER_USER}"))
     cluster.save()
+
+
+def _zookeeper_credential(cluster: LocalCluster) -> None:
+    """A random ZooKeeper digest credential for every process of the cluster (brokers, workers,
+    the manager, the CLI): the znodes they create carry its ACLs (``sluice.cluster.zkstore``).
+    It is kept in the owner-only ``cluster.json`` and broker/worker configuration files, and in
+    ``zookeeper-auth.properties`` (``zookeeper.auth.file``, ``$SLUICE_ZOOKEEPER_AUTH_FILE``)."""
+    import secrets
+
+    auth = ZkAuth(ZOOKEEPER_USER, secrets.token_urlsafe(18))
+    cluster.zookeeper_auth = {"username": auth.username, "password": auth.password}
+    cluster.broker_settings.update(auth.properties())  # into every broker's configuration file
+    path = Path(cluster.directory) / ZOOKEEPER_AUTH_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("# written by `sluice cluster up`\n")
+        f.writelines(f"{k}={v}\n" for k, v in auth.properties().items())
+
+
+def zookeeper_auth_lines(cluster: LocalCluster) -> list[str]:
+    """The ``zookeeper.set.acl`` / ``zookeeper.auth.*`` lines of a process's configuration file."""
+    auth = cluster.zk_auth()
+    return [] if auth is None else [f"{k}={v}" for k, v in auth.properties().items()]
 
 
 def worker_client_acls(principal: str) -> list[AclBinding]:
@@ -490,7 +521,7 @@ def _add_acls(cluster: LocalCluster, bindings: list[AclBinding]) -> None:
     from sluice.cluster.zkstore import ZkStore
     from sluice.security.acl_store import AclStore
 
-    store = ZkStore(cluster.zookeeper, connect_timeout_s=15.0)
+    store = ZkStore(cluster.zookeeper, connect_timeout_s=15.0, auth=cluster.zk_auth())
     store.start()
     try:
         AclStore(store).add(bindings)
@@ -537,6 +568,7 @@ def worker_properties(cluster: LocalCluster, w: WorkerProcess) -> str:
     lines = [
         f"bootstrap.servers={cluster.bootstrap_servers}",
         f"zookeeper.connect={cluster.zookeeper}",
+        *zookeeper_auth_lines(cluster),
         f"worker.name={w.name}",
         f"work.dir={Path(cluster.directory) / w.name}",
     ]
@@ -552,7 +584,7 @@ def worker_properties(cluster: LocalCluster, w: WorkerProcess) -> str:
 def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
     """A sync worker (`sluice worker start`) of the cluster, in its own namespace if it has one."""
     config_file = Path(cluster.directory) / f"{w.name}.properties"
-    config_file.touch(mode=0o600)  # it may hold the workers' password
+    config_file.touch(mode=0o600)  # it may hold the ZooKeeper password
     config_file.write_text(worker_properties(cluster, w))
     argv = [
         *namespace_prefix(w.namespace), sys.executable, "-m", "sluice.ops.cli", "worker", "start",
@@ -565,20 +597,12 @@ def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
     w.pid = proc.pid
 
 
-def ensure_chroot(zookeeper: str) -> None:
-    """Create the cluster's chroot so that chrooted sessions (ours and the brokers') can use it."""
-    from kazoo.client import KazooClient
+def ensure_chroot(zookeeper: str, auth: ZkAuth | None = None) -> None:
+    """Create the cluster's chroot so that chrooted sessions (ours and the brokers') can use it;
+    with ``auth``, the chroot carries its ACL (world READ, writable by that user only)."""
+    from sluice.cluster import zkstore
 
-    from sluice.cluster.zkstore import split_zookeeper_address
-
-    hosts, chroot = split_zookeeper_address(zookeeper)
-    zk = KazooClient(hosts=hosts, timeout=10.0)
-    zk.start(timeout=15)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
+    zkstore.ensure_chroot(zookeeper, auth=auth)
 
 
 def wait_views_complete(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
@@ -615,10 +639,7 @@ def wait_views_complete(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
 
 
 def wait_controller(cluster: LocalCluster, timeout_s: float = 30.0) -> int:
-    from kazoo.client import KazooClient
-
-    zk = KazooClient(hosts=cluster.zookeeper, timeout=10.0)
-    zk.start(timeout=15)
+    zk = connect(cluster.zookeeper, auth=cluster.zk_auth())
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -627,8 +648,7 @@ def wait_controller(cluster: LocalCluster, timeout_s: float = 30.0) -> int:
                 return int(orjson.loads(data)["brokerid"])
             time.sleep(0.1)
     finally:
-        zk.stop()
-        zk.close()
+        close(zk)
     raise TimeoutError("no controller was elected")
 
 

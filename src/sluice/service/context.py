@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.cluster.zkstore import ZkStore
+from sluice.cluster.zkstore import ZkAuth, ZkStore
 from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.service.errors import UnavailableError
 from sluice.sync.tasks import TaskStore
@@ -24,8 +24,11 @@ class Services:
         worker_group: str = DEFAULT_WORKER_GROUP,
         connect_timeout_s: float = 10.0,
         security: ClientSecurity = PLAINTEXT,
+        zk_auth: ZkAuth | None = None,
     ) -> None:
         self.zookeeper = zookeeper
+        #: ZooKeeper digest credentials (a cluster with ZooKeeper ACLs); None: none
+        self.zk_auth = zk_auth
         self.bootstrap = bootstrap
         #: how every broker connection of a service call authenticates (Kafka's client keys)
         self.security = security
@@ -39,7 +42,7 @@ class Services:
         if self._zk is None:
             if self.zookeeper is None:
                 raise UnavailableError("this needs ZooKeeper: give --zookeeper (or $SLUICE_ZOOKEEPER)")
-            zk = ZkStore(self.zookeeper, connect_timeout_s=self.connect_timeout_s)
+            zk = ZkStore(self.zookeeper, connect_timeout_s=self.connect_timeout_s, auth=self.zk_auth)
             try:
                 zk.start()
             except ConnectionError as exc:
@@ -76,6 +79,7 @@ def open_services(
     worker_group: str = DEFAULT_WORKER_GROUP,
     connect_timeout_s: float = 10.0,
     security: ClientSecurity = PLAINTEXT,
+    zk_auth: ZkAuth | None = None,
 ) -> Services:
     """Services connected to ZooKeeper now (a manager wants to know at start that it can)."""
     svc = Services(
@@ -84,6 +88,7 @@ def open_services(
         worker_group=worker_group,
         connect_timeout_s=connect_timeout_s,
         security=security,
+        zk_auth=zk_auth,
     )
     svc.zk  # noqa: B018 - connect now
     return svc

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from sluice import properties as props
-from sluice.cluster.zkstore import host_ports, parse_zookeeper_connect
+from sluice.cluster.zkstore import (
+    ZK_AUTH_SETTINGS,
+    ZkAuth,
+    host_ports,
+    parse_zookeeper_connect,
+    zk_auth_from_fields,
+)
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 from sluice.security.client import CLIENT_SETTINGS, PLAINTEXT, ClientSecurity, pop_client_security
 
@@ -34,6 +40,8 @@ def _path(raw: str) -> Path:
 class WorkerConfig:
     bootstrap: str
     zookeeper: str | None = None
+    #: ZooKeeper digest credentials (``zookeeper.set.acl``, ``zookeeper.auth.*``); None: none
+    zk_auth: ZkAuth | None = None
     group: str = DEFAULT_GROUP
     #: None: host name and a random suffix (sync.worker.worker_name)
     name: str | None = None
@@ -56,6 +64,10 @@ class WorkerConfig:
         )
         if "session_timeout_ms" in fields:
             fields["session_timeout_s"] = fields.pop("session_timeout_ms") / 1000.0
+        try:
+            fields["zk_auth"] = zk_auth_from_fields(fields)
+        except ValueError as exc:
+            raise props.ConfigError(f"{source}: {exc}") from None
         fields["security"] = pop_client_security(fields, source)
         return cls(**fields)
 
@@ -63,6 +75,7 @@ class WorkerConfig:
 WORKER_SETTINGS: tuple[props.Setting, ...] = (
     props.Setting("bootstrap.servers", "bootstrap", host_ports, "host:port[,host:port...] of brokers"),
     props.Setting("zookeeper.connect", "zookeeper", parse_zookeeper_connect, "where task definitions live"),
+    *ZK_AUTH_SETTINGS,
     props.Setting("group.id", "group", props.non_empty, "workers of one group share its tasks"),
     props.Setting("worker.name", "name", props.non_empty, "this worker's name, unique in its group"),
     props.Setting("work.dir", "work_dir", _path, "working directory (Spark checkpoints)"),

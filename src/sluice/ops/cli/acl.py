@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from sluice.ops.cli.common import ZooKeeperOpt, console, fail, local_zookeeper
+from sluice.ops.cli.common import ZooKeeperOpt, console, fail, local_zookeeper, zookeeper_auth
 from sluice.security.acl import (
     CLUSTER_NAME,
     WILDCARD,
@@ -52,7 +52,7 @@ def _store(zookeeper: str | None):  # type: ignore[no-untyped-def]
     from sluice.cluster.zkstore import ZkStore
     from sluice.security.acl_store import AclStore
 
-    zk = ZkStore(zookeeper or local_zookeeper(), connect_timeout_s=10.0)
+    zk = ZkStore(zookeeper or local_zookeeper(), connect_timeout_s=10.0, auth=zookeeper_auth(zookeeper))
     try:
         zk.start()
     except ConnectionError as exc:

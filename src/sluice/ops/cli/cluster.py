@@ -16,6 +16,7 @@ from sluice.ops.cli.common import (
     console,
     err,
     fail,
+    zookeeper_auth,
 )
 from sluice.ops.logging_setup import configure as configure_logging
 
@@ -103,13 +104,14 @@ def cluster_status(
         except FileNotFoundError as exc:
             raise fail(f"{exc}; or give --zookeeper") from None
         zookeeper = cluster.zookeeper
+    auth = cluster.zk_auth() if cluster is not None else zookeeper_auth(zookeeper)
     from sluice.ops.health import PartitionHealth, partition_health
 
     registered: dict[int, BrokerRegistration] = {}
     controller = -1
     zk_ok = True
     health: list[PartitionHealth] = []
-    store = ZkStore(zookeeper, connect_timeout_s=5.0)
+    store = ZkStore(zookeeper, connect_timeout_s=5.0, auth=auth)
     try:
         store.start()
         registered = store.live_brokers()
@@ -306,12 +308,14 @@ def broker_drain(
     from sluice.cluster.zkstore import ZkStore
     from sluice.ops.drain import DrainError, plan_drain, start_drain, wait_drained
 
+    auth = zookeeper_auth(zookeeper)
     if zookeeper is None:
         try:
-            zookeeper = launcher.LocalCluster.load(directory.resolve()).zookeeper
+            local = launcher.LocalCluster.load(directory.resolve())
         except FileNotFoundError as exc:
             raise fail(f"{exc}; or give --zookeeper") from None
-    store = ZkStore(zookeeper)
+        zookeeper, auth = local.zookeeper, local.zk_auth()
+    store = ZkStore(zookeeper, auth=auth)
     try:
         store.start()
         plan = plan_drain(store, broker_id)

@@ -74,6 +74,37 @@ ZooKeeperOpt = Annotated[
 ]
 
 
+ZK_AUTH_ENV = "SLUICE_ZOOKEEPER_AUTH_FILE"
+
+
+def zookeeper_auth(zookeeper: str | None):  # type: ignore[no-untyped-def]
+    """The ZooKeeper credentials of a command (`sluice.cluster.zkstore.ZkAuth`, None: none):
+    ``$SLUICE_ZOOKEEPER_AUTH_FILE``'s (a properties file with zookeeper.auth.username and
+    zookeeper.auth.password); else the local cluster's (.sluice/cluster) when ``zookeeper`` is
+    None or names its ZooKeeper (the password goes to no other address); else none."""
+    import os
+
+    from sluice.cluster.zkstore import load_zk_auth_file, parse_zookeeper_connect
+    from sluice.properties import ConfigError
+
+    try:
+        if os.environ.get(ZK_AUTH_ENV):
+            return load_zk_auth_file(Path(os.environ[ZK_AUTH_ENV]).expanduser())
+        try:
+            cluster = launcher.LocalCluster.load(launcher.DEFAULT_DIR.resolve())
+        except (FileNotFoundError, ValueError, TypeError, KeyError):
+            return None
+        if zookeeper is None or parse_zookeeper_connect(zookeeper) == parse_zookeeper_connect(
+            cluster.zookeeper
+        ):
+            return cluster.zk_auth()
+    except ConfigError as exc:
+        raise fail(str(exc), 2) from None
+    except ValueError:
+        return None
+    return None
+
+
 def local_zookeeper() -> str:
     """The local cluster's ZooKeeper (in .sluice/cluster), or exit 2 saying to give one."""
     try:
@@ -93,20 +124,27 @@ def services(  # type: ignore[no-untyped-def]
     security = client_security(command_config, bootstrap)
     try:
         return open_services(
-            zookeeper or local_zookeeper(), bootstrap or DEFAULT_BOOTSTRAP, security=security
+            zookeeper or local_zookeeper(),
+            bootstrap or DEFAULT_BOOTSTRAP,
+            security=security,
+            zk_auth=zookeeper_auth(zookeeper),
         )
     except ServiceError as exc:
         raise fail(str(exc)) from None
 
 
-def task_store(zookeeper: str | None):  # type: ignore[no-untyped-def]
-    """A TaskStore on the given ZooKeeper, or on the local cluster's."""
-    from sluice.cluster.zkstore import ZkStore
+def task_store(zookeeper: str | None, auth: object = None):  # type: ignore[no-untyped-def]
+    """A TaskStore on the given ZooKeeper, or on the local cluster's; ``auth`` (a ZkAuth) or
+    else :func:`zookeeper_auth`'s credentials."""
+    from sluice.cluster.zkstore import ZkAuth, ZkStore
     from sluice.sync.tasks import TaskStore
 
+    if auth is None:
+        auth = zookeeper_auth(zookeeper)
+    assert auth is None or isinstance(auth, ZkAuth)
     if zookeeper is None:
         zookeeper = local_zookeeper()
-    store = ZkStore(zookeeper, connect_timeout_s=10.0)
+    store = ZkStore(zookeeper, connect_timeout_s=10.0, auth=auth)
     try:
         store.start()
     except ConnectionError as exc:

@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sluice.ops.cli.common import DEFAULT_BOOTSTRAP, ZooKeeperOpt, console, err, fail, local_zookeeper
+from sluice.ops.cli.common import (
+    DEFAULT_BOOTSTRAP,
+    ZooKeeperOpt,
+    console,
+    err,
+    fail,
+    local_zookeeper,
+    zookeeper_auth,
+)
 
 manager_app = typer.Typer(no_args_is_help=True, help="The manager: web console, REST API, metrics, alarms.")
 user_app = typer.Typer(no_args_is_help=True, help="Users of the manager and their roles.")
@@ -58,6 +66,10 @@ def manager_start(
         values.setdefault("bootstrap.servers", DEFAULT_BOOTSTRAP)
         if "zookeeper.connect" not in values:
             values["zookeeper.connect"] = local_zookeeper()
+        if not any(k.startswith("zookeeper.auth.") for k in values):
+            auth = zookeeper_auth(values["zookeeper.connect"])  # the local cluster's, or the env's
+            if auth is not None:
+                values.update(auth.properties())
         config = ManagerConfig.from_properties(values, source=str(config_file or "manager settings"))
     except ConfigError as exc:
         raise fail(str(exc), 2) from None

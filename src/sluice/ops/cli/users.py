@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from sluice.ops.cli.common import ZooKeeperOpt, console, fail, local_zookeeper
+from sluice.ops.cli.common import ZooKeeperOpt, console, fail, local_zookeeper, zookeeper_auth
 from sluice.security.scram import DEFAULT_ITERATIONS, MECHANISMS, CredentialError
 
 user_app = typer.Typer(
@@ -28,15 +28,15 @@ PASSWORD_ENV = "SLUICE_USER_PASSWORD"
 
 
 def _store(zookeeper: str | None):  # type: ignore[no-untyped-def]
-    from kazoo.client import KazooClient
-
+    from sluice.cluster.zkstore import connect
     from sluice.security.credentials import CredentialStore
 
-    client = KazooClient(hosts=zookeeper or local_zookeeper(), timeout=10.0)
     try:
-        client.start(timeout=10.0)
-    except Exception as exc:
-        raise fail(f"cannot reach ZooKeeper at {zookeeper or local_zookeeper()}: {exc}") from None
+        client = connect(
+            zookeeper or local_zookeeper(), auth=zookeeper_auth(zookeeper), connect_timeout_s=10.0
+        )
+    except ConnectionError as exc:
+        raise fail(str(exc)) from None
     return client, CredentialStore(client)
 
 
