@@ -296,7 +296,7 @@ def worker_start(
         except metrics.MetricsBindError as exc:
             raise fail(str(exc), 2) from None
         err.print(f"metrics on http://{config.metrics_host}:{port}/metrics")
-    zk, store = task_store(config.zookeeper)
+    zk, store = task_store(config.zookeeper, config.zk_auth)
     me = config.name or worker_name()
     stop = threading.Event()
     changed = threading.Event()
