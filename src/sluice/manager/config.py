@@ -18,6 +18,7 @@ from sluice.cluster.zkstore import (
     parse_zookeeper_connect,
     zk_auth_from_fields,
 )
+from sluice.security.client import CLIENT_SETTINGS, PLAINTEXT, ClientSecurity, pop_client_security
 from sluice.service.context import DEFAULT_WORKER_GROUP
 
 
@@ -38,6 +39,8 @@ class ManagerConfig:
     alarm_interval_ms: int = 5000
     #: None: host name and port
     name: str | None = None
+    #: Kafka's client keys: how the manager's broker calls (topics, groups, lag) authenticate
+    security: ClientSecurity = PLAINTEXT
 
     @classmethod
     def from_properties(cls, values: Mapping[str, str], *, source: str = "manager config") -> ManagerConfig:
@@ -50,6 +53,7 @@ class ManagerConfig:
             fields["zk_auth"] = zk_auth_from_fields(fields)
         except ValueError as exc:
             raise props.ConfigError(f"{source}: {exc}") from None
+        fields["security"] = pop_client_security(fields, source)
         return cls(**fields)
 
 
@@ -65,4 +69,5 @@ MANAGER_SETTINGS: tuple[props.Setting, ...] = (
     props.Setting("sample.interval.ms", "sample_interval_ms", props.integer(500, 600_000), "lag sampling"),
     props.Setting("alarm.interval.ms", "alarm_interval_ms", props.integer(500, 600_000), "alarm evaluation"),
     props.Setting("manager.name", "name", props.non_empty, "this manager's name among several"),
+    *CLIENT_SETTINGS,
 )

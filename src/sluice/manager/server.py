@@ -144,8 +144,9 @@ def run_manager(
     identity = config.name or f"{socket.gethostname()}:{bound_port}"
     try:
         services = open_services(
-            config.zookeeper, config.bootstrap, worker_group=config.worker_group, zk_auth=config.zk_auth
-        )
+            config.zookeeper, config.bootstrap, worker_group=config.worker_group, zk_auth=config.zk_auth,
+            security=config.security,
+        )  # fmt: skip
     except Exception:
         sock.close()
         raise
