@@ -24,10 +24,12 @@ from sluice.sync.wire_client import WireClient
 from tests.support.cluster import TestCluster
 
 
-def cli(zookeeper: str, *args: str, password: str | None = None) -> subprocess.CompletedProcess[str]:
+def cli(cluster: TestCluster, *args: str, password: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLUICE_USER_PASSWORD": password} if password else dict(os.environ)
+    # the cluster's ZooKeeper credential: /config/users is readable and writable with it only
+    env["SLUICE_ZOOKEEPER_AUTH_FILE"] = str(cluster.zookeeper_auth_file)
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "user", *args, "--zookeeper", zookeeper],
+        [sys.executable, "-m", "sluice.ops.cli", "user", *args, "--zookeeper", cluster.zookeeper],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
 
@@ -59,12 +61,11 @@ def test_users_made_by_the_cli_and_by_the_admin_api_authenticate_and_deleted_one
     make_cluster: Callable[..., TestCluster],
 ) -> None:
     cluster = make_cluster(1, security="sasl_ssl")
-    zk = cluster.zookeeper
-    made = cli(zk, "add", "bob", password="bob-password")
+    made = cli(cluster, "add", "bob", password="bob-password")
     assert made.returncode == 0, made.stderr
     assert "user=bob mechanisms=SCRAM-SHA-256,SCRAM-SHA-512" in made.stdout
     assert "bob-password" not in made.stdout + made.stderr
-    listed = cli(zk, "list")
+    listed = cli(cluster, "list")
     assert "user=bob mechanisms=SCRAM-SHA-256:4096,SCRAM-SHA-512:4096" in listed.stdout, listed.stdout
     assert can_connect(cluster, as_user(cluster, "bob", "bob-password", "SCRAM-SHA-256"))
     assert can_connect(cluster, as_user(cluster, "bob", "bob-password", "PLAIN"))
@@ -81,7 +82,7 @@ def test_users_made_by_the_cli_and_by_the_admin_api_authenticate_and_deleted_one
         "carol"
     ].result()
     assert can_connect(cluster, as_user(cluster, "carol", "carol-password"))
-    assert "user=carol mechanisms=SCRAM-SHA-512:8192" in cli(zk, "list").stdout
+    assert "user=carol mechanisms=SCRAM-SHA-512:8192" in cli(cluster, "list").stdout
 
     # bob is no super user: without ALTER on the cluster he cannot make users.
     bobs = admin(cluster, as_user(cluster, "bob", "bob-password"))
@@ -93,8 +94,8 @@ def test_users_made_by_the_cli_and_by_the_admin_api_authenticate_and_deleted_one
         "carol"
     ].result()
     assert not can_connect(cluster, as_user(cluster, "carol", "carol-password"))
-    gone = cli(zk, "delete", "bob")
+    gone = cli(cluster, "delete", "bob")
     assert gone.returncode == 0 and "user=bob deleted=true" in gone.stdout, gone.stderr
     assert not can_connect(cluster, as_user(cluster, "bob", "bob-password"))
-    again = cli(zk, "delete", "bob")
+    again = cli(cluster, "delete", "bob")
     assert again.returncode == 1 and "sluice user list" in again.stderr, again.stderr

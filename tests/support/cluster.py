@@ -73,6 +73,12 @@ class TestCluster:
     def zookeeper(self) -> str:
         return self.cluster.zookeeper
 
+    @property
+    def zookeeper_auth_file(self) -> Path:
+        """The ZooKeeper credential's properties file (security on: ``$SLUICE_ZOOKEEPER_AUTH_FILE``
+        for CLI commands against this cluster)."""
+        return Path(self.cluster.directory) / launcher.ZOOKEEPER_AUTH_FILE
+
     def broker(self, broker_id: int) -> BrokerProcess:
         return self.cluster.broker(broker_id)
 
