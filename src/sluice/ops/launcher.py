@@ -584,7 +584,7 @@ def worker_properties(cluster: LocalCluster, w: WorkerProcess) -> str:
 def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
     """A sync worker (`sluice worker start`) of the cluster, in its own namespace if it has one."""
     config_file = Path(cluster.directory) / f"{w.name}.properties"
-    config_file.touch(mode=0o600)  # it may hold the ZooKeeper password
+    config_file.touch(mode=0o600)  # it may hold the workers' and the ZooKeeper passwords
     config_file.write_text(worker_properties(cluster, w))
     argv = [
         *namespace_prefix(w.namespace), sys.executable, "-m", "sluice.ops.cli", "worker", "start",
