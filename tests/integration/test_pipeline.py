@@ -33,11 +33,14 @@ def create_topic(bootstrap: str, name: str, partitions: int = 3, rf: int = 3) ->
     admin.create_topics([NewTopic(name, partitions, rf)], operation_timeout=30)[name].result()
 
 
-def end_offsets(bootstrap: str, topic: str, partitions: int = 3) -> dict[tuple[str, int], int]:
-    """High watermarks, retried while leadership settles (e.g. just after a broker restart)."""
+def end_offsets(
+    bootstrap: str, topic: str, partitions: int = 3, client: dict[str, str] | None = None
+) -> dict[tuple[str, int], int]:
+    """High watermarks, retried while leadership settles (e.g. just after a broker restart);
+    ``client``: confluent-kafka's security keys (ClientSecurity.confluent_config)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-ends", "log_level": 0})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-ends", "log_level": 0, **(client or {})})
     deadline = time.monotonic() + 60
     try:
         while True:

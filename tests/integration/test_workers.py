@@ -12,8 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from sluice.cluster.zkstore import ZkStore
+from sluice.ops import launcher
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.sync.sources.mysql import BinlogPosition
 from sluice.sync.targets import open_target
@@ -34,16 +36,34 @@ options: {{trigger: 1s, partitions: 3}}
 
 
 def start_worker(
-    name: str, bootstrap: str, zk: str, workdir: Path, env: dict[str, str] | None = None
+    name: str,
+    bootstrap: str,
+    zk: str,
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    client_config: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """A worker process logging to workdir/NAME.log; `env` adds to its environment (the variables
-    its tasks' secret references name)."""
+    its tasks' secret references name). `client_config`: a worker.properties with Kafka's client
+    keys (security on), the worker then in the default group its user's ACLs name."""
     log = (workdir / f"{name}.log").open("ab")
+    config = ["--config", str(client_config)] if client_config is not None else ["--group", "g"]
     return subprocess.Popen(
-        [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--group", "g", "--name", name,
+        [sys.executable, "-m", "sluice.ops.cli", "worker", "start", *config, "--name", name,
          "--session-timeout", "6", "-b", bootstrap, "--zookeeper", zk, "--dir", str(workdir)],
         stdout=log, stderr=log, env={**os.environ, "COLUMNS": "200", **(env or {})},
     )  # fmt: skip
+
+
+def worker_client_config(cluster: TestCluster, directory: Path) -> Path | None:
+    """Security on: a worker.properties (owner-only) with the workers' own user's client keys and
+    the cluster's ZooKeeper credential, as `cluster up` writes for its workers."""
+    if cluster.cluster.security == "none":
+        return None
+    path = cluster.cluster.worker_security().write(directory / "worker-client.properties")
+    with path.open("a") as f:
+        f.writelines(f"{line}\n" for line in launcher.zookeeper_auth_lines(cluster.cluster))
+    return path
 
 
 def stop_worker(proc: subprocess.Popen[bytes]) -> None:
@@ -55,26 +75,45 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-def create_task(definition: str, tmp_path: Path, zk_address: str) -> tuple[ZkStore, TaskStore]:
-    """`sluice task create --file` with this YAML; then a TaskStore to watch the task with."""
+def create_task(
+    definition: str, tmp_path: Path, zk_address: str, cluster: TestCluster | None = None
+) -> tuple[ZkStore, TaskStore]:
+    """`sluice task create --file` with this YAML; then a TaskStore to watch the task with (with
+    `cluster`'s ZooKeeper credential, if it has one)."""
+    auth = cluster.cluster.zk_auth() if cluster is not None else None
+    env = dict(os.environ)
+    if auth is not None:
+        env["SLUICE_ZOOKEEPER_AUTH_FILE"] = str(Path(cluster.directory) / launcher.ZOOKEEPER_AUTH_FILE)
     spec = tmp_path / "task.yaml"
     spec.write_text(definition)
     created = subprocess.run(
         [sys.executable, "-m", "sluice.ops.cli", "task", "create", "--file", str(spec),
          "--zookeeper", zk_address],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
-    zk = ZkStore(zk_address)
+    zk = ZkStore(zk_address, auth=auth)
     zk.start()
     return zk, TaskStore(zk.client)
 
 
+@pytest.mark.parametrize(
+    "security",
+    # With security on the workers authenticate as their own user with only its ACLs (group
+    # membership, capture producers, apply readers in Spark executors, status reads).
+    ["none", pytest.param("sasl_ssl", marks=pytest.mark.slow)],
+)
 def test_two_workers_share_a_task_through_kills_and_a_pause(
-    mariadb: LocalMariaDB, postgres_url: str, make_cluster: Callable[..., TestCluster], tmp_path: Path
+    mariadb: LocalMariaDB,
+    postgres_url: str,
+    make_cluster: Callable[..., TestCluster],
+    tmp_path: Path,
+    security: str,
 ) -> None:
-    cluster = make_cluster(3)
+    cluster = make_cluster(3, security=security)
     bootstrap, zk_address = cluster.bootstrap, cluster.zookeeper
+    client_config = worker_client_config(cluster, tmp_path)
+    client = cluster.client_security().confluent_config()
     create_database(mariadb, "shopw")
     with psycopg.connect(postgres_url, autocommit=True) as pg:
         open_target(postgres_url).close()  # the _sluice_* tables
@@ -89,8 +128,12 @@ def test_two_workers_share_a_task_through_kills_and_a_pause(
             "CREATE TRIGGER audit AFTER INSERT OR UPDATE ON _sluice_offsets "
             "FOR EACH ROW EXECUTE FUNCTION audit_offsets()"
         )
-    zk, store = create_task(TASK.format(port=mariadb.port, target=postgres_url), tmp_path, zk_address)
-    workers = {n: start_worker(n, bootstrap, zk_address, tmp_path) for n in ("wa", "wb")}
+    zk, store = create_task(
+        TASK.format(port=mariadb.port, target=postgres_url), tmp_path, zk_address, cluster
+    )
+    workers = {
+        n: start_worker(n, bootstrap, zk_address, tmp_path, client_config=client_config) for n in ("wa", "wb")
+    }
     writer = Writer(mariadb, "shopw", transactions=900)
     try:
         wait_until(
@@ -110,7 +153,9 @@ def test_two_workers_share_a_task_through_kills_and_a_pause(
             workers[victim].kill()
             workers[victim].wait()
             wait_until(lambda e=epoch: store.epoch("shopw") > e, 120, "the task to move after kill -9")
-            workers[victim] = start_worker(victim, bootstrap, zk_address, tmp_path)
+            workers[victim] = start_worker(
+                victim, bootstrap, zk_address, tmp_path, client_config=client_config
+            )
             time.sleep(3)
         # Pause the owner past its session, then let it go on.
         victim = owner()
@@ -133,7 +178,7 @@ def test_two_workers_share_a_task_through_kills_and_a_pause(
             if not pos or BinlogPosition.parse(pos) < end:
                 return False
             with open_target(postgres_url) as t:
-                return t.applied_offsets("shopw") == end_offsets(bootstrap, "shopw.changes")
+                return t.applied_offsets("shopw") == end_offsets(bootstrap, "shopw.changes", client=client)
 
         wait_until(caught_up, 240, "the target to catch up with the source")
     finally:
