@@ -4,6 +4,7 @@ protocol paths real clients rely on behave as Kafka's do."""
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ from hypothesis import strategies as st
 from sluice.protocol.api import ApiKey, encode_request
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import build_batch
+from sluice.security.client import ClientSecurity
+from sluice.security.sasl import PRE_AUTH_APIS
 from sluice.sync.wire_client import WireClient
 from tests.support.cluster import TestCluster, one_broker_with_topic
 
@@ -367,11 +370,21 @@ def _valid_frames() -> list[bytes]:
 VALID = _valid_frames()
 
 
+#: what a client sends before it has authenticated: the SASL requests, with ApiVersions
+SASL = [
+    f[4:]
+    for f in (
+        encode_request(ApiKey.SASL_HANDSHAKE, 1, 6, "fuzz", {"mechanism": "SCRAM-SHA-512"}),
+        encode_request(ApiKey.SASL_AUTHENTICATE, 2, 7, "fuzz", {"auth_bytes": b"n,,n=admin,r=fuzznonce"}),
+    )
+]
+
+
 @st.composite
-def frames(draw: st.DrawFn) -> bytes:
+def frames(draw: st.DrawFn, valid: list[bytes] = VALID) -> bytes:
     if draw(st.booleans()):
         return draw(st.binary(min_size=0, max_size=300))
-    frame = bytearray(draw(st.sampled_from(VALID)))
+    frame = bytearray(draw(st.sampled_from(valid)))
     for _ in range(draw(st.integers(1, 6))):
         kind = draw(st.sampled_from(["flip", "truncate", "extend", "int"]))
         if kind == "flip" and frame:
@@ -407,6 +420,84 @@ def test_broker_alive_after_fuzz(broker: TestCluster) -> None:
     assert pid_alive(broker.broker(1).pid)
     assert still_serving(broker)
     assert "event=handler_failed" not in broker.log_text(1), "a handler raised on fuzzed input"
+
+
+# -- the same against a SASL_SSL listener, before and after authentication ---------------------------
+
+
+@pytest.fixture(scope="module")
+def secure_broker(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    c = TestCluster(zookeeper, tmp_path_factory.mktemp("wire-secure-cluster"), 1, security="sasl_ssl")
+    try:
+        with WireClient.connect(c.bootstrap, timeout_s=10, security=c.client_security()) as w:
+            r = w.request(ApiKey.CREATE_TOPICS, 5, {"timeout_ms": 30000, "topics": [
+                {"name": TOPIC, "num_partitions": 2, "replication_factor": 1}]})  # fmt: skip
+            assert r["topics"][0]["error_code"] == ErrorCode.NONE, r
+        yield c
+    finally:
+        c.down()
+
+
+def admin_security(c: TestCluster) -> ClientSecurity:
+    assert c.client_properties is not None
+    return ClientSecurity.from_file(c.client_properties)
+
+
+def answer_or_close(sock: socket.socket) -> bytes:
+    """What the broker sends back to a fuzzed frame: an answer, or b"" when it closes."""
+    sock.settimeout(5)
+    try:
+        # The broker either answers or closes; it must not hang on a complete frame.
+        return sock.recv(65536)
+    except (ConnectionResetError, ssl.SSLError):
+        return b""
+    except TimeoutError:
+        return b"(no answer)"
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(frame=frames(VALID + SASL))
+def test_fuzzed_frames_before_authentication_never_take_a_sasl_ssl_broker_down(
+    secure_broker: TestCluster, frame: bytes
+) -> None:
+    b = secure_broker.broker(1)
+    context = admin_security(secure_broker).ssl_context()
+    assert context is not None
+    with context.wrap_socket(
+        socket.create_connection((b.host, b.port), timeout=10), server_hostname=b.host
+    ) as s:
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        answer = answer_or_close(s)
+    api_key = struct.unpack(">h", frame[:2])[0] if len(frame) >= 2 else -1
+    if api_key not in PRE_AUTH_APIS:
+        # Before authentication only ApiVersions and SASL are answered; anything else closes.
+        assert answer == b"", f"api key {api_key} before authentication was answered: {answer[:60]!r}"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(frame=frames())
+def test_fuzzed_frames_after_authentication_never_take_a_sasl_ssl_broker_down(
+    secure_broker: TestCluster, frame: bytes
+) -> None:
+    b = secure_broker.broker(1)
+    # SCRAM-SHA-512 with the admin user: the frames reach every handler, not only the SASL ones
+    with WireClient(b.host, b.port, timeout_s=10, security=admin_security(secure_broker)) as w:
+        w.send_raw(struct.pack(">i", len(frame)) + frame)
+        answer_or_close(w.sock)
+
+
+def test_sasl_ssl_broker_alive_after_fuzz(secure_broker: TestCluster) -> None:
+    from sluice.ops.launcher import pid_alive
+
+    assert pid_alive(secure_broker.broker(1).pid)
+    with WireClient.connect(
+        secure_broker.bootstrap, timeout_s=10, security=admin_security(secure_broker)
+    ) as w:
+        r = w.request(ApiKey.METADATA, 12, {"topics": None})
+    assert any(t["name"] == TOPIC for t in r["topics"])
+    log = secure_broker.log_text(1)
+    assert "event=handler_failed" not in log, "a handler raised on fuzzed input"
+    assert "event=authenticated" in log
 
 
 def test_offset_for_leader_epoch_returns_the_end_of_the_current_epoch(broker: TestCluster) -> None:
