@@ -11,12 +11,20 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 
-def test_demo_ends_with_the_target_equal_to_the_source(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    # sasl_ssl: TLS, SCRAM and ACLs; the demo's topic creation, generator, apply query (its Spark
+    # executors too), offset mirror and manager authenticate, and the cluster's brokers replicate
+    # over authenticated connections
+    "security",
+    ["none", pytest.param("sasl_ssl", marks=pytest.mark.slow)],
+)
+def test_demo_ends_with_the_target_equal_to_the_source(tmp_path: Path, security: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "sluice.ops.cli", "demo", "--dir", str(tmp_path / "demo"),
-         "--duration", "14", "--rate", "1000"],
+         "--duration", "14", "--rate", "1000", "--security", security],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()

@@ -28,6 +28,7 @@ from rich.live import Live
 from rich.table import Table
 
 from sluice.ops import launcher
+from sluice.security.client import ClientSecurity
 
 _log = logging.getLogger("sluice.demo")
 
@@ -58,7 +59,11 @@ def run_demo(
     spark_master: str | None,
     keep: bool,
     console: Console,
+    security: str = "none",
 ) -> bool:
+    """``security="sasl_ssl"``: the cluster with TLS, SCRAM users and ACLs; the demo's clients
+    (topic creation, generator, apply query and its Spark executors, manager) authenticate as
+    its admin."""
     directory = directory.resolve()
     if (directory / launcher.STATE_FILE).exists():
         try:
@@ -70,7 +75,7 @@ def run_demo(
     target = target or f"sqlite:///{directory / 'target.db'}"
     console.print(f"[bold]1.[/] starting a local cluster of {BROKERS} brokers in {directory}")
     t0 = time.monotonic()
-    cluster = launcher.cluster_up(directory / "cluster", brokers=BROKERS)
+    cluster = launcher.cluster_up(directory / "cluster", brokers=BROKERS, security=security)
     console.print(
         f"   bootstrap.servers={cluster.bootstrap_servers}  zookeeper={cluster.zookeeper}  "
         f"({time.monotonic() - t0:.1f} s)"
@@ -100,7 +105,13 @@ def _start_manager(cluster: launcher.LocalCluster, console: Console):  # type: i
     from sluice.manager.server import run_manager
 
     try:
-        handle = run_manager(cluster.zookeeper, cluster.bootstrap_servers, port=0)
+        from sluice.manager.config import ManagerConfig
+
+        config = ManagerConfig(
+            bootstrap=cluster.bootstrap_servers, zookeeper=cluster.zookeeper, port=0,
+            zk_auth=cluster.zk_auth(), security=cluster.client_security(),
+        )  # fmt: skip
+        handle = run_manager(cluster.zookeeper, cluster.bootstrap_servers, config=config)
     except Exception as exc:  # the demo goes on without a console
         console.print(f"   [yellow]the manager did not start: {exc}[/]")
         return None
@@ -116,10 +127,10 @@ class _OffsetMirror:
     """Commits the target's applied offsets to a consumer group on its own thread (a commit
     may wait for a coordinator that moved with the killed broker; the demo's loop must not)."""
 
-    def __init__(self, bootstrap: str, group: str) -> None:
+    def __init__(self, bootstrap: str, group: str, security: ClientSecurity) -> None:
         import queue
 
-        self.bootstrap, self.group = bootstrap, group
+        self.bootstrap, self.group, self.security = bootstrap, group, security
         self._queue: queue.Queue[dict[tuple[str, int], int] | None] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._run, name="offset-mirror", daemon=True)
         self._thread.start()
@@ -148,7 +159,7 @@ class _OffsetMirror:
         failures = 0
         while (offsets := self._queue.get()) is not None:
             try:
-                with AdminClient(self.bootstrap, timeout_s=3.0) as admin:
+                with AdminClient(self.bootstrap, timeout_s=3.0, security=self.security) as admin:
                     commit_offsets(admin, self.group, offsets)
                 failures = 0
             except Exception as exc:  # a mirror for people: the next sample tries again
@@ -179,10 +190,12 @@ def _run(
     from sluice.sync.truth import Truth, compare
 
     bootstrap = cluster.bootstrap_servers
+    security = cluster.client_security()
+    client = security.confluent_config()
     console.print(
         f"[bold]2.[/] topic {TOPIC}: {PARTITIONS} partitions, replication factor 3, min.insync.replicas 2"
     )
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **client})
     new_topic = NewTopic(TOPIC, PARTITIONS, 3, config=CHANGE_TOPIC_CONFIG)
     admin.create_topics([new_topic], operation_timeout=30)[TOPIC].result()
 
@@ -208,6 +221,7 @@ def _run(
             pipeline=PIPELINE,
             checkpoint=directory / "checkpoint",
             trigger_s=1.0,
+            security=security,
         ),
         on_batch=on_batch,
     )
@@ -232,6 +246,7 @@ def _run(
                 GeneratorConfig(topic=TOPIC, rate=rate, duration_s=duration_s, name="demo"),
                 truth_path=truth_path,
                 on_progress=on_gen,
+                producer_config=client,
             )
             truths.append(truth)
         except Exception as exc:  # reported below; the demo then fails
@@ -239,9 +254,11 @@ def _run(
         finally:
             progress.generator_done = True
 
-    watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": "sluice-demo-watch", "log_level": 0})
+    watcher = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "sluice-demo-watch", "log_level": 0, **client}
+    )
     lag_target = open_target(target)
-    mirror = _OffsetMirror(bootstrap, APPLY_GROUP)
+    mirror = _OffsetMirror(bootstrap, APPLY_GROUP, security)
 
     def end_offsets() -> int:
         total = 0

@@ -23,6 +23,12 @@ def demo(
     ] = None,
     spark_master: Annotated[str | None, typer.Option(help="Spark master URL (default local[*])")] = None,
     keep: Annotated[bool, typer.Option(help="Leave the cluster running afterwards")] = False,
+    security: Annotated[
+        str,
+        typer.Option(
+            help="none, or sasl_ssl: TLS, SCRAM users and ACLs; every client of the demo authenticates"
+        ),
+    ] = "none",
 ) -> None:
     """The whole platform on this machine: a 3-broker cluster, the generator writing changes, a
     Spark query applying them to SQLite, one broker killed with kill -9 in the middle, and a
@@ -34,8 +40,12 @@ def demo(
 
     if target and url_has_password(target):
         raise fail(PASSWORD_IN_URL, 2)
+    from sluice.ops.launcher import SECURITY_MODES
+
+    if security not in SECURITY_MODES:
+        raise fail(f"--security must be one of {', '.join(SECURITY_MODES)}, not {security!r}", 2)
     ok = run_demo(
         directory, duration_s=duration, rate=rate, target=target, spark_master=spark_master,
-        keep=keep, console=console,
+        keep=keep, console=console, security=security,
     )  # fmt: skip
     raise typer.Exit(0 if ok else 1)
