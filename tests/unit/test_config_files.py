@@ -154,3 +154,30 @@ def test_the_deploy_guides_example_files_are_valid() -> None:
     assert broker.advertised == ("h2.example.internal", 9092) and broker.log_defaults.min_insync_replicas == 2
     worker = WorkerConfig.from_properties(read_properties(deploy / "worker.properties"))
     assert worker.spark_master == "spark://h1.example.internal:7077"
+
+
+def test_worker_and_manager_files_take_kafkas_client_keys_and_never_show_the_password(tmp_path: Path) -> None:
+    from sluice.manager.config import ManagerConfig
+
+    keys = (
+        "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-256\nsasl.username=sluice-worker\n"
+        "sasl.password=s3cret-pw\nssl.ca.location=/etc/sluice/ca.pem\n"
+    )
+    worker = WorkerConfig.from_properties(
+        read_properties(write(tmp_path, "bootstrap.servers=h1:9092\n" + keys, "worker.properties"))
+    )
+    manager = ManagerConfig.from_properties(
+        read_properties(write(tmp_path, "bootstrap.servers=h1:9092\nzookeeper.connect=z:2181\n" + keys, "m"))
+    )
+    for c in (worker, manager):
+        s = c.security
+        assert (s.protocol, s.mechanism, s.username, s.password) == (
+            "SASL_SSL", "SCRAM-SHA-256", "sluice-worker", "s3cret-pw"
+        )  # fmt: skip
+        assert s.ca_location == Path("/etc/sluice/ca.pem")
+        assert "s3cret-pw" not in repr(c)
+    assert WorkerConfig.from_properties({"bootstrap.servers": "h1:9092"}).security.protocol == "PLAINTEXT"
+    with pytest.raises(ConfigError, match=r"needs sasl\.username and sasl\.password") as refused:
+        WorkerConfig.from_properties({"bootstrap.servers": "h1:9092", "security.protocol": "SASL_SSL",
+                                      "sasl.password": "s3cret-pw"})  # fmt: skip
+    assert "s3cret-pw" not in str(refused.value)
