@@ -27,7 +27,12 @@ first-touch guest memory).
 
 Unless ``--bootstrap`` names an existing cluster, the benchmark starts its own local cluster
 (ZooKeeper + ``--brokers`` brokers) in a temporary directory and always stops and removes it
-at the end. Each mode writes to its own fresh topic (``--partitions``, ``--replication-factor``),
+at the end. ``--security sasl_ssl`` makes that cluster SASL_SSL (``cluster up --security
+sasl_ssl``: TLS, SCRAM-SHA-512 as its admin user, ACLs on) and every client of the benchmark
+uses its client properties; ``--security both`` starts a plaintext and a SASL_SSL cluster side
+by side, runs each mode on one then the other, and prints the SASL_SSL/plaintext MB/s ratio.
+With ``--bootstrap``, ``--client-properties`` gives the existing cluster's client properties.
+Each mode writes to its own fresh topic (``--partitions``, ``--replication-factor``),
 deleted after the mode unless ``--keep-topics``.
 The benchmark prints figures and asserts nothing about them.
 
@@ -38,6 +43,7 @@ How to run
     .venv/bin/python bench/produce.py --mode client --partitions 6 --linger-ms 20
     .venv/bin/python bench/produce.py --brokers 3 --replication-factor 3 --acks all
     .venv/bin/python bench/produce.py --bootstrap 127.0.0.1:9092 --mode prebuilt --json
+    .venv/bin/python bench/produce.py --security both                 # plaintext vs SASL_SSL
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from rich.table import Table
 from sluice.ops.launcher import LocalCluster, cluster_down, cluster_up
 from sluice.protocol.api import ApiKey
 from sluice.protocol.records import COMPRESSION_NONE, build_batch
+from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.sync.wire_client import WireClient
 
 MB = 1_000_000  # throughput figures are in decimal megabytes (10^6 bytes) per second
@@ -107,6 +114,8 @@ def _pct(sorted_values: list[float], p: float) -> float:
 class ModeResult:
     mode: str
     topic: str
+    #: "none" (PLAINTEXT) or "sasl_ssl"
+    security: str = "none"
     records: int = 0
     payload_bytes: int = 0
     seconds: float = 0.0
@@ -183,11 +192,20 @@ def value_pool(record_size: int, n: int = VALUE_POOL) -> list[bytes]:
     return [rng.randbytes(record_size) for _ in range(n)]
 
 
+def admin_client(bootstrap: str, security: ClientSecurity) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, **security.confluent_config()})
+
+
 def create_topic(
-    bootstrap: str, name: str, partitions: int, replication_factor: int, timeout_s: float = 30.0
+    bootstrap: str,
+    name: str,
+    partitions: int,
+    replication_factor: int,
+    timeout_s: float = 30.0,
+    security: ClientSecurity = PLAINTEXT,
 ) -> None:
     """Create ``name`` and wait until every partition has a leader in the metadata."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client(bootstrap, security)
     new = NewTopic(name, partitions, replication_factor)
     futures = admin.create_topics([new], operation_timeout=timeout_s)
     futures[name].result(timeout=timeout_s)
@@ -229,9 +247,11 @@ def page_cache_probe(directory: Path, megabytes: int) -> float:
     return megabytes / elapsed
 
 
-def delete_topic(bootstrap: str, name: str, timeout_s: float = 30.0) -> str | None:
+def delete_topic(
+    bootstrap: str, name: str, timeout_s: float = 30.0, security: ClientSecurity = PLAINTEXT
+) -> str | None:
     """Delete ``name`` (frees its disk and page cache); returns an error text instead of raising."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client(bootstrap, security)
     try:
         admin.delete_topics([name], operation_timeout=timeout_s)[name].result(timeout=timeout_s)
     except KafkaException as exc:
@@ -239,9 +259,9 @@ def delete_topic(bootstrap: str, name: str, timeout_s: float = 30.0) -> str | No
     return None
 
 
-def partition_leaders(bootstrap: str, topic: str) -> dict[int, str]:
+def partition_leaders(bootstrap: str, topic: str, security: ClientSecurity = PLAINTEXT) -> dict[int, str]:
     """partition -> "host:port" of its leader."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = admin_client(bootstrap, security)
     md = admin.list_topics(topic=topic, timeout=10)
     brokers = {b.id: f"{b.host}:{b.port}" for b in md.brokers.values()}
     return {p.id: brokers[p.leader] for p in md.topics[topic].partitions.values()}
@@ -250,7 +270,9 @@ def partition_leaders(bootstrap: str, topic: str) -> dict[int, str]:
 # --- client mode ---------------------------------------------------------------------------------
 
 
-def run_client(args: argparse.Namespace, bootstrap: str, topic: str) -> ModeResult:
+def run_client(
+    args: argparse.Namespace, bootstrap: str, topic: str, security: ClientSecurity = PLAINTEXT
+) -> ModeResult:
     """confluent-kafka Producer in a tight loop; ack latency from the delivery callbacks."""
     res = ModeResult("client", topic)
     values = value_pool(args.record_size)
@@ -268,6 +290,7 @@ def run_client(args: argparse.Namespace, bootstrap: str, topic: str) -> ModeResu
         "max.in.flight.requests.per.connection": 5,
         "socket.send.buffer.bytes": 4 * 1024 * 1024,
         "statistics.interval.ms": 0,
+        **security.confluent_config(),
     }
     conf.update(dict(kv.split("=", 1) for kv in args.producer_config))
     failures: list[KafkaError] = []
@@ -342,10 +365,12 @@ def build_batches(record_size: int, batch_bytes: int, count: int) -> list[tuple[
     return out
 
 
-def run_prebuilt(args: argparse.Namespace, bootstrap: str, topic: str) -> ModeResult:
+def run_prebuilt(
+    args: argparse.Namespace, bootstrap: str, topic: str, security: ClientSecurity = PLAINTEXT
+) -> ModeResult:
     """One WireClient connection, pre-built ~1 MB batches, ``--window`` requests in flight."""
     res = ModeResult("prebuilt", topic)
-    leaders = partition_leaders(bootstrap, topic)
+    leaders = partition_leaders(bootstrap, topic, security)
     # One connection: partitions led by the broker that leads partition 0 (all of them with
     # one broker; with several brokers the others would need connections of their own).
     target = leaders[0]
@@ -364,7 +389,7 @@ def run_prebuilt(args: argparse.Namespace, bootstrap: str, topic: str) -> ModeRe
     inflight: deque[tuple[float, int]] = deque()  # (send time, records) per outstanding request
     perf = time.perf_counter
 
-    with WireClient(host, int(port), client_id="sluice-bench", timeout_s=60.0) as wc:
+    with WireClient(host, int(port), client_id="sluice-bench", timeout_s=60.0, security=security) as wc:
 
         def receive_one() -> None:
             t0, nrec = inflight.popleft()
@@ -438,6 +463,21 @@ def run_prebuilt(args: argparse.Namespace, bootstrap: str, topic: str) -> ModeRe
 # --- output --------------------------------------------------------------------------------------
 
 
+#: how the report names the ``--security`` values
+SECURITY_LABELS = {"none": "plaintext", "sasl_ssl": "SASL_SSL"}
+
+
+def security_ratios(results: list[ModeResult]) -> dict[str, float]:
+    """mode -> SASL_SSL MB/s over plaintext MB/s, for each mode run both ways."""
+    by = {(r.mode, r.security): r for r in results}
+    out: dict[str, float] = {}
+    for mode in ("client", "prebuilt"):
+        plain, secure = by.get((mode, "none")), by.get((mode, "sasl_ssl"))
+        if plain is not None and secure is not None and plain.mb_per_s > 0:
+            out[mode] = secure.mb_per_s / plain.mb_per_s
+    return out
+
+
 def print_report(
     console: Console,
     args: argparse.Namespace,
@@ -450,6 +490,7 @@ def print_report(
     for k, v in [
         ("cluster", cluster_note),
         ("bootstrap.servers", bootstrap),
+        ("security", args.security),
         ("acks", args.acks),
         ("partitions", args.partitions),
         ("replication factor", args.replication_factor),
@@ -467,6 +508,7 @@ def print_report(
     table = Table(title="produce throughput (MB = 10^6 bytes of record payload)")
     for col in (
         "mode",
+        "security",
         "records",
         "seconds",
         "MB/s",
@@ -481,11 +523,12 @@ def print_report(
         "cpu all",
         "probe MB/s",
     ):
-        table.add_column(col, justify="left" if col == "mode" else "right")
+        table.add_column(col, justify="left" if col in ("mode", "security") else "right")
     for r in results:
         lat = r.latency
         table.add_row(
             r.mode,
+            SECURITY_LABELS.get(r.security, r.security),
             f"{r.records:,}",
             f"{r.seconds:.2f}",
             f"{r.mb_per_s:.1f}",
@@ -499,9 +542,16 @@ def print_report(
             f"{r.page_cache_probe_mb_per_s:,.0f}",
         )
     console.print(table)
+    by = {(r.mode, r.security): r for r in results}
+    for mode, ratio in security_ratios(results).items():
+        plain, secure = by[(mode, "none")], by[(mode, "sasl_ssl")]
+        console.print(
+            f"  {mode}: SASL_SSL / plaintext = {secure.mb_per_s:.1f} / {plain.mb_per_s:.1f} MB/s"
+            f" = {ratio:.2f}"
+        )
     for r in results:
         for note in r.notes:
-            console.print(f"  {r.mode}: {note}")
+            console.print(f"  {r.mode} {SECURITY_LABELS.get(r.security, r.security)}: {note}")
     console.print(
         "  latency: client = produce() to delivery callback (every 16th record); "
         "prebuilt = request sent to response read"
@@ -548,6 +598,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--partitions", type=int, default=3, help="of the benchmark topics")
     p.add_argument("--mode", choices=("client", "prebuilt", "both"), default="both", help="what to run")
     p.add_argument("--bootstrap", help="HOST:PORT of an existing cluster (no local cluster is started)")
+    p.add_argument(
+        "--security",
+        choices=("none", "sasl_ssl", "both"),
+        default="none",
+        help="the local cluster's (cluster up --security); both: a plaintext and a SASL_SSL cluster, "
+        "each mode run on one then the other",
+    )
+    p.add_argument(
+        "--client-properties",
+        type=Path,
+        help="with --bootstrap: Kafka client properties of the existing cluster (security.protocol, ...)",
+    )
     p.add_argument("--json", action="store_true", help="also print one JSON line of results")
     p.add_argument(
         "--keep-topics", action="store_true", help="do not delete each mode's topic after the mode"
@@ -596,6 +658,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.replication_factor > args.brokers and not args.bootstrap:
         p.error("--replication-factor cannot exceed --brokers")
+    if args.bootstrap and args.security != "none":
+        p.error("--security starts local clusters; with --bootstrap give --client-properties instead")
     return args
 
 
@@ -605,51 +669,71 @@ def main(argv: list[str] | None = None) -> int:
     if not console.is_terminal:
         console = Console(width=170)  # a pipe or file: do not squeeze the tables to 80 columns
     tmp: Path | None = None
-    cluster: LocalCluster | None = None
+    clusters: list[LocalCluster] = []
+    #: security ("none" / "sasl_ssl") -> (bootstrap servers, the benchmark's client settings)
+    targets: dict[str, tuple[str, ClientSecurity]] = {}
     results: list[ModeResult] = []
     try:
         if args.bootstrap:
-            bootstrap = args.bootstrap
+            security = (
+                ClientSecurity.from_file(args.client_properties) if args.client_properties else PLAINTEXT
+            )
+            targets["sasl_ssl" if security.sasl else "none"] = (args.bootstrap, security)
             cluster_note = "existing (--bootstrap)"
         else:
             tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
-            console.print(f"starting a local cluster of {args.brokers} broker(s) in {tmp} ...")
-            cluster = cluster_up(tmp, args.brokers)
-            bootstrap = cluster.bootstrap_servers
-            pids = ", ".join(f"{b.broker_id}:{b.pid}" for b in cluster.brokers)
-            cluster_note = f"local, {args.brokers} broker(s) (id:pid {pids})"
-            console.print(f"bootstrap.servers={bootstrap}  broker pids {pids}")
+            notes = []
+            for name in ("none", "sasl_ssl") if args.security == "both" else (args.security,):
+                label = SECURITY_LABELS[name]
+                console.print(
+                    f"starting a local {label} cluster of {args.brokers} broker(s) in {tmp / name} ..."
+                )
+                cluster = cluster_up(tmp / name, args.brokers, security=name)
+                clusters.append(cluster)
+                targets[name] = (cluster.bootstrap_servers, cluster.client_security())
+                pids = ", ".join(f"{b.broker_id}:{b.pid}" for b in cluster.brokers)
+                notes.append(f"{label}: local, {args.brokers} broker(s) (id:pid {pids})")
+                console.print(f"{label}: bootstrap.servers={cluster.bootstrap_servers}  broker pids {pids}")
+            cluster_note = "; ".join(notes)
         run_id = uuid.uuid4().hex[:8]
         modes = ("client", "prebuilt") if args.mode == "both" else (args.mode,)
         for mode in modes:
-            topic = f"bench-{mode}-{run_id}"
-            create_topic(bootstrap, topic, args.partitions, args.replication_factor)
-            console.print(f"running {mode} mode on topic {topic} ...")
-            run = run_client if mode == "client" else run_prebuilt
-            probe = page_cache_probe(tmp or Path(tempfile.gettempdir()), args.probe_mb)
-            if args.probe_mb > 0:
-                console.print(f"  page-cache write probe: {probe:,.0f} MB/s ({args.probe_mb} x 1 MB pwrite)")
-            meter = CpuMeter([b.pid for b in cluster.brokers] if cluster is not None else [])
-            r = run(args, bootstrap, topic)
-            r.cpu = meter.stop()
-            r.page_cache_probe_mb_per_s = round(probe, 1)
-            if not args.keep_topics:
-                failed = delete_topic(bootstrap, topic)
-                if failed:
-                    r.notes.append(f"deleting topic {topic} failed: {failed}")
-            console.print(
-                f"  {mode}: {r.mb_per_s:.1f} MB/s, {r.records_per_s:,.0f} records/s, {r.errors} errors"
-            )
-            results.append(r)
+            # One security after the other for each mode, so both see the machine in the same minutes.
+            for name, (bootstrap, security) in targets.items():
+                topic = f"bench-{mode}-{name}-{run_id}"
+                create_topic(bootstrap, topic, args.partitions, args.replication_factor, security=security)
+                console.print(f"running {mode} mode ({SECURITY_LABELS[name]}) on topic {topic} ...")
+                run = run_client if mode == "client" else run_prebuilt
+                probe = page_cache_probe(tmp or Path(tempfile.gettempdir()), args.probe_mb)
+                if args.probe_mb > 0:
+                    console.print(
+                        f"  page-cache write probe: {probe:,.0f} MB/s ({args.probe_mb} x 1 MB pwrite)"
+                    )
+                brokers = [c for c in clusters if c.bootstrap_servers == bootstrap]
+                meter = CpuMeter([b.pid for c in brokers for b in c.brokers])
+                r = run(args, bootstrap, topic, security)
+                r.security = name
+                r.cpu = meter.stop()
+                r.page_cache_probe_mb_per_s = round(probe, 1)
+                if not args.keep_topics:
+                    failed = delete_topic(bootstrap, topic, security=security)
+                    if failed:
+                        r.notes.append(f"deleting topic {topic} failed: {failed}")
+                console.print(
+                    f"  {mode} {SECURITY_LABELS[name]}: {r.mb_per_s:.1f} MB/s, "
+                    f"{r.records_per_s:,.0f} records/s, {r.errors} errors"
+                )
+                results.append(r)
     except KafkaException as exc:
         console.print(f"[red]Kafka error:[/] {exc}")
         return 1
     finally:
-        if cluster is not None and tmp is not None:
-            cluster_down(tmp)
+        for cluster in clusters:
+            cluster_down(Path(cluster.directory))
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    print_report(console, args, bootstrap, results, cluster_note)
+    bootstraps = "; ".join(f"{SECURITY_LABELS[name]}: {b}" for name, (b, _) in targets.items())
+    print_report(console, args, bootstraps, results, cluster_note)
     if args.json:
         print(
             json.dumps(  # NaN (no latency figures with acks=0, probe skipped) becomes null
@@ -661,7 +745,11 @@ def main(argv: list[str] | None = None) -> int:
                         "partitions": args.partitions,
                         "replication_factor": args.replication_factor,
                         "record_size": args.record_size,
+                        "security": args.security,
                         "results": [r.to_json() for r in results],
+                        "sasl_ssl_over_plaintext": {
+                            m: round(v, 3) for m, v in security_ratios(results).items()
+                        },
                     }
                 )
             )
