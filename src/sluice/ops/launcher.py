@@ -431,7 +431,9 @@ def cluster_up(
 def _secure(cluster: LocalCluster, host: str) -> None:
     """SASL_SSL for a local cluster: a CA and a certificate for the brokers' addresses, an
     ``admin`` user and the brokers' own user (random passwords, SCRAM credentials in ZooKeeper),
-    Kafka's ACL authorizer with both as super users, and the admin's client properties."""
+    Kafka's ACL authorizer with both as super users, and the admin's client properties; and the
+    workers' ``sluice-worker`` user with only its ACLs (``worker_client_acls``: enough for group
+    membership, capture, apply and status reads) and its client properties."""
     import secrets
 
     from sluice.security.credentials import CredentialStore
