@@ -18,7 +18,7 @@ in the capture's own snapshot transaction.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -52,7 +52,8 @@ class SnapshotChunk:
     execution: str
     snapshot_start: str
     is_mariadb: bool
-    producer_config: tuple[tuple[str, Any], ...] = ()
+    #: the capture's producer settings, its client security's password among them: never printed
+    producer_config: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True, slots=True)
