@@ -374,6 +374,12 @@ def test_a_read_only_user_cannot_produce_and_does_not_see_other_topics(secure: S
     seen = wait_until(lambda: "readable" in visible() and visible(), 30, "the reader to see topic readable")
     assert "secret" not in seen, seen
     assert "secret" not in visible()
+    # Asked for by name, it is refused, and nothing about it (its partitions) is told.
+    described = admin.list_topics(topic="secret", timeout=10).topics.get("secret")
+    if described is not None:
+        assert described.error is not None, "the reader was told about topic secret"
+        assert described.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, described.error
+        assert not described.partitions
 
     errors: list[KafkaError | None] = []
     producer = Producer({"bootstrap.servers": secure.bootstrap, "message.timeout.ms": 10_000,
