@@ -159,3 +159,56 @@ def test_a_final_nonce_without_the_servers_part_is_refused() -> None:
     with pytest.raises(AuthenticationFailed):
         exchange.step(b"c=biws,r=clientnonceclientnonce,p=AAAA")
     assert exchange.user is None
+
+
+def test_mtls_makes_the_client_certificates_subject_the_principal(tmp_path: object) -> None:
+    """A real TLS handshake with ssl.client.auth=required: the verified client certificate's
+    subject is the connection's principal; a client without a certificate is refused."""
+    import socket
+    import ssl
+    import threading
+    from pathlib import Path
+    from types import SimpleNamespace
+    from typing import Any
+
+    from sluice.broker.authentication import ConnectionAuth
+    from sluice.broker.listeners import Listener
+    from sluice.security.tls import ServerTls, client_certificate, client_context, local_ca
+
+    ca = local_ca(Path(str(tmp_path)), ["127.0.0.1"])
+    server_ctx = ServerTls(ca.keystore, truststore=ca.ca_file, client_auth="required").context()
+    listener = Listener("SSL", "SSL", "127.0.0.1", 0)
+    config = SimpleNamespace(authentication_timeout_ms=10_000, sasl_mechanisms=())
+    broker: Any = SimpleNamespace(config=config)
+
+    def handshake(client: ssl.SSLContext) -> str | Exception:
+        accept = socket.create_server(("127.0.0.1", 0))
+        seen: list[str | Exception] = []
+
+        def serve() -> None:
+            conn, _ = accept.accept()
+            try:
+                tls = server_ctx.wrap_socket(conn, server_side=True)
+                seen.append(ConnectionAuth(broker, listener, "/127.0.0.1", tls).session.principal)
+                tls.close()
+            except (ssl.SSLError, OSError) as exc:
+                seen.append(exc)
+                conn.close()
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        try:
+            with client.wrap_socket(
+                socket.create_connection(accept.getsockname()), server_hostname="127.0.0.1"
+            ) as c:
+                c.recv(1)
+        except (ssl.SSLError, OSError):
+            pass
+        thread.join(10)
+        accept.close()
+        return seen[0]
+
+    cert = client_certificate(ca, "billing-app")
+    assert oct(cert.stat().st_mode & 0o777) == "0o600"
+    assert handshake(client_context(ca.ca_file, cert)) == "User:CN=billing-app"
+    assert isinstance(handshake(client_context(ca.ca_file)), ssl.SSLError)  # no certificate: refused

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,64 +79,107 @@ def peer_principal(ssl_object: Any) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class LocalCa:
-    ca_file: Path  # the CA certificate (clients' ssl.ca.location)
+    ca_file: Path  # the CA certificate (clients' ssl.ca.location, brokers' ssl.truststore.location)
     keystore: Path  # a server certificate + key for the given host names (brokers' keystore)
+    ca_key: Path  # the CA's private key (owner-only), to issue client certificates
 
 
 def local_ca(directory: Path, hosts: list[str], *, days: int = 365) -> LocalCa:
     """A new CA and one server certificate for ``hosts`` (names and IP addresses), signed by
-    it, written to ``directory`` (ca.pem, server.pem with its key; keys readable by the owner
-    only). For local clusters and tests; production brings its own certificates."""
+    it, written to ``directory`` (ca.pem, ca-key.pem, server.pem with its key; keys readable by
+    the owner only). For local clusters and tests; production brings its own certificates."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Sluice local CA")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
+    signs_certificates = x509.KeyUsage(False, False, False, False, False, True, True, False, False)
+    ca_cert = _sign(
+        _builder(ca_name, ca_key.public_key(), days)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
+        .add_extension(signs_certificates, critical=True),
+        ca_name, ca_key,
+    )  # fmt: skip
+    ca_file = directory / "ca.pem"
+    ca_file.write_bytes(_pem(ca_cert))
+    ca_key_file = _write_private(directory / "ca-key.pem", b"", ca_key)
     names: list[x509.GeneralName] = []
     for h in hosts:
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             names.append(x509.DNSName(h))
-    cert = (
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _sign(
+        _builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]), key.public_key(), days)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False),
+        ca_name, ca_key,
+    )  # fmt: skip
+    keystore = _write_private(directory / "server.pem", _pem(cert) + _pem(ca_cert), key)
+    return LocalCa(ca_file, keystore, ca_key_file)
+
+
+def client_certificate(ca: LocalCa, common_name: str, *, days: int = 365) -> Path:
+    """A client certificate (mTLS) for ``common_name``, signed by the local CA: one owner-only
+    PEM file with the certificate and its key, next to the CA. Its principal is
+    ``User:CN=<common_name>``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(ca.ca_file.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = _sign(
+        _builder(subject, key.public_key(), days).add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        ),
+        ca_cert.subject, ca_key,
+    )  # fmt: skip
+    return _write_private(ca.ca_file.parent / f"client-{common_name}.pem", _pem(cert), key)
+
+
+def _builder(subject: Any, public_key: Any, days: int) -> Any:
+    from cryptography import x509
+
+    now = datetime.datetime.now(datetime.UTC)
+    return (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
+        .subject_name(subject)
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
     )
-    pem = serialization.Encoding.PEM
-    ca_file = directory / "ca.pem"
-    ca_file.write_bytes(ca_cert.public_bytes(pem))
-    keystore = directory / "server.pem"
-    keystore.touch(mode=0o600)
-    keystore.write_bytes(
-        cert.public_bytes(pem)
-        + ca_cert.public_bytes(pem)
-        + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def _sign(builder: Any, issuer: Any, key: Any) -> Any:
+    from cryptography.hazmat.primitives import hashes
+
+    return builder.issuer_name(issuer).sign(key, hashes.SHA256())
+
+
+def _pem(cert: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _write_private(path: Path, certificates: bytes, key: Any) -> Path:
+    """Certificates then the private key, in a file only its owner can read (made so before
+    anything is written)."""
+    from cryptography.hazmat.primitives import serialization
+
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    return LocalCa(ca_file, keystore)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(certificates + pem)
+    return path
