@@ -39,6 +39,7 @@ from sluice.ops import launcher
 from sluice.ops.netns import HostNetwork
 from sluice.ops.ports import free_port, free_ports
 from sluice.ops.zookeeper import LocalZooKeeper, ZooKeeperEnsemble
+from sluice.security.client import ClientSecurity
 
 log = logging.getLogger("sluice.chaos")
 
@@ -55,7 +56,10 @@ class DrillCluster:
         hosts: str = "local",
         zookeeper_nodes: int = 1,
         switches: test_switches.Switches = test_switches.OFF,
+        security: str = "none",
     ):
+        """``security="sasl_ssl"``: brokers with TLS, SCRAM users and ACLs (``cluster_up``'s);
+        the drill's clients then authenticate as its admin (:attr:`client_security`)."""
         if hosts not in launcher.HOST_MODES:
             raise ValueError(f"hosts must be one of {', '.join(launcher.HOST_MODES)}, not {hosts!r}")
         self.directory = directory.resolve()
@@ -76,6 +80,7 @@ class DrillCluster:
         #: what the cluster's processes turn off; drills that start processes of their own
         #: (zombie.py's workers) arm them with these too
         self.switches = switches
+        self.security = security
         self._armed = ExitStack()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -105,15 +110,16 @@ class DrillCluster:
             f"{self.zk.connect_string}{CHROOT}",
             zk_session_timeout_s=self.session_timeout_s,
             broker_zookeeper=overrides,
+            security=self.security,
         )
-        self.store = ZkStore(f"{self.zk.connect_string}{CHROOT}")
+        self.store = ZkStore(f"{self.zk.connect_string}{CHROOT}", auth=self.cluster.zk_auth())
         self.store.start()
         return self
 
     def _start_with_ensemble(self) -> DrillCluster:
         self.cluster = launcher.cluster_up(
             self.directory / "cluster", self.brokers, hosts=self.hosts, zookeeper_nodes=self.zookeeper_nodes,
-            zk_session_timeout_s=self.session_timeout_s, zookeeper_force_sync=False,
+            zk_session_timeout_s=self.session_timeout_s, zookeeper_force_sync=False, security=self.security,
         )  # fmt: skip
         if self.cluster.zookeeper_members:
             self.ensemble = self.cluster.ensemble()
@@ -152,6 +158,12 @@ class DrillCluster:
     def bootstrap(self) -> str:
         assert self.cluster is not None
         return self.cluster.bootstrap_servers
+
+    @property
+    def client_security(self) -> ClientSecurity:
+        """How the drill's own clients authenticate (the admin's; PLAINTEXT with security off)."""
+        assert self.cluster is not None
+        return self.cluster.client_security()
 
     def note(self, what: str) -> None:
         self.events.append((time.monotonic() - self._t0, what))

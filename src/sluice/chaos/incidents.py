@@ -23,6 +23,7 @@ from sluice.chaos.workload import (
     stale_leader_writes,
 )
 from sluice.ops.health import partition_health
+from sluice.security.client import PLAINTEXT, ClientSecurity
 
 
 @dataclass
@@ -60,10 +61,17 @@ class IncidentResult:
         return all(c.passed for c in self.checks)
 
 
-def _create_topic(bootstrap: str, name: str, partitions: int, rf: int, config: dict[str, str]) -> None:
+def _create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int,
+    rf: int,
+    config: dict[str, str],
+    security: ClientSecurity = PLAINTEXT,
+) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **security.confluent_config()})
     admin.create_topics([NewTopic(name, partitions, rf, config=config)], operation_timeout=30)[name].result(
         60
     )
@@ -130,10 +138,11 @@ def acks1_failover(dc: DrillCluster, rng: random.Random) -> IncidentResult:
     moves: list[tuple[bool, str]] = []
     for acks in ("1", "all"):
         topic = f"incident-a-acks{acks}"
-        _create_topic(dc.bootstrap, topic, 3, 3, {"min.insync.replicas": "2"})
+        _create_topic(dc.bootstrap, topic, 3, 3, {"min.insync.replicas": "2"}, security=dc.client_security)
         producer = VerifiableProducer(
-            dc.bootstrap, topic, 3, acks=acks, idempotent=acks == "all", writer=f"a{acks}", rate_per_s=3000
-        ).start()
+            dc.bootstrap, topic, 3, acks=acks, idempotent=acks == "all", writer=f"a{acks}", rate_per_s=3000,
+            security=dc.client_security,
+        ).start()  # fmt: skip
         _wait_acks(producer, 2000, 60)
         # A leader that is not also the controller: its partitions move as soon as its session
         # expires, rather than after a controller election first (a shorter, less certain window).
@@ -158,6 +167,7 @@ def acks1_failover(dc: DrillCluster, rng: random.Random) -> IncidentResult:
                 acks=1 if acks == "1" else -1,
                 writer=f"a{acks}-stale",
                 records=STALE_RECORDS,
+                security=dc.client_security,
             )
             dc.note(
                 f"stale client: {stale.sent} records to broker {victim} (cut off) for {topic}-{partition}, "
@@ -177,7 +187,7 @@ def acks1_failover(dc: DrillCluster, rng: random.Random) -> IncidentResult:
         stats.errors.update(stale.errors)
         for name, text in stale.first_error.items():
             stats.first_error.setdefault(name, text)
-        reads = read_everything(dc.bootstrap, topic, 3)
+        reads = read_everything(dc.bootstrap, topic, 3, security=dc.client_security)
         result.rows.append(_row(f"acks={acks}", topic, stats, reads))
     one, all_row = result.rows
     result.checks.append(
@@ -247,7 +257,9 @@ def _wait_moved(dc: DrillCluster, topic: str, partition: int, victim: int, timeo
                 )
             new = dc.broker(state.leader)
             try:
-                with WireClient(new.host, new.port, client_id="drill", timeout_s=5) as w:
+                with WireClient(
+                    new.host, new.port, client_id="drill", timeout_s=5, security=dc.client_security
+                ) as w:
                     answer = w.request(
                         ApiKey.LIST_OFFSETS,
                         7,
@@ -298,16 +310,18 @@ def controller_split_brain(dc: DrillCluster, rng: random.Random) -> IncidentResu
 
     result = IncidentResult("controller-split-brain")
     topic = "incident-b"
-    _create_topic(dc.bootstrap, topic, 3, 3, {"min.insync.replicas": "2"})
-    with AdminClient(dc.bootstrap) as admin:
+    _create_topic(dc.bootstrap, topic, 3, 3, {"min.insync.replicas": "2"}, security=dc.client_security)
+    with AdminClient(dc.bootstrap, security=dc.client_security) as admin:
         admin.coordinator_id("incident-b-probe")  # creates __consumer_offsets
     assert dc.store is not None
     controller = dc.controller()
     group = next(
         g for g in (f"incident-b-{i}" for i in range(1000)) if dc.coordinator_of(g) not in (-1, controller)
     )
-    producer = VerifiableProducer(dc.bootstrap, topic, 3, writer="b", rate_per_s=1500).start()
-    reader = GroupReader(dc.bootstrap, topic, group).start()
+    producer = VerifiableProducer(
+        dc.bootstrap, topic, 3, writer="b", rate_per_s=1500, security=dc.client_security
+    ).start()
+    reader = GroupReader(dc.bootstrap, topic, group, security=dc.client_security).start()
     _wait_acks(producer, 1500, 60)
     _wait_for(lambda: reader.count() > 500, 60)
     monitor = LeaderlessMonitor(dc.store).start()
@@ -344,7 +358,7 @@ def controller_split_brain(dc: DrillCluster, rng: random.Random) -> IncidentResu
     _wait_for(lambda: acked <= {r.value for r in list(reader.reads)}, 60)
     reader.stop()
     longest = monitor.stop()
-    reads = read_everything(dc.bootstrap, topic, 3)
+    reads = read_everything(dc.bootstrap, topic, 3, security=dc.client_security)
     result.rows.append(_row("idempotent acks=all", topic, stats, reads))
     worst = max(longest.items(), key=lambda kv: kv[1], default=("-", 0.0))
     result.checks.append(
@@ -399,10 +413,11 @@ def single_replica_shutdown(dc: DrillCluster, rng: random.Random) -> IncidentRes
     result = IncidentResult("single-replica-shutdown")
     assert dc.store is not None
     topic = "incident-c-kill"
-    _create_topic(dc.bootstrap, topic, 3, 1, {})
+    _create_topic(dc.bootstrap, topic, 3, 1, {}, security=dc.client_security)
     producer = VerifiableProducer(
-        dc.bootstrap, topic, 3, writer="c1", rate_per_s=1000, extra={"message.timeout.ms": 8000}
-    ).start()
+        dc.bootstrap, topic, 3, writer="c1", rate_per_s=1000, extra={"message.timeout.ms": 8000},
+        security=dc.client_security,
+    ).start()  # fmt: skip
     _wait_acks(producer, 1000, 60)
     victim = dc.leader_of(topic, 0)
     dc.kill(victim)
@@ -422,7 +437,14 @@ def single_replica_shutdown(dc: DrillCluster, rng: random.Random) -> IncidentRes
     dc.wait_quiescent(90)
     _wait_acks(producer, 500, 60)
     stats = producer.stop()
-    result.rows.append(_row("kill -9, no drain", topic, stats, read_everything(dc.bootstrap, topic, 3)))
+    result.rows.append(
+        _row(
+            "kill -9, no drain",
+            topic,
+            stats,
+            read_everything(dc.bootstrap, topic, 3, security=dc.client_security),
+        )
+    )
     named = ", ".join(f"{k} ({stats.first_error.get(k, '')}) x{v}" for k, v in stats.errors.items()) or "none"
     result.checks.append(
         Check("without a drain the producer sees a named error", bool(stats.errors), f"errors: {named}")
@@ -443,10 +465,11 @@ def single_replica_shutdown(dc: DrillCluster, rng: random.Random) -> IncidentRes
     )
 
     topic2 = "incident-c-drain"
-    _create_topic(dc.bootstrap, topic2, 3, 1, {})
+    _create_topic(dc.bootstrap, topic2, 3, 1, {}, security=dc.client_security)
     producer = VerifiableProducer(
-        dc.bootstrap, topic2, 3, writer="c2", rate_per_s=1000, extra={"message.timeout.ms": 8000}
-    ).start()
+        dc.bootstrap, topic2, 3, writer="c2", rate_per_s=1000, extra={"message.timeout.ms": 8000},
+        security=dc.client_security,
+    ).start()  # fmt: skip
     _wait_acks(producer, 1000, 60)
     victim = dc.leader_of(topic2, 0)
     plan = plan_drain(dc.store, victim)
@@ -458,7 +481,14 @@ def single_replica_shutdown(dc: DrillCluster, rng: random.Random) -> IncidentRes
     stats = producer.stop()
     dc.restart(victim)
     dc.wait_quiescent(90)
-    result.rows.append(_row("drain + stop", topic2, stats, read_everything(dc.bootstrap, topic2, 3)))
+    result.rows.append(
+        _row(
+            "drain + stop",
+            topic2,
+            stats,
+            read_everything(dc.bootstrap, topic2, 3, security=dc.client_security),
+        )
+    )
     row = result.rows[1]
     result.checks.append(
         Check(
@@ -508,18 +538,20 @@ def run_incident(
     hosts: str = "local",
     zookeeper_nodes: int | None = None,
     switches: test_switches.Switches = test_switches.OFF,
+    security: str = "none",
 ) -> IncidentResult:
     """Run one drill on a fresh 3-broker cluster. ``hosts="netns"``: every broker and ZooKeeper
     member in its own network namespace (a 3-member ensemble unless told otherwise), and
     ZooKeeper cuts are dropped packets rather than a proxy. ``switches`` (tests only) turn a
-    guarantee off in every process of the drill, to show the drill able to fail."""
+    guarantee off in every process of the drill, to show the drill able to fail. ``security``:
+    "sasl_ssl" runs it on brokers with TLS, SCRAM and ACLs, every client authenticating."""
     if name not in INCIDENTS:
         raise KeyError(f"unknown incident {name!r}; `sluice incident list` shows them")
     _, drill = INCIDENTS[name]
     nodes = zookeeper_nodes if zookeeper_nodes is not None else (3 if hosts == "netns" else 1)
     with DrillCluster(
         directory, 3, session_timeout_s=session_timeout_s, hosts=hosts, zookeeper_nodes=nodes,
-        switches=switches,
+        switches=switches, security=security,
     ) as dc:  # fmt: skip
         result = drill(dc, random.Random(seed))
         if hosts != "local":

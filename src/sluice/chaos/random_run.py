@@ -98,7 +98,9 @@ def run_chaos(
     session_timeout_s: float = 6.0,
     hosts: str = "local",
     zookeeper_nodes: int = 1,
+    security: str = "none",
 ) -> ChaosRun:
+    """``security="sasl_ssl"``: the cluster with TLS, SCRAM and ACLs; the workload authenticates."""
     schedule = make_schedule(seed, duration_s, kinds, hosts=hosts)
     if any(f.kind == "zk-kill" for f in schedule) and zookeeper_nodes < 3:
         raise ValueError(
@@ -108,11 +110,15 @@ def run_chaos(
     result = IncidentResult(f"chaos seed={seed} hosts={hosts}")
     happened: collections.Counter[str] = collections.Counter()
     with DrillCluster(
-        directory, 3, session_timeout_s=session_timeout_s, hosts=hosts, zookeeper_nodes=zookeeper_nodes
-    ) as dc:
-        _create_topic(dc.bootstrap, TOPIC, 6, 3, {"min.insync.replicas": "2"})
-        producer = VerifiableProducer(dc.bootstrap, TOPIC, 6, writer=f"s{seed}", rate_per_s=1500).start()
-        reader = GroupReader(dc.bootstrap, TOPIC, GROUP).start()
+        directory, 3, session_timeout_s=session_timeout_s, hosts=hosts, zookeeper_nodes=zookeeper_nodes,
+        security=security,
+    ) as dc:  # fmt: skip
+        client_security = dc.client_security
+        _create_topic(dc.bootstrap, TOPIC, 6, 3, {"min.insync.replicas": "2"}, client_security)
+        producer = VerifiableProducer(
+            dc.bootstrap, TOPIC, 6, writer=f"s{seed}", rate_per_s=1500, security=client_security
+        ).start()
+        reader = GroupReader(dc.bootstrap, TOPIC, GROUP, security=client_security).start()
         _wait_acks(producer, 500, 60)
         started = time.monotonic()
         for fault in schedule:
@@ -132,7 +138,7 @@ def run_chaos(
         _wait_acks(producer, 300, 60)
         stats = producer.stop()
         reader.stop()
-        reads = read_everything(dc.bootstrap, TOPIC, 6)
+        reads = read_everything(dc.bootstrap, TOPIC, 6, security=client_security)
         row = _row("idempotent acks=all", TOPIC, stats, reads)
         result.rows.append(row)
         result.checks.append(

@@ -18,6 +18,7 @@ from typing import Any
 
 from sluice.chaos.checker import Ack, Read
 from sluice.clients import close_within
+from sluice.security.client import PLAINTEXT, ClientSecurity
 
 
 @dataclass
@@ -40,6 +41,7 @@ class VerifiableProducer:
         writer: str = "w1",
         rate_per_s: float = 2000.0,
         extra: dict[str, Any] | None = None,
+        security: ClientSecurity = PLAINTEXT,
     ):
         self.bootstrap = bootstrap
         self.topic = topic
@@ -55,6 +57,7 @@ class VerifiableProducer:
             "log_level": 0,
             "retry.backoff.ms": 100,
             "topic.metadata.refresh.interval.ms": 1000,
+            **security.confluent_config(),
             **(extra or {}),
         }
         self.stats = ProducerStats()
@@ -174,6 +177,7 @@ def stale_leader_writes(
     per_request: int = 10,
     timeout_ms: int = 250,
     deadline_s: float = 15.0,
+    security: ClientSecurity = PLAINTEXT,
 ) -> ProducerStats:
     """A client that still believes ``broker_id`` leads ``partition`` (incident A's client: its
     metadata predates the move) and writes to it directly, one request at a time, as the
@@ -194,7 +198,9 @@ def stale_leader_writes(
     deadline = time.monotonic() + deadline_s
     seq = 0
     try:
-        with WireClient(host, port, client_id=f"stale-{writer}", timeout_s=timeout_ms / 1000 + 10) as w:
+        with WireClient(
+            host, port, client_id=f"stale-{writer}", timeout_s=timeout_ms / 1000 + 10, security=security
+        ) as w:
             while seq < records and time.monotonic() < deadline:
                 values = [f"{writer}:{partition}:{s}" for s in range(seq, min(records, seq + per_request))]
                 response = w.request(
@@ -235,7 +241,9 @@ def stale_leader_writes(
     return stats
 
 
-def read_everything(bootstrap: str, topic: str, partitions: int, timeout_s: float = 90.0) -> list[Read]:
+def read_everything(
+    bootstrap: str, topic: str, partitions: int, timeout_s: float = 90.0, security: ClientSecurity = PLAINTEXT
+) -> list[Read]:
     """Read every partition from its start to its end, by assignment (no group)."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -246,6 +254,7 @@ def read_everything(bootstrap: str, topic: str, partitions: int, timeout_s: floa
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "log_level": 0,
+            **security.confluent_config(),
         }
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
@@ -277,8 +286,17 @@ def read_everything(bootstrap: str, topic: str, partitions: int, timeout_s: floa
 class GroupReader:
     """A consumer in a group that records what it read, committing after processing."""
 
-    def __init__(self, bootstrap: str, topic: str, group: str, *, session_timeout_ms: int = 6000):
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        *,
+        session_timeout_ms: int = 6000,
+        security: ClientSecurity = PLAINTEXT,
+    ):
         self.bootstrap = bootstrap
+        self.security = security
         self.topic = topic
         self.group = group
         self.session_timeout_ms = session_timeout_ms
@@ -311,6 +329,7 @@ class GroupReader:
                 "enable.auto.commit": False,
                 "session.timeout.ms": self.session_timeout_ms,
                 "log_level": 0,
+                **self.security.confluent_config(),
             }
         )
         consumer.subscribe([self.topic])

@@ -87,8 +87,15 @@ class _Worker:
     directory of its own."""
 
     def __init__(
-        self, name: str, directory: Path, bootstrap: str, zookeeper: str, switches: test_switches.Switches
+        self,
+        name: str,
+        directory: Path,
+        bootstrap: str,
+        zookeeper: str,
+        switches: test_switches.Switches,
+        config: Path | None = None,
     ) -> None:
+        """``config``: a worker.properties with the cluster's credentials (security on)."""
         self.name = name
         self.pause_dir = directory / f"{name}-pause"
         self.pause_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +105,7 @@ class _Worker:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--group", GROUP,
+                 *(["--config", str(config)] if config is not None else []),
                  "--name", name, "--session-timeout", str(SESSION_S), "-b", bootstrap,
                  "--zookeeper", zookeeper, "--dir", str(directory / "workers")],
                 stdout=out, stderr=out, env={**os.environ, **env},
@@ -142,6 +150,25 @@ class _Drill:
         self.topic = f"{TASK}.changes"
         self.workers: dict[str, _Worker] = {}
         self.result = IncidentResult("zombie-task")
+        self.worker_config = self._secure_workers()
+        self.client = dc.client_security.confluent_config()
+
+    def _secure_workers(self) -> Path | None:
+        """Security on: the workers run as the cluster's worker user, whose ACLs this drill's
+        worker group gets too, with its ZooKeeper credential; their owner-only configuration."""
+        cluster = self.dc.cluster
+        assert cluster is not None and self.dc.store is not None
+        if cluster.security == "none":
+            return None
+        from sluice.ops import launcher
+        from sluice.security.acl import worker_acls
+        from sluice.security.acl_store import AclStore
+
+        AclStore(self.dc.store).add(worker_acls(f"User:{launcher.WORKER_USER}", worker_group=GROUP))
+        path = cluster.worker_security().write(self.root / "worker-security.properties")
+        with path.open("a") as f:
+            f.writelines(f"{line}\n" for line in launcher.zookeeper_auth_lines(cluster))
+        return path
 
     # -- the source --------------------------------------------------------------------------------
     def create_source(self) -> None:
@@ -198,7 +225,12 @@ class _Drill:
         with open_target(self.target_url) as t:
             applied = t.applied_offsets(TASK)
         consumer = Consumer(
-            {"bootstrap.servers": self.dc.bootstrap, "group.id": "zombie-drill", "log_level": 0}
+            {
+                "bootstrap.servers": self.dc.bootstrap,
+                "group.id": "zombie-drill",
+                "log_level": 0,
+                **self.client,
+            }
         )
         try:
             meta = consumer.list_topics(self.topic, timeout=10).topics[self.topic]
@@ -216,7 +248,7 @@ class _Drill:
         from confluent_kafka import Consumer, TopicPartition
 
         consumer = Consumer({"bootstrap.servers": self.dc.bootstrap, "group.id": "zombie-drill",
-                             "enable.auto.commit": False, "log_level": 0})  # fmt: skip
+                             "enable.auto.commit": False, "log_level": 0, **self.client})  # fmt: skip
         stale: list[str] = []
         try:
             meta = consumer.list_topics(self.topic, timeout=10).topics[self.topic]
@@ -252,7 +284,9 @@ class _Drill:
         self.store.create(spec)
 
     def start_worker(self, name: str) -> _Worker:
-        worker = _Worker(name, self.root, self.dc.bootstrap, self.zookeeper, self.dc.switches)
+        worker = _Worker(
+            name, self.root, self.dc.bootstrap, self.zookeeper, self.dc.switches, self.worker_config
+        )
         self.workers[name] = worker
         self.dc.note(f"worker {name} started (pid {worker.proc.pid})")
         return worker
@@ -271,7 +305,7 @@ class _Drill:
         from sluice.ops.group_view import describe_group
 
         def members() -> bool:
-            view = describe_group(self.dc.bootstrap, GROUP)
+            view = describe_group(self.dc.bootstrap, GROUP, self.dc.client_security)
             return view.state == "Stable" and {m.client_id for m in view.members} == names
 
         _wait(members, STEP_TIMEOUT_S, f"workers {', '.join(sorted(names))} to form the group")

@@ -101,6 +101,9 @@ def incident_run(
             "ZooKeeper member in its own network namespace; faults are dropped packets; needs root)"
         ),
     ] = "local",
+    security: Annotated[
+        str, typer.Option(help="none, or sasl_ssl: TLS, SCRAM users and ACLs; every client authenticates")
+    ] = "none",
 ) -> None:
     """Replay an incident and print the checker's rows and the verdict; exits 1 if a guarantee broke."""
     from sluice.chaos.incidents import INCIDENTS, run_incident
@@ -114,7 +117,7 @@ def incident_run(
         )
     _drill_logging()
     try:
-        result = run_incident(name, directory / name, seed=seed, hosts=hosts)
+        result = run_incident(name, directory / name, seed=seed, hosts=hosts, security=security)
     except ValueError as exc:
         raise fail(str(exc)) from None
     raise typer.Exit(0 if _print_result(result) else 1)
