@@ -318,3 +318,24 @@ def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestClu
     log_text = final_log.read_text()
     replayed = [int(m.replace(",", "")) for m in re.findall(r"\(([\d,]+) already applied\)", log_text)]
     assert any(n > 0 for n in replayed), "no batch was replayed after the after-commit crash"
+
+
+def test_the_sources_client_password_is_redacted_in_query_plans(spark: Any) -> None:
+    """The apply query passes Kafka's client keys as data source options (executors need them):
+    Spark's plans and UI must show the password redacted."""
+    import contextlib
+    import io
+
+    from sluice.security.client import ClientSecurity
+
+    security = ClientSecurity("SASL_SSL", "SCRAM-SHA-512", "sluice-worker", "pw-must-not-show")
+    plans = []
+    for reader in (spark.readStream, spark.read):
+        df = reader.format("sluice").option("bootstrap.servers", "127.0.0.1:1").option("subscribe", "t")
+        df = df.options(**security.properties()).load()
+        plan = io.StringIO()
+        with contextlib.redirect_stdout(plan):
+            df.explain(True)
+        plans.append(plan.getvalue())
+    assert "sasl.password=*********(redacted)" in plans[0], plans[0]  # the streaming relation lists options
+    assert not any("pw-must-not-show" in text for text in plans)
