@@ -159,6 +159,34 @@ def test_a_fetch_as_an_unregistered_follower_is_refused_and_moves_nothing(tmp_pa
     asyncio.run(run())
 
 
+def test_a_refused_fetch_closes_the_followers_session_so_its_position_is_named_again(tmp_path: Path) -> None:
+    """Follower 2 fetches in a session; its registration lapses and a fetch at a new position
+    is refused; registered again, its incremental fetch must not be served from the session's
+    old position (it was: the follower got a batch below its log end, forever)."""
+
+    async def run() -> None:
+        live: dict[int, None] = {1: None, 2: None}
+        broker, part = _leader(tmp_path, live)
+        part.append(build_batch([(b"k", b"v")] * 3))
+        header = RequestHeader(ApiKey.FETCH, 12, 1, "broker-2")
+        full = {**_fetch_body(2, 0), "session_id": 0, "session_epoch": 0}
+        opened = await handlers.fetch(broker, header, full)
+        session = opened["session_id"]
+        assert session != 0 and opened["responses"][0]["partitions"][0]["records"]
+        del live[2]  # its ZooKeeper session lapses
+        refused = await handlers.fetch(broker, header, {**_fetch_body(2, 3), "session_id": session,
+                                                        "session_epoch": 1})  # fmt: skip
+        assert refused["responses"][0]["partitions"][0]["error_code"] == ErrorCode.UNKNOWN_LEADER_EPOCH
+        assert refused["session_id"] == 0, "the session survived a refusal it no longer agrees with"
+        live[2] = None
+        incremental = {**_fetch_body(2, 3), "topics": [], "session_id": session, "session_epoch": 2}
+        stale = await handlers.fetch(broker, header, incremental)
+        assert stale["error_code"] == ErrorCode.FETCH_SESSION_ID_NOT_FOUND, stale
+        part.close()
+
+    asyncio.run(run())
+
+
 def test_an_isr_expansion_is_not_written_for_a_broker_no_longer_registered(tmp_path: Path) -> None:
     """Follower 3 caught up and was decided into the ISR, then its ZooKeeper session expired
     before the leader's batched write: the write must not put it back (the controller is

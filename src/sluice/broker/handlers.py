@@ -519,9 +519,18 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         for t in (req.get("forgotten_topics_data") or [] if sessions else [])
         for index in t["partitions"]
     ]
+    session_id = req.get("session_id", INVALID_SESSION_ID) if sessions else INVALID_SESSION_ID
+    session_epoch = req.get("session_epoch", FINAL_EPOCH) if sessions else FINAL_EPOCH
+    if refused:
+        # A refused partition keeps no position in a session, while the fetcher believes it
+        # sent one: an incremental request would then never name it again and get the
+        # session's stale position forever (a follower refused while its registration lapsed
+        # looped on "batch below the expected offset"). So the request is served without a
+        # session and closes the one it names: the next request is a full one, naming all.
+        session_epoch = FINAL_EPOCH
     context = broker.fetch_sessions.open(
-        req.get("session_id", INVALID_SESSION_ID) if sessions else INVALID_SESSION_ID,
-        req.get("session_epoch", FINAL_EPOCH) if sessions else FINAL_EPOCH,
+        session_id,
+        session_epoch,
         requested,
         forgotten,
         privileged=claim is not None,
