@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from sluice.broker import group_records as gr
 from sluice.broker.coordinator import GroupCoordinator
@@ -69,6 +70,47 @@ def test_coordinator_loads_to_the_log_end_once_the_high_watermark_reaches_it(tmp
         assert offsets == {"orders": [(0, offsets["orders"][0][1])]}
         assert offsets["orders"][0][1] is not None and offsets["orders"][0][1].offset == 2
         await coordinator.stop()
+        part.close()
+
+    asyncio.run(run())
+
+
+def test_group_max_size_counts_pending_members_and_group_max_count_bounds_groups(tmp_path: Path) -> None:
+    """group.max.size: members and members-to-be (KIP-394's pending ids) both count, so a client
+    asking for ids in a loop cannot make the coordinator hold more; group.max.count bounds the
+    groups one coordinator keeps. A member already in the group may always rejoin."""
+
+    async def run() -> None:
+        part = Partition.open(tmp_path, OFFSETS_TOPIC, 0, uuid.uuid4(), {}, 1)
+        part.become_leader(0, (1,), (1,), time.monotonic() * 1000)
+        broker = SimpleNamespace(
+            config=SimpleNamespace(
+                offsets_topic_partitions=1, group_initial_rebalance_delay_ms=0, group_max_size=2,
+                group_max_count=1,
+            ),
+            replicas=SimpleNamespace(partitions={(OFFSETS_TOPIC, 0): part}),
+        )  # fmt: skip
+        coordinator = GroupCoordinator(broker)  # type: ignore[arg-type]
+        coordinator.on_became_leader(0)
+        await _until(lambda: coordinator.check("g") is ErrorCode.NONE, 5, "the coordinator to load")
+
+        async def join(group: str, member: str = "") -> dict[str, Any]:
+            req = {"group_id": group, "member_id": member, "session_timeout_ms": 10_000,
+                   "rebalance_timeout_ms": 10_000, "protocol_type": "consumer",
+                   "protocols": [{"name": "range", "metadata": b""}]}  # fmt: skip
+            return await coordinator.join(req, 5, "c", "/127.0.0.1")
+
+        ids = []
+        for _ in range(2):
+            answer = await join("g")
+            assert answer["error_code"] == ErrorCode.MEMBER_ID_REQUIRED, answer
+            ids.append(answer["member_id"])
+        assert (await join("g"))["error_code"] == ErrorCode.GROUP_MAX_SIZE_REACHED
+        assert (await join("h"))["error_code"] == ErrorCode.GROUP_MAX_SIZE_REACHED
+        rejoin = asyncio.ensure_future(join("g", ids[0]))  # a pending member may complete its join
+        await asyncio.sleep(0.05)
+        assert not rejoin.done() or rejoin.result()["error_code"] != ErrorCode.GROUP_MAX_SIZE_REACHED
+        rejoin.cancel()
         part.close()
 
     asyncio.run(run())
