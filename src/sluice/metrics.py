@@ -158,7 +158,13 @@ AUTHORIZATION_DENIED = Counter(
     ["api", "resource_type"],
     registry=None,
 )
-CONNECTION_COUNTERS = (CONNECTIONS_REFUSED, CONNECTIONS_CLOSED)
+AUTHENTICATIONS = Counter(
+    "sluice_authentications_total",
+    "SASL authentications on the broker's listeners, by listener and result (succeeded, failed)",
+    ["listener", "result"],
+    registry=None,
+)
+CONNECTION_COUNTERS = (CONNECTIONS_REFUSED, CONNECTIONS_CLOSED, AUTHENTICATIONS)
 
 
 class ApiStats:

@@ -91,3 +91,9 @@ def test_a_wrong_password_is_answered_late_then_closed(secured: TestCluster) -> 
         WireClient(host, port, security=bad, timeout_s=10)
     assert time.monotonic() - started >= 0.1  # connection.failed.authentication.delay.ms
     assert "event=authentication_failed" in secured.log_text(1)
+    import httpx
+
+    scraped = httpx.get(secured.cluster.metrics_urls()[0], timeout=10).text
+    counted = [line for line in scraped.splitlines() if line.startswith("sluice_authentications_total{")]
+    assert any('result="failed"' in line and not line.endswith(" 0.0") for line in counted), counted
+    assert any('result="succeeded"' in line and not line.endswith(" 0.0") for line in counted), counted

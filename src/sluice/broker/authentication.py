@@ -15,6 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from sluice import metrics
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.credentials import CredentialStore
@@ -29,18 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sluice.auth")
 
 Body = dict[str, Any]
-
-
-class AuthCounters:
-    """Authentications since the broker started, for metrics and tests."""
-
-    def __init__(self) -> None:
-        self.succeeded = 0
-        self.failed = 0
-        self.timed_out = 0
-
-
-COUNTERS = AuthCounters()
 
 
 class ConnectionAuth:
@@ -90,7 +79,7 @@ class ConnectionAuth:
         try:
             step = await asyncio.to_thread(exchange.step, bytes(body.get("auth_bytes") or b""))
         except AuthenticationFailed as exc:
-            COUNTERS.failed += 1
+            metrics.AUTHENTICATIONS.labels(self.listener.name, "failed").inc()
             log.warning(
                 "event=authentication_failed listener=%s peer=%s mechanism=%s reason=%r",
                 self.listener.name, self.host, exchange.mechanism, str(exc),
@@ -100,7 +89,7 @@ class ConnectionAuth:
         if step.user is not None:
             self.authenticated = True
             self.session = Session(f"User:{step.user}", self.listener.name, self.listener.protocol, self.host)
-            COUNTERS.succeeded += 1
+            metrics.AUTHENTICATIONS.labels(self.listener.name, "succeeded").inc()
             log.info(
                 "event=authenticated listener=%s peer=%s principal=%s mechanism=%s",
                 self.listener.name, self.host, self.session.principal, exchange.mechanism,
