@@ -75,6 +75,8 @@ log = logging.getLogger("sluice.server")
 #: ``sasl.server.max.receive.size``).
 PRE_AUTH_MAX_BYTES = 512 * 1024
 PLAINTEXT_LISTENER = Listener("PLAINTEXT", "PLAINTEXT", "", 0)
+#: How long a connection refused authentication stays open for its client to read why.
+FAILED_AUTH_LINGER_S = 1.0
 #: Complete requests a connection may hold before the broker stops reading its socket.
 FRAMES_QUEUED_MAX = 4
 #: The pool's last bytes, which only the first chunk of a frame may take (see the docstring).
@@ -603,4 +605,20 @@ class Connection(asyncio.BufferedProtocol):
         if auth.authenticated:
             current_session.set(auth.session)
             self.max_bytes = self.server.broker.config.socket_request_max_bytes
+        if close:
+            await self._linger(FAILED_AUTH_LINGER_S)
         return not close
+
+    async def _linger(self, timeout_s: float) -> None:
+        """Before closing after a refusal, let the client read it: wait (bounded) until the answer
+        is written and the client hangs up. Closed at once, a TLS connection with bytes of the
+        client still unread is reset, and the client's kernel drops the answer it had not read
+        yet (kafka-python then saw only "socket disconnected", not the authentication error)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self._closed and loop.time() < deadline:
+            self._frame_ready.clear()
+            try:
+                await asyncio.wait_for(self._frame_ready.wait(), deadline - loop.time())
+            except TimeoutError:
+                return  # (anything the client sent meanwhile is not answered: it goes with the close)
