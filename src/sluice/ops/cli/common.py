@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from sluice.ops import launcher
 from sluice.security.client import PLAINTEXT, ClientSecurity
@@ -60,7 +61,10 @@ def client_security(command_config: Path | None, bootstrap: str | None) -> Clien
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
+    """Print ``error: message`` to stderr and give the exit to raise. The message is printed as
+    it is: never read as markup (it may quote a file name or a value with brackets) and never
+    broken into lines at the terminal's width (scripts and tests read it whole)."""
+    err.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     return typer.Exit(code)
 
 
