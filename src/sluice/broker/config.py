@@ -22,7 +22,7 @@ from sluice.broker.listeners import (
     parse_protocol_map,
     resolve_listeners,
 )
-from sluice.cluster.zkstore import ZK_AUTH_SETTINGS, ZkAuth, parse_zookeeper_connect, zk_auth_from_fields
+from sluice.cluster.zkstore import ZK_AUTH_SETTINGS, ZkAuth, parse_zookeeper_connect, pop_zk_auth
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 from sluice.security.acl import AclAuthorizer, parse_super_users
 from sluice.security.client import ClientSecurity
@@ -227,10 +227,7 @@ class BrokerConfig:
             fields_["queued_max_request_bytes"] = None
         if "zk_session_timeout_ms" in fields_:
             fields_["zk_session_timeout_s"] = fields_.pop("zk_session_timeout_ms") / 1000.0
-        try:
-            fields_["zk_auth"] = zk_auth_from_fields(fields_)
-        except ValueError as exc:
-            raise props.ConfigError(f"{source}: {exc}") from None
+        fields_["zk_auth"] = pop_zk_auth(fields_, source)
         for key, raw in log_keys.items():  # one at a time, so the error names the broker key
             try:
                 LogConfig.from_topic_config({_LOG_DEFAULT_KEYS[key]: raw})

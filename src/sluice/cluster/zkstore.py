@@ -135,6 +135,14 @@ def zk_auth_from_fields(fields: dict[str, Any]) -> ZkAuth | None:
     return ZkAuth(username, password, set_acl=True if set_acl is None else set_acl)
 
 
+def pop_zk_auth(fields: dict[str, Any], source: str) -> ZkAuth | None:
+    """:func:`zk_auth_from_fields` for a process's configuration: a ConfigError naming ``source``."""
+    try:
+        return zk_auth_from_fields(fields)
+    except ValueError as exc:
+        raise props.ConfigError(f"{source}: {exc}") from None
+
+
 def load_zk_auth_file(path: Path) -> ZkAuth:
     """Credentials from a properties file (``zookeeper.auth.file``, ``$SLUICE_ZOOKEEPER_AUTH_FILE``)."""
     values = props.read_properties(path)

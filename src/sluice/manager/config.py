@@ -16,7 +16,7 @@ from sluice.cluster.zkstore import (
     ZkAuth,
     host_ports,
     parse_zookeeper_connect,
-    zk_auth_from_fields,
+    pop_zk_auth,
 )
 from sluice.security.client import CLIENT_SETTINGS, PLAINTEXT, ClientSecurity, pop_client_security
 from sluice.service.context import DEFAULT_WORKER_GROUP
@@ -49,10 +49,7 @@ class ManagerConfig:
         )
         if "token_ttl_minutes" in fields:
             fields["token_ttl_s"] = fields.pop("token_ttl_minutes") * 60
-        try:
-            fields["zk_auth"] = zk_auth_from_fields(fields)
-        except ValueError as exc:
-            raise props.ConfigError(f"{source}: {exc}") from None
+        fields["zk_auth"] = pop_zk_auth(fields, source)
         fields["security"] = pop_client_security(fields, source)
         return cls(**fields)
 

@@ -17,7 +17,7 @@ from sluice.cluster.zkstore import (
     ZkAuth,
     host_ports,
     parse_zookeeper_connect,
-    zk_auth_from_fields,
+    pop_zk_auth,
 )
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 from sluice.security.client import CLIENT_SETTINGS, PLAINTEXT, ClientSecurity, pop_client_security
@@ -64,10 +64,7 @@ class WorkerConfig:
         )
         if "session_timeout_ms" in fields:
             fields["session_timeout_s"] = fields.pop("session_timeout_ms") / 1000.0
-        try:
-            fields["zk_auth"] = zk_auth_from_fields(fields)
-        except ValueError as exc:
-            raise props.ConfigError(f"{source}: {exc}") from None
+        fields["zk_auth"] = pop_zk_auth(fields, source)
         fields["security"] = pop_client_security(fields, source)
         return cls(**fields)
 
