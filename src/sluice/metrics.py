@@ -40,7 +40,8 @@ The worker's metrics, per task (label ``task``), removed when the worker stops r
 ZooKeeper status), ``sluice_task_apply_batch_seconds`` (the target commit of each micro-batch),
 ``sluice_task_commits_refused_total`` (a stale commit the target's fence refused) and
 ``sluice_task_duplicate_executions_total`` (each ``duplicate-execution`` alarm this process
-raised). The manager serves ``sluice_group_lag_records{group,topic,partition}`` itself.
+raised) and ``sluice_task_dead_letters_total`` (changes the target refused that went to the
+task's dead-letter topic). The manager serves ``sluice_group_lag_records{group,topic,partition}`` itself.
 """
 
 from __future__ import annotations
@@ -353,12 +354,19 @@ TASK_DUPLICATE_EXECUTIONS = Counter(
     ["task"],
     registry=None,
 )
+TASK_DEAD_LETTERS = Counter(
+    "sluice_task_dead_letters_total",
+    "Changes the target refused that went to the task's dead-letter topic (on_refused: dlq)",
+    ["task"],
+    registry=None,
+)
 TASK_METRICS = (
     TASK_LAG_RECORDS,
     TASK_LAG_SECONDS,
     TASK_APPLY_BATCH_SECONDS,
     TASK_COMMITS_REFUSED,
     TASK_DUPLICATE_EXECUTIONS,
+    TASK_DEAD_LETTERS,
 )
 
 

@@ -30,6 +30,7 @@ import orjson
 from sluice import test_switches
 from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.security.secrets import Secret
+from sluice.sync.dead_letters import DeadLetter, DeadLetterWriter
 from sluice.sync.targets import ApplyResult, ColumnMapping, Target, open_target
 
 log = logging.getLogger("sluice.apply")
@@ -59,6 +60,11 @@ class ApplyConfig:
     switches: test_switches.Switches = test_switches.OFF
     #: how the query's reads (driver and executors) authenticate to the brokers
     security: ClientSecurity = PLAINTEXT
+    #: a change the target refuses: "stop" fails the batch; "dlq" produces it to
+    #: `dead_letter_topic` and commits the rest (sync.dead_letters), under this execution id
+    on_refused: str = "stop"
+    dead_letter_topic: str | None = None
+    execution: str = ""
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -88,6 +94,7 @@ class ApplyQuery:
         *,
         on_batch: Callable[[BatchReport], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
+        on_dead_letters: Callable[[list[DeadLetter]], None] | None = None,
         keep_freshness: bool = False,
     ) -> None:
         if not config.topics and not config.pattern:
@@ -98,6 +105,9 @@ class ApplyQuery:
         self.on_error = on_error  # called on the batch thread when a commit fails
         self.keep_freshness = keep_freshness
         self.pipeline = config.pipeline_name()
+        # after each commit that dead-lettered changes (the execution's alarm and metric)
+        self.on_dead_letters = on_dead_letters
+        self.dead_letters = dead_letter_writer(config, self.pipeline)
         self.target: Target = open_target(
             config.target,
             config.mapping,
@@ -156,8 +166,11 @@ class ApplyQuery:
         t0 = time.monotonic()
         records = df.toArrow()
         collected = time.monotonic()
+        sink = None
+        if self.dead_letters is not None:
+            sink = self.dead_letters.sink(self.pipeline, self.epoch, self.config.execution)
         try:
-            result = self.target.apply(self.pipeline, self.epoch, records)
+            result = self.target.apply(self.pipeline, self.epoch, records, on_refused=sink)
             commit_s = time.monotonic() - collected
         except BaseException as exc:
             self.error = exc
@@ -178,6 +191,11 @@ class ApplyQuery:
         with self._lock:
             self.batches += 1
             self.applied_records += result.records - result.skipped
+        if sink is not None and sink.letters and self.on_dead_letters is not None:
+            try:
+                self.on_dead_letters(sink.letters)
+            except Exception:  # the batch is committed, its dead letters are in their topic
+                log.exception("reporting dead letters failed")
         if self.on_batch is not None:
             self.on_batch(
                 BatchReport(
@@ -250,4 +268,19 @@ class ApplyQuery:
                 self.query.stop()
             except Exception:
                 pass  # it failed or stopped already
+        if self.dead_letters is not None:
+            self.dead_letters.close()
         self.target.close()
+
+
+def dead_letter_writer(config: ApplyConfig, pipeline: str) -> DeadLetterWriter | None:
+    """The producer of the query's dead letters (`on_refused: dlq`), or None (`stop`)."""
+    if config.on_refused == "stop":
+        return None
+    if config.on_refused != "dlq" or not config.dead_letter_topic:
+        raise ValueError(
+            f"on_refused must be stop, or dlq with a dead-letter topic, not {config.on_refused!r}"
+        )
+    return DeadLetterWriter(
+        config.bootstrap, config.dead_letter_topic, pipeline, config.security.confluent_config()
+    )

@@ -56,6 +56,7 @@ def ensure_topics(
     partitions: int,
     replication: int | None,
     security: ClientSecurity = PLAINTEXT,
+    config: dict[str, str] = CHANGE_TOPIC_CONFIG,
 ) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -66,9 +67,7 @@ def ensure_topics(
         return
     brokers = len(admin.list_topics(timeout=15).brokers)
     rf = replication or min(3, brokers)
-    for future in admin.create_topics(
-        [NewTopic(t, partitions, rf, config=CHANGE_TOPIC_CONFIG) for t in missing]
-    ).values():
+    for future in admin.create_topics([NewTopic(t, partitions, rf, config=config) for t in missing]).values():
         try:
             future.result()
         except Exception as exc:  # created meanwhile by another execution
@@ -185,6 +184,13 @@ class TaskExecution:
             self.bootstrap, spec.topics(), int(opts.get("partitions", 3)), opts.get("replication_factor"),
             self.security,
         )  # fmt: skip
+        if opts.get("on_refused") == "dlq":  # only then: a task that stops on refusals has no use for it
+            from sluice.sync.dead_letters import DEAD_LETTER_PARTITIONS, DEAD_LETTER_TOPIC_CONFIG
+
+            ensure_topics(
+                self.bootstrap, [spec.dlq_topic()], DEAD_LETTER_PARTITIONS, opts.get("replication_factor"),
+                self.security, DEAD_LETTER_TOPIC_CONFIG,
+            )  # fmt: skip
         self._start_capture()
         self._start_apply()
 
@@ -254,9 +260,12 @@ class TaskExecution:
         from sluice.pipeline.apply import ApplyQuery
 
         config = apply_config(
-            self.spec, self.bootstrap, self.epoch, self.workdir, self.switches, self.security
+            self.spec, self.bootstrap, self.epoch, self.workdir, self.switches, self.security, self.execution
         )
-        self.query = ApplyQuery(self.spark, config, on_error=self._on_commit_error, on_batch=self._on_batch)
+        self.query = ApplyQuery(
+            self.spark, config, on_error=self._on_commit_error, on_batch=self._on_batch,
+            on_dead_letters=self._on_dead_letters,
+        )  # fmt: skip
         self.query.start()
 
     def _on_batch(self, report: Any) -> None:
@@ -266,6 +275,20 @@ class TaskExecution:
             metrics.TASK_APPLY_BATCH_SECONDS.labels(self.task_id).observe(report.commit_s)
         except Exception:
             log.warning("task %s: recording the batch's metrics failed", self.task_id, exc_info=True)
+
+    def _on_dead_letters(self, letters: list[Any]) -> None:
+        """On the batch thread, after a commit that dead-lettered changes: the alarm and metric."""
+        metrics.TASK_DEAD_LETTERS.labels(self.task_id).inc(len(letters))
+        first = letters[0]
+        self.store.raise_alarm(
+            self.task_id, "dead-letters",
+            {
+                "count": len(letters), "table": first.table, "error": first.error,
+                "execution": self.execution, "topic": self.spec.dlq_topic(),
+                "detail": f"{len(letters)} change(s) the target refused are in {self.spec.dlq_topic()}; "
+                f"fix the target or the data, then `sluice dlq replay {self.task_id}`",
+            },
+        )  # fmt: skip
 
     def _on_commit_error(self, exc: BaseException) -> None:
         """On the batch thread: a refused stale commit is recorded at once, whatever else this
@@ -481,6 +504,7 @@ def apply_config(
     workdir: Path,
     switches: test_switches.Switches = test_switches.OFF,
     security: ClientSecurity = PLAINTEXT,
+    execution: str = "",
 ) -> Any:
     """The apply query of a task: its topics into its target under `epoch`, refusing any event
     that names a table outside the task's `tables` (or one of Sluice's own)."""
@@ -495,6 +519,8 @@ def apply_config(
         mapping=ColumnMapping.from_config(spec.mapping),
         max_records_per_trigger=spec.options.get("max_records_per_trigger"), tables=spec.tables or None,
         switches=switches, security=security,
+        on_refused=spec.options.get("on_refused", "stop"), dead_letter_topic=spec.dlq_topic(),
+        execution=execution,
     )  # fmt: skip
 
 

@@ -127,6 +127,10 @@ class TaskSpec:
             return sorted({self.topic_for(t) for t in self.tables})
         return [self.topic_for("")]
 
+    def dlq_topic(self) -> str:
+        """Where the changes the target refused go under `on_refused: dlq` (sync.dead_letters)."""
+        return f"{self.id}.dlq"
+
     def to_doc(self, *, shown: bool = False) -> dict[str, Any]:
         """The definition as stored (`shown=False`) or as the API and the CLI show it: secrets as
         their references, plain text of an old definition as ***, the target URL's password as
@@ -213,7 +217,11 @@ _OPTIONS = {
     # snapshotted by a Spark job in key ranges of `snapshot_chunk_rows`, read in parallel
     "snapshot_parallel_rows": int,
     "snapshot_chunk_rows": int,
+    # a change the target refuses: stop the query (the default) or dead-letter it (sync.dead_letters)
+    "on_refused": str,
 }
+#: the values an enum option may take (the first is its default)
+_OPTION_VALUES: dict[str, tuple[str, ...]] = {"on_refused": ("stop", "dlq")}
 
 
 def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
@@ -256,6 +264,10 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
             raise TaskSpecError(f"task.options.{name}: must be {'an integer' if kind is int else 'a string'}")
         if kind is int and isinstance(value, int) and value < 1:
             raise TaskSpecError(f"task.options.{name}: must be a positive integer, not {value}")
+        if name in _OPTION_VALUES and value not in _OPTION_VALUES[name]:
+            raise TaskSpecError(
+                f"task.options.{name}: must be one of {', '.join(_OPTION_VALUES[name])}, not {value!r}"
+            )
         if name == "trigger":
             try:
                 parse_duration(str(value))

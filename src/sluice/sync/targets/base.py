@@ -15,6 +15,11 @@ One `apply` is one target transaction:
    delete leaves a tombstone with its position, so an older upsert cannot bring the row back.
 5. Advance the offsets (never backwards) and commit.
 
+Under `on_refused: dlq` a change the target refuses in step 4 (a constraint, a value its column
+cannot hold, a mapping error) is isolated by bisection under savepoints and handed to the
+caller's sink before the commit (the task's dead-letter topic, `sync.dead_letters`); the rest
+of the batch commits. Errors that are not refusals still fail the batch.
+
 So a batch replayed whole or in part changes nothing the second time, and an execution that was
 superseded cannot commit anything at all.
 """
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,12 +139,27 @@ class ColumnMapping:
         return check_identifier(tm.rename.get(column, column), "column")
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A change the target refused (a constraint, a value its column cannot hold, a mapping
+    error), as a row of `sync.changes.CHANGE_SCHEMA`, and why."""
+
+    change: dict[str, Any]
+    error: str
+
+
+#: Takes a batch's refused changes inside its transaction, before the commit; raising fails the
+#: batch (nothing of it is committed). None: a refusal fails the batch (`on_refused: stop`).
+RefusalSink = Callable[[list[Refusal]], None]
+
+
 @dataclass
 class ApplyResult:
     records: int = 0  # records in the batch
     skipped: int = 0  # already applied by an earlier commit (a replay)
     changes: int = 0  # changes left after collapsing to the newest per row
     written: int = 0  # rows inserted, updated or deleted
+    refused: int = 0  # changes handed to the refusal sink (dead letters), not written
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)  # next offsets after commit
 
 
@@ -232,6 +252,22 @@ class Target(ABC):
         than it, raise the table's watermark to it (never lower it) and drop the tombstones it
         covers; return rows deleted."""
 
+    # Refusal isolation (`on_refused: dlq`): savepoints inside the batch's transaction, and which
+    # of the driver's errors mean "this row cannot be written" rather than "the target failed".
+    @abstractmethod
+    def _savepoint(self, tx: Any) -> None: ...
+
+    @abstractmethod
+    def _rollback_to(self, tx: Any) -> None:
+        """Undo everything since the savepoint (which stays) and forget cached table layouts."""
+
+    @abstractmethod
+    def _release(self, tx: Any) -> None: ...
+
+    @abstractmethod
+    def _is_refusal(self, exc: BaseException) -> bool:
+        """A refused row (constraint, value, mapping), not a failing target (connection, fence)."""
+
     @abstractmethod
     def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
         """Every row of a (source) table in the target, keyed by `envelope.key_text`."""
@@ -269,11 +305,14 @@ class Target(ABC):
         with self._read_transaction() as tx:
             return self._read_offsets(tx, pipeline)
 
-    def apply(self, pipeline: str, epoch: int, records: pa.Table) -> ApplyResult:
+    def apply(
+        self, pipeline: str, epoch: int, records: pa.Table, on_refused: RefusalSink | None = None
+    ) -> ApplyResult:
         """Apply one batch in one transaction (see the module docstring).
 
         `records` is a table of changes (`sync.changes.CHANGE_SCHEMA`), or raw log records with a
-        `value` column, which are parsed here."""
+        `value` column, which are parsed here. With `on_refused`, changes the target refuses are
+        handed to it before the commit and the rest of the batch commits (`_write_isolating`)."""
         if "value" in records.column_names:
             records = pa.Table.from_batches([to_changes(records)]) if records.num_rows else records
         result = ApplyResult(records=_count(records))
@@ -304,7 +343,7 @@ class Target(ABC):
                     result.written += self._apply_truncates(tx, marks, guard)
                     collapsed = collapsed.filter(pc.invert(is_truncate))
                 if collapsed.num_rows:
-                    result.written += self._apply_changes(tx, collapsed, guard)
+                    result.written += self._write_isolating(tx, collapsed, guard, on_refused, result)
             new = batch_next_offsets(records)
             merged = dict(applied)
             for tp, nxt in new.items():
@@ -317,6 +356,44 @@ class Target(ABC):
             out.setdefault(t, {})[p] = o
         result.offsets = out
         return result
+
+    def _write_isolating(
+        self, tx: Any, changes: pa.Table, guard: bool, on_refused: RefusalSink | None, result: ApplyResult
+    ) -> int:
+        """`_apply_changes`, and with a sink: the changes the target refuses found by bisection
+        under savepoints, every other change written, and the refused ones handed to the sink
+        inside the transaction (so a sink that fails, say a dead letter not acknowledged, fails
+        the whole batch: every change is written, handed over, or the batch fails)."""
+        if on_refused is None:
+            return self._apply_changes(tx, changes, guard)
+        refused: list[Refusal] = []
+        written = self._bisect(tx, changes, guard, refused)
+        assert len(refused) <= changes.num_rows
+        if refused:
+            on_refused(refused)
+            result.refused += len(refused)
+        return written
+
+    def _bisect(self, tx: Any, changes: pa.Table, guard: bool, refused: list[Refusal]) -> int:
+        """Write `changes` under a savepoint; if the target refuses them, undo and write each half
+        the same way, down to the single refused changes (about 2 log2(n) tries per refusal)."""
+        self._savepoint(tx)
+        try:
+            written = self._apply_changes(tx, changes, guard)
+        except Exception as exc:
+            if not self._is_refusal(exc):
+                raise  # the transaction rolls back whole: the batch fails
+            self._rollback_to(tx)
+            self._release(tx)
+            if changes.num_rows == 1:
+                refused.append(Refusal(changes.to_pylist()[0], f"{type(exc).__name__}: {exc}".strip()))
+                return 0
+            half = changes.num_rows // 2
+            return self._bisect(tx, changes.slice(0, half), guard, refused) + self._bisect(
+                tx, changes.slice(half), guard, refused
+            )
+        self._release(tx)
+        return written
 
     def _refuse_foreign_tables(self, changes: pa.Table) -> None:
         """A record naming one of Sluice's own tables, or a table this pipeline was not given,

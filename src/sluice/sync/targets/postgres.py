@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from sluice.security.secrets import Secret
 from sluice.sync.envelope import BadEventError, key_text
-from sluice.sync.targets.base import POS_COLUMN, ColumnMapping, Target, quote
+from sluice.sync.targets.base import POS_COLUMN, ColumnMapping, MappingError, Target, quote
 from sluice.test_switches import OFF, Switches
 
 log = logging.getLogger("sluice.target")
@@ -131,6 +131,27 @@ class PostgresTarget(Target):
                 "epoch = excluded.epoch, updated_at = now()",
                 [(pipeline, t, p, o, epoch) for (t, p), o in offsets.items()],
             )
+
+    # --- refusal isolation -----------------------------------------------------------------------
+    def _savepoint(self, tx: Any) -> None:
+        tx.execute("SAVEPOINT _sluice_rows")
+
+    def _rollback_to(self, tx: Any) -> None:
+        tx.execute("ROLLBACK TO SAVEPOINT _sluice_rows")
+        self._columns.clear()  # a rolled-back ALTER/CREATE must be looked up again
+        self._keys.clear()
+
+    def _release(self, tx: Any) -> None:
+        tx.execute("RELEASE SAVEPOINT _sluice_rows")
+
+    def _is_refusal(self, exc: BaseException) -> bool:
+        # IntegrityError: NOT NULL, CHECK, UNIQUE, FOREIGN KEY, exclusion; DataError (class 22):
+        # a value the column cannot hold (text into an integer, out of range, too long, a failed
+        # cast); MappingError: a column name the mapping cannot use. A lost connection
+        # (OperationalError), a serialisation failure or a programming error is not a refusal.
+        import psycopg
+
+        return isinstance(exc, (psycopg.errors.IntegrityError, psycopg.errors.DataError, MappingError))
 
     # --- rows ------------------------------------------------------------------------------------
     def _apply_changes(self, tx: Any, changes: pa.Table, guard: bool) -> int:

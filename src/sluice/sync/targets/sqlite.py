@@ -22,6 +22,7 @@ from sluice.sync.targets.base import (
     POS_COLUMN,
     BadTargetUrlError,
     ColumnMapping,
+    MappingError,
     Target,
     infer_type,
     quote,
@@ -119,6 +120,23 @@ class SqliteTarget(Target):
             "updated_ms = excluded.updated_ms",
             [(pipeline, t, p, o, epoch, now) for (t, p), o in offsets.items()],
         )
+
+    # --- refusal isolation -----------------------------------------------------------------------
+    def _savepoint(self, tx: sqlite3.Connection) -> None:
+        tx.execute("SAVEPOINT _sluice_rows")
+
+    def _rollback_to(self, tx: sqlite3.Connection) -> None:
+        tx.execute("ROLLBACK TO _sluice_rows")
+        self._columns.clear()  # a rolled-back ALTER/CREATE must be looked up again
+
+    def _release(self, tx: sqlite3.Connection) -> None:
+        tx.execute("RELEASE _sluice_rows")
+
+    def _is_refusal(self, exc: BaseException) -> bool:
+        # IntegrityError: NOT NULL, CHECK, UNIQUE, FOREIGN KEY, a STRICT column's type;
+        # OverflowError: an integer beyond SQLite's 64 bits; MappingError: a column name the
+        # mapping cannot use. Locked or broken databases (OperationalError) are not refusals.
+        return isinstance(exc, (sqlite3.IntegrityError, sqlite3.DataError, OverflowError, MappingError))
 
     # --- rows ------------------------------------------------------------------------------------
     def _apply_changes(self, tx: sqlite3.Connection, changes: pa.Table, guard: bool) -> int:
