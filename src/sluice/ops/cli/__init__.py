@@ -8,6 +8,7 @@ from sluice.ops.cli.acl import acl_app
 from sluice.ops.cli.apply import apply
 from sluice.ops.cli.cluster import broker_app, cluster_app
 from sluice.ops.cli.demo import demo
+from sluice.ops.cli.dlq import dlq_app
 from sluice.ops.cli.drills import chaos_app, incident_app
 from sluice.ops.cli.groups import group_app
 from sluice.ops.cli.manager import manager_app
@@ -23,7 +24,7 @@ app = typer.Typer(
 for _sub, _name in (
     (cluster_app, "cluster"), (broker_app, "broker"), (topic_app, "topic"), (group_app, "group"),
     (incident_app, "incident"), (chaos_app, "chaos"), (task_app, "task"), (worker_app, "worker"),
-    (manager_app, "manager"), (acl_app, "acl"), (user_app, "user"),
+    (manager_app, "manager"), (acl_app, "acl"), (user_app, "user"), (dlq_app, "dlq"),
 ):  # fmt: skip
     app.add_typer(_sub, name=_name)
 for _fn, _name in ((produce, "produce"), (consume, "consume"), (apply, "apply"), (demo, "demo")):
