@@ -214,7 +214,7 @@ def test_apply_query_dead_letters_and_the_execution_raises_the_alarm(
     from sluice.sync.tasks import TaskStore, parse_spec
 
     ensure_topics(cluster.bootstrap, ["shop.changes"], 1, 1)
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "log_level": 0})
     for e in bad_batch():
         producer.produce("shop.changes", e.to_json(), e.record_key())
     assert producer.flush(30) == 0
