@@ -127,6 +127,17 @@ def test_errors_that_are_not_refusals_still_fail_the_batch(target: Target) -> No
     assert got == [] and target.applied_offsets(TASK) == {}
 
 
+def test_on_refused_is_validated_and_names_the_dead_letter_topic() -> None:
+    from sluice.sync.tasks import TaskSpecError, parse_spec
+
+    spec = parse_spec(spec_doc("sqlite:///x.db"))
+    assert (spec.options["on_refused"], spec.dlq_topic()) == ("dlq", TOPIC)
+    with pytest.raises(
+        TaskSpecError, match=r"task\.options\.on_refused: must be one of stop, dlq, not 'skip'"
+    ):
+        parse_spec({**spec_doc("sqlite:///x.db"), "options": {"on_refused": "skip"}})
+
+
 # --- through the log -------------------------------------------------------------------------------
 
 
@@ -139,6 +150,14 @@ def dlq(cluster: TestCluster) -> Iterator[DeadLetterWriter]:
     writer = DeadLetterWriter(cluster.bootstrap, TOPIC, TASK)
     yield writer
     writer.close()
+
+
+def topic_config(cluster: TestCluster, topic: str) -> dict[str, str]:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
+    (future,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+    return {name: entry.value for name, entry in future.result(timeout=30).items()}
 
 
 def test_dead_letters_are_kept_replayed_once_and_never_over_newer_rows(
@@ -161,6 +180,7 @@ def test_dead_letters_are_kept_replayed_once_and_never_over_newer_rows(
     assert len(sink.letters) == 3
     entries = read_entries(cluster.bootstrap, TOPIC)
     assert len(entries) == 6
+    assert topic_config(cluster, TOPIC)["retention.ms"] == "-1"  # dead letters never expire
     entries = dedupe(entries)
     by_id = {int(orjson.loads(e.letter.key)["id"]): e.letter for e in entries}
     assert sorted(by_id) == [4, 7, 9]
