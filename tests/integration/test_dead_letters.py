@@ -21,25 +21,15 @@ from sluice.sync.dead_letters import DeadLetterWriter, dedupe, read_entries, rep
 from sluice.sync.execution import ensure_topics
 from sluice.sync.targets import Target, open_target
 from sluice.sync.targets.base import Refusal
+from tests.integration import test_targets
 from tests.support.changes import event, records
 from tests.support.cluster import TestCluster
 
+#: each target test runs against SQLite and a real PostgreSQL (the fixtures of test_targets)
+target, target_url = test_targets.target, test_targets.target_url
+
 TASK = "shop"
 TOPIC = dead_letters.dead_letter_topic(TASK)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def target_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'target.db'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
-@pytest.fixture
-def target(target_url: str) -> Iterator[Target]:
-    t = open_target(target_url)
-    yield t
-    t.close()
 
 
 def execute(t: Target, sql: str) -> None:
