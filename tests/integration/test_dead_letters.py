@@ -212,7 +212,7 @@ def test_dead_letters_are_kept_replayed_once_and_never_over_newer_rows(
     assert rows(target) == now
 
 
-def test_apply_query_dead_letters_and_the_execution_raises_the_alarm(
+def test_apply_query_stops_or_dead_letters_and_the_execution_raises_the_alarm(
     spark: Any, cluster: TestCluster, dlq: DeadLetterWriter, tmp_path: Path
 ) -> None:
     from confluent_kafka import Producer
@@ -228,9 +228,26 @@ def test_apply_query_dead_letters_and_the_execution_raises_the_alarm(
     for e in bad_batch():
         producer.produce("shop.changes", e.to_json(), e.record_key())
     assert producer.flush(30) == 0
-    url = f"sqlite:///{tmp_path / 'target.db'}"
-    with open_target(url) as t:
-        make_table(t)
+    url, stop_url = f"sqlite:///{tmp_path / 'target.db'}", f"sqlite:///{tmp_path / 'stop.db'}"
+    for each in (url, stop_url):
+        with open_target(each) as t:
+            make_table(t)
+
+    # on_refused: stop (the default): the batch commits nothing and the query stops.
+    stop_config = ApplyConfig(
+        bootstrap=cluster.bootstrap,
+        target=stop_url,
+        topics=["shop.changes"],
+        pipeline=TASK,
+        available_now=True,
+    )
+    stopping = ApplyQuery(spark, stop_config)
+    stopping.start()
+    with pytest.raises(Exception, match=r"(?i)check|null|integer|text"):
+        stopping.await_termination(120)
+    stopping.stop()
+    with open_target(stop_url) as t:
+        assert rows(t) == {} and t.applied_offsets(TASK) == {}
 
     zk = ZkStore(cluster.zookeeper)
     zk.start()
