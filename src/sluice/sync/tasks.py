@@ -49,6 +49,7 @@ from sluice.security.secrets import (
     revealed,
     url_has_password,
 )
+from sluice.sync.dead_letters import dead_letter_topic
 from sluice.sync.targets.base import ColumnMapping, MappingError
 
 TASKS = "/tasks"
@@ -129,7 +130,7 @@ class TaskSpec:
 
     def dlq_topic(self) -> str:
         """Where the changes the target refused go under `on_refused: dlq` (sync.dead_letters)."""
-        return f"{self.id}.dlq"
+        return dead_letter_topic(self.id)
 
     def to_doc(self, *, shown: bool = False) -> dict[str, Any]:
         """The definition as stored (`shown=False`) or as the API and the CLI show it: secrets as
