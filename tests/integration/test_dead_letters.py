@@ -117,6 +117,23 @@ def test_errors_that_are_not_refusals_still_fail_the_batch(target: Target) -> No
     assert got == [] and target.applied_offsets(TASK) == {}
 
 
+def test_mapping_errors_are_refusals(target_url: str) -> None:
+    """A column name the mapping cannot use, and (PostgreSQL) a cast that fails, refuse that row."""
+    from sluice.sync.targets.base import ColumnMapping
+
+    mapping = ColumnMapping.from_config({"acct": {"casts": {"qty": "integer"}}})
+    with open_target(target_url, mapping) as t:
+        evs = [event("c", 1, 1, qty="1"), event("c", 2, 2, qty="2", **{"bad col": 1})]
+        if not t.url.startswith("sqlite"):  # SQLite's CAST never fails: '12x' is 12
+            evs.append(event("c", 3, 3, qty="12x"))
+        got: list[Refusal] = []
+        t.apply(TASK, t.claim(TASK), records(evs), on_refused=got.extend)
+        assert sorted(rows(t)) == [1]
+        errors = {int(orjson.loads(r.change["key"])["id"]): r.error for r in got}
+        assert "MappingError" in errors[2] and "bad col" in errors[2]
+        assert sorted(errors) == ([2] if t.url.startswith("sqlite") else [2, 3])
+
+
 def test_on_refused_is_validated_and_names_the_dead_letter_topic() -> None:
     from sluice.sync.tasks import TaskSpecError, parse_spec
 
