@@ -313,6 +313,19 @@ def spec_doc(target_url: str) -> dict[str, Any]:
     }
 
 
+def test_the_manager_raises_a_dead_letters_alarm_from_the_event() -> None:
+    from sluice.manager.alarms.rules import Facts, TaskFacts, evaluate, parse_rules
+
+    now = 1_800_000_000.0
+    event = {"kind": "dead-letters", "at": now - 10, "count": 3, "table": "acct", "topic": TOPIC,
+             "error": "IntegrityError: CHECK constraint failed: qty >= 0"}  # fmt: skip
+    facts = Facts(now, [TaskFacts(TASK, running=True, lag_records=0, lag_seconds=0.0, events=[event])])
+    [alarm], _ = evaluate(facts, parse_rules({}), {})
+    assert alarm.key == ("dead-letters", f"task:{TASK}")
+    assert "refused 3 change(s) (table acct: IntegrityError" in alarm.summary
+    assert f"sluice dlq replay {TASK}" in alarm.summary
+
+
 def sluice(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sluice.ops.cli", "dlq", *args, "--zookeeper", cluster.zookeeper,
