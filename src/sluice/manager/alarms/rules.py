@@ -13,15 +13,16 @@ Monitors (the alarm's `rule`) and their subjects:
     task-failed                 task:{id}        } an event of that kind under /tasks/{id}/alarms/
     duplicate-execution         task:{id}        } less than event_resolve_seconds old
     stale-commit-refused        task:{id}        }
+    dead-letters                task:{id}        }
     worker-lost                 worker:{name}    a worker seen in the group is gone, for less than
                                                  event_resolve_seconds
     partition-offline           partition:{t}-{p}   offline for partition_offline_seconds
     partition-under-replicated  partition:{t}-{p}   under-replicated for
                                                     partition_under_replicated_seconds
 
-Event monitors (task-failed, duplicate-execution, stale-commit-refused, worker-lost) have no
-"clear" fact: the chosen rule is that each resolves after a quiet period, `event_resolve_seconds`
-(300 s) after its newest event. Acknowledging one only says someone is on it (state
+Event monitors (task-failed, duplicate-execution, stale-commit-refused, dead-letters, worker-lost)
+have no "clear" fact: the chosen rule is that each resolves after a quiet period,
+`event_resolve_seconds` (300 s) after its newest event. Acknowledging one only says someone is on it (state
 acknowledged); a newer event of the same kind while acknowledged opens it again and notifies
 again. A task deleted resolves its alarms; a part of the facts that could not be read
 (`Facts.unavailable`) neither raises nor resolves the alarms that depend on it.
@@ -48,12 +49,13 @@ TASK_NOT_RUNNING = "task-not-running"
 TASK_FAILED = "task-failed"
 DUPLICATE_EXECUTION = "duplicate-execution"
 STALE_COMMIT_REFUSED = "stale-commit-refused"
+DEAD_LETTERS = "dead-letters"
 WORKER_LOST = "worker-lost"
 PARTITION_OFFLINE = "partition-offline"
 PARTITION_UNDER_REPLICATED = "partition-under-replicated"
 
 #: the event kinds the sync layer records under /tasks/{id}/alarms/, each a monitor of its own
-EVENT_MONITORS = (TASK_FAILED, DUPLICATE_EXECUTION, STALE_COMMIT_REFUSED)
+EVENT_MONITORS = (TASK_FAILED, DUPLICATE_EXECUTION, STALE_COMMIT_REFUSED, DEAD_LETTERS)
 TASK_MONITORS = (TASK_LAG, TASK_NOT_RUNNING, *EVENT_MONITORS)
 MONITORS = (*TASK_MONITORS, WORKER_LOST, PARTITION_OFFLINE, PARTITION_UNDER_REPLICATED)
 
@@ -337,6 +339,12 @@ def _event_summary(task_id: str, kind: str, e: dict[str, Any], count: int, windo
             f"task {task_id}: the target refused a stale commit from worker {e.get('worker')} "
             f"(epoch {e.get('epoch')}, the target holds {e.get('target_epoch')}); nothing stale was "
             "written, a newer execution owns the task"
+        )
+    elif kind == DEAD_LETTERS:
+        text = (
+            f"task {task_id}: the target refused {e.get('count')} change(s) (table {e.get('table')}: "
+            f"{e.get('error')}); they are in {e.get('topic')}, the rest committed; fix the target or "
+            f"the data, then `sluice dlq replay {task_id}`"
         )
     else:
         retry = e.get("retry_in_s")
