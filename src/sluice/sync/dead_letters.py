@@ -184,7 +184,14 @@ class DeadLetterWriter:
                 failed.append(str(err))
 
         for letter in letters:
-            self._producer.produce(self.topic, letter.to_json(), letter.record_key(), on_delivery=delivered)
+            while True:
+                try:
+                    self._producer.produce(
+                        self.topic, letter.to_json(), letter.record_key(), on_delivery=delivered
+                    )
+                    break
+                except BufferError:  # the local queue is full: let deliveries (or timeouts) free it
+                    self._producer.poll(0.1)
         left = self._producer.flush(self.timeout_s)
         if left or failed:
             raise DeadLetterError(
