@@ -59,6 +59,8 @@ class ApplyConfig:
     switches: test_switches.Switches = test_switches.OFF
     #: how the query's reads (driver and executors) authenticate to the brokers
     security: ClientSecurity = PLAINTEXT
+    #: the task's schema_change_policy: evolve, ignore or stop (sync/targets/evolution.py)
+    schema_change_policy: str = "evolve"
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -104,6 +106,7 @@ class ApplyQuery:
             tables=config.tables,
             password=config.target_password,
             switches=config.switches,
+            schema_change_policy=config.schema_change_policy,
         )
         self.epoch = self.target.claim(self.pipeline, config.epoch)
         self.query: Any = None

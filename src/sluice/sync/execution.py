@@ -271,7 +271,11 @@ class TaskExecution:
         """On the batch thread: a refused stale commit is recorded at once, whatever else this
         execution is doing (it may be stepping down already)."""
         from sluice.sync.targets import StaleEpochError
+        from sluice.sync.targets.evolution import SchemaChangeStopped
 
+        if isinstance(exc, SchemaChangeStopped):
+            self._schema_change_stopped(exc)
+            return
         if not isinstance(exc, StaleEpochError):
             return
         self._fenced = True
@@ -286,6 +290,17 @@ class TaskExecution:
         )  # fmt: skip
         log.warning("task %s: stale commit refused: execution %s epoch %d, the target holds epoch %d",
                     self.task_id, self.execution, exc.epoch, exc.current)  # fmt: skip
+
+    def _schema_change_stopped(self, exc: Any) -> None:
+        """Policy `stop` met a schema change: pause the task (nothing of the batch was committed)
+        and raise the alarm with what changed and what to do."""
+        try:
+            self.store.set_control(self.task_id, paused=True)
+            self.store.raise_alarm(self.task_id, "schema-change-stopped", exc.detail())
+        except Exception:  # ZooKeeper out of reach: the query stops on the error all the same
+            log.warning("task %s: recording the schema change stop failed", self.task_id, exc_info=True)
+        log.warning("event=schema_change_stopped task=%s table=%s position=%d change=%s ddl=%r",
+                    self.task_id, exc.table, exc.pos, exc.change.kind, exc.ddl[:200])  # fmt: skip
 
     def stop(self) -> None:
         """Stop for good: the worker no longer runs the task here, so its series go too."""
@@ -495,6 +510,7 @@ def apply_config(
         mapping=ColumnMapping.from_config(spec.mapping),
         max_records_per_trigger=spec.options.get("max_records_per_trigger"), tables=spec.tables or None,
         switches=switches, security=security,
+        schema_change_policy=str(spec.options.get("schema_change_policy", "evolve")),
     )  # fmt: skip
 
 

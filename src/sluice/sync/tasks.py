@@ -213,7 +213,11 @@ _OPTIONS = {
     # snapshotted by a Spark job in key ranges of `snapshot_chunk_rows`, read in parallel
     "snapshot_parallel_rows": int,
     "snapshot_chunk_rows": int,
+    # what the target does with a schema change from the source (sync/targets/evolution.py)
+    "schema_change_policy": str,
 }
+#: The options that take one of a few values (the first is the default).
+_OPTION_VALUES = {"schema_change_policy": ("evolve", "ignore", "stop")}
 
 
 def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
@@ -256,6 +260,10 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
             raise TaskSpecError(f"task.options.{name}: must be {'an integer' if kind is int else 'a string'}")
         if kind is int and isinstance(value, int) and value < 1:
             raise TaskSpecError(f"task.options.{name}: must be a positive integer, not {value}")
+        if name in _OPTION_VALUES and value not in _OPTION_VALUES[name]:
+            raise TaskSpecError(
+                f"task.options.{name}: must be one of {', '.join(_OPTION_VALUES[name])}, not {value!r}"
+            )
         if name == "trigger":
             try:
                 parse_duration(str(value))
