@@ -152,9 +152,17 @@ def translate_rows(target: Target, tx: Any, changes: pa.Table) -> pa.Table:
                 cols = target._existing_columns(tx, target.mapping.target_table(table))
                 if cols:
                     keep_only[table] = set(cols)
+    # the target table was dropped after these rows: the truncate watermark refuses them, and
+    # leaving them out keeps them from creating the table again, empty
+    dropped = {
+        table: max(drops)
+        for table, recs in history.items()
+        if (drops := [r.pos for r in recs if r.applied and r.change.kind == DROP_TABLE])
+    }
     names, poss = changes["table"].to_pylist(), changes["pos"].to_pylist()
     keys, afters, binaries = (changes[c].to_pylist() for c in ("key", "after", "binary"))
-    touched = False
+    wanted = [pos >= dropped.get(table, -1) for table, pos in zip(names, poss, strict=True)]
+    touched = not all(wanted)
     for i, (table, pos) in enumerate(zip(names, poss, strict=True)):
         recs = history.get(table, [])
         keep = keep_only.get(table)
@@ -178,7 +186,7 @@ def translate_rows(target: Target, tx: Any, changes: pa.Table) -> pa.Table:
         return changes
     for col, values in (("key", keys), ("after", afters), ("binary", binaries)):
         changes = changes.set_column(changes.column_names.index(col), col, pa.array(values, pa.string()))
-    return changes
+    return changes.filter(pa.array(wanted, pa.bool_()))
 
 
 def history_from_rows(rows: list[tuple[str, int, Any, Any]]) -> dict[str, list[Recorded]]:
