@@ -18,21 +18,27 @@ target again (a restart from its stored offsets) and replaying a batch along the
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
 import pymysql
 import pytest
 
+from sluice.cluster.zkstore import ZkStore
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.sync.envelope import key_text
+from sluice.sync.execution import TaskExecution, apply_config
+from sluice.sync.schema import SchemaChange
 from sluice.sync.sources.mysql import MySqlCapture, recover_position
 from sluice.sync.targets import open_target
 from sluice.sync.targets.evolution import SchemaChangeStopped
-from sluice.sync.tasks import SourceSpec
+from sluice.sync.tasks import SourceSpec, TaskSpecError, TaskStore, parse_spec
 from sluice.sync.truth import Truth, compare
 from tests.integration.test_mysql_capture import read_all, running, wait_caught_up
 from tests.integration.test_pipeline import create_topic
@@ -256,3 +262,35 @@ def test_stop_pauses_at_each_change_that_alters_the_target(
     for e in got.stops:
         assert "sluice task update" in str(e) and "schema_change_policy" in str(e) and str(e.pos) in str(e)
     assert_equal_to_source(got, source_log)
+
+
+def test_a_stopped_schema_change_pauses_the_task_with_an_alarm(zookeeper: str) -> None:
+    spec = parse_spec({"id": "schemastop", "source": {"kind": "generator"}, "target": "sqlite:///t.db",
+                       "options": {"schema_change_policy": "stop"}})  # fmt: skip
+    assert apply_config(spec, "b:9092", 1, Path("/tmp")).schema_change_policy == "stop"
+    zk = ZkStore(f"{zookeeper.split('/')[0]}/t-{uuid.uuid4().hex[:8]}")
+    zk.start()
+    try:
+        store = TaskStore(zk.client)
+        store.create(spec)
+        execution = SimpleNamespace(store=store, task_id=spec.id)
+        execution._schema_change_stopped = partial(TaskExecution._schema_change_stopped, execution)  # type: ignore[arg-type]
+        exc = SchemaChangeStopped(
+            spec.id, "items", "ALTER TABLE items DROP COLUMN c", 77, SchemaChange("drop_column", "c")
+        )
+        TaskExecution._on_commit_error(execution, exc)  # type: ignore[arg-type]
+        assert store.control(spec.id).paused
+        (alarm,) = store.alarms(spec.id)
+        assert alarm["kind"] == "schema-change-stopped"
+        assert (alarm["table"], alarm["position"], alarm["change"]) == ("items", 77, "drop_column")
+        assert "sluice task update schemastop" in alarm["detail"]
+    finally:
+        zk.stop()
+
+
+def test_the_policy_option_is_one_of_three() -> None:
+    with pytest.raises(
+        TaskSpecError, match=r"task\.options\.schema_change_policy: must be one of evolve, ignore, stop"
+    ):
+        parse_spec({"id": "x", "source": {"kind": "generator"}, "target": "sqlite:///t.db",
+                    "options": {"schema_change_policy": "drop"}})  # fmt: skip
