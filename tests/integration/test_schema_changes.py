@@ -87,9 +87,12 @@ STEPS: list[tuple[str, list[str], list[str]]] = [
      ["UPDATE fresh SET v = 'old' WHERE id = 3"],
      ["INSERT INTO fresh VALUES (7, 'f7')", "UPDATE items SET a2 = 7 WHERE id = 1"]),
 ]  # fmt: skip
+#: a widening change made while no capture runs: the next one reads the column's type after it
+#: only, so it cannot call it widening
+WHILE_DOWN = "ALTER TABLE items MODIFY b VARCHAR(32)"
 #: the changes policy `stop` stops at (the rest add, create, widen or only truncate)
 STOPPING = {("items", "drop_column", "c"), ("items", "rename_column", "a"), ("items", "change_type", "k"),
-            ("gone", "drop_table", None)}  # fmt: skip
+            ("gone", "drop_table", None), ("items", "change_type", "b")}  # fmt: skip
 
 
 @dataclass
@@ -131,6 +134,8 @@ def source_log(
         start: str | None = None
         restarts = 0
         for statement, before, after in STEPS:
+            if statement.startswith("TRUNCATE"):
+                mariadb.execute(WHILE_DOWN, database=DB)
             # a capture per step: started from the position recovered from the log, it reads
             # the rows before the change, the change, and the rows after it
             with running(capture(start)) as cap:

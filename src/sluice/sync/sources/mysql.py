@@ -364,6 +364,7 @@ class MySqlCapture:
         # Column types as of the binlog read so far (a type change's `widening` needs the type
         # before it) and each table's last schema change position (`source.schema`).
         self._column_types: dict[str, dict[str, str]] = {}
+        self._types_at: BinlogPosition | None = None  # the binlog position they were read at
         self._schema_pos: dict[str, int] = {}
 
     # --- the producer and the resume position ----------------------------------------------------
@@ -447,6 +448,7 @@ class MySqlCapture:
         self.is_mariadb = "mariadb" in info["version"].lower()
         keys = primary_keys(self.spec, self.tables, allow_missing=True)
         self._column_types = column_types(self.spec, self.tables)
+        self._types_at = self._master_position()  # after the types: a DDL between counts as before
         for table in self.tables:
             if table not in keys:
                 log.warning("event=table_missing table=%s db=%s action=capture_once_created", table,
@@ -584,7 +586,7 @@ class MySqlCapture:
         for table in truncate:
             self._emit_truncate(producer, table, event_start, ts_ms, end, tx)
         for pos, table, change in changes:
-            change = self._schema_seen(table, change, pos)
+            change = self._schema_seen(table, change, pos, end)
             self._emit_truncate(producer, table, pos, ts_ms, end, tx, schema=change.to_doc(query.strip()))
         if reload:
             for table in reload:
@@ -598,15 +600,20 @@ class MySqlCapture:
                  "position=%s", query[:200], truncate, [f"{t}:{c.kind}" for _, t, c in changes], reload,
                  [t for t in resnapshot if t in keys], end.text())  # fmt: skip
 
-    def _schema_seen(self, table: str, change: SchemaChange, pos: int) -> SchemaChange:
+    def _schema_seen(self, table: str, change: SchemaChange, pos: int, end: BinlogPosition) -> SchemaChange:
         """`change` with `widening` decided from the column's type before it, and the capture's
-        column types and schema positions (`source.schema`) moved past it."""
+        column types and schema positions (`source.schema`) moved past it.
+
+        A type change from before the capture read the column types (it was down, or restarted
+        inside the statement) is not called widening: the server only knows the types after it,
+        and a narrowing change must not pass policy `stop` for a widening one."""
         types = self._column_types.setdefault(table, {})
         self._schema_pos[table] = pos
         if change.kind == CHANGE_TYPE and change.column and change.type:
             column, new_type = change.column, change.type
             old = types.get(column)
-            change = replace(change, widening=old is not None and is_widening(old, new_type))
+            known = old is not None and self._types_at is not None and end > self._types_at
+            change = replace(change, widening=known and is_widening(str(old), new_type))
             types[column] = new_type
         elif change.kind == ADD_COLUMN and change.column and change.type:
             types[change.column] = change.type
