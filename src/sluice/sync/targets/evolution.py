@@ -59,9 +59,10 @@ class SchemaChangeStopped(RuntimeError):
         super().__init__(
             f"task {task!r}: the source changed table {table!r} at position {pos} ({change.kind}: "
             f"{ddl!r}) and task.options.schema_change_policy is stop, so nothing of the batch was "
-            f"committed and the task pauses. Choose how the target takes it: `sluice task update "
-            f"{task}` with schema_change_policy evolve (apply it to the target) or ignore (keep "
-            f"the target's columns), which restarts the task from this change"
+            f"committed and the task is paused. Choose how the target takes it: set "
+            f"schema_change_policy to evolve (apply it to the target) or ignore (keep the target's "
+            f"columns) with `sluice task update --file TASK.yaml`, then `sluice task resume {task}`; "
+            f"the task starts again from this change"
         )
         self.task = task
         self.table = table
