@@ -92,6 +92,7 @@ def records(values: list[bytes], partition: int = 0, first_offset: int = 0) -> p
 
 RENAME = change(100, "rename_column", "ALTER TABLE t RENAME COLUMN a TO b", column="a", new_name="b")
 DROP = change(200, "drop_column", "ALTER TABLE t DROP COLUMN c", column="c")
+FIRST = records([env("c", 10, {"id": 1}, {"id": 1, "a": 1, "c": 1})])
 
 
 def rows_of(url: str, policy: str, batches: list[pa.Table]) -> dict[str, dict[str, Any]]:
@@ -104,7 +105,6 @@ def rows_of(url: str, policy: str, batches: list[pa.Table]) -> dict[str, dict[st
 
 def test_evolve_renames_and_drops_and_a_row_older_than_them_lands_in_the_new_columns(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'e.db'}"
-    first = records([env("c", 10, {"id": 1}, {"id": 1, "a": 1, "c": 1})])
     # partition 0 carries the changes (c dropped, then added again) and a row after them;
     # partition 1 a row written before them and its own copy of the drop, applied later
     # (partitions are read independently): the copy must not drop the new c
@@ -113,7 +113,7 @@ def test_evolve_renames_and_drops_and_a_row_older_than_them_lands_in_the_new_col
         [RENAME, DROP, add_again, env("c", 300, {"id": 2}, {"id": 2, "b": 2, "c": 22})], first_offset=1
     )
     late = records([env("u", 50, {"id": 3}, {"id": 3, "a": 3, "c": 3}), RENAME, DROP], partition=1)
-    got = rows_of(url, "evolve", [first, changes, late, changes])  # the last batch: a replay
+    got = rows_of(url, "evolve", [FIRST, changes, late, changes])  # the last batch: a replay
     assert got == {
         '{"id":1}': {"id": 1, "b": 1, "c": None},
         '{"id":2}': {"id": 2, "b": 2, "c": 22},
@@ -123,22 +123,20 @@ def test_evolve_renames_and_drops_and_a_row_older_than_them_lands_in_the_new_col
 
 def test_ignore_keeps_the_columns_and_sends_renamed_values_to_the_old_name(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'i.db'}"
-    first = records([env("c", 10, {"id": 1}, {"id": 1, "a": 1, "c": 1})])
     added = change(250, "add_column", "ALTER TABLE t ADD COLUMN z INT", column="z", type="int")
     changes = records(
         [RENAME, DROP, added, env("c", 300, {"id": 2}, {"id": 2, "b": 2, "z": 9})], first_offset=1
     )
-    got = rows_of(url, "ignore", [first, changes])
+    got = rows_of(url, "ignore", [FIRST, changes])
     assert got == {'{"id":1}': {"id": 1, "a": 1, "c": 1}, '{"id":2}': {"id": 2, "a": 2, "c": None}}
 
 
 def test_stop_commits_nothing_of_the_batch_and_names_the_change(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
-    first = records([env("c", 10, {"id": 1}, {"id": 1, "a": 1, "c": 1})])
     changes = records([env("c", 50, {"id": 4}, {"id": 4, "a": 4, "c": 4}), RENAME], first_offset=1)
     with open_target(url, schema_change_policy="stop") as t:
         e = t.claim("p")
-        t.apply("p", e, first)
+        t.apply("p", e, FIRST)
         with pytest.raises(
             SchemaChangeStopped, match=r"task 'p'.*table 't' at position 100.*schema_change_policy"
         ):

@@ -45,6 +45,7 @@ import orjson
 
 from sluice import test_switches
 from sluice.security.secrets import reveal
+from sluice.sync import schema as sc
 from sluice.sync.envelope import (
     MARKER,
     MARKER_TABLE,
@@ -53,16 +54,6 @@ from sluice.sync.envelope import (
     binary_columns,
     encode_value,
     record_key,
-)
-from sluice.sync.schema import (
-    ADD_COLUMN,
-    CHANGE_TYPE,
-    CREATE_TABLE,
-    DROP_COLUMN,
-    DROP_TABLE,
-    RENAME_COLUMN,
-    SchemaChange,
-    is_widening,
 )
 from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.sources.mysql_ddl import ddl_effect
@@ -600,7 +591,9 @@ class MySqlCapture:
                  "position=%s", query[:200], truncate, [f"{t}:{c.kind}" for _, t, c in changes], reload,
                  [t for t in resnapshot if t in keys], end.text())  # fmt: skip
 
-    def _schema_seen(self, table: str, change: SchemaChange, pos: int, end: BinlogPosition) -> SchemaChange:
+    def _schema_seen(
+        self, table: str, change: sc.SchemaChange, pos: int, end: BinlogPosition
+    ) -> sc.SchemaChange:
         """`change` with `widening` decided from the column's type before it, and the capture's
         column types and schema positions (`source.schema`) moved past it.
 
@@ -609,21 +602,21 @@ class MySqlCapture:
         and a narrowing change must not pass policy `stop` for a widening one."""
         types = self._column_types.setdefault(table, {})
         self._schema_pos[table] = pos
-        if change.kind == CHANGE_TYPE and change.column and change.type:
+        if change.kind == sc.CHANGE_TYPE and change.column and change.type:
             column, new_type = change.column, change.type
             old = types.get(column)
             known = old is not None and self._types_at is not None and end > self._types_at
-            change = replace(change, widening=known and is_widening(str(old), new_type))
+            change = replace(change, widening=known and sc.is_widening(str(old), new_type))
             types[column] = new_type
-        elif change.kind == ADD_COLUMN and change.column and change.type:
+        elif change.kind == sc.ADD_COLUMN and change.column and change.type:
             types[change.column] = change.type
-        elif change.kind == DROP_COLUMN and change.column:
+        elif change.kind == sc.DROP_COLUMN and change.column:
             types.pop(change.column, None)
-        elif change.kind == RENAME_COLUMN and change.column in types and change.new_name:
+        elif change.kind == sc.RENAME_COLUMN and change.column in types and change.new_name:
             types[change.new_name] = types.pop(str(change.column))
-        elif change.kind == DROP_TABLE:
+        elif change.kind == sc.DROP_TABLE:
             types.clear()
-        elif change.kind == CREATE_TABLE:
+        elif change.kind == sc.CREATE_TABLE:
             types.update(column_types(self.spec, [table]).get(table, {}))
         return change
 
