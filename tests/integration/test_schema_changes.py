@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -167,12 +168,24 @@ class Applied:
     stops: list[SchemaChangeStopped]
 
 
+def cut(records: pa.Table, most: int, after_schema_change: bool) -> list[pa.Table]:
+    """Batches of at most `most` records; with `after_schema_change`, each schema change ends one
+    (so no two changes share a batch: the operator's answer to a stop applies its whole batch)."""
+    ends, start = [], 0
+    for i, value in enumerate(records["value"].to_pylist()):
+        if i + 1 - start == most or (after_schema_change and b'"op":"s"' in value):
+            ends.append(i + 1)
+            start = i + 1
+    bounds = [0, *ends, *([records.num_rows] if start < records.num_rows else [])]
+    return [records.slice(a, b - a) for a, b in pairwise(bounds)]
+
+
 def apply_log(url: str, policy: str, records: pa.Table, batch: int = 23) -> Applied:
     """The log in batches of `batch` records, the target opened again (a restart from its stored
     offsets, replaying the batch before) after every batch with a schema change and every 5
     batches. Under `stop`, a stopped batch must have committed nothing; it is then applied once
     with evolve (the operator's answer)."""
-    batches = [pa.Table.from_batches([b]) for b in records.to_batches(max_chunksize=batch)]
+    batches = cut(records, batch, after_schema_change=policy == "stop")
     stops: list[SchemaChangeStopped] = []
     target = open_target(url, schema_change_policy=policy)
     epoch = target.claim(DB)
@@ -267,9 +280,7 @@ def table_names(target: Any) -> set[str]:
 def test_stop_pauses_at_each_change_that_alters_the_target(
     source_log: SourceLog, kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    # batches small enough that no two changes share one (the answer to a stop applies its
-    # whole batch with evolve)
-    got = apply_log(target_url(kind, tmp_path, request), "stop", source_log.records, batch=4)
+    got = apply_log(target_url(kind, tmp_path, request), "stop", source_log.records)
     assert {(e.table, e.change.kind, e.change.column) for e in got.stops} == STOPPING
     for e in got.stops:
         assert "sluice task update" in str(e) and "schema_change_policy" in str(e) and str(e.pos) in str(e)
