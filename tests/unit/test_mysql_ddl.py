@@ -1,9 +1,11 @@
-"""What DDL statements do to the captured tables' rows (sync.sources.mysql_ddl.ddl_effect)."""
+"""What DDL statements do to the captured tables' rows and schemas (sync.sources.mysql_ddl.ddl_effect),
+and which type changes widen (sync.schema.is_widening)."""
 
 from __future__ import annotations
 
 import pytest
 
+from sluice.sync.schema import SchemaChange, is_widening
 from sluice.sync.sources.mysql_ddl import DdlEffect, ddl_effect
 
 
@@ -27,6 +29,9 @@ def effect(truncate: str = "", resnapshot: str = "", reload_keys: str = "") -> D
         ("ALTER TABLE t ADD UNIQUE (a)", "shop", effect()),
         ("ALTER TABLE t ADD CONSTRAINT c CHECK (a > 0)", "shop", effect()),
         ("ALTER TABLE t DROP COLUMN a", "shop", effect()),
+        ("ALTER TABLE t MODIFY a BIGINT", "shop", effect(resnapshot="t")),
+        ("ALTER TABLE t CHANGE a b VARCHAR(9)", "shop", effect(resnapshot="t")),
+        ("ALTER TABLE t ALTER COLUMN a SET DEFAULT 1", "shop", effect()),
         ("ALTER TABLE other.t ADD COLUMN a INT", "shop", effect()),
         ("ALTER TABLE t ADD COLUMN a INT", "other", effect()),
         ("ALTER TABLE t RENAME COLUMN a TO b", "shop", effect()),
@@ -53,4 +58,84 @@ def effect(truncate: str = "", resnapshot: str = "", reload_keys: str = "") -> D
     ],
 )  # fmt: skip
 def test_ddl_names_the_tables_whose_rows_it_changes(query: str, schema: str, expected: DdlEffect) -> None:
-    assert ddl_effect(query, schema, "shop") == expected
+    got = ddl_effect(query, schema, "shop")
+    assert (got.truncate, got.resnapshot, got.reload_keys) == (
+        expected.truncate, expected.resnapshot, expected.reload_keys,
+    )  # fmt: skip
+
+
+def change(
+    kind: str, column: str | None = None, new_name: str | None = None, type: str | None = None
+) -> SchemaChange:
+    return SchemaChange(kind, column, new_name, type)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("ALTER TABLE t DROP COLUMN a", [("t", change("drop_column", "a"))]),
+        ("ALTER TABLE t DROP a, DROP INDEX i, DROP PRIMARY KEY, DROP FOREIGN KEY f, DROP CONSTRAINT c",
+         [("t", change("drop_column", "a"))]),
+        ("ALTER TABLE t DROP COLUMN IF EXISTS `odd name`", [("t", change("drop_column", "odd name"))]),
+        ("ALTER TABLE t RENAME COLUMN a TO b", [("t", change("rename_column", "a", "b"))]),
+        ("ALTER TABLE t CHANGE COLUMN a b BIGINT UNSIGNED NOT NULL DEFAULT 0",
+         [("t", change("rename_column", "a", "b")),
+          ("t", change("change_type", "b", type="bigint unsigned"))]),
+        ("ALTER TABLE t CHANGE a a VARCHAR(20)", [("t", change("change_type", "a", type="varchar(20)"))]),
+        ("ALTER TABLE t MODIFY COLUMN price DECIMAL(12, 4) NOT NULL",
+         [("t", change("change_type", "price", type="decimal(12, 4)"))]),
+        ("alter table `shop`.`t` modify `v` enum('a,b','c') not null",
+         [("t", change("change_type", "v", type="enum('a,b','c')"))]),
+        ("ALTER TABLE t ALTER COLUMN a SET DEFAULT 3, ALTER a DROP DEFAULT", []),
+        ("ALTER TABLE t ADD COLUMN c INT, DROP d, RENAME COLUMN e TO f, MODIFY g TEXT",
+         [("t", change("add_column", "c", type="int")), ("t", change("drop_column", "d")),
+          ("t", change("rename_column", "e", "f")), ("t", change("change_type", "g", type="text"))]),
+        ("ALTER TABLE t ADD (c INT, d DOUBLE)",
+         [("t", change("add_column", "c", type="int")), ("t", change("add_column", "d", type="double"))]),
+        ("ALTER TABLE t ADD INDEX i (a), ADD UNIQUE (b), ADD CONSTRAINT k CHECK (a > 0)", []),
+        ("ALTER TABLE other.t DROP COLUMN a", []),
+        ("CREATE TABLE t (id INT PRIMARY KEY)", [("t", change("create_table"))]),
+        ("CREATE OR REPLACE TABLE t (id INT PRIMARY KEY)",
+         [("t", change("drop_table")), ("t", change("create_table"))]),
+        ("DROP TABLE IF EXISTS a, shop.b, other.c",
+         [("a", change("drop_table")), ("b", change("drop_table"))]),
+        ("TRUNCATE TABLE t", []),
+    ],
+)  # fmt: skip
+def test_ddl_names_its_schema_changes_in_statement_order(
+    query: str, expected: list[tuple[str, SchemaChange]]
+) -> None:
+    assert list(ddl_effect(query, "shop", "shop").changes) == expected
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "widening"),
+    [
+        ("int(11)", "bigint(20)", True),
+        ("tinyint(4)", "int", True),
+        ("int", "int(11)", True),  # the same type: nothing is lost
+        ("bigint", "int", False),
+        ("int unsigned", "bigint", True),
+        ("int unsigned", "int", False),
+        ("int", "int unsigned", False),  # negative values
+        ("varchar(10)", "varchar(20)", True),
+        ("char(4)", "varchar(4)", True),
+        ("varchar(20)", "varchar(10)", False),
+        ("varchar(255)", "text", True),
+        ("text", "varchar(10)", False),
+        ("tinytext", "mediumtext", True),
+        ("float", "double", True),
+        ("double", "float", False),
+        ("decimal(10,2)", "decimal(12,2)", True),
+        ("decimal(10,2)", "decimal(12,4)", True),
+        ("decimal(10,2)", "decimal(11,4)", False),  # fewer digits before the point
+        ("decimal(10,2)", "decimal(10,1)", False),
+        ("int", "varchar(20)", False),  # another family: incompatible
+        ("varchar(8)", "int", False),
+        ("int", "double", False),
+        ("datetime", "datetime", True),
+        ("date", "datetime", False),
+    ],
+)
+def test_a_type_change_widens_only_when_every_value_still_fits(old: str, new: str, widening: bool) -> None:
+    assert is_widening(old, new) is widening

@@ -65,6 +65,8 @@ class ApplyConfig:
     on_refused: str = "stop"
     dead_letter_topic: str | None = None
     execution: str = ""
+    #: the task's schema_change_policy: evolve, ignore or stop (sync/targets/evolution.py)
+    schema_change_policy: str = "evolve"
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -114,6 +116,7 @@ class ApplyQuery:
             tables=config.tables,
             password=config.target_password,
             switches=config.switches,
+            schema_change_policy=config.schema_change_policy,
         )
         self.epoch = self.target.claim(self.pipeline, config.epoch)
         self.query: Any = None

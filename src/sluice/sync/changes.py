@@ -23,7 +23,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.sync.envelope import MAX_POS, OPS, RESERVED_PREFIX, parse
+from sluice.sync.envelope import MAX_POS, OPS, RESERVED_PREFIX, SCHEMA, parse
 
 CHANGE_SCHEMA = pa.schema(
     [
@@ -90,6 +90,8 @@ class ChangeBuilder:
             ev = parse(value, f"{topic}[{partition}]@{offset}")
             table, key, pos, op, after = ev.table, ev.key, ev.pos, ev.op, ev.after
             binary = list(ev.binary)
+            if op == SCHEMA:  # its own row per position, its document in `after`
+                key, after = {"schema": pos}, ev.schema
         kt = _dumps(key, option=_SORT).decode()
         rows = self.rows
         if self.collapse:

@@ -19,6 +19,19 @@ no row (`key` is `{}`): it is written to every partition of the table's topic, a
 removes every row of the table older than its position and keeps the position as the table's
 watermark, so that no older change of any row can bring one back.
 
+A schema change (op `s`: a column added, dropped, renamed or retyped, a table created or
+dropped; see sync/schema.py) names a table and no row (`key` `{}`, before and after null) and
+carries a `schema` object:
+
+    {"change": "rename_column", "ddl": "ALTER TABLE t RENAME COLUMN a TO b",
+     "column": "a", "new_name": "b", "type": null, "widening": false}
+
+It is written at the statement's position (each change of a statement one higher than the one
+before) to every partition of the table's topic, like a truncate; a target records it by
+position and applies it by the task's schema_change_policy. Row events of a MySQL source carry
+`source.schema`: the position of the last schema change of their table the capture had seen
+(0 if none).
+
 Values are JSON; bytes (BLOB, BINARY columns) are base64 text, and the envelope's `binary`
 lists the columns (of key, before and after) that hold such values, so that targets store
 bytes as bytes and text as text.
@@ -39,10 +52,13 @@ from typing import Any
 
 import orjson
 
+from sluice.sync.schema import KINDS
+
 OPS = frozenset({"c", "u", "d", "r"})
 MARKER = "m"
 MARKER_TABLE = "_sluice"
 TRUNCATE = "t"
+SCHEMA = "s"
 MAX_POS = 2**63 - 1
 #: Tables whose names start with this are Sluice's own in every target (fence, offsets,
 #: tombstones, truncate watermarks): no change event may name one.
@@ -67,6 +83,7 @@ class ChangeEvent:
     txid: int | None = None
     ts_ms: int | None = None
     binary: tuple[str, ...] = ()
+    schema: dict[str, Any] | None = None  # op s only
 
     @property
     def is_delete(self) -> bool:
@@ -79,6 +96,7 @@ class ChangeEvent:
         return orjson.dumps(
             {
                 **({"binary": list(self.binary)} if self.binary else {}),
+                **({"schema": self.schema} if self.schema is not None else {}),
                 "op": self.op,
                 "table": self.table,
                 "key": self.key,
@@ -145,8 +163,8 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
     if not isinstance(doc, dict):
         raise BadEventError(f"record{at} is not a JSON object")
     op = doc.get("op")
-    if op not in OPS and op not in (MARKER, TRUNCATE):
-        raise BadEventError(f"record{at}: op must be one of c, u, d, r, t (or m), not {op!r}")
+    if op not in OPS and op not in (MARKER, TRUNCATE, SCHEMA):
+        raise BadEventError(f"record{at}: op must be one of c, u, d, r, t, s (or m), not {op!r}")
     table = doc.get("table")
     if not isinstance(table, str) or not table:
         raise BadEventError(f"record{at}: table must be a non-empty string")
@@ -156,7 +174,7 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
             "tables in the target (fence, offsets, tombstones), which no change may touch"
         )
     key = doc.get("key")
-    if not isinstance(key, dict) or (not key and op != TRUNCATE):
+    if not isinstance(key, dict) or (not key and op not in (TRUNCATE, SCHEMA)):
         raise BadEventError(f"record{at}: key must be an object with the primary key columns")
     before, after = doc.get("before"), doc.get("after")
     for name, part in (("before", before), ("after", after)):
@@ -165,9 +183,16 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
     binary = doc.get("binary") or []
     if not isinstance(binary, list) or not all(isinstance(c, str) for c in binary):
         raise BadEventError(f"record{at}: binary must be a list of column names")
+    schema = doc.get("schema")
     if op == TRUNCATE:
         if after is not None or key:
             raise BadEventError(f"record{at}: a truncate (op t) names no row: key {{}} and after null")
+    elif op == SCHEMA:
+        if after is not None or before is not None or key:
+            raise BadEventError(
+                f"record{at}: a schema change (op s) names no row: key {{}}, before and after null"
+            )
+        _check_schema(schema, at)
     elif op in ("d", MARKER):
         if after is not None:
             raise BadEventError(f"record{at}: a delete (op d) must have after = null")
@@ -201,4 +226,27 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
         txid=txid if isinstance(txid, int) else None,
         ts_ms=ts_ms if isinstance(ts_ms, int) else None,
         binary=tuple(binary),
+        schema=schema if op == SCHEMA else None,
     )
+
+
+def _check_schema(schema: Any, at: str) -> None:
+    if not isinstance(schema, dict):
+        raise BadEventError(f"record{at}: a schema change (op s) needs a schema object")
+    kind = schema.get("change")
+    if kind not in KINDS:
+        known = ", ".join(sorted(KINDS))
+        raise BadEventError(f"record{at}: schema.change must be one of {known}, not {kind!r}")
+    if not isinstance(schema.get("ddl"), str):
+        raise BadEventError(f"record{at}: schema.ddl must be the statement's text")
+    for name in ("column", "new_name", "type"):
+        if schema.get(name) is not None and not isinstance(schema[name], str):
+            raise BadEventError(f"record{at}: schema.{name} must be a string or null")
+    if not isinstance(schema.get("widening", False), bool):
+        raise BadEventError(f"record{at}: schema.widening must be true or false")
+    if schema["change"] in ("add_column", "drop_column", "rename_column", "change_type") and not schema.get(
+        "column"
+    ):
+        raise BadEventError(f"record{at}: a {schema['change']} needs schema.column")
+    if schema["change"] == "rename_column" and not schema.get("new_name"):
+        raise BadEventError(f"record{at}: a rename_column needs schema.new_name")

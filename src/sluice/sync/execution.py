@@ -294,7 +294,11 @@ class TaskExecution:
         """On the batch thread: a refused stale commit is recorded at once, whatever else this
         execution is doing (it may be stepping down already)."""
         from sluice.sync.targets import StaleEpochError
+        from sluice.sync.targets.evolution import SchemaChangeStopped
 
+        if isinstance(exc, SchemaChangeStopped):
+            self._schema_change_stopped(exc)
+            return
         if not isinstance(exc, StaleEpochError):
             return
         self._fenced = True
@@ -309,6 +313,17 @@ class TaskExecution:
         )  # fmt: skip
         log.warning("task %s: stale commit refused: execution %s epoch %d, the target holds epoch %d",
                     self.task_id, self.execution, exc.epoch, exc.current)  # fmt: skip
+
+    def _schema_change_stopped(self, exc: Any) -> None:
+        """Policy `stop` met a schema change: pause the task (nothing of the batch was committed)
+        and raise the alarm with what changed and what to do."""
+        try:
+            self.store.set_control(self.task_id, paused=True)
+            self.store.raise_alarm(self.task_id, "schema-change-stopped", exc.detail())
+        except Exception:  # ZooKeeper out of reach: the query stops on the error all the same
+            log.warning("task %s: recording the schema change stop failed", self.task_id, exc_info=True)
+        log.warning("event=schema_change_stopped task=%s table=%s position=%d change=%s ddl=%r",
+                    self.task_id, exc.table, exc.pos, exc.change.kind, exc.ddl[:200])  # fmt: skip
 
     def stop(self) -> None:
         """Stop for good: the worker no longer runs the task here, so its series go too."""
@@ -521,6 +536,7 @@ def apply_config(
         switches=switches, security=security,
         on_refused=spec.options.get("on_refused", "stop"), dead_letter_topic=spec.dlq_topic(),
         execution=execution,
+        schema_change_policy=str(spec.options.get("schema_change_policy", "evolve")),
     )  # fmt: skip
 
 

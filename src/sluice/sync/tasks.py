@@ -220,9 +220,14 @@ _OPTIONS = {
     "snapshot_chunk_rows": int,
     # a change the target refuses: stop the query (the default) or dead-letter it (sync.dead_letters)
     "on_refused": str,
+    # what the target does with a schema change from the source (sync/targets/evolution.py)
+    "schema_change_policy": str,
 }
 #: the values an enum option may take (the first is its default)
-_OPTION_VALUES: dict[str, tuple[str, ...]] = {"on_refused": ("stop", "dlq")}
+_OPTION_VALUES: dict[str, tuple[str, ...]] = {
+    "on_refused": ("stop", "dlq"),
+    "schema_change_policy": ("evolve", "ignore", "stop"),
+}
 
 
 def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:

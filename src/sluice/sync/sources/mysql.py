@@ -38,14 +38,23 @@ import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from sluice import test_switches
 from sluice.security.secrets import reveal
-from sluice.sync.envelope import MARKER, MARKER_TABLE, TRUNCATE, binary_columns, encode_value, record_key
+from sluice.sync import schema as sc
+from sluice.sync.envelope import (
+    MARKER,
+    MARKER_TABLE,
+    SCHEMA,
+    TRUNCATE,
+    binary_columns,
+    encode_value,
+    record_key,
+)
 from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.sources.mysql_ddl import ddl_effect
 from sluice.sync.tasks import SourceSpec
@@ -212,6 +221,25 @@ def primary_keys(spec: SourceSpec, tables: list[str], *, allow_missing: bool = F
     return {t: keys[t] for t in tables if t in keys}
 
 
+def column_types(spec: SourceSpec, tables: list[str]) -> dict[str, dict[str, str]]:
+    """table -> column -> its type text (`int(11)`, `varchar(32)`), for the tables that exist."""
+    conn = _connect(spec)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = %s",
+                (spec.database,),
+            )
+            out: dict[str, dict[str, str]] = {}
+            for table, column, typ in cur.fetchall():
+                if table in tables:
+                    out.setdefault(table, {})[column] = _text(typ).lower()
+    finally:
+        conn.close()
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class RowChange:
     op: str
@@ -324,6 +352,11 @@ class MySqlCapture:
         self._pending: deque[list[Any]] = deque()  # [tx start position text, unacked count, done]
         self._lock = threading.Lock()
         self._resume = SNAPSHOT
+        # Column types as of the binlog read so far (a type change's `widening` needs the type
+        # before it) and each table's last schema change position (`source.schema`).
+        self._column_types: dict[str, dict[str, str]] = {}
+        self._types_at: BinlogPosition | None = None  # the binlog position they were read at
+        self._schema_pos: dict[str, int] = {}
 
     # --- the producer and the resume position ----------------------------------------------------
     def _make_producer(self) -> Any:
@@ -394,6 +427,7 @@ class MySqlCapture:
                 "connector": "mariadb" if self.is_mariadb else "mysql", "name": self.name,
                 "db": self.spec.database, "pos": pos, "position": position, "resume": resume,
                 "ts_ms": ts_ms, "epoch": self.epoch, "execution": self.execution,
+                "schema": self._schema_pos.get(table, 0),
                 **({"snapshot_start": self._snapshot_start} if op == "r" and self._snapshot_start else {}),
             },
             "ts_ms": int(time.time() * 1000),
@@ -404,6 +438,8 @@ class MySqlCapture:
         info = check_source(self.spec)
         self.is_mariadb = "mariadb" in info["version"].lower()
         keys = primary_keys(self.spec, self.tables, allow_missing=True)
+        self._column_types = column_types(self.spec, self.tables)
+        self._types_at = self._master_position()  # after the types: a DDL between counts as before
         for table in self.tables:
             if table not in keys:
                 log.warning("event=table_missing table=%s db=%s action=capture_once_created", table,
@@ -519,24 +555,30 @@ class MySqlCapture:
         self, producer: Any, keys: dict[str, list[str]], event: Any, start: BinlogPosition,
         end: BinlogPosition, event_start: int,
     ) -> None:  # fmt: skip
-        """What a DDL statement did to captured tables' rows, into the log (see mysql_ddl.py).
+        """What a DDL statement did to captured tables, into the log (see mysql_ddl.py).
 
-        Truncates go out at the statement's own position; then key columns are read again for
-        tables that appeared or went; then tables whose rows changed without row events are read
-        again in a consistent snapshot. Until all of it is acknowledged the resume position stays
-        at the statement, so a crash here reads it (and does this) again."""
-        effect = ddl_effect(str(getattr(event, "query", "")), _text(getattr(event, "schema", b"")),
-                            self.spec.database)  # fmt: skip
+        Truncates go out at the statement's own position, then its schema changes (op `s`, the
+        n-th change of the statement at the position plus n); then key columns are read again
+        for tables that appeared or went; then tables whose rows changed without row events (a
+        column added, a type changed) are read again in a consistent snapshot. Until all of it
+        is acknowledged the resume position stays at the statement, so a crash here reads it
+        (and does this) again."""
+        query = str(getattr(event, "query", ""))
+        effect = ddl_effect(query, _text(getattr(event, "schema", b"")), self.spec.database)
         captured = set(self.tables)
         truncate = sorted(effect.truncate & captured)
         reload = sorted(effect.reload_keys & captured)
         resnapshot = sorted(effect.resnapshot & captured)
-        if not (truncate or reload or resnapshot):
+        changes = [(event_start + i, t, c) for i, (t, c) in enumerate(effect.changes) if t in captured]
+        if not (truncate or reload or resnapshot or changes):
             return
         tx = self._begin_tx(start.text())
         ts_ms = int(event.timestamp) * 1000
         for table in truncate:
             self._emit_truncate(producer, table, event_start, ts_ms, end, tx)
+        for pos, table, change in changes:
+            change = self._schema_seen(table, change, pos, end)
+            self._emit_truncate(producer, table, pos, ts_ms, end, tx, schema=change.to_doc(query.strip()))
         if reload:
             for table in reload:
                 keys.pop(table, None)
@@ -545,20 +587,55 @@ class MySqlCapture:
             if table in keys:
                 self._read_table_again(producer, table, keys[table], tx)
         self._end_tx(tx, end.text())
-        log.info("event=ddl_applied query=%r truncated=%s reloaded=%s read_again=%s position=%s",
-                 str(event.query)[:200], truncate, reload, [t for t in resnapshot if t in keys],
-                 end.text())  # fmt: skip
+        log.info("event=ddl_applied query=%r truncated=%s schema_changes=%s reloaded=%s read_again=%s "
+                 "position=%s", query[:200], truncate, [f"{t}:{c.kind}" for _, t, c in changes], reload,
+                 [t for t in resnapshot if t in keys], end.text())  # fmt: skip
+
+    def _schema_seen(
+        self, table: str, change: sc.SchemaChange, pos: int, end: BinlogPosition
+    ) -> sc.SchemaChange:
+        """`change` with `widening` decided from the column's type before it, and the capture's
+        column types and schema positions (`source.schema`) moved past it.
+
+        A type change from before the capture read the column types (it was down, or restarted
+        inside the statement) is not called widening: the server only knows the types after it,
+        and a narrowing change must not pass policy `stop` for a widening one."""
+        types = self._column_types.setdefault(table, {})
+        self._schema_pos[table] = pos
+        if change.kind == sc.CHANGE_TYPE and change.column and change.type:
+            column, new_type = change.column, change.type
+            old = types.get(column)
+            known = old is not None and self._types_at is not None and end > self._types_at
+            change = replace(change, widening=known and sc.is_widening(str(old), new_type))
+            types[column] = new_type
+        elif change.kind == sc.ADD_COLUMN and change.column and change.type:
+            types[change.column] = change.type
+        elif change.kind == sc.DROP_COLUMN and change.column:
+            types.pop(change.column, None)
+        elif change.kind == sc.RENAME_COLUMN and change.column in types and change.new_name:
+            types[change.new_name] = types.pop(str(change.column))
+        elif change.kind == sc.DROP_TABLE:
+            types.clear()
+        elif change.kind == sc.CREATE_TABLE:
+            types.update(column_types(self.spec, [table]).get(table, {}))
+        return change
 
     def _emit_truncate(
-        self, producer: Any, table: str, pos: int, ts_ms: int, end: BinlogPosition, tx: list[Any]
-    ) -> None:
-        """A truncate of `table` in every partition of its topic (rows of it are in all of them)."""
+        self, producer: Any, table: str, pos: int, ts_ms: int, end: BinlogPosition, tx: list[Any],
+        schema: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        """A truncate of `table` (or, with `schema`, a schema change of it) in every partition of
+        its topic (rows of it are in all of them)."""
         topic = self.topic_for(table)
         meta = producer.list_topics(topic, timeout=15).topics.get(topic)
+        what = "truncate" if schema is None else "schema change"
         if meta is None or meta.error is not None or not meta.partitions:
-            raise CaptureError(f"topic {topic} is not available to write the truncate of {table} to")
+            raise CaptureError(f"topic {topic} is not available to write the {what} of {table} to")
         for p in sorted(meta.partitions):
-            env = self._envelope(TRUNCATE, table, {}, None, None, pos, ts_ms, end.text())
+            op = TRUNCATE if schema is None else SCHEMA
+            env = self._envelope(op, table, {}, None, None, pos, ts_ms, end.text())
+            if schema is not None:
+                env["schema"] = schema
             self._emit(producer, table, env, tx, partition=p)
 
     def _read_table_again(self, producer: Any, table: str, keys: list[str], tx: list[Any]) -> None:

@@ -13,6 +13,8 @@ One `apply` is one target transaction:
    than its position and raises the table's watermark to it. A row is then replaced only by a
    higher source position than the row's, its tombstone's and its table's watermark, and a
    delete leaves a tombstone with its position, so an older upsert cannot bring the row back.
+   Schema changes (op `s`) go after the truncates and before the rows, by the task's
+   schema_change_policy, and the rows are translated to the target's columns (evolution.py).
 5. Advance the offsets (never backwards) and commit.
 
 Under `on_refused: dlq` a change the target refuses in step 4 (a constraint, a value its column
@@ -38,6 +40,8 @@ import pyarrow.compute as pc
 from sluice import test_switches
 from sluice.sync.changes import collapse, to_changes
 from sluice.sync.envelope import MARKER, TRUNCATE, BadEventError, is_reserved
+from sluice.sync.schema import Recorded
+from sluice.sync.targets.evolution import check_policy, schema_step
 
 #: Columns of the record tables a target applies: the log's own coordinates and the raw value.
 RECORD_COLUMNS = ("topic", "partition", "offset", "value", "timestamp")
@@ -203,8 +207,10 @@ class Target(ABC):
         mapping: ColumnMapping | None = None,
         tables: Collection[str] | None = None,
         switches: test_switches.Switches = test_switches.OFF,
+        schema_change_policy: str = "evolve",
     ) -> None:
         self.url = url
+        self.schema_change_policy = check_policy(schema_change_policy)
         self.mapping = mapping or ColumnMapping()
         # The source tables this pipeline applies (None: any table that is not Sluice's own).
         self.tables = frozenset(tables) if tables else None
@@ -267,6 +273,35 @@ class Target(ABC):
     @abstractmethod
     def _is_refusal(self, exc: BaseException) -> bool:
         """A refused row (constraint, value, mapping), not a failing target (connection, fence)."""
+
+    # schema changes (evolution.py): the history, and the target's own DDL
+    @abstractmethod
+    def _read_schema_history(self, tx: Any, tables: list[str]) -> dict[str, list[Recorded]]:
+        """The recorded schema changes of these source tables (`_sluice_schema`)."""
+
+    @abstractmethod
+    def _record_schema_change(
+        self, tx: Any, table: str, pos: int, doc: Mapping[str, Any], applied: bool
+    ) -> bool:
+        """Record a schema change by (table, position); False when it was recorded already."""
+
+    @abstractmethod
+    def _existing_columns(self, tx: Any, name: str) -> list[str]:
+        """The columns of a target table (none when it does not exist)."""
+
+    @abstractmethod
+    def _drop_column(self, tx: Any, name: str, column: str) -> None: ...
+
+    @abstractmethod
+    def _rename_column(self, tx: Any, name: str, old: str, new: str) -> None: ...
+
+    @abstractmethod
+    def _change_column_type(self, tx: Any, name: str, column: str, source_type: str) -> None:
+        """Give the column the type the target gives values of `source_type` (the rows are read
+        again after a type change, so a value that does not convert may become null here)."""
+
+    @abstractmethod
+    def _drop_table(self, tx: Any, name: str) -> None: ...
 
     @abstractmethod
     def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
@@ -342,6 +377,8 @@ class Target(ABC):
                     )
                     result.written += self._apply_truncates(tx, marks, guard)
                     collapsed = collapsed.filter(pc.invert(is_truncate))
+                if collapsed.num_rows:
+                    collapsed = schema_step(self, tx, pipeline, collapsed)
                 if collapsed.num_rows:
                     result.written += self._write_isolating(tx, collapsed, guard, on_refused, result)
             new = batch_next_offsets(records)

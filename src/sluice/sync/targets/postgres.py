@@ -25,7 +25,9 @@ import pyarrow.compute as pc
 
 from sluice.security.secrets import Secret
 from sluice.sync.envelope import BadEventError, key_text
+from sluice.sync.schema import Recorded, target_type
 from sluice.sync.targets.base import POS_COLUMN, ColumnMapping, MappingError, Target, quote
+from sluice.sync.targets.evolution import history_from_rows
 from sluice.test_switches import OFF, Switches
 
 log = logging.getLogger("sluice.target")
@@ -40,6 +42,9 @@ CREATE TABLE IF NOT EXISTS _sluice_offsets (
 CREATE TABLE IF NOT EXISTS _sluice_tombstones (
     tbl text NOT NULL, key text NOT NULL, pos bigint NOT NULL, PRIMARY KEY (tbl, key));
 CREATE TABLE IF NOT EXISTS _sluice_truncates (tbl text PRIMARY KEY, pos bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS _sluice_schema (
+    tbl text NOT NULL, pos bigint NOT NULL, change jsonb NOT NULL, applied boolean NOT NULL,
+    PRIMARY KEY (tbl, pos));
 """
 
 TEMP = """
@@ -60,12 +65,13 @@ class PostgresTarget(Target):
         tables: Collection[str] | None = None,
         password: Secret | None = None,
         switches: Switches = OFF,
+        schema_change_policy: str = "evolve",
     ) -> None:
         import psycopg
 
         from sluice.sync.tasks import redact
 
-        super().__init__(url, mapping, tables, switches)
+        super().__init__(url, mapping, tables, switches, schema_change_policy)
         # The password goes to libpq apart from the URL, so the URL stays printable.
         extra: dict[str, Any] = {} if password is None else {"password": password.reveal()}
         try:
@@ -195,6 +201,53 @@ class PostgresTarget(Target):
                     {"name": name, "pos": pos},
                 )
         return deleted
+
+    # --- schema changes (targets/evolution.py) ------------------------------------------------------
+    def _read_schema_history(self, tx: Any, tables: list[str]) -> dict[str, list[Recorded]]:
+        rows = tx.execute(
+            "SELECT tbl, pos, change, applied FROM _sluice_schema WHERE tbl = ANY(%s) ORDER BY pos", (tables,)
+        ).fetchall()
+        return history_from_rows(rows)
+
+    def _record_schema_change(
+        self, tx: Any, table: str, pos: int, doc: Mapping[str, Any], applied: bool
+    ) -> bool:
+        cur = tx.execute(
+            "INSERT INTO _sluice_schema (tbl, pos, change, applied) VALUES (%s, %s, %s::jsonb, %s) "
+            "ON CONFLICT (tbl, pos) DO NOTHING",
+            (table, pos, orjson.dumps(doc).decode(), applied),
+        )
+        return bool(cur.rowcount == 1)
+
+    def _existing_columns(self, tx: Any, name: str) -> list[str]:
+        return list(self._load_table(tx, name))
+
+    def _forget(self, name: str) -> None:
+        self._columns.pop(name, None)
+        self._keys.pop(name, None)
+
+    def _drop_column(self, tx: Any, name: str, column: str) -> None:
+        tx.execute(f"ALTER TABLE {quote(name)} DROP COLUMN IF EXISTS {quote(column)}")
+        self._forget(name)
+
+    def _rename_column(self, tx: Any, name: str, old: str, new: str) -> None:
+        tx.execute(f"ALTER TABLE {quote(name)} RENAME COLUMN {quote(old)} TO {quote(new)}")
+        self._forget(name)
+
+    def _change_column_type(self, tx: Any, name: str, column: str, source_type: str) -> None:
+        current = self._load_table(tx, name).get(column)
+        want = target_type(source_type, "postgresql")
+        if current is None or current == want:
+            return
+        tx.execute(
+            f"ALTER TABLE {quote(name)} ALTER COLUMN {quote(column)} TYPE {want} "
+            f"USING {_convert(quote(column), current, want)}"
+        )
+        self._forget(name)
+
+    def _drop_table(self, tx: Any, name: str) -> None:
+        tx.execute(f"DROP TABLE IF EXISTS {quote(name)}")
+        self._forget(name)
 
     def _load_table(self, tx: Any, name: str) -> dict[str, str]:
         cols = self._columns.get(name)
@@ -374,6 +427,25 @@ class PostgresTarget(Target):
             row = dict(zip(data, values, strict=True))
             out[key_text({k: row[k] for k in keys})] = row
         return out
+
+
+_NUMERIC_TYPES = ("bigint", "integer", "smallint", "double precision", "real", "numeric")
+_NUMBER_TEXT = {
+    "bigint": r"^\s*[-+]?[0-9]{1,18}\s*$",
+    "double precision": r"^\s*[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?\s*$",
+}
+
+
+def _convert(column: str, current: str, want: str) -> str:
+    """A USING expression that never fails: values that do not convert become null (the source
+    table is read again after a type change, and its rows bring the converted values)."""
+    if want == "text":
+        return f"{column}::text"
+    if current in _NUMERIC_TYPES and want in _NUMERIC_TYPES:
+        return f"{column}::{want}"
+    if current == "text" and want in _NUMBER_TEXT:
+        return f"CASE WHEN {column} ~ '{_NUMBER_TEXT[want]}' THEN {column}::{want} END"
+    return f"NULL::{want}"
 
 
 def _reverse(m: ColumnMapping, table: str, cols: Mapping[str, str]) -> dict[str, str]:

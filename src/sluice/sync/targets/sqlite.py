@@ -6,6 +6,7 @@ Collapsed changes are written with `executemany` upserts carrying the version gu
 from __future__ import annotations
 
 import base64
+import logging
 import sqlite3
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -18,6 +19,7 @@ import orjson
 import pyarrow as pa
 
 from sluice.sync.envelope import key_text
+from sluice.sync.schema import Recorded, target_type
 from sluice.sync.targets.base import (
     POS_COLUMN,
     BadTargetUrlError,
@@ -27,7 +29,10 @@ from sluice.sync.targets.base import (
     infer_type,
     quote,
 )
+from sluice.sync.targets.evolution import history_from_rows
 from sluice.test_switches import OFF, Switches
+
+log = logging.getLogger("sluice.target")
 
 META = """
 CREATE TABLE IF NOT EXISTS _sluice_fence (
@@ -39,6 +44,9 @@ CREATE TABLE IF NOT EXISTS _sluice_offsets (
 CREATE TABLE IF NOT EXISTS _sluice_tombstones (
     tbl TEXT NOT NULL, key TEXT NOT NULL, pos INTEGER NOT NULL, PRIMARY KEY (tbl, key));
 CREATE TABLE IF NOT EXISTS _sluice_truncates (tbl TEXT PRIMARY KEY, pos INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS _sluice_schema (
+    tbl TEXT NOT NULL, pos INTEGER NOT NULL, change TEXT NOT NULL, applied INTEGER NOT NULL,
+    PRIMARY KEY (tbl, pos));
 """
 
 
@@ -55,8 +63,9 @@ class SqliteTarget(Target):
         mapping: ColumnMapping | None = None,
         tables: Collection[str] | None = None,
         switches: Switches = OFF,
+        schema_change_policy: str = "evolve",
     ) -> None:
-        super().__init__(url, mapping, tables, switches)
+        super().__init__(url, mapping, tables, switches, schema_change_policy)
         self.path = sqlite_path(url)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
@@ -174,6 +183,60 @@ class SqliteTarget(Target):
                 )
                 tx.execute("DELETE FROM _sluice_tombstones WHERE tbl = ? AND pos < ?", (name, pos))
         return deleted
+
+    # --- schema changes (targets/evolution.py) ------------------------------------------------------
+    def _read_schema_history(self, tx: sqlite3.Connection, tables: list[str]) -> dict[str, list[Recorded]]:
+        marks = ", ".join("?" * len(tables))
+        sql = f"SELECT tbl, pos, change, applied FROM _sluice_schema WHERE tbl IN ({marks}) ORDER BY pos"
+        rows = tx.execute(sql, tables).fetchall()
+        return history_from_rows(rows)
+
+    def _record_schema_change(
+        self, tx: sqlite3.Connection, table: str, pos: int, doc: Mapping[str, Any], applied: bool
+    ) -> bool:
+        cur = tx.execute(
+            "INSERT INTO _sluice_schema (tbl, pos, change, applied) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (tbl, pos) DO NOTHING",
+            (table, pos, orjson.dumps(doc).decode(), int(applied)),
+        )
+        return cur.rowcount == 1
+
+    def _existing_columns(self, tx: sqlite3.Connection, name: str) -> list[str]:
+        return self._table_columns(tx, name)
+
+    def _drop_column(self, tx: sqlite3.Connection, name: str, column: str) -> None:
+        if column in self._key_columns(tx, name):
+            log.warning("event=schema_change_skipped table=%s column=%s reason=%r", name, column,
+                        "SQLite cannot drop a primary key column")  # fmt: skip
+            return
+        tx.execute(f"ALTER TABLE {quote(name)} DROP COLUMN {quote(column)}")
+        self._columns.pop(name, None)
+
+    def _rename_column(self, tx: sqlite3.Connection, name: str, old: str, new: str) -> None:
+        tx.execute(f"ALTER TABLE {quote(name)} RENAME COLUMN {quote(old)} TO {quote(new)}")
+        self._columns.pop(name, None)
+
+    def _change_column_type(self, tx: sqlite3.Connection, name: str, column: str, source_type: str) -> None:
+        """SQLite keeps any value in any column, but a column's declared type converts what is
+        written to it (an INTEGER column stores the text '42' as 42): when the new type's
+        affinity differs, the column is made again with it, values copied over."""
+        declared = {r[1]: r[2] for r in tx.execute(f"PRAGMA table_info({quote(name)})")}
+        want = target_type(source_type, "sqlite")
+        if _affinity(declared.get(column, "")) == _affinity(want) or column in self._key_columns(tx, name):
+            return
+        q, tmp = quote(name), quote("_sluice_retype")
+        tx.execute(f"ALTER TABLE {q} ADD COLUMN {tmp} {want}")
+        tx.execute(f"UPDATE {q} SET {tmp} = {quote(column)}")
+        tx.execute(f"ALTER TABLE {q} DROP COLUMN {quote(column)}")
+        tx.execute(f"ALTER TABLE {q} RENAME COLUMN {tmp} TO {quote(column)}")
+        self._columns.pop(name, None)
+
+    def _drop_table(self, tx: sqlite3.Connection, name: str) -> None:
+        tx.execute(f"DROP TABLE IF EXISTS {quote(name)}")
+        self._columns.pop(name, None)
+
+    def _key_columns(self, tx: sqlite3.Connection, name: str) -> list[str]:
+        return [r[1] for r in tx.execute(f"PRAGMA table_info({quote(name)})") if r[5] > 0]
 
     def _table_columns(self, tx: sqlite3.Connection, name: str) -> list[str]:
         cols = self._columns.get(name)
@@ -295,6 +358,20 @@ def _source_columns(events: list[_Change]) -> set[str]:
     for ev in events:
         cols.update(ev.after or ev.key)
     return cols
+
+
+def _affinity(declared: str) -> str:
+    """SQLite's type affinity of a declared column type (its documented rules, in order)."""
+    d = declared.upper()
+    if "INT" in d:
+        return "INTEGER"
+    if any(t in d for t in ("CHAR", "CLOB", "TEXT")):
+        return "TEXT"
+    if "BLOB" in d or not d:
+        return "BLOB"
+    if any(t in d for t in ("REAL", "FLOA", "DOUB")):
+        return "REAL"
+    return "NUMERIC"
 
 
 def _sql_value(v: Any) -> Any:
