@@ -59,6 +59,11 @@ class ApplyConfig:
     switches: test_switches.Switches = test_switches.OFF
     #: how the query's reads (driver and executors) authenticate to the brokers
     security: ClientSecurity = PLAINTEXT
+    #: the capture's transactions topic: each micro-batch ends on a source transaction boundary
+    #: in every partition (the source's option transactionTopic), so the target, committing a
+    #: batch in one transaction, never shows part of a source transaction. None: batches end
+    #: wherever the log does (the generator's topics have no transactions)
+    transaction_topic: str | None = None
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -201,6 +206,8 @@ class ApplyQuery:
             reader = reader.option("maxRecordsPerTrigger", str(c.max_records_per_trigger))
         if c.max_records_per_partition:
             reader = reader.option("maxRecordsPerPartition", str(c.max_records_per_partition))
+        if c.transaction_topic:
+            reader = reader.option("transactionTopic", c.transaction_topic)
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the
         # driver gets the newest change per row with the columns applying needs (sync.changes).
         reader = reader.option("decode", "envelope")

@@ -185,6 +185,9 @@ class TaskExecution:
             self.bootstrap, spec.topics(), int(opts.get("partitions", 3)), opts.get("replication_factor"),
             self.security,
         )  # fmt: skip
+        if spec.source.kind in ("mysql", "mariadb"):  # small: one partition, replicated like the rest
+            ensure_topics(self.bootstrap, [spec.transactions_topic()], 1, opts.get("replication_factor"),
+                          self.security)  # fmt: skip
         self._start_capture()
         self._start_apply()
 
@@ -193,6 +196,7 @@ class TaskExecution:
         opts = spec.options
         if spec.source.kind in ("mysql", "mariadb"):
             from sluice.sync.sources.mysql import (
+                HEARTBEAT_S,
                 PARALLEL_SNAPSHOT_ROWS,
                 SNAPSHOT_CHUNK_ROWS,
                 MySqlCapture,
@@ -216,7 +220,9 @@ class TaskExecution:
                 still_owner=self._still_owner, snapshot_runner=runner, switches=self.switches,
                 snapshot_parallel_rows=int(opts.get("snapshot_parallel_rows", PARALLEL_SNAPSHOT_ROWS)),
                 snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", SNAPSHOT_CHUNK_ROWS)),
-                producer_config=client,
+                producer_config=client, transactions_topic=spec.transactions_topic(),
+                transaction_metadata=opts.get("transaction_metadata", "false") == "true",
+                heartbeat_s=parse_duration(str(opts.get("heartbeat_interval", HEARTBEAT_S))),
             )  # fmt: skip
             target = self.capture.run
         else:
@@ -495,6 +501,7 @@ def apply_config(
         mapping=ColumnMapping.from_config(spec.mapping),
         max_records_per_trigger=spec.options.get("max_records_per_trigger"), tables=spec.tables or None,
         switches=switches, security=security,
+        transaction_topic=spec.transactions_topic() if spec.source.kind in ("mysql", "mariadb") else None,
     )  # fmt: skip
 
 

@@ -122,6 +122,11 @@ class TaskSpec:
     def topic_for(self, table: str) -> str:
         return self.topic.replace("{task}", self.id).replace("{table}", table)
 
+    def transactions_topic(self) -> str:
+        """Where a MySQL/MariaDB capture writes its transaction boundaries (cuts) and, with the
+        option transaction_metadata, BEGIN/END records (sync/sources/transactions.py)."""
+        return f"{self.id}.transactions"
+
     def topics(self) -> list[str]:
         if "{table}" in self.topic:
             return sorted({self.topic_for(t) for t in self.tables})
@@ -213,7 +218,14 @@ _OPTIONS = {
     # snapshotted by a Spark job in key ranges of `snapshot_chunk_rows`, read in parallel
     "snapshot_parallel_rows": int,
     "snapshot_chunk_rows": int,
+    # MySQL/MariaDB: "true" writes BEGIN/END records to {task}.transactions and
+    # source.transaction into each change (as Debezium's provide.transaction.metadata)
+    "transaction_metadata": str,
+    # MySQL/MariaDB: how often an idle capture writes its position (position markers and a cut)
+    "heartbeat_interval": str,
 }
+#: the values an enum-like option may take
+_OPTION_VALUES = {"transaction_metadata": ("true", "false")}
 
 
 def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
@@ -256,12 +268,16 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
             raise TaskSpecError(f"task.options.{name}: must be {'an integer' if kind is int else 'a string'}")
         if kind is int and isinstance(value, int) and value < 1:
             raise TaskSpecError(f"task.options.{name}: must be a positive integer, not {value}")
-        if name == "trigger":
+        if name in _OPTION_VALUES and value not in _OPTION_VALUES[name]:
+            raise TaskSpecError(
+                f"task.options.{name}: must be one of {', '.join(_OPTION_VALUES[name])}, not {value!r}"
+            )
+        if name in ("trigger", "heartbeat_interval"):
             try:
                 parse_duration(str(value))
             except ValueError:
                 raise TaskSpecError(
-                    f"task.options.trigger: must be a duration like 1s or 500ms, not {value!r}"
+                    f"task.options.{name}: must be a duration like 1s or 500ms, not {value!r}"
                 ) from None
     return TaskSpec(
         task_id, source, target, list(tables), topic, dict(mapping), dict(options), target_password
