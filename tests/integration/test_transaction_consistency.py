@@ -1,0 +1,223 @@
+"""Transaction-consistent apply: a reader polling the target while MariaDB transactions that
+span every partition are captured and applied never sees one partially applied; BEGIN/END
+metadata; heartbeats of an idle source.
+
+Every transaction sets the same new batch number on every row and moves an amount between two
+rows, so a consistent state has one batch number on all rows and the starting total. Without
+the cuts (no transactionTopic) micro-batches end wherever maxRecordsPerTrigger puts them and
+the reader sees mixed batch numbers: the slow variant shows the test can fail.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pymysql
+import pytest
+
+from sluice.ops.mariadb import LocalMariaDB
+from sluice.sync.sources.mysql import BinlogPosition, MySqlCapture, recover_position
+from sluice.sync.tasks import SourceSpec
+from tests.integration.test_mysql_capture import read_all, running
+from tests.integration.test_pipeline import create_topic
+from tests.support.cluster import TestCluster, wait_until
+from tests.support.mysql_source import master_position
+
+ROWS = 30
+BALANCE = 1000
+TRANSACTIONS = 60
+
+
+def _create(server: LocalMariaDB, db: str) -> None:
+    server.execute(f"DROP DATABASE IF EXISTS `{db}`", f"CREATE DATABASE `{db}`")
+    server.execute(
+        "CREATE TABLE accounts (id INT PRIMARY KEY, batch INT NOT NULL, balance BIGINT NOT NULL)",
+        "CREATE TABLE elsewhere (id INT PRIMARY KEY, n INT)",
+        "INSERT INTO accounts VALUES " + ", ".join(f"({i}, 0, {BALANCE})" for i in range(1, ROWS + 1)),
+        database=db,
+    )
+
+
+class Writer(threading.Thread):
+    """TRANSACTIONS transactions, each: every row to batch n, then a transfer between two rows."""
+
+    def __init__(self, server: LocalMariaDB, db: str) -> None:
+        super().__init__(daemon=True)
+        self.server, self.db = server, db
+        self.error: BaseException | None = None
+        self.done = 0
+
+    def run(self) -> None:
+        rng = random.Random(18)
+        try:
+            conn = pymysql.connect(**self.server.connect_args(self.db))  # type: ignore[arg-type]
+            with conn.cursor() as cur:
+                for n in range(1, TRANSACTIONS + 1):
+                    a, b = rng.sample(range(1, ROWS + 1), 2)
+                    amount = rng.randrange(1, 50)
+                    cur.execute("UPDATE accounts SET batch = %s", (n,))
+                    cur.execute("UPDATE accounts SET balance = balance - %s WHERE id = %s", (amount, a))
+                    cur.execute("UPDATE accounts SET balance = balance + %s WHERE id = %s", (amount, b))
+                    conn.commit()
+                    self.done = n
+                    time.sleep(0.05)
+            conn.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+class Poller(threading.Thread):
+    """Reads the target's rows over and over; records every state that is not consistent."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.stop = threading.Event()
+        self.polls = 0
+        self.states: set[int] = set()
+        self.bad: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
+                try:
+                    rows = db.execute("SELECT batch, balance FROM accounts").fetchall()
+                finally:
+                    db.close()
+            except sqlite3.OperationalError:  # no target or no table yet
+                time.sleep(0.01)
+                continue
+            self.polls += 1
+            if not rows:
+                continue
+            batches = {r[0] for r in rows}
+            total = sum(r[1] for r in rows)
+            if len(rows) != ROWS or len(batches) != 1 or total != ROWS * BALANCE:
+                self.bad.append(f"{len(rows)} rows, batches {sorted(batches)}, total {total}")
+            else:
+                self.states.add(next(iter(batches)))
+            time.sleep(0.005)
+
+
+@pytest.mark.parametrize("cuts", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_a_reader_never_sees_half_a_source_transaction(
+    spark: Any,
+    mariadb: LocalMariaDB,
+    make_cluster: Callable[..., TestCluster],
+    tmp_path: Path,
+    cuts: bool,
+) -> None:
+    from sluice.pipeline.apply import ApplyConfig, ApplyQuery
+
+    cluster = make_cluster(1)
+    bootstrap = cluster.bootstrap
+    db = f"txc{int(cuts)}"
+    create_topic(bootstrap, "acct.changes", 3, 1)
+    create_topic(bootstrap, "acct.transactions", 1, 1)
+    _create(mariadb, db)
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database=db)
+    cap = MySqlCapture(
+        spec, ["accounts"], lambda _t: "acct.changes", bootstrap, name="acct",
+        transactions_topic="acct.transactions", transaction_metadata=True,
+    )  # fmt: skip
+    path = tmp_path / "target.db"
+    query = ApplyQuery(
+        spark,
+        ApplyConfig(
+            bootstrap=bootstrap,
+            target=f"sqlite:///{path}",
+            topics=["acct.changes"],
+            pipeline="acct",
+            trigger_s=0.1,
+            max_records_per_trigger=20,
+            tables=["accounts"],
+            transaction_topic="acct.transactions" if cuts else None,
+        ),
+    )
+    writer, poller = Writer(mariadb, db), Poller(path)
+    with running(cap):
+        wait_until(lambda: cap.stats.position != "", 60, "snapshot taken")
+        query.start()
+        poller.start()
+        try:
+            wait_until(lambda: 0 in poller.states or poller.bad, 120, "the snapshot applied")
+            writer.start()
+            writer.join(120)
+            assert writer.error is None and writer.done == TRANSACTIONS
+            wait_until(lambda: TRANSACTIONS in poller.states or (poller.bad and not cuts), 120, "all applied")
+        finally:
+            poller.stop.set()
+            poller.join(10)
+            query.stop()
+    assert query.error is None
+    if not cuts:
+        assert poller.bad, "without cuts the reader should have seen a transaction split"
+        return
+    assert not poller.bad, (
+        f"{len(poller.bad)} of {poller.polls} polls saw half a transaction: {poller.bad[:5]}"
+    )
+    assert len(poller.states) >= 5, f"too few states seen to mean anything: {sorted(poller.states)}"
+
+    # BEGIN/END metadata beside the cuts, and each change's place in its transaction
+    meta = [orjson.loads(v) for v in read_all(bootstrap, "acct.transactions", 1)["value"].to_pylist()]
+    ends = [m for m in meta if m["type"] == "end"]
+    begins = {m["id"] for m in meta if m["type"] == "begin"}
+    assert len(ends) == TRANSACTIONS and {e["id"] for e in ends} == begins
+    per_tx = ROWS + 2
+    assert all(e["event_count"] == per_tx for e in ends)
+    assert all(
+        e["data_collections"] == [{"data_collection": f"{db}.accounts", "event_count": per_tx}] for e in ends
+    )
+    assert sum(m["type"] == "cut" for m in meta) >= 2
+    changes = [orjson.loads(v) for v in read_all(bootstrap, "acct.changes")["value"].to_pylist()]
+    orders = sorted(
+        c["source"]["transaction"]["total_order"]
+        for c in changes
+        if c["source"].get("transaction", {}).get("id") == ends[0]["id"]
+    )
+    assert orders == list(range(1, per_tx + 1))
+
+
+def test_an_idle_source_still_moves_its_position(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster]
+) -> None:
+    """Writes only to a table the task does not capture: heartbeats put position markers (and a
+    cut over them) near the binlog's end, so a restart resumes there."""
+    cluster = make_cluster(1)
+    bootstrap = cluster.bootstrap
+    create_topic(bootstrap, "idle.changes", 3, 1)
+    create_topic(bootstrap, "idle.transactions", 1, 1)
+    _create(mariadb, "txidle")
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="txidle")
+    cap = MySqlCapture(
+        spec, ["accounts"], lambda _t: "idle.changes", bootstrap, name="idle",
+        transactions_topic="idle.transactions", heartbeat_s=0.5,
+    )  # fmt: skip
+    with running(cap):
+        wait_until(lambda: recover_position(bootstrap, ["idle.changes"]) is not None, 60, "snapshot taken")
+        first = str(recover_position(bootstrap, ["idle.changes"]))
+        for i in range(20):
+            mariadb.execute(f"INSERT INTO elsewhere VALUES ({i}, {i})", database="txidle")
+        end = BinlogPosition.parse(master_position(mariadb))
+        assert BinlogPosition.parse(first) < end
+
+        def resumes_at_end() -> bool:
+            at = recover_position(bootstrap, ["idle.changes"])
+            return at is not None and BinlogPosition.parse(at) >= end
+
+        wait_until(resumes_at_end, 30, "a heartbeat's position markers")
+    assert cap.stats.changes == 0
+    cuts = [orjson.loads(v) for v in read_all(bootstrap, "idle.transactions", 1)["value"].to_pylist()]
+    ends = read_all(bootstrap, "idle.changes")
+    newest: dict[str, int] = {}
+    for p, off in zip(ends["partition"].to_pylist(), ends["offset"].to_pylist(), strict=True):
+        newest[str(p)] = max(newest.get(str(p), 0), off + 1)
+    assert cuts[-1]["offsets"]["idle.changes"] == newest  # the markers are inside the last cut
