@@ -221,3 +221,18 @@ def test_an_idle_source_still_moves_its_position(
     for p, off in zip(ends["partition"].to_pylist(), ends["offset"].to_pylist(), strict=True):
         newest[str(p)] = max(newest.get(str(p), 0), off + 1)
     assert cuts[-1]["offsets"]["idle.changes"] == newest  # the markers are inside the last cut
+
+    # A restart from there goes on publishing cuts past what it writes
+    again = MySqlCapture(
+        spec, ["accounts"], lambda _t: "idle.changes", bootstrap, name="idle",
+        start=recover_position(bootstrap, ["idle.changes"]), transactions_topic="idle.transactions",
+    )  # fmt: skip
+    with running(again):
+        mariadb.execute("UPDATE accounts SET batch = 1 WHERE id = 1", database="txidle")
+        wait_until(lambda: again.stats.changes == 1, 30, "the change captured")
+
+        def cut_covers_the_change() -> bool:
+            last = orjson.loads(read_all(bootstrap, "idle.transactions", 1)["value"].to_pylist()[-1])
+            return bool(last["offsets"]["idle.changes"] != newest and last["type"] == "cut")
+
+        wait_until(cut_covers_the_change, 30, "a cut over the change")
