@@ -236,3 +236,57 @@ def test_an_idle_source_still_moves_its_position(
             return bool(last["offsets"]["idle.changes"] != newest and last["type"] == "cut")
 
         wait_until(cut_covers_the_change, 30, "a cut over the change")
+
+
+class _Alarms:
+    def __init__(self) -> None:
+        self.raised: list[tuple[str, str, dict[str, Any]]] = []
+
+    def raise_alarm(self, task_id: str, kind: str, detail: dict[str, Any]) -> None:
+        self.raised.append((task_id, kind, detail))
+
+
+class _Stopped:
+    """A capture that stopped at `resume` (a paused task's)."""
+
+    def __init__(self, resume: str) -> None:
+        self.resume = resume
+
+    def resume_position(self) -> str:
+        return self.resume
+
+
+def test_a_paused_tasks_binlog_is_reported_and_a_purge_risk_alarmed(mariadb: LocalMariaDB) -> None:
+    from sluice.security.client import PLAINTEXT
+    from sluice.sync.execution import TaskExecution
+    from sluice.sync.tasks import Control, TaskSpec
+
+    for _ in range(3):
+        mariadb.execute("FLUSH BINARY LOGS")
+    logs = [str(r[0]) for r in mariadb.execute("SHOW BINARY LOGS")]
+    ex = TaskExecution.__new__(TaskExecution)  # only what _binlog_report reads
+    alarms = _Alarms()
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="mysql")
+    ex.task_id, ex.spec, ex.store, ex.control = (
+        "pz",
+        TaskSpec("pz", spec, "sqlite:///x"),
+        alarms,
+        Control(True),
+    )
+    ex.execution, ex.security, ex._binlog, ex._binlog_alarmed = "e1", PLAINTEXT, {}, ""
+
+    def report(resume: str) -> dict[str, Any]:
+        ex.capture, ex._binlog_checked = _Stopped(resume), -1e9
+        return ex._binlog_report()
+
+    assert report(f"{logs[-1]}:4") == {"needed_binlog": logs[-1], "oldest_binlog": logs[0]}
+    assert alarms.raised == []
+    assert report(f"{logs[1]}:4") == {"needed_binlog": logs[1], "oldest_binlog": logs[0]}
+    assert [(k, d["needed_binlog"], d["risk"]) for _, k, d in alarms.raised] == [
+        ("binlog-purge-risk", logs[1], "oldest")
+    ]
+    report(f"{logs[1]}:400")  # the same file: alarmed once
+    assert len(alarms.raised) == 1
+    gone = logs[0].rsplit(".", 1)[0] + ".000000"
+    report(f"{gone}:4")
+    assert alarms.raised[-1][2]["risk"] == "purged" and alarms.raised[-1][2]["needed_binlog"] == gone

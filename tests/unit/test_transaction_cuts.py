@@ -128,3 +128,13 @@ def test_with_a_limit_the_newest_cut_within_it_and_at_least_one() -> None:
     # a transaction larger than the limit is read whole
     assert _end(begin, high, cuts[3:], max_rows=12) == {A0: 60, A1: 60}
     assert _end({A0: 9, A1: 9}, high, cuts, max_rows=12) == {A0: 60, A1: 60}
+
+
+def test_a_needed_binlog_among_the_two_oldest_or_gone_is_at_risk() -> None:
+    from sluice.sync.sources.mysql import purge_risk
+
+    logs = ["b.000004", "b.000005", "b.000006"]
+    assert purge_risk("b.000006", logs) is None
+    assert purge_risk("b.000005", logs) == "oldest"
+    assert purge_risk("b.000004", logs) == "oldest"
+    assert purge_risk("b.000003", logs) == "purged"

@@ -168,14 +168,28 @@ def check_source(spec: SourceSpec) -> dict[str, str]:
         conn.close()
 
 
-def check_position(spec: SourceSpec, position: BinlogPosition) -> None:
+def binary_logs(spec: SourceSpec) -> list[str]:
+    """The server's binlog files, oldest first."""
     conn = _connect(spec)
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
-            logs = [r[0] for r in cur.fetchall()]
+            return [str(r[0]) for r in cur.fetchall()]
     finally:
         conn.close()
+
+
+def purge_risk(needed: str, logs: list[str]) -> str | None:
+    """Whether the binlog file a task needs to resume from is at risk: "purged" (gone from the
+    server: the task cannot resume without a new snapshot), "oldest" (among the two oldest, the
+    next to go when the server purges by age or size), or None."""
+    if needed not in logs:
+        return "purged"
+    return "oldest" if needed in logs[:2] else None
+
+
+def check_position(spec: SourceSpec, position: BinlogPosition) -> None:
+    logs = binary_logs(spec)
     if position.file not in logs:
         raise CaptureError(
             f"binlog file {position.file} needed to resume from {position.text()} has been purged "
@@ -420,6 +434,11 @@ class MySqlCapture:
             },
             "ts_ms": int(time.time() * 1000),
         }  # fmt: skip
+
+    def resume_position(self) -> str:
+        """Where a restart would resume now ("snapshot" while the snapshot runs)."""
+        with self._lock:
+            return self._txs.resume
 
     # --- run -------------------------------------------------------------------------------------
     def run(self) -> CaptureStats:
