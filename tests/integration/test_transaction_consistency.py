@@ -32,7 +32,7 @@ from tests.support.mysql_source import master_position
 
 ROWS = 30
 BALANCE = 1000
-TRANSACTIONS = 60
+TRANSACTIONS = 40
 
 
 def _create(server: LocalMariaDB, db: str) -> None:
@@ -137,7 +137,7 @@ def test_a_reader_never_sees_half_a_source_transaction(
             topics=["acct.changes"],
             pipeline="acct",
             trigger_s=0.1,
-            max_records_per_trigger=20,
+            max_records_per_trigger=70,
             tables=["accounts"],
             transaction_topic="acct.transactions" if cuts else None,
         ),
@@ -236,6 +236,65 @@ def test_an_idle_source_still_moves_its_position(
             return bool(last["offsets"]["idle.changes"] != newest and last["type"] == "cut")
 
         wait_until(cut_covers_the_change, 30, "a cut over the change")
+
+
+def test_the_part_of_a_transaction_a_crash_left_is_applied_only_with_its_copy(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster]
+) -> None:
+    """A capture died while a transaction was half in the log: the restarted capture captures it
+    again from the resume position, and publishes no cut over the half left before its whole
+    copy is in the log too."""
+    from confluent_kafka import Producer
+
+    from tests.integration.test_pipeline import end_offsets
+
+    cluster = make_cluster(1)
+    bootstrap = cluster.bootstrap
+    create_topic(bootstrap, "crash.changes", 3, 1)
+    create_topic(bootstrap, "crash.transactions", 1, 1)
+    _create(mariadb, "txcrash")
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="txcrash")
+
+    def capture(start: str | None) -> MySqlCapture:
+        return MySqlCapture(spec, ["accounts"], lambda _t: "crash.changes", bootstrap, name="crash",
+                            start=start, transactions_topic="crash.transactions")  # fmt: skip
+
+    with running(capture(None)):
+        wait_until(lambda: recover_position(bootstrap, ["crash.changes"]) is not None, 60, "snapshot taken")
+    resume = str(recover_position(bootstrap, ["crash.changes"]))
+    mariadb.execute("UPDATE accounts SET batch = 7", database="txcrash")  # every row, every partition
+    # What the dead capture had written of it: one change, in partition 0
+    half = {
+        "op": "u", "table": "accounts", "key": {"id": 1}, "before": None,
+        "after": {"id": 1, "batch": 7, "balance": BALANCE},
+        "source": {"connector": "mariadb", "name": "crash", "db": "txcrash", "pos": 1 << 40,
+                   "position": master_position(mariadb), "resume": resume, "ts_ms": 1, "epoch": 0,
+                   "execution": "dead"},
+        "ts_ms": 1,
+    }  # fmt: skip
+    producer = Producer({"bootstrap.servers": bootstrap, "log_level": 0})
+    producer.produce("crash.changes", orjson.dumps(half), partition=0)
+    assert producer.flush(30) == 0
+    left_at = end_offsets(bootstrap, "crash.changes")[("crash.changes", 0)] - 1
+    before = len(read_all(bootstrap, "crash.transactions", 1))
+
+    again = capture(resume)
+    with running(again):
+        wait_until(lambda: again.stats.changes == ROWS, 30, "the transaction captured again")
+        ends = end_offsets(bootstrap, "crash.changes")
+
+        def whole() -> bool:
+            last = orjson.loads(read_all(bootstrap, "crash.transactions", 1)["value"].to_pylist()[-1])
+            return {("crash.changes", int(p)): o for p, o in last["offsets"]["crash.changes"].items()} == ends
+
+        wait_until(whole, 30, "a cut over the whole copy")
+    cuts = [
+        orjson.loads(v) for v in read_all(bootstrap, "crash.transactions", 1)["value"].to_pylist()[before:]
+    ]
+    for cut in cuts:
+        offsets = {("crash.changes", int(p)): o for p, o in cut["offsets"]["crash.changes"].items()}
+        if offsets[("crash.changes", 0)] > left_at:
+            assert offsets == ends, f"a cut over the half left without the whole copy: {cut}"
 
 
 class _Alarms:

@@ -481,9 +481,11 @@ class MySqlCapture:
 
     def _start_cut(self, start: str) -> None:
         """The cut starts at the log's end: everything there is whole, or (after a crash in the
-        middle of a transaction) is captured again from the resume position. So that the part
-        a crash left is not applied before the rest is written again, no cut is published until
-        the capture has passed the position of the newest record in the log."""
+        middle of a transaction) is captured again from the resume position `start`. If the
+        newest record in the log is at or before `start`, every record there belongs to a whole
+        transaction and the cut is published at once; otherwise none is published until the
+        capture has passed that record's position, so the part of a transaction a crash left is
+        applied together with the copy captured again, never alone."""
         if self._txlog is None:
             return
         topics = self._topics()
@@ -492,12 +494,19 @@ class MySqlCapture:
             self._txs.cut = dict(ends)
         if start == SNAPSHOT or start.startswith(SNAPSHOT + "@"):
             return  # the snapshot's cut (at the log's end once it is written) covers it all
-        newest = [
-            BinlogPosition.parse(doc["source"]["position"])
-            for doc in last_envelopes(self.bootstrap, topics, self._producer_config)
-            if isinstance(doc.get("source"), dict) and doc["source"].get("position")
-        ]
-        self._hold = max(newest, default=None)
+        newest = max(
+            (
+                BinlogPosition.parse(doc["source"]["position"])
+                for doc in last_envelopes(self.bootstrap, topics, self._producer_config)
+                if isinstance(doc.get("source"), dict) and doc["source"].get("position")
+            ),
+            default=None,
+        )
+        with self._lock:
+            if newest is None or newest <= BinlogPosition.parse(start):
+                self._txs.raise_to(ends, start)
+            else:
+                self._hold = newest
 
     def _topics(self) -> list[str]:
         return sorted({self.topic_for(t) for t in self.tables})
