@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 import pymysql
 import pytest
 
@@ -76,9 +77,9 @@ class Writer(threading.Thread):
 class Poller(threading.Thread):
     """Reads the target's rows over and over; records every state that is not consistent."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
-        self.path = path
+        self.url = url
         self.stop = threading.Event()
         self.polls = 0
         self.states: set[int] = set()
@@ -87,12 +88,8 @@ class Poller(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
-                try:
-                    rows = db.execute("SELECT batch, balance FROM accounts").fetchall()
-                finally:
-                    db.close()
-            except sqlite3.OperationalError:  # no target or no table yet
+                rows = self._read()
+            except (sqlite3.OperationalError, psycopg.errors.UndefinedTable):  # no table yet
                 time.sleep(0.01)
                 continue
             self.polls += 1
@@ -106,14 +103,34 @@ class Poller(threading.Thread):
                 self.states.add(next(iter(batches)))
             time.sleep(0.005)
 
+    def _read(self) -> list[Any]:
+        query = "SELECT batch, balance FROM accounts"
+        if self.url.startswith("sqlite:///"):
+            db = sqlite3.connect(f"file:{self.url[len('sqlite:///') :]}?mode=ro", uri=True, timeout=5)
+            try:
+                return db.execute(query).fetchall()
+            finally:
+                db.close()
+        with psycopg.connect(self.url) as pg:
+            return pg.execute(query).fetchall()
 
-@pytest.mark.parametrize("cuts", [True, pytest.param(False, marks=pytest.mark.slow)])
+
+@pytest.mark.parametrize(
+    ("cuts", "kind"),
+    [
+        (True, "sqlite"),
+        pytest.param(True, "postgresql", marks=pytest.mark.slow),
+        pytest.param(False, "sqlite", marks=pytest.mark.slow),
+    ],
+)
 def test_a_reader_never_sees_half_a_source_transaction(
     spark: Any,
     mariadb: LocalMariaDB,
     make_cluster: Callable[..., TestCluster],
     tmp_path: Path,
+    request: pytest.FixtureRequest,
     cuts: bool,
+    kind: str,
 ) -> None:
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery
 
@@ -128,12 +145,14 @@ def test_a_reader_never_sees_half_a_source_transaction(
         spec, ["accounts"], lambda _t: "acct.changes", bootstrap, name="acct",
         transactions_topic="acct.transactions", transaction_metadata=True,
     )  # fmt: skip
-    path = tmp_path / "target.db"
+    url = (
+        f"sqlite:///{tmp_path / 'target.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
+    )
     query = ApplyQuery(
         spark,
         ApplyConfig(
             bootstrap=bootstrap,
-            target=f"sqlite:///{path}",
+            target=url,
             topics=["acct.changes"],
             pipeline="acct",
             trigger_s=0.1,
@@ -142,7 +161,7 @@ def test_a_reader_never_sees_half_a_source_transaction(
             transaction_topic="acct.transactions" if cuts else None,
         ),
     )
-    writer, poller = Writer(mariadb, db), Poller(path)
+    writer, poller = Writer(mariadb, db), Poller(url)
     with running(cap):
         wait_until(lambda: cap.stats.position != "", 60, "snapshot taken")
         query.start()
