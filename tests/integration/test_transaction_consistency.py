@@ -11,6 +11,7 @@ the reader sees mixed batch numbers: the slow variant shows the test can fail.
 from __future__ import annotations
 
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -190,6 +191,7 @@ def test_a_reader_never_sees_half_a_source_transaction(
     ends = [m for m in meta if m["type"] == "end"]
     begins = {m["id"] for m in meta if m["type"] == "begin"}
     assert len(ends) == TRANSACTIONS and {e["id"] for e in ends} == begins
+    assert all(re.fullmatch(r"\d+-\d+-\d+", e["id"]) for e in ends), ends[0]  # MariaDB GTIDs
     per_tx = ROWS + 2
     assert all(e["event_count"] == per_tx for e in ends)
     assert all(
@@ -203,6 +205,7 @@ def test_a_reader_never_sees_half_a_source_transaction(
         if c["source"].get("transaction", {}).get("id") == ends[0]["id"]
     )
     assert orders == list(range(1, per_tx + 1))
+    assert all(c["source"]["gtid"] == c["source"]["transaction"]["id"] for c in changes if c["op"] == "u")
 
 
 def test_an_idle_source_still_moves_its_position(

@@ -394,9 +394,11 @@ class MySqlCapture:
 
         return acked
 
-    def _begin_tx(self, start: str) -> Group:
+    def _begin_tx(self, start: str, gtid: str = "") -> Group:
+        """A group of records from `start`; its id (transaction metadata) is its GTID, if known,
+        else `start`."""
         with self._lock:
-            return self._txs.begin(start)
+            return self._txs.begin(start, gtid)
 
     def _end_tx(self, tx: Group, end: str) -> None:
         with self._lock:
@@ -731,7 +733,7 @@ class MySqlCapture:
 
     def _stream(self, producer: Any, keys: dict[str, list[str]], start: BinlogPosition) -> None:
         from pymysqlreplication import BinLogStreamReader
-        from pymysqlreplication.event import QueryEvent, RotateEvent, XidEvent
+        from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         settings = {"host": self.spec.host, "port": self.spec.port, "user": self.spec.user,
@@ -742,7 +744,9 @@ class MySqlCapture:
         server_id = self.spec.server_id or (
             5400 + zlib.crc32(f"{self.name}/{self.execution}".encode()) % 10**9
         )
-        events = [WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent, QueryEvent, RotateEvent]
+        events = [WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent, QueryEvent, RotateEvent,
+                  GtidEvent, MariadbGtidEvent]  # fmt: skip
+        gtid = ""  # the GTID of the transaction being read, when the server gives one
         current_file = start.file
         tx: Group | None = None
         tx_start = start  # where the transaction being read began: a clean place to reconnect
@@ -778,6 +782,9 @@ class MySqlCapture:
                     got = True
                     offset = _unwrap(event.packet.log_pos, offset)
                     end = BinlogPosition(current_file, offset)
+                    if isinstance(event, (GtidEvent, MariadbGtidEvent)):  # starts a transaction
+                        gtid = str(event.gtid)
+                        continue
                     if isinstance(event, XidEvent) or (isinstance(event, QueryEvent) and _is_commit(event)):
                         if tx is not None:
                             self._end_tx(tx, end.text())
@@ -802,7 +809,7 @@ class MySqlCapture:
                         continue
                     ts_ms = int(event.timestamp) * 1000
                     if tx is None:
-                        tx = self._begin_tx(tx_start.text())
+                        tx = self._begin_tx(tx_start.text(), gtid)
                         if self._txlog is not None:
                             self._txlog.begin(producer, tx, ts_ms)
                     rows = event.rows
@@ -826,6 +833,8 @@ class MySqlCapture:
                         key = {k: image[k] for k in keys[table]}
                         env = self._envelope(change.op, table, key, change.before, change.after, change.pos,
                                              ts_ms, end.text())  # fmt: skip
+                        if gtid:
+                            env["source"]["gtid"] = gtid
                         if self._txlog is not None and self._txlog.metadata:
                             env["source"]["transaction"] = tx.order(table)
                         self._emit(producer, table, env, tx)
