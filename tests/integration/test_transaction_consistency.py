@@ -221,7 +221,7 @@ def test_an_idle_source_still_moves_its_position(
     spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="txidle")
     cap = MySqlCapture(
         spec, ["accounts"], lambda _t: "idle.changes", bootstrap, name="idle",
-        transactions_topic="idle.transactions", heartbeat_s=0.5,
+        transactions_topic="idle.transactions", heartbeat_s=0.5, snapshot_chunk_rows=10,
     )  # fmt: skip
     with running(cap):
         wait_until(lambda: recover_position(bootstrap, ["idle.changes"]) is not None, 60, "snapshot taken")
@@ -243,6 +243,9 @@ def test_an_idle_source_still_moves_its_position(
     for p, off in zip(ends["partition"].to_pylist(), ends["offset"].to_pylist(), strict=True):
         newest[str(p)] = max(newest.get(str(p), 0), off + 1)
     assert cuts[-1]["offsets"]["idle.changes"] == newest  # the markers are inside the last cut
+    # the snapshot (no source transaction) is cut in steps of snapshot_chunk_rows
+    snapshot = [sum(c["offsets"]["idle.changes"].values()) for c in cuts if c["position"] == "snapshot"]
+    assert len(snapshot) == 3 and snapshot[-1] == ROWS and snapshot == sorted(snapshot), snapshot
 
     # A restart from there goes on publishing cuts past what it writes
     again = MySqlCapture(

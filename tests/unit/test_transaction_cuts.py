@@ -4,6 +4,8 @@ pipeline/source.py transaction_end)."""
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 import pytest
 
@@ -15,6 +17,7 @@ from sluice.sync.sources.transactions import (
     end_record,
     fold,
     parse_cut,
+    steps,
 )
 
 A0, A1, A2 = ("a", 0), ("a", 1), ("a", 2)
@@ -63,6 +66,16 @@ def test_records_written_by_other_producers_are_covered_by_raising_the_cut() -> 
     txs = Transactions("snapshot", cut={A0: 0, A1: 0})
     txs.raise_to({A0: 400, A1: 380}, "f.1:4")
     assert txs.take() == ({A0: 400, A1: 380}, "f.1:4")
+
+
+def test_a_snapshot_is_cut_in_steps_of_about_the_chunk_size() -> None:
+    cuts = steps({A0: 10, A1: 0, A2: 5}, {A0: 110, A1: 100, A2: 5}, 50)
+    assert len(cuts) == 4 and cuts[-1] == {A0: 110, A1: 100, A2: 5}
+    pairs = list(itertools.pairwise([{A0: 10, A1: 0, A2: 5}, *cuts]))
+    sizes = [sum(b.values()) - sum(a.values()) for a, b in pairs]
+    assert all(45 <= n <= 55 for n in sizes), sizes
+    assert all(a[tp] <= b[tp] for a, b in pairs for tp in a)
+    assert steps({A0: 7}, {A0: 7}, 50) == []
 
 
 def test_the_transactions_topic_records() -> None:

@@ -32,9 +32,10 @@ Options
                             whole), never beyond the high watermark, never below the batch's
                             start. Until the first cut the batches are empty; a restarted query
                             finds the newest cut at the topic's tail. A partition no cut names
-                            is not read. A source transaction, a snapshot (or a re-read table)
-                            and the events of one DDL statement are each one group, so each
-                            lands in one micro-batch, whole
+                            is not read. A source transaction and the events of one DDL
+                            statement (with a table it reads again) are each one group, so each
+                            lands in one micro-batch, whole; the initial snapshot is cut in
+                            steps of the task's snapshot_chunk_rows
 
 Offsets are `{"topic": {"partition": next_offset}}`, built in sorted order so the same position
 always serialises to the same JSON. Only committed records (below the high watermark) are read:

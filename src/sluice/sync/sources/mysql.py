@@ -47,7 +47,7 @@ from sluice.security.secrets import reveal
 from sluice.sync.envelope import MARKER, MARKER_TABLE, TRUNCATE, binary_columns, encode_value, record_key
 from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.sources.mysql_ddl import ddl_effect
-from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks
+from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
 from sluice.sync.tasks import SourceSpec
 
 SNAPSHOT = "snapshot"
@@ -350,6 +350,7 @@ class MySqlCapture:
         )
         # No cut is published before the capture has passed this position (a restart's: see run).
         self._hold: BinlogPosition | None = None
+        self._snapshot_cut: dict[tuple[str, int], int] = {}  # the cut when a snapshot began
         self.heartbeat_s = heartbeat_s
         self._last_heartbeat = time.monotonic()
 
@@ -495,7 +496,8 @@ class MySqlCapture:
         with self._lock:
             self._txs.cut = dict(ends)
         if start == SNAPSHOT or start.startswith(SNAPSHOT + "@"):
-            return  # the snapshot's cut (at the log's end once it is written) covers it all
+            self._snapshot_cut = ends  # the snapshot's cuts go from here to the log's end (_snapshot)
+            return
         newest = max(
             (
                 BinlogPosition.parse(doc["source"]["position"])
@@ -558,10 +560,14 @@ class MySqlCapture:
         self.stats.position = stream_from.text()
         if producer.flush(120):
             raise CaptureError("snapshot rows not acknowledged within 120 s")
-        if parallel and self._txlog is not None:
-            # Key ranges were written by the runner's own producers, all flushed by now: the
-            # snapshot is whole below the log's end.
+        if self._txlog is not None:
+            # Everything is flushed, the runner's key ranges (written by their own producers) too:
+            # the snapshot is whole below the log's end. It is no source transaction: it is cut
+            # in steps of snapshot_chunk_rows, so an apply query with a record limit reads it in
+            # batches of about that size, not in one.
             ends = high_watermarks(self.bootstrap, self._topics(), self._producer_config)
+            for cut in steps(self._snapshot_cut, ends, self.snapshot_chunk_rows):
+                self._txlog.write_cut(producer, cut, SNAPSHOT)
             with self._lock:
                 self._txs.raise_to(ends, stream_from.text())
         self._mark(producer, stream_from)

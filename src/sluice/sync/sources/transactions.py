@@ -86,6 +86,19 @@ def fold(cut: Offsets, groups: Iterable[Group]) -> Offsets:
     return out
 
 
+def steps(begin: Offsets, end: Offsets, rows: int) -> list[Offsets]:
+    """Cuts from `begin` to `end` about `rows` records apart, the last one `end`: for records
+    that belong to no source transaction (a snapshot's rows), so a reader with a record limit
+    reads them in batches of about that size rather than in one."""
+    assert rows > 0
+    gap = {tp: max(0, nxt - begin.get(tp, 0)) for tp, nxt in end.items()}
+    count = -(-sum(gap.values()) // rows)  # ceil
+    return [
+        {tp: max(begin.get(tp, 0), nxt - gap[tp] + gap[tp] * k // count) for tp, nxt in end.items()}
+        for k in range(1, count + 1)
+    ]
+
+
 class Transactions:
     """The capture's groups in flight, its cut and its resume position. Not thread-safe: the
     capture calls it under its lock (delivery reports run in whichever thread polls)."""
