@@ -37,6 +37,14 @@ BALANCE = 1000
 TRANSACTIONS = 40
 
 
+def _setup(server: LocalMariaDB, cluster: TestCluster, name: str, db: str) -> tuple[str, SourceSpec]:
+    """Topics {name}.changes (3 partitions) and {name}.transactions, and database `db`."""
+    create_topic(cluster.bootstrap, f"{name}.changes", 3, 1)
+    create_topic(cluster.bootstrap, f"{name}.transactions", 1, 1)
+    _create(server, db)
+    return cluster.bootstrap, SourceSpec(kind="mariadb", port=server.port, user="root", database=db)
+
+
 def _create(server: LocalMariaDB, db: str) -> None:
     server.execute(f"DROP DATABASE IF EXISTS `{db}`", f"CREATE DATABASE `{db}`")
     server.execute(
@@ -135,13 +143,8 @@ def test_a_reader_never_sees_half_a_source_transaction(
 ) -> None:
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery
 
-    cluster = make_cluster(1)
-    bootstrap = cluster.bootstrap
     db = f"txc{int(cuts)}"
-    create_topic(bootstrap, "acct.changes", 3, 1)
-    create_topic(bootstrap, "acct.transactions", 1, 1)
-    _create(mariadb, db)
-    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database=db)
+    bootstrap, spec = _setup(mariadb, make_cluster(1), "acct", db)
     cap = MySqlCapture(
         spec, ["accounts"], lambda _t: "acct.changes", bootstrap, name="acct",
         transactions_topic="acct.transactions", transaction_metadata=True,
@@ -213,12 +216,7 @@ def test_an_idle_source_still_moves_its_position(
 ) -> None:
     """Writes only to a table the task does not capture: heartbeats put position markers (and a
     cut over them) near the binlog's end, so a restart resumes there."""
-    cluster = make_cluster(1)
-    bootstrap = cluster.bootstrap
-    create_topic(bootstrap, "idle.changes", 3, 1)
-    create_topic(bootstrap, "idle.transactions", 1, 1)
-    _create(mariadb, "txidle")
-    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="txidle")
+    bootstrap, spec = _setup(mariadb, make_cluster(1), "idle", "txidle")
     cap = MySqlCapture(
         spec, ["accounts"], lambda _t: "idle.changes", bootstrap, name="idle",
         transactions_topic="idle.transactions", heartbeat_s=0.5, snapshot_chunk_rows=10,
@@ -273,12 +271,7 @@ def test_the_part_of_a_transaction_a_crash_left_is_applied_only_with_its_copy(
 
     from tests.integration.test_pipeline import end_offsets
 
-    cluster = make_cluster(1)
-    bootstrap = cluster.bootstrap
-    create_topic(bootstrap, "crash.changes", 3, 1)
-    create_topic(bootstrap, "crash.transactions", 1, 1)
-    _create(mariadb, "txcrash")
-    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database="txcrash")
+    bootstrap, spec = _setup(mariadb, make_cluster(1), "crash", "txcrash")
 
     def capture(start: str | None) -> MySqlCapture:
         return MySqlCapture(spec, ["accounts"], lambda _t: "crash.changes", bootstrap, name="crash",

@@ -220,18 +220,16 @@ def _flat(offsets: Offsets) -> dict[tuple[str, int], int]:
     return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
 
 
-class _LogView:
-    """Driver-side view of the log: which partitions match, and their offsets."""
+class _DriverClient:
+    """A consumer of the driver's, made when first used and never pickled with its owner."""
+
+    #: the consumer's group id and its settings beyond the common ones
+    GROUP = ""
+    SETTINGS: dict[str, Any] = {}
 
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.bootstrap = _bootstrap(options)
-        subscribe = _opt(options, "subscribe")
-        pattern = _opt(options, "subscribePattern")
-        if bool(subscribe) == bool(pattern):
-            raise SluiceSourceError('give exactly one of the options "subscribe" and "subscribePattern"')
-        self.topics = [t.strip() for t in subscribe.split(",") if t.strip()] if subscribe else None
-        self.pattern = re.compile(pattern) if pattern else None
         self._consumer: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -246,15 +244,36 @@ class _LogView:
             self._consumer = Consumer(
                 {
                     "bootstrap.servers": self.bootstrap,
-                    "group.id": "sluice-spark-planner",
+                    "group.id": self.GROUP,
                     "enable.auto.commit": False,
                     # Leaders move when a broker dies: look again soon rather than in 5 minutes.
                     "topic.metadata.refresh.interval.ms": 2000,
                     "log_level": 0,
+                    **self.SETTINGS,
                     **_client_config(self.options),
                 }
             )
         return self._consumer
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            close_within(self._consumer)
+            self._consumer = None
+
+
+class _LogView(_DriverClient):
+    """Driver-side view of the log: which partitions match, and their offsets."""
+
+    GROUP = "sluice-spark-planner"
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        subscribe = _opt(options, "subscribe")
+        pattern = _opt(options, "subscribePattern")
+        if bool(subscribe) == bool(pattern):
+            raise SluiceSourceError('give exactly one of the options "subscribe" and "subscribePattern"')
+        self.topics = [t.strip() for t in subscribe.split(",") if t.strip()] if subscribe else None
+        self.pattern = re.compile(pattern) if pattern else None
 
     def partitions(self) -> list[tuple[str, int]]:
         meta = self.consumer().list_topics(timeout=30)
@@ -308,11 +327,6 @@ class _LogView:
         given = _flat(_parse_offsets_option("startingOffsets/endingOffsets", spec))
         marks = self.watermarks(tps)
         return _sorted_offsets({tp: given.get(tp, marks[tp][0]) for tp in tps})
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            close_within(self._consumer)
-            self._consumer = None
 
 
 def plan_ranges(start: Offsets, end: Offsets, split: int) -> list[Range]:
@@ -556,7 +570,7 @@ def transaction_end(
     return best
 
 
-class _CutLog:
+class _CutLog(_DriverClient):
     """Driver-side reader of a transactions topic: the cuts published since the query started
     (and, at the start, the newest one before), numbered in the order they were written."""
 
@@ -564,38 +578,15 @@ class _CutLog:
     TAIL_WINDOW = 256
     #: cuts kept in memory at most (the oldest, already passed by the batches, go first)
     KEPT_MAX = 10_000
+    GROUP = "sluice-spark-cuts"
+    SETTINGS = {"enable.partition.eof": False, "auto.offset.reset": "earliest"}
 
     def __init__(self, options: dict[str, str], topic: str) -> None:
-        self.options = options
-        self.bootstrap = _bootstrap(options)
+        super().__init__(options)
         self.topic = topic
         self.cuts: list[tuple[int, dict[tuple[str, int], int]]] = []  # (number, cut)
         self.numbered = 0
         self.next_offset: int | None = None
-        self._consumer: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_consumer"] = None
-        return state
-
-    def consumer(self) -> Any:
-        if self._consumer is None:
-            from confluent_kafka import Consumer
-
-            self._consumer = Consumer(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "group.id": "sluice-spark-cuts",
-                    "enable.auto.commit": False,
-                    "enable.partition.eof": False,
-                    "auto.offset.reset": "earliest",
-                    "topic.metadata.refresh.interval.ms": 2000,
-                    "log_level": 0,
-                    **_client_config(self.options),
-                }
-            )
-        return self._consumer
 
     def refresh(self) -> None:
         """Read the cuts written since the last call (the first call: the newest one there is)."""
@@ -667,11 +658,6 @@ class _CutLog:
         finally:
             consumer.unassign()
         return found
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            close_within(self._consumer)
-            self._consumer = None
 
 
 class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
