@@ -44,7 +44,7 @@ def test_a_cut_never_passes_a_transaction_whose_records_are_not_all_acknowledged
     txs.acked(t1, "a", 1, 0)
     assert txs.take() is None and txs.resume == "f.1:4"  # t1 has a record in flight
     txs.acked(t1, "a", 0, 1)
-    assert txs.take() == ({A0: 2, A1: 1, A2: 1}, "f.1:30")  # both, folded in order
+    assert txs.take() == ({A0: 2, A1: 1, A2: 1}, "f.1:30", "")  # both, folded in order
     assert txs.resume == "f.1:30" and not txs.pending
     assert txs.take() is None  # unchanged since taken
 
@@ -58,14 +58,24 @@ def test_a_cut_after_the_first_transaction_leaves_the_second_out() -> None:
     txs.finish(t1, "f.1:20")
     for tx, p, off in writes:
         txs.acked(tx, "a", p, off)
-    assert txs.take() == ({A0: 6, A1: 6}, "f.1:20")  # t2 is not finished: its records stay out
+    assert txs.take() == ({A0: 6, A1: 6}, "f.1:20", "")  # t2 is not finished: its records stay out
     assert txs.resume == "f.1:20"
 
 
 def test_records_written_by_other_producers_are_covered_by_raising_the_cut() -> None:
     txs = Transactions("snapshot", cut={A0: 0, A1: 0})
     txs.raise_to({A0: 400, A1: 380}, "f.1:4")
-    assert txs.take() == ({A0: 400, A1: 380}, "f.1:4")
+    assert txs.take() == ({A0: 400, A1: 380}, "f.1:4", "")
+
+
+def test_a_cut_carries_the_gtid_state_of_the_transactions_in_it() -> None:
+    txs = Transactions("f.1:4")
+    for start, gtid in (("f.1:4", "0-1-7"), ("f.1:9", "1-2-3"), ("f.1:12", "0-1-8"), ("f.1:15", "")):
+        txs.finish(txs.begin(start, gtid), start + "0")
+    assert txs.take() == ({}, "f.1:150", "0-1-8,1-2-3")
+    mysql = Transactions("f.1:4")
+    mysql.finish(mysql.begin("f.1:4", "3e11fa47-71ca-11e1-9e33-c80aa9429562:23"), "f.1:9")
+    assert mysql.take() == ({}, "f.1:9", "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-23")
 
 
 def test_a_snapshot_is_cut_in_steps_of_about_the_chunk_size() -> None:

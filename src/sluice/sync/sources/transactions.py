@@ -21,7 +21,11 @@ The capture publishes cuts to its task's transactions topic (`{task}.transaction
 partition), coalesced: at most one per `interval_s` while busy, and one when it goes idle. A
 record there is JSON with a `type`:
 
-    cut    {"type": "cut", "offsets": {"topic": {"0": next_offset}}, "position": "...", "ts_ms": ...}
+    cut    {"type": "cut", "offsets": {"topic": {"0": next_offset}}, "position": "...",
+            "gtid": "...", "ts_ms": ...}
+            (`position`: where the last transaction in the cut ends, a place to resume from;
+            `gtid`: the source's GTID state there, when the server gives GTIDs: MariaDB's
+            `domain-server-seq` per domain, MySQL's `uuid:1-n` per source, comma-separated)
     begin  {"type": "begin", "id": "...", "ts_ms": ...}                 (task option
     end    {"type": "end", "id": "...", "event_count": n,                transaction_metadata)
             "data_collections": [{"data_collection": "db.table", "event_count": n}], "ts_ms": ...}
@@ -62,6 +66,8 @@ class Group:
     done: bool = False
     #: 1 + the highest acknowledged offset per partition written to
     offsets: Offsets = field(default_factory=dict)
+    #: the source transaction's GTID, if the server gave one
+    gtid: str = ""
     #: transaction metadata: its id, and change counts in all and per table
     id: str = ""
     events: int = 0
@@ -73,6 +79,28 @@ class Group:
         n = self.per_table.get(collection, 0) + 1
         self.per_table[collection] = n
         return {"id": self.id, "total_order": self.events, "data_collection_order": n}
+
+
+def gtid_state(state: dict[str, str], gtid: str) -> None:
+    """Put `gtid` into `state` (one entry per MariaDB domain or MySQL source)."""
+    if ":" in gtid:  # MySQL: uuid:n
+        source = gtid.rsplit(":", 1)[0]
+        state[source] = gtid
+    elif gtid:  # MariaDB: domain-server-seq
+        state[gtid.split("-", 1)[0]] = gtid
+
+
+def gtid_text(state: dict[str, str]) -> str:
+    """The state as a server takes it to start from: MariaDB's `0-1-5,1-2-9`; MySQL's
+    `uuid:1-n` (every transaction of that source up to n was captured, in order)."""
+    parts = []
+    for _, gtid in sorted(state.items()):
+        if ":" in gtid:
+            source, number = gtid.rsplit(":", 1)
+            parts.append(f"{source}:1-{number}")
+        else:
+            parts.append(gtid)
+    return ",".join(parts)
 
 
 def fold(cut: Offsets, groups: Iterable[Group]) -> Offsets:
@@ -112,9 +140,11 @@ class Transactions:
         self.position = ""
         #: the cut moved since it was last taken (`take`)
         self.moved = False
+        #: the GTID state at `position` (gtid_state)
+        self.gtids: dict[str, str] = {}
 
-    def begin(self, start: str, id: str = "") -> Group:
-        group = Group(start=start, id=id or start)
+    def begin(self, start: str, gtid: str = "") -> Group:
+        group = Group(start=start, gtid=gtid, id=gtid or start)
         self.pending.append(group)
         self.resume = self.pending[0].start
         return group
@@ -144,6 +174,8 @@ class Transactions:
             self.cut = fold(self.cut, folded)
             self.position = self.resume = folded[-1].end
             self.moved = True
+            for group in folded:
+                gtid_state(self.gtids, group.gtid)
         if self.pending:
             self.resume = self.pending[0].start
 
@@ -154,23 +186,24 @@ class Transactions:
         self.position = position
         self.moved = True
 
-    def take(self) -> tuple[Offsets, str] | None:
-        """The cut and its position if it moved since the last take, else None."""
+    def take(self) -> tuple[Offsets, str, str] | None:
+        """The cut, its position and GTID state if it moved since the last take, else None."""
         if not self.moved:
             return None
         self.moved = False
-        return dict(self.cut), self.position
+        return dict(self.cut), self.position, gtid_text(self.gtids)
 
 
 # --- records of the transactions topic ---------------------------------------------------------
 
 
-def cut_record(cut: Offsets, position: str, ts_ms: int | None = None) -> bytes:
+def cut_record(cut: Offsets, position: str, gtid: str = "", ts_ms: int | None = None) -> bytes:
     offsets: dict[str, dict[str, int]] = {}
     for (topic, partition), nxt in sorted(cut.items()):
         offsets.setdefault(topic, {})[str(partition)] = nxt
     now = int(time.time() * 1000) if ts_ms is None else ts_ms
-    return orjson.dumps({"type": CUT, "offsets": offsets, "position": position, "ts_ms": now})
+    doc = {"type": CUT, "offsets": offsets, "position": position, **({"gtid": gtid} if gtid else {})}
+    return orjson.dumps({**doc, "ts_ms": now})
 
 
 def begin_record(group: Group, ts_ms: int) -> bytes:
@@ -240,8 +273,8 @@ class TransactionLog:
         """The last cut is `interval_s` old: a moved cut may be written again."""
         return time.monotonic() - self._last >= self.interval_s
 
-    def write_cut(self, producer: Any, cut: Offsets, position: str) -> None:
-        self._produce(producer, cut_record(cut, position))
+    def write_cut(self, producer: Any, cut: Offsets, position: str, gtid: str = "") -> None:
+        self._produce(producer, cut_record(cut, position, gtid))
         self._last = time.monotonic()
         self.cuts += 1
 
