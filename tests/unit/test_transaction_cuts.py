@@ -5,6 +5,7 @@ pipeline/source.py transaction_end)."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import orjson
 import pytest
@@ -161,3 +162,15 @@ def test_a_needed_binlog_among_the_two_oldest_or_gone_is_at_risk() -> None:
     assert purge_risk("b.000005", logs) == "oldest"
     assert purge_risk("b.000004", logs) == "oldest"
     assert purge_risk("b.000003", logs) == "purged"
+
+
+def test_a_mysql_tasks_apply_reads_its_transactions_topic_and_a_generators_does_not(tmp_path: Any) -> None:
+    from sluice.sync.execution import apply_config
+    from sluice.sync.tasks import parse_spec
+
+    def config(source: dict[str, Any]) -> Any:
+        spec = parse_spec({"id": "t1", "source": source, "target": "sqlite:///x.db", "tables": ["a"]})
+        return apply_config(spec, "127.0.0.1:1", 1, tmp_path)
+
+    assert config({"kind": "mariadb", "database": "d"}).transaction_topic == "t1.transactions"
+    assert config({"kind": "generator"}).transaction_topic is None
