@@ -47,6 +47,8 @@ def sluice(*args: str, zk: str) -> subprocess.CompletedProcess[str]:
         (("tables: [customers, orders]", "tables: []"), "task.tables"),
         (("trigger: 1s", "trigger: 1s, colour: red"), "task.options.colour"),
         (("trigger: 1s", "trigger: soon"), "task.options.trigger"),
+        (("trigger: 1s", "trigger: 1s, transaction_metadata: 'yes'"), "task.options.transaction_metadata"),
+        (("trigger: 1s", "trigger: 1s, heartbeat_interval: often"), "task.options.heartbeat_interval"),
         (("rename: {amount_cents: amount}", "renames: {}"), "task.mapping.orders"),
         (("user: sluice,", "user: sluice, password: hunter2,"), "task.source.password"),
         (("user: sluice,", "user: sluice, password: {env: 9}, "), "task.source.password.env"),

@@ -67,6 +67,11 @@ class ApplyConfig:
     execution: str = ""
     #: the task's schema_change_policy: evolve, ignore or stop (sync/targets/evolution.py)
     schema_change_policy: str = "evolve"
+    #: the capture's transactions topic: each micro-batch ends on a source transaction boundary
+    #: in every partition (the source's option transactionTopic), so the target, committing a
+    #: batch in one transaction, never shows part of a source transaction. None: batches end
+    #: wherever the log does (the generator's topics have no transactions)
+    transaction_topic: str | None = None
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -222,6 +227,8 @@ class ApplyQuery:
             reader = reader.option("maxRecordsPerTrigger", str(c.max_records_per_trigger))
         if c.max_records_per_partition:
             reader = reader.option("maxRecordsPerPartition", str(c.max_records_per_partition))
+        if c.transaction_topic:
+            reader = reader.option("transactionTopic", c.transaction_topic)
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the
         # driver gets the newest change per row with the columns applying needs (sync.changes).
         reader = reader.option("decode", "envelope")

@@ -24,6 +24,18 @@ Options
                             the change envelopes (sluice.sync.changes) and returns the newest
                             change per row, with the columns of CHANGE_SCHEMA; parsing and
                             collapsing then happen in the executors, in parallel
+    transactionTopic        streams only: a capture's transactions topic (`{task}.transactions`,
+                            sync/sources/transactions.py). Each micro-batch then ends at a cut
+                            read from it, a transaction boundary in every partition: the newest
+                            cut (with maxRecordsPerTrigger, the newest within the limit, and at
+                            least one, so a transaction larger than the limit is still read
+                            whole), never beyond the high watermark, never below the batch's
+                            start. Until the first cut the batches are empty; a restarted query
+                            finds the newest cut at the topic's tail. A partition no cut names
+                            is not read. A source transaction and the events of one DDL
+                            statement (with a table it reads again) are each one group, so each
+                            lands in one micro-batch, whole; the initial snapshot is cut in
+                            steps of the task's snapshot_chunk_rows
 
 Offsets are `{"topic": {"partition": next_offset}}`, built in sorted order so the same position
 always serialises to the same JSON. Only committed records (below the high watermark) are read:
@@ -208,18 +220,16 @@ def _flat(offsets: Offsets) -> dict[tuple[str, int], int]:
     return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
 
 
-class _LogView:
-    """Driver-side view of the log: which partitions match, and their offsets."""
+class _DriverClient:
+    """A consumer of the driver's, made when first used and never pickled with its owner."""
+
+    #: the consumer's group id and its settings beyond the common ones
+    GROUP = ""
+    SETTINGS: dict[str, Any] = {}
 
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.bootstrap = _bootstrap(options)
-        subscribe = _opt(options, "subscribe")
-        pattern = _opt(options, "subscribePattern")
-        if bool(subscribe) == bool(pattern):
-            raise SluiceSourceError('give exactly one of the options "subscribe" and "subscribePattern"')
-        self.topics = [t.strip() for t in subscribe.split(",") if t.strip()] if subscribe else None
-        self.pattern = re.compile(pattern) if pattern else None
         self._consumer: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -234,15 +244,36 @@ class _LogView:
             self._consumer = Consumer(
                 {
                     "bootstrap.servers": self.bootstrap,
-                    "group.id": "sluice-spark-planner",
+                    "group.id": self.GROUP,
                     "enable.auto.commit": False,
                     # Leaders move when a broker dies: look again soon rather than in 5 minutes.
                     "topic.metadata.refresh.interval.ms": 2000,
                     "log_level": 0,
+                    **self.SETTINGS,
                     **_client_config(self.options),
                 }
             )
         return self._consumer
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            close_within(self._consumer)
+            self._consumer = None
+
+
+class _LogView(_DriverClient):
+    """Driver-side view of the log: which partitions match, and their offsets."""
+
+    GROUP = "sluice-spark-planner"
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        subscribe = _opt(options, "subscribe")
+        pattern = _opt(options, "subscribePattern")
+        if bool(subscribe) == bool(pattern):
+            raise SluiceSourceError('give exactly one of the options "subscribe" and "subscribePattern"')
+        self.topics = [t.strip() for t in subscribe.split(",") if t.strip()] if subscribe else None
+        self.pattern = re.compile(pattern) if pattern else None
 
     def partitions(self) -> list[tuple[str, int]]:
         meta = self.consumer().list_topics(timeout=30)
@@ -296,11 +327,6 @@ class _LogView:
         given = _flat(_parse_offsets_option("startingOffsets/endingOffsets", spec))
         marks = self.watermarks(tps)
         return _sorted_offsets({tp: given.get(tp, marks[tp][0]) for tp in tps})
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            close_within(self._consumer)
-            self._consumer = None
 
 
 def plan_ranges(start: Offsets, end: Offsets, split: int) -> list[Range]:
@@ -515,6 +541,125 @@ class SluiceBatchReader(DataSourceReader):
         return read_partition(self.options, self.schema, partition)
 
 
+def transaction_end(
+    begin: dict[tuple[str, int], int],
+    high: dict[tuple[str, int], int],
+    cuts: Sequence[dict[tuple[str, int], int]],
+    max_rows: int | None,
+) -> dict[tuple[str, int], int]:
+    """Where a micro-batch starting at `begin` ends, given the cuts known (oldest first): the
+    newest cut that lies within the high watermarks (`high`), or with `max_rows` the newest one
+    within that many records, and at least the first that moves at all. Every partition of
+    `begin` ends at the cut's offset, or stays at its start when the cut names it not or lower.
+    No usable cut: the batch is empty (`begin`)."""
+    ends = []
+    for cut in cuts:
+        if any(nxt > high.get(tp, 0) for tp, nxt in cut.items() if tp in begin):
+            continue  # not all of it is readable yet (a lagging high watermark): never split
+        end = {tp: max(at, cut.get(tp, at)) for tp, at in begin.items()}
+        if end != begin:
+            ends.append(end)
+    if not ends:
+        return dict(begin)
+    if max_rows is None:
+        return ends[-1]
+    best = ends[0]
+    for end in ends[1:]:
+        if sum(end[tp] - at for tp, at in begin.items()) <= max_rows:
+            best = end
+    return best
+
+
+class _CutLog(_DriverClient):
+    """Driver-side reader of a transactions topic: the cuts published since the query started
+    (and, at the start, the newest one before), numbered in the order they were written."""
+
+    #: records read back from the topic's end to find the newest cut at start; grows 4x a step
+    TAIL_WINDOW = 256
+    #: cuts kept in memory at most (the oldest, already passed by the batches, go first)
+    KEPT_MAX = 10_000
+    GROUP = "sluice-spark-cuts"
+    SETTINGS = {"enable.partition.eof": False, "auto.offset.reset": "earliest"}
+
+    def __init__(self, options: dict[str, str], topic: str) -> None:
+        super().__init__(options)
+        self.topic = topic
+        self.cuts: list[tuple[int, dict[tuple[str, int], int]]] = []  # (number, cut)
+        self.numbered = 0
+        self.next_offset: int | None = None
+
+    def refresh(self) -> None:
+        """Read the cuts written since the last call (the first call: the newest one there is)."""
+        from confluent_kafka import TopicPartition
+
+        try:
+            low, high = self.consumer().get_watermark_offsets(
+                TopicPartition(self.topic, 0), timeout=10, cached=False
+            )
+        except Exception as exc:
+            raise SluiceSourceError(
+                f"cannot read the transactions topic {self.topic} (option transactionTopic): {exc}; "
+                "it is created with the task's topics: check that it exists"
+            ) from exc
+        if self.next_offset is None:
+            stop, window = high, self.TAIL_WINDOW
+            while stop > low and not self.cuts:
+                start = max(low, stop - window)
+                found = self._read(start, stop)
+                if found:
+                    self._add(found[-1:])
+                stop, window = start, window * 4
+            self.next_offset = high
+            return
+        start = max(self.next_offset, low)
+        if start < high:
+            self._add(self._read(start, high))
+        self.next_offset = max(self.next_offset, high)
+
+    def _add(self, cuts: list[dict[tuple[str, int], int]]) -> None:
+        for cut in cuts:
+            self.numbered += 1
+            self.cuts.append((self.numbered, cut))
+        del self.cuts[: -self.KEPT_MAX]
+
+    def passed(self, begin: dict[tuple[str, int], int]) -> None:
+        """Forget cuts the batches have passed (all at or below `begin`), except the newest."""
+        keep = [c for c in self.cuts[:-1] if any(nxt > begin.get(tp, 0) for tp, nxt in c[1].items())]
+        self.cuts = keep + self.cuts[-1:]
+
+    def _read(self, start: int, stop: int) -> list[dict[tuple[str, int], int]]:
+        from confluent_kafka import TopicPartition
+
+        from sluice.sync.sources.transactions import parse_cut
+
+        consumer = self.consumer()
+        consumer.assign([TopicPartition(self.topic, 0, start)])
+        found = []
+        at = start
+        deadline = time.monotonic() + STALL_TIMEOUT_S
+        try:
+            while at < stop:
+                msgs = consumer.consume(num_messages=min(1000, stop - at), timeout=1.0)
+                for m in msgs:
+                    if m.error() is not None:
+                        continue
+                    if m.offset() >= stop:
+                        at = stop
+                        break
+                    cut = parse_cut(m.value())
+                    if cut is not None:
+                        found.append(cut)
+                    at = m.offset() + 1
+                if time.monotonic() > deadline:
+                    raise SluiceSourceError(
+                        f"no progress reading the transactions topic {self.topic} at offset {at} "
+                        f"(up to {stop}) for {STALL_TIMEOUT_S:.0f} s"
+                    )
+        finally:
+            consumer.unassign()
+        return found
+
+
 class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.options = options
@@ -525,6 +670,10 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.fail_on_data_loss = _fail_on_data_loss(options)
         self.available_now: Offsets | None = None
         self.latest: Offsets | None = None
+        topic = _opt(options, "transactionTopic")
+        self.cut_log = _CutLog(options, topic) if topic else None
+        #: with availableNow and cuts: the number of the newest cut known when it was asked for
+        self.available_cuts: int | None = None
 
     def initialOffset(self) -> dict:
         return self.view.resolve(_opt(self.options, "startingOffsets"), "earliest")
@@ -535,6 +684,10 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
+        if self.cut_log is not None:
+            self.cut_log.refresh()
+            self.available_cuts = self.cut_log.numbered
+            return
         self.available_now = self.view.resolve("latest", "latest")
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -559,6 +712,8 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 begin[tp] = low
         latest = {tp: max(marks[tp][1], begin[tp]) for tp in tps}
         self.latest = _sorted_offsets(latest)
+        if self.cut_log is not None:
+            return _sorted_offsets(self._cut_end(begin, latest, limit))
         if self.available_now is not None:
             cap = _flat(self.available_now)
             latest = {tp: min(hi, max(cap.get(tp, begin[tp]), begin[tp])) for tp, hi in latest.items()}
@@ -566,6 +721,17 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             end = limit_offsets(_sorted_offsets(begin), end, limit.max_rows)
         return end
+
+    def _cut_end(
+        self, begin: dict[tuple[str, int], int], latest: dict[tuple[str, int], int], limit: ReadLimit
+    ) -> dict[tuple[str, int], int]:
+        assert self.cut_log is not None
+        self.cut_log.refresh()
+        self.cut_log.passed(begin)
+        upto = self.available_cuts
+        cuts = [cut for n, cut in self.cut_log.cuts if upto is None or n <= upto]
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return transaction_end(begin, latest, cuts, max_rows)
 
     def reportLatestOffset(self) -> dict | None:
         return self.latest
@@ -579,3 +745,5 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self.view.close()
+        if self.cut_log is not None:
+            self.cut_log.close()

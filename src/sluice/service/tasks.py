@@ -167,6 +167,9 @@ def task_detail(svc: Services, task_id: str) -> dict[str, Any]:
         # a definition stored before references, still run as it is: update it with references
         "plain_text_secrets": t.spec.plain_text_secrets(),
         "captured_position": t.status.get("captured_position"),
+        # MySQL/MariaDB: the binlog file a restart needs, and the oldest the server still has
+        "needed_binlog": t.status.get("needed_binlog"),
+        "oldest_binlog": t.status.get("oldest_binlog"),
         "applied_offsets": t.status.get("applied_offsets"),
         "started": t.status.get("started"),
         "updated": t.status.get("updated"),

@@ -43,6 +43,8 @@ log = logging.getLogger("sluice.execution")
 
 #: The error of an execution that stepped down because a newer one runs the task elsewhere.
 SUPERSEDED = "superseded by a newer execution"
+#: How often a MySQL/MariaDB task's needed and oldest binlog files are looked at (seconds).
+BINLOG_CHECK_S = 30.0
 
 
 #: Change topics: records carry the source's commit time, so the broker stamps its append time
@@ -116,6 +118,12 @@ class TaskExecution:
         #: the target refused a commit of this execution (a newer epoch holds its fence)
         self._fenced = False
         self._consumer: Any = None
+        # The binlog report (_binlog_report): when last looked at, what it found, the file last
+        # alarmed for, and a paused task's resume position read from the log
+        self._binlog_checked = -BINLOG_CHECK_S
+        self._binlog: dict[str, Any] = {}
+        self._binlog_alarmed = ""
+        self._paused_resume: str | None = None
         # Status reads use their own target connection: the apply query's is busy on the batch
         # thread, and one connection cannot hold two transactions at once.
         self._status_target: Any = None
@@ -159,6 +167,7 @@ class TaskExecution:
         self.execution = uuid.uuid4().hex[:12]
         self.started = time.time()
         self._fenced = False
+        self._paused_resume = None  # read again if this execution is paused
         self._record_start()
         other = self.store.status(self.task_id)
         if other and other.get("execution") != self.execution and not other.get("paused"):
@@ -191,6 +200,9 @@ class TaskExecution:
                 self.bootstrap, [spec.dlq_topic()], DEAD_LETTER_PARTITIONS, opts.get("replication_factor"),
                 self.security, DEAD_LETTER_TOPIC_CONFIG,
             )  # fmt: skip
+        if spec.source.kind in ("mysql", "mariadb"):  # small: one partition, replicated like the rest
+            ensure_topics(self.bootstrap, [spec.transactions_topic()], 1, opts.get("replication_factor"),
+                          self.security)  # fmt: skip
         self._start_capture()
         self._start_apply()
 
@@ -199,6 +211,7 @@ class TaskExecution:
         opts = spec.options
         if spec.source.kind in ("mysql", "mariadb"):
             from sluice.sync.sources.mysql import (
+                HEARTBEAT_S,
                 PARALLEL_SNAPSHOT_ROWS,
                 SNAPSHOT_CHUNK_ROWS,
                 MySqlCapture,
@@ -222,7 +235,9 @@ class TaskExecution:
                 still_owner=self._still_owner, snapshot_runner=runner, switches=self.switches,
                 snapshot_parallel_rows=int(opts.get("snapshot_parallel_rows", PARALLEL_SNAPSHOT_ROWS)),
                 snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", SNAPSHOT_CHUNK_ROWS)),
-                producer_config=client,
+                producer_config=client, transactions_topic=spec.transactions_topic(),
+                transaction_metadata=opts.get("transaction_metadata", "false") == "true",
+                heartbeat_s=parse_duration(str(opts.get("heartbeat_interval", HEARTBEAT_S))),
             )  # fmt: skip
             target = self.capture.run
         else:
@@ -467,12 +482,63 @@ class TaskExecution:
         }  # fmt: skip
         self.store.publish_status(self.task_id, status)  # refused if a newer execution owns it
 
+    def _binlog_report(self) -> dict[str, Any]:
+        """MySQL/MariaDB: the binlog file the task needs to resume from (a paused task's too: read
+        from the log once) and the oldest on the server, looked at every BINLOG_CHECK_S. A needed
+        file among the two oldest, or gone, raises a `binlog-purge-risk` alarm (once per file)
+        before the server purges what the task still has to read."""
+        if self.spec.source.kind not in ("mysql", "mariadb"):
+            return {}
+        now = time.monotonic()
+        if now - self._binlog_checked < BINLOG_CHECK_S:
+            return self._binlog
+        self._binlog_checked = now
+        from sluice.sync.sources.mysql import (
+            SNAPSHOT,
+            BinlogPosition,
+            binary_logs,
+            purge_risk,
+            recover_position,
+        )
+
+        try:
+            if self.capture is not None:
+                resume: str | None = self.capture.resume_position()
+            else:  # paused: nothing moves the position until it resumes
+                if self._paused_resume is None:
+                    client = self.security.confluent_config()
+                    self._paused_resume = recover_position(self.bootstrap, self.spec.topics(), client) or ""
+                resume = self._paused_resume
+            if not resume or resume.startswith(SNAPSHOT):
+                self._binlog = {}
+                return self._binlog
+            needed = BinlogPosition.parse(resume).file
+            logs = binary_logs(self.spec.source)
+        except Exception as exc:  # the source or the log is out of reach: try again later
+            log.info("task %s: event=binlog_check_failed error=%r", self.task_id, str(exc))
+            return self._binlog
+        self._binlog = {"needed_binlog": needed, "oldest_binlog": logs[0] if logs else ""}
+        risk = purge_risk(needed, logs)
+        if risk is not None and needed != self._binlog_alarmed:
+            self._binlog_alarmed = needed
+            detail = {"needed_binlog": needed, "oldest_binlogs": logs[:2], "risk": risk,
+                      "paused": self.control.paused, "execution": self.execution}  # fmt: skip
+            self.store.raise_alarm(self.task_id, "binlog-purge-risk", detail)
+            log.warning(
+                "task %s: event=binlog_purge_risk needed_binlog=%s oldest_binlogs=%s risk=%s: the task "
+                "still has to read %s; keep the server from purging it (resume the task, or raise "
+                "expire_logs_days / binlog_expire_logs_seconds), or it must start over from a snapshot",
+                self.task_id, needed, ",".join(logs[:2]), risk, needed,
+            )  # fmt: skip
+        return self._binlog
+
     def _progress(self) -> dict[str, Any]:
         from confluent_kafka import Consumer, TopicPartition
 
         out: dict[str, Any] = {}
         if self.capture is not None:
             out["captured_position"] = self.capture.stats.position
+        out.update(self._binlog_report())
         if self.query is None:
             return out
         try:
@@ -537,6 +603,7 @@ def apply_config(
         on_refused=spec.options.get("on_refused", "stop"), dead_letter_topic=spec.dlq_topic(),
         execution=execution,
         schema_change_policy=str(spec.options.get("schema_change_policy", "evolve")),
+        transaction_topic=spec.transactions_topic() if spec.source.kind in ("mysql", "mariadb") else None,
     )  # fmt: skip
 
 

@@ -123,6 +123,11 @@ class TaskSpec:
     def topic_for(self, table: str) -> str:
         return self.topic.replace("{task}", self.id).replace("{table}", table)
 
+    def transactions_topic(self) -> str:
+        """Where a MySQL/MariaDB capture writes its transaction boundaries (cuts) and, with the
+        option transaction_metadata, BEGIN/END records (sync/sources/transactions.py)."""
+        return f"{self.id}.transactions"
+
     def topics(self) -> list[str]:
         if "{table}" in self.topic:
             return sorted({self.topic_for(t) for t in self.tables})
@@ -222,11 +227,17 @@ _OPTIONS = {
     "on_refused": str,
     # what the target does with a schema change from the source (sync/targets/evolution.py)
     "schema_change_policy": str,
+    # MySQL/MariaDB: "true" writes BEGIN/END records to {task}.transactions and
+    # source.transaction into each change (as Debezium's provide.transaction.metadata)
+    "transaction_metadata": str,
+    # MySQL/MariaDB: how often an idle capture writes its position (position markers and a cut)
+    "heartbeat_interval": str,
 }
 #: the values an enum option may take (the first is its default)
 _OPTION_VALUES: dict[str, tuple[str, ...]] = {
     "on_refused": ("stop", "dlq"),
     "schema_change_policy": ("evolve", "ignore", "stop"),
+    "transaction_metadata": ("false", "true"),
 }
 
 
@@ -274,12 +285,12 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
             raise TaskSpecError(
                 f"task.options.{name}: must be one of {', '.join(_OPTION_VALUES[name])}, not {value!r}"
             )
-        if name == "trigger":
+        if name in ("trigger", "heartbeat_interval"):
             try:
                 parse_duration(str(value))
             except ValueError:
                 raise TaskSpecError(
-                    f"task.options.trigger: must be a duration like 1s or 500ms, not {value!r}"
+                    f"task.options.{name}: must be a duration like 1s or 500ms, not {value!r}"
                 ) from None
     return TaskSpec(
         task_id, source, target, list(tables), topic, dict(mapping), dict(options), target_password

@@ -36,7 +36,6 @@ import threading
 import time
 import uuid
 import zlib
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -57,6 +56,7 @@ from sluice.sync.envelope import (
 )
 from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.sources.mysql_ddl import ddl_effect
+from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
 from sluice.sync.tasks import SourceSpec
 
 SNAPSHOT = "snapshot"
@@ -66,6 +66,8 @@ log = logging.getLogger("sluice.capture")
 #: Defaults of the task options snapshot_parallel_rows and snapshot_chunk_rows.
 PARALLEL_SNAPSHOT_ROWS = 200_000
 SNAPSHOT_CHUNK_ROWS = 50_000
+#: Default of the task option heartbeat_interval: how often an idle capture writes its position.
+HEARTBEAT_S = 10.0
 
 
 def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
@@ -175,14 +177,28 @@ def check_source(spec: SourceSpec) -> dict[str, str]:
         conn.close()
 
 
-def check_position(spec: SourceSpec, position: BinlogPosition) -> None:
+def binary_logs(spec: SourceSpec) -> list[str]:
+    """The server's binlog files, oldest first."""
     conn = _connect(spec)
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
-            logs = [r[0] for r in cur.fetchall()]
+            return [str(r[0]) for r in cur.fetchall()]
     finally:
         conn.close()
+
+
+def purge_risk(needed: str, logs: list[str]) -> str | None:
+    """Whether the binlog file a task needs to resume from is at risk: "purged" (gone from the
+    server: the task cannot resume without a new snapshot), "oldest" (among the two oldest, the
+    next to go when the server purges by age or size), or None."""
+    if needed not in logs:
+        return "purged"
+    return "oldest" if needed in logs[:2] else None
+
+
+def check_position(spec: SourceSpec, position: BinlogPosition) -> None:
+    logs = binary_logs(spec)
     if position.file not in logs:
         raise CaptureError(
             f"binlog file {position.file} needed to resume from {position.text()} has been purged "
@@ -326,6 +342,9 @@ class MySqlCapture:
         snapshot_parallel_rows: int = PARALLEL_SNAPSHOT_ROWS,
         snapshot_chunk_rows: int = SNAPSHOT_CHUNK_ROWS,
         switches: test_switches.Switches = test_switches.OFF,
+        transactions_topic: str | None = None,
+        transaction_metadata: bool = False,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -349,14 +368,24 @@ class MySqlCapture:
         self.stats = CaptureStats()
         self.is_mariadb = False
         self._producer_config = producer_config or {}
-        self._pending: deque[list[Any]] = deque()  # [tx start position text, unacked count, done]
+        # Groups of records in flight (source transactions, snapshots, markers), the resume
+        # position and the consistent cut (transactions.py), changed under the lock.
+        self._txs = Transactions(SNAPSHOT)
         self._lock = threading.Lock()
-        self._resume = SNAPSHOT
         # Column types as of the binlog read so far (a type change's `widening` needs the type
         # before it) and each table's last schema change position (`source.schema`).
         self._column_types: dict[str, dict[str, str]] = {}
         self._types_at: BinlogPosition | None = None  # the binlog position they were read at
         self._schema_pos: dict[str, int] = {}
+        # Cuts (and BEGIN/END records with transaction_metadata) go to the transactions topic.
+        self._txlog = (
+            TransactionLog(transactions_topic, metadata=transaction_metadata) if transactions_topic else None
+        )
+        # No cut is published before the capture has passed this position (a restart's: see run).
+        self._hold: BinlogPosition | None = None
+        self._snapshot_cut: dict[tuple[str, int], int] = {}  # the cut when a snapshot began
+        self.heartbeat_s = heartbeat_s
+        self._last_heartbeat = time.monotonic()
 
     # --- the producer and the resume position ----------------------------------------------------
     def _make_producer(self) -> Any:
@@ -369,22 +398,12 @@ class MySqlCapture:
         return Producer(producer_config(self.bootstrap, **{"error_cb": on_error, **self._producer_config}))
 
     def _emit(
-        self, producer: Any, table: str, env: dict[str, Any], tx: list[Any], partition: int | None = None
+        self, producer: Any, table: str, env: dict[str, Any], tx: Group, partition: int | None = None
     ) -> None:
         test_switches.pause_point(self.switches, "capture-produce")
         key = record_key(table, env["key"])
         value = orjson.dumps(env, default=encode_value)
-        with self._lock:
-            tx[1] += 1
-
-        def acked(err: Any, _msg: Any) -> None:
-            if err is not None:
-                self.stats.errors.append(f"delivery failed: {err}")
-                return
-            with self._lock:
-                tx[1] -= 1
-                self._advance()
-
+        acked = self._delivery(tx)
         where = {} if partition is None else {"partition": partition}
         while True:
             try:
@@ -394,31 +413,51 @@ class MySqlCapture:
             except BufferError:
                 producer.poll(0.05)
 
-    def _advance(self) -> None:
-        """Drop finished, fully acknowledged transactions from the front; the resume position is
-        the start of the oldest one left (or the end of the last one, when none are left)."""
-        while self._pending and self._pending[0][2] and self._pending[0][1] == 0:
-            done = self._pending.popleft()
-            self._resume = done[3]
-        if self._pending:
-            self._resume = self._pending[0][0]
-
-    def _begin_tx(self, start: str) -> list[Any]:
-        tx = [start, 0, False, start]
+    def _delivery(self, tx: Group) -> Callable[[Any, Any], None]:
+        """Counts a record about to be produced in `tx`; the delivery report it returns records
+        the offset the record got (for the cut) and advances the resume position."""
         with self._lock:
-            self._pending.append(tx)
-        return tx
+            self._txs.produced(tx)
 
-    def _end_tx(self, tx: list[Any], end: str) -> None:
+        def acked(err: Any, msg: Any) -> None:
+            if err is not None:
+                self.stats.errors.append(f"delivery failed: {err}")
+                return
+            with self._lock:
+                self._txs.acked(tx, msg.topic(), msg.partition(), msg.offset())
+
+        return acked
+
+    def _begin_tx(self, start: str, gtid: str = "") -> Group:
+        """A group of records from `start`; its id (transaction metadata) is its GTID, if known,
+        else `start`."""
         with self._lock:
-            tx[2] = True
-            tx[3] = end
-            self._advance()
+            return self._txs.begin(start, gtid)
+
+    def _end_tx(self, tx: Group, end: str) -> None:
+        with self._lock:
+            self._txs.finish(tx, end)
+
+    def _publish_cut(self, producer: Any, *, force: bool = False) -> None:
+        """Write the cut to the transactions topic if it moved (at most one per interval unless
+        `force`); held back until a restarted capture has passed `_hold` (see run)."""
+        if self._txlog is None or not (force or self._txlog.due()):
+            return
+        with self._lock:
+            if self._hold is not None:
+                if not self._txs.position or self._txs.position == SNAPSHOT:
+                    return
+                if BinlogPosition.parse(self._txs.position) < self._hold:
+                    return
+                self._hold = None
+            taken = self._txs.take()
+        if taken is not None:
+            self._txlog.write_cut(producer, *taken)
 
     def _envelope(self, op: str, table: str, key: dict[str, Any], before: Any, after: Any, pos: int,
                   ts_ms: int, position: str) -> dict[str, Any]:  # fmt: skip
         with self._lock:
-            resume = self._resume
+            resume = self._txs.resume
         binary = binary_columns(key, before, after)
         return {
             "op": op, "table": table, "key": key, "before": before, "after": after,
@@ -432,6 +471,11 @@ class MySqlCapture:
             },
             "ts_ms": int(time.time() * 1000),
         }  # fmt: skip
+
+    def resume_position(self) -> str:
+        """Where a restart would resume now ("snapshot" while the snapshot runs)."""
+        with self._lock:
+            return self._txs.resume
 
     # --- run -------------------------------------------------------------------------------------
     def run(self) -> CaptureStats:
@@ -447,6 +491,7 @@ class MySqlCapture:
         producer = self._make_producer()
         try:
             start = str(self.start_at or SNAPSHOT)
+            self._start_cut(start)
             if start == SNAPSHOT or start.startswith(SNAPSHOT + "@"):
                 # "snapshot@POS": an earlier snapshot was cut short; its rows are in the log, so
                 # the binlog must be read from no later than where it began (a row it wrote and
@@ -459,16 +504,52 @@ class MySqlCapture:
                 position = BinlogPosition.parse(str(self.start_at))
                 check_position(self.spec, position)
                 with self._lock:
-                    self._resume = position.text()
+                    self._txs.resume = position.text()
                 self.stats.position = position.text()  # read up to here, by an earlier execution
             self._stream(producer, keys, position)
         finally:
             remaining = producer.flush(60)
             if remaining:
                 self.stats.errors.append(f"{remaining} changes undelivered at stop")
+            elif self._txlog is not None:
+                self._publish_cut(producer, force=True)  # the last cut, for a clean restart
+                producer.flush(30)
         if self.stats.errors:
             raise CaptureError(self.stats.errors[0])
         return self.stats
+
+    def _start_cut(self, start: str) -> None:
+        """The cut starts at the log's end: everything there is whole, or (after a crash in the
+        middle of a transaction) is captured again from the resume position `start`. If the
+        newest record in the log is at or before `start`, every record there belongs to a whole
+        transaction and the cut is published at once; otherwise none is published until the
+        capture has passed that record's position, so the part of a transaction a crash left is
+        applied together with the copy captured again, never alone."""
+        if self._txlog is None:
+            return
+        topics = self._topics()
+        ends = high_watermarks(self.bootstrap, topics, self._producer_config)
+        with self._lock:
+            self._txs.cut = dict(ends)
+        if start == SNAPSHOT or start.startswith(SNAPSHOT + "@"):
+            self._snapshot_cut = ends  # the snapshot's cuts go from here to the log's end (_snapshot)
+            return
+        newest = max(
+            (
+                BinlogPosition.parse(doc["source"]["position"])
+                for doc in last_envelopes(self.bootstrap, topics, self._producer_config)
+                if isinstance(doc.get("source"), dict) and doc["source"].get("position")
+            ),
+            default=None,
+        )
+        with self._lock:
+            if newest is None or newest <= BinlogPosition.parse(start):
+                self._txs.raise_to(ends, start)
+            else:
+                self._hold = newest
+
+    def _topics(self) -> list[str]:
+        return sorted({self.topic_for(t) for t in self.tables})
 
     def _snapshot(
         self, producer: Any, keys: dict[str, list[str]], inherited: BinlogPosition | None = None
@@ -515,6 +596,16 @@ class MySqlCapture:
         self.stats.position = stream_from.text()
         if producer.flush(120):
             raise CaptureError("snapshot rows not acknowledged within 120 s")
+        if self._txlog is not None:
+            # Everything is flushed, the runner's key ranges (written by their own producers) too:
+            # the snapshot is whole below the log's end. It is no source transaction: it is cut
+            # in steps of snapshot_chunk_rows, so an apply query with a record limit reads it in
+            # batches of about that size, not in one.
+            ends = high_watermarks(self.bootstrap, self._topics(), self._producer_config)
+            for cut in steps(self._snapshot_cut, ends, self.snapshot_chunk_rows):
+                self._txlog.write_cut(producer, cut, SNAPSHOT)
+            with self._lock:
+                self._txs.raise_to(ends, stream_from.text())
         self._mark(producer, stream_from)
         return stream_from
 
@@ -536,7 +627,7 @@ class MySqlCapture:
         return BinlogPosition(row["File"], int(row["Position"]))
 
     def _emit_table(
-        self, cur: Any, producer: Any, table: str, keys: list[str], position: BinlogPosition, tx: list[Any]
+        self, cur: Any, producer: Any, table: str, keys: list[str], position: BinlogPosition, tx: Group
     ) -> None:
         """Every row of `table` as op "r", labelled with the snapshot's position."""
         now = int(time.time() * 1000)
@@ -621,7 +712,7 @@ class MySqlCapture:
         return change
 
     def _emit_truncate(
-        self, producer: Any, table: str, pos: int, ts_ms: int, end: BinlogPosition, tx: list[Any],
+        self, producer: Any, table: str, pos: int, ts_ms: int, end: BinlogPosition, tx: Group,
         schema: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         """A truncate of `table` (or, with `schema`, a schema change of it) in every partition of
@@ -638,7 +729,7 @@ class MySqlCapture:
                 env["schema"] = schema
             self._emit(producer, table, env, tx, partition=p)
 
-    def _read_table_again(self, producer: Any, table: str, keys: list[str], tx: list[Any]) -> None:
+    def _read_table_again(self, producer: Any, table: str, keys: list[str], tx: Group) -> None:
         """Every row of `table` as it is now, in a consistent snapshot labelled with its position
         (later than the statement that changed the rows without row events)."""
         import pymysql.cursors
@@ -692,7 +783,8 @@ class MySqlCapture:
         """A position marker in every partition: a restart resumes from here, not a new snapshot."""
         meta = producer.list_topics(timeout=15)
         now = int(time.time() * 1000)
-        for topic in sorted({self.topic_for(t) for t in self.tables}):
+        tx = self._begin_tx(position.text())  # a group of its own: the cut passes the markers
+        for topic in self._topics():
             t = meta.topics.get(topic)
             for p in sorted(t.partitions) if t else []:
                 key = {"partition": p}
@@ -700,13 +792,31 @@ class MySqlCapture:
                     MARKER, MARKER_TABLE, key, None, None, position.encode(), now, position.text()
                 )
                 producer.produce(topic, orjson.dumps(env), record_key(MARKER_TABLE, {"partition": p}),
-                                 partition=p, timestamp=now)  # fmt: skip
+                                 partition=p, timestamp=now, on_delivery=self._delivery(tx))  # fmt: skip
+        self._end_tx(tx, position.text())
         if producer.flush(60):
             raise CaptureError("position markers not acknowledged within 60 s")
+        self._publish_cut(producer, force=True)
+
+    def _heartbeat(self, producer: Any, position: BinlogPosition) -> None:
+        """Every heartbeat interval, if the binlog moved past everything captured (writes to
+        other tables or databases only), position markers at `position`: a restart resumes
+        near the binlog's end rather than where the last captured change was, and the lag
+        measured from the oldest unapplied record stays true."""
+        now = time.monotonic()
+        if now - self._last_heartbeat < self.heartbeat_s:
+            return
+        self._last_heartbeat = now
+        with self._lock:
+            resume = self._txs.resume
+            idle = not self._txs.pending and resume != SNAPSHOT and BinlogPosition.parse(resume) < position
+        if idle:
+            self._mark(producer, position)
+            log.debug("event=heartbeat position=%s", position.text())
 
     def _stream(self, producer: Any, keys: dict[str, list[str]], start: BinlogPosition) -> None:
         from pymysqlreplication import BinLogStreamReader
-        from pymysqlreplication.event import QueryEvent, RotateEvent, XidEvent
+        from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         settings = {"host": self.spec.host, "port": self.spec.port, "user": self.spec.user,
@@ -717,9 +827,11 @@ class MySqlCapture:
         server_id = self.spec.server_id or (
             5400 + zlib.crc32(f"{self.name}/{self.execution}".encode()) % 10**9
         )
-        events = [WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent, QueryEvent, RotateEvent]
+        events = [WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent, QueryEvent, RotateEvent,
+                  GtidEvent, MariadbGtidEvent]  # fmt: skip
+        gtid = ""  # the GTID of the transaction being read, when the server gives one
         current_file = start.file
-        tx: list[Any] | None = None
+        tx: Group | None = None
         tx_start = start  # where the transaction being read began: a clean place to reconnect
         # Each pass reads to the end of the binlog and closes (non-blocking); the next pass
         # reconnects from the start of the first transaction not read completely.
@@ -753,14 +865,20 @@ class MySqlCapture:
                     got = True
                     offset = _unwrap(event.packet.log_pos, offset)
                     end = BinlogPosition(current_file, offset)
+                    if isinstance(event, (GtidEvent, MariadbGtidEvent)):  # starts a transaction
+                        gtid = str(event.gtid)
+                        continue
                     if isinstance(event, XidEvent) or (isinstance(event, QueryEvent) and _is_commit(event)):
                         if tx is not None:
                             self._end_tx(tx, end.text())
+                            if self._txlog is not None:
+                                self._txlog.end(producer, tx, self.spec.database, int(event.timestamp) * 1000)
                             self.stats.transactions += 1
                             tx = None
                         tx_start = end
                         self.stats.position = end.text()
                         producer.poll(0)
+                        self._publish_cut(producer)
                         continue
                     event_start = encode_position(end.number, offset - event.event_size)
                     if isinstance(event, QueryEvent):  # DDL and BEGIN; row events carry new columns
@@ -772,9 +890,11 @@ class MySqlCapture:
                     table = event.table
                     if table not in keys:
                         continue
-                    if tx is None:
-                        tx = self._begin_tx(tx_start.text())
                     ts_ms = int(event.timestamp) * 1000
+                    if tx is None:
+                        tx = self._begin_tx(tx_start.text(), gtid)
+                        if self._txlog is not None:
+                            self._txlog.begin(producer, tx, ts_ms)
                     rows = event.rows
                     for row in rows:
                         if partial := partial_image(row):
@@ -796,6 +916,10 @@ class MySqlCapture:
                         key = {k: image[k] for k in keys[table]}
                         env = self._envelope(change.op, table, key, change.before, change.after, change.pos,
                                              ts_ms, end.text())  # fmt: skip
+                        if gtid:
+                            env["source"]["gtid"] = gtid
+                        if self._txlog is not None and self._txlog.metadata:
+                            env["source"]["transaction"] = tx.order(table)
                         self._emit(producer, table, env, tx)
                         self.stats.changes += 1
                     self.stats.position_ts_ms = ts_ms
@@ -803,8 +927,11 @@ class MySqlCapture:
                 stream.close()
             if self.stats.errors:
                 return
+            if tx is None:
+                self._heartbeat(producer, tx_start)
             if not got:
                 producer.poll(0.25)
+                self._publish_cut(producer, force=True)  # idle: the last transactions' cut now
                 self.stop.wait(0.25)
 
 
