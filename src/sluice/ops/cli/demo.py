@@ -29,6 +29,13 @@ def demo(
             help="none, or sasl_ssl: TLS, SCRAM users and ACLs; every client of the demo authenticates"
         ),
     ] = "none",
+    source: Annotated[
+        str,
+        typer.Option(
+            help="generator (the built-in generator), or mariadb: a private MariaDB captured by two "
+            "workers through schema changes, a re-snapshot, an added table and a refused row, then verified"
+        ),
+    ] = "generator",
 ) -> None:
     """The whole platform on this machine: a 3-broker cluster, the generator writing changes, a
     Spark query applying them to SQLite, one broker killed with kill -9 in the middle, and a
@@ -44,6 +51,17 @@ def demo(
 
     if security not in SECURITY_MODES:
         raise fail(f"--security must be one of {', '.join(SECURITY_MODES)}, not {security!r}", 2)
+    if source not in ("generator", "mariadb"):
+        raise fail(f"--source must be generator or mariadb, not {source!r}", 2)
+    if source == "mariadb":
+        if security != "none" or spark_master:
+            raise fail(
+                "--source mariadb runs without --security and --spark-master (its workers use local Spark)", 2
+            )
+        from sluice.ops.demo_mariadb import run_mariadb_demo
+
+        ok = run_mariadb_demo(directory, duration_s=duration, target=target, keep=keep, console=console)
+        raise typer.Exit(0 if ok else 1)
     ok = run_demo(
         directory, duration_s=duration, rate=rate, target=target, spark_master=spark_master,
         keep=keep, console=console, security=security,
