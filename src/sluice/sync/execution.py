@@ -217,6 +217,8 @@ class TaskExecution:
                 snapshot_parallel_rows=int(opts.get("snapshot_parallel_rows", PARALLEL_SNAPSHOT_ROWS)),
                 snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", SNAPSHOT_CHUNK_ROWS)),
                 producer_config=client,
+                snapshot_requests=lambda: self.store.control(self.task_id).snapshots,
+                snapshot_done=lambda request: self.store.snapshot_done(self.task_id, request),
             )  # fmt: skip
             target = self.capture.run
         else:

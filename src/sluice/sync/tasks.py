@@ -8,7 +8,8 @@ ZooKeeper layout (under the cluster's chroot):
                              next value with a compare-and-set, so two executions never share one.
                              It outlives the task: a task deleted and created again under the same
                              id goes on from the epoch its target already holds
-    /tasks/{id}/control      what operators asked for: paused, restart count, restart position
+    /tasks/{id}/control      what operators asked for: paused, restart count, restart position,
+                             re-snapshot requests not yet served
     /tasks/{id}/status       ephemeral, owned by the running execution: execution id, epoch,
                              worker, positions and lag (gone when the execution's session is);
                              written only by the execution with the newest epoch
@@ -339,6 +340,14 @@ class Control:
     paused: bool = False
     restarts: int = 0
     from_position: str | None = None
+    #: re-snapshot requests not yet served (sync/sources/resnapshot.py): {"id", "table", "where",
+    #: "keys", "delete_absent", "requested"}; a control znode written before them has none
+    snapshots: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Control:
+        doc = orjson.loads(data)
+        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
 
 
 class TaskStore:
@@ -380,15 +389,16 @@ class TaskStore:
             if isinstance(r, Exception):
                 raise r
 
-    def update(self, spec: TaskSpec) -> Control:
-        """Replace a task's definition and restart its execution (under a new epoch) with it."""
+    def update(self, spec: TaskSpec, snapshots: list[dict[str, Any]] | None = None) -> Control:
+        """Replace a task's definition and restart its execution (under a new epoch) with it;
+        `snapshots` (re-snapshot requests, e.g. of tables it adds) go in with the restart."""
         from kazoo.exceptions import NoNodeError
 
         try:
             self._call(self.zk.set, self._path(spec.id), spec.to_json())
         except NoNodeError:
             raise TaskNotFoundError(spec.id) from None
-        return self.set_control(spec.id, restarts=self.control(spec.id).restarts + 1)
+        return self.add_snapshots(spec.id, list(snapshots or []), restart=True)
 
     def ids(self) -> list[str]:
         return sorted(self._call(self.zk.get_children, TASKS))
@@ -433,19 +443,45 @@ class TaskStore:
 
     def control(self, task_id: str) -> Control:
         data, _ = self._call(self.zk.get, self._path(task_id, "control"))
-        return Control(**orjson.loads(data))
+        return Control.from_json(data)
 
     def set_control(self, task_id: str, **changes: Any) -> Control:
         def apply(data: bytes | None) -> bytes:
             if data is None:
                 raise TaskNotFoundError(task_id)
-            current = Control(**orjson.loads(data))
+            current = Control.from_json(data)
             for k, v in changes.items():
                 setattr(current, k, v)
             return orjson.dumps(asdict(current))
 
-        return Control(
-            **orjson.loads(self._call(update_znode, self.zk, self._path(task_id, "control"), apply))
+        return Control.from_json(self._call(update_znode, self.zk, self._path(task_id, "control"), apply))
+
+    def _change_snapshots(self, task_id: str, change: Any, *, restart: bool = False) -> Control:
+        """One read-modify-write of the control znode's re-snapshot requests (`change` maps the
+        list to the new list); `restart` also counts a restart, in the same write."""
+
+        def apply(data: bytes | None) -> bytes:
+            if data is None:
+                raise TaskNotFoundError(task_id)
+            current = Control.from_json(data)
+            current.snapshots = change(list(current.snapshots))
+            if restart:
+                current.restarts += 1
+            return orjson.dumps(asdict(current))
+
+        return Control.from_json(self._call(update_znode, self.zk, self._path(task_id, "control"), apply))
+
+    def add_snapshots(
+        self, task_id: str, requests: list[dict[str, Any]], *, restart: bool = False
+    ) -> Control:
+        """Queue re-snapshot requests for the running capture. No restart unless asked (a
+        restart stops the execution; the capture serves requests while it streams)."""
+        return self._change_snapshots(task_id, lambda current: current + requests, restart=restart)
+
+    def snapshot_done(self, task_id: str, request_id: str) -> Control:
+        """Remove a served re-snapshot request."""
+        return self._change_snapshots(
+            task_id, lambda current: [r for r in current if r.get("id") != request_id]
         )
 
     def publish_status(self, task_id: str, status: dict[str, Any]) -> bool:

@@ -215,6 +215,28 @@ def task_restart(
     console.print(f"task {task_id} restarting" + (f" from {from_position}" if from_position else ""))
 
 
+@task_app.command("snapshot")
+def task_snapshot(
+    task_id: str,
+    table: Annotated[str, typer.Option("--table", help="The table to read again (one of the task's tables)")],
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            help="Only rows matching this SQL condition on the source table (run in the "
+            "capture's SELECT, with the task's source credentials)",
+        ),
+    ] = None,
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Re-snapshot a table while the task streams: read in key-range chunks, without locks and
+    without pausing the binlog; the running capture serves the request."""
+    from sluice.service.tasks import request_snapshot
+
+    result = _call(zookeeper, request_snapshot, task_id, table, where)
+    console.print(f"snapshot={result['snapshot']['id']} table={table}", markup=False, highlight=False)
+
+
 @task_app.command("delete")
 def task_delete(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
     from sluice.service.tasks import delete_task

@@ -298,6 +298,8 @@ class MySqlCapture:
         snapshot_parallel_rows: int = PARALLEL_SNAPSHOT_ROWS,
         snapshot_chunk_rows: int = SNAPSHOT_CHUNK_ROWS,
         switches: test_switches.Switches = test_switches.OFF,
+        snapshot_requests: Callable[[], list[dict[str, Any]]] | None = None,
+        snapshot_done: Callable[[str], Any] | None = None,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -324,6 +326,14 @@ class MySqlCapture:
         self._pending: deque[list[Any]] = deque()  # [tx start position text, unacked count, done]
         self._lock = threading.Lock()
         self._resume = SNAPSHOT
+        # Re-snapshot requests (resnapshot.py): asked for and served between binlog passes.
+        self.resnapshots: Any = None
+        if snapshot_requests is not None and snapshot_done is not None:
+            from sluice.sync.sources.resnapshot import Resnapshots
+
+            self.resnapshots = Resnapshots(
+                self, snapshot_requests, snapshot_done, chunk_rows=snapshot_chunk_rows
+            )
 
     # --- the producer and the resume position ----------------------------------------------------
     def _make_producer(self) -> Any:
@@ -653,6 +663,8 @@ class MySqlCapture:
                 # version guard in the target keeps those stale changes from overwriting rows.
                 self.stop.set()
                 return
+            if self.resnapshots is not None:  # a few chunks, then the binlog again
+                self.resnapshots.serve(producer, keys, tx_start)
             stream = BinLogStreamReader(
                 connection_settings=settings, server_id=server_id, log_file=tx_start.file,
                 log_pos=tx_start.pos, resume_stream=True, blocking=False,

@@ -106,6 +106,24 @@ def split_range(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def begin_chunk_snapshot(cur: Any, is_mariadb: bool) -> BinlogPosition:
+    """Open a consistent-snapshot transaction on `cur` (a dict cursor) without any lock and
+    return the position to label its rows with: on MariaDB the snapshot's own (exact), on MySQL
+    the position read just before it began (a lower bound: a change between the two is in the
+    rows and also comes again from the binlog, above the label, with the same or a later value)."""
+    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    if is_mariadb:
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        status = {r["Variable_name"].lower(): r["Value"] for r in cur.fetchall()}
+        return BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
+    cur.execute("SHOW MASTER STATUS")
+    row = cur.fetchone()
+    position = BinlogPosition(row["File"], int(row["Position"]))
+    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+    return position
+
+
 def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
     """Read one key range in a consistent snapshot and produce its rows (op "r") to the log;
     returns once every row is acknowledged. Runs in a Spark task, so it opens its own
@@ -124,19 +142,7 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
     rows = 0
     try:
         with conn.cursor() as cur:
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            if chunk.is_mariadb:
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-                status = {r["Variable_name"].lower(): r["Value"] for r in cur.fetchall()}
-                position = BinlogPosition(
-                    status["binlog_snapshot_file"], int(status["binlog_snapshot_position"])
-                )
-            else:
-                cur.execute("SHOW MASTER STATUS")
-                row = cur.fetchone()
-                position = BinlogPosition(row["File"], int(row["Position"]))
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            position = begin_chunk_snapshot(cur, chunk.is_mariadb)
             cur.execute(
                 f"SELECT * FROM `{chunk.table}` WHERE `{chunk.key}` >= %s AND `{chunk.key}` < %s",
                 (chunk.lo, chunk.hi),
