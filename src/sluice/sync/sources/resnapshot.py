@@ -143,6 +143,7 @@ class Resnapshots:
         self.current: _Progress | None = None
         self._asked = 0.0
         self.served = 0  # requests finished by this capture
+        self.chunks = 0  # chunks read by this capture
 
     def _next(self) -> _Progress | None:
         now = time.monotonic()
@@ -251,6 +252,7 @@ class Resnapshots:
             cap._end_tx(tx, stream_at.text())
         progress.rows += rows
         progress.chunks += 1
+        self.chunks += 1
         cap.stats.snapshot_rows += rows
         log.info("event=resnapshot_chunk task=%s table=%s request=%s rows=%d deletes=%d position=%s",
                  cap.name, table, request["id"], rows, deletes, position.text())  # fmt: skip

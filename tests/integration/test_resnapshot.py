@@ -1,0 +1,248 @@
+"""Re-snapshots while streaming (sync/sources/resnapshot.py): a table read again in key-range
+chunks by the running capture, under concurrent updates, deletes and inserts, ends equal to the
+source; composite keys split; the binlog goes on between chunks; listed keys are repaired; and
+a table added to a running task is snapshotted, alone."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from sluice.ops.mariadb import LocalMariaDB
+from sluice.sync.envelope import key_text
+from sluice.sync.sources.mysql import MySqlCapture
+from sluice.sync.sources.resnapshot import new_request
+from sluice.sync.tasks import SourceSpec
+from sluice.sync.truth import Truth, compare
+from tests.integration.test_mysql_capture import _apply_log_tables, read_all, running, wait_caught_up
+from tests.integration.test_pipeline import create_topic
+from tests.support.cluster import TestCluster, wait_until
+from tests.support.mysql_source import master_position
+
+
+class Requests:
+    """The control znode's request list, in memory: what the capture reads and marks done."""
+
+    def __init__(self, *requests: dict[str, Any]) -> None:
+        self.pending = list(requests)
+        self.lock = threading.Lock()
+
+    def __call__(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.pending)
+
+    def done(self, request_id: str) -> None:
+        with self.lock:
+            self.pending = [r for r in self.pending if r["id"] != request_id]
+
+
+def items_table(server: LocalMariaDB, db: str, rows: int) -> None:
+    """`items` with `rows` rows, filled in one statement from MariaDB's sequence engine."""
+    server.execute(f"DROP DATABASE IF EXISTS {db}", f"CREATE DATABASE {db}")
+    server.execute(
+        "CREATE TABLE items (id BIGINT PRIMARY KEY, v INT, note VARCHAR(32))",
+        f"INSERT INTO items SELECT seq, seq % 1000, CONCAT('n', seq) FROM seq_1_to_{rows}",
+        "CREATE TABLE ticks (id INT PRIMARY KEY AUTO_INCREMENT, at DOUBLE)",
+        database=db,
+    )
+
+
+class ItemsWriter(threading.Thread):
+    """Updates, deletes and inserts all over `items` until stopped (one change per statement)."""
+
+    def __init__(self, server: LocalMariaDB, db: str, rows: int) -> None:
+        super().__init__(daemon=True)
+        self.server, self.db, self.rows = server, db, rows
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.done = 0
+
+    def run(self) -> None:
+        import pymysql
+
+        rng = random.Random(7)
+        try:
+            conn = pymysql.connect(**self.server.connect_args(self.db), autocommit=True)  # type: ignore[arg-type]
+            with conn.cursor() as cur:
+                while not self.stop.is_set():
+                    k = rng.randrange(1, self.rows + 1)
+                    r = rng.random()
+                    if r < 0.5:
+                        note = f"u{self.done}"
+                        cur.execute("UPDATE items SET v = v + 1, note = %s WHERE id = %s", (note, k))
+                    elif r < 0.8:
+                        cur.execute("DELETE FROM items WHERE id = %s", (k,))
+                    else:
+                        cur.execute("REPLACE INTO items VALUES (%s, -1, 'again')", (k,))
+                    self.done += 1
+            conn.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def items_in_source(server: LocalMariaDB, db: str) -> dict[str, dict[str, Any]]:
+    return {
+        key_text({"id": i}): {"id": i, "v": v, "note": n}
+        for i, v, n in server.execute("SELECT id, v, note FROM items", database=db)
+    }
+
+
+def ops_in_log(bootstrap: str, topic: str, partitions: int = 3) -> list[dict[str, Any]]:
+    """Every envelope of a topic (of a one-partition topic: in log order)."""
+    return [orjson.loads(v) for v in read_all(bootstrap, topic, partitions).column("value").to_pylist()]
+
+
+def _capture(
+    mariadb: LocalMariaDB, db: str, tables: list[str], topic: str, bootstrap: str, requests: Requests,
+    *, start: str | None, chunk_rows: int,
+) -> MySqlCapture:  # fmt: skip
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database=db)
+    return MySqlCapture(
+        spec, tables, lambda _t: topic, bootstrap, name=db, start=start, snapshot_chunk_rows=chunk_rows,
+        snapshot_requests=requests, snapshot_done=requests.done,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "rows", [20_000, pytest.param(200_000, marks=pytest.mark.slow)], ids=["20k", "200k"]
+)  # fmt: skip
+def test_a_resnapshot_under_concurrent_updates_and_deletes_ends_equal_to_the_source(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path, rows: int
+) -> None:
+    """The capture streams from after the table was filled, so the target learns its rows only
+    from the re-snapshot, while a writer updates, deletes and re-inserts rows everywhere. Chunk
+    rows at their snapshot's position and the binlog's changes reconcile in the target's version
+    guard. (Labelling chunk rows above their snapshot loses the deletes made after it: seen.)"""
+    cluster = make_cluster(1)
+    db, topic = f"rs{rows}", f"rs{rows}.changes"
+    create_topic(cluster.bootstrap, topic, 3, 1)
+    items_table(mariadb, db, rows)
+    requests = Requests(new_request("items"))
+    writer = ItemsWriter(mariadb, db, rows)
+    cap = _capture(mariadb, db, ["items"], topic, cluster.bootstrap, requests,
+                   start=master_position(mariadb), chunk_rows=rows // 8)  # fmt: skip
+    with running(cap):
+        writer.start()
+        wait_until(lambda: not requests() or cap.stats.errors, 240, "the re-snapshot served")
+        writer.stop.set()
+        writer.join(30)
+        assert writer.error is None, writer.error
+        assert not cap.stats.errors, cap.stats.errors
+        wait_caught_up(cap, mariadb, 120)
+    assert writer.done > 100  # the writes ran during the re-snapshot
+    got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["items"])
+    cmp = compare(Truth(tables={"items": items_in_source(mariadb, db)}, key_columns={"items": ["id"]}), got)
+    assert cmp.ok, cmp.summary()
+
+
+def test_a_composite_key_table_is_resnapshotted_in_keyset_chunks(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """(sku VARCHAR, line INT) keys, read 40 rows a chunk across sku boundaries, with a `where`
+    request too; rows deleted and updated meanwhile come out right."""
+    cluster = make_cluster(1)
+    db, topic = "rscomp", "rscomp.changes"
+    create_topic(cluster.bootstrap, topic, 3, 1)
+    mariadb.execute(f"DROP DATABASE IF EXISTS {db}", f"CREATE DATABASE {db}")
+    values = ", ".join(f"('s{s:02d}', {line}, {s * line})" for s in range(20) for line in range(1, 26))
+    mariadb.execute(
+        "CREATE TABLE parts (sku VARCHAR(16), line INT, qty INT, PRIMARY KEY (sku, line))",
+        f"INSERT INTO parts VALUES {values}",
+        database=db,
+    )
+    requests = Requests(new_request("parts"), new_request("parts", where="line <= 3"))
+    cap = _capture(mariadb, db, ["parts"], topic, cluster.bootstrap, requests,
+                   start=master_position(mariadb), chunk_rows=40)  # fmt: skip
+    with running(cap):
+        wait_until(lambda: cap.stats.snapshot_rows >= 80, 60, "the first chunks")
+        mariadb.execute(
+            "DELETE FROM parts WHERE sku = 's19' AND line > 20",
+            "UPDATE parts SET qty = -1 WHERE line = 2",
+            database=db,
+        )
+        wait_until(lambda: not requests(), 120, "both requests served")
+        wait_caught_up(cap, mariadb, 60)
+    got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["parts"])
+    want = {
+        key_text({"sku": s, "line": li}): {"sku": s, "line": li, "qty": q}
+        for s, li, q in mariadb.execute("SELECT sku, line, qty FROM parts", database=db)
+    }
+    cmp = compare(Truth(tables={"parts": want}, key_columns={"parts": ["sku", "line"]}), got)
+    assert cmp.ok, cmp.summary()
+    assert len(want) == 500 - 5
+    envelopes = ops_in_log(cluster.bootstrap, topic)
+    chunk_rows = [e for e in envelopes if e["op"] == "r"]
+    assert cap.resnapshots.chunks >= 13 + 1  # 500 rows in chunks of 40, then the where request
+    assert len([e for e in chunk_rows if e["key"]["line"] <= 3]) >= 2 * 60 - 5  # the where request too
+
+
+def test_a_resnapshot_does_not_stall_the_binlog(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster]
+) -> None:
+    """While a table is read again in many chunks, changes of another table keep reaching the
+    log between them (one partition: log order is capture order). Serving every chunk in one
+    go holds every tick back until the last chunk: seen failing with chunks_per_pass raised."""
+    cluster = make_cluster(1)
+    db, topic = "rsstall", "rsstall.changes"
+    create_topic(cluster.bootstrap, topic, 1, 1)
+    items_table(mariadb, db, 30_000)
+    requests = Requests(new_request("items"))
+    cap = _capture(mariadb, db, ["items", "ticks"], topic, cluster.bootstrap, requests,
+                   start=master_position(mariadb), chunk_rows=2000)  # fmt: skip
+    stop = threading.Event()
+
+    def ticks() -> None:
+        while not stop.wait(0.02):
+            mariadb.execute("INSERT INTO ticks (at) VALUES (UNIX_TIMESTAMP(NOW(6)))", database=db)
+
+    ticker = threading.Thread(target=ticks, daemon=True)
+    with running(cap):
+        ticker.start()
+        wait_until(lambda: not requests(), 120, "the re-snapshot served")
+        stop.set()
+        ticker.join(10)
+        wait_caught_up(cap, mariadb, 60)
+    log = ops_in_log(cluster.bootstrap, topic, partitions=1)
+    order = [e["op"] + ("" if e["op"] == "r" else e["table"]) for e in log]
+    first, last = order.index("r"), len(order) - 1 - order[::-1].index("r")
+    between = [o for o in order[first:last] if o == "cticks"]
+    assert cap.resnapshots.chunks >= 15  # 30k rows, 2k a chunk
+    assert len(between) >= 5, f"{len(between)} ticks reached the log during the re-snapshot"
+
+
+def test_listed_keys_are_read_again_and_absent_ones_deleted(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """Rows changed behind the binlog's back (sql_log_bin=0): a request with their keys and
+    delete_absent puts the target right: the updated row read again, the deleted one deleted,
+    the inserted one added."""
+    cluster = make_cluster(1)
+    db, topic = "rskeys", "rskeys.changes"
+    create_topic(cluster.bootstrap, topic, 3, 1)
+    items_table(mariadb, db, 50)
+    requests = Requests()
+    cap = _capture(mariadb, db, ["items"], topic, cluster.bootstrap, requests, start=None, chunk_rows=100)
+    with running(cap):
+        wait_until(lambda: cap.stats.snapshot_rows >= 50 and cap.stats.position, 60, "the snapshot")
+        mariadb.execute(
+            "SET SESSION sql_log_bin = 0",
+            "UPDATE items SET v = 999 WHERE id = 7",
+            "DELETE FROM items WHERE id = 8",
+            "INSERT INTO items VALUES (51, 51, 'new')",
+            database=db,
+        )
+        keys = [{"id": 7}, {"id": 8}, {"id": 51}]
+        requests.pending.append(new_request("items", keys=keys, delete_absent=True))
+        wait_until(lambda: not requests(), 60, "the repair served")
+        wait_caught_up(cap, mariadb, 60)
+    got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["items"])
+    cmp = compare(Truth(tables={"items": items_in_source(mariadb, db)}, key_columns={"items": ["id"]}), got)
+    assert cmp.ok, cmp.summary()
+    deletes = [e for e in ops_in_log(cluster.bootstrap, topic) if e["op"] == "d"]
+    assert [e["key"] for e in deletes] == [{"id": 8}]
