@@ -426,54 +426,60 @@ def verify(
     wait_s: float = 60.0,
 ) -> Verification:
     """Compare the tables of a resolved task definition (`tasks.resolved`) chunk by chunk in
-    Spark, then re-check what differs once the pipeline has passed the source's position."""
+    one Spark job, then re-check what differs once the pipeline has passed the source's position."""
+    schemas = {table: source_schema(spec.source, table) for table in tables or spec.tables}
+    jobs = [
+        RangeJob(spec.source, schema, spec.target, _secret(spec.target_password), spec.mapping, lo, hi)
+        for schema in schemas.values()
+        for lo, hi in plan_ranges(spec.source, schema, chunk_rows)
+    ]
+    spark.sparkContext.setJobGroup(f"sluice-verify-{spec.id}", f"verify {spec.id} in {len(jobs)} key ranges")
+    results: list[RangeResult] = spark.sparkContext.parallelize(jobs, len(jobs)).map(compare_range).collect()
+    found = {table: TableReport(table) for table in schemas}
+    for r in results:
+        t = found[r.table]
+        t.rows += r.rows
+        t.missing += r.missing
+        t.extra += r.extra
+        t.different += r.different
     out = Verification([])
-    for table in tables or spec.tables:
-        schema = source_schema(spec.source, table)
-        jobs = [
-            RangeJob(spec.source, schema, spec.target, _secret(spec.target_password), spec.mapping, lo, hi)
-            for lo, hi in plan_ranges(spec.source, schema, chunk_rows)
-        ]
-        spark.sparkContext.setJobGroup(
-            f"sluice-verify-{spec.id}", f"verify {table} in {len(jobs)} key ranges"
-        )
-        results: list[RangeResult] = (
-            spark.sparkContext.parallelize(jobs, len(jobs)).map(compare_range).collect()
-        )
-        found = TableReport(table, rows=sum(r.rows for r in results))
-        for r in results:
-            found.missing += r.missing
-            found.extra += r.extra
-            found.different += r.different
-        report = settle(spec, schema, found, status, ends, wait_s, out)
-        report.rows = found.rows
-        out.tables.append(report)
+    out.tables = settle(spec, schemas, list(found.values()), status, ends, wait_s, out)
     return out
 
 
 def settle(
     spec: TaskSpec,
-    schema: TableSchema,
-    found: TableReport,
+    schemas: dict[str, TableSchema],
+    found: list[TableReport],
     status: Callable[[], dict[str, Any] | None],
     ends: Callable[[], dict[str, int]],
     wait_s: float,
     out: Verification,
-) -> TableReport:
+) -> list[TableReport]:
     """The suspects compared again after the pipeline passed the source position read after
-    their source rows: up to RECHECK_ROUNDS rounds; what still differs then."""
-    suspects = _unique(found.keys)
-    report = found
+    their source rows, in rounds while some of them settle (at most RECHECK_ROUNDS): what still
+    differs then, per table (with the rows counted in `found`)."""
+    reports = found
+    suspects = {t.table: _unique(t.keys) for t in found}
     for _ in range(RECHECK_ROUNDS):
-        if not suspects:
-            return TableReport(schema.name)
-        rows = read_keys(spec, schema, suspects)
-        position = source_position(spec.source)
-        if not wait_passed(status, position, wait_s, ends):
+        if not any(suspects.values()):
+            break
+        rows = {table: read_keys(spec, schemas[table], keys) for table, keys in suspects.items() if keys}
+        if not wait_passed(status, source_position(spec.source), wait_s, ends):
             out.waited = False
-        report = recheck(spec, schema, suspects, rows)
-        suspects = _unique(report.keys)
-    return report
+        reports = [
+            recheck(spec, schemas[t.table], suspects[t.table], rows[t.table])
+            if suspects[t.table] else TableReport(t.table)
+            for t in found
+        ]  # fmt: skip
+        left = {r.table: _unique(r.keys) for r in reports}
+        settled = sum(len(v) for v in suspects.values()) - sum(len(v) for v in left.values())
+        suspects = left
+        if not settled:
+            break  # nothing in flux: what differs stays different
+    for report, t in zip(reports, found, strict=True):
+        report.rows = t.rows
+    return reports
 
 
 def _unique(keys: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -505,16 +511,10 @@ def repair(
             )
         time.sleep(0.5)
     after = Verification([], waited=found.waited)
-    for t in found.tables:
-        if not t.keys:
-            after.tables.append(TableReport(t.table, rows=t.rows))
-            continue
-        schema = source_schema(spec.source, t.table)
-        suspects = TableReport(t.table, different=_unique(t.keys))
-        report = settle(spec, schema, suspects, status, ends, wait_s, after)
-        report.rows = t.rows
-        after.repaired += len(_unique(t.keys)) - len(_unique(report.keys))
-        after.tables.append(report)
+    schemas = {t.table: source_schema(spec.source, t.table) for t in found.tables if t.keys}
+    suspects = [TableReport(t.table, t.rows, different=_unique(t.keys)) for t in found.tables]
+    after.tables = settle(spec, schemas, suspects, status, ends, wait_s, after)
+    after.repaired = sum(len(_unique(t.keys)) for t in found.tables) - sum(len(t.keys) for t in after.tables)
     return after
 
 
