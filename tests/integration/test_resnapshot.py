@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,113 @@ def test_listed_keys_are_read_again_and_absent_ones_deleted(
     assert cmp.ok, cmp.summary()
     deletes = [e for e in ops_in_log(cluster.bootstrap, topic) if e["op"] == "d"]
     assert [e["key"] for e in deletes] == [{"id": 8}]
+
+
+ADD_TASK = """
+id: {id}
+source: {{kind: mariadb, host: 127.0.0.1, port: {port}, user: root, database: {db}}}
+tables: [{tables}]
+topic: "{id}.changes"
+target: {target}
+options: {{trigger: 500ms, partitions: 1, replication_factor: 1}}
+"""
+
+
+def test_task_snapshot_and_an_added_table_queue_requests(zookeeper: str, tmp_path: Path) -> None:
+    """`sluice task snapshot` queues a request without a restart (a restart would stop the
+    stream); a table outside the task is refused with the fix named; `sluice task update` adding
+    a table queues its re-snapshot in the same control write as the restart; a control znode
+    from before requests still loads."""
+    from sluice.cluster.zkstore import ZkStore
+    from sluice.sync.tasks import TaskStore
+    from tests.integration.test_tasks import sluice
+
+    zk_address = f"{zookeeper.split('/')[0]}/t-{uuid.uuid4().hex[:8]}"
+    spec = tmp_path / "t.yaml"
+    spec.write_text(ADD_TASK.format(id="addt", port=3306, db="shop", tables="items", target="sqlite:///x.db"))
+    assert sluice("task", "create", "--file", str(spec), zk=zk_address).returncode == 0
+    zk = ZkStore(zk_address)
+    zk.start()
+    try:
+        store = TaskStore(zk.client)
+        zk.client.set("/tasks/addt/control", b'{"paused": false, "restarts": 0, "from_position": null}')
+        assert store.control("addt").snapshots == []
+
+        asked = sluice("task", "snapshot", "addt", "--table", "items", "--where", "id > 5", zk=zk_address)
+        assert asked.returncode == 0, asked.stderr
+        control = store.control("addt")
+        assert control.restarts == 0 and len(control.snapshots) == 1
+        request = control.snapshots[0]
+        assert asked.stdout.strip() == f"snapshot={request['id']} table=items"
+        assert (request["table"], request["where"], request["keys"]) == ("items", "id > 5", None)
+
+        refused = sluice("task", "snapshot", "addt", "--table", "orders", zk=zk_address)
+        assert refused.returncode == 2
+        assert (
+            "'orders' is not one of task 'addt'" in refused.stderr and "sluice task update" in refused.stderr
+        )
+
+        spec.write_text(
+            ADD_TASK.format(id="addt", port=3306, db="shop", tables="items, orders", target="sqlite:///x.db")
+        )
+        assert sluice("task", "update", "--file", str(spec), zk=zk_address).returncode == 0
+        control = store.control("addt")
+        assert control.restarts == 1
+        assert [(r["table"], r["where"], r["keys"]) for r in control.snapshots] == [
+            ("items", "id > 5", None),
+            ("orders", None, None),
+        ]
+        store.snapshot_done("addt", request["id"])
+        assert [r["table"] for r in store.control("addt").snapshots] == ["orders"]
+    finally:
+        zk.stop()
+
+
+@pytest.mark.slow
+def test_a_table_added_to_a_running_task_is_snapshotted_alone(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """A worker runs a task on `items`; `sluice task update` adds `ticks`, which holds rows from
+    before: they reach the target through a re-snapshot of ticks only (no row of items is read
+    again), changes to both go on, and the request is gone once served."""
+    import subprocess
+    import sys
+
+    from tests.integration.test_workers import create_task, start_worker, stop_worker
+
+    cluster = make_cluster(1)
+    db = "rsadd"
+    items_table(mariadb, db, 500)
+    mariadb.execute("INSERT INTO ticks (at) SELECT seq FROM seq_1_to_300", database=db)
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    task = ADD_TASK.format(id=db, port=mariadb.port, db=db, tables="items", target=url)
+    zk, store = create_task(task, tmp_path, cluster.zookeeper)
+    worker = start_worker("wa1", cluster.bootstrap, cluster.zookeeper, tmp_path)
+
+    def rows(table: str) -> int:
+        from sluice.sync.targets import open_target
+
+        with open_target(url) as t:
+            return len(t.read_rows(table))
+
+    try:
+        wait_until(lambda: rows("items") == 500, 180, "the task's snapshot")
+        spec = tmp_path / "added.yaml"
+        spec.write_text(ADD_TASK.format(id=db, port=mariadb.port, db=db, tables="items, ticks", target=url))
+        updated = subprocess.run(
+            [sys.executable, "-m", "sluice.ops.cli", "task", "update", "--file", str(spec),
+             "--zookeeper", cluster.zookeeper], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert updated.returncode == 0, updated.stderr
+        mariadb.execute(
+            "UPDATE items SET v = -1 WHERE id = 1", "INSERT INTO ticks (at) VALUES (-1)", database=db
+        )
+        wait_until(lambda: rows("ticks") == 301, 180, "the added table's rows and its new row")
+        wait_until(lambda: not store.control(db).snapshots, 60, "the request marked done")
+        log = ops_in_log(cluster.bootstrap, f"{db}.changes", partitions=1)
+        snapshot_rows = [e["table"] for e in log if e["op"] == "r"]
+        assert snapshot_rows.count("items") == 500 and snapshot_rows.count("ticks") == 300
+        assert snapshot_rows.index("ticks") > max(i for i, t in enumerate(snapshot_rows) if t == "items")
+    finally:
+        stop_worker(worker)
+        zk.stop()
