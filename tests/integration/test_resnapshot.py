@@ -352,7 +352,8 @@ def test_a_table_added_to_a_running_task_is_snapshotted_alone(
         wait_until(lambda: not store.control(db).snapshots, 60, "the request marked done")
         log = ops_in_log(cluster.bootstrap, f"{db}.changes", partitions=1)
         snapshot_rows = [e["table"] for e in log if e["op"] == "r"]
-        assert snapshot_rows.count("items") == 500 and snapshot_rows.count("ticks") == 300
+        # ticks as they were when read (the new row in them, or not yet); items not read again
+        assert snapshot_rows.count("items") == 500 and snapshot_rows.count("ticks") in (300, 301)
         assert snapshot_rows.index("ticks") > max(i for i, t in enumerate(snapshot_rows) if t == "items")
     finally:
         stop_worker(worker)

@@ -398,7 +398,13 @@ class TaskStore:
             self._call(self.zk.set, self._path(spec.id), spec.to_json())
         except NoNodeError:
             raise TaskNotFoundError(spec.id) from None
-        return self.add_snapshots(spec.id, list(snapshots or []), restart=True)
+        added = list(snapshots or [])
+
+        def change(current: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            # requests for tables the task no longer captures would wait for ever
+            return [r for r in current if r.get("table") in spec.tables] + added
+
+        return self._change_snapshots(spec.id, change, restart=True)
 
     def ids(self) -> list[str]:
         return sorted(self._call(self.zk.get_children, TASKS))
