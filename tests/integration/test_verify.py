@@ -67,17 +67,30 @@ class Writer(threading.Thread):
             self.mariadb.execute(f"UPDATE items SET v = v + 1 WHERE id = {1000 + n % 900}", database=self.db)
 
 
-def tamper(mariadb: LocalMariaDB, db: str, target_db: Path) -> None:
+TAMPER = [
+    "UPDATE items SET v = -5 WHERE id = 1",
+    "DELETE FROM items WHERE id = 2",
+    "INSERT INTO items (id, v, note, _sluice_pos) VALUES (99999, 1, 'stray', 1)",
+    "UPDATE stock SET quantity = -1 WHERE sku = 's03' AND line = 4",
+]
+
+
+def tamper(mariadb: LocalMariaDB, db: str, target_url: str) -> None:
     """Behind the pipeline's back: in the target a row updated, one deleted, one inserted and a
     row of parts (the target's `stock`, its qty `quantity`) updated; in the source a row inserted
     without the binlog."""
-    target = sqlite3.connect(target_db, timeout=60)
-    with target:
-        target.execute("UPDATE items SET v = -5 WHERE id = 1")
-        target.execute("DELETE FROM items WHERE id = 2")
-        target.execute("INSERT INTO items (id, v, note, _sluice_pos) VALUES (99999, 1, 'stray', 1)")
-        target.execute("UPDATE stock SET quantity = -1 WHERE sku = 's03' AND line = 4")
-    target.close()
+    if target_url.startswith("sqlite"):
+        target = sqlite3.connect(target_url.removeprefix("sqlite:///"), timeout=60)
+        with target:
+            for sql in TAMPER:
+                target.execute(sql)
+        target.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(target_url) as conn:
+            for sql in TAMPER:
+                conn.execute(sql)
     mariadb.execute("SET SESSION sql_log_bin = 0", "INSERT INTO items VALUES (5000, 1, 2.5, NULL, 'g')",
                     database=db)  # fmt: skip
 
@@ -93,14 +106,20 @@ FOUND = [
 ]
 
 
-def target_counts(db: Path) -> tuple[int, int]:
+def target_counts(url: str) -> tuple[int, int]:
     """Rows of items and of parts (the target's `stock`, by the task's mapping)."""
-    with open_target(f"sqlite:///{db}") as t:
+    with open_target(url) as t:
         return len(t.read_rows("items")), len(t.read_rows("stock"))
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_verify_and_repair_in_key_ranges_while_the_source_changes(
-    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path, spark: Any
+    mariadb: LocalMariaDB,
+    make_cluster: Callable[..., TestCluster],
+    tmp_path: Path,
+    spark: Any,
+    kind: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """The verify job in this process's Spark against a capture applied by the test (the status
     callable applies the log to the target and reports the capture's position, as a task's
@@ -109,11 +128,13 @@ def test_verify_and_repair_in_key_ranges_while_the_source_changes(
     position turned off), and a repair re-snapshots exactly those keys (the stray target row
     stayed with delete_absent off: seen)."""
     cluster = make_cluster(1)
-    db = "vfq"
+    db = f"vfq{kind[0]}"
     vfy_database(mariadb, db)
     create_topic(cluster.bootstrap, f"{db}.changes", 2, 1)
-    target_db = tmp_path / "target.db"
-    spec = parse_spec(yaml.safe_load(TASK.format(db=db, port=mariadb.port, target=f"sqlite:///{target_db}")))
+    url = (
+        f"sqlite:///{tmp_path / 'target.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
+    )
+    spec = parse_spec(yaml.safe_load(TASK.format(db=db, port=mariadb.port, target=url)))
     requests = Requests()
     cap = MySqlCapture(spec.source, spec.tables, spec.topic_for, cluster.bootstrap, name=db,
                        snapshot_requests=requests, snapshot_done=requests.done)  # fmt: skip
@@ -138,11 +159,9 @@ def test_verify_and_repair_in_key_ranges_while_the_source_changes(
     writer = Writer(mariadb, db)
     try:
         with running(cap):
-            wait_until(
-                lambda: status() and target_counts(target_db) == (2000, 200), 60, "the snapshot applied"
-            )
+            wait_until(lambda: status() and target_counts(url) == (2000, 200), 60, "the snapshot applied")
             writer.start()
-            tamper(mariadb, db, target_db)
+            tamper(mariadb, db, url)
             found = verify(spark, spec, chunk_rows=300, status=status, ends=ends, wait_s=30)
             assert report_lines(found) == FOUND
             assert not found.ok and found.waited
@@ -183,9 +202,9 @@ def test_verify_finds_rows_changed_behind_the_pipelines_back_and_repair_fixes_th
         )  # fmt: skip
 
     try:
-        wait_until(lambda: target_counts(db) == (2000, 200), 180, "the task's snapshot applied")
+        wait_until(lambda: target_counts(url) == (2000, 200), 180, "the task's snapshot applied")
         writer.start()
-        tamper(mariadb, "vfy", db)
+        tamper(mariadb, "vfy", url)
 
         found = cli_verify()
         assert found.returncode == 1, found.stdout + found.stderr
