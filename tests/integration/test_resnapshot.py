@@ -5,6 +5,7 @@ a table added to a running task is snapshotted, alone."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import uuid
@@ -390,4 +391,65 @@ def test_a_resnapshot_cut_short_is_served_again_and_the_restart_streams_on(
     assert second.resnapshots.chunks == 4  # from the start again
     got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["items"])
     cmp = compare(Truth(tables={"items": items_in_source(mariadb, db)}, key_columns={"items": ["id"]}), got)
+    assert cmp.ok, cmp.summary()
+
+
+@pytest.mark.slow  # a Spark session of its own when run alone: 45 s here
+def test_the_initial_snapshot_splits_a_composite_key_table_for_spark(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path, spark: Any
+) -> None:
+    """A large table with a (VARCHAR, INT) key is read by the Spark key-range job in keyset
+    ranges (planned with `plan_ranges`) while rows are updated and deleted; the target ends
+    equal to the source. (Before, only single integer keys were split and this table was read
+    whole: the runner got no ranges, seen.)"""
+    from sluice.pipeline.snapshot import run_snapshot_chunks
+    from sluice.sync.sources.mysql_snapshot import SnapshotChunk
+
+    cluster = make_cluster(1)
+    db, topic = "rsspark", "rsspark.changes"
+    create_topic(cluster.bootstrap, topic, 3, 1)
+    mariadb.execute(f"DROP DATABASE IF EXISTS {db}", f"CREATE DATABASE {db}")
+    mariadb.execute(
+        "CREATE TABLE parts (sku VARCHAR(16), line INT, qty INT, PRIMARY KEY (sku, line))",
+        "INSERT INTO parts SELECT CONCAT('s', LPAD(seq DIV 40, 4, '0')), seq MOD 40, seq FROM seq_0_to_11999",
+        "ANALYZE TABLE parts",
+        database=db,
+    )
+    ranges: list[SnapshotChunk] = []
+
+    def runner(chunks: list[SnapshotChunk]) -> list[object]:
+        ranges.extend(chunks)
+        return list(run_snapshot_chunks(spark, chunks))
+
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database=db)
+    cap = MySqlCapture(spec, ["parts"], lambda _t: topic, cluster.bootstrap, name=db, snapshot_runner=runner,
+                       snapshot_parallel_rows=5000, snapshot_chunk_rows=2000)  # fmt: skip
+    stop = threading.Event()
+
+    def writes() -> None:
+        rng = random.Random(3)
+        while not stop.wait(0.005):
+            sku = f"s{rng.randrange(300):04d}"
+            mariadb.execute(f"UPDATE parts SET qty = -qty WHERE sku = '{sku}' AND line = {rng.randrange(40)}",
+                            f"DELETE FROM parts WHERE sku = '{sku}' AND line = {rng.randrange(40)}",
+                            database=db)  # fmt: skip
+
+    writer = threading.Thread(target=writes, daemon=True)
+    writer.start()
+    try:
+        with running(cap):
+            wait_until(lambda: ranges and cap.stats.position, 120, "the snapshot")
+            stop.set()
+            writer.join(10)
+            wait_caught_up(cap, mariadb, 60)
+    finally:
+        stop.set()
+    assert len(ranges) >= 6 and ranges[0].keys == ("sku", "line") and ranges[0].lo is None
+    assert all(a.hi == b.lo for a, b in itertools.pairwise(ranges)) and ranges[-1].hi is None
+    got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["parts"])
+    want = {
+        key_text({"sku": s, "line": li}): {"sku": s, "line": li, "qty": q}
+        for s, li, q in mariadb.execute("SELECT sku, line, qty FROM parts", database=db)
+    }
+    cmp = compare(Truth(tables={"parts": want}, key_columns={"parts": ["sku", "line"]}), got)
     assert cmp.ok, cmp.summary()

@@ -41,6 +41,7 @@ from sluice.chaos.sync_compare import (
 )
 from sluice.security.secrets import Secret
 from sluice.sync.sources.mysql import BinlogPosition, _connect, primary_keys
+from sluice.sync.sources.mysql_snapshot import plan_ranges, range_condition
 from sluice.sync.sources.resnapshot import quote as mysql_quote
 from sluice.sync.targets.base import ColumnMapping, quote
 from sluice.sync.tasks import SourceSpec, TaskSpec
@@ -121,56 +122,11 @@ def source_schema(spec: SourceSpec, table: str) -> TableSchema:
     return TableSchema(table, kinds, tuple(keys))
 
 
-def range_condition(
-    cols: list[str], lo: tuple[Any, ...] | None, hi: tuple[Any, ...] | None, mark: str
-) -> tuple[str, list[Any]]:
-    """`(k1, k2) > lo AND (k1, k2) <= hi` (either side left out when None), with `mark` as the
-    parameter placeholder; `cols` are quoted already."""
-    row = cols[0] if len(cols) == 1 else f"({', '.join(cols)})"
-    one = mark if len(cols) == 1 else "(" + ", ".join([mark] * len(cols)) + ")"
-    conds: list[str] = []
-    params: list[Any] = []
-    if lo is not None:
-        conds.append(f"{row} > {one}")
-        params.extend(lo)
-    if hi is not None:
-        conds.append(f"{row} <= {one}")
-        params.extend(hi)
-    return (" AND ".join(conds) or "1 = 1"), params
-
-
 def key_condition(cols: list[str], keys: list[tuple[Any, ...]], mark: str) -> tuple[str, list[Any]]:
     """`(k1, k2) IN ((...), ...)` for the key tuples."""
     row = cols[0] if len(cols) == 1 else f"({', '.join(cols)})"
     one = mark if len(cols) == 1 else "(" + ", ".join([mark] * len(cols)) + ")"
     return f"{row} IN ({', '.join([one] * len(keys))})", [v for k in keys for v in k]
-
-
-def plan_ranges(spec: SourceSpec, schema: TableSchema, chunk_rows: int) -> list[tuple[Any, Any]]:
-    """Key ranges (lo, hi] of about `chunk_rows` rows each, covering every key: boundaries found
-    by keyset pagination (`WHERE key > last ORDER BY key LIMIT 1 OFFSET n-1`), the last range
-    open-ended so rows inserted past the end meanwhile are still in one."""
-    keys = [mysql_quote(k) for k in schema.key]
-    ranges: list[tuple[Any, Any]] = []
-    last: tuple[Any, ...] | None = None
-    conn = _connect(spec)
-    try:
-        with conn.cursor() as cur:
-            while True:
-                cond, params = range_condition(keys, last, None, "%s")
-                cur.execute(
-                    f"SELECT {', '.join(keys)} FROM {mysql_quote(schema.name)} WHERE {cond} "
-                    f"ORDER BY {', '.join(keys)} LIMIT 1 OFFSET {int(chunk_rows) - 1}",
-                    params,
-                )
-                row = cur.fetchone()
-                if row is None:
-                    ranges.append((last, None))
-                    return ranges
-                ranges.append((last, tuple(row)))
-                last = tuple(row)
-    finally:
-        conn.close()
 
 
 def source_read(spec: SourceSpec, schema: TableSchema, cond: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -430,8 +386,8 @@ def verify(
     schemas = {table: source_schema(spec.source, table) for table in tables or spec.tables}
     jobs = [
         RangeJob(spec.source, schema, spec.target, _secret(spec.target_password), spec.mapping, lo, hi)
-        for schema in schemas.values()
-        for lo, hi in plan_ranges(spec.source, schema, chunk_rows)
+        for table, schema in schemas.items()
+        for lo, hi in plan_ranges(spec.source, table, list(schema.key), chunk_rows)
     ]
     spark.sparkContext.setJobGroup(f"sluice-verify-{spec.id}", f"verify {spec.id} in {len(jobs)} key ranges")
     results: list[RangeResult] = spark.sparkContext.parallelize(jobs, len(jobs)).map(compare_range).collect()

@@ -455,7 +455,7 @@ class MySqlCapture:
         position taken before any of it, and before `inherited`'s (an interrupted snapshot's)."""
         import pymysql.cursors
 
-        parallel: dict[str, list[tuple[int, int]]] = {}
+        parallel: dict[str, list[tuple[Any, Any]]] = {}
         stream_from = inherited
         if self.snapshot_runner is not None:
             from sluice.sync.sources.mysql_snapshot import plan_chunks
@@ -599,15 +599,15 @@ class MySqlCapture:
         return BinlogPosition(str(row[0]), int(row[1]))
 
     def _snapshot_chunks(
-        self, plans: dict[str, list[tuple[int, int]]], keys: dict[str, list[str]], stream_from: BinlogPosition
+        self, plans: dict[str, list[tuple[Any, Any]]], keys: dict[str, list[str]], stream_from: BinlogPosition
     ) -> None:
         from sluice.sync.sources.mysql_snapshot import SnapshotChunk
 
         assert self.snapshot_runner is not None
         chunks = [
             SnapshotChunk(
-                self.spec, table, keys[table][0], lo, hi, self.topic_for(table), self.bootstrap, self.name,
-                self.epoch, self.execution, stream_from.text(), self.is_mariadb,
+                self.spec, table, tuple(keys[table]), lo, hi, self.topic_for(table), self.bootstrap,
+                self.name, self.epoch, self.execution, stream_from.text(), self.is_mariadb,
                 tuple(sorted(self._producer_config.items())),
             )
             for table, ranges in sorted(plans.items())
