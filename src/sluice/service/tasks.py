@@ -1,7 +1,7 @@
 """Sync tasks: define (the same validation as `sluice task create`, errors naming the field),
 pause, resume, restart (optionally from a source position), re-snapshot a table, delete, and
-their status: epoch,
-execution, worker, captured position, applied offsets, lag, execution history and events."""
+their status: epoch, execution, worker, captured position, applied offsets, lag, execution
+history and events."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -398,13 +398,14 @@ class TaskStore:
             self._call(self.zk.set, self._path(spec.id), spec.to_json())
         except NoNodeError:
             raise TaskNotFoundError(spec.id) from None
-        added = list(snapshots or [])
 
-        def change(current: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        def restart(current: Control) -> None:
+            current.restarts += 1
             # requests for tables the task no longer captures would wait for ever
-            return [r for r in current if r.get("table") in spec.tables] + added
+            kept = [r for r in current.snapshots if r.get("table") in spec.tables]
+            current.snapshots = [*kept, *(snapshots or [])]
 
-        return self._change_snapshots(spec.id, change, restart=True)
+        return self._update_control(spec.id, restart)
 
     def ids(self) -> list[str]:
         return sorted(self._call(self.zk.get_children, TASKS))
@@ -452,43 +453,40 @@ class TaskStore:
         return Control.from_json(data)
 
     def set_control(self, task_id: str, **changes: Any) -> Control:
-        def apply(data: bytes | None) -> bytes:
-            if data is None:
-                raise TaskNotFoundError(task_id)
-            current = Control.from_json(data)
+        def apply(current: Control) -> None:
             for k, v in changes.items():
                 setattr(current, k, v)
-            return orjson.dumps(asdict(current))
 
-        return Control.from_json(self._call(update_znode, self.zk, self._path(task_id, "control"), apply))
+        return self._update_control(task_id, apply)
 
-    def _change_snapshots(self, task_id: str, change: Any, *, restart: bool = False) -> Control:
-        """One read-modify-write of the control znode's re-snapshot requests (`change` maps the
-        list to the new list); `restart` also counts a restart, in the same write."""
+    def _update_control(self, task_id: str, change: Callable[[Control], None]) -> Control:
+        """One atomic read-modify-write of the task's control znode; the control written."""
 
         def apply(data: bytes | None) -> bytes:
             if data is None:
                 raise TaskNotFoundError(task_id)
             current = Control.from_json(data)
-            current.snapshots = change(list(current.snapshots))
-            if restart:
-                current.restarts += 1
+            change(current)
             return orjson.dumps(asdict(current))
 
         return Control.from_json(self._call(update_znode, self.zk, self._path(task_id, "control"), apply))
 
-    def add_snapshots(
-        self, task_id: str, requests: list[dict[str, Any]], *, restart: bool = False
-    ) -> Control:
-        """Queue re-snapshot requests for the running capture. No restart unless asked (a
-        restart stops the execution; the capture serves requests while it streams)."""
-        return self._change_snapshots(task_id, lambda current: current + requests, restart=restart)
+    def add_snapshots(self, task_id: str, requests: list[dict[str, Any]]) -> Control:
+        """Queue re-snapshot requests for the running capture. No restart: a restart stops the
+        execution, and the capture serves requests while it streams."""
+
+        def add(current: Control) -> None:
+            current.snapshots = [*current.snapshots, *requests]
+
+        return self._update_control(task_id, add)
 
     def snapshot_done(self, task_id: str, request_id: str) -> Control:
         """Remove a served re-snapshot request."""
-        return self._change_snapshots(
-            task_id, lambda current: [r for r in current if r.get("id") != request_id]
-        )
+
+        def remove(current: Control) -> None:
+            current.snapshots = [r for r in current.snapshots if r.get("id") != request_id]
+
+        return self._update_control(task_id, remove)
 
     def publish_status(self, task_id: str, status: dict[str, Any]) -> bool:
         """Create or update the task's ephemeral status znode for the execution `status` names,
