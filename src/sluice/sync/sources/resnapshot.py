@@ -112,6 +112,11 @@ def chunk_query(
     return text + f" ORDER BY {', '.join(quote(k) for k in keys)} LIMIT {int(limit)}", params
 
 
+class BadRequestError(ValueError):
+    """A request the source refuses (its --where is not valid SQL for the table, a listed key
+    lacks a key column): dropped with an error in the log, never retried."""
+
+
 @dataclass
 class _Progress:
     """Where the request being served has got to (in memory only: a restart starts it over)."""
@@ -176,7 +181,16 @@ class Resnapshots:
                             self.capture.name, request["id"], table)  # fmt: skip
                 self._finish(producer, progress)
                 continue
-            if self._chunk(producer, table, keys[table], progress, stream_at):
+            try:
+                complete = self._chunk(producer, table, keys[table], progress, stream_at)
+            except BadRequestError as exc:
+                # Served again it would fail again, and stop the task each time: drop it.
+                log.error("event=resnapshot_refused task=%s request=%s table=%s error=%r", self.capture.name,
+                          request["id"], table, str(exc))  # fmt: skip
+                self.done(str(request["id"]))
+                self.current = None
+                continue
+            if complete:
                 self._finish(producer, progress)
             if self.capture.stop.is_set():
                 return
@@ -199,6 +213,7 @@ class Resnapshots:
         self, producer: Any, table: str, key_cols: list[str], progress: _Progress, stream_at: BinlogPosition
     ) -> bool:
         """Read and emit the next chunk of `progress`; True when the request is complete."""
+        import pymysql
         import pymysql.cursors
 
         request = progress.request
@@ -208,6 +223,8 @@ class Resnapshots:
             wanted = listed[progress.index : progress.index + min(self.chunk_rows, KEYS_PER_CHUNK)]
             if not wanted:
                 return True
+            if any(not isinstance(w, dict) or not set(key_cols) <= set(w) for w in wanted):
+                raise BadRequestError(f"its keys must each name every key column of {table}: {key_cols}")
             cond, params = among(key_cols, wanted)
             text = f"SELECT * FROM {quote(table)} WHERE {cond}" + (f" AND ({where})" if where else "")
         else:
@@ -226,10 +243,13 @@ class Resnapshots:
                 now = int(time.time() * 1000)
                 try:
                     cur.execute(text, params)
-                except Exception as exc:
-                    raise CaptureError(
-                        f"re-snapshot {request['id']} of {table} cannot be read ({exc}): check its "
-                        f"--where condition {where!r}; remove the request with a task update or fix the table"
+                except pymysql.err.MySQLError as exc:
+                    # a server error about the statement (1xxx), not a lost connection (2xxx)
+                    if not (exc.args and isinstance(exc.args[0], int) and exc.args[0] < 2000):
+                        raise
+                    raise BadRequestError(
+                        f"the source refused its query ({exc.args[-1]}): check its --where condition "
+                        f"{where!r} and ask again with `sluice task snapshot`"
                     ) from None
                 for row in cur:
                     key = {k: row[k] for k in key_cols}
@@ -246,7 +266,8 @@ class Resnapshots:
             if listed is not None and request.get("delete_absent"):
                 for key in wanted:
                     if key_text({k: key[k] for k in key_cols}) not in seen:
-                        cap._emit(producer, table, cap._envelope("d", table, dict(key), None, None, pos, now,
+                        gone = {k: key[k] for k in key_cols}
+                        cap._emit(producer, table, cap._envelope("d", table, gone, None, None, pos, now,
                                                                  position.text()), tx)  # fmt: skip
                         deletes += 1
         finally:
