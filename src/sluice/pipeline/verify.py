@@ -40,7 +40,7 @@ from sluice.chaos.sync_compare import (
     target_value,
 )
 from sluice.security.secrets import Secret
-from sluice.sync.sources.mysql import BinlogPosition, _connect, primary_keys
+from sluice.sync.sources.mysql import BinlogPosition, CaptureError, _connect, primary_keys
 from sluice.sync.sources.mysql_snapshot import plan_ranges, range_condition
 from sluice.sync.sources.resnapshot import quote as mysql_quote
 from sluice.sync.targets.base import ColumnMapping, quote
@@ -303,7 +303,7 @@ def _captured(status: dict[str, Any] | None, position: BinlogPosition, since: fl
         return False
     try:
         return BinlogPosition.parse(str(status["captured_position"])) >= position
-    except ValueError:
+    except CaptureError:  # not a binlog position (a task of another source)
         return False
 
 
