@@ -210,8 +210,8 @@ _OPTIONS = {
     "spark_master": str,
     "partitions": int,
     "replication_factor": int,
-    # MySQL/MariaDB: tables with a single integer key and at least this many rows are
-    # snapshotted by a Spark job in key ranges of `snapshot_chunk_rows`, read in parallel
+    # MySQL/MariaDB: tables with at least this many rows are snapshotted by a Spark job in key
+    # ranges of `snapshot_chunk_rows`, read in parallel; re-snapshots read chunks of that size
     "snapshot_parallel_rows": int,
     "snapshot_chunk_rows": int,
 }

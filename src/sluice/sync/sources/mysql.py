@@ -313,8 +313,8 @@ class MySqlCapture:
         # Asked before each pass over the binlog: False once a newer execution of the task has
         # started, and this one stops instead of writing more into the log.
         self.still_owner = still_owner
-        # Runs SnapshotChunks (mysql_snapshot) in parallel, e.g. as a Spark job; tables with a
-        # single integer key and at least `snapshot_parallel_rows` rows are read that way.
+        # Runs SnapshotChunks (mysql_snapshot) in parallel, e.g. as a Spark job; tables with at
+        # least `snapshot_parallel_rows` rows are read that way (any primary key).
         self.snapshot_runner = snapshot_runner
         self.snapshot_parallel_rows = snapshot_parallel_rows
         self.snapshot_chunk_rows = snapshot_chunk_rows
