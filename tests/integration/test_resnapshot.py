@@ -88,11 +88,25 @@ class ItemsWriter(threading.Thread):
             self.error = exc
 
 
-def items_in_source(server: LocalMariaDB, db: str) -> dict[str, dict[str, Any]]:
-    return {
-        key_text({"id": i}): {"id": i, "v": v, "note": n}
-        for i, v, n in server.execute("SELECT id, v, note FROM items", database=db)
-    }
+KEYS = {"items": ["id"], "parts": ["sku", "line"]}
+
+
+def assert_target_equals_source(
+    bootstrap: str, topic: str, tmp_path: Path, server: LocalMariaDB, db: str, table: str
+) -> int:
+    """Apply everything in the topic to a SQLite target; its `table` must equal the source's.
+    Returns the source's row count."""
+    import pymysql.cursors
+
+    got = _apply_log_tables(bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, [table])
+    conn = pymysql.connect(**server.connect_args(db), cursorclass=pymysql.cursors.DictCursor)  # type: ignore[arg-type]
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {table}")
+        want = {key_text({k: row[k] for k in KEYS[table]}): dict(row) for row in cur.fetchall()}
+    conn.close()
+    cmp = compare(Truth(tables={table: want}, key_columns={table: KEYS[table]}), got)
+    assert cmp.ok, cmp.summary()
+    return len(want)
 
 
 def ops_in_log(bootstrap: str, topic: str, partitions: int = 3) -> list[dict[str, Any]]:
@@ -136,9 +150,7 @@ def test_a_resnapshot_under_concurrent_updates_and_deletes_ends_equal_to_the_sou
         assert not cap.stats.errors, cap.stats.errors
         wait_caught_up(cap, mariadb, 120)
     assert writer.done > 100  # the writes ran during the re-snapshot
-    got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["items"])
-    cmp = compare(Truth(tables={"items": items_in_source(mariadb, db)}, key_columns={"items": ["id"]}), got)
-    assert cmp.ok, cmp.summary()
+    assert_target_equals_source(cluster.bootstrap, topic, tmp_path, mariadb, db, "items")
 
 
 def test_a_composite_key_table_is_resnapshotted_in_keyset_chunks(
@@ -171,14 +183,8 @@ def test_a_composite_key_table_is_resnapshotted_in_keyset_chunks(
         )
         wait_until(lambda: not requests(), 120, "the requests served or dropped")
         wait_caught_up(cap, mariadb, 60)
-    got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["parts"])
-    want = {
-        key_text({"sku": s, "line": li}): {"sku": s, "line": li, "qty": q}
-        for s, li, q in mariadb.execute("SELECT sku, line, qty FROM parts", database=db)
-    }
-    cmp = compare(Truth(tables={"parts": want}, key_columns={"parts": ["sku", "line"]}), got)
-    assert cmp.ok, cmp.summary()
-    assert len(want) == 500 - 5
+    rows = assert_target_equals_source(cluster.bootstrap, topic, tmp_path, mariadb, db, "parts")
+    assert rows == 500 - 5
     envelopes = ops_in_log(cluster.bootstrap, topic)
     chunk_rows = [e for e in envelopes if e["op"] == "r"]
     assert cap.resnapshots.chunks >= 13 + 1  # 500 rows in chunks of 40, then the where request
@@ -245,9 +251,7 @@ def test_listed_keys_are_read_again_and_absent_ones_deleted(
         requests.pending.append(new_request("items", keys=keys, delete_absent=True))
         wait_until(lambda: not requests(), 60, "the repair served")
         wait_caught_up(cap, mariadb, 60)
-    got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["items"])
-    cmp = compare(Truth(tables={"items": items_in_source(mariadb, db)}, key_columns={"items": ["id"]}), got)
-    assert cmp.ok, cmp.summary()
+    assert_target_equals_source(cluster.bootstrap, topic, tmp_path, mariadb, db, "items")
     deletes = [e for e in ops_in_log(cluster.bootstrap, topic) if e["op"] == "d"]
     assert [e["key"] for e in deletes] == [{"id": 8}]
 
@@ -393,9 +397,7 @@ def test_a_resnapshot_cut_short_is_served_again_and_the_restart_streams_on(
         wait_until(lambda: not requests(), 60, "the request served again")
         wait_caught_up(second, mariadb, 60)
     assert second.resnapshots.chunks == 4  # from the start again
-    got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["items"])
-    cmp = compare(Truth(tables={"items": items_in_source(mariadb, db)}, key_columns={"items": ["id"]}), got)
-    assert cmp.ok, cmp.summary()
+    assert_target_equals_source(cluster.bootstrap, topic, tmp_path, mariadb, db, "items")
 
 
 @pytest.mark.slow  # a Spark session of its own when run alone: 45 s here
@@ -450,10 +452,4 @@ def test_the_initial_snapshot_splits_a_composite_key_table_for_spark(
         stop.set()
     assert len(ranges) >= 6 and ranges[0].keys == ("sku", "line") and ranges[0].lo is None
     assert all(a.hi == b.lo for a, b in itertools.pairwise(ranges)) and ranges[-1].hi is None
-    got = _apply_log_tables(cluster.bootstrap, topic, f"sqlite:///{tmp_path / 't.db'}", db, ["parts"])
-    want = {
-        key_text({"sku": s, "line": li}): {"sku": s, "line": li, "qty": q}
-        for s, li, q in mariadb.execute("SELECT sku, line, qty FROM parts", database=db)
-    }
-    cmp = compare(Truth(tables={"parts": want}, key_columns={"parts": ["sku", "line"]}), got)
-    assert cmp.ok, cmp.summary()
+    assert_target_equals_source(cluster.bootstrap, topic, tmp_path, mariadb, db, "parts")
