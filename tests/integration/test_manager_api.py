@@ -102,6 +102,7 @@ def test_every_endpoint_answers_401_without_credentials_and_changes_nothing(
     bodies: dict[str, Any] = {
         "/api/v1/topics": {"name": "sneaky", "partitions": 1, "replication_factor": 2},
         "/api/v1/tasks": GOOD_TASK,
+        "/api/v1/tasks/{task_id}/snapshot": {"table": "orders"},
         "/api/v1/users": {"user": "mallory", "password": "mallory-pw-1", "role": "admin"},
     }
     for route in routes:
@@ -317,7 +318,9 @@ def test_tasks_create_control_update_and_delete_with_an_audit_trail(
     r = operator.post("/api/v1/tasks/api-orders/restart", json={"from_position": "mysql-bin.000002:4"})
     assert r.status_code == 200 and r.json()["restarts"] == 1
     detail = viewer.get("/api/v1/tasks/api-orders").json()
-    assert detail["control"] == {"paused": False, "restarts": 1, "from_position": "mysql-bin.000002:4"}
+    assert detail["control"] == {
+        "paused": False, "restarts": 1, "from_position": "mysql-bin.000002:4", "snapshots": []
+    }  # fmt: skip
     assert detail["definition"]["target"] == target and detail["plain_text_secrets"] == []
     assert detail["executions"] == [] and detail["events"] == []
     # the definition as the API shows it (secrets as their references) saved back is unchanged
@@ -353,6 +356,29 @@ def test_tasks_create_control_update_and_delete_with_an_audit_trail(
     pause = next(e for e in trail if e["action"] == "task.pause")
     assert pause["before"]["state"] == "waiting" and pause["after"]["state"] == "paused"
     assert "s3cret" not in str(trail)
+
+
+def test_a_table_is_resnapshotted_on_request_with_an_audit_trail(
+    operator: httpx.Client, viewer: httpx.Client, admin: httpx.Client
+) -> None:
+    """POST /api/v1/tasks/{id}/snapshot queues a request in the task's control (no restart),
+    for operators only, refusing a table outside the task and a source without a binlog."""
+    task = {**GOOD_TASK, "id": "api-shop", "tables": ["items"],
+            "source": {"kind": "mariadb", "port": 3306, "database": "shop"}}  # fmt: skip
+    assert operator.post("/api/v1/tasks", json=task).status_code == 201
+    assert viewer.post("/api/v1/tasks/api-shop/snapshot", json={"table": "items"}).status_code == 403
+    r = operator.post("/api/v1/tasks/api-shop/snapshot", json={"table": "items", "where": "id > 5"})
+    assert r.status_code == 200, r.text
+    request = r.json()["snapshot"]
+    assert (request["table"], request["where"], request["keys"]) == ("items", "id > 5", None)
+    control = viewer.get("/api/v1/tasks/api-shop").json()["control"]
+    assert control["snapshots"] == [request] and control["restarts"] == 0
+    r = operator.post("/api/v1/tasks/api-shop/snapshot", json={"table": "orders"})
+    assert r.status_code == 422 and r.json()["field"] == "table" and "sluice task update" in r.text
+    assert operator.post("/api/v1/tasks/orders-gen/snapshot", json={"table": "x"}).status_code == 404
+    trail = [e for e in admin.get("/api/v1/audit").json() if e["target"] == "task:api-shop"]
+    assert [e["action"] for e in trail][:1] == ["task.snapshot"] and trail[0]["after"] == request
+    assert operator.delete("/api/v1/tasks/api-shop").status_code == 200
 
 
 def test_workers_lists_the_worker_group(viewer: httpx.Client) -> None:

@@ -104,6 +104,12 @@ class Restart(BaseModel):
     from_position: str | None = None
 
 
+class Snapshot(BaseModel):
+    table: str
+    #: a SQL condition on the source table, run with the task's source credentials
+    where: str | None = None
+
+
 class UserCreate(BaseModel):
     user: str
     password: str
@@ -404,6 +410,14 @@ def create_app(state: ManagerState) -> FastAPI:
     def restart(task_id: str, who: Operator, body: Restart | None = None) -> dict[str, Any]:
         """Restart the execution under a new epoch; `from_position` restarts capture there."""
         return _control(who, task_id, "restart", from_position=body.from_position if body else None)
+
+    @app.post(f"{API}/tasks/{{task_id}}/snapshot", tags=["tasks"])
+    def snapshot(task_id: str, who: Operator, body: Snapshot) -> dict[str, Any]:
+        """Re-snapshot one table of a running mysql/mariadb task while it streams; `where` (a SQL
+        condition on the source table, run with the task's source credentials) limits the rows."""
+        result = task_service.request_snapshot(svc, task_id, body.table, body.where)
+        audit(who, "task.snapshot", f"task:{task_id}", None, result["snapshot"])
+        return result
 
     @app.delete(f"{API}/tasks/{{task_id}}", tags=["tasks"])
     def delete_task(task_id: str, who: Operator) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Sync tasks: define (the same validation as `sluice task create`, errors naming the field),
-pause, resume, restart (optionally from a source position), delete, and their status: epoch,
-execution, worker, captured position, applied offsets, lag, execution history and events."""
+pause, resume, restart (optionally from a source position), re-snapshot a table, delete, and
+their status: epoch, execution, worker, captured position, applied offsets, lag, execution
+history and events."""
 
 from __future__ import annotations
 
@@ -73,13 +74,60 @@ def check_same_id(spec: TaskSpec, task_id: str | None) -> None:
 
 def update_task(svc: Services, spec: TaskSpec, task_id: str | None = None) -> dict[str, Any]:
     """Replace a task's definition; its execution restarts with it under a new epoch. A definition
-    holds references, never secrets, so one read back from the API can be saved as it is."""
+    holds references, never secrets, so one read back from the API can be saved as it is.
+
+    Tables it adds to a mysql/mariadb task are snapshotted while the task streams: a re-snapshot
+    request for each goes into the same control update as the restart."""
+    from sluice.sync.sources.resnapshot import new_request
+
     check_same_id(spec, task_id)
     try:
-        svc.tasks.update(spec)
+        before = svc.tasks.get(spec.id)
+        added = [t for t in spec.tables if t not in before.tables] if _captures_binlog(spec) else []
+        svc.tasks.update(spec, [new_request(t) for t in added])
     except TaskNotFoundError:
         raise NotFoundError(f"no task {spec.id!r}: create it first") from None
     return task_summary(svc, spec.id)
+
+
+def _captures_binlog(spec: TaskSpec) -> bool:
+    return spec.source.kind in ("mysql", "mariadb")
+
+
+def request_snapshot(
+    svc: Services,
+    task_id: str,
+    table: str,
+    where: str | None = None,
+    *,
+    keys: list[dict[str, Any]] | None = None,
+    delete_absent: bool = False,
+) -> dict[str, Any]:
+    """Ask the task's running capture to read `table` again (only its rows matching `where`, a
+    SQL condition on the source table run with the task's source credentials, or only `keys`)
+    while it goes on streaming; returns the request (its id names it in the capture's log)."""
+    from sluice.sync.sources.resnapshot import new_request
+
+    spec = _spec(svc, task_id)
+    if not _captures_binlog(spec):
+        raise InvalidError(f"task {task_id!r} has a {spec.source.kind} source: only mysql and mariadb "
+                           "tasks can re-snapshot a table", field="table")  # fmt: skip
+    if table not in spec.tables:
+        raise InvalidError(
+            f"table: {table!r} is not one of task {task_id!r}'s tables ({', '.join(spec.tables)}); "
+            "to capture it, add it to the task's tables with `sluice task update --file` (an added table is "
+            "snapshotted while the task streams)",
+            field="table",
+        )
+    if where is not None and (not isinstance(where, str) or not where.strip() or ";" in where):
+        raise InvalidError("where: must be one SQL condition on the source table, e.g. \"id > 100\"",
+                           field="where")  # fmt: skip
+    request = new_request(table, where=where, keys=keys, delete_absent=delete_absent)
+    try:
+        svc.tasks.add_snapshots(task_id, [request])
+    except TaskNotFoundError:
+        raise NotFoundError(f"no task {task_id!r}") from None
+    return {"task": task_id, "snapshot": request}
 
 
 def _state(status: dict[str, Any] | None, paused: bool, events: list[dict[str, Any]], now: float) -> str:

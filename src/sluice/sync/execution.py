@@ -238,6 +238,8 @@ class TaskExecution:
                 producer_config=client, transactions_topic=spec.transactions_topic(),
                 transaction_metadata=opts.get("transaction_metadata", "false") == "true",
                 heartbeat_s=parse_duration(str(opts.get("heartbeat_interval", HEARTBEAT_S))),
+                snapshot_requests=lambda: self.store.control(self.task_id).snapshots,
+                snapshot_done=lambda request: self.store.snapshot_done(self.task_id, request),
             )  # fmt: skip
             target = self.capture.run
         else:

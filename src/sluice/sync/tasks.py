@@ -8,7 +8,8 @@ ZooKeeper layout (under the cluster's chroot):
                              next value with a compare-and-set, so two executions never share one.
                              It outlives the task: a task deleted and created again under the same
                              id goes on from the epoch its target already holds
-    /tasks/{id}/control      what operators asked for: paused, restart count, restart position
+    /tasks/{id}/control      what operators asked for: paused, restart count, restart position,
+                             re-snapshot requests not yet served
     /tasks/{id}/status       ephemeral, owned by the running execution: execution id, epoch,
                              worker, positions and lag (gone when the execution's session is);
                              written only by the execution with the newest epoch
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -219,8 +220,8 @@ _OPTIONS = {
     "spark_master": str,
     "partitions": int,
     "replication_factor": int,
-    # MySQL/MariaDB: tables with a single integer key and at least this many rows are
-    # snapshotted by a Spark job in key ranges of `snapshot_chunk_rows`, read in parallel
+    # MySQL/MariaDB: tables with at least this many rows are snapshotted by a Spark job in key
+    # ranges of `snapshot_chunk_rows`, read in parallel; re-snapshots read chunks of that size
     "snapshot_parallel_rows": int,
     "snapshot_chunk_rows": int,
     # a change the target refuses: stop the query (the default) or dead-letter it (sync.dead_letters)
@@ -368,6 +369,14 @@ class Control:
     paused: bool = False
     restarts: int = 0
     from_position: str | None = None
+    #: re-snapshot requests not yet served (sync/sources/resnapshot.py): {"id", "table", "where",
+    #: "keys", "delete_absent", "requested"}; a control znode written before them has none
+    snapshots: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Control:
+        doc = orjson.loads(data)
+        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
 
 
 class TaskStore:
@@ -409,15 +418,23 @@ class TaskStore:
             if isinstance(r, Exception):
                 raise r
 
-    def update(self, spec: TaskSpec) -> Control:
-        """Replace a task's definition and restart its execution (under a new epoch) with it."""
+    def update(self, spec: TaskSpec, snapshots: list[dict[str, Any]] | None = None) -> Control:
+        """Replace a task's definition and restart its execution (under a new epoch) with it;
+        `snapshots` (re-snapshot requests, e.g. of tables it adds) go in with the restart."""
         from kazoo.exceptions import NoNodeError
 
         try:
             self._call(self.zk.set, self._path(spec.id), spec.to_json())
         except NoNodeError:
             raise TaskNotFoundError(spec.id) from None
-        return self.set_control(spec.id, restarts=self.control(spec.id).restarts + 1)
+
+        def restart(current: Control) -> None:
+            current.restarts += 1
+            # requests for tables the task no longer captures would wait for ever
+            kept = [r for r in current.snapshots if r.get("table") in spec.tables]
+            current.snapshots = [*kept, *(snapshots or [])]
+
+        return self._update_control(spec.id, restart)
 
     def ids(self) -> list[str]:
         return sorted(self._call(self.zk.get_children, TASKS))
@@ -462,20 +479,43 @@ class TaskStore:
 
     def control(self, task_id: str) -> Control:
         data, _ = self._call(self.zk.get, self._path(task_id, "control"))
-        return Control(**orjson.loads(data))
+        return Control.from_json(data)
 
     def set_control(self, task_id: str, **changes: Any) -> Control:
+        def apply(current: Control) -> None:
+            for k, v in changes.items():
+                setattr(current, k, v)
+
+        return self._update_control(task_id, apply)
+
+    def _update_control(self, task_id: str, change: Callable[[Control], None]) -> Control:
+        """One atomic read-modify-write of the task's control znode; the control written."""
+
         def apply(data: bytes | None) -> bytes:
             if data is None:
                 raise TaskNotFoundError(task_id)
-            current = Control(**orjson.loads(data))
-            for k, v in changes.items():
-                setattr(current, k, v)
+            current = Control.from_json(data)
+            change(current)
             return orjson.dumps(asdict(current))
 
-        return Control(
-            **orjson.loads(self._call(update_znode, self.zk, self._path(task_id, "control"), apply))
-        )
+        return Control.from_json(self._call(update_znode, self.zk, self._path(task_id, "control"), apply))
+
+    def add_snapshots(self, task_id: str, requests: list[dict[str, Any]]) -> Control:
+        """Queue re-snapshot requests for the running capture. No restart: a restart stops the
+        execution, and the capture serves requests while it streams."""
+
+        def add(current: Control) -> None:
+            current.snapshots = [*current.snapshots, *requests]
+
+        return self._update_control(task_id, add)
+
+    def snapshot_done(self, task_id: str, request_id: str) -> Control:
+        """Remove a served re-snapshot request."""
+
+        def remove(current: Control) -> None:
+            current.snapshots = [r for r in current.snapshots if r.get("id") != request_id]
+
+        return self._update_control(task_id, remove)
 
     def publish_status(self, task_id: str, status: dict[str, Any]) -> bool:
         """Create or update the task's ephemeral status znode for the execution `status` names,

@@ -10,7 +10,10 @@ from rich.table import Table
 
 from sluice.ops.cli.common import (
     DEFAULT_BOOTSTRAP,
+    Bootstrap,
+    CommandConfig,
     ZooKeeperOpt,
+    client_security,
     console,
     err,
     fail,
@@ -213,6 +216,131 @@ def task_restart(
 
     _call(zookeeper, restart_task, task_id, from_position)
     console.print(f"task {task_id} restarting" + (f" from {from_position}" if from_position else ""))
+
+
+@task_app.command("snapshot")
+def task_snapshot(
+    task_id: str,
+    table: Annotated[str, typer.Option("--table", help="The table to read again (one of the task's tables)")],
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            help="Only rows matching this SQL condition on the source table (run in the "
+            "capture's SELECT, with the task's source credentials)",
+        ),
+    ] = None,
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Re-snapshot a table while the task streams: read in key-range chunks, without locks and
+    without pausing the binlog; the running capture serves the request."""
+    from sluice.service.tasks import request_snapshot
+
+    result = _call(zookeeper, request_snapshot, task_id, table, where)
+    console.print(f"snapshot={result['snapshot']['id']} table={table}", markup=False, highlight=False)
+
+
+@task_app.command("verify")
+def task_verify(
+    task_id: str,
+    table: Annotated[
+        list[str] | None,
+        typer.Option("--table", help="Only this table (repeatable; default: all the task's)"),
+    ] = None,
+    repair: Annotated[
+        bool, typer.Option("--repair", help="Re-snapshot the differing keys through the running task")
+    ] = False,
+    chunk_rows: Annotated[
+        int, typer.Option(help="Rows per compared key range (one Spark task each)")
+    ] = 50_000,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the pipeline to pass a position")] = 60.0,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    command_config: CommandConfig = None,
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Compare the task's source and target chunk by chunk (a Spark job): rows missing, extra and
+    different, with their keys; exit 1 unless they are equal. Differences are checked again
+    once the pipeline has passed the source's position, so a running task is verified as is."""
+    from sluice.pipeline import verify as v
+    from sluice.pipeline.session import spark_session
+    from sluice.security.secrets import SecretError
+    from sluice.service.tasks import request_snapshot
+    from sluice.sync.sources.mysql import CaptureError
+    from sluice.sync.tasks import TaskNotFoundError, resolved
+
+    svc = services(zookeeper)
+    try:
+        try:
+            stored = svc.tasks.get(task_id)
+        except TaskNotFoundError:
+            raise fail(f"no task {task_id!r}", 2) from None
+        if stored.source.kind not in ("mysql", "mariadb"):
+            raise fail(f"task {task_id} has a {stored.source.kind} source: verify compares mysql/mariadb "
+                       "sources with their targets", 2)  # fmt: skip
+        unknown = [t for t in table or [] if t not in stored.tables]
+        if unknown:
+            raise fail(f"--table {', '.join(unknown)}: not among task {task_id}'s tables "
+                       f"({', '.join(stored.tables)})", 2)  # fmt: skip
+        try:
+            spec = resolved(stored)
+        except SecretError as exc:
+            raise fail(
+                f"{exc} (verify reads the source and the target with the task's credentials)", 2
+            ) from None
+        REDACTOR.add(stored.secrets())
+
+        def status() -> dict[str, Any] | None:
+            return svc.tasks.status(task_id)
+
+        client = client_security(command_config, bootstrap).confluent_config()
+
+        def ends() -> dict[str, int]:
+            return v.log_ends(bootstrap, spec.topics(), client)
+
+        spark = spark_session(spec.options.get("spark_master"), app=f"sluice-verify {task_id}")
+        try:
+            result = v.verify(
+                spark, spec, tables=table, chunk_rows=chunk_rows, status=status, ends=ends, wait_s=wait
+            )
+        except CaptureError as exc:
+            raise fail(str(exc), 1) from None
+        for line in v.report_lines(result):
+            console.print(line, markup=False, highlight=False)
+        if not result.waited:
+            note = (f"note: task {task_id}'s pipeline was not seen past the source's position within "
+                    f"{wait:.0f} s (is it running?): differences are reported as found")  # fmt: skip
+            err.print(note, markup=False, highlight=False)
+        if repair and not result.ok:
+
+            def ask(name: str, keys: list[dict[str, Any]]) -> str:
+                return str(
+                    request_snapshot(svc, task_id, name, keys=keys, delete_absent=True)["snapshot"]["id"]
+                )
+
+            def pending() -> list[str]:
+                return [str(r.get("id")) for r in svc.tasks.control(task_id).snapshots]
+
+            try:
+                result = v.repair(
+                    spec,
+                    result,
+                    request=ask,
+                    pending=pending,
+                    status=status,
+                    ends=ends,
+                    wait_s=max(wait, 120),
+                )
+            except TimeoutError as exc:
+                raise fail(str(exc), 1) from None
+            console.print(f"repaired={result.repaired}", markup=False, highlight=False)
+            for line in v.report_lines(result):
+                if not line.startswith("verify "):
+                    console.print(f"  still{line}", markup=False, highlight=False)
+        console.print(f"verified={'true' if result.ok else 'false'}", markup=False, highlight=False)
+    finally:
+        svc.close()
+    if not result.ok:
+        raise typer.Exit(1)
 
 
 @task_app.command("delete")

@@ -345,6 +345,8 @@ class MySqlCapture:
         transactions_topic: str | None = None,
         transaction_metadata: bool = False,
         heartbeat_s: float = HEARTBEAT_S,
+        snapshot_requests: Callable[[], list[dict[str, Any]]] | None = None,
+        snapshot_done: Callable[[str], Any] | None = None,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -358,8 +360,8 @@ class MySqlCapture:
         # Asked before each pass over the binlog: False once a newer execution of the task has
         # started, and this one stops instead of writing more into the log.
         self.still_owner = still_owner
-        # Runs SnapshotChunks (mysql_snapshot) in parallel, e.g. as a Spark job; tables with a
-        # single integer key and at least `snapshot_parallel_rows` rows are read that way.
+        # Runs SnapshotChunks (mysql_snapshot) in parallel, e.g. as a Spark job; tables with at
+        # least `snapshot_parallel_rows` rows are read that way (any primary key).
         self.snapshot_runner = snapshot_runner
         self.snapshot_parallel_rows = snapshot_parallel_rows
         self.snapshot_chunk_rows = snapshot_chunk_rows
@@ -386,6 +388,14 @@ class MySqlCapture:
         self._snapshot_cut: dict[tuple[str, int], int] = {}  # the cut when a snapshot began
         self.heartbeat_s = heartbeat_s
         self._last_heartbeat = time.monotonic()
+        # Re-snapshot requests (resnapshot.py): asked for and served between binlog passes.
+        self.resnapshots: Any = None
+        if snapshot_requests is not None and snapshot_done is not None:
+            from sluice.sync.sources.resnapshot import Resnapshots
+
+            self.resnapshots = Resnapshots(
+                self, snapshot_requests, snapshot_done, chunk_rows=snapshot_chunk_rows
+            )
 
     # --- the producer and the resume position ----------------------------------------------------
     def _make_producer(self) -> Any:
@@ -562,7 +572,7 @@ class MySqlCapture:
         position taken before any of it, and before `inherited`'s (an interrupted snapshot's)."""
         import pymysql.cursors
 
-        parallel: dict[str, list[tuple[int, int]]] = {}
+        parallel: dict[str, list[tuple[Any, Any]]] = {}
         stream_from = inherited
         if self.snapshot_runner is not None:
             from sluice.sync.sources.mysql_snapshot import plan_chunks
@@ -757,15 +767,15 @@ class MySqlCapture:
         return BinlogPosition(str(row[0]), int(row[1]))
 
     def _snapshot_chunks(
-        self, plans: dict[str, list[tuple[int, int]]], keys: dict[str, list[str]], stream_from: BinlogPosition
+        self, plans: dict[str, list[tuple[Any, Any]]], keys: dict[str, list[str]], stream_from: BinlogPosition
     ) -> None:
         from sluice.sync.sources.mysql_snapshot import SnapshotChunk
 
         assert self.snapshot_runner is not None
         chunks = [
             SnapshotChunk(
-                self.spec, table, keys[table][0], lo, hi, self.topic_for(table), self.bootstrap, self.name,
-                self.epoch, self.execution, stream_from.text(), self.is_mariadb,
+                self.spec, table, tuple(keys[table]), lo, hi, self.topic_for(table), self.bootstrap,
+                self.name, self.epoch, self.execution, stream_from.text(), self.is_mariadb,
                 tuple(sorted(self._producer_config.items())),
             )
             for table, ranges in sorted(plans.items())
@@ -842,6 +852,8 @@ class MySqlCapture:
                 # version guard in the target keeps those stale changes from overwriting rows.
                 self.stop.set()
                 return
+            if self.resnapshots is not None:  # a few chunks, then the binlog again
+                self.resnapshots.serve(producer, keys, tx_start)
             stream = BinLogStreamReader(
                 connection_settings=settings, server_id=server_id, log_file=tx_start.file,
                 log_pos=tx_start.pos, resume_stream=True, blocking=False,

@@ -11,8 +11,11 @@ change a range already saw (position below its label) is skipped and every later
 with a lower-bound label an earlier change may be applied again, and the changes after it set
 the row right again before the capture catches up.
 
-Only tables with a single integer primary key are split (by value range); others are read whole
-in the capture's own snapshot transaction.
+Ranges are (lo, hi] of the primary key in its own order, None for an open end. A single integer
+key is split by value between its MIN and MAX (two queries); any other key, composite or not
+an integer, by keyset pagination: a boundary every `chunk_rows` keys (`plan_ranges`), read with
+row-value comparisons `(k1, k2) > lo AND (k1, k2) <= hi`. Small tables are read whole in the
+capture's own snapshot transaction.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ INTEGER_TYPES = ("tinyint", "smallint", "mediumint", "int", "integer", "bigint")
 
 @dataclass(frozen=True, slots=True)
 class SnapshotChunk:
-    """One key range [lo, hi) of one table, and everything a Spark task needs to capture it."""
+    """One key range (lo, hi] of one table (None: open), and everything a Spark task needs to
+    capture it."""
 
     spec: SourceSpec
     table: str
-    key: str
-    lo: int
-    hi: int
+    keys: tuple[str, ...]
+    lo: tuple[Any, ...] | None
+    hi: tuple[Any, ...] | None
     topic: str
     bootstrap: str
     name: str
@@ -59,25 +63,24 @@ class SnapshotChunk:
 @dataclass(frozen=True, slots=True)
 class ChunkResult:
     table: str
-    lo: int
-    hi: int
+    lo: tuple[Any, ...] | None
+    hi: tuple[Any, ...] | None
     rows: int
     position: str
 
 
 def plan_chunks(
     spec: SourceSpec, tables: dict[str, list[str]], *, min_rows: int, chunk_rows: int
-) -> dict[str, list[tuple[int, int]]]:
-    """Key ranges for each table worth splitting: a single integer key and at least `min_rows`
-    rows by the server's estimate. Tables not in the result are read whole."""
+) -> dict[str, list[tuple[Any, Any]]]:
+    """Key ranges (lo, hi] for each table worth splitting: at least `min_rows` rows by the
+    server's estimate. Tables not in the result are read whole."""
     assert min_rows > 0 and chunk_rows > 0
     conn = _connect(spec)
-    plans: dict[str, list[tuple[int, int]]] = {}
+    plans: dict[str, list[tuple[Any, Any]]] = {}
+    keyset: list[str] = []
     try:
         with conn.cursor() as cur:
             for table, keys in tables.items():
-                if len(keys) != 1:
-                    continue
                 cur.execute(
                     "SELECT c.DATA_TYPE, t.TABLE_ROWS FROM information_schema.COLUMNS c "
                     "JOIN information_schema.TABLES t USING (TABLE_SCHEMA, TABLE_NAME) "
@@ -85,16 +88,68 @@ def plan_chunks(
                     (spec.database, table, keys[0]),
                 )
                 row = cur.fetchone()
-                if row is None or str(row[0]).lower() not in INTEGER_TYPES or int(row[1] or 0) < min_rows:
+                if row is None or int(row[1] or 0) < min_rows:
+                    continue
+                if len(keys) != 1 or str(row[0]).lower() not in INTEGER_TYPES:
+                    keyset.append(table)
                     continue
                 cur.execute(f"SELECT MIN(`{keys[0]}`), MAX(`{keys[0]}`) FROM `{table}`")
                 lo, hi = cur.fetchone()
                 if lo is None:
                     continue
-                plans[table] = split_range(int(lo), int(hi) + 1, -(-int(row[1]) // chunk_rows))
+                # [a, b) of integers is (a - 1, b - 1]
+                parts = split_range(int(lo), int(hi) + 1, -(-int(row[1]) // chunk_rows))
+                plans[table] = [((a - 1,), (b - 1,)) for a, b in parts]
     finally:
         conn.close()
+    for table in keyset:
+        plans[table] = plan_ranges(spec, table, tables[table], chunk_rows)
     return plans
+
+
+def range_condition(
+    cols: list[str], lo: tuple[Any, ...] | None, hi: tuple[Any, ...] | None, mark: str
+) -> tuple[str, list[Any]]:
+    """`(k1, k2) > lo AND (k1, k2) <= hi` (either side left out when None), with `mark` as the
+    parameter placeholder; `cols` are quoted already."""
+    row = cols[0] if len(cols) == 1 else f"({', '.join(cols)})"
+    one = mark if len(cols) == 1 else "(" + ", ".join([mark] * len(cols)) + ")"
+    conds: list[str] = []
+    params: list[Any] = []
+    if lo is not None:
+        conds.append(f"{row} > {one}")
+        params.extend(lo)
+    if hi is not None:
+        conds.append(f"{row} <= {one}")
+        params.extend(hi)
+    return (" AND ".join(conds) or "1 = 1"), params
+
+
+def plan_ranges(spec: SourceSpec, table: str, key: list[str], chunk_rows: int) -> list[tuple[Any, Any]]:
+    """Key ranges (lo, hi] of about `chunk_rows` rows each, covering every key: boundaries found
+    by keyset pagination (`WHERE key > last ORDER BY key LIMIT 1 OFFSET n-1`), the last range
+    open-ended so rows inserted past the end meanwhile are still in one."""
+    keys = [f"`{k}`" for k in key]
+    ranges: list[tuple[Any, Any]] = []
+    last: tuple[Any, ...] | None = None
+    conn = _connect(spec)
+    try:
+        with conn.cursor() as cur:
+            while True:
+                cond, params = range_condition(keys, last, None, "%s")
+                cur.execute(
+                    f"SELECT {', '.join(keys)} FROM `{table}` WHERE {cond} "
+                    f"ORDER BY {', '.join(keys)} LIMIT 1 OFFSET {int(chunk_rows) - 1}",
+                    params,
+                )
+                row = cur.fetchone()
+                if row is None:
+                    ranges.append((last, None))
+                    return ranges
+                ranges.append((last, tuple(row)))
+                last = tuple(row)
+    finally:
+        conn.close()
 
 
 def split_range(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
@@ -104,6 +159,24 @@ def split_range(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
     out = [(start, min(start + width, hi)) for start in range(lo, hi, width)]
     assert out[0][0] == lo and out[-1][1] == hi
     return out
+
+
+def begin_chunk_snapshot(cur: Any, is_mariadb: bool) -> BinlogPosition:
+    """Open a consistent-snapshot transaction on `cur` (a dict cursor) without any lock and
+    return the position to label its rows with: on MariaDB the snapshot's own (exact), on MySQL
+    the position read just before it began (a lower bound: a change between the two is in the
+    rows and also comes again from the binlog, above the label, with the same or a later value)."""
+    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    if is_mariadb:
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        status = {r["Variable_name"].lower(): r["Value"] for r in cur.fetchall()}
+        return BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
+    cur.execute("SHOW MASTER STATUS")
+    row = cur.fetchone()
+    position = BinlogPosition(row["File"], int(row["Position"]))
+    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+    return position
 
 
 def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
@@ -124,23 +197,9 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
     rows = 0
     try:
         with conn.cursor() as cur:
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            if chunk.is_mariadb:
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-                status = {r["Variable_name"].lower(): r["Value"] for r in cur.fetchall()}
-                position = BinlogPosition(
-                    status["binlog_snapshot_file"], int(status["binlog_snapshot_position"])
-                )
-            else:
-                cur.execute("SHOW MASTER STATUS")
-                row = cur.fetchone()
-                position = BinlogPosition(row["File"], int(row["Position"]))
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            cur.execute(
-                f"SELECT * FROM `{chunk.table}` WHERE `{chunk.key}` >= %s AND `{chunk.key}` < %s",
-                (chunk.lo, chunk.hi),
-            )
+            position = begin_chunk_snapshot(cur, chunk.is_mariadb)
+            cond, params = range_condition([f"`{k}`" for k in chunk.keys], chunk.lo, chunk.hi, "%s")
+            cur.execute(f"SELECT * FROM `{chunk.table}` WHERE {cond}", params)
             now = int(time.time() * 1000)
             source = {
                 "connector": "mariadb" if chunk.is_mariadb else "mysql", "name": chunk.name,
@@ -149,7 +208,7 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
                 "epoch": chunk.epoch, "execution": chunk.execution,
             }  # fmt: skip
             for record in cur:
-                key = {chunk.key: record[chunk.key]}
+                key = {k: record[k] for k in chunk.keys}
                 env = {"op": "r", "table": chunk.table, "key": key, "before": None, "after": record,
                        "source": source, "ts_ms": now}  # fmt: skip
                 if binary := binary_columns(record):
@@ -170,7 +229,7 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
         conn.close()
     if producer.flush(120) or errors:
         raise CaptureError(
-            f"snapshot of {chunk.table} [{chunk.lo}, {chunk.hi}) not acknowledged by the log: "
+            f"snapshot of {chunk.table} ({chunk.lo}, {chunk.hi}] not acknowledged by the log: "
             f"{errors[0] if errors else 'timed out after 120 s'}"
         )
     return ChunkResult(chunk.table, chunk.lo, chunk.hi, rows, position.text())
