@@ -36,6 +36,7 @@ CHAINS = {
     "test_two_workers_share_a_task_through_kills_and_a_pause": "chain-2",
     "test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commits": "chain-2",
     "test_demo_ends_with_the_target_equal_to_the_source": "chain-2",
+    "test_demo_with_a_mariadb_source_ends_verified_with_the_refused_row_dead_lettered": "chain-3",
     "test_zombie_task_passes_from_the_cli": "chain-2",
     "test_task_status_reports_the_lag_the_test_measures": "chain-3",
     "test_a_worker_whose_spark_driver_was_killed_runs_its_task_on_a_new_one": "chain-3",

@@ -80,3 +80,32 @@ def test_demo_ends_with_the_target_equal_to_the_source(tmp_path: Path, security:
     assert demo_topic_seen, "the console never listed the demo's topic"
     warnings = [line for line in seen if "event=" in line]
     assert apply_lag_seen, f"the console never showed the demo's apply lag; the demo logged: {warnings[-20:]}"
+
+
+def test_demo_with_a_mariadb_source_ends_verified_with_the_refused_row_dead_lettered(tmp_path: Path) -> None:
+    """`sluice demo --source mariadb`: two workers capture a MariaDB through an added, a dropped, a
+    renamed and a widened column, a re-snapshot, an added table and a row the target refuses; it
+    exits 0 only when `sluice task verify` finds source and target equal and the refused row is
+    in the dead-letter topic."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "demo", "--source", "mariadb",
+         "--dir", str(tmp_path / "demo"), "--duration", "24"],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    for step in ("a column added", "a column dropped", "a column renamed", "a column widened",
+                 "sluice task snapshot shop --table orders", "refunds added to the task"):  # fmt: skip
+        assert step in out, f"{step!r} not in the demo's output:\n{out[-4000:]}"
+    assert "verified=true" in out
+    assert "refused_row_in_dlq=true" in out
+    verified = {
+        fields["table"]: fields
+        for line in out.splitlines()
+        if line.strip().startswith("verify table=")
+        for fields in [dict(kv.split("=", 1) for kv in line.split()[1:])]
+    }
+    assert sorted(verified) == ["customers", "orders", "refunds"], out[-4000:]
+    for table, fields in verified.items():
+        assert int(fields["rows"]) > 0, table
+        assert (fields["missing"], fields["extra"], fields["different"]) == ("0", "0", "0"), fields

@@ -89,7 +89,7 @@ class _Writer(threading.Thread):
         self.stop = threading.Event()
         self.next_customer = CUSTOMERS + 1
         self.next_order = ORDERS + 1
-        self.next_refund = 1
+        self.next_refund = 1_000
 
     def run(self) -> None:
         import pymysql
@@ -177,7 +177,7 @@ def create_source(db: LocalMariaDB) -> None:
     db.execute(*SCHEMA, database=DATABASE)
     db.execute(
         f"INSERT INTO customers SELECT seq, CONCAT('c', seq), 'seed', seq % 100, 1 FROM seq_1_to_{CUSTOMERS}",
-        f"INSERT INTO orders SELECT seq, l.seq, 1000 + seq, 'new' FROM seq_1_to_{ORDERS} "
+        f"INSERT INTO orders SELECT o.seq, l.seq, 1000 + o.seq, 'new' FROM seq_1_to_{ORDERS} AS o "
         "JOIN seq_1_to_2 AS l",
         "INSERT INTO refunds SELECT seq, seq, 100 + seq FROM seq_1_to_50",
         database=DATABASE,
@@ -226,6 +226,9 @@ def run_mariadb_demo(
     db = LocalMariaDB(directory / "mariadb").start()
     try:
         return _run(cluster, db, directory, target, duration_s, console)
+    except Exception as exc:  # a step failed outright: say which, then clean up
+        console.print(f"[bold red]FAILED[/]: {type(exc).__name__}: {exc}", markup=True, highlight=False)
+        return False
     finally:
         db.remove()
         if keep:
@@ -341,7 +344,8 @@ def _resnapshot(svc: Any, note: Callable[[str], None]) -> None:
     from sluice.service.tasks import request_snapshot
 
     request = request_snapshot(svc, TASK, "orders")
-    note(f"sluice task snapshot {TASK} --table orders (request {request['id']}): orders read again in "
+    rid = request["snapshot"]["id"]
+    note(f"sluice task snapshot {TASK} --table orders (request {rid}): orders read again in "
          "key ranges while the binlog streams")  # fmt: skip
 
 
@@ -372,11 +376,12 @@ def _verify(svc: Any, console: Console) -> bool:
 
     argv = [sys.executable, "-m", "sluice.ops.cli", "task", "verify", TASK, "--zookeeper", svc.zookeeper,
             "--bootstrap-server", svc.bootstrap]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        console.print(f"   {line.rstrip()}", markup=False, highlight=False)
-    return proc.wait() == 0
+    done = subprocess.run(argv, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        console.print(f"   {line}", markup=False, highlight=False, soft_wrap=True)
+    if done.returncode not in (0, 1):  # 1: they differ, said above; anything else: it failed
+        console.print(f"   verify failed (exit {done.returncode}):\n{done.stderr[-3000:]}", markup=False)
+    return done.returncode == 0
 
 
 def _dead_letters(svc: Any, console: Console) -> list[dict[str, Any]]:
