@@ -38,8 +38,11 @@ def _binary(*names: str) -> str:
 
 
 class LocalMariaDB:
-    def __init__(self, directory: Path, port: int | None = None, server_id: int = 1) -> None:
+    def __init__(
+        self, directory: Path, port: int | None = None, server_id: int = 1, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.directory = directory.resolve()
+        self.extra_args = extra_args  # more mariadbd options, e.g. bench/capture.py's --version
         self.port = port or free_port()
         self.server_id = server_id
         self.proc: subprocess.Popen[bytes] | None = None
@@ -95,6 +98,7 @@ class LocalMariaDB:
             "--binlog-row-metadata=FULL",  # column names in the row events themselves
             "--innodb-buffer-pool-size=128M",
             "--skip-name-resolve",
+            *self.extra_args,
         ]
         if self._user:
             cmd.append(f"--user={self._user}")

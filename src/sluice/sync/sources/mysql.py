@@ -468,19 +468,21 @@ class MySqlCapture:
                   ts_ms: int, position: str) -> dict[str, Any]:  # fmt: skip
         with self._lock:
             resume = self._txs.resume
-        binary = binary_columns(key, before, after)
-        return {
-            "op": op, "table": table, "key": key, "before": before, "after": after,
-            **({"binary": binary} if binary else {}),
-            "source": {
-                "connector": "mariadb" if self.is_mariadb else "mysql", "name": self.name,
-                "db": self.spec.database, "pos": pos, "position": position, "resume": resume,
-                "ts_ms": ts_ms, "epoch": self.epoch, "execution": self.execution,
-                "schema": self._schema_pos.get(table, 0),
-                **({"snapshot_start": self._snapshot_start} if op == "r" and self._snapshot_start else {}),
-            },
-            "ts_ms": int(time.time() * 1000),
+        source = {
+            "connector": "mariadb" if self.is_mariadb else "mysql", "name": self.name,
+            "db": self.spec.database, "pos": pos, "position": position, "resume": resume,
+            "ts_ms": ts_ms, "epoch": self.epoch, "execution": self.execution,
+            "schema": self._schema_pos.get(table, 0),
         }  # fmt: skip
+        if op == "r" and self._snapshot_start:
+            source["snapshot_start"] = self._snapshot_start
+        env = {"op": op, "table": table, "key": key, "before": before, "after": after}
+        binary = binary_columns(key, before, after)
+        if binary:
+            env["binary"] = binary
+        env["source"] = source
+        env["ts_ms"] = int(time.time() * 1000)
+        return env
 
     def resume_position(self) -> str:
         """Where a restart would resume now ("snapshot" while the snapshot runs)."""
@@ -641,12 +643,13 @@ class MySqlCapture:
     ) -> None:
         """Every row of `table` as op "r", labelled with the snapshot's position."""
         now = int(time.time() * 1000)
+        pos, text = position.encode(), position.text()
         cur.execute(f"SELECT * FROM `{table}`")
-        for row in cur:
+        for row in cur:  # a new dict per row (SSDictCursor): the envelope can hold it as it is
             if self.stop.is_set():
                 raise CaptureError("stopped during the snapshot; it will start over")
             key = {k: row[k] for k in keys}
-            env = self._envelope("r", table, key, None, dict(row), position.encode(), now, position.text())
+            env = self._envelope("r", table, key, None, row, pos, now, text)
             self._emit(producer, table, env, tx)
             self.stats.snapshot_rows += 1
             if self.stats.snapshot_rows % 5000 == 0:
