@@ -277,7 +277,7 @@ def _run(
         steps = [
             (RESNAPSHOT_AT, lambda: _resnapshot(svc, note)),
             (ADD_TABLE_AT, lambda: _add_table(svc, definition, note)),
-            (REFUSED_AT, lambda: _refused_row(db, note)),
+            (REFUSED_AT, lambda: _refused_row(db, svc, note)),
             (CORRECTED_AT, lambda: _correct_row(db, note)),
         ]
         begin = time.monotonic()
@@ -298,8 +298,7 @@ def _run(
         console.print(f"[bold]5.[/] sluice task verify {TASK}")
         verified = _verify(svc, console)
         letters = _dead_letters(svc, console)
-        refused = [d for d in letters if d.get("table") == "refunds"
-                   and (d.get("key") or {}).get("id") == REFUSED_REFUND_ID]  # fmt: skip
+        refused = _refused_letters(svc)
         console.print(f"dead_letters={len(letters)} refused_row_in_dlq={str(bool(refused)).lower()}")
         ok = verified and bool(refused)
         if ok:
@@ -358,10 +357,18 @@ def _add_table(svc: Any, definition: dict[str, Any], note: Callable[[str], None]
     note("refunds added to the task's tables (the task restarts and snapshots just that table)")
 
 
-def _refused_row(db: LocalMariaDB, note: Callable[[str], None]) -> None:
+def _refused_row(db: LocalMariaDB, svc: Any, note: Callable[[str], None]) -> None:
+    """The refund the target refuses, and the wait until it is dead-lettered: corrected at the
+    source before its batch was applied, the two changes would collapse into the corrected one
+    and the target would never see the refused value (as under load, when the task was still
+    restarting for the added table)."""
     db.execute(f"INSERT INTO refunds VALUES ({REFUSED_REFUND_ID}, 1, {REFUSED_AMOUNT})", database=DATABASE)
     note(f"source: refund {REFUSED_REFUND_ID} of {REFUSED_AMOUNT} (the target allows at most "
          f"{TARGET_REFUND_LIMIT}: it refuses the row)")  # fmt: skip
+    _wait(lambda: bool(_refused_letters(svc)), 120, "the refused refund in the dead-letter topic")
+    note(
+        f"refund {REFUSED_REFUND_ID} refused by the target and dead-lettered; the rest of its batch committed"
+    )
 
 
 def _correct_row(db: LocalMariaDB, note: Callable[[str], None]) -> None:
@@ -382,6 +389,18 @@ def _verify(svc: Any, console: Console) -> bool:
     if done.returncode not in (0, 1):  # 1: they differ, said above; anything else: it failed
         console.print(f"   verify failed (exit {done.returncode}):\n{done.stderr[-3000:]}", markup=False)
     return done.returncode == 0
+
+
+def _refused_letters(svc: Any) -> list[dict[str, Any]]:
+    """The dead letters of the refund the target refuses (none while its topic is not there)."""
+    from sluice.sync.dead_letters import DeadLetterError, dead_letter_topic, read_entries
+
+    try:
+        entries = read_entries(svc.bootstrap, dead_letter_topic(TASK), svc.security.confluent_config())
+    except DeadLetterError:
+        return []
+    docs = [e.letter.to_doc() for e in entries]
+    return [d for d in docs if d["table"] == "refunds" and d["key"].get("id") == REFUSED_REFUND_ID]
 
 
 def _dead_letters(svc: Any, console: Console) -> list[dict[str, Any]]:
