@@ -64,14 +64,7 @@ def run_demo(
     """``security="sasl_ssl"``: the cluster with TLS, SCRAM users and ACLs; the demo's clients
     (topic creation, generator, apply query and its Spark executors, manager) authenticate as
     its admin."""
-    directory = directory.resolve()
-    if (directory / launcher.STATE_FILE).exists():
-        try:
-            launcher.cluster_down(directory)
-        except Exception:
-            pass
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
+    directory = fresh_directory(directory)
     target = target or f"sqlite:///{directory / 'target.db'}"
     console.print(f"[bold]1.[/] starting a local cluster of {BROKERS} brokers in {directory}")
     t0 = time.monotonic()
@@ -86,13 +79,30 @@ def run_demo(
     finally:
         if manager is not None:
             manager.stop()
-        if keep:
-            console.print(
-                f"cluster left running: `sluice cluster down --dir {directory / 'cluster'}` stops it"
-            )
-        else:
-            launcher.cluster_down(directory / "cluster")
+        if end_cluster(directory, keep, console):
             console.print("[bold]7.[/] cluster stopped")
+
+
+def fresh_directory(directory: Path) -> Path:
+    """A demo's directory, emptied: a cluster an earlier run left in its `cluster/` stopped first."""
+    directory = directory.resolve()
+    if (directory / "cluster" / launcher.STATE_FILE).exists():
+        try:
+            launcher.cluster_down(directory / "cluster")
+        except Exception:
+            pass
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    return directory
+
+
+def end_cluster(directory: Path, keep: bool, console: Console) -> bool:
+    """Stop the demo's cluster (True), or with `keep` say how to stop it later (False)."""
+    if keep:
+        console.print(f"cluster left running: `sluice cluster down --dir {directory / 'cluster'}` stops it")
+        return False
+    launcher.cluster_down(directory / "cluster")
+    return True
 
 
 #: the consumer group the demo commits its applied offsets to, so the manager's console shows the

@@ -20,7 +20,6 @@ dead-letter topic.
 from __future__ import annotations
 
 import random
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import Any
 from rich.console import Console
 
 from sluice.ops import launcher
+from sluice.ops.demo import end_cluster, fresh_directory
 from sluice.ops.mariadb import LocalMariaDB
 
 TASK = "shop"
@@ -210,14 +210,7 @@ def stricter_refunds_table(target: str) -> None:
 def run_mariadb_demo(
     directory: Path, *, duration_s: float, target: str | None, keep: bool, console: Console
 ) -> bool:
-    directory = directory.resolve()
-    if (directory / "cluster" / launcher.STATE_FILE).exists():
-        try:
-            launcher.cluster_down(directory / "cluster")
-        except Exception:
-            pass
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
+    directory = fresh_directory(directory)
     target = target or f"sqlite:///{directory / 'target.db'}"
     console.print(f"[bold]1.[/] a local cluster of 3 brokers and 2 sync workers in {directory}")
     cluster = launcher.cluster_up(directory / "cluster", brokers=3, workers=2)
@@ -231,12 +224,7 @@ def run_mariadb_demo(
         return False
     finally:
         db.remove()
-        if keep:
-            console.print(
-                f"cluster left running: `sluice cluster down --dir {directory / 'cluster'}` stops it"
-            )
-        else:
-            launcher.cluster_down(directory / "cluster")
+        end_cluster(directory, keep, console)
 
 
 def _run(
