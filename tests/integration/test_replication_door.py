@@ -136,6 +136,13 @@ def three_brokers_with_topic(zookeeper: str, directory: Path) -> Iterator[tuple[
                 "the topic with three in-sync replicas",
             )
         leader = int(p["leader_id"])
+        # The metadata names the leader before the leader itself may have taken the partition (it
+        # learns it from its own watch): a produce sent in between was answered
+        # NOT_LEADER_OR_FOLLOWER under the suite's load. Ready when the leader takes one.
+        with leader_client(c, leader) as lw:
+            wait_until(
+                lambda: produce(lw, 10_000)["error_code"] == ErrorCode.NONE, 30, "the leader to take a record"
+            )
         yield c, leader, [r for r in p["replica_nodes"] if r != leader]
     finally:
         c.down()
