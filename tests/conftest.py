@@ -48,13 +48,32 @@ CHAINS = {
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Work units of one test each, but a chain's tests in one unit (xdist's own `loadgroup`
-    marks tests by rewriting their node ids, which pytest 9 no longer allows)."""
+    """Work units of one module each (`--dist loadscope`), but a chain's tests in one unit of
+    their own (xdist's own `loadgroup` marks tests by rewriting their node ids, which pytest 9
+    no longer allows). A module stays whole on one worker because its module-scoped fixtures
+    (a cluster, a broker) are set up once there, and some of its tests run after others on
+    purpose (a broker alive after the fuzz tests; a test killing the module's broker, last).
+    Units of one test each split such modules: a module's cluster was started on every worker,
+    and `test_sasl_ssl_broker_alive_after_fuzz` ran on a fresh broker no fuzz test had touched."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ChainScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return CHAINS.get(nodeid.rpartition("::")[2].partition("[")[0], nodeid)
+            test = nodeid.rpartition("::")[2].partition("[")[0]
+            return CHAINS[test] if test in CHAINS else nodeid.partition("::")[0]
+
+        def _assign_work_unit(self, node: Any) -> None:
+            """The chains first, then the modules that start processes (integration, browser,
+            conformance), then the unit tests: a long unit handed out last keeps the suite
+            waiting at its end. (xdist orders units by their number of tests, which put
+            hundreds of quick unit tests before a module of a few long drills.)"""
+            if not getattr(self, "_ordered", False):
+                self._ordered = True
+                rank = {scope: (0 if scope in CHAINS.values() else 2 if "/unit/" in scope else 1)
+                        for scope in self.workqueue}  # fmt: skip
+                for scope in sorted(self.workqueue, key=lambda s: rank[s]):  # stable: by size within
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
 
         def remove_node(self, node: Any) -> str | None:
             """As LoadScopeScheduling's, but the test a worker crashed in is not handed out

@@ -55,6 +55,7 @@ from sluice.sync.envelope import (
     record_key,
 )
 from sluice.sync.sources import LogTailError, last_envelopes
+from sluice.sync.sources.binlog_rows import RowDecoder
 from sluice.sync.sources.mysql_ddl import ddl_effect
 from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
 from sluice.sync.tasks import SourceSpec
@@ -827,6 +828,20 @@ class MySqlCapture:
             self._mark(producer, position)
             log.debug("event=heartbeat position=%s", position.text())
 
+    def _refuse_partial_images(self, table: str, end: BinlogPosition, rows: list[dict[str, Any]]) -> None:
+        """Stop the capture at a row image without every column rather than write NULL over real
+        values (only the library's rows can be partial: the plan decodes full images alone)."""
+        for row in rows:
+            if partial := partial_image(row):
+                raise CaptureError(
+                    f"a change of {self.spec.database}.{table} at {end.text()} has no value for "
+                    f"{', '.join(partial)}: it was written with binlog_row_image other than "
+                    "FULL (a session or the server set MINIMAL or NOBLOB). The capture stopped "
+                    "rather than write NULL over real values: SET GLOBAL binlog_row_image=FULL, "
+                    "make sure no session overrides it, and restart the task from a new "
+                    "snapshot (`sluice task restart ID --from-position snapshot`)"
+                )
+
     def _stream(self, producer: Any, keys: dict[str, list[str]], start: BinlogPosition) -> None:
         from pymysqlreplication import BinLogStreamReader
         from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent
@@ -846,6 +861,7 @@ class MySqlCapture:
         current_file = start.file
         tx: Group | None = None
         tx_start = start  # where the transaction being read began: a clean place to reconnect
+        decoder = RowDecoder()  # the library decodes what its plans do not read (binlog_rows)
         # Each pass reads to the end of the binlog and closes (non-blocking); the next pass
         # reconnects from the start of the first transaction not read completely.
         while not self.stop.is_set():
@@ -910,17 +926,12 @@ class MySqlCapture:
                         tx = self._begin_tx(tx_start.text(), gtid)
                         if self._txlog is not None:
                             self._txlog.begin(producer, tx, ts_ms)
-                    rows = event.rows
-                    for row in rows:
-                        if partial := partial_image(row):
-                            raise CaptureError(
-                                f"a change of {self.spec.database}.{table} at {end.text()} has no value for "
-                                f"{', '.join(partial)}: it was written with binlog_row_image other than "
-                                "FULL (a session or the server set MINIMAL or NOBLOB). The capture stopped "
-                                "rather than write NULL over real values: SET GLOBAL binlog_row_image=FULL, "
-                                "make sure no session overrides it, and restart the task from a new "
-                                "snapshot (`sluice task restart ID --from-position snapshot`)"
-                            )
+                    # Full row images by the compiled plan; the library decodes the rest, and
+                    # only its rows can be partial images (binlog_rows).
+                    rows = decoder.decode_rows(event)
+                    if rows is None:
+                        rows = event.rows
+                        self._refuse_partial_images(table, end, rows)
                     kind = ("insert" if isinstance(event, WriteRowsEvent)
                             else "update" if isinstance(event, UpdateRowsEvent) else "delete")  # fmt: skip
                     shared = self.switches.shared_event_position
