@@ -118,34 +118,39 @@ def _text(column: Any, length_bytes: int) -> Reader:
 
 def _new_decimal(precision: int, scale: int) -> Reader:
     """DECIMAL(precision, scale): groups of nine digits in four big-endian bytes, leftover
-    digits in fewer; the sign is the first bit, and a negative number has every bit inverted."""
+    digits in fewer (integral part: leftover first; fraction: leftover last); the sign is the
+    first bit, and a negative number has every bit inverted. The digits are read as one integer
+    and handed to Decimal as text with an exponent: exact at any precision (Decimal arithmetic
+    would round to its context's 28 digits), and -0 keeps its sign as in the library."""
     integral = precision - scale
     int_words, int_rest = divmod(integral, 9)
     frac_words, frac_rest = divmod(scale, 9)
-    int_rest_bytes, frac_rest_bytes = _DECIMAL_BYTES[int_rest], _DECIMAL_BYTES[frac_rest]
-    size = int_rest_bytes + 4 * int_words + 4 * frac_words + frac_rest_bytes
+    # (bytes, digits) of each group, most significant first
+    groups = (
+        [(_DECIMAL_BYTES[int_rest], int_rest)] * (int_rest > 0)
+        + [(4, 9)] * (int_words + frac_words)
+        + [(_DECIMAL_BYTES[frac_rest], frac_rest)] * (frac_rest > 0)
+    )
+    size = sum(n for n, _ in groups)
+    shifts = []  # (bit shift, mask, power of ten) per group, read from the least significant
+    shift = 0
+    for n, digits in reversed(groups):
+        shifts.append((shift, (1 << 8 * n) - 1, 10**digits))
+        shift += 8 * n
+    sign_bit, ones = 1 << (8 * size - 1), (1 << 8 * size) - 1
+    exponent = f"E-{scale}"
 
     def read(data: bytes, pos: int) -> tuple[Any, int]:
-        raw = bytearray(data[pos : pos + size])
-        negative = not raw[0] & 0x80
-        raw[0] ^= 0x80
-        mask = -1 if negative else 0
-        parts = ["-" if negative else ""]
-        at = 0
-        if int_rest_bytes:
-            parts.append(str(int.from_bytes(raw[:int_rest_bytes], "big", signed=True) ^ mask))
-            at = int_rest_bytes
-        for _ in range(int_words):
-            parts.append(f"{int.from_bytes(raw[at : at + 4], 'big', signed=True) ^ mask:09d}")
-            at += 4
-        parts.append(".")
-        for _ in range(frac_words):
-            parts.append(f"{int.from_bytes(raw[at : at + 4], 'big', signed=True) ^ mask:09d}")
-            at += 4
-        if frac_rest_bytes:
-            value = int.from_bytes(raw[at : at + frac_rest_bytes], "big", signed=True) ^ mask
-            parts.append(f"{value:0{frac_rest}d}")
-        return decimal.Decimal("".join(parts)), pos + size
+        v = int.from_bytes(data[pos : pos + size], "big")
+        negative = not v & sign_bit
+        v ^= sign_bit
+        if negative:
+            v ^= ones
+        total, scale_of_rest = 0, 1
+        for at, mask, power in shifts:
+            total += ((v >> at) & mask) * scale_of_rest
+            scale_of_rest *= power
+        return decimal.Decimal(f"{'-' if negative else ''}{total}{exponent}"), pos + size
 
     return read
 
@@ -279,11 +284,13 @@ def column_reader(column: Any) -> Reader | None:
 class RowPlan:
     """The readers of one table map's columns, in order, with their names."""
 
-    __slots__ = ("names", "null_bytes", "readers")
+    __slots__ = ("columns", "names", "null_bytes")
 
     def __init__(self, names: tuple[str, ...], readers: tuple[Reader, ...]):
         self.names = names
-        self.readers = readers
+        self.columns = tuple(
+            (name, read, 1 << i) for i, (name, read) in enumerate(zip(names, readers, strict=True))
+        )
         self.null_bytes = (len(names) + 7) // 8
 
     @classmethod
@@ -303,13 +310,15 @@ class RowPlan:
         nulls = int.from_bytes(data[pos:end], "little")
         pos = end
         values: dict[str, Any] = {}
-        bit = 1
-        for name, read in zip(self.names, self.readers, strict=True):
-            if nulls & bit:
-                values[name] = None
-            else:
+        if nulls:
+            for name, read, bit in self.columns:
+                if nulls & bit:
+                    values[name] = None
+                else:
+                    values[name], pos = read(data, pos)
+        else:
+            for name, read, _ in self.columns:
                 values[name], pos = read(data, pos)
-            bit <<= 1
         return values, pos
 
     def rows(self, data: bytes, update: bool) -> list[dict[str, Any]]:
@@ -330,18 +339,20 @@ class RowPlan:
 
 
 class RowDecoder:
-    """Plans by table id, compiled the first time a table map is seen (a table map object is
-    replaced when the table changes, so the plan is keyed by the object itself)."""
+    """Plans by table id. The library makes a new table object for every table map event (one
+    before each rows event), so a plan is kept while the table id and what its readers depend
+    on (`_signature`) stay the same: a table altered or a table id reused compiles a new one."""
 
     def __init__(self) -> None:
-        self._plans: dict[int, tuple[Any, RowPlan | None]] = {}
+        self._plans: dict[int, tuple[tuple[Any, ...], RowPlan | None]] = {}
 
     def plan(self, table: Any) -> RowPlan | None:
+        signature = _signature(table.columns)
         held = self._plans.get(table.table_id)
-        if held is not None and held[0] is table:
+        if held is not None and held[0] == signature:
             return held[1]
         plan = RowPlan.compile(table.columns)
-        self._plans[table.table_id] = (table, plan)
+        self._plans[table.table_id] = (signature, plan)
         return plan
 
     def decode_rows(self, event: Any) -> list[dict[str, Any]] | None:
@@ -370,6 +381,22 @@ class RowDecoder:
             # answers or raises as it always did.
             packet.unread(data)
             return None
+
+
+#: Every Column attribute a reader is built from (column_reader, _text, RowPlan.compile).
+_READER_INPUTS = ("type", "name", "unsigned", "character_set_name", "max_length", "length_size", "precision",
+                  "decimals", "fsp", "size")  # fmt: skip
+
+
+def _signature(columns: list[Any]) -> tuple[Any, ...]:
+    return tuple(
+        (
+            *(getattr(c, a, None) for a in _READER_INPUTS),
+            tuple(c.enum_values) if c.enum_values else None,
+            tuple(c.set_values) if c.set_values else None,
+        )
+        for c in columns
+    )
 
 
 def _full_bitmap(columns: int) -> bytes:
