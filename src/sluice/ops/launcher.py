@@ -631,11 +631,15 @@ def wait_views_complete(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
                     break
             except OSError as exc:
                 seen[b.broker_id] = str(exc)
+            if not pid_alive(b.pid):
+                raise RuntimeError(
+                    f"broker {b.broker_id} exited during start-up; see {b.log_file}:\n{tail(b.log_file)}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"brokers do not all see each other after {timeout_s:.0f} s "
-                    f"(broker: [brokers seen], controller): {seen}; "
-                    f"see the broker logs in {cluster.directory}"
+                    f"(broker: [brokers seen], controller): {seen}; broker {b.broker_id}'s log "
+                    f"{b.log_file} ends:\n{tail(b.log_file)}"
                 )
             time.sleep(0.05)
 
