@@ -1,13 +1,18 @@
 """Pick free TCP ports for local servers (ZooKeeper, brokers) in tests and the local launcher.
 
-The kernel hands out a port when a socket binds to port 0; the socket is then closed and the
-number returned. Nothing reserves the port afterwards, so another process may take it before
-the caller binds it: callers that start a server on the port should treat "address in use" at
-start-up as a (rare) retryable failure.
+Ports are picked below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), where the
+kernel never puts the local end of an outgoing connection. A port picked from the ephemeral
+range (bind to port 0) was free at that moment only: a client's connection could take it
+before the server bound it, or while a killed broker was down, and its restart then failed
+with "Address already in use" (seen in the suite: a broker's metrics port taken between its
+kill -9 and its restart). Below the range only another server can take it. A random port is
+tried until one binds; nothing reserves it afterwards, so a server started on it should still
+treat "address in use" at start-up as a (now rare) retryable failure.
 """
 
 from __future__ import annotations
 
+import random
 import socket
 from contextlib import ExitStack
 
@@ -19,8 +24,34 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def _bind_ephemeral(host: str) -> socket.socket:
-    """Return a socket bound to a kernel-chosen free port on ``host`` (the caller closes it)."""
+#: The lowest port picked: above the well-known and most registered servers' ports.
+LOWEST_PORT = 20_000
+#: Tries at random ports below the ephemeral range before asking the kernel for any free port.
+TRIES_MAX = 200
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's range for the local ends of outgoing connections (Linux's default if unread)."""
+    try:
+        with open(path) as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bind_free(host: str) -> socket.socket:
+    """Return a socket bound to a free port on ``host`` below the ephemeral range (the caller
+    closes it); a kernel-chosen one if that range is too small or full."""
+    low = ephemeral_range()[0]
+    candidates = range(LOWEST_PORT, low) if low - LOWEST_PORT >= 1000 else range(0)
+    for port in (random.choice(candidates) for _ in range(TRIES_MAX if candidates else 0)):
+        sock = socket.socket(_family(host), socket.SOCK_STREAM)
+        try:
+            sock.bind((host, port))
+            return sock
+        except OSError:
+            sock.close()
     sock = socket.socket(_family(host), socket.SOCK_STREAM)
     try:
         sock.bind((host, 0))
@@ -37,9 +68,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         host: the literal address the server will bind (IPv4 or IPv6).
 
     Returns:
-        A port number in the kernel's ephemeral range.
+        A port number below the kernel's ephemeral range when one is free there.
     """
-    with _bind_ephemeral(host) as sock:
+    with _bind_free(host) as sock:
         port: int = sock.getsockname()[1]
         return port
 
@@ -60,5 +91,5 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     with ExitStack() as stack:
-        socks = [stack.enter_context(_bind_ephemeral(host)) for _ in range(n)]
+        socks = [stack.enter_context(_bind_free(host)) for _ in range(n)]
         return [int(s.getsockname()[1]) for s in socks]
