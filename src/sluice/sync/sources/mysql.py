@@ -55,6 +55,12 @@ from sluice.sync.envelope import (
     record_key,
 )
 from sluice.sync.sources import LogTailError, last_envelopes
+from sluice.sync.sources.binlog_history import (
+    GtidTrail,
+    next_base,
+    same_history,
+    server_state_at,
+)
 from sluice.sync.sources.binlog_rows import RowDecoder
 from sluice.sync.sources.mysql_ddl import ddl_effect
 from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
@@ -348,6 +354,7 @@ class MySqlCapture:
         heartbeat_s: float = HEARTBEAT_S,
         snapshot_requests: Callable[[], list[dict[str, Any]]] | None = None,
         snapshot_done: Callable[[str], Any] | None = None,
+        on_history_change: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -389,6 +396,16 @@ class MySqlCapture:
         self._snapshot_cut: dict[tuple[str, int], int] = {}  # the cut when a snapshot began
         self.heartbeat_s = heartbeat_s
         self._last_heartbeat = time.monotonic()
+        # Positions across binlog histories (binlog_history.py): the base added to every encoded
+        # position of the history being read, the highest position emitted, the GTID state at
+        # every place a restart may resume from, and, right after the history changed, the GTID
+        # state to go on from (no position of the new history is known until a transaction ends).
+        self._base = 0
+        self._high = 0
+        self._trail = GtidTrail()
+        self._gtid_start: str | None = None
+        self._history_left: tuple[str, int] = ("", 0)  # where the old history was left, its base
+        self.on_history_change = on_history_change
         # Re-snapshot requests (resnapshot.py): asked for and served between binlog passes.
         self.resnapshots: Any = None
         if snapshot_requests is not None and snapshot_done is not None:
@@ -469,12 +486,19 @@ class MySqlCapture:
                   ts_ms: int, position: str) -> dict[str, Any]:  # fmt: skip
         with self._lock:
             resume = self._txs.resume
+            if pos > self._high:
+                self._high = pos
+            high = self._high
         source = {
             "connector": "mariadb" if self.is_mariadb else "mysql", "name": self.name,
             "db": self.spec.database, "pos": pos, "position": position, "resume": resume,
             "ts_ms": ts_ms, "epoch": self.epoch, "execution": self.execution,
-            "schema": self._schema_pos.get(table, 0),
+            "schema": self._schema_pos.get(table, 0), "high": high,
         }  # fmt: skip
+        if self._base:
+            source["base"] = self._base
+        if resume_gtid := self._trail.at(resume):
+            source["resume_gtid"] = resume_gtid
         if op == "r" and self._snapshot_start:
             source["snapshot_start"] = self._snapshot_start
         env = {"op": op, "table": table, "key": key, "before": before, "after": after}
@@ -490,6 +514,10 @@ class MySqlCapture:
         with self._lock:
             return self._txs.resume
 
+    def encoded(self, position: BinlogPosition) -> int:
+        """`source.pos` of a binlog position of the history being read (its base added)."""
+        return self._base + position.encode()
+
     # --- run -------------------------------------------------------------------------------------
     def run(self) -> CaptureStats:
         info = check_source(self.spec)
@@ -504,18 +532,35 @@ class MySqlCapture:
         producer = self._make_producer()
         try:
             start = str(self.start_at or SNAPSHOT)
-            self._start_cut(start)
+            # The log's last records: the history their positions are in, the highest of them,
+            # and the GTID state where the newest says to resume (binlog_history.py).
+            recovered = recover_history(self.bootstrap, self._topics(), self._producer_config)
+            self._base, self._high = recovered.base, recovered.high
+            moved = self._history_moved(recovered.position, recovered.gtid)
+            self._start_cut(start, moved=moved)
+            position: BinlogPosition | None
             if start == SNAPSHOT or start.startswith(SNAPSHOT + "@"):
                 # "snapshot@POS": an earlier snapshot was cut short; its rows are in the log, so
                 # the binlog must be read from no later than where it began (a row it wrote and
                 # that was deleted since must see its delete).
                 inherited = BinlogPosition.parse(start.split("@", 1)[1]) if "@" in start else None
+                if moved:  # a snapshot asked for after the source's history changed: above it all
+                    self._base = next_base(self._high)
                 if inherited is not None:
                     check_position(self.spec, inherited)
                 position = self._snapshot(producer, keys, inherited)
+            elif moved and start == recovered.position:
+                # The position is not in this server's history (a promoted replica, RESET
+                # MASTER): go on from the GTID state recorded there.
+                self._new_history(start, recovered.gtid)
+                position = None
             else:
-                position = BinlogPosition.parse(str(self.start_at))
+                position = BinlogPosition.parse(start)
+                if moved:  # a position given for the new history: its changes above the old ones
+                    self._base = next_base(self._high)
                 check_position(self.spec, position)
+                recorded = recovered.gtid if start == recovered.position else ""
+                self._trail.start(position.text(), self._server_state(position) or recorded)
                 with self._lock:
                     self._txs.resume = position.text()
                 self.stats.position = position.text()  # read up to here, by an earlier execution
@@ -531,13 +576,15 @@ class MySqlCapture:
             raise CaptureError(self.stats.errors[0])
         return self.stats
 
-    def _start_cut(self, start: str) -> None:
+    def _start_cut(self, start: str, *, moved: bool = False) -> None:
         """The cut starts at the log's end: everything there is whole, or (after a crash in the
         middle of a transaction) is captured again from the resume position `start`. If the
         newest record in the log is at or before `start`, every record there belongs to a whole
         transaction and the cut is published at once; otherwise none is published until the
         capture has passed that record's position, so the part of a transaction a crash left is
-        applied together with the copy captured again, never alone."""
+        applied together with the copy captured again, never alone. When the source's history
+        changed (`moved`), positions of the two cannot be compared: none is published until
+        the first transaction of the new history is whole."""
         if self._txlog is None:
             return
         topics = self._topics()
@@ -546,6 +593,9 @@ class MySqlCapture:
             self._txs.cut = dict(ends)
         if start == SNAPSHOT or start.startswith(SNAPSHOT + "@"):
             self._snapshot_cut = ends  # the snapshot's cuts go from here to the log's end (_snapshot)
+            return
+        if moved:
+            self._hold = BinlogPosition("", 0)  # below every position: released by the first fold
             return
         newest = max(
             (
@@ -619,6 +669,7 @@ class MySqlCapture:
                 self._txlog.write_cut(producer, cut, SNAPSHOT)
             with self._lock:
                 self._txs.raise_to(ends, stream_from.text())
+        self._trail.start(stream_from.text(), self._server_state(stream_from) or "")
         self._mark(producer, stream_from)
         return stream_from
 
@@ -644,7 +695,7 @@ class MySqlCapture:
     ) -> None:
         """Every row of `table` as op "r", labelled with the snapshot's position."""
         now = int(time.time() * 1000)
-        pos, text = position.encode(), position.text()
+        pos, text = self.encoded(position), position.text()
         cur.execute(f"SELECT * FROM `{table}`")
         for row in cur:  # a new dict per row (SSDictCursor): the envelope can hold it as it is
             if self.stop.is_set():
@@ -780,7 +831,7 @@ class MySqlCapture:
             SnapshotChunk(
                 self.spec, table, tuple(keys[table]), lo, hi, self.topic_for(table), self.bootstrap,
                 self.name, self.epoch, self.execution, stream_from.text(), self.is_mariadb,
-                tuple(sorted(self._producer_config.items())),
+                tuple(sorted(self._producer_config.items())), self._base, self._high,
             )
             for table, ranges in sorted(plans.items())
             for lo, hi in ranges
@@ -792,6 +843,8 @@ class MySqlCapture:
         if len(results) != len(chunks):
             raise CaptureError(f"snapshot: {len(results)} of {len(chunks)} key ranges finished")
         self.stats.snapshot_rows += sum(r.rows for r in results)
+        with self._lock:  # the ranges' own positions count towards the highest emitted
+            self._high = max([self._high, *(self.encoded(BinlogPosition.parse(r.position)) for r in results)])
 
     def _mark(self, producer: Any, position: BinlogPosition) -> None:
         """A position marker in every partition: a restart resumes from here, not a new snapshot."""
@@ -803,7 +856,7 @@ class MySqlCapture:
             for p in sorted(t.partitions) if t else []:
                 key = {"partition": p}
                 env = self._envelope(
-                    MARKER, MARKER_TABLE, key, None, None, position.encode(), now, position.text()
+                    MARKER, MARKER_TABLE, key, None, None, self.encoded(position), now, position.text()
                 )
                 producer.produce(topic, orjson.dumps(env), record_key(MARKER_TABLE, {"partition": p}),
                                  partition=p, timestamp=now, on_delivery=self._delivery(tx))  # fmt: skip
@@ -828,6 +881,83 @@ class MySqlCapture:
             self._mark(producer, position)
             log.debug("event=heartbeat position=%s", position.text())
 
+    # --- binlog histories (binlog_history.py) ------------------------------------------------------
+    def _server_state(self, position: BinlogPosition) -> str | None:
+        """The server's GTID state at `position` (MariaDB; None on MySQL, or when the position is
+        not in the server's binlog)."""
+        if not self.is_mariadb:
+            return None
+        conn = _connect(self.spec)
+        try:
+            return server_state_at(conn, position.file, position.pos)
+        finally:
+            conn.close()
+
+    def _history_moved(self, position: str | None, gtid: str) -> bool:
+        """Whether `position`, where the GTID state was `gtid`, is no longer in the server's
+        binlog history (MariaDB: BINLOG_GTID_POS there differs, or the file is gone). Unknown
+        (no recorded state, MySQL, a snapshot) counts as not moved: the file check decides."""
+        if not self.is_mariadb or not gtid or not position or position.startswith(SNAPSHOT):
+            return False
+        return not same_history(gtid, self._server_state(BinlogPosition.parse(position)))
+
+    def _new_history(self, left_at: str, gtid: str) -> None:
+        """The source's history changed under `left_at`: its changes from now on get positions
+        above every one emitted (a new base), read from the GTID state `gtid` on."""
+        if not gtid:
+            raise CaptureError(
+                f"binlog position {left_at} is not in the source's binlog history any more (RESET MASTER, "
+                "or another server behind the address) and no GTID state was recorded there to go on "
+                "from; restart the task from a new snapshot (`sluice task restart ID --from-position "
+                "snapshot`)"
+            )
+        old_base = self._base
+        with self._lock:
+            self._base = next_base(self._high)
+        self._gtid_start = gtid
+        self._history_left = (left_at, old_base)
+        log.warning("event=binlog_history_changed task=%s left_at=%s gtid=%s base=%d action=go_on_from_gtid",
+                    self.name, left_at, gtid, self._base)  # fmt: skip
+
+    def _went_on(self, at: BinlogPosition, *, continuous: bool, detail: str = "") -> None:
+        """The first event of the new history was read at `at` (after the recorded GTID state
+        when `continuous`; from the oldest binlog otherwise): record it and say so."""
+        left_at, old_base = self._history_left
+        gtid = self._gtid_start or ""
+        self._trail.start(at.text(), gtid if continuous else (self._server_state(at) or ""))
+        with self._lock:
+            if not self._txs.pending:
+                self._txs.resume = at.text()
+        self._gtid_start = None
+        info = {"left_at": left_at, "went_on_at": at.text(), "gtid": gtid, "continuous": continuous,
+                "base": self._base, "old_base": old_base, "detail": detail}  # fmt: skip
+        if continuous:
+            log.warning("event=binlog_history_went_on task=%s left_at=%s went_on_at=%s gtid=%s "
+                        "continuous=true", self.name, left_at, at.text(), gtid)  # fmt: skip
+        else:
+            log.error(
+                "event=binlog_history_went_on task=%s left_at=%s went_on_at=%s gtid=%s continuous=false "
+                "detail=%r: changes made between the last one captured and the change of history are in no "
+                "binlog the capture can read; run `sluice task verify %s --repair`",
+                self.name,
+                left_at,
+                at.text(),
+                gtid,
+                detail,
+                self.name,
+            )
+        if self.on_history_change is not None:
+            try:
+                self.on_history_change(info)
+            except Exception as exc:  # the alarm is for people: the capture goes on
+                log.warning("event=history_alarm_failed task=%s error=%r", self.name, exc)
+
+    def _oldest_binlog(self) -> BinlogPosition:
+        logs = binary_logs(self.spec)
+        if not logs:
+            raise CaptureError("the source has no binary logs: is log_bin on?")
+        return BinlogPosition(logs[0], 4)
+
     def _refuse_partial_images(self, table: str, end: BinlogPosition, rows: list[dict[str, Any]]) -> None:
         """Stop the capture at a row image without every column rather than write NULL over real
         values (only the library's rows can be partial: the plan decodes full images alone)."""
@@ -842,7 +972,10 @@ class MySqlCapture:
                     "snapshot (`sluice task restart ID --from-position snapshot`)"
                 )
 
-    def _stream(self, producer: Any, keys: dict[str, list[str]], start: BinlogPosition) -> None:
+    def _stream(self, producer: Any, keys: dict[str, list[str]], start: BinlogPosition | None) -> None:
+        """Read the binlog from `start` (None: from the GTID state `_gtid_start`, in a new
+        history) until stopped, in passes to its end."""
+        import pymysql
         from pymysqlreplication import BinLogStreamReader
         from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
@@ -858,9 +991,11 @@ class MySqlCapture:
         events = [WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent, QueryEvent, RotateEvent,
                   GtidEvent, MariadbGtidEvent]  # fmt: skip
         gtid = ""  # the GTID of the transaction being read, when the server gives one
-        current_file = start.file
+        current_file = start.file if start is not None else ""
         tx: Group | None = None
-        tx_start = start  # where the transaction being read began: a clean place to reconnect
+        # where the transaction being read began: a clean place to reconnect (None until the
+        # first event read after going on from a GTID state)
+        tx_start = start
         decoder = RowDecoder()  # the library decodes what its plans do not read (binlog_rows)
         # Each pass reads to the end of the binlog and closes (non-blocking); the next pass
         # reconnects from the start of the first transaction not read completely.
@@ -871,15 +1006,21 @@ class MySqlCapture:
                 # version guard in the target keeps those stale changes from overwriting rows.
                 self.stop.set()
                 return
-            if self.resnapshots is not None:  # a few chunks, then the binlog again
+            if tx_start is not None and self._history_moved(tx_start.text(), self._trail.at(tx_start.text())):
+                self._new_history(tx_start.text(), self._trail.at(tx_start.text()))
+                tx_start = None
+            if self.resnapshots is not None and tx_start is not None:  # a few chunks, then the binlog
                 self.resnapshots.serve(producer, keys, tx_start)
-            stream = BinLogStreamReader(
-                connection_settings=settings, server_id=server_id, log_file=tx_start.file,
-                log_pos=tx_start.pos, resume_stream=True, blocking=False,
-                only_schemas=[self.spec.database], only_events=events,
+            if tx_start is not None:
                 # File and position on MariaDB too: the library's MariaDB mode starts from a GTID
                 # state and would ignore the position.
-                is_mariadb=False,
+                where: dict[str, Any] = {"log_file": tx_start.file, "log_pos": tx_start.pos,
+                                         "resume_stream": True, "is_mariadb": False}  # fmt: skip
+            else:  # the server finds where the recorded GTID state ends in its own history
+                where = {"auto_position": self._gtid_start, "is_mariadb": self.is_mariadb}
+            stream = BinLogStreamReader(
+                connection_settings=settings, server_id=server_id, blocking=False,
+                only_schemas=[self.spec.database], only_events=events, **where,
                 # A table id's map is parsed once, not before every rows event (a fifth of the
                 # binlog time). Safe because the server gives a table a new id whenever its
                 # definition is loaded again (any ALTER, a flush), ids restart only with the
@@ -887,7 +1028,7 @@ class MySqlCapture:
                 freeze_schema=True,
             )  # fmt: skip
             got = False
-            offset = tx_start.pos  # the largest offset read in current_file (see _unwrap)
+            offset = tx_start.pos if tx_start is not None else 0  # the largest offset read in current_file
             try:
                 for event in stream:
                     if self.stop.is_set():
@@ -895,16 +1036,22 @@ class MySqlCapture:
                     if isinstance(event, RotateEvent):
                         current_file = event.next_binlog
                         offset = event.position
-                        if tx is None:
+                        if tx is None and tx_start is not None:
                             tx_start = BinlogPosition(current_file, event.position)
+                            self._trail.record(tx_start.text())  # a new file: the same state
                         continue
                     got = True
                     offset = _unwrap(event.packet.log_pos, offset)
                     end = BinlogPosition(current_file, offset)
+                    if tx_start is None:  # the first event after the recorded GTID state: it starts here
+                        tx_start = BinlogPosition(current_file, offset - event.packet.event_size)
+                        self._went_on(tx_start, continuous=True)
                     if isinstance(event, (GtidEvent, MariadbGtidEvent)):  # starts a transaction
                         gtid = str(event.gtid)
+                        self._trail.note_gtid(gtid)
                         continue
                     if isinstance(event, XidEvent) or (isinstance(event, QueryEvent) and _is_commit(event)):
+                        self._trail.commit(end.text())
                         if tx is not None:
                             self._end_tx(tx, end.text())
                             if self._txlog is not None:
@@ -912,16 +1059,18 @@ class MySqlCapture:
                             self.stats.transactions += 1
                             tx = None
                         tx_start = end
+                        self._trail.forget_before(self.resume_position())
                         self.stats.position = end.text()
                         producer.poll(0)
                         self._publish_cut(producer)
                         continue
-                    event_start = encode_position(end.number, offset - event.event_size)
+                    event_start = self._base + encode_position(end.number, offset - event.event_size)
                     if isinstance(event, QueryEvent):  # DDL and BEGIN; row events carry new columns
                         if _is_ddl(event):
                             stream.table_map.clear()  # the next table map events are read afresh
                         if tx is None and _is_ddl(event):
                             self._apply_ddl(producer, keys, event, tx_start, end, event_start)
+                            self._trail.commit(end.text())  # a DDL statement is a transaction of its own
                             tx_start = end
                             self.stats.position = end.text()
                         continue
@@ -956,11 +1105,19 @@ class MySqlCapture:
                         self._emit(producer, table, env, tx)
                         self.stats.changes += 1
                     self.stats.position_ts_ms = ts_ms
+            except pymysql.err.OperationalError as exc:
+                if tx_start is not None or not exc.args or exc.args[0] != 1236:
+                    raise
+                # The server's history lacks the recorded GTID state (RESET MASTER alone, a
+                # replica that was behind): read the new history from its oldest binlog.
+                tx_start = self._oldest_binlog()
+                self._went_on(tx_start, continuous=False, detail=str(exc.args[-1]))
+                continue
             finally:
                 stream.close()
             if self.stats.errors:
                 return
-            if tx is None:
+            if tx is None and tx_start is not None:
                 self._heartbeat(producer, tx_start)
             if not got:
                 producer.poll(0.25)
@@ -991,6 +1148,20 @@ def _is_commit(event: Any) -> bool:
     return str(getattr(event, "query", "")).strip().upper() == "COMMIT"
 
 
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """Where a restarted capture begins (`position`, as `recover_position` says), and what it
+    needs to keep positions going up across binlog histories (binlog_history.py)."""
+
+    position: str | None = None
+    #: the base of the history `position` is in (`source.base`)
+    base: int = 0
+    #: the highest position in the last records (`source.high`; `pos` of older records)
+    high: int = 0
+    #: the source's GTID state at `position`, when it was recorded (`source.resume_gtid`)
+    gtid: str = ""
+
+
 def recover_position(bootstrap: str, topics: list[str], client: dict[str, str] | None = None) -> str | None:
     """Where a restarted capture begins, from the last records of every partition of `topics`:
 
@@ -998,14 +1169,24 @@ def recover_position(bootstrap: str, topics: list[str], client: dict[str, str] |
     - "snapshot@POS" when a snapshot was cut short (a partition ends in one of its rows): it
       starts over, reading the binlog from no later than POS, where the earliest cut-short
       snapshot whose rows are in the log began;
-    - otherwise the highest `source.resume`: the start of the oldest transaction not yet fully
-      acknowledged when the newest record was written."""
-    best: BinlogPosition | None = None
+    - otherwise the highest `source.resume` of the newest binlog history (highest
+      `source.base`): the start of the oldest transaction not yet fully acknowledged when the
+      newest record was written."""
+    return recover_history(bootstrap, topics, client).position
+
+
+def recover_history(bootstrap: str, topics: list[str], client: dict[str, str] | None = None) -> Recovered:
+    """`recover_position`, with the base, the highest position and the GTID state there."""
+    best: tuple[int, BinlogPosition, str] | None = None
     snapshot_from: BinlogPosition | None = None
     snapshot_cut = False
+    base_max = high = 0
     try:
         for doc in last_envelopes(bootstrap, topics, client):
             source = doc.get("source", {})
+            base = int(source.get("base", 0))
+            base_max = max(base_max, base)
+            high = max(high, int(source.get("high", source.get("pos", 0))))
             resume = source.get("resume")
             if resume == SNAPSHOT or resume is None:
                 snapshot_cut = True
@@ -1014,11 +1195,13 @@ def recover_position(bootstrap: str, topics: list[str], client: dict[str, str] |
                     snapshot_from = start if snapshot_from is None else min(start, snapshot_from)
                 continue
             pos = BinlogPosition.parse(resume)
-            best = pos if best is None or pos > best else best
+            if best is None or (base, pos) > best[:2]:
+                best = (base, pos, str(source.get("resume_gtid", "")))
     except LogTailError as exc:
         raise CaptureError(str(exc)) from None
     if snapshot_cut:
-        return f"{SNAPSHOT}@{snapshot_from.text()}" if snapshot_from is not None else SNAPSHOT
+        at = f"{SNAPSHOT}@{snapshot_from.text()}" if snapshot_from is not None else SNAPSHOT
+        return Recovered(at, base_max, high)
     if best is not None:
-        return best.text()
-    return None
+        return Recovered(best[1].text(), best[0], high, best[2])
+    return Recovered(None, base_max, high)

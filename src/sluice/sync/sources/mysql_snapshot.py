@@ -58,6 +58,10 @@ class SnapshotChunk:
     is_mariadb: bool
     #: the capture's producer settings, its client security's password among them: never printed
     producer_config: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
+    #: the base of the binlog history read (`source.base`) and the highest position the
+    #: capture had emitted when it planned the ranges (binlog_history.py)
+    base: int = 0
+    high: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,11 +205,13 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
             cond, params = range_condition([f"`{k}`" for k in chunk.keys], chunk.lo, chunk.hi, "%s")
             cur.execute(f"SELECT * FROM `{chunk.table}` WHERE {cond}", params)
             now = int(time.time() * 1000)
+            pos = chunk.base + position.encode()
             source = {
                 "connector": "mariadb" if chunk.is_mariadb else "mysql", "name": chunk.name,
-                "db": chunk.spec.database, "pos": position.encode(), "position": position.text(),
+                "db": chunk.spec.database, "pos": pos, "position": position.text(),
                 "resume": SNAPSHOT, "snapshot_start": chunk.snapshot_start, "ts_ms": now,
-                "epoch": chunk.epoch, "execution": chunk.execution,
+                "epoch": chunk.epoch, "execution": chunk.execution, "high": max(chunk.high, pos),
+                **({"base": chunk.base} if chunk.base else {}),
             }  # fmt: skip
             for record in cur:
                 key = {k: record[k] for k in chunk.keys}

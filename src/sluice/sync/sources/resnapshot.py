@@ -239,7 +239,7 @@ class Resnapshots:
         try:
             with conn.cursor() as cur:
                 position = begin_chunk_snapshot(cur, cap.is_mariadb)
-                pos = position.encode()
+                pos = cap.encoded(position)
                 now = int(time.time() * 1000)
                 try:
                     cur.execute(text, params)

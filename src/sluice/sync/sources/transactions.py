@@ -44,6 +44,8 @@ from typing import Any
 
 import orjson
 
+from sluice.sync.sources.binlog_history import apply_gtid, state_text
+
 #: (topic, partition) -> next offset
 Offsets = dict[tuple[str, int], int]
 
@@ -79,28 +81,6 @@ class Group:
         n = self.per_table.get(collection, 0) + 1
         self.per_table[collection] = n
         return {"id": self.id, "total_order": self.events, "data_collection_order": n}
-
-
-def gtid_state(state: dict[str, str], gtid: str) -> None:
-    """Put `gtid` into `state` (one entry per MariaDB domain or MySQL source)."""
-    if ":" in gtid:  # MySQL: uuid:n
-        source = gtid.rsplit(":", 1)[0]
-        state[source] = gtid
-    elif gtid:  # MariaDB: domain-server-seq
-        state[gtid.split("-", 1)[0]] = gtid
-
-
-def gtid_text(state: dict[str, str]) -> str:
-    """The state as a server takes it to start from: MariaDB's `0-1-5,1-2-9`; MySQL's
-    `uuid:1-n` (every transaction of that source up to n was captured, in order)."""
-    parts = []
-    for _, gtid in sorted(state.items()):
-        if ":" in gtid:
-            source, number = gtid.rsplit(":", 1)
-            parts.append(f"{source}:1-{number}")
-        else:
-            parts.append(gtid)
-    return ",".join(parts)
 
 
 def fold(cut: Offsets, groups: Iterable[Group]) -> Offsets:
@@ -140,7 +120,7 @@ class Transactions:
         self.position = ""
         #: the cut moved since it was last taken (`take`)
         self.moved = False
-        #: the GTID state at `position` (gtid_state)
+        #: the GTID state at `position` (binlog_history.apply_gtid)
         self.gtids: dict[str, str] = {}
 
     def begin(self, start: str, gtid: str = "") -> Group:
@@ -175,7 +155,7 @@ class Transactions:
             self.position = self.resume = folded[-1].end
             self.moved = True
             for group in folded:
-                gtid_state(self.gtids, group.gtid)
+                apply_gtid(self.gtids, group.gtid)
         if self.pending:
             self.resume = self.pending[0].start
 
@@ -191,7 +171,7 @@ class Transactions:
         if not self.moved:
             return None
         self.moved = False
-        return dict(self.cut), self.position, gtid_text(self.gtids)
+        return dict(self.cut), self.position, state_text(self.gtids)
 
 
 # --- records of the transactions topic ---------------------------------------------------------
