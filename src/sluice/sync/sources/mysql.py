@@ -1106,13 +1106,17 @@ class MySqlCapture:
                         self.stats.changes += 1
                     self.stats.position_ts_ms = ts_ms
             except pymysql.err.OperationalError as exc:
-                if tx_start is not None or not exc.args or exc.args[0] != 1236:
+                if not exc.args or exc.args[0] != 1236:  # ER_MASTER_FATAL_ERROR_READING_BINLOG
                     raise
-                # The server's history lacks the recorded GTID state (RESET MASTER alone, a
-                # replica that was behind): read the new history from its oldest binlog.
-                tx_start = self._oldest_binlog()
-                self._went_on(tx_start, continuous=False, detail=str(exc.args[-1]))
-                continue
+                if tx_start is None:
+                    # The server's history lacks the recorded GTID state (RESET MASTER alone, a
+                    # replica that was behind): read the new history from its oldest binlog.
+                    tx_start = self._oldest_binlog()
+                    self._went_on(tx_start, continuous=False, detail=str(exc.args[-1]))
+                    continue
+                if self._history_moved(tx_start.text(), self._trail.at(tx_start.text())):
+                    continue  # changed since this pass began: the next one goes on in the new history
+                raise
             finally:
                 stream.close()
             if self.stats.errors:
