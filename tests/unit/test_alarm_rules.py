@@ -126,6 +126,14 @@ def test_an_execution_reporting_an_error_counts_as_not_running() -> None:
             {"worker": "w2", "error": "boom", "attempts": 2, "retry_in_s": 4.0},
             "failed on worker w2",
         ),
+        (
+            "source-history-changed",
+            {
+                "continuous": False,
+                "detail": "the source's binlog history changed at mysql-bin.000007:900; ...",
+            },
+            "history changed at mysql-bin.000007:900",
+        ),
     ],
 )
 def test_an_event_raises_its_alarm_until_a_quiet_period_passes(

@@ -76,3 +76,22 @@ def test_recovery_resumes_in_the_newest_history_whatever_its_positions(
     # records written before source.high existed: their own positions count
     monkeypatch.setattr(mysql, "last_envelopes", lambda *a, **k: envelopes({"resume": "f.2:9", "pos": 77}))
     assert mysql.recover_history("b", ["t"]) == mysql.Recovered("f.2:9", 0, 77, "")
+
+
+def test_a_task_raises_the_history_alarm_saying_what_to_do_when_changes_may_be_missing() -> None:
+    from types import SimpleNamespace
+
+    from sluice.sync.execution import TaskExecution
+
+    raised: list[tuple[str, str, dict[str, Any]]] = []
+    fake = SimpleNamespace(
+        task_id="shop", execution="e1",
+        store=SimpleNamespace(raise_alarm=lambda *a: raised.append(a)),
+    )  # fmt: skip
+    info = {"left_at": "mysql-bin.000007:900", "went_on_at": "mysql-bin.000001:4", "gtid": "0-1-500",
+            "continuous": False, "base": 9, "old_base": 0, "detail": "not in the binlog"}  # fmt: skip
+    TaskExecution._on_history_change(fake, info)  # type: ignore[arg-type]
+    TaskExecution._on_history_change(fake, {**info, "continuous": True})  # type: ignore[arg-type]
+    assert [(task, kind) for task, kind, _ in raised] == [("shop", bh.HISTORY_CHANGED)] * 2
+    assert "sluice task verify shop --repair" in raised[0][2]["detail"]
+    assert "no change was missed" in raised[1][2]["detail"] and raised[1][2]["execution"] == "e1"

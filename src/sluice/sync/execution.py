@@ -240,6 +240,7 @@ class TaskExecution:
                 heartbeat_s=parse_duration(str(opts.get("heartbeat_interval", HEARTBEAT_S))),
                 snapshot_requests=lambda: self.store.control(self.task_id).snapshots,
                 snapshot_done=lambda request: self.store.snapshot_done(self.task_id, request),
+                on_history_change=self._on_history_change,
             )  # fmt: skip
             target = self.capture.run
         else:
@@ -305,6 +306,25 @@ class TaskExecution:
                 "detail": f"{len(letters)} change(s) the target refused are in {self.spec.dlq_topic()}; "
                 f"fix the target or the data, then `sluice dlq replay {self.task_id}`",
             },
+        )  # fmt: skip
+
+    def _on_history_change(self, info: dict[str, Any]) -> None:
+        """On the capture's thread: the source's binlog history changed under the task (RESET
+        MASTER, a promoted replica) and the capture went on in the new one; the alarm says
+        where, and whether it could prove that no change was missed."""
+        from sluice.sync.sources.binlog_history import HISTORY_CHANGED
+
+        what = (
+            "the capture went on from its GTID state: no change was missed"
+            if info["continuous"]
+            else "the server did not have the capture's GTID state, so changes made between the last one "
+            f"captured and the change of history may be missing from the target; run `sluice task verify "
+            f"{self.task_id} --repair`"
+        )
+        self.store.raise_alarm(
+            self.task_id, HISTORY_CHANGED,
+            {**info, "execution": self.execution, "detail": f"the source's binlog history changed at "
+             f"{info['left_at']}; {what} (reading on at {info['went_on_at']})"},
         )  # fmt: skip
 
     def _on_commit_error(self, exc: BaseException) -> None:

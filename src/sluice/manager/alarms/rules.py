@@ -14,13 +14,15 @@ Monitors (the alarm's `rule`) and their subjects:
     duplicate-execution         task:{id}        } less than event_resolve_seconds old
     stale-commit-refused        task:{id}        }
     dead-letters                task:{id}        }
+    source-history-changed      task:{id}        }
     worker-lost                 worker:{name}    a worker seen in the group is gone, for less than
                                                  event_resolve_seconds
     partition-offline           partition:{t}-{p}   offline for partition_offline_seconds
     partition-under-replicated  partition:{t}-{p}   under-replicated for
                                                     partition_under_replicated_seconds
 
-Event monitors (task-failed, duplicate-execution, stale-commit-refused, dead-letters, worker-lost)
+Event monitors (task-failed, duplicate-execution, stale-commit-refused, dead-letters,
+source-history-changed, worker-lost)
 have no "clear" fact: the chosen rule is that each resolves after a quiet period,
 `event_resolve_seconds` (300 s) after its newest event. Acknowledging one only says someone is on it (state
 acknowledged); a newer event of the same kind while acknowledged opens it again and notifies
@@ -50,12 +52,15 @@ TASK_FAILED = "task-failed"
 DUPLICATE_EXECUTION = "duplicate-execution"
 STALE_COMMIT_REFUSED = "stale-commit-refused"
 DEAD_LETTERS = "dead-letters"
+SOURCE_HISTORY_CHANGED = "source-history-changed"  # sync.sources.binlog_history.HISTORY_CHANGED
 WORKER_LOST = "worker-lost"
 PARTITION_OFFLINE = "partition-offline"
 PARTITION_UNDER_REPLICATED = "partition-under-replicated"
 
 #: the event kinds the sync layer records under /tasks/{id}/alarms/, each a monitor of its own
-EVENT_MONITORS = (TASK_FAILED, DUPLICATE_EXECUTION, STALE_COMMIT_REFUSED, DEAD_LETTERS)
+EVENT_MONITORS = (
+    TASK_FAILED, DUPLICATE_EXECUTION, STALE_COMMIT_REFUSED, DEAD_LETTERS, SOURCE_HISTORY_CHANGED,
+)  # fmt: skip
 TASK_MONITORS = (TASK_LAG, TASK_NOT_RUNNING, *EVENT_MONITORS)
 MONITORS = (*TASK_MONITORS, WORKER_LOST, PARTITION_OFFLINE, PARTITION_UNDER_REPLICATED)
 
@@ -346,6 +351,8 @@ def _event_summary(task_id: str, kind: str, e: dict[str, Any], count: int, windo
             f"{e.get('error')}); they are in {e.get('topic')}, the rest committed; fix the target or "
             f"the data, then `sluice dlq replay {task_id}`"
         )
+    elif kind == SOURCE_HISTORY_CHANGED:
+        text = f"task {task_id}: {e.get('detail')}"
     else:
         retry = e.get("retry_in_s")
         text = (
