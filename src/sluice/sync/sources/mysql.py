@@ -493,8 +493,10 @@ class MySqlCapture:
             "connector": "mariadb" if self.is_mariadb else "mysql", "name": self.name,
             "db": self.spec.database, "pos": pos, "position": position, "resume": resume,
             "ts_ms": ts_ms, "epoch": self.epoch, "execution": self.execution,
-            "schema": self._schema_pos.get(table, 0), "high": high,
+            "schema": self._schema_pos.get(table, 0),
         }  # fmt: skip
+        if high != pos:  # absent: `pos` is the highest (recover_history)
+            source["high"] = high
         if self._base:
             source["base"] = self._base
         if resume_gtid := self._trail.at(resume):

@@ -210,7 +210,8 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
                 "connector": "mariadb" if chunk.is_mariadb else "mysql", "name": chunk.name,
                 "db": chunk.spec.database, "pos": pos, "position": position.text(),
                 "resume": SNAPSHOT, "snapshot_start": chunk.snapshot_start, "ts_ms": now,
-                "epoch": chunk.epoch, "execution": chunk.execution, "high": max(chunk.high, pos),
+                "epoch": chunk.epoch, "execution": chunk.execution,
+                **({"high": chunk.high} if chunk.high > pos else {}),  # absent: `pos` is the highest
                 **({"base": chunk.base} if chunk.base else {}),
             }  # fmt: skip
             for record in cur:
