@@ -152,10 +152,10 @@ def reset_master(server: LocalMariaDB, keep_gtid_state: bool) -> str:
     return state
 
 
-@pytest.mark.parametrize("keep_gtid_state", [True, False], ids=["gtid-state-kept", "reset-alone"])
-def test_reset_master_under_a_running_capture(
-    primary: LocalMariaDB, broker: TestCluster, tmp_path: Path, keep_gtid_state: bool
-) -> None:
+def reset_under_a_running_capture(
+    primary: LocalMariaDB, broker: TestCluster, keep_gtid_state: bool
+) -> tuple[str, MySqlCapture, Changes]:
+    """30 transactions captured, RESET MASTER, 30 more, all read by one running capture."""
     topic = f"hist{next(_n)}"
     create_topic(broker.bootstrap, topic, 3, 1)
     source = setup_source(primary)
@@ -168,6 +168,14 @@ def test_reset_master_under_a_running_capture(
         source.write(30)
         wait_until(lambda: changes.seen, 60, "the capture to notice the new history")
         wait_caught_up(cap, primary, 60)
+    return topic, cap, changes
+
+
+@pytest.mark.parametrize("keep_gtid_state", [True, False], ids=["gtid-state-kept", "reset-alone"])
+def test_reset_master_under_a_running_capture(
+    primary: LocalMariaDB, broker: TestCluster, tmp_path: Path, keep_gtid_state: bool
+) -> None:
+    topic, cap, changes = reset_under_a_running_capture(primary, broker, keep_gtid_state)
     assert not cap.stats.errors, cap.stats.errors
     [info] = changes.seen
     assert info["continuous"] is keep_gtid_state, info
@@ -218,18 +226,7 @@ def test_without_a_new_base_the_new_historys_changes_are_lost(
     version guard drops the new history's changes, and the target differs from the source."""
     monkeypatch.setattr(mysql, "next_base", lambda high: 0)
     monkeypatch.setattr(binlog_history, "next_base", lambda high: 0)
-    topic = f"hist{next(_n)}"
-    create_topic(broker.bootstrap, topic, 3, 1)
-    source = setup_source(primary)
-    source.write(30)
-    changes = Changes()
-    cap = capture(primary, broker, topic, changes)
-    with running(cap):
-        wait_caught_up(cap, primary, 60)
-        reset_master(primary, keep_gtid_state=True)
-        source.write(30)
-        wait_until(lambda: changes.seen, 60, "the capture to notice the new history")
-        wait_caught_up(cap, primary, 60)
+    topic, _, _ = reset_under_a_running_capture(primary, broker, keep_gtid_state=True)
     with pytest.raises(AssertionError, match=r"different|missing"):
         assert_target_equals_source(primary, broker, topic, tmp_path)
 
