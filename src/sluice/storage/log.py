@@ -55,7 +55,7 @@ from sluice.storage.errors import (
 from sluice.storage.fsutil import atomic_write, fsync_dir, fsync_file
 from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
 from sluice.storage.producer_state import ProducerStateManager, list_snapshots
-from sluice.storage.segment import LogSegment
+from sluice.storage.segment import LogSegment, TimestampOffset
 
 __all__ = ["CLEAN_SHUTDOWN_FILE", "RECOVERY_POINT_FILE", "AppendInfo", "PartitionLog", "ReadResult"]
 
@@ -570,15 +570,30 @@ class PartitionLog:
             return ReadResult(data, header.base_offset, lso, leo)
         return empty
 
-    def offset_for_timestamp(self, ts_ms: int) -> tuple[int, int] | None:
-        """(base offset, max timestamp) of the first batch whose max timestamp >= ``ts_ms``."""
+    def offset_for_timestamp(self, ts_ms: int) -> TimestampOffset | None:
+        """The first record (not batch) whose timestamp is >= ``ts_ms``, as Kafka's ListOffsets
+        answers; None if no record reaches it."""
         self._check_open()
+        start = self.log_start_offset
         for seg in self._segments:
             if seg.max_timestamp >= ts_ms:
-                found = seg.find_timestamp(ts_ms)
+                found = seg.find_timestamp(ts_ms, start)
                 if found is not None:
                     return found
         return None
+
+    def max_timestamp_offset(self) -> TimestampOffset | None:
+        """The first record carrying the log's largest timestamp (ListOffsets MAX_TIMESTAMP,
+        KIP-734): in the first segment that reached it, the first record of the first batch that
+        did, as Kafka answers; None for a log without timestamps."""
+        self._check_open()
+        best: LogSegment | None = None
+        for seg in self._segments:
+            if seg.max_timestamp >= 0 and (best is None or seg.max_timestamp > best.max_timestamp):
+                best = seg
+        if best is None:
+            return None
+        return best.find_timestamp(best.max_timestamp, self.log_start_offset)
 
     # --- truncation and retention -------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -26,13 +27,14 @@ from sluice.protocol.records import (
     MIN_BATCH_LENGTH,
     BatchHeader,
     CorruptRecordError,
+    decode_records,
     parse_header,
     validate_batch,
 )
 from sluice.storage.fsutil import pread_exact, write_all
 from sluice.storage.index import IndexCorruptError, OffsetIndex, TimeIndex
 
-__all__ = ["LogSegment", "segment_file_name"]
+__all__ = ["LogSegment", "TimestampOffset", "first_record_at_or_after", "segment_file_name"]
 
 INT32_MAX: Final = 2**31 - 1
 _SCAN_CHUNK: Final = 1 << 20
@@ -42,6 +44,32 @@ _SHORT_CHUNK: Final = 16 << 10
 def segment_file_name(base_offset: int, suffix: str) -> str:
     """Kafka's file name: base offset zero-padded to 20 digits, then the suffix (``.log``...)."""
     return f"{base_offset:020d}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampOffset:
+    """A record found by its timestamp (ListOffsets): its offset, its own timestamp, and the
+    leader epoch of the batch holding it (-1 when the batch carries none)."""
+
+    offset: int
+    timestamp: int
+    leader_epoch: int
+
+
+def first_record_at_or_after(
+    batch: bytes, header: BatchHeader, timestamp: int, start_offset: int = 0
+) -> TimestampOffset | None:
+    """The first record of one whole ``batch`` whose timestamp is >= ``timestamp`` and whose
+    offset is >= ``start_offset``; None if it has none. Kafka answers a lookup by time with a
+    record, not a batch: a batch's base offset would make a consumer seeking by time re-read the
+    batch's earlier records. With LogAppendTime every record carries the batch's max timestamp."""
+    if header.max_timestamp < timestamp or header.last_offset < start_offset:
+        return None
+    for record in decode_records(batch, 0, header):
+        if record.timestamp >= timestamp and record.offset >= start_offset:
+            epoch = header.partition_leader_epoch if header.partition_leader_epoch >= 0 else -1
+            return TimestampOffset(record.offset, record.timestamp, epoch)
+    return None
 
 
 class LogSegment:
@@ -300,13 +328,22 @@ class LogSegment:
             best = stop
         return best
 
-    def find_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(base offset, max timestamp) of the first batch with max timestamp >= ``timestamp``."""
+    def find_timestamp(self, timestamp: int, start_offset: int = 0) -> TimestampOffset | None:
+        """The first record at or above ``start_offset`` whose timestamp is >= ``timestamp``.
+
+        The time index names the batch where the segment's max timestamp first reached each
+        value, so every batch before the entry found lies below ``timestamp``; from there the
+        batches are scanned by their headers and only a batch whose max timestamp reaches it is
+        decoded (a header's max could be reached by none of its records only if a client lied:
+        the scan then goes on)."""
         offset = self.time_index.lookup(timestamp)
-        _, start = self.offset_index.lookup(offset)
-        for _pos, header in self.scan(start, chunk_size=_SHORT_CHUNK):
-            if header.max_timestamp >= timestamp:
-                return header.base_offset, header.max_timestamp
+        _, start = self.offset_index.lookup(max(offset, start_offset))
+        for pos, header in self.scan(start, chunk_size=_SHORT_CHUNK):
+            if header.max_timestamp >= timestamp and header.last_offset >= start_offset:
+                whole = self.read(pos, header.size_bytes)
+                found = first_record_at_or_after(whole, header, timestamp, start_offset)
+                if found is not None:
+                    return found
         return None
 
     # --- truncation, flush, close -------------------------------------------------------------------
