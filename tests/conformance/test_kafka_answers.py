@@ -5,20 +5,23 @@ One one-broker cluster for the module; each test uses topics of its own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from sluice.clients import close_within
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
-from sluice.protocol.records import BatchHeader, iter_batches
+from sluice.protocol.records import BatchHeader, build_batch, iter_batches
 from sluice.sync.wire_client import WireClient
 from tests.support.cluster import TestCluster
 
 pytestmark = pytest.mark.timeout(120)
+
+UNKNOWN = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +128,68 @@ def test_list_offsets_max_timestamp_answers_the_first_record_with_the_largest_ti
     for spec in (OffsetSpec.max_timestamp(), OffsetSpec.for_timestamp(150)):
         answer = admin.list_offsets({tp: spec}, request_timeout=10)[tp].result(timeout=15)
         assert (answer.offset, answer.timestamp) == (1, 300), spec
+
+
+# -- invalid topic names --------------------------------------------------------------------------
+
+INVALID_NAMES = ["a$#!", "x" * 250, ".", "..", "white space", "dé"]
+
+
+def test_producing_to_an_invalid_topic_name_fails_at_once_with_invalid_topic(kafka: TestCluster) -> None:
+    """librdkafka asks Metadata for the name; INVALID_TOPIC_EXCEPTION is final, so the messages
+    fail at once instead of being retried until message.timeout.ms (UNKNOWN_TOPIC_OR_PARTITION)."""
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "message.timeout.ms": 60_000})
+    failures: list[tuple[str, int]] = []
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        failures.append((str(msg.topic()), err.code() if err is not None else 0))
+
+    for name in INVALID_NAMES:
+        producer.produce(name, value=b"v", on_delivery=on_delivery)
+    started = time.monotonic()
+    assert producer.flush(20) == 0, f"still waiting after 20 s: {failures}"
+    assert time.monotonic() - started < 20
+    assert sorted(failures) == sorted((name, KafkaError.TOPIC_EXCEPTION) for name in INVALID_NAMES)
+
+
+def test_metadata_for_an_invalid_topic_name_answers_invalid_topic(kafka: TestCluster) -> None:
+    c = consumer(kafka.bootstrap)
+    try:
+        for name in INVALID_NAMES:
+            answer = c.list_topics(name, timeout=10).topics[name]
+            assert answer.error is not None and answer.error.code() == KafkaError.TOPIC_EXCEPTION, name
+        # a valid name that does not exist is still UNKNOWN_TOPIC_OR_PARTITION: it may be created
+        answer = c.list_topics("not-yet", timeout=10).topics["not-yet"]
+        assert answer.error is not None and answer.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    finally:
+        close_within(c)
+
+
+def test_create_topics_with_an_invalid_name_answers_invalid_topic(kafka: TestCluster) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    futures = admin.create_topics([NewTopic(name, 1, 1) for name in INVALID_NAMES], operation_timeout=10)
+    for name, future in futures.items():
+        with pytest.raises(KafkaException) as raised:
+            future.result(timeout=20)
+        assert raised.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, (name, raised.value)
+
+
+def test_a_produce_request_to_an_invalid_topic_name_answers_invalid_topic(kafka: TestCluster) -> None:
+    """Clients ask Metadata first; a Produce naming such a topic anyway gets the final answer too."""
+    with WireClient.connect(kafka.bootstrap, timeout_s=10) as w:
+        for name, expected in [("a$#!", ErrorCode.INVALID_TOPIC_EXCEPTION), ("absent", UNKNOWN)]:
+            r = w.request(
+                ApiKey.PRODUCE,
+                9,
+                {
+                    "acks": -1,
+                    "timeout_ms": 5000,
+                    "topic_data": [
+                        {
+                            "name": name,
+                            "partition_data": [{"index": 0, "records": build_batch([(b"k", b"v")])}],
+                        }
+                    ],
+                },
+            )
+            assert r["responses"][0]["partition_responses"][0]["error_code"] == expected, name

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker import acl_apis, scram_apis
+from sluice.broker.admin import missing_topic_error, validate_topic_name
 from sluice.broker.authz import guard_handlers
 from sluice.broker.fetch_sessions import (
     FINAL_EPOCH,
@@ -26,6 +27,7 @@ from sluice.broker.fetch_sessions import (
 from sluice.broker.fetch_sessions import (
     Kind as FetchKind,
 )
+from sluice.broker.replica_manager import ProduceResult
 from sluice.metrics import TRAFFIC
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
@@ -34,7 +36,7 @@ from sluice.security.session import current_session
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
     from sluice.broker.replica_access import ReplicaClaim
-    from sluice.broker.replica_manager import FetchResult, ProduceResult
+    from sluice.broker.replica_manager import FetchResult
     from sluice.cluster.view import PartitionInfo
 
 log = logging.getLogger("sluice.handlers")
@@ -335,7 +337,7 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 name = found.name if found else None
             names.append(name)
     if requested and req.get("allow_auto_topic_creation") and broker.config.auto_create_topics:
-        missing = [n for n in names if n and n not in all_topics]
+        missing = [n for n in names if n and n not in all_topics and validate_topic_name(n) is None]
         if missing:
             await broker.admin.auto_create(missing)
             all_topics = cache.topics()
@@ -344,9 +346,11 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
     for name in names:
         assignment = all_topics.get(name) if name else None
         if assignment is None:
+            # a name no topic can have is answered INVALID_TOPIC_EXCEPTION, final for clients
+            error = missing_topic_error(name)[0] if name is not None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             topics.append(
                 {
-                    "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    "error_code": error,
                     "name": name,
                     "topic_id": ZERO_UUID,
                     "is_internal": False,
@@ -429,6 +433,9 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
                 )
                 continue
             result = broker.replicas.append(name, pd["index"], pd["records"], required_acks=acks)
+            if result.error is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and broker.metadata.topic(name) is None:
+                error, message = missing_topic_error(name)
+                result = ProduceResult(error, message=message)
             if result.error is ErrorCode.NONE:
                 appended += len(pd["records"])
                 if acks == -1:
