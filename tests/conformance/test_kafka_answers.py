@@ -9,7 +9,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from sluice.clients import close_within
@@ -17,7 +25,7 @@ from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import BatchHeader, build_batch, iter_batches
 from sluice.sync.wire_client import WireClient
-from tests.support.cluster import TestCluster
+from tests.support.cluster import TestCluster, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -193,3 +201,41 @@ def test_a_produce_request_to_an_invalid_topic_name_answers_invalid_topic(kafka:
                 },
             )
             assert r["responses"][0]["partition_responses"][0]["error_code"] == expected, name
+
+
+# -- OffsetCommit ---------------------------------------------------------------------------------
+
+
+def test_committing_offsets_of_a_missing_topic_or_partition_answers_unknown_and_stores_nothing(
+    kafka: TestCluster,
+) -> None:
+    create_topic(kafka.bootstrap, "committed")  # one partition
+    outcomes: list[tuple[KafkaError | None, list[TopicPartition]]] = []
+    c = consumer(
+        kafka.bootstrap,
+        **{"group.id": "commits-to-nowhere", "on_commit": lambda err, tps: outcomes.append((err, tps))},
+    )
+    wanted = [
+        TopicPartition("committed", 0, 5),
+        TopicPartition("committed", 1, 6),  # no partition 1
+        TopicPartition("never-created", 0, 7),
+    ]
+    try:
+        c.commit(offsets=wanted, asynchronous=True)
+        wait_until(lambda: c.poll(0.1) is None and outcomes, 15, "the commit's outcome")
+        # librdkafka reports the request's first error on every partition of the commit
+        ((error, answered),) = outcomes
+        assert error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART, error
+        assert {(tp.topic, tp.partition) for tp in answered} == {(tp.topic, tp.partition) for tp in wanted}
+    finally:
+        close_within(c)
+    c = consumer(kafka.bootstrap, **{"group.id": "commits-to-nowhere"})
+    try:
+        stored = c.committed([TopicPartition(tp.topic, tp.partition) for tp in wanted], timeout=10)
+        assert [(tp.topic, tp.partition, tp.offset) for tp in stored] == [
+            ("committed", 0, 5),
+            ("committed", 1, OFFSET_INVALID),
+            ("never-created", 0, OFFSET_INVALID),
+        ]
+    finally:
+        close_within(c)

@@ -178,19 +178,40 @@ async def leave_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
     }
 
 
+def refused_commits(
+    requested: Iterable[tuple[str, int]], partition_counts: Mapping[str, int]
+) -> dict[tuple[str, int], ErrorCode]:
+    """The partitions of an OffsetCommit that are answered without committing: one named twice
+    (which of two offsets would win is undefined: neither is committed), and one of a topic or
+    partition that does not exist (``partition_counts``: the topics that do), which Kafka
+    answers UNKNOWN_TOPIC_OR_PARTITION and stores nothing for."""
+    keys = list(requested)
+    refused = dict.fromkeys(duplicated(keys), ErrorCode.INVALID_REQUEST)
+    for name, index in keys:
+        if (name, index) not in refused and not 0 <= index < partition_counts.get(name, 0):
+            refused[(name, index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return refused
+
+
 async def offset_commit(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    twice = duplicated((t["name"], p["partition_index"]) for t in req["topics"] for p in t["partitions"])
-    if twice:
-        # Which of two offsets for one partition would win is undefined: commit neither.
+    names = {t["name"] for t in req["topics"]}
+    counts = {n: a.partition_count for n in names if (a := broker.metadata.topic(n)) is not None}
+    refused = refused_commits(
+        ((t["name"], p["partition_index"]) for t in req["topics"] for p in t["partitions"]), counts
+    )
+    if refused:
         kept = [
             {
                 **t,
-                "partitions": [p for p in t["partitions"] if (t["name"], p["partition_index"]) not in twice],
+                "partitions": [
+                    p for p in t["partitions"] if (t["name"], p["partition_index"]) not in refused
+                ],
             }
             for t in req["topics"]
         ]
-        results = await broker.coordinator.commit_offsets({**req, "topics": kept})
-        results.update(dict.fromkeys(twice, ErrorCode.INVALID_REQUEST))
+        kept = [t for t in kept if t["partitions"]]
+        results = await broker.coordinator.commit_offsets({**req, "topics": kept}) if kept else {}
+        results.update(refused)
     else:
         results = await broker.coordinator.commit_offsets(req)
     return {
