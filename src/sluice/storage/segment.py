@@ -14,6 +14,7 @@ bound by file creation on this machine (0.5-1 ms each), and a broker creates one
 from __future__ import annotations
 
 import os
+import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from sluice.protocol.records import (
 from sluice.storage.fsutil import pread_exact, write_all
 from sluice.storage.index import IndexCorruptError, OffsetIndex, TimeIndex
 
-__all__ = ["LogSegment", "TimestampOffset", "first_record_at_or_after", "segment_file_name"]
+__all__ = ["LogSegment", "TimestampOffset", "first_record_at_or_after", "roll_jitter_ms", "segment_file_name"]
 
 INT32_MAX: Final = 2**31 - 1
 _SCAN_CHUNK: Final = 1 << 20
@@ -44,6 +45,13 @@ _SHORT_CHUNK: Final = 16 << 10
 def segment_file_name(base_offset: int, suffix: str) -> str:
     """Kafka's file name: base offset zero-padded to 20 digits, then the suffix (``.log``...)."""
     return f"{base_offset:020d}{suffix}"
+
+
+def roll_jitter_ms(jitter_ms: int, segment_ms: int, draw: Callable[[int], int] = random.randrange) -> int:
+    """How much earlier than segment.ms a new segment rolls: drawn from [0, min(jitter, segment.ms)),
+    so that segments created together do not all roll together (Kafka's segment.jitter.ms)."""
+    span = min(jitter_ms, segment_ms)
+    return draw(span) if span > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +119,8 @@ class LogSegment:
         self._bytes_since_index = 0
         self._dirty = False
         self._lock = threading.Lock()
+        #: taken off segment.ms for this segment (segment.jitter.ms; see ``roll_jitter_ms``)
+        self.roll_jitter_ms = 0
 
     # --- loading ------------------------------------------------------------------------------
 
@@ -248,6 +258,14 @@ class LogSegment:
         if waited > segment_ms:
             return True
         return last_offset - self.base_offset > INT32_MAX
+
+    def indexes_full(self, index_bytes_max: int) -> bool:
+        """Whether either index holds as many entries as ``segment.index.bytes`` has room for
+        (8 bytes an offset entry, 12 a time entry): Kafka rolls the segment then."""
+        return (
+            len(self.offset_index.offsets) >= index_bytes_max // 8
+            or len(self.time_index.timestamps) >= index_bytes_max // 12
+        )
 
     def on_roll(self) -> None:
         """Called when the segment stops being active: record its final max timestamp."""
