@@ -160,10 +160,11 @@ async def leave_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
         members = [{"member_id": req["member_id"], "group_instance_id": None}]
     else:
         members = req["members"]
-    error, results = broker.coordinator.leave(req["group_id"], [m["member_id"] for m in members])
+    error, results = broker.coordinator.leave(
+        req["group_id"], [(m["member_id"], m.get("group_instance_id")) for m in members]
+    )
     if error is ErrorCode.NONE and header.api_version < 3 and results:
-        error = results[0][1]
-    by_id = dict(results)
+        error = results[0]
     return {
         "throttle_time_ms": 0,
         "error_code": error,
@@ -171,9 +172,9 @@ async def leave_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
             {
                 "member_id": m["member_id"],
                 "group_instance_id": m.get("group_instance_id"),
-                "error_code": by_id.get(m["member_id"], error),
+                "error_code": results[i] if i < len(results) else error,
             }
-            for m in members
+            for i, m in enumerate(members)
         ],
     }
 
