@@ -854,6 +854,7 @@ def workers(coordinator: str, *specs: tuple[str, list[tuple[str, bytes]]]) -> It
 
 
 def test_non_consumer_protocol_type_joins_syncs_heartbeats_and_rebalances(cluster: TestCluster) -> None:
+    create_topic(cluster.bootstrap, "work", 1)  # offsets are committed only for partitions that exist
     coordinator = find_coordinator(cluster.bootstrap, GROUP)
     pool = ThreadPoolExecutor(4)
     a_protocols = [("alpha", b"a-meta-alpha"), ("beta", b"a-meta-beta")]
@@ -1004,6 +1005,7 @@ def test_non_consumer_protocol_type_joins_syncs_heartbeats_and_rebalances(cluste
 def test_member_of_the_current_generation_may_commit_while_the_group_prepares_a_rebalance(
     cluster: TestCluster,
 ) -> None:
+    create_topic(cluster.bootstrap, "work", 1)
     coordinator = find_coordinator(cluster.bootstrap, GROUP)
     pool = ThreadPoolExecutor(1)
     with workers(coordinator, ("worker-a", [("alpha", b"")]), ("worker-b", [("alpha", b"")])) as (a, b):

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from sluice.ops.ports import free_port
 from tests.support.cluster import TestCluster, wait_until
@@ -104,6 +106,56 @@ def test_two_clusters_side_by_side_do_not_collide(tmp_path: Path) -> None:
     finally:
         for d in dirs:
             sluice("cluster", "down", "--dir", d)
+
+
+def test_cluster_up_overrides_make_a_producer_create_its_topic_with_num_partitions(
+    zookeeper: str, tmp_path: Path
+) -> None:
+    """`--override key=value` sets a broker config key for every broker: a client that expects
+    topics created on first use with several partitions works against `cluster up`."""
+    d = str(tmp_path / "overridden")
+    up = sluice(
+        "cluster", "up", "--brokers", "2", "--dir", d, "--zookeeper", f"{zookeeper}/t-overrides",
+        "--override", "auto.create.topics.enable=true", "--override", "num.partitions=4",
+        "--override", "default.replication.factor=2",
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    bootstrap = re.search(r"^bootstrap\.servers=(\S+)$", up.stdout, re.M)
+    assert bootstrap, up.stdout
+    try:
+        producer = Producer({"bootstrap.servers": bootstrap.group(1), "acks": "all"})
+        delivered: list[object] = []
+        producer.produce("made-on-first-use", value=b"v", on_delivery=lambda err, msg: delivered.append(err))
+        assert producer.flush(30) == 0
+        assert delivered == [None]
+        admin = AdminClient({"bootstrap.servers": bootstrap.group(1)})
+        topic = admin.list_topics("made-on-first-use", timeout=10).topics["made-on-first-use"]
+        assert len(topic.partitions) == 4
+        assert all(len(p.replicas) == 2 for p in topic.partitions.values())
+    finally:
+        down = sluice("cluster", "down", "--dir", d)
+    assert down.returncode == 0, down.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("num.partitions=zero", "'num.partitions'"),
+        ("auto.create.topics.enabled=true", "'auto.create.topics.enabled'"),
+        ("broker.id=7", "broker.id"),
+        ("log.dirs=/tmp/elsewhere", "log.dirs"),
+        ("no-equals-sign", "key=value"),
+    ],
+)
+def test_cluster_up_refuses_a_bad_override_before_starting_anything(
+    tmp_path: Path, override: str, named: str
+) -> None:
+    d = tmp_path / "refused"
+    up = sluice("cluster", "up", "--dir", str(d), "--override", override, timeout=30)
+    assert up.returncode != 0
+    assert named in up.stderr, up.stderr
+    assert up.stderr.count("\n") <= 3, up.stderr  # one error, no traceback
+    assert not d.exists() or not any(d.iterdir()), "cluster up started something"
 
 
 def test_second_broker_with_same_id_is_refused(cluster: TestCluster, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from sluice.protocol.records import build_batch, iter_batches
 from sluice.storage import LogConfig, PartitionLog
+from sluice.storage.segment import TimestampOffset
 
 
 class Clock:
@@ -45,3 +46,8 @@ def read_all(log: PartitionLog, start: int | None = None) -> list[int]:
 
 def open_log(path: Path, clock: Clock | None = None, **cfg: object) -> PartitionLog:
     return PartitionLog.open(path, LogConfig(**cfg), now_ms=clock or Clock())  # type: ignore[arg-type]
+
+
+def found_at(hit: TimestampOffset | None) -> tuple[int, int] | None:
+    """(offset, timestamp) of a record found by time, None if none was."""
+    return None if hit is None else (hit.offset, hit.timestamp)

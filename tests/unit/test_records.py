@@ -276,3 +276,70 @@ def test_aiokafka_round_trip(codec: int) -> None:
     batch = ar.DefaultRecordBatch(bytearray(ours))
     assert batch.validate_crc()
     assert [r.value for r in batch] == [f"v{i}".encode() for i in range(10)]
+
+
+# --- re-encoding (broker-side compression.type) ------------------------------------------------
+
+_HEADER_FIELDS_KEPT = (
+    "base_offset",
+    "partition_leader_epoch",
+    "last_offset_delta",
+    "base_timestamp",
+    "max_timestamp",
+    "producer_id",
+    "producer_epoch",
+    "base_sequence",
+    "records_count",
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.binary(max_size=40)), st.binary(max_size=400), st.integers(0, 2**40)
+        ),
+        min_size=1,
+        max_size=15,
+    ),
+    st.sampled_from(CODECS),
+    st.sampled_from(CODECS),
+    st.booleans(),
+)
+def test_recompress_keeps_every_record_and_header_field_but_the_codec(
+    items: list[tuple[bytes | None, bytes, int]], sent: int, stored: int, transactional: bool
+) -> None:
+    recs = [Record(0, ts, k, v, (("h", v[:3]),)) for k, v, ts in items]
+    buf = build_batch(
+        recs, compression=sent, base_offset=7, producer_id=42, producer_epoch=3, base_sequence=11,
+        partition_leader_epoch=5, transactional=transactional,
+    )  # fmt: skip
+    before = parse_header(buf, 0)
+    out = R.recompress_batch(buf, 0, before, stored)
+    after = parse_header(out, 0)
+    validate_batch(out, 0, after)  # the CRC is computed anew
+    assert after.compression == stored and after.size_bytes == len(out)
+    assert after.is_transactional == transactional and after.timestamp_type == before.timestamp_type
+    assert [getattr(after, f) for f in _HEADER_FIELDS_KEPT] == [
+        getattr(before, f) for f in _HEADER_FIELDS_KEPT
+    ]
+    assert decode_records(out, 0, after) == decode_records(buf, 0, before)
+
+
+@pytest.mark.parametrize(
+    ("codec", "level"), [(R.COMPRESSION_GZIP, 1), (R.COMPRESSION_LZ4, 17), (R.COMPRESSION_ZSTD, -5)]
+)
+def test_recompress_at_a_level(codec: int, level: int) -> None:
+    buf = build_batch([(b"k", b"abc" * 1000)])
+    out = R.recompress_batch(buf, 0, parse_header(buf, 0), codec, level)
+    h = parse_header(out, 0)
+    validate_batch(out, 0, h)
+    assert h.compression == codec and len(out) < len(buf)
+    assert decode_records(out, 0, h)[0].value == b"abc" * 1000
+
+
+def test_recompress_refuses_records_that_do_not_decompress() -> None:
+    buf = bytearray(build_batch([(b"k", b"v" * 200)], compression=R.COMPRESSION_ZSTD))
+    buf[R.HEADER_SIZE + 4 : R.HEADER_SIZE + 8] = b"\xff\xff\xff\xff"  # garbage inside the frame
+    with pytest.raises(CorruptRecordError):
+        R.recompress_batch(buf, 0, parse_header(buf, 0), R.COMPRESSION_GZIP)

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from sluice.protocol.records import (
+    COMPRESSION_NONE,
+    COMPRESSION_ZSTD,
     TIMESTAMP_LOG_APPEND_TIME,
+    Record,
     build_batch,
     decode_records,
     iter_batches,
@@ -26,7 +29,8 @@ from sluice.storage import (
     UnexpectedAppendOffsetError,
     known_topic_configs,
 )
-from tests.unit._storage_helpers import Clock, batch, offsets_in, open_log, read_all
+from sluice.storage.segment import TimestampOffset
+from tests.unit._storage_helpers import Clock, batch, found_at, offsets_in, open_log, read_all
 
 
 def test_append_assigns_offsets_and_stamps(tmp_path: Path) -> None:
@@ -93,17 +97,62 @@ def test_offset_for_timestamp(tmp_path: Path) -> None:
     for t in ts:
         log.append_as_leader(batch(2, ts=t), leader_epoch=0)
     assert log.segment_count > 1
-    assert log.offset_for_timestamp(0) == (0, 100)
-    assert log.offset_for_timestamp(100) == (0, 100)
-    assert log.offset_for_timestamp(101) == (2, 200)
-    assert log.offset_for_timestamp(201) == (6, 300)
-    assert log.offset_for_timestamp(301) == (10, 400)
-    assert log.offset_for_timestamp(450) == (14, 500)
+    assert found_at(log.offset_for_timestamp(0)) == (0, 100)
+    assert found_at(log.offset_for_timestamp(100)) == (0, 100)
+    assert found_at(log.offset_for_timestamp(101)) == (2, 200)
+    assert found_at(log.offset_for_timestamp(201)) == (6, 300)
+    assert found_at(log.offset_for_timestamp(301)) == (10, 400)
+    assert found_at(log.offset_for_timestamp(450)) == (14, 500)
     assert log.offset_for_timestamp(501) is None
     log.close()
     log = open_log(tmp_path / "p", segment_bytes=600, index_interval_bytes=0)
-    assert log.offset_for_timestamp(301) == (10, 400)
-    assert log.offset_for_timestamp(450) == (14, 500)
+    assert found_at(log.offset_for_timestamp(301)) == (10, 400)
+    assert found_at(log.offset_for_timestamp(450)) == (14, 500)
+
+
+def records_at(times: list[int], *, compression: int = 0) -> bytes:
+    """One batch of records with these timestamps, in this order."""
+    return build_batch(
+        [Record(0, t, f"k{i}".encode(), b"v") for i, t in enumerate(times)], compression=compression
+    )
+
+
+@pytest.mark.parametrize("compression", [COMPRESSION_NONE, COMPRESSION_ZSTD])
+def test_offset_for_timestamp_finds_the_record_inside_a_batch(tmp_path: Path, compression: int) -> None:
+    """Kafka answers with the first record at or after the time, not the batch holding it."""
+    log = open_log(tmp_path / "p", segment_bytes=600, index_interval_bytes=0)
+    log.append_as_leader(records_at([1234, 999_999_999_999], compression=compression), leader_epoch=3)
+    log.append_as_leader(records_at([50, 2000, 40, 3000], compression=compression), leader_epoch=4)
+    assert found_at(log.offset_for_timestamp(999_999_999_999)) == (1, 999_999_999_999)
+    assert found_at(log.offset_for_timestamp(1235)) == (1, 999_999_999_999)
+    assert found_at(log.offset_for_timestamp(1234)) == (0, 1234)
+    assert log.offset_for_timestamp(10**12) is None
+    # the first record in log order at or after the time, though a later one (3000) is closer
+    assert log.offset_for_timestamp(2500) == TimestampOffset(1, 999_999_999_999, 3)
+    hit = log.max_timestamp_offset()
+    assert hit == TimestampOffset(1, 999_999_999_999, 3)
+
+
+def test_max_timestamp_offset_is_the_first_record_with_the_largest_time(tmp_path: Path) -> None:
+    log = open_log(tmp_path / "p", segment_bytes=300, index_interval_bytes=0)
+    assert log.max_timestamp_offset() is None
+    log.append_as_leader(records_at([10, 20]), leader_epoch=0)
+    log.append_as_leader(records_at([5, 70, 30, 70]), leader_epoch=1)  # offsets 2..5
+    log.append_as_leader(records_at([70, 60]), leader_epoch=2)  # the same max again, later
+    log.append_as_leader(records_at([1]), leader_epoch=2)
+    assert log.segment_count > 1
+    assert log.max_timestamp_offset() == TimestampOffset(3, 70, 1)
+    log.close()
+    log = open_log(tmp_path / "p", segment_bytes=300, index_interval_bytes=0)
+    assert log.max_timestamp_offset() == TimestampOffset(3, 70, 1)
+    assert found_at(log.offset_for_timestamp(21)) == (3, 70)
+
+
+def test_log_append_time_lookups_answer_the_first_record_of_the_batch(tmp_path: Path) -> None:
+    log = open_log(tmp_path / "p", Clock(777), message_timestamp_type="LogAppendTime")
+    log.append_as_leader(records_at([1, 2, 3]), leader_epoch=0)
+    assert found_at(log.offset_for_timestamp(777)) == (0, 777)
+    assert found_at(log.max_timestamp_offset()) == (0, 777)
 
 
 def test_log_append_time(tmp_path: Path) -> None:

@@ -64,6 +64,16 @@ def validate_topic_name(name: str) -> str | None:
     return None
 
 
+def missing_topic_error(name: str | None) -> tuple[ErrorCode, str]:
+    """Kafka's answer for a topic a request names that does not exist: a name no topic can ever
+    have is INVALID_TOPIC_EXCEPTION, which clients treat as final; any other name is
+    UNKNOWN_TOPIC_OR_PARTITION, which they retry (it may be being created)."""
+    problem = validate_topic_name(name or "")
+    if problem is not None:
+        return ErrorCode.INVALID_TOPIC_EXCEPTION, f"{problem}; no topic can have this name"
+    return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+
+
 def validate_topic_config(config: dict[str, str], replication_factor: int) -> str | None:
     known = known_topic_configs()
     for key in config:

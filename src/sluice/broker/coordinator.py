@@ -27,8 +27,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker import group_records as gr
+from sluice.broker import static_membership as sm
 from sluice.broker.group import Group, GroupState, Member, OffsetAndMetadata
 from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
+from sluice.broker.static_membership import JoinAction, RejoinOutcome
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import build_batch, decode_records, iter_batches
 
@@ -450,6 +452,7 @@ class GroupCoordinator:
     async def join(self, req: Body, version: int, client_id: str, client_host: str) -> Body:
         group_id: str = req["group_id"]
         member_id: str = req["member_id"]
+        instance_id: str | None = req.get("group_instance_id") if version >= 5 else None
         error = self.check(group_id)
         if error is not ErrorCode.NONE:
             return {"error_code": error, "member_id": member_id}
@@ -468,8 +471,11 @@ class GroupCoordinator:
                 self._log_group_limit("group_max_count", group_id, len(self.groups), limits.group_max_count)
                 return {"error_code": ErrorCode.GROUP_MAX_SIZE_REACHED, "member_id": member_id}
             group = self.groups[group_id] = Group(group_id)
-        joining_new = not member_id or (
-            member_id not in group.members and member_id not in group.pending_members
+        ruling = sm.join_ruling(group.instance_ids(), set(group.pending_members), member_id, instance_id)
+        if ruling.action is JoinAction.REFUSED:
+            return {"error_code": ruling.error, "member_id": member_id}
+        joining_new = ruling.action is not JoinAction.REPLACE and (
+            not member_id or (member_id not in group.members and member_id not in group.pending_members)
         )
         size = len(group.members) + len(group.pending_members)
         if joining_new and size >= limits.group_max_size:
@@ -483,10 +489,16 @@ class GroupCoordinator:
             return {"error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL, "member_id": member_id}
         loop = asyncio.get_running_loop()
         now = loop.time()
+        if ruling.action is JoinAction.REPLACE:
+            assert ruling.replaces is not None and instance_id is not None
+            return await self._replace_static_member(
+                group, ruling.replaces, instance_id, req, version, client_id, client_host
+            )
         if not member_id:
             new_id = f"{client_id or 'member'}-{uuid.uuid4()}"
-            if version >= 4:
-                # KIP-394: hand out the id first; the member joins with it in a second request.
+            if version >= 4 and instance_id is None:
+                # KIP-394: hand out the id first; the member joins with it in a second request
+                # (a static member is named by its instance id and joins at once, as in Kafka).
                 group.pending_members[new_id] = now + session_ms / 1000.0
                 return {"error_code": ErrorCode.MEMBER_ID_REQUIRED, "member_id": new_id}
             member_id = new_id
@@ -523,7 +535,7 @@ class GroupCoordinator:
                 group.protocol_type = req["protocol_type"]
             group.members[member_id] = Member(
                 member_id=member_id,
-                group_instance_id=req.get("group_instance_id"),
+                group_instance_id=instance_id,
                 client_id=client_id or "",
                 client_host=client_host,
                 session_timeout_ms=session_ms,
@@ -534,9 +546,10 @@ class GroupCoordinator:
                 last_heartbeat=now,
             )
             log.info(
-                "event=member_joined group=%s member=%s client=%s host=%s",
+                "event=member_joined group=%s member=%s instance=%s client=%s host=%s",
                 group_id,
                 member_id,
+                instance_id,
                 client_id,
                 client_host,
             )
@@ -544,6 +557,79 @@ class GroupCoordinator:
             self._prepare_rebalance(group, f"member {member_id} joined")
         else:
             group.rebalance_deadline = max(group.rebalance_deadline, now + rebalance_ms / 1000.0)
+        self._maybe_complete_join(group)
+        return await fut
+
+    async def _replace_static_member(
+        self,
+        group: Group,
+        old_id: str,
+        instance_id: str,
+        req: Body,
+        version: int,
+        client_id: str,
+        client_host: str,
+    ) -> Body:
+        """KIP-345: a JoinGroup without a member id for an instance the group has. The new
+        member id takes the old one's place and assignment, and the old one is fenced; then
+        ``rejoin_outcome`` says whether the group must rebalance. A Stable group whose protocol
+        would not change answers at once with the current generation (and the group written with
+        the new member id first), so no other member notices the restart."""
+        loop = asyncio.get_running_loop()
+        member = group.members[old_id]
+        previous_leader = group.leader
+        before = (member.protocols, member.session_timeout_ms, member.rebalance_timeout_ms)
+        new_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+        # whatever the replaced process was waiting on ends: it is fenced, as are its next requests
+        self._fail_futures(member, ErrorCode.FENCED_INSTANCE_ID)
+        group.rename_member(old_id, new_id)
+        session_ms = int(req["session_timeout_ms"])
+        rebalance_ms = int(req.get("rebalance_timeout_ms", -1))
+        member.protocols = [(p["name"], bytes(p["metadata"])) for p in req["protocols"]]
+        member.session_timeout_ms = session_ms
+        member.rebalance_timeout_ms = session_ms if rebalance_ms < 0 else rebalance_ms
+        member.client_id, member.client_host = client_id or "", client_host
+        member.last_heartbeat = loop.time()
+        outcome = sm.rejoin_outcome(group.state, group.protocol, group.select_protocol())
+        log.info(
+            "event=static_member_replaced group=%s instance=%s old_member=%s member=%s outcome=%s",
+            group.group_id,
+            instance_id,
+            old_id,
+            new_id,
+            outcome.value,
+        )
+        if outcome is RejoinOutcome.KEEP_ASSIGNMENT:
+            generation = group.generation
+            write_error = await self._persist_group(group)
+            if write_error is not ErrorCode.NONE:
+                if group.members.get(new_id) is member:  # undo: the old member id stays the group's
+                    group.rename_member(new_id, old_id)
+                    member.protocols, member.session_timeout_ms, member.rebalance_timeout_ms = before
+                return {"error_code": write_error, "member_id": ""}
+            leads = previous_leader == old_id
+            skip = leads and version >= 9
+            # Below v9 the previous leader's id is answered, so a restarted leader does not take
+            # itself for one and assign while the group is Stable (a Stable group would not hand
+            # out what it assigned); v9 says so with SkipAssignment (KIP-814).
+            return {
+                "error_code": ErrorCode.NONE,
+                "generation_id": generation,
+                "protocol_type": group.protocol_type,
+                "protocol_name": group.protocol,
+                "leader": new_id if skip else (previous_leader or ""),
+                "skip_assignment": skip,
+                "member_id": new_id,
+                "members": self._join_response(group, member)["members"] if skip else [],
+            }
+        fut: asyncio.Future[Body] = loop.create_future()
+        member.join_future = fut
+        if outcome is RejoinOutcome.REBALANCE:
+            self._prepare_rebalance(group, f"static member {instance_id} rejoined as {new_id}")
+        else:
+            group.rebalance_deadline = max(
+                group.rebalance_deadline, loop.time() + member.rebalance_timeout_ms / 1000.0
+            )
         self._maybe_complete_join(group)
         return await fut
 
@@ -568,8 +654,11 @@ class GroupCoordinator:
         if error is not ErrorCode.NONE:
             return {"error_code": error}
         group = self.groups.get(group_id)
-        if group is None or member_id not in group.members:
+        if group is None:
             return {"error_code": ErrorCode.UNKNOWN_MEMBER_ID}
+        member_error = sm.member_error(group.instance_ids(), member_id, req.get("group_instance_id"))
+        if member_error is not ErrorCode.NONE:
+            return {"error_code": member_error}
         if generation != group.generation:
             return {"error_code": ErrorCode.ILLEGAL_GENERATION}
         if req.get("protocol_type") not in (None, group.protocol_type) or req.get("protocol_name") not in (
@@ -627,8 +716,11 @@ class GroupCoordinator:
         if error is not ErrorCode.NONE:
             return error
         group = self.groups.get(group_id)
-        if group is None or member_id not in group.members:
+        if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
+        member_error = sm.member_error(group.instance_ids(), member_id, req.get("group_instance_id"))
+        if member_error is not ErrorCode.NONE:
+            return member_error
         if req["generation_id"] != group.generation:
             return ErrorCode.ILLEGAL_GENERATION
         group.members[member_id].last_heartbeat = asyncio.get_running_loop().time()
@@ -637,23 +729,34 @@ class GroupCoordinator:
         return ErrorCode.NONE
 
     def leave(
-        self, group_id: str, member_ids: Iterable[str]
-    ) -> tuple[ErrorCode, list[tuple[str, ErrorCode]]]:
+        self, group_id: str, members: Iterable[tuple[str, str | None]]
+    ) -> tuple[ErrorCode, list[ErrorCode]]:
+        """LeaveGroup: each (member id, group.instance.id) named, in order, with its answer. A
+        member named by instance id alone (v3+, KIP-345) is the instance's current member."""
         error = self.check(group_id)
         if error is not ErrorCode.NONE:
             return error, []
         group = self.groups.get(group_id)
-        results: list[tuple[str, ErrorCode]] = []
+        results: list[ErrorCode] = []
         removed = False
-        for member_id in member_ids:
-            member = group.members.get(member_id) if group else None
-            if group is None or member is None:
-                results.append((member_id, ErrorCode.UNKNOWN_MEMBER_ID))
+        for member_id, instance_id in members:
+            if group is None:
+                results.append(ErrorCode.UNKNOWN_MEMBER_ID)
                 continue
-            log.info("event=member_left group=%s member=%s", group_id, member_id)
-            self._remove_member(group, member)
-            removed = True
-            results.append((member_id, ErrorCode.NONE))
+            ruling = sm.leave_ruling(group.instance_ids(), set(group.pending_members), member_id, instance_id)
+            if ruling.forget_pending is not None:
+                group.pending_members.pop(ruling.forget_pending, None)
+            member = group.members.get(ruling.remove) if ruling.remove is not None else None
+            if member is not None:
+                log.info(
+                    "event=member_left group=%s member=%s instance=%s",
+                    group_id,
+                    member.member_id,
+                    instance_id,
+                )
+                self._remove_member(group, member)
+                removed = True
+            results.append(ruling.error)
         if group is not None and removed:
             if group.state in (S.STABLE, S.COMPLETING_REBALANCE):
                 self._prepare_rebalance(group, "member left")
@@ -669,7 +772,7 @@ class GroupCoordinator:
         wanted = [(t["name"], p) for t in req["topics"] for p in t["partitions"]]
         error = self.check(group_id)
         if error is ErrorCode.NONE:
-            error = self._commit_allowed(group_id, generation, member_id)
+            error = self._commit_allowed(group_id, generation, member_id, req.get("group_instance_id"))
         if error is not ErrorCode.NONE:
             return {(topic, p["partition_index"]): error for topic, p in wanted}
         results: dict[tuple[str, int], ErrorCode] = {}
@@ -701,16 +804,21 @@ class GroupCoordinator:
                     group.offsets[tp] = om
         return results
 
-    def _commit_allowed(self, group_id: str, generation: int, member_id: str) -> ErrorCode:
+    def _commit_allowed(
+        self, group_id: str, generation: int, member_id: str, instance_id: str | None = None
+    ) -> ErrorCode:
         group = self.groups.get(group_id)
-        if generation < 0 and not member_id:
+        if generation < 0 and not member_id and instance_id is None:
             # A commit from outside the group protocol (assign()-style consumers, tools): only
             # while no member could be committing for the same partitions.
             if group is not None and group.members:
                 return ErrorCode.UNKNOWN_MEMBER_ID
             return ErrorCode.NONE
-        if group is None or member_id not in group.members:
+        if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
+        member_error = sm.member_error(group.instance_ids(), member_id, instance_id)
+        if member_error is not ErrorCode.NONE:
+            return member_error
         if generation != group.generation:
             return ErrorCode.ILLEGAL_GENERATION
         if group.state is S.COMPLETING_REBALANCE:

@@ -2,7 +2,8 @@
 
 The states and every allowed transition are in ``TRANSITIONS``, one table (Kafka's classic
 group protocol). The coordinator does the I/O; this module decides nothing by itself except
-what the table allows, and a few pure rules (protocol selection, membership checks).
+what the table allows, and a few pure rules (protocol selection, membership checks). The rules
+of static membership (KIP-345) are in ``static_membership``.
 """
 
 from __future__ import annotations
@@ -158,6 +159,23 @@ class Group:
             if votes.get(name) == best:
                 return name
         return sorted(votes)[0]
+
+    def instance_ids(self) -> dict[str, str | None]:
+        """Each member id to its group.instance.id (None: a dynamic member), for the static
+        membership rules (``static_membership``)."""
+        return {member_id: m.group_instance_id for member_id, m in self.members.items()}
+
+    def rename_member(self, old_id: str, new_id: str) -> Member:
+        """Give member ``old_id`` the id ``new_id`` in its place (a static member replaced,
+        KIP-345), keeping the members' order (protocol votes and the leader's fallback read it)
+        and the leadership with it."""
+        assert old_id in self.members and new_id not in self.members, (old_id, new_id)
+        member = self.members[old_id]
+        member.member_id = new_id
+        self.members = {(new_id if k == old_id else k): m for k, m in self.members.items()}
+        if self.leader == old_id:
+            self.leader = new_id
+        return member
 
     def all_members_joined(self) -> bool:
         return all(m.awaiting_join for m in self.members.values())

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker import acl_apis, scram_apis
+from sluice.broker.admin import missing_topic_error, validate_topic_name
 from sluice.broker.authz import guard_handlers
 from sluice.broker.fetch_sessions import (
     FINAL_EPOCH,
@@ -26,6 +27,7 @@ from sluice.broker.fetch_sessions import (
 from sluice.broker.fetch_sessions import (
     Kind as FetchKind,
 )
+from sluice.broker.replica_manager import ProduceResult
 from sluice.metrics import TRAFFIC
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
@@ -34,7 +36,7 @@ from sluice.security.session import current_session
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
     from sluice.broker.replica_access import ReplicaClaim
-    from sluice.broker.replica_manager import FetchResult, ProduceResult
+    from sluice.broker.replica_manager import FetchResult
     from sluice.cluster.view import PartitionInfo
 
 log = logging.getLogger("sluice.handlers")
@@ -158,10 +160,11 @@ async def leave_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
         members = [{"member_id": req["member_id"], "group_instance_id": None}]
     else:
         members = req["members"]
-    error, results = broker.coordinator.leave(req["group_id"], [m["member_id"] for m in members])
+    error, results = broker.coordinator.leave(
+        req["group_id"], [(m["member_id"], m.get("group_instance_id")) for m in members]
+    )
     if error is ErrorCode.NONE and header.api_version < 3 and results:
-        error = results[0][1]
-    by_id = dict(results)
+        error = results[0]
     return {
         "throttle_time_ms": 0,
         "error_code": error,
@@ -169,26 +172,47 @@ async def leave_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
             {
                 "member_id": m["member_id"],
                 "group_instance_id": m.get("group_instance_id"),
-                "error_code": by_id.get(m["member_id"], error),
+                "error_code": results[i] if i < len(results) else error,
             }
-            for m in members
+            for i, m in enumerate(members)
         ],
     }
 
 
+def refused_commits(
+    requested: Iterable[tuple[str, int]], partition_counts: Mapping[str, int]
+) -> dict[tuple[str, int], ErrorCode]:
+    """The partitions of an OffsetCommit that are answered without committing: one named twice
+    (which of two offsets would win is undefined: neither is committed), and one of a topic or
+    partition that does not exist (``partition_counts``: the topics that do), which Kafka
+    answers UNKNOWN_TOPIC_OR_PARTITION and stores nothing for."""
+    keys = list(requested)
+    refused = dict.fromkeys(duplicated(keys), ErrorCode.INVALID_REQUEST)
+    for name, index in keys:
+        if (name, index) not in refused and not 0 <= index < partition_counts.get(name, 0):
+            refused[(name, index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return refused
+
+
 async def offset_commit(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    twice = duplicated((t["name"], p["partition_index"]) for t in req["topics"] for p in t["partitions"])
-    if twice:
-        # Which of two offsets for one partition would win is undefined: commit neither.
+    names = {t["name"] for t in req["topics"]}
+    counts = {n: a.partition_count for n in names if (a := broker.metadata.topic(n)) is not None}
+    refused = refused_commits(
+        ((t["name"], p["partition_index"]) for t in req["topics"] for p in t["partitions"]), counts
+    )
+    if refused:
         kept = [
             {
                 **t,
-                "partitions": [p for p in t["partitions"] if (t["name"], p["partition_index"]) not in twice],
+                "partitions": [
+                    p for p in t["partitions"] if (t["name"], p["partition_index"]) not in refused
+                ],
             }
             for t in req["topics"]
         ]
-        results = await broker.coordinator.commit_offsets({**req, "topics": kept})
-        results.update(dict.fromkeys(twice, ErrorCode.INVALID_REQUEST))
+        kept = [t for t in kept if t["partitions"]]
+        results = await broker.coordinator.commit_offsets({**req, "topics": kept}) if kept else {}
+        results.update(refused)
     else:
         results = await broker.coordinator.commit_offsets(req)
     return {
@@ -335,7 +359,7 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 name = found.name if found else None
             names.append(name)
     if requested and req.get("allow_auto_topic_creation") and broker.config.auto_create_topics:
-        missing = [n for n in names if n and n not in all_topics]
+        missing = [n for n in names if n and n not in all_topics and validate_topic_name(n) is None]
         if missing:
             await broker.admin.auto_create(missing)
             all_topics = cache.topics()
@@ -344,9 +368,11 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
     for name in names:
         assignment = all_topics.get(name) if name else None
         if assignment is None:
+            # a name no topic can have is answered INVALID_TOPIC_EXCEPTION, final for clients
+            error = missing_topic_error(name)[0] if name is not None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             topics.append(
                 {
-                    "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    "error_code": error,
                     "name": name,
                     "topic_id": ZERO_UUID,
                     "is_internal": False,
@@ -429,6 +455,9 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
                 )
                 continue
             result = broker.replicas.append(name, pd["index"], pd["records"], required_acks=acks)
+            if result.error is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and broker.metadata.topic(name) is None:
+                error, message = missing_topic_error(name)
+                result = ProduceResult(error, message=message)
             if result.error is ErrorCode.NONE:
                 appended += len(pd["records"])
                 if acks == -1:

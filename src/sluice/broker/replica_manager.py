@@ -456,6 +456,9 @@ class ReplicaManager:
             return ProduceResult(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, message=str(exc))
         except storage_errors.InvalidProducerEpochError as exc:
             return ProduceResult(ErrorCode.INVALID_PRODUCER_EPOCH, message=str(exc))
+        except storage_errors.InvalidTimestampError as exc:
+            log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
+            return ProduceResult(ErrorCode.INVALID_TIMESTAMP, message=str(exc))
         except (storage_errors.CorruptRecordError, storage_errors.InvalidRecordError) as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
             return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))
@@ -662,16 +665,16 @@ class ReplicaManager:
         if timestamp == EARLIEST_TIMESTAMP:
             return ErrorCode.NONE, -1, part.log.log_start_offset, part.leader_epoch
         if timestamp == MAX_TIMESTAMP:
-            found = part.log.max_timestamp_offset() if hasattr(part.log, "max_timestamp_offset") else None
-            if found is None:
-                return ErrorCode.NONE, -1, -1, part.leader_epoch
-            return ErrorCode.NONE, found[1], found[0], part.leader_epoch
-        if timestamp < 0:
+            hit = part.log.max_timestamp_offset()
+        elif timestamp < 0:
             return ErrorCode.INVALID_REQUEST, -1, -1, -1
-        hit = part.log.offset_for_timestamp(timestamp)
-        if hit is None or hit[0] >= part.high_watermark:
+        else:
+            hit = part.log.offset_for_timestamp(timestamp)
+        # As Kafka: a record at or above the high watermark is not there yet for a consumer,
+        # and the epoch answered is that of the batch holding the record.
+        if hit is None or hit.offset >= part.high_watermark:
             return ErrorCode.NONE, -1, -1, part.leader_epoch
-        return ErrorCode.NONE, hit[1], hit[0], part.leader_epoch
+        return ErrorCode.NONE, hit.timestamp, hit.offset, hit.leader_epoch
 
     # -- housekeeping ------------------------------------------------------------------------------
 

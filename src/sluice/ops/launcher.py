@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -253,6 +254,43 @@ def broker_properties(
         lines.append(f"metrics.port={b.metrics_port}")
     lines.extend(f"{k}={v}" for k, v in (settings or {}).items())
     return "# written by `sluice cluster up`\n" + "\n".join(lines) + "\n"
+
+
+#: Broker keys `cluster up` writes for each broker itself: an override would give every broker
+#: the same id, address, data directory, ZooKeeper or metrics port.
+PER_BROKER_KEYS = frozenset(
+    {
+        "broker.id",
+        "listeners",
+        "advertised.listeners",
+        "log.dirs",
+        "log.dir",
+        "zookeeper.connect",
+        "metrics.port",
+    }
+)
+
+
+def broker_overrides(items: Iterable[str]) -> dict[str, str]:
+    """``cluster up --override key=value``s: broker config keys (the broker configuration file's
+    names) for every broker the command starts, checked the way a broker checks its file
+    (``BrokerConfig.from_properties``), so a bad key or value stops the command, naming it,
+    before anything starts. Raises ``properties.ConfigError``."""
+    from sluice.broker.config import BrokerConfig
+    from sluice.properties import ConfigError, parse_overrides
+
+    overrides = parse_overrides(items)
+    for key in overrides:
+        if key in PER_BROKER_KEYS:
+            raise ConfigError(
+                f"--override {key}: `cluster up` sets {key} for each broker it starts, so it cannot be "
+                "one value for all; nothing was started (to choose it, start brokers with "
+                "`sluice broker start --config FILE`)"
+            )
+    # what `cluster up` writes for each broker (broker_properties), with the overrides over it
+    sample = {"broker.id": "1", "log.dirs": "broker-1", "zookeeper.connect": "127.0.0.1:2181"}
+    BrokerConfig.from_properties({**sample, **overrides}, source="--override")
+    return overrides
 
 
 def broker_command(b: BrokerProcess, config_file: Path) -> list[str]:

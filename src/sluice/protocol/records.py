@@ -46,6 +46,7 @@ __all__ = [
     "ATTR_CONTROL_MASK",
     "ATTR_TIMESTAMP_TYPE_MASK",
     "ATTR_TRANSACTIONAL_MASK",
+    "CODEC_NAMES",
     "COMPRESSION_GZIP",
     "COMPRESSION_LZ4",
     "COMPRESSION_MASK",
@@ -76,6 +77,7 @@ __all__ = [
     "increment_sequence",
     "iter_batches",
     "parse_header",
+    "recompress_batch",
     "set_base_offset",
     "set_log_append_time",
     "set_partition_leader_epoch",
@@ -112,6 +114,8 @@ COMPRESSION_SNAPPY: Final = 2
 COMPRESSION_LZ4: Final = 3
 COMPRESSION_ZSTD: Final = 4
 _CODEC_NAMES: Final = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+#: Codec ids by the names Kafka's ``compression.type`` uses ("uncompressed" for none).
+CODEC_NAMES: Final = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 TIMESTAMP_CREATE_TIME: Final = 0
 TIMESTAMP_LOG_APPEND_TIME: Final = 1
@@ -393,9 +397,13 @@ def _encode_bytes(out: bytearray, data: bytes | None) -> None:
         out += data
 
 
-def _compress(codec: int, data: bytes) -> bytes:
+def _compress(codec: int, data: bytes, level: int | None = None) -> bytes:
+    """``level``: the codec's own level (gzip 1-9, lz4 1-17, zstd -131072-22); None: its default.
+    Snappy has none."""
     if codec == COMPRESSION_GZIP:
-        return bytes(cramjam.gzip.compress(data))
+        return bytes(
+            cramjam.gzip.compress(data) if level is None else cramjam.gzip.compress(data, level=level)
+        )
     if codec == COMPRESSION_SNAPPY:
         out = bytearray(_XERIAL_HEADER)
         with memoryview(data) as mv:
@@ -405,11 +413,13 @@ def _compress(codec: int, data: bytes) -> bytes:
                 out += block
         return bytes(out)
     if codec == COMPRESSION_LZ4:
-        compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+        compressor = cramjam.lz4.Compressor(level=level, content_checksum=False, block_linked=False)
         compressor.compress(data)
         return bytes(compressor.finish())
     if codec == COMPRESSION_ZSTD:
-        return bytes(cramjam.zstd.compress(data))
+        return bytes(
+            cramjam.zstd.compress(data) if level is None else cramjam.zstd.compress(data, level=level)
+        )
     raise InvalidRecordError(f"unknown compression codec {codec}")
 
 
@@ -524,6 +534,38 @@ def build_batch(
         len(items),
     )
     out[HEADER_SIZE:] = payload
+    _UINT32.pack_into(out, CRC_OFFSET, compute_crc(out, 0, len(out)))
+    return bytes(out)
+
+
+def recompress_batch(
+    buf: Buffer, pos: int, header: BatchHeader, codec: int, level: int | None = None
+) -> bytes:
+    """The batch at ``pos`` with its records encoded by ``codec`` (COMPRESSION_NONE: stored
+    uncompressed) at ``level``, every other field as it was: offsets and their deltas,
+    timestamps, producer id, epoch and sequence, the transactional and control bits, the
+    records themselves byte for byte. Only batchLength, the codec bits and the CRC change, and
+    the CRC is computed over the new bytes. Raises CorruptRecordError if the records cannot be
+    decompressed."""
+    size = header.batch_length + LOG_OVERHEAD
+    if header.batch_length < MIN_BATCH_LENGTH or pos + size > len(buf):
+        raise CorruptRecordError(f"batch at position {pos} of size {size} overruns buffer of {len(buf)}")
+    if not 0 <= codec <= COMPRESSION_ZSTD:
+        raise InvalidRecordError(f"unknown compression codec {codec}")
+    with memoryview(buf) as mv:
+        raw = mv[pos + HEADER_SIZE : pos + size]
+        try:
+            body = (
+                bytes(raw) if header.compression == COMPRESSION_NONE else _decompress(header.compression, raw)
+            )
+        finally:
+            raw.release()
+        payload = body if codec == COMPRESSION_NONE else _compress(codec, body, level)
+        out = bytearray(HEADER_SIZE + len(payload))
+        out[:HEADER_SIZE] = mv[pos : pos + HEADER_SIZE]
+    out[HEADER_SIZE:] = payload
+    _INT32.pack_into(out, LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(payload))
+    _INT16.pack_into(out, ATTRIBUTES_OFFSET, (header.attributes & ~COMPRESSION_MASK) | codec)
     _UINT32.pack_into(out, CRC_OFFSET, compute_crc(out, 0, len(out)))
     return bytes(out)
 

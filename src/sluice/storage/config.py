@@ -6,7 +6,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-__all__ = ["LONG_MAX", "LogConfig", "known_topic_configs"]
+from sluice.storage.topic_configs import ACCEPTED_TOPIC_CONFIGS, check_accepted
+
+__all__ = ["COMPRESSION_TYPES", "LONG_MAX", "LogConfig", "known_topic_configs"]
 
 LONG_MAX: Final = 2**63 - 1
 _DAY_MS: Final = 24 * 60 * 60 * 1000
@@ -29,12 +31,28 @@ class LogConfig:
     flush_ms: int = LONG_MAX
     index_interval_bytes: int = 4096
     max_message_bytes: int = 1048588
+    #: the leader's codec for what it stores: "producer" (as sent) or a codec's name (KIP-390
+    #: levels for gzip (-1: the codec's default), lz4 and zstd)
+    compression_type: str = "producer"
+    compression_gzip_level: int = -1
+    compression_lz4_level: int = 9
+    compression_zstd_level: int = 3
+    #: CreateTime bounds: how far a record's timestamp may be before / after the broker's clock
+    #: (LONG_MAX: unbounded); the deprecated difference applies where the other two are unset
+    message_timestamp_difference_max_ms: int = LONG_MAX
+    message_timestamp_before_max_ms: int = LONG_MAX
+    message_timestamp_after_max_ms: int = LONG_MAX
+    #: at most this much is taken, at random per segment, off segment.ms (rolls spread out)
+    segment_jitter_ms: int = 0
+    #: a segment rolls when its offset (8 bytes an entry) or time (12) index would pass this
+    segment_index_bytes: int = 10 * 1024 * 1024
     message_timestamp_type: str = "CreateTime"
     cleanup_policy: str = "delete"
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
 
     def __post_init__(self) -> None:
+        self._check_compression_and_bounds()
         _check("segment.bytes", self.segment_bytes, self.segment_bytes >= 14, "must be >= 14")
         _check("segment.ms", self.segment_ms, self.segment_ms >= 1, "must be >= 1")
         _check("retention.ms", self.retention_ms, self.retention_ms >= -1, "must be >= -1")
@@ -59,6 +77,42 @@ class LogConfig:
         )
         _check("min.insync.replicas", self.min_insync_replicas, self.min_insync_replicas >= 1, "must be >= 1")
 
+    def _check_compression_and_bounds(self) -> None:
+        _check(
+            "compression.type",
+            self.compression_type,
+            self.compression_type in COMPRESSION_TYPES,
+            f"must be one of {', '.join(COMPRESSION_TYPES)}",
+        )
+        for key, level, (lo, hi) in (
+            ("compression.gzip.level", self.compression_gzip_level, _GZIP_LEVELS),
+            ("compression.lz4.level", self.compression_lz4_level, _LZ4_LEVELS),
+            ("compression.zstd.level", self.compression_zstd_level, _ZSTD_LEVELS),
+        ):
+            ok = lo <= level <= hi or (key == "compression.gzip.level" and level == -1)
+            _check(key, level, ok, f"must be between {lo} and {hi}" + (" or -1" if "gzip" in key else ""))
+        for key, value in (
+            ("message.timestamp.difference.max.ms", self.message_timestamp_difference_max_ms),
+            ("message.timestamp.before.max.ms", self.message_timestamp_before_max_ms),
+            ("message.timestamp.after.max.ms", self.message_timestamp_after_max_ms),
+            ("segment.jitter.ms", self.segment_jitter_ms),
+        ):
+            _check(key, value, value >= 0, "must be >= 0")
+        _check("segment.index.bytes", self.segment_index_bytes, self.segment_index_bytes >= 4, "must be >= 4")
+
+    @property
+    def timestamp_before_max_ms(self) -> int:
+        """How far before the broker's clock a CreateTime record may be: before.max.ms, or the
+        deprecated difference.max.ms while before.max.ms is unset (Kafka 3.9's rule)."""
+        before = self.message_timestamp_before_max_ms
+        return before if before != LONG_MAX else self.message_timestamp_difference_max_ms
+
+    @property
+    def timestamp_after_max_ms(self) -> int:
+        """How far after the broker's clock a CreateTime record may be (as the above)."""
+        after = self.message_timestamp_after_max_ms
+        return after if after != LONG_MAX else self.message_timestamp_difference_max_ms
+
     @property
     def log_append_time(self) -> bool:
         """True when the broker stamps batches with its own clock (LogAppendTime)."""
@@ -73,6 +127,9 @@ class LogConfig:
         values: dict[str, Any] = {} if base is None else {f.name: getattr(base, f.name) for f in fields(cls)}
         for key, raw in config.items():
             spec = _SPECS.get(key)
+            if spec is None and key in ACCEPTED_TOPIC_CONFIGS:
+                check_accepted(key, raw)  # a Kafka config whose value Sluice acts on anyway
+                continue
             if spec is None:
                 raise ValueError(f"unknown topic config {key!r} (value {raw!r})")
             try:
@@ -128,6 +185,11 @@ class _Spec:
     render: Callable[[Any], str] = _render
 
 
+COMPRESSION_TYPES: Final = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
+_GZIP_LEVELS: Final = (1, 9)
+_LZ4_LEVELS: Final = (1, 17)
+_ZSTD_LEVELS: Final = (-131072, 22)
+
 _SPECS: Final[dict[str, _Spec]] = {
     "segment.bytes": _Spec("segment_bytes", _parse_int, "Maximum size of a single log segment file."),
     "segment.ms": _Spec("segment_ms", _parse_long, "Time after which a segment is rolled even if not full."),
@@ -155,4 +217,51 @@ _SPECS: Final[dict[str, _Spec]] = {
 def known_topic_configs() -> dict[str, tuple[str, str]]:
     """Kafka config name -> (default value as a string, documentation), for DescribeConfigs."""
     defaults = LogConfig()
-    return {key: (spec.render(getattr(defaults, spec.attr)), spec.doc) for key, spec in _SPECS.items()}
+    known = {key: (spec.render(getattr(defaults, spec.attr)), spec.doc) for key, spec in _SPECS.items()}
+    for key, accepted in ACCEPTED_TOPIC_CONFIGS.items():
+        known.setdefault(key, (accepted.default, accepted.doc))
+    return known
+
+
+# Kafka 3.9 topic configs honoured beyond the first ones (the topic_configs module holds those
+# accepted for what Sluice does anyway, and those refused).
+_SPECS.update(
+    {
+        "compression.type": _Spec(
+            "compression_type",
+            _parse_str,
+            "The codec the leader stores batches with: producer (as sent), uncompressed, gzip, snappy, "
+            "lz4 or zstd; a batch sent with another codec is re-encoded before it is appended.",
+        ),
+        "compression.gzip.level": _Spec(
+            "compression_gzip_level", _parse_int, "gzip level (1-9, -1: default) when compression.type=gzip."
+        ),
+        "compression.lz4.level": _Spec(
+            "compression_lz4_level", _parse_int, "lz4 level (1-17) when compression.type=lz4."
+        ),
+        "compression.zstd.level": _Spec(
+            "compression_zstd_level", _parse_int, "zstd level (-131072-22) when compression.type=zstd."
+        ),
+        "message.timestamp.difference.max.ms": _Spec(
+            "message_timestamp_difference_max_ms",
+            _parse_long,
+            "Deprecated: the bound before and after the broker's clock where before/after.max.ms are unset.",
+        ),
+        "message.timestamp.before.max.ms": _Spec(
+            "message_timestamp_before_max_ms",
+            _parse_long,
+            "CreateTime: a record older than the broker's clock by more is refused (INVALID_TIMESTAMP).",
+        ),
+        "message.timestamp.after.max.ms": _Spec(
+            "message_timestamp_after_max_ms",
+            _parse_long,
+            "CreateTime: a record ahead of the broker's clock by more is refused (INVALID_TIMESTAMP).",
+        ),
+        "segment.jitter.ms": _Spec(
+            "segment_jitter_ms", _parse_long, "Random time taken off segment.ms per segment."
+        ),
+        "segment.index.bytes": _Spec(
+            "segment_index_bytes", _parse_int, "A segment rolls when either of its indexes would pass this."
+        ),
+    }
+)

@@ -12,6 +12,7 @@ __all__ = [
     "CorruptRecordError",
     "InvalidProducerEpochError",
     "InvalidRecordError",
+    "InvalidTimestampError",
     "LogClosedError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
@@ -54,3 +55,8 @@ class UnexpectedAppendOffsetError(StorageError):
     """A follower append's first offset is below the log end offset, or its batches are not in
     ascending offset order (Kafka: UnexpectedAppendOffsetException; the replica fetcher should
     truncate and refetch)."""
+
+
+class InvalidTimestampError(StorageError):
+    """A CreateTime record's timestamp lies outside the topic's message.timestamp.before.max.ms /
+    after.max.ms bounds of the broker's clock (Kafka: INVALID_TIMESTAMP)."""

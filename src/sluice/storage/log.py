@@ -53,9 +53,10 @@ from sluice.storage.errors import (
     UnexpectedAppendOffsetError,
 )
 from sluice.storage.fsutil import atomic_write, fsync_dir, fsync_file
+from sluice.storage.leader_append import check_timestamps, encode_for_topic
 from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
 from sluice.storage.producer_state import ProducerStateManager, list_snapshots
-from sluice.storage.segment import LogSegment
+from sluice.storage.segment import LogSegment, TimestampOffset, roll_jitter_ms
 
 __all__ = ["CLEAN_SHUTDOWN_FILE", "RECOVERY_POINT_FILE", "AppendInfo", "PartitionLog", "ReadResult"]
 
@@ -198,13 +199,15 @@ class PartitionLog:
         self._durable = True
 
     def _new_segment(self, base_offset: int, *, lazy: bool = False) -> LogSegment:
-        return LogSegment(
+        seg = LogSegment(
             self._dir,
             base_offset,
             index_interval_bytes=self.config.index_interval_bytes,
             created_ms=self._now_ms(),
             lazy=lazy,
         )
+        seg.roll_jitter_ms = roll_jitter_ms(self.config.segment_jitter_ms, self.config.segment_ms)
+        return seg
 
     def _load(self, *, new: bool = False, clean: bool | None = None) -> None:
         d = self._dir
@@ -406,9 +409,11 @@ class PartitionLog:
         self, add_bytes: int, max_timestamp: int, first_offset: int, last_offset: int, now: int
     ) -> None:
         active = self._segments[-1]
+        cfg = self.config
+        segment_ms = cfg.segment_ms - active.roll_jitter_ms  # segment.jitter.ms, drawn per segment
         if not active.should_roll(
-            add_bytes, max_timestamp, last_offset, now, self.config.segment_bytes, self.config.segment_ms
-        ):
+            add_bytes, max_timestamp, last_offset, now, cfg.segment_bytes, segment_ms
+        ) and not (active.size > 0 and active.indexes_full(cfg.segment_index_bytes)):
             return
         assert first_offset >= active.next_offset
         with self._lock:
@@ -432,6 +437,10 @@ class PartitionLog:
         if len(records) == 0:
             raise InvalidRecordError("produce request carries no record batches")
         batches = self._parse_batches(records, leader=True)
+        now = self._now_ms() if now_ms is None else now_ms
+        # the topic's timestamp bounds and compression.type, before the idempotence check (Kafka's order)
+        check_timestamps(records, batches, self.config, now)
+        records, batches = encode_for_topic(records, batches, self.config)
         dup = self._producers.check([h for _, h in batches])
         if dup is not None:
             return AppendInfo(
@@ -442,7 +451,6 @@ class PartitionLog:
                 True,
                 dup.last_offset - dup.first_offset + 1,
             )
-        now = self._now_ms() if now_ms is None else now_ms
         log_append = self.config.log_append_time
         buf = bytearray(records)
         first_offset = offset = self._leo
@@ -570,15 +578,30 @@ class PartitionLog:
             return ReadResult(data, header.base_offset, lso, leo)
         return empty
 
-    def offset_for_timestamp(self, ts_ms: int) -> tuple[int, int] | None:
-        """(base offset, max timestamp) of the first batch whose max timestamp >= ``ts_ms``."""
+    def offset_for_timestamp(self, ts_ms: int) -> TimestampOffset | None:
+        """The first record (not batch) whose timestamp is >= ``ts_ms``, as Kafka's ListOffsets
+        answers; None if no record reaches it."""
         self._check_open()
+        start = self.log_start_offset
         for seg in self._segments:
             if seg.max_timestamp >= ts_ms:
-                found = seg.find_timestamp(ts_ms)
+                found = seg.find_timestamp(ts_ms, start)
                 if found is not None:
                     return found
         return None
+
+    def max_timestamp_offset(self) -> TimestampOffset | None:
+        """The first record carrying the log's largest timestamp (ListOffsets MAX_TIMESTAMP,
+        KIP-734): in the first segment that reached it, the first record of the first batch that
+        did, as Kafka answers; None for a log without timestamps."""
+        self._check_open()
+        best: LogSegment | None = None
+        for seg in self._segments:
+            if seg.max_timestamp >= 0 and (best is None or seg.max_timestamp > best.max_timestamp):
+                best = seg
+        if best is None:
+            return None
+        return best.find_timestamp(best.max_timestamp, self.log_start_offset)
 
     # --- truncation and retention -------------------------------------------------------------------
 

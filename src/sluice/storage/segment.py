@@ -14,8 +14,10 @@ bound by file creation on this machine (0.5-1 ms each), and a broker creates one
 from __future__ import annotations
 
 import os
+import random
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -26,13 +28,14 @@ from sluice.protocol.records import (
     MIN_BATCH_LENGTH,
     BatchHeader,
     CorruptRecordError,
+    decode_records,
     parse_header,
     validate_batch,
 )
 from sluice.storage.fsutil import pread_exact, write_all
 from sluice.storage.index import IndexCorruptError, OffsetIndex, TimeIndex
 
-__all__ = ["LogSegment", "segment_file_name"]
+__all__ = ["LogSegment", "TimestampOffset", "first_record_at_or_after", "roll_jitter_ms", "segment_file_name"]
 
 INT32_MAX: Final = 2**31 - 1
 _SCAN_CHUNK: Final = 1 << 20
@@ -42,6 +45,39 @@ _SHORT_CHUNK: Final = 16 << 10
 def segment_file_name(base_offset: int, suffix: str) -> str:
     """Kafka's file name: base offset zero-padded to 20 digits, then the suffix (``.log``...)."""
     return f"{base_offset:020d}{suffix}"
+
+
+def roll_jitter_ms(jitter_ms: int, segment_ms: int, draw: Callable[[int], int] = random.randrange) -> int:
+    """How much earlier than segment.ms a new segment rolls: drawn from [0, min(jitter, segment.ms)),
+    so that segments created together do not all roll together (Kafka's segment.jitter.ms)."""
+    span = min(jitter_ms, segment_ms)
+    return draw(span) if span > 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampOffset:
+    """A record found by its timestamp (ListOffsets): its offset, its own timestamp, and the
+    leader epoch of the batch holding it (-1 when the batch carries none)."""
+
+    offset: int
+    timestamp: int
+    leader_epoch: int
+
+
+def first_record_at_or_after(
+    batch: bytes, header: BatchHeader, timestamp: int, start_offset: int = 0
+) -> TimestampOffset | None:
+    """The first record of one whole ``batch`` whose timestamp is >= ``timestamp`` and whose
+    offset is >= ``start_offset``; None if it has none. Kafka answers a lookup by time with a
+    record, not a batch: a batch's base offset would make a consumer seeking by time re-read the
+    batch's earlier records. With LogAppendTime every record carries the batch's max timestamp."""
+    if header.max_timestamp < timestamp or header.last_offset < start_offset:
+        return None
+    for record in decode_records(batch, 0, header):
+        if record.timestamp >= timestamp and record.offset >= start_offset:
+            epoch = header.partition_leader_epoch if header.partition_leader_epoch >= 0 else -1
+            return TimestampOffset(record.offset, record.timestamp, epoch)
+    return None
 
 
 class LogSegment:
@@ -83,6 +119,8 @@ class LogSegment:
         self._bytes_since_index = 0
         self._dirty = False
         self._lock = threading.Lock()
+        #: taken off segment.ms for this segment (segment.jitter.ms; see ``roll_jitter_ms``)
+        self.roll_jitter_ms = 0
 
     # --- loading ------------------------------------------------------------------------------
 
@@ -221,6 +259,14 @@ class LogSegment:
             return True
         return last_offset - self.base_offset > INT32_MAX
 
+    def indexes_full(self, index_bytes_max: int) -> bool:
+        """Whether either index holds as many entries as ``segment.index.bytes`` has room for
+        (8 bytes an offset entry, 12 a time entry): Kafka rolls the segment then."""
+        return (
+            len(self.offset_index.offsets) >= index_bytes_max // 8
+            or len(self.time_index.timestamps) >= index_bytes_max // 12
+        )
+
     def on_roll(self) -> None:
         """Called when the segment stops being active: record its final max timestamp."""
         if self.max_timestamp >= 0:
@@ -300,13 +346,22 @@ class LogSegment:
             best = stop
         return best
 
-    def find_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(base offset, max timestamp) of the first batch with max timestamp >= ``timestamp``."""
+    def find_timestamp(self, timestamp: int, start_offset: int = 0) -> TimestampOffset | None:
+        """The first record at or above ``start_offset`` whose timestamp is >= ``timestamp``.
+
+        The time index names the batch where the segment's max timestamp first reached each
+        value, so every batch before the entry found lies below ``timestamp``; from there the
+        batches are scanned by their headers and only a batch whose max timestamp reaches it is
+        decoded (a header's max could be reached by none of its records only if a client lied:
+        the scan then goes on)."""
         offset = self.time_index.lookup(timestamp)
-        _, start = self.offset_index.lookup(offset)
-        for _pos, header in self.scan(start, chunk_size=_SHORT_CHUNK):
-            if header.max_timestamp >= timestamp:
-                return header.base_offset, header.max_timestamp
+        _, start = self.offset_index.lookup(max(offset, start_offset))
+        for pos, header in self.scan(start, chunk_size=_SHORT_CHUNK):
+            if header.max_timestamp >= timestamp and header.last_offset >= start_offset:
+                whole = self.read(pos, header.size_bytes)
+                found = first_record_at_or_after(whole, header, timestamp, start_offset)
+                if found is not None:
+                    return found
         return None
 
     # --- truncation, flush, close -------------------------------------------------------------------

@@ -57,15 +57,29 @@ def cluster_up(
             "ACLs, and client.properties for the admin user",
         ),
     ] = "none",
+    override: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--override",
+            help="key=value: a broker config key (the broker config file's names, e.g. "
+            "auto.create.topics.enable=true, num.partitions=4) for every broker; repeatable",
+        ),
+    ] = None,
 ) -> None:
     """Start ZooKeeper (unless --zookeeper names one), N brokers and K workers; wait until ready."""
     from sluice.ops.netns import NetnsError
+    from sluice.properties import ConfigError
 
     started = time.monotonic()
+    try:
+        settings = launcher.broker_overrides(override or [])
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
     try:
         cluster = launcher.cluster_up(
             directory, brokers, zookeeper, zk_session_timeout_s=zk_session_timeout, hosts=hosts,
             zookeeper_nodes=zookeeper_nodes, workers=workers, security=security.lower(),
+            broker_settings=settings,
         )  # fmt: skip
     except (RuntimeError, TimeoutError, ValueError, FileNotFoundError, NetnsError) as exc:
         raise fail(str(exc)) from None
