@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from sluice import metrics
+from sluice.broker.replica_access import claimed_replica_id
 from sluice.metrics import api_name
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
@@ -225,14 +226,23 @@ async def _produce(
 async def _fetch(
     handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
-    if req["replica_id"] >= 0:
+    if claimed_replica_id(header.api_version, req) >= 0:
         return await handler(broker, header, req)  # a follower's: the replication door decides
-    denied = check.denied_topics(Operation.READ, (t["topic"] for t in req["topics"] if t.get("topic")))
+
+    def name_of(t: Body) -> str | None:
+        """The topic's name, also when Fetch v13+ names it by id (an unknown id has none, and
+        the handler answers it UNKNOWN_TOPIC_ID)."""
+        if t.get("topic"):
+            return str(t["topic"])
+        found = broker.metadata.topic_by_id(t.get("topic_id"))
+        return found.name if found is not None else None
+
+    denied = check.denied_topics(Operation.READ, (n for t in req["topics"] if (n := name_of(t))))
     if not denied:
         return await handler(broker, header, req)
-    refused = [t for t in req["topics"] if t.get("topic") in denied]
+    refused = [t for t in req["topics"] if name_of(t) in denied]
     response = await handler(
-        broker, header, {**req, "topics": [t for t in req["topics"] if t.get("topic") not in denied]}
+        broker, header, {**req, "topics": [t for t in req["topics"] if name_of(t) not in denied]}
     )
     if response is None or response.get("error_code", 0) != ErrorCode.NONE:
         return response

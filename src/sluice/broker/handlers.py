@@ -26,6 +26,7 @@ from sluice.broker.fetch_sessions import (
 from sluice.broker.fetch_sessions import (
     Kind as FetchKind,
 )
+from sluice.broker.replica_access import claimed_replica_id
 from sluice.metrics import TRAFFIC
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
@@ -470,7 +471,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     incremental; the long poll waits on, and wakes for, every partition of the session.
     """
     loop = asyncio.get_running_loop()
-    replica_id = req["replica_id"]
+    replica_id = claimed_replica_id(header.api_version, req)
     max_wait_s = max(0, req["max_wait_ms"]) / 1000.0
     if replica_id >= 0:
         max_wait_s = min(max_wait_s, broker.replicas.follower_wait_cap_s())
@@ -488,10 +489,12 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     # again where it is read.
     claim = broker.replicas.replica_claim(replica_id) if replica_id >= 0 else None
     refused: dict[tuple[str, int], ErrorCode] = {}
-    twice = duplicated(
-        (_fetch_topic_name(broker, t), p["partition"]) for t in req["topics"] for p in t["partitions"]
-    )
-    for t in req["topics"]:
+    # Fetch v13+ names topics by id (KIP-516): an id this broker does not know is answered
+    # UNKNOWN_TOPIC_ID and joins no session (two unknown ids must not become one nameless topic).
+    unknown_ids = [t for t in req["topics"] if header.api_version >= 13 and not _fetch_topic_name(broker, t)]
+    known = [t for t in req["topics"] if not any(t is u for u in unknown_ids)]
+    twice = duplicated((_fetch_topic_name(broker, t), p["partition"]) for t in known for p in t["partitions"])
+    for t in known:
         name = _fetch_topic_name(broker, t)
         topic_ids[name] = t.get("topic_id", ZERO_UUID)
         for p in t["partitions"]:
@@ -504,6 +507,9 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 if refusal is not ErrorCode.NONE:
                     refused[key] = refusal
                     continue
+                # A follower names a partition whenever its log start moved (fetch sessions):
+                # DeleteRecords waits on what it says (Partition.low_watermark).
+                broker.replicas.note_follower_log_start(key, replica_id, p.get("log_start_offset", -1))
             requested[key] = PartitionRequest(
                 p["fetch_offset"],
                 min(p["partition_max_bytes"], cap),
@@ -605,6 +611,17 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     if answer.error is not ErrorCode.NONE:
         return _fetch_response(answer.error, INVALID_SESSION_ID, [])
     responses: dict[str, list[Body]] = {}
+    unknown_answers = [
+        {
+            "topic": "",
+            "topic_id": t["topic_id"],
+            "partitions": [
+                _fetch_error_partition(p["partition"], ErrorCode.UNKNOWN_TOPIC_ID, read_committed)
+                for p in t["partitions"]
+            ],
+        }
+        for t in unknown_ids
+    ]
     for key, refusal in refused.items():
         responses.setdefault(key[0], []).append(_fetch_error_partition(key[1], refusal, read_committed))
     sent = 0
@@ -629,10 +646,21 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         ErrorCode.NONE,
         answer.session_id,
         [
-            {"topic": name, "topic_id": topic_ids.get(name, ZERO_UUID), "partitions": parts}
+            {"topic": name, "topic_id": _topic_id(broker, name, topic_ids), "partitions": parts}
             for name, parts in responses.items()
-        ],
+        ]
+        + unknown_answers,
     )
+
+
+def _topic_id(broker: Broker, name: str, named: Mapping[str, Any]) -> Any:
+    """The id of a topic in a Fetch answer: the one the request named it by, else (a partition
+    only in the fetch session) the topic's current id."""
+    given = named.get(name, ZERO_UUID)
+    if given not in (None, ZERO_UUID):
+        return given
+    assignment = broker.metadata.topic(name)
+    return assignment.topic_id if assignment is not None else ZERO_UUID
 
 
 #: Replica ids whose refused requests were last logged when (monotonic s): a client asking in a

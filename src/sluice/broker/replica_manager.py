@@ -522,6 +522,12 @@ class ReplicaManager:
             return ErrorCode.NONE
         return replica_refusal(claim, part.replicas, current_leader_epoch)
 
+    def note_follower_log_start(self, key: tuple[str, int], replica_id: int, log_start: int) -> None:
+        """A follower's fetch named its log start for a partition led here (after the door)."""
+        part = self.partitions.get(key)
+        if part is not None:
+            part.record_follower_log_start(replica_id, log_start)
+
     # -- fetch -------------------------------------------------------------------------------------
 
     def read(
