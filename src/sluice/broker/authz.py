@@ -30,6 +30,8 @@ InitProducerId       IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KI
 OffsetForLeaderEpoch CLUSTER_ACTION on the cluster, else DESCRIBE on each topic (KIP-320)
 DescribeConfigs      DESCRIBE_CONFIGS on the topic, or on the cluster for a broker
 DescribeAcls         DESCRIBE on the cluster; CreateAcls and DeleteAcls: ALTER on the cluster
+admin APIs           CreatePartitions, AlterConfigs, DeleteRecords, ElectLeaders ...: the guards
+                     of ``broker/authz_admin.py``
 ===================  ===========================================================================
 
 ApiVersions is always allowed. Each refusal is logged at DEBUG, and at INFO at most once a minute
@@ -42,7 +44,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice import metrics
@@ -737,10 +739,13 @@ def guarded(key: int, handler: Handler, guard: Guard) -> Handler:
     return run
 
 
-def guard_handlers(handlers: dict[int, Handler]) -> dict[int, Handler]:
-    """``handlers`` with each guarded API wrapped in its guard (a guard costs one attribute read
-    while authorization is off)."""
-    return {key: guarded(key, h, GUARDS[key]) if key in GUARDS else h for key, h in handlers.items()}
+def guard_handlers(
+    handlers: dict[int, Handler], guards: Mapping[int, Guard] | None = None
+) -> dict[int, Handler]:
+    """``handlers`` with each guarded API wrapped in its guard (``guards``: GUARDS and any more;
+    a guard costs one attribute read while authorization is off)."""
+    table = GUARDS if guards is None else guards
+    return {key: guarded(key, h, table[key]) if key in table else h for key, h in handlers.items()}
 
 
 async def wait_for_acls(authorizer: BrokerAuthorizer, version: int, timeout_s: float = 5.0) -> None:

@@ -15,8 +15,17 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sluice.broker import acl_apis, scram_apis
-from sluice.broker.authz import guard_handlers
+from sluice.broker import (
+    acl_apis,
+    admin_cluster,
+    admin_configs,
+    admin_groups,
+    admin_partitions,
+    admin_records,
+    scram_apis,
+)
+from sluice.broker.authz import GUARDS, guard_handlers
+from sluice.broker.authz_admin import ADMIN_GUARDS
 from sluice.broker.fetch_sessions import (
     FINAL_EPOCH,
     INVALID_SESSION_ID,
@@ -815,7 +824,7 @@ async def describe_configs(broker: Broker, header: RequestHeader, req: Body) -> 
         if rtype == RESOURCE_TOPIC:
             entries, error, message = broker.admin.describe_topic_config(rname)
         elif rtype == RESOURCE_BROKER:
-            entries, error, message = broker.admin.describe_broker_config(rname)
+            entries, error, message = admin_configs.describe_broker_config(broker, rname)
         else:
             entries, error, message = [], ErrorCode.INVALID_REQUEST, f"resource type {rtype} is not supported"
         if keys is not None:
@@ -863,9 +872,25 @@ HANDLERS.update(
         ApiKey.ALTER_USER_SCRAM_CREDENTIALS: scram_apis.alter_user_scram_credentials,
     }
 )
-# Authorization (broker/authz.py) wraps each API's handler here, so the handlers above stay as
-# they are; while no authorizer is configured a guard only reads broker.authorizer.
-HANDLERS.update(guard_handlers(HANDLERS))
+HANDLERS.update(
+    {
+        ApiKey.CREATE_PARTITIONS: admin_partitions.create_partitions,
+        ApiKey.ELECT_LEADERS: admin_partitions.elect_leaders,
+        ApiKey.ALTER_PARTITION_REASSIGNMENTS: admin_partitions.alter_partition_reassignments,
+        ApiKey.LIST_PARTITION_REASSIGNMENTS: admin_partitions.list_partition_reassignments,
+        ApiKey.ALTER_CONFIGS: admin_configs.alter_configs,
+        ApiKey.INCREMENTAL_ALTER_CONFIGS: admin_configs.incremental_alter_configs,
+        ApiKey.DELETE_RECORDS: admin_records.delete_records,
+        ApiKey.DESCRIBE_LOG_DIRS: admin_records.describe_log_dirs,
+        ApiKey.DESCRIBE_PRODUCERS: admin_records.describe_producers,
+        ApiKey.DESCRIBE_CLUSTER: admin_cluster.describe_cluster,
+        ApiKey.OFFSET_DELETE: admin_groups.offset_delete,
+    }
+)
+# Authorization (broker/authz.py, broker/authz_admin.py) wraps each API's handler here, so the
+# handlers above stay as they are; while no authorizer is configured a guard only reads
+# broker.authorizer.
+HANDLERS.update(guard_handlers(HANDLERS, {**GUARDS, **ADMIN_GUARDS}))
 
 
 def now_ms() -> int:

@@ -715,6 +715,43 @@ class ReplicaManager:
                     part.high_watermark,
                 )
 
+    def reconfigure(self, topic: str | None = None) -> int:
+        """Apply the topic configs in the view and this broker's log defaults to the replicas
+        here (of ``topic``, or all), live: retention, max.message.bytes, min.insync.replicas ...
+        are read from the log's config where they are used, so the next append, read or
+        retention pass follows the new value. Returns how many replicas changed."""
+        changed = 0
+        parts = (
+            self.partitions.of_topic(topic).values() if topic is not None else list(self.partitions.values())
+        )
+        for part in parts:
+            assignment = self.metadata.topic(part.topic)
+            if assignment is None or assignment.topic_id != part.topic_id:
+                continue
+            try:
+                new = LogConfig.from_topic_config(dict(assignment.config), base=self.log_defaults)
+            except ValueError as exc:  # validated when written; a hand edit in ZooKeeper
+                log.warning("event=topic_config_refused partition=%s error=%s", part.name, exc)
+                continue
+            old = part.log.config
+            part.config = dict(assignment.config)
+            if new == old:
+                continue
+            part.log.config = new
+            key = (part.topic, part.index)
+            if new.flush_ms != LONG_MAX:
+                self.partitions.timed_flush[key] = part
+            else:
+                self.partitions.timed_flush.pop(key, None)
+            moved = {
+                k: f"{v}->{new.to_topic_config()[k]}"
+                for k, v in old.to_topic_config().items()
+                if new.to_topic_config()[k] != v
+            }
+            log.info("event=log_config_changed partition=%s changed=%s", part.name, moved)
+            changed += 1
+        return changed
+
     def leader_partitions(self) -> list[Partition]:
         return list(self.partitions.leaders.values())
 
