@@ -209,7 +209,7 @@ def alter_topic_configs(
         raise InvalidError("nothing to change: give configs to set or keys to delete", field="configs")
     entries = [
         ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET) for k, v in set_configs.items()
-    ] + [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in deleted]
+    ] + [ConfigEntry(k, "", incremental_operation=AlterConfigOpType.DELETE) for k in deleted]
     resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
     admin = _confluent_admin(svc)  # kept referenced until the future resolves
     try:
