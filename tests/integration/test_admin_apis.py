@@ -371,6 +371,9 @@ def test_delete_records_moves_the_log_start_on_every_replica_and_refuses_an_offs
     deleted = admin.delete_records([tp], operation_timeout=30)[tp].result(30)
     assert deleted.low_watermark == 5, "answered once every replica's log start moved"
     assert earliest(admin, "trimmed", 0) == 5
+    by_time = TopicPartition("trimmed", 0)
+    found = admin.list_offsets({by_time: OffsetSpec.for_timestamp(0)})[by_time].result(30)
+    assert found.offset == 5, "a lookup by time never answers an offset below the log start"
 
     beyond = TopicPartition("trimmed", 0, 21)
     error = refused(admin.delete_records([beyond])[beyond])

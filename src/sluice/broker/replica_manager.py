@@ -677,7 +677,8 @@ class ReplicaManager:
         hit = part.log.offset_for_timestamp(timestamp)
         if hit is None or hit[0] >= part.high_watermark:
             return ErrorCode.NONE, -1, -1, part.leader_epoch
-        return ErrorCode.NONE, hit[1], hit[0], part.leader_epoch
+        # Never an offset below the log start (DeleteRecords may have moved it into the batch).
+        return ErrorCode.NONE, hit[1], max(hit[0], part.log.log_start_offset), part.leader_epoch
 
     # -- housekeeping ------------------------------------------------------------------------------
 

@@ -65,47 +65,50 @@ def add_partitions(
     validate_only: bool,
 ) -> Growth:
     """Grow ``topic`` to ``count`` partitions: the new assignment is written conditional on the
-    topic znode's version as read (a concurrent config change or move makes the write fail and
-    the request answer so, never lose the other change); the next pass creates the new
-    partitions' states."""
-    found = controller.store.topic_with_version(topic)
-    if found is None or topic in controller.store.topics_marked_for_deletion():
-        return Growth({}, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} does not exist")
-    assignment, version = found
-    if topic in layout.INTERNAL_TOPICS:
-        return Growth(
-            {},
-            ErrorCode.INVALID_REQUEST,
-            f"{topic} is an internal topic: every group's place in it follows its partition count, "
-            "so it cannot grow; nothing was changed",
+    topic znode's version as read, so a concurrent write (a config change, a move) is never lost:
+    the topic is read and decided again. The next pass creates the new partitions' states."""
+    for _round in range(ELECTION_ROUNDS_MAX):
+        found = controller.store.topic_with_version(topic)
+        if found is None or topic in controller.store.topics_marked_for_deletion():
+            return Growth({}, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} does not exist")
+        assignment, version = found
+        if topic in layout.INTERNAL_TOPICS:
+            return Growth(
+                {},
+                ErrorCode.INVALID_REQUEST,
+                f"{topic} is an internal topic: every group's place in it follows its partition count, "
+                "so it cannot grow; nothing was changed",
+            )
+        live = _live(controller)
+        fallback = zlib.crc32(topic.encode()) % max(1, len(live))
+        start = growth_start_index(assignment.replicas, live, fallback)
+        growth = plan_growth(topic, assignment.replicas, count, assignments, live, start_index=start)
+        if growth.error is not ErrorCode.NONE or validate_only:
+            return growth
+        grown = TopicAssignment(
+            topic, assignment.topic_id, {**assignment.replicas, **growth.added}, assignment.config
         )
-    live = _live(controller)
-    start = growth_start_index(assignment.replicas, live, zlib.crc32(topic.encode()) % max(1, len(live)))
-    growth = plan_growth(topic, assignment.replicas, count, assignments, live, start_index=start)
-    if growth.error is not ErrorCode.NONE or validate_only:
+        try:
+            controller.store.commit_fenced(
+                term.epoch_zk_version, [FencedOp("set", layout.topic_path(topic), grown.encode(), version)]
+            )
+        except (BadVersionError, NoNodeError):
+            continue  # the topic changed meanwhile: read it and decide again
+        log.info(
+            "event=partitions_added controller_epoch=%d topic=%s partitions=%d->%d added=%s",
+            term.epoch,
+            topic,
+            len(assignment.replicas),
+            count,
+            {p: list(r) for p, r in sorted(growth.added.items())},
+        )
         return growth
-    grown = TopicAssignment(
-        topic, assignment.topic_id, {**assignment.replicas, **growth.added}, assignment.config
+    return Growth(
+        {},
+        ErrorCode.UNKNOWN_SERVER_ERROR,
+        f"topic {topic!r} kept changing while its partitions were being added; nothing was changed, "
+        "ask again",
     )
-    try:
-        controller.store.commit_fenced(
-            term.epoch_zk_version, [FencedOp("set", layout.topic_path(topic), grown.encode(), version)]
-        )
-    except (BadVersionError, NoNodeError):
-        return Growth(
-            {},
-            ErrorCode.REASSIGNMENT_IN_PROGRESS,
-            f"topic {topic!r} changed while its partitions were being added; nothing was changed, ask again",
-        )
-    log.info(
-        "event=partitions_added controller_epoch=%d topic=%s partitions=%d->%d added=%s",
-        term.epoch,
-        topic,
-        len(assignment.replicas),
-        count,
-        {p: list(r) for p, r in sorted(growth.added.items())},
-    )
-    return growth
 
 
 # -- ElectLeaders and the automatic rebalance ---------------------------------------------------
