@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -479,6 +480,51 @@ def test_a_partition_reassignment_moves_replicas_and_a_refused_one_changes_nothi
         ("no-such-topic", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     }, answer
     assert leaders(admin, "moved")[1][1] == [2, 3] and kadmin.list_partition_reassignments() == {}
+
+
+def test_an_ongoing_reassignment_is_listed_and_a_cancellation_returns_it(
+    cluster: TestCluster, admin: AdminClient, zk: ZkStore
+) -> None:
+    """The move waits for its new replica, paused (SIGSTOP, well inside its ZooKeeper session)
+    so it cannot catch up: ListPartitionReassignments shows it, and cancelling it returns the
+    partition to the replicas it started from. (Requests go straight to the controller: a
+    client's metadata request to the paused broker would wait.)"""
+    controller = zk.controller_id()
+    paused = next(b for b in (3, 2, 1) if b != controller)
+    a, b = (x for x in (1, 2, 3) if x != paused)
+    create(admin, "listed", assignment=[[a, b]])
+    (node,) = [n for n in admin.describe_cluster().result(30).nodes if n.id == controller]
+
+    def move(replicas: list[int] | None) -> int:
+        body = {"topics": [{"name": "listed", "partitions": [{"partition_index": 0, "replicas": replicas}]}]}
+        answer = wire.request(ApiKey.ALTER_PARTITION_REASSIGNMENTS, 0, body)
+        return int(answer["responses"][0]["partitions"][0]["error_code"])
+
+    def listed() -> list[dict[str, Any]]:
+        answer = wire.request(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, {"topics": None})
+        return [p for t in answer["topics"] if t["name"] == "listed" for p in t["partitions"]]
+
+    with WireClient.connect(f"{node.host}:{node.port}") as wire:
+        os.kill(cluster.broker(paused).pid, signal.SIGSTOP)
+        try:
+            assert move([a, paused]) == ErrorCode.NONE
+            (ongoing,) = wait_until(
+                lambda: (got := listed()) and len(got[0]["replicas"]) == 3 and got,
+                10,
+                "the move to be listed with the new replica added",
+            )
+            assert ongoing == {
+                "partition_index": 0,
+                "replicas": [a, b, paused],
+                "adding_replicas": [paused],
+                "removing_replicas": [b],
+            }
+            assert move(None) == ErrorCode.NONE
+            wait_until(lambda: listed() == [], 10, "the cancellation to finish")
+        finally:
+            os.kill(cluster.broker(paused).pid, signal.SIGCONT)
+    assignment = zk.topic("listed")
+    assert assignment is not None and assignment.replicas[0] == (a, b), "back where it started"
 
 
 def _to_broker(
