@@ -655,7 +655,12 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         ErrorCode.NONE,
         answer.session_id,
         [
-            {"topic": name, "topic_id": _topic_id(broker, name, topic_ids), "partitions": parts}
+            {
+                "topic": name,
+                # only v13+ carries ids (and a follower's fetch of thousands of topics is older)
+                "topic_id": _topic_id(broker, name, topic_ids) if header.api_version >= 13 else ZERO_UUID,
+                "partitions": parts,
+            }
             for name, parts in responses.items()
         ]
         + unknown_answers,

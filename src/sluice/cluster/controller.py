@@ -160,6 +160,9 @@ class Controller:
         (so it decides from a view that has every change seen so far), while this broker is the
         controller; otherwise the future fails with NotControllerError."""
         future: Future[Any] = Future()
+        if self._stopped.is_set():
+            future.set_exception(NotControllerError(f"broker {self.broker_id} is stopping"))
+            return future
         with self._lock:
             self._admin_jobs.append((job, future))
         self._post("admin")
