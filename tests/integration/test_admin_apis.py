@@ -223,10 +223,10 @@ def test_a_topic_config_change_reaches_every_replica_live_and_a_refused_one_chan
     for broker_id in (1, 2, 3):  # every replica's log took the change, none restarted
         wait_until(
             lambda b=broker_id: (
-                "event=log_config_changed partition=limits-0" in cluster.log_text(b)
+                "event=log_config_changed topic=limits partitions=[0]" in cluster.log_text(b)
                 and "max.message.bytes': '1048588->2000'" in cluster.log_text(b)
             ),
-            10,
+            30,
             f"broker {broker_id} to apply the config",
         )
     # A follower that never restarted enforces it once it leads: reorder the replicas so that
@@ -301,7 +301,7 @@ def test_broker_configs_are_kept_in_zookeeper_and_applied_live(
         for broker_id in (1, 2, 3):
             wait_until(
                 lambda b=broker_id: "max.message.bytes': '1048588->3000'" in cluster.log_text(b),
-                10,
+                30,
                 f"broker {broker_id} to apply the cluster default",
             )
         (too_large,) = produce(
@@ -355,7 +355,7 @@ def test_broker_configs_are_kept_in_zookeeper_and_applied_live(
             )
     wait_until(
         lambda: all("max.message.bytes': '3000->1048588'" in cluster.log_text(b) for b in (1, 2, 3)),
-        10,
+        30,
         "default back",
     )
 
@@ -439,7 +439,7 @@ def test_preferred_elections_on_request(
     kadmin.alter_partition_reassignments({KTopicPartition("elected", 0): [3, 1, 2]})
     wait_until(lambda: leaders(admin, "elected")[0] == (1, [3, 1, 2]), 30, "broker 3 preferred, 1 leading")
     assert admin.elect_leaders(ElectionType.PREFERRED, [tp0]).result(30) == {tp0: None}
-    wait_until(lambda: leaders(admin, "elected")[0] == (3, [3, 1, 2]), 10, "broker 3 to lead elected-0")
+    wait_until(lambda: leaders(admin, "elected")[0] == (3, [3, 1, 2]), 30, "broker 3 to lead elected-0")
     produce(cluster.bootstrap, "elected", 0, [b"after the election"])
     missing = TopicPartition("elected", 7)
     answer = admin.elect_leaders(ElectionType.PREFERRED, [missing]).result(30)[missing]

@@ -720,38 +720,46 @@ class ReplicaManager:
         """Apply the topic configs in the view and this broker's log defaults to the replicas
         here (of ``topic``, or all), live: retention, max.message.bytes, min.insync.replicas ...
         are read from the log's config where they are used, so the next append, read or
-        retention pass follows the new value. Returns how many replicas changed."""
+        retention pass follows the new value. Returns how many replicas changed. The config is
+        worked out once per topic (a topic's znode changes with every move of its partitions)."""
         changed = 0
-        parts = (
-            self.partitions.of_topic(topic).values() if topic is not None else list(self.partitions.values())
-        )
-        for part in parts:
-            assignment = self.metadata.topic(part.topic)
-            if assignment is None or assignment.topic_id != part.topic_id:
+        topics = [topic] if topic is not None else sorted({t for t, _ in self.partitions})
+        for name in topics:
+            assignment = self.metadata.topic(name)
+            if assignment is None:
                 continue
             try:
                 new = LogConfig.from_topic_config(dict(assignment.config), base=self.log_defaults)
             except ValueError as exc:  # validated when written; a hand edit in ZooKeeper
-                log.warning("event=topic_config_refused partition=%s error=%s", part.name, exc)
+                log.warning("event=topic_config_refused topic=%s error=%s", name, exc)
                 continue
-            old = part.log.config
-            part.config = dict(assignment.config)
-            if new == old:
-                continue
-            part.log.config = new
-            key = (part.topic, part.index)
-            if new.flush_ms != LONG_MAX:
-                self.partitions.timed_flush[key] = part
-            else:
-                self.partitions.timed_flush.pop(key, None)
-            moved = {
-                k: f"{v}->{new.to_topic_config()[k]}"
-                for k, v in old.to_topic_config().items()
-                if new.to_topic_config()[k] != v
-            }
-            log.info("event=log_config_changed partition=%s changed=%s", part.name, moved)
-            changed += 1
+            moved: dict[str, str] = {}
+            indexes = []
+            for part in self.partitions.of_topic(name).values():
+                if part.topic_id != assignment.topic_id:
+                    continue
+                part.config = dict(assignment.config)
+                if part.log.config != new:
+                    moved.update(self._set_log_config(part, new))
+                    indexes.append(part.index)
+            if indexes:  # one line per topic, not per replica
+                log.info(
+                    "event=log_config_changed topic=%s partitions=%s changed=%s", name, sorted(indexes), moved
+                )
+                changed += len(indexes)
         return changed
+
+    def _set_log_config(self, part: Partition, new: LogConfig) -> dict[str, str]:
+        """Replace a replica's log config; returns what changed (key -> 'old->new')."""
+        old = part.log.config
+        part.log.config = new
+        key = (part.topic, part.index)
+        if new.flush_ms != LONG_MAX:
+            self.partitions.timed_flush[key] = part
+        else:
+            self.partitions.timed_flush.pop(key, None)
+        before, after = old.to_topic_config(), new.to_topic_config()
+        return {k: f"{v}->{after[k]}" for k, v in before.items() if after[k] != v}
 
     def leader_partitions(self) -> list[Partition]:
         return list(self.partitions.leaders.values())
