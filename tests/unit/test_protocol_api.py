@@ -129,13 +129,16 @@ def test_unsupported_key_and_version() -> None:
 
 
 def test_supported_table() -> None:
-    assert SUPPORTED[ApiKey.PRODUCE] == (3, 9)
-    assert SUPPORTED[ApiKey.FETCH] == (4, 12)
+    assert SUPPORTED[ApiKey.PRODUCE] == (3, 10)
+    assert SUPPORTED[ApiKey.FETCH] == (4, 16)
     assert SUPPORTED[ApiKey.METADATA] == (1, 12)
     assert SUPPORTED[ApiKey.API_VERSIONS] == (0, 3)
     assert SUPPORTED[ApiKey.DELETE_GROUPS] == (0, 2)
     assert SUPPORTED[ApiKey.SASL_HANDSHAKE] == (0, 1) and SUPPORTED[ApiKey.SASL_AUTHENTICATE] == (0, 2)
-    assert len(SUPPORTED) == 27
+    assert SUPPORTED[ApiKey.CREATE_PARTITIONS] == (0, 3)
+    assert SUPPORTED[ApiKey.INCREMENTAL_ALTER_CONFIGS] == (0, 1)
+    assert SUPPORTED[ApiKey.DESCRIBE_LOG_DIRS] == (1, 4)
+    assert len(SUPPORTED) == 38
     assert is_flexible(ApiKey.PRODUCE, 9) and not is_flexible(ApiKey.PRODUCE, 8)
     assert is_flexible(ApiKey.API_VERSIONS, 3)
     assert not is_flexible(ApiKey.SASL_HANDSHAKE, 1)  # no flexible version at all

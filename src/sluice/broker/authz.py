@@ -30,6 +30,8 @@ InitProducerId       IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KI
 OffsetForLeaderEpoch CLUSTER_ACTION on the cluster, else DESCRIBE on each topic (KIP-320)
 DescribeConfigs      DESCRIBE_CONFIGS on the topic, or on the cluster for a broker
 DescribeAcls         DESCRIBE on the cluster; CreateAcls and DeleteAcls: ALTER on the cluster
+admin APIs           CreatePartitions, AlterConfigs, DeleteRecords, ElectLeaders ...: the guards
+                     of ``broker/authz_admin.py``
 ===================  ===========================================================================
 
 ApiVersions is always allowed. Each refusal is logged at DEBUG, and at INFO at most once a minute
@@ -42,10 +44,11 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice import metrics
+from sluice.broker.replica_access import claimed_replica_id
 from sluice.metrics import api_name
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
@@ -225,14 +228,23 @@ async def _produce(
 async def _fetch(
     handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
-    if req["replica_id"] >= 0:
+    if claimed_replica_id(header.api_version, req) >= 0:
         return await handler(broker, header, req)  # a follower's: the replication door decides
-    denied = check.denied_topics(Operation.READ, (t["topic"] for t in req["topics"] if t.get("topic")))
+
+    def name_of(t: Body) -> str | None:
+        """The topic's name, also when Fetch v13+ names it by id (an unknown id has none, and
+        the handler answers it UNKNOWN_TOPIC_ID)."""
+        if t.get("topic"):
+            return str(t["topic"])
+        found = broker.metadata.topic_by_id(t.get("topic_id"))
+        return found.name if found is not None else None
+
+    denied = check.denied_topics(Operation.READ, (n for t in req["topics"] if (n := name_of(t))))
     if not denied:
         return await handler(broker, header, req)
-    refused = [t for t in req["topics"] if t.get("topic") in denied]
+    refused = [t for t in req["topics"] if name_of(t) in denied]
     response = await handler(
-        broker, header, {**req, "topics": [t for t in req["topics"] if t.get("topic") not in denied]}
+        broker, header, {**req, "topics": [t for t in req["topics"] if name_of(t) not in denied]}
     )
     if response is None or response.get("error_code", 0) != ErrorCode.NONE:
         return response
@@ -727,10 +739,13 @@ def guarded(key: int, handler: Handler, guard: Guard) -> Handler:
     return run
 
 
-def guard_handlers(handlers: dict[int, Handler]) -> dict[int, Handler]:
-    """``handlers`` with each guarded API wrapped in its guard (a guard costs one attribute read
-    while authorization is off)."""
-    return {key: guarded(key, h, GUARDS[key]) if key in GUARDS else h for key, h in handlers.items()}
+def guard_handlers(
+    handlers: dict[int, Handler], guards: Mapping[int, Guard] | None = None
+) -> dict[int, Handler]:
+    """``handlers`` with each guarded API wrapped in its guard (``guards``: GUARDS and any more;
+    a guard costs one attribute read while authorization is off)."""
+    table = GUARDS if guards is None else guards
+    return {key: guarded(key, h, table[key]) if key in table else h for key, h in handlers.items()}
 
 
 async def wait_for_acls(authorizer: BrokerAuthorizer, version: int, timeout_s: float = 5.0) -> None:

@@ -27,6 +27,7 @@ from sluice.broker.admin import TopicAdmin
 from sluice.broker.authz import make_authorizer
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
+from sluice.broker.dynamic_config import DynamicBrokerConfig
 from sluice.broker.fetch_sessions import FetchSessionCache
 from sluice.broker.group_placement import OFFSETS_TOPIC
 from sluice.broker.listeners import Listener
@@ -38,7 +39,7 @@ from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.replication import isr_eligible
 from sluice.broker.server import KafkaServer, bind_listener
 from sluice.cluster import layout
-from sluice.cluster.controller import Controller
+from sluice.cluster.controller import Controller, LeaderBalance
 from sluice.cluster.health import OFFLINE, UNDER_REPLICATED, classify_partition
 from sluice.cluster.layout import BrokerRegistration, PartitionState, StateWrite
 from sluice.cluster.zkstore import BrokerIdInUseError, ZkStore
@@ -85,6 +86,11 @@ class Broker:
             sweep_interval_s=config.controller_sweep_interval_s,
             view=self.metadata,
             switches=switches,
+            leader_balance=LeaderBalance(
+                config.auto_leader_rebalance,
+                float(config.leader_imbalance_check_interval_s),
+                config.leader_imbalance_per_broker_percentage,
+            ),
         )
         #: ACL authorization (broker/authz.py), or None when authorizer.class.name is empty
         self.authorizer = make_authorizer(config, self.store)
@@ -93,6 +99,8 @@ class Broker:
             may_act_as_replica, authorizer=self.authorizer, inter_broker_sasl=config.inter_broker.sasl
         )
         self.replicas.fetchers.security = config.inter_broker_client()
+        #: /config/brokers/<default> and /config/brokers/<id>, applied live
+        self.dynamic_config = DynamicBrokerConfig(self)
         self.server = KafkaServer(self)
         self.coordinator = GroupCoordinator(self)
         self.replicas.leadership_listeners.append(self._on_leadership)
@@ -141,6 +149,9 @@ class Broker:
         await asyncio.to_thread(self.store.start)
         try:
             await asyncio.to_thread(self._refuse_duplicate_id)
+            # Dynamic log defaults first: they are applied while the topics are read, so every
+            # log opens with them (its replica's retention and limits as the cluster set them).
+            self.dynamic_config.start()
             known = await asyncio.to_thread(self._known_topics)
             self.replicas.load_local_logs(known)
             self.coordinator.start()
@@ -366,6 +377,7 @@ class Broker:
             if kind == "partition":
                 self._queue_partitions([(topic, partition)])
             elif kind == "topic":
+                self.replicas.reconfigure(topic)  # a changed topic config reaches every replica live
                 indexes = self.replicas.remove_stale_replicas(topic)
                 self._queue_partitions([(topic, p) for p in indexes])
             elif kind == "topic_deleted":

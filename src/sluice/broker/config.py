@@ -106,6 +106,12 @@ class BrokerConfig:
     fetch_session_eviction_ms: int = 120_000
     #: Period of the controller's leaderless-partition sweep (I5).
     controller_sweep_interval_s: float = 2.0
+    #: The controller gives leadership back to preferred replicas (Kafka's
+    #: ``auto.leader.rebalance.enable``, ``leader.imbalance.check.interval.seconds`` and
+    #: ``leader.imbalance.per.broker.percentage``, with Kafka's defaults).
+    auto_leader_rebalance: bool = True
+    leader_imbalance_check_interval_s: int = 300
+    leader_imbalance_per_broker_percentage: int = 10
     #: The Prometheus endpoint's port, on the listener's host (``metrics.port``): None serves
     #: none, 0 a free port (sluice.metrics).
     metrics_port: int | None = None
@@ -370,6 +376,13 @@ _LOG_DEFAULT_KEYS: dict[str, str] = {
     "min.insync.replicas": "min.insync.replicas",
 }
 
+
+def log_default_keys() -> dict[str, str]:
+    """The broker keys that are defaults of topic log settings (broker key -> topic key): the
+    broker configs Sluice changes while brokers run (``/config/brokers``)."""
+    return dict(_LOG_DEFAULT_KEYS)
+
+
 _int = props.integer
 BROKER_SETTINGS: tuple[props.Setting, ...] = (
     props.Setting("broker.id", "broker_id", _int(0, 2**31 - 1), "this broker's id, unique in the cluster"),
@@ -528,6 +541,24 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         "incremental fetch sessions kept",
     ),
     props.Setting("metrics.port", "metrics_port", parse_metrics_port, METRICS_PORT_DOC),
+    props.Setting(
+        "auto.leader.rebalance.enable",
+        "auto_leader_rebalance",
+        props.boolean,
+        "the controller moves leadership back to preferred replicas",
+    ),
+    props.Setting(
+        "leader.imbalance.check.interval.seconds",
+        "leader_imbalance_check_interval_s",
+        _int(1, 86_400),
+        "how often the controller checks leadership balance",
+    ),
+    props.Setting(
+        "leader.imbalance.per.broker.percentage",
+        "leader_imbalance_per_broker_percentage",
+        _int(0, 100),
+        "a broker's share of its preferred partitions led elsewhere that starts a rebalance",
+    ),
     props.Setting(
         "authorizer.class.name",
         "authorizer",

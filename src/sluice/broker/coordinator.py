@@ -905,6 +905,24 @@ class GroupCoordinator:
             )
         return out
 
+    async def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]]) -> ErrorCode:
+        """Delete a group's committed offsets of ``partitions`` (OffsetDelete: the caller decided
+        which, ``admin_groups.offset_deletion``): tombstones first, then from memory."""
+        error = self.check(group_id)
+        if error is not ErrorCode.NONE:
+            return error
+        keys = list(partitions)
+        items: list[tuple[gr.Key, dict[str, Any] | None]] = [
+            (gr.OffsetKey(group_id, topic, p), None) for topic, p in keys
+        ]
+        error = await self._write(group_id, items)
+        group = self.groups.get(group_id)
+        if error is ErrorCode.NONE and group is not None:
+            for key in keys:
+                group.offsets.pop(key, None)
+            log.info("event=group_offsets_deleted group=%s partitions=%d", group_id, len(keys))
+        return error
+
     async def delete_group(self, group_id: str) -> ErrorCode:
         error = self.check(group_id)
         if error is not ErrorCode.NONE:

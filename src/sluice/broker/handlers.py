@@ -15,9 +15,18 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sluice.broker import acl_apis, scram_apis
+from sluice.broker import (
+    acl_apis,
+    admin_cluster,
+    admin_configs,
+    admin_groups,
+    admin_partitions,
+    admin_records,
+    scram_apis,
+)
 from sluice.broker.admin import missing_topic_error, validate_topic_name
-from sluice.broker.authz import guard_handlers
+from sluice.broker.authz import GUARDS, guard_handlers
+from sluice.broker.authz_admin import ADMIN_GUARDS
 from sluice.broker.fetch_sessions import (
     FINAL_EPOCH,
     INVALID_SESSION_ID,
@@ -27,6 +36,7 @@ from sluice.broker.fetch_sessions import (
 from sluice.broker.fetch_sessions import (
     Kind as FetchKind,
 )
+from sluice.broker.replica_access import claimed_replica_id
 from sluice.broker.replica_manager import ProduceResult
 from sluice.metrics import TRAFFIC
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
@@ -499,7 +509,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     incremental; the long poll waits on, and wakes for, every partition of the session.
     """
     loop = asyncio.get_running_loop()
-    replica_id = req["replica_id"]
+    replica_id = claimed_replica_id(header.api_version, req)
     max_wait_s = max(0, req["max_wait_ms"]) / 1000.0
     if replica_id >= 0:
         max_wait_s = min(max_wait_s, broker.replicas.follower_wait_cap_s())
@@ -517,10 +527,12 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     # again where it is read.
     claim = broker.replicas.replica_claim(replica_id) if replica_id >= 0 else None
     refused: dict[tuple[str, int], ErrorCode] = {}
-    twice = duplicated(
-        (_fetch_topic_name(broker, t), p["partition"]) for t in req["topics"] for p in t["partitions"]
-    )
-    for t in req["topics"]:
+    # Fetch v13+ names topics by id (KIP-516): an id this broker does not know is answered
+    # UNKNOWN_TOPIC_ID and joins no session (two unknown ids must not become one nameless topic).
+    unknown_ids = [t for t in req["topics"] if header.api_version >= 13 and not _fetch_topic_name(broker, t)]
+    known = [t for t in req["topics"] if not any(t is u for u in unknown_ids)]
+    twice = duplicated((_fetch_topic_name(broker, t), p["partition"]) for t in known for p in t["partitions"])
+    for t in known:
         name = _fetch_topic_name(broker, t)
         topic_ids[name] = t.get("topic_id", ZERO_UUID)
         for p in t["partitions"]:
@@ -533,6 +545,9 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 if refusal is not ErrorCode.NONE:
                     refused[key] = refusal
                     continue
+                # A follower names a partition whenever its log start moved (fetch sessions):
+                # DeleteRecords waits on what it says (Partition.low_watermark).
+                broker.replicas.note_follower_log_start(key, replica_id, p.get("log_start_offset", -1))
             requested[key] = PartitionRequest(
                 p["fetch_offset"],
                 min(p["partition_max_bytes"], cap),
@@ -634,6 +649,17 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     if answer.error is not ErrorCode.NONE:
         return _fetch_response(answer.error, INVALID_SESSION_ID, [])
     responses: dict[str, list[Body]] = {}
+    unknown_answers = [
+        {
+            "topic": "",
+            "topic_id": t["topic_id"],
+            "partitions": [
+                _fetch_error_partition(p["partition"], ErrorCode.UNKNOWN_TOPIC_ID, read_committed)
+                for p in t["partitions"]
+            ],
+        }
+        for t in unknown_ids
+    ]
     for key, refusal in refused.items():
         responses.setdefault(key[0], []).append(_fetch_error_partition(key[1], refusal, read_committed))
     sent = 0
@@ -658,10 +684,26 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         ErrorCode.NONE,
         answer.session_id,
         [
-            {"topic": name, "topic_id": topic_ids.get(name, ZERO_UUID), "partitions": parts}
+            {
+                "topic": name,
+                # only v13+ carries ids (and a follower's fetch of thousands of topics is older)
+                "topic_id": _topic_id(broker, name, topic_ids) if header.api_version >= 13 else ZERO_UUID,
+                "partitions": parts,
+            }
             for name, parts in responses.items()
-        ],
+        ]
+        + unknown_answers,
     )
+
+
+def _topic_id(broker: Broker, name: str, named: Mapping[str, Any]) -> Any:
+    """The id of a topic in a Fetch answer: the one the request named it by, else (a partition
+    only in the fetch session) the topic's current id."""
+    given = named.get(name, ZERO_UUID)
+    if given not in (None, ZERO_UUID):
+        return given
+    assignment = broker.metadata.topic(name)
+    return assignment.topic_id if assignment is not None else ZERO_UUID
 
 
 #: Replica ids whose refused requests were last logged when (monotonic s): a client asking in a
@@ -816,7 +858,7 @@ async def describe_configs(broker: Broker, header: RequestHeader, req: Body) -> 
         if rtype == RESOURCE_TOPIC:
             entries, error, message = broker.admin.describe_topic_config(rname)
         elif rtype == RESOURCE_BROKER:
-            entries, error, message = broker.admin.describe_broker_config(rname)
+            entries, error, message = admin_configs.describe_broker_config(broker, rname)
         else:
             entries, error, message = [], ErrorCode.INVALID_REQUEST, f"resource type {rtype} is not supported"
         if keys is not None:
@@ -864,9 +906,25 @@ HANDLERS.update(
         ApiKey.ALTER_USER_SCRAM_CREDENTIALS: scram_apis.alter_user_scram_credentials,
     }
 )
-# Authorization (broker/authz.py) wraps each API's handler here, so the handlers above stay as
-# they are; while no authorizer is configured a guard only reads broker.authorizer.
-HANDLERS.update(guard_handlers(HANDLERS))
+HANDLERS.update(
+    {
+        ApiKey.CREATE_PARTITIONS: admin_partitions.create_partitions,
+        ApiKey.ELECT_LEADERS: admin_partitions.elect_leaders,
+        ApiKey.ALTER_PARTITION_REASSIGNMENTS: admin_partitions.alter_partition_reassignments,
+        ApiKey.LIST_PARTITION_REASSIGNMENTS: admin_partitions.list_partition_reassignments,
+        ApiKey.ALTER_CONFIGS: admin_configs.alter_configs,
+        ApiKey.INCREMENTAL_ALTER_CONFIGS: admin_configs.incremental_alter_configs,
+        ApiKey.DELETE_RECORDS: admin_records.delete_records,
+        ApiKey.DESCRIBE_LOG_DIRS: admin_records.describe_log_dirs,
+        ApiKey.DESCRIBE_PRODUCERS: admin_records.describe_producers,
+        ApiKey.DESCRIBE_CLUSTER: admin_cluster.describe_cluster,
+        ApiKey.OFFSET_DELETE: admin_groups.offset_delete,
+    }
+)
+# Authorization (broker/authz.py, broker/authz_admin.py) wraps each API's handler here, so the
+# handlers above stay as they are; while no authorizer is configured a guard only reads
+# broker.authorizer.
+HANDLERS.update(guard_handlers(HANDLERS, {**GUARDS, **ADMIN_GUARDS}))
 
 
 def now_ms() -> int:

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -120,6 +120,9 @@ class Partition:
     follower_caught_up_ms: dict[int, float] = field(default_factory=dict)
     #: leader only: the leader's LEO and clock at each follower's previous fetch.
     follower_last_fetch: dict[int, tuple[int, float]] = field(default_factory=dict)
+    #: leader only: each follower's log start offset, as its fetches named it (DeleteRecords
+    #: waits until every live replica's start has passed the deleted records).
+    follower_log_starts: dict[int, int] = field(default_factory=dict)
     #: leader only: followers whose addition to the ISR is being written to ZooKeeper. Until the
     #: write completes they count for the high watermark but not for min.insync.replicas
     #: (KIP-497's maximal ISR), so the high watermark cannot pass a replica about to join.
@@ -235,6 +238,7 @@ class Partition:
         self.joining = frozenset()
         self.follower_leos = {}
         self.follower_last_fetch = {}
+        self.follower_log_starts = {}
         # Every ISR member starts with a full lag allowance under the new leader.
         self.follower_caught_up_ms = {r: now_ms for r in isr if r != self.broker_id}
         if self.log.latest_epoch() < leader_epoch:
@@ -290,6 +294,43 @@ class Partition:
             )
             self.log.truncate_to(offset)
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+
+    # -- the log start (DeleteRecords, KIP-107) -------------------------------------------------
+
+    def delete_records_before(self, offset: int) -> bool:
+        """Leader: move the log start to ``offset`` (at most the high watermark: only committed
+        records are deleted). Followers learn it from their next fetch, which this wakes."""
+        assert self.is_leader and offset <= self.high_watermark, (self.name, offset, self.high_watermark)
+        moved = self.log.advance_log_start(offset)
+        if moved:
+            log.info(
+                "event=log_start_moved partition=%s log_start=%d hw=%d reason=delete_records",
+                self.name,
+                offset,
+                self.high_watermark,
+            )
+            self._notify()
+        return moved
+
+    def follow_log_start(self, leader_log_start: int) -> None:
+        """Follower: move the log start with the leader's (never past this replica's own high
+        watermark, which only the leader's committed records reach)."""
+        target = min(leader_log_start, self.high_watermark)
+        if target > self.log.log_start_offset and self.log.advance_log_start(target):
+            log.info("event=log_start_moved partition=%s log_start=%d reason=leader", self.name, target)
+
+    def record_follower_log_start(self, replica: int, log_start: int) -> None:
+        if self.is_leader and log_start >= 0:
+            self.follower_log_starts[replica] = log_start
+
+    def low_watermark(self, live: Collection[int]) -> int:
+        """The lowest log start of the live replicas (Kafka's lowWatermarkIfLeader); -1 while a
+        live follower's is not known yet."""
+        low = self.log.log_start_offset
+        for r in self.replicas:
+            if r != self.broker_id and r in live:
+                low = min(low, self.follower_log_starts.get(r, -1))
+        return low
 
     # -- the leader's view of its followers ------------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import Operation, Resource
@@ -42,6 +42,15 @@ def may_act_as_replica(session: Session, authorizer: Authorizer | None, inter_br
     if authorizer is not None:
         return authorizer.authorize(session, Operation.CLUSTER_ACTION, Resource.cluster())
     return True
+
+
+def claimed_replica_id(version: int, req: dict[str, Any]) -> int:
+    """The follower a Fetch request claims to come from (-1: a consumer). Fetch v15 moved the
+    id from ``ReplicaId`` into the tagged ``ReplicaState`` (KIP-903): both the authorization
+    guard and the handler read it here, so neither can take a v15 follower for a consumer."""
+    if version >= 15:
+        return int((req.get("replica_state") or {}).get("replica_id", -1))
+    return int(req.get("replica_id", -1))
 
 
 @dataclass(frozen=True, slots=True)

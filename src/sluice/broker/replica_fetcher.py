@@ -328,6 +328,7 @@ class LeaderFetcher:
                 )
                 part.needs_truncation = True
                 return False
+            part.follow_log_start(r["log_start_offset"])  # DeleteRecords on the leader
             return len(records) > 0
         if error == ErrorCode.OFFSET_OUT_OF_RANGE:
             leader_start = r["log_start_offset"]

@@ -525,6 +525,12 @@ class ReplicaManager:
             return ErrorCode.NONE
         return replica_refusal(claim, part.replicas, current_leader_epoch)
 
+    def note_follower_log_start(self, key: tuple[str, int], replica_id: int, log_start: int) -> None:
+        """A follower's fetch named its log start for a partition led here (after the door)."""
+        part = self.partitions.get(key)
+        if part is not None:
+            part.record_follower_log_start(replica_id, log_start)
+
     # -- fetch -------------------------------------------------------------------------------------
 
     def read(
@@ -674,7 +680,8 @@ class ReplicaManager:
         # and the epoch answered is that of the batch holding the record.
         if hit is None or hit.offset >= part.high_watermark:
             return ErrorCode.NONE, -1, -1, part.leader_epoch
-        return ErrorCode.NONE, hit.timestamp, hit.offset, hit.leader_epoch
+        # Never an offset below the log start (DeleteRecords may have moved it into the batch).
+        return ErrorCode.NONE, hit.timestamp, max(hit.offset, part.log.log_start_offset), hit.leader_epoch
 
     # -- housekeeping ------------------------------------------------------------------------------
 
@@ -711,6 +718,51 @@ class ReplicaManager:
                     part.log.log_start_offset,
                     part.high_watermark,
                 )
+
+    def reconfigure(self, topic: str | None = None) -> int:
+        """Apply the topic configs in the view and this broker's log defaults to the replicas
+        here (of ``topic``, or all), live: retention, max.message.bytes, min.insync.replicas ...
+        are read from the log's config where they are used, so the next append, read or
+        retention pass follows the new value. Returns how many replicas changed. The config is
+        worked out once per topic (a topic's znode changes with every move of its partitions)."""
+        changed = 0
+        topics = [topic] if topic is not None else sorted({t for t, _ in self.partitions})
+        for name in topics:
+            assignment = self.metadata.topic(name)
+            if assignment is None:
+                continue
+            try:
+                new = LogConfig.from_topic_config(dict(assignment.config), base=self.log_defaults)
+            except ValueError as exc:  # validated when written; a hand edit in ZooKeeper
+                log.warning("event=topic_config_refused topic=%s error=%s", name, exc)
+                continue
+            moved: dict[str, str] = {}
+            indexes = []
+            for part in self.partitions.of_topic(name).values():
+                if part.topic_id != assignment.topic_id:
+                    continue
+                part.config = dict(assignment.config)
+                if part.log.config != new:
+                    moved.update(self._set_log_config(part, new))
+                    indexes.append(part.index)
+            if indexes:  # one line per topic, not per replica
+                log.info(
+                    "event=log_config_changed topic=%s partitions=%s changed=%s", name, sorted(indexes), moved
+                )
+                changed += len(indexes)
+        return changed
+
+    def _set_log_config(self, part: Partition, new: LogConfig) -> dict[str, str]:
+        """Replace a replica's log config; returns what changed (key -> 'old->new')."""
+        old = part.log.config
+        part.log.config = new
+        key = (part.topic, part.index)
+        if new.flush_ms != LONG_MAX:
+            self.partitions.timed_flush[key] = part
+        else:
+            self.partitions.timed_flush.pop(key, None)
+        before, after = old.to_topic_config(), new.to_topic_config()
+        return {k: f"{v}->{after[k]}" for k, v in before.items() if after[k] != v}
 
     def leader_partitions(self) -> list[Partition]:
         return list(self.partitions.leaders.values())

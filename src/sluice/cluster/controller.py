@@ -20,7 +20,11 @@ state write through the state-change notices, and does work in proportion to wha
   decides every partition from memory, so a leaderless partition with a live in-sync replica
   gets a leader within seconds however it came about.
 
-Events are processed one at a time on the controller's own thread.
+Events are processed one at a time on the controller's own thread. So are the admin requests
+a broker hands it (``run_admin``: CreatePartitions, ElectLeaders, AlterPartitionReassignments,
+``cluster/admin_requests.py``), each with the term it acts under, and the automatic rebalance
+of leadership to preferred replicas (``auto.leader.rebalance.enable``): every write they make
+goes through the same fenced gate.
 """
 
 from __future__ import annotations
@@ -28,14 +32,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from kazoo.exceptions import NodeExistsError
 from kazoo.protocol.states import KazooState
 
 from sluice import metrics, test_switches
-from sluice.cluster import layout
+from sluice.cluster import admin_requests, layout
 from sluice.cluster.election import initial_partition_state, next_partition_state, offline_partition_leader
 from sluice.cluster.layout import PartitionState, StateWrite, TopicAssignment
 from sluice.cluster.state_machine import check_partition_transition, partition_phase
@@ -52,6 +59,20 @@ FULL_PASS_EVERY = 5
 NOTICE_TTL_S = 60.0
 
 Group = tuple[list[FencedOp], list[StateWrite]]
+
+
+class NotControllerError(RuntimeError):
+    """An admin request reached a broker that is not (or no longer) the controller; the client
+    asks the controller named in Metadata again (Kafka's NOT_CONTROLLER)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderBalance:
+    """``auto.leader.rebalance.enable`` and its two settings (Kafka's names and defaults)."""
+
+    enabled: bool = True
+    check_interval_s: float = 300.0
+    imbalance_percentage: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +92,7 @@ class Controller:
         sweep_interval_s: float = 2.0,
         view: ClusterView | None = None,
         switches: test_switches.Switches = test_switches.OFF,
+        leader_balance: LeaderBalance | None = None,
     ):
         self.store = store
         self.broker_id = broker_id
@@ -98,6 +120,11 @@ class Controller:
         self._pending: set[str] = set()
         self._wake = threading.Condition()
         self._stopped = threading.Event()
+        #: admin requests waiting for the controller's thread (run_admin)
+        self._admin_jobs: list[tuple[Callable[[Controller, ControllerTerm], Any], Future[Any]]] = []
+        self.leader_balance = leader_balance or LeaderBalance()
+        #: when the next automatic rebalance check is due (monotonic s), set at each term's start
+        self._next_balance_check = float("inf")
         self._thread = threading.Thread(target=self._run, name=f"controller-{broker_id}", daemon=True)
 
     @property
@@ -126,6 +153,48 @@ class Controller:
             self._thread.join(timeout=5)
         if self.term is not None:
             self._resign("broker stopping")
+        self._fail_admin_jobs("the broker is stopping")
+
+    def run_admin(self, job: Callable[[Controller, ControllerTerm], Any]) -> Future[Any]:
+        """Run ``job(controller, term)`` on the controller's thread, after the pass that follows
+        (so it decides from a view that has every change seen so far), while this broker is the
+        controller; otherwise the future fails with NotControllerError."""
+        future: Future[Any] = Future()
+        if self._stopped.is_set():
+            future.set_exception(NotControllerError(f"broker {self.broker_id} is stopping"))
+            return future
+        with self._lock:
+            self._admin_jobs.append((job, future))
+        self._post("admin")
+        return future
+
+    def _run_admin_jobs(self) -> None:
+        with self._lock:
+            jobs, self._admin_jobs = self._admin_jobs, []
+        for job, future in jobs:
+            term = self.term
+            if term is None:
+                future.set_exception(NotControllerError(f"broker {self.broker_id} is not the controller"))
+                continue
+            try:
+                future.set_result(job(self, term))
+            except ControllerDeposedError as exc:
+                future.set_exception(NotControllerError(str(exc)))
+                self._resign(str(exc))
+            except Exception as exc:
+                log.exception("event=controller_admin_request_failed broker=%d", self.broker_id)
+                future.set_exception(exc)
+
+    def _fail_admin_jobs(self, why: str) -> None:
+        with self._lock:
+            jobs, self._admin_jobs = self._admin_jobs, []
+        for _, future in jobs:
+            future.set_exception(NotControllerError(why))
+
+    def excluded_from(self, key: tuple[str, int]) -> frozenset[int]:
+        """Brokers that restarted since they were last written out of this partition's ISR:
+        they may not be elected for it yet (see ``reconcile``)."""
+        return self._bounced.get(key, frozenset())
 
     def _post(self, event: str) -> None:
         with self._wake:
@@ -194,6 +263,7 @@ class Controller:
             if event in ("controller_changed", "sweep"):
                 self._try_elect()
             if self.term is None:
+                self._fail_admin_jobs(f"broker {self.broker_id} is not the controller")
                 return
         if event == "sweep":
             self._passes += 1
@@ -202,6 +272,18 @@ class Controller:
                     self._everything = True
             self._trim_notices()
         self.reconcile()
+        self._run_admin_jobs()
+        if event == "sweep" and time.monotonic() >= self._next_balance_check:
+            self._next_balance_check = time.monotonic() + self.leader_balance.check_interval_s
+            self._rebalance_leaders()
+
+    def _rebalance_leaders(self) -> None:
+        """Give leadership back to preferred replicas where a broker leads too few of the
+        partitions it is preferred for (``auto.leader.rebalance.enable``)."""
+        term = self.term
+        if term is None or not self.leader_balance.enabled:
+            return
+        admin_requests.rebalance_leaders(self, term, self.leader_balance.imbalance_percentage)
 
     def _try_elect(self) -> None:
         self._ensure_view()
@@ -209,6 +291,7 @@ class Controller:
             return
         # We hold /controller: take the next epoch with a conditional write.
         self.term = ControllerTerm(*self.store.controller_epoch_counter.take())
+        self._next_balance_check = time.monotonic() + self.leader_balance.check_interval_s
         self._previously_live = None
         self._known_epochs = None
         with self._lock:
@@ -432,6 +515,9 @@ class Controller:
             }
         )
         return FencedOp("create", layout.unclean_election_path(topic, p, elected.leader_epoch), record)
+
+    #: The audit record's op, for the elections admin requests make (admin_requests.elect_leaders).
+    unclean_audit_op = _unclean_audit_op
 
     # -- reassignment (drain) ----------------------------------------------------------------------
 

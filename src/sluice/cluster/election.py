@@ -6,10 +6,11 @@ Each rule answers one question for one partition and returns the new leader and 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from sluice.cluster.layout import PartitionState
+from sluice.protocol.errors import ErrorCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,3 +145,108 @@ def initial_partition_state(
     if live_replicas:
         return PartitionState(live_replicas[0], 0, live_replicas, controller_epoch)
     return PartitionState(-1, 0, tuple(replicas), controller_epoch)
+
+
+# -- elections on request (ElectLeaders, KIP-460) and the automatic rebalance --------------------
+
+#: ElectLeaders' election types (Kafka's ElectionType).
+PREFERRED = 0
+UNCLEAN = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedElection:
+    """The answer to a requested election of one partition: the state to write (None: nothing
+    to write) and Kafka's error code with a message naming why not."""
+
+    decision: Decision | None
+    error: ErrorCode = ErrorCode.NONE
+    message: str | None = None
+
+
+def requested_election(
+    state: PartitionState,
+    replicas: Sequence[int],
+    live: Collection[int],
+    election_type: int,
+    *,
+    controller_epoch: int,
+) -> RequestedElection:
+    """ElectLeaders for one partition (``live`` excludes brokers in controlled shutdown).
+
+    PREFERRED gives leadership to the first assigned replica when it is live and in the ISR;
+    the ISR stays as it is and the leader epoch moves on, so the old leader becomes a follower
+    that truncates by epoch (I2) and nothing committed is lost. UNCLEAN elects only for a
+    partition without a live leader: an in-sync replica if one is live, else any live replica
+    (which may lose the records only the dead in-sync replicas had)."""
+    if election_type == PREFERRED:
+        if not replicas:
+            return RequestedElection(
+                None, ErrorCode.INVALID_REPLICA_ASSIGNMENT, "the partition has no replicas"
+            )
+        preferred = replicas[0]
+        if state.leader == preferred:
+            return RequestedElection(
+                None, ErrorCode.ELECTION_NOT_NEEDED, f"the preferred replica {preferred} already leads"
+            )
+        election = preferred_replica_leader(replicas, state.isr, live)
+        if election is None:
+            where = "not live" if preferred not in live else f"not in the ISR {list(state.isr)}"
+            return RequestedElection(
+                None,
+                ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+                f"the preferred replica {preferred} is {where}; leadership stays with {state.leader}",
+            )
+        new = PartitionState(preferred, state.leader_epoch + 1, state.isr, controller_epoch)
+        return RequestedElection(Decision(new))
+    if election_type == UNCLEAN:
+        if state.leader >= 0 and state.leader in live:
+            return RequestedElection(
+                None, ErrorCode.ELECTION_NOT_NEEDED, f"broker {state.leader} leads; no election is needed"
+            )
+        clean = offline_partition_leader(replicas, state.isr, live)
+        if clean is not None:
+            new = PartitionState(clean.leader, state.leader_epoch + 1, clean.isr, controller_epoch)
+            return RequestedElection(Decision(new))
+        unclean = unclean_partition_leader(replicas, live)
+        if unclean is None:
+            return RequestedElection(
+                None,
+                ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                f"no replica of {list(replicas)} is live; bring one back",
+            )
+        new = PartitionState(unclean.leader, state.leader_epoch + 1, unclean.isr, controller_epoch)
+        return RequestedElection(Decision(new, unclean=True))
+    return RequestedElection(None, ErrorCode.INVALID_REQUEST, f"unknown election type {election_type}")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLeadership:
+    """What the automatic rebalance looks at for one partition."""
+
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    state: PartitionState
+
+
+def imbalanced_partitions(
+    partitions: Iterable[PartitionLeadership], live: Collection[int], imbalance_percentage: int
+) -> list[tuple[str, int]]:
+    """The partitions the automatic rebalance gives back to their preferred replica (Kafka's
+    ``auto.leader.rebalance.enable``): for each broker, the share of the partitions it is
+    preferred for that another broker leads; past ``imbalance_percentage`` percent, each such
+    partition whose preferred replica is live and in the ISR is elected back."""
+    by_preferred: dict[int, list[PartitionLeadership]] = {}
+    for p in partitions:
+        if p.replicas:
+            by_preferred.setdefault(p.replicas[0], []).append(p)
+    moves: list[tuple[str, int]] = []
+    for broker, preferred_for in sorted(by_preferred.items()):
+        if broker not in live:
+            continue
+        elsewhere = [p for p in preferred_for if p.state.leader != broker]
+        if not elsewhere or len(elsewhere) * 100 <= imbalance_percentage * len(preferred_for):
+            continue
+        moves.extend((p.topic, p.partition) for p in elsewhere if broker in p.state.isr)
+    return sorted(moves)

@@ -76,6 +76,28 @@ def unclean_election_path(topic: str, partition: int, leader_epoch: int) -> str:
     return f"{UNCLEAN_ELECTIONS}/{topic}-{partition}-{leader_epoch}"
 
 
+#: Dynamic broker configs (Kafka's layout): one znode per broker id, and ``<default>`` for the
+#: cluster-wide defaults, each ``{"version": 1, "config": {key: value}}``.
+BROKER_CONFIGS = "/config/brokers"
+DEFAULT_BROKER_ENTITY = "<default>"
+
+
+def broker_config_path(entity: str) -> str:
+    """``entity``: a broker id, or DEFAULT_BROKER_ENTITY."""
+    return f"{BROKER_CONFIGS}/{entity}"
+
+
+def encode_dynamic_config(config: dict[str, str]) -> bytes:
+    return _dumps({"version": 1, "config": dict(sorted(config.items()))})
+
+
+def decode_dynamic_config(data: bytes | None, what: str = BROKER_CONFIGS) -> dict[str, str]:
+    if not data:
+        return {}
+    obj = _loads(data, what)
+    return {str(k): str(v) for k, v in (obj.get("config") or {}).items()}
+
+
 def delete_topic_path(topic: str) -> str:
     return f"{DELETE_TOPICS}/{topic}"
 
@@ -236,28 +258,36 @@ class ProducerIdBlock:
 
 @dataclass(frozen=True, slots=True)
 class Reassignment:
-    """One partition's move, as ``/admin/reassign_partitions`` lists it."""
+    """One partition's move, as ``/admin/reassign_partitions`` lists it: the target replicas,
+    and the replicas the partition had when the move was asked for (None in entries written
+    before it was recorded), which ListPartitionReassignments reports and a cancellation
+    returns to."""
 
     topic: str
     partition: int
     replicas: tuple[int, ...]
+    original: tuple[int, ...] | None = None
 
 
 def encode_reassignments(moves: list[Reassignment]) -> bytes:
-    return _dumps(
-        {
-            "version": 1,
-            "partitions": [
-                {"topic": m.topic, "partition": m.partition, "replicas": list(m.replicas)} for m in moves
-            ],
-        }
-    )
+    entries: list[dict[str, Any]] = []
+    for m in moves:
+        entry: dict[str, Any] = {"topic": m.topic, "partition": m.partition, "replicas": list(m.replicas)}
+        if m.original is not None:
+            entry["original_replicas"] = list(m.original)
+        entries.append(entry)
+    return _dumps({"version": 1, "partitions": entries})
 
 
 def decode_reassignments(data: bytes) -> list[Reassignment]:
     obj = _loads(data, REASSIGN_PARTITIONS)
     return [
-        Reassignment(str(e["topic"]), int(e["partition"]), tuple(int(r) for r in e["replicas"]))
+        Reassignment(
+            str(e["topic"]),
+            int(e["partition"]),
+            tuple(int(r) for r in e["replicas"]),
+            tuple(int(r) for r in e["original_replicas"]) if "original_replicas" in e else None,
+        )
         for e in obj.get("partitions", [])
     ]
 

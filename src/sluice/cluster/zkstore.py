@@ -800,6 +800,51 @@ class ZkStore:
         after, version = compare_and_set(self.client, path, fill)
         return after is not None and version > before.version
 
+    def update_topic_config(
+        self, name: str, change: Callable[[TopicAssignment], dict[str, str] | None]
+    ) -> TopicAssignment | None:
+        """Replace a topic's config with ``change(assignment)`` (None: leave it) by
+        compare-and-set of the topic znode, so a concurrent write by the controller (a move, added
+        partitions) is never lost, nor this one. Returns the topic as stored afterwards (None:
+        no such topic). Brokers apply the new config to their replicas from their watch."""
+        path = layout.topic_path(name)
+
+        def rewrite(data: bytes | None) -> bytes | None:
+            if data is None:
+                return None
+            current = TopicAssignment.decode(name, data)
+            config = change(current)
+            if config is None or config == current.config:
+                return None
+            return TopicAssignment(name, current.topic_id, current.replicas, config).encode()
+
+        if self.client.exists(path) is None:
+            return None
+        stored, _ = compare_and_set(self.client, path, rewrite)
+        return TopicAssignment.decode(name, stored) if stored is not None else None
+
+    def dynamic_broker_config(self, entity: str) -> dict[str, str]:
+        """The dynamic configs of a broker id or of ``<default>`` ({} when none are set)."""
+        found = self.read(layout.broker_config_path(entity))
+        return layout.decode_dynamic_config(found[0] if found else None, layout.broker_config_path(entity))
+
+    def update_dynamic_broker_config(
+        self, entity: str, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> dict[str, str]:
+        """Replace a broker's (or ``<default>``'s) dynamic configs with ``change(current)`` (None:
+        leave them) by compare-and-set; returns what is stored afterwards."""
+        path = layout.broker_config_path(entity)
+
+        def rewrite(data: bytes | None) -> bytes | None:
+            current = layout.decode_dynamic_config(data, path)
+            config = change(current)
+            if config is None or (config == current and data is not None):
+                return None
+            return layout.encode_dynamic_config(config)
+
+        stored, _ = compare_and_set(self.client, path, rewrite)
+        return layout.decode_dynamic_config(stored, path)
+
     def create_topic(self, assignment: TopicAssignment) -> None:
         try:
             self.client.create(layout.topic_path(assignment.name), assignment.encode())

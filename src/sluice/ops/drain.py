@@ -49,7 +49,7 @@ def plan_drain(store: ZkStore, broker_id: int) -> DrainPlan:
                 chosen = candidates[0]
                 load[chosen] += 1
                 target = tuple(chosen if r == broker_id else r for r in replicas)
-                plan.moves.append(Reassignment(name, p, target))
+                plan.moves.append(Reassignment(name, p, target, tuple(replicas)))
                 continue
             current = store.partition_state(name, p)
             isr = current[0].isr if current else ()

@@ -13,34 +13,52 @@ from __future__ import annotations
 from sluice.protocol.schema import Field, Message
 
 __all__ = [
+    "ALTER_CONFIGS_REQUEST",
+    "ALTER_CONFIGS_RESPONSE",
+    "ALTER_PARTITION_REASSIGNMENTS_REQUEST",
+    "ALTER_PARTITION_REASSIGNMENTS_RESPONSE",
     "ALTER_USER_SCRAM_CREDENTIALS_REQUEST",
     "ALTER_USER_SCRAM_CREDENTIALS_RESPONSE",
     "API_VERSIONS_REQUEST",
     "API_VERSIONS_RESPONSE",
     "CREATE_ACLS_REQUEST",
     "CREATE_ACLS_RESPONSE",
+    "CREATE_PARTITIONS_REQUEST",
+    "CREATE_PARTITIONS_RESPONSE",
     "CREATE_TOPICS_REQUEST",
     "CREATE_TOPICS_RESPONSE",
     "DELETE_ACLS_REQUEST",
     "DELETE_ACLS_RESPONSE",
     "DELETE_GROUPS_REQUEST",
     "DELETE_GROUPS_RESPONSE",
+    "DELETE_RECORDS_REQUEST",
+    "DELETE_RECORDS_RESPONSE",
     "DELETE_TOPICS_REQUEST",
     "DELETE_TOPICS_RESPONSE",
     "DESCRIBE_ACLS_REQUEST",
     "DESCRIBE_ACLS_RESPONSE",
+    "DESCRIBE_CLUSTER_REQUEST",
+    "DESCRIBE_CLUSTER_RESPONSE",
     "DESCRIBE_CONFIGS_REQUEST",
     "DESCRIBE_CONFIGS_RESPONSE",
     "DESCRIBE_GROUPS_REQUEST",
     "DESCRIBE_GROUPS_RESPONSE",
+    "DESCRIBE_LOG_DIRS_REQUEST",
+    "DESCRIBE_LOG_DIRS_RESPONSE",
+    "DESCRIBE_PRODUCERS_REQUEST",
+    "DESCRIBE_PRODUCERS_RESPONSE",
     "DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST",
     "DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE",
+    "ELECT_LEADERS_REQUEST",
+    "ELECT_LEADERS_RESPONSE",
     "FETCH_REQUEST",
     "FETCH_RESPONSE",
     "FIND_COORDINATOR_REQUEST",
     "FIND_COORDINATOR_RESPONSE",
     "HEARTBEAT_REQUEST",
     "HEARTBEAT_RESPONSE",
+    "INCREMENTAL_ALTER_CONFIGS_REQUEST",
+    "INCREMENTAL_ALTER_CONFIGS_RESPONSE",
     "INIT_PRODUCER_ID_REQUEST",
     "INIT_PRODUCER_ID_RESPONSE",
     "JOIN_GROUP_REQUEST",
@@ -51,10 +69,14 @@ __all__ = [
     "LIST_GROUPS_RESPONSE",
     "LIST_OFFSETS_REQUEST",
     "LIST_OFFSETS_RESPONSE",
+    "LIST_PARTITION_REASSIGNMENTS_REQUEST",
+    "LIST_PARTITION_REASSIGNMENTS_RESPONSE",
     "METADATA_REQUEST",
     "METADATA_RESPONSE",
     "OFFSET_COMMIT_REQUEST",
     "OFFSET_COMMIT_RESPONSE",
+    "OFFSET_DELETE_REQUEST",
+    "OFFSET_DELETE_RESPONSE",
     "OFFSET_FETCH_REQUEST",
     "OFFSET_FETCH_RESPONSE",
     "OFFSET_FOR_LEADER_EPOCH_REQUEST",
@@ -71,10 +93,18 @@ __all__ = [
     "SYNC_GROUP_RESPONSE",
 ]
 
+#: A broker's address in Produce (v10+) and Fetch (v16+) answers that name a new leader (KIP-951).
+_NODE_ENDPOINT = [
+    Field("NodeId", "int32", "0+"),
+    Field("Host", "string", "0+"),
+    Field("Port", "int32", "0+"),
+    Field("Rack", "string", "0+", nullable="0+", default="null"),
+]
+
 PRODUCE_REQUEST = Message(
     "ProduceRequest",
     0,
-    valid="3-9",
+    valid="3-10",
     flexible="9+",
     fields=[
         Field("TransactionalId", "string", "3+", nullable="3+", default="null"),
@@ -103,7 +133,7 @@ PRODUCE_REQUEST = Message(
 PRODUCE_RESPONSE = Message(
     "ProduceResponse",
     0,
-    valid="3-9",
+    valid="3-10",
     flexible="9+",
     fields=[
         Field(
@@ -135,24 +165,54 @@ PRODUCE_RESPONSE = Message(
                             ],
                         ),
                         Field("ErrorMessage", "string", "8+", nullable="8+", default="null", ignorable=True),
+                        Field(
+                            "CurrentLeader",
+                            "LeaderIdAndEpoch",
+                            "10+",
+                            tagged="10+",
+                            tag=0,
+                            fields=[
+                                Field("LeaderId", "int32", "10+", default="-1"),
+                                Field("LeaderEpoch", "int32", "10+", default="-1"),
+                            ],
+                        ),
                     ],
                 ),
             ],
         ),
         Field("ThrottleTimeMs", "int32", "1+", default="0", ignorable=True),
+        Field(
+            "NodeEndpoints",
+            "[]NodeEndpoint",
+            "10+",
+            tagged="10+",
+            tag=0,
+            fields=_NODE_ENDPOINT,
+        ),
     ],
 )
 
 FETCH_REQUEST = Message(
     "FetchRequest",
     1,
-    valid="4-12",
+    valid="4-16",
     flexible="12+",
     fields=[
         Field(
             "ClusterId", "string", "12+", nullable="12+", tagged="12+", tag=0, default="null", ignorable=True
         ),
         Field("ReplicaId", "int32", "0-14", default="-1"),
+        Field(
+            "ReplicaState",
+            "ReplicaState",
+            "15+",
+            tagged="15+",
+            tag=1,
+            fields=[
+                Field("ReplicaId", "int32", "15+", default="-1"),
+                Field("ReplicaEpoch", "int64", "15+", default="-1"),
+            ],
+        ),
         Field("MaxWaitMs", "int32", "0+"),
         Field("MinBytes", "int32", "0+"),
         Field("MaxBytes", "int32", "3+", default="0x7fffffff", ignorable=True),
@@ -165,6 +225,7 @@ FETCH_REQUEST = Message(
             "0+",
             fields=[
                 Field("Topic", "string", "0-12", ignorable=True),
+                Field("TopicId", "uuid", "13+", ignorable=True),
                 Field(
                     "Partitions",
                     "[]FetchPartition",
@@ -186,6 +247,7 @@ FETCH_REQUEST = Message(
             "7+",
             fields=[
                 Field("Topic", "string", "7-12", ignorable=True),
+                Field("TopicId", "uuid", "13+", ignorable=True),
                 Field("Partitions", "[]int32", "7+"),
             ],
         ),
@@ -196,7 +258,7 @@ FETCH_REQUEST = Message(
 FETCH_RESPONSE = Message(
     "FetchResponse",
     1,
-    valid="4-12",
+    valid="4-16",
     flexible="12+",
     fields=[
         Field("ThrottleTimeMs", "int32", "1+", ignorable=True),
@@ -208,6 +270,7 @@ FETCH_RESPONSE = Message(
             "0+",
             fields=[
                 Field("Topic", "string", "0-12", ignorable=True),
+                Field("TopicId", "uuid", "13+", ignorable=True),
                 Field(
                     "Partitions",
                     "[]PartitionData",
@@ -268,6 +331,7 @@ FETCH_RESPONSE = Message(
                 ),
             ],
         ),
+        Field("NodeEndpoints", "[]NodeEndpoint", "16+", tagged="16+", tag=0, fields=_NODE_ENDPOINT),
     ],
 )
 
@@ -1486,3 +1550,563 @@ RESPONSES: dict[int, Message] = {
     )
 }
 """Response body schemas by API key."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Administration (issue 19): partitions, configs, records, leaders, reassignments, log dirs,
+# group offsets and producers, as the admin clients of Kafka tools call them.
+
+CREATE_PARTITIONS_REQUEST = Message(
+    "CreatePartitionsRequest",
+    37,
+    valid="0-3",
+    flexible="2+",
+    fields=[
+        Field(
+            "Topics",
+            "[]CreatePartitionsTopic",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field("Count", "int32", "0+"),
+                Field(
+                    "Assignments",
+                    "[]CreatePartitionsAssignment",
+                    "0+",
+                    nullable="0+",
+                    fields=[Field("BrokerIds", "[]int32", "0+")],
+                ),
+            ],
+        ),
+        Field("TimeoutMs", "int32", "0+"),
+        Field("ValidateOnly", "bool", "0+"),
+    ],
+)
+
+CREATE_PARTITIONS_RESPONSE = Message(
+    "CreatePartitionsResponse",
+    37,
+    valid="0-3",
+    flexible="2+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field(
+            "Results",
+            "[]CreatePartitionsTopicResult",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field("ErrorCode", "int16", "0+"),
+                Field("ErrorMessage", "string", "0+", nullable="0+", default="null"),
+            ],
+        ),
+    ],
+)
+
+ALTER_CONFIGS_REQUEST = Message(
+    "AlterConfigsRequest",
+    33,
+    valid="0-2",
+    flexible="2+",
+    fields=[
+        Field(
+            "Resources",
+            "[]AlterConfigsResource",
+            "0+",
+            fields=[
+                Field("ResourceType", "int8", "0+"),
+                Field("ResourceName", "string", "0+"),
+                Field(
+                    "Configs",
+                    "[]AlterableConfig",
+                    "0+",
+                    fields=[Field("Name", "string", "0+"), Field("Value", "string", "0+", nullable="0+")],
+                ),
+            ],
+        ),
+        Field("ValidateOnly", "bool", "0+"),
+    ],
+)
+
+_ALTER_CONFIGS_RESOURCE_RESPONSE = [
+    Field("ErrorCode", "int16", "0+"),
+    Field("ErrorMessage", "string", "0+", nullable="0+"),
+    Field("ResourceType", "int8", "0+"),
+    Field("ResourceName", "string", "0+"),
+]
+
+ALTER_CONFIGS_RESPONSE = Message(
+    "AlterConfigsResponse",
+    33,
+    valid="0-2",
+    flexible="2+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("Responses", "[]AlterConfigsResourceResponse", "0+", fields=_ALTER_CONFIGS_RESOURCE_RESPONSE),
+    ],
+)
+
+INCREMENTAL_ALTER_CONFIGS_REQUEST = Message(
+    "IncrementalAlterConfigsRequest",
+    44,
+    valid="0-1",
+    flexible="1+",
+    fields=[
+        Field(
+            "Resources",
+            "[]AlterConfigsResource",
+            "0+",
+            fields=[
+                Field("ResourceType", "int8", "0+"),
+                Field("ResourceName", "string", "0+"),
+                Field(
+                    "Configs",
+                    "[]AlterableConfig",
+                    "0+",
+                    fields=[
+                        Field("Name", "string", "0+"),
+                        Field("ConfigOperation", "int8", "0+"),
+                        Field("Value", "string", "0+", nullable="0+"),
+                    ],
+                ),
+            ],
+        ),
+        Field("ValidateOnly", "bool", "0+"),
+    ],
+)
+
+INCREMENTAL_ALTER_CONFIGS_RESPONSE = Message(
+    "IncrementalAlterConfigsResponse",
+    44,
+    valid="0-1",
+    flexible="1+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("Responses", "[]AlterConfigsResourceResponse", "0+", fields=_ALTER_CONFIGS_RESOURCE_RESPONSE),
+    ],
+)
+
+DELETE_RECORDS_REQUEST = Message(
+    "DeleteRecordsRequest",
+    21,
+    valid="0-2",
+    flexible="2+",
+    fields=[
+        Field(
+            "Topics",
+            "[]DeleteRecordsTopic",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]DeleteRecordsPartition",
+                    "0+",
+                    fields=[Field("PartitionIndex", "int32", "0+"), Field("Offset", "int64", "0+")],
+                ),
+            ],
+        ),
+        Field("TimeoutMs", "int32", "0+"),
+    ],
+)
+
+DELETE_RECORDS_RESPONSE = Message(
+    "DeleteRecordsResponse",
+    21,
+    valid="0-2",
+    flexible="2+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field(
+            "Topics",
+            "[]DeleteRecordsTopicResult",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]DeleteRecordsPartitionResult",
+                    "0+",
+                    fields=[
+                        Field("PartitionIndex", "int32", "0+"),
+                        Field("LowWatermark", "int64", "0+"),
+                        Field("ErrorCode", "int16", "0+"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+ELECT_LEADERS_REQUEST = Message(
+    "ElectLeadersRequest",
+    43,
+    valid="0-2",
+    flexible="2+",
+    fields=[
+        Field("ElectionType", "int8", "1+"),
+        Field(
+            "TopicPartitions",
+            "[]TopicPartitions",
+            "0+",
+            nullable="0+",
+            fields=[Field("Topic", "string", "0+"), Field("Partitions", "[]int32", "0+")],
+        ),
+        Field("TimeoutMs", "int32", "0+", default="60000"),
+    ],
+)
+
+ELECT_LEADERS_RESPONSE = Message(
+    "ElectLeadersResponse",
+    43,
+    valid="0-2",
+    flexible="2+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("ErrorCode", "int16", "1+"),
+        Field(
+            "ReplicaElectionResults",
+            "[]ReplicaElectionResult",
+            "0+",
+            fields=[
+                Field("Topic", "string", "0+"),
+                Field(
+                    "PartitionResult",
+                    "[]PartitionResult",
+                    "0+",
+                    fields=[
+                        Field("PartitionId", "int32", "0+"),
+                        Field("ErrorCode", "int16", "0+"),
+                        Field("ErrorMessage", "string", "0+", nullable="0+"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+DESCRIBE_CLUSTER_REQUEST = Message(
+    "DescribeClusterRequest",
+    60,
+    valid="0-2",
+    flexible="0+",
+    fields=[
+        Field("IncludeClusterAuthorizedOperations", "bool", "0+"),
+        Field("EndpointType", "int8", "1+", default="1"),
+        Field("IncludeFencedBrokers", "bool", "2+"),
+    ],
+)
+
+DESCRIBE_CLUSTER_RESPONSE = Message(
+    "DescribeClusterResponse",
+    60,
+    valid="0-2",
+    flexible="0+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("ErrorCode", "int16", "0+"),
+        Field("ErrorMessage", "string", "0+", nullable="0+", default="null"),
+        Field("EndpointType", "int8", "1+", default="1"),
+        Field("ClusterId", "string", "0+"),
+        Field("ControllerId", "int32", "0+", default="-1"),
+        Field(
+            "Brokers",
+            "[]DescribeClusterBroker",
+            "0+",
+            fields=[
+                Field("BrokerId", "int32", "0+"),
+                Field("Host", "string", "0+"),
+                Field("Port", "int32", "0+"),
+                Field("Rack", "string", "0+", nullable="0+", default="null"),
+                Field("IsFenced", "bool", "2+"),
+            ],
+        ),
+        Field("ClusterAuthorizedOperations", "int32", "0+", default="-2147483648"),
+    ],
+)
+
+ALTER_PARTITION_REASSIGNMENTS_REQUEST = Message(
+    "AlterPartitionReassignmentsRequest",
+    45,
+    valid="0-1",
+    flexible="0+",
+    fields=[
+        Field("TimeoutMs", "int32", "0+", default="60000"),
+        Field("AllowReplicationFactorChange", "bool", "1+", default="true"),
+        Field(
+            "Topics",
+            "[]ReassignableTopic",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]ReassignablePartition",
+                    "0+",
+                    fields=[
+                        Field("PartitionIndex", "int32", "0+"),
+                        Field("Replicas", "[]int32", "0+", nullable="0+", default="null"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+ALTER_PARTITION_REASSIGNMENTS_RESPONSE = Message(
+    "AlterPartitionReassignmentsResponse",
+    45,
+    valid="0-1",
+    flexible="0+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("AllowReplicationFactorChange", "bool", "1+", default="true", ignorable=True),
+        Field("ErrorCode", "int16", "0+"),
+        Field("ErrorMessage", "string", "0+", nullable="0+"),
+        Field(
+            "Responses",
+            "[]ReassignableTopicResponse",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]ReassignablePartitionResponse",
+                    "0+",
+                    fields=[
+                        Field("PartitionIndex", "int32", "0+"),
+                        Field("ErrorCode", "int16", "0+"),
+                        Field("ErrorMessage", "string", "0+", nullable="0+"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+LIST_PARTITION_REASSIGNMENTS_REQUEST = Message(
+    "ListPartitionReassignmentsRequest",
+    46,
+    valid="0",
+    flexible="0+",
+    fields=[
+        Field("TimeoutMs", "int32", "0+", default="60000"),
+        Field(
+            "Topics",
+            "[]ListPartitionReassignmentsTopics",
+            "0+",
+            nullable="0+",
+            default="null",
+            fields=[Field("Name", "string", "0+"), Field("PartitionIndexes", "[]int32", "0+")],
+        ),
+    ],
+)
+
+LIST_PARTITION_REASSIGNMENTS_RESPONSE = Message(
+    "ListPartitionReassignmentsResponse",
+    46,
+    valid="0",
+    flexible="0+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("ErrorCode", "int16", "0+"),
+        Field("ErrorMessage", "string", "0+", nullable="0+"),
+        Field(
+            "Topics",
+            "[]OngoingTopicReassignment",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]OngoingPartitionReassignment",
+                    "0+",
+                    fields=[
+                        Field("PartitionIndex", "int32", "0+"),
+                        Field("Replicas", "[]int32", "0+"),
+                        Field("AddingReplicas", "[]int32", "0+"),
+                        Field("RemovingReplicas", "[]int32", "0+"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+DESCRIBE_LOG_DIRS_REQUEST = Message(
+    "DescribeLogDirsRequest",
+    35,
+    valid="1-4",
+    flexible="2+",
+    fields=[
+        Field(
+            "Topics",
+            "[]DescribableLogDirTopic",
+            "0+",
+            nullable="0+",
+            fields=[Field("Topic", "string", "0+"), Field("Partitions", "[]int32", "0+")],
+        ),
+    ],
+)
+
+DESCRIBE_LOG_DIRS_RESPONSE = Message(
+    "DescribeLogDirsResponse",
+    35,
+    valid="1-4",
+    flexible="2+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("ErrorCode", "int16", "3+", ignorable=True),
+        Field(
+            "Results",
+            "[]DescribeLogDirsResult",
+            "0+",
+            fields=[
+                Field("ErrorCode", "int16", "0+"),
+                Field("LogDir", "string", "0+"),
+                Field(
+                    "Topics",
+                    "[]DescribeLogDirsTopic",
+                    "0+",
+                    fields=[
+                        Field("Name", "string", "0+"),
+                        Field(
+                            "Partitions",
+                            "[]DescribeLogDirsPartition",
+                            "0+",
+                            fields=[
+                                Field("PartitionIndex", "int32", "0+"),
+                                Field("PartitionSize", "int64", "0+"),
+                                Field("OffsetLag", "int64", "0+"),
+                                Field("IsFutureKey", "bool", "0+"),
+                            ],
+                        ),
+                    ],
+                ),
+                Field("TotalBytes", "int64", "4+", ignorable=True, default="-1"),
+                Field("UsableBytes", "int64", "4+", ignorable=True, default="-1"),
+            ],
+        ),
+    ],
+)
+
+OFFSET_DELETE_REQUEST = Message(
+    "OffsetDeleteRequest",
+    47,
+    valid="0",
+    flexible="none",
+    fields=[
+        Field("GroupId", "string", "0+"),
+        Field(
+            "Topics",
+            "[]OffsetDeleteRequestTopic",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]OffsetDeleteRequestPartition",
+                    "0+",
+                    fields=[Field("PartitionIndex", "int32", "0+")],
+                ),
+            ],
+        ),
+    ],
+)
+
+OFFSET_DELETE_RESPONSE = Message(
+    "OffsetDeleteResponse",
+    47,
+    valid="0",
+    flexible="none",
+    fields=[
+        Field("ErrorCode", "int16", "0+"),
+        Field("ThrottleTimeMs", "int32", "0+", ignorable=True),
+        Field(
+            "Topics",
+            "[]OffsetDeleteResponseTopic",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]OffsetDeleteResponsePartition",
+                    "0+",
+                    fields=[Field("PartitionIndex", "int32", "0+"), Field("ErrorCode", "int16", "0+")],
+                ),
+            ],
+        ),
+    ],
+)
+
+DESCRIBE_PRODUCERS_REQUEST = Message(
+    "DescribeProducersRequest",
+    61,
+    valid="0",
+    flexible="0+",
+    fields=[
+        Field(
+            "Topics",
+            "[]TopicRequest",
+            "0+",
+            fields=[Field("Name", "string", "0+"), Field("PartitionIndexes", "[]int32", "0+")],
+        ),
+    ],
+)
+
+DESCRIBE_PRODUCERS_RESPONSE = Message(
+    "DescribeProducersResponse",
+    61,
+    valid="0",
+    flexible="0+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field(
+            "Topics",
+            "[]TopicResponse",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]PartitionResponse",
+                    "0+",
+                    fields=[
+                        Field("PartitionIndex", "int32", "0+"),
+                        Field("ErrorCode", "int16", "0+"),
+                        Field("ErrorMessage", "string", "0+", nullable="0+", default="null"),
+                        Field(
+                            "ActiveProducers",
+                            "[]ProducerState",
+                            "0+",
+                            fields=[
+                                Field("ProducerId", "int64", "0+"),
+                                Field("ProducerEpoch", "int32", "0+"),
+                                Field("LastSequence", "int32", "0+", default="-1"),
+                                Field("LastTimestamp", "int64", "0+", default="-1"),
+                                Field("CoordinatorEpoch", "int32", "0+"),
+                                Field("CurrentTxnStartOffset", "int64", "0+", default="-1"),
+                            ],
+                        ),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+_ADMIN_MESSAGES = (
+    (CREATE_PARTITIONS_REQUEST, CREATE_PARTITIONS_RESPONSE),
+    (ALTER_CONFIGS_REQUEST, ALTER_CONFIGS_RESPONSE),
+    (INCREMENTAL_ALTER_CONFIGS_REQUEST, INCREMENTAL_ALTER_CONFIGS_RESPONSE),
+    (DELETE_RECORDS_REQUEST, DELETE_RECORDS_RESPONSE),
+    (ELECT_LEADERS_REQUEST, ELECT_LEADERS_RESPONSE),
+    (DESCRIBE_CLUSTER_REQUEST, DESCRIBE_CLUSTER_RESPONSE),
+    (ALTER_PARTITION_REASSIGNMENTS_REQUEST, ALTER_PARTITION_REASSIGNMENTS_RESPONSE),
+    (LIST_PARTITION_REASSIGNMENTS_REQUEST, LIST_PARTITION_REASSIGNMENTS_RESPONSE),
+    (DESCRIBE_LOG_DIRS_REQUEST, DESCRIBE_LOG_DIRS_RESPONSE),
+    (OFFSET_DELETE_REQUEST, OFFSET_DELETE_RESPONSE),
+    (DESCRIBE_PRODUCERS_REQUEST, DESCRIBE_PRODUCERS_RESPONSE),
+)
+REQUESTS.update({request.api_key: request for request, _ in _ADMIN_MESSAGES})
+RESPONSES.update({response.api_key: response for _, response in _ADMIN_MESSAGES})

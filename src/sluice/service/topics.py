@@ -191,3 +191,55 @@ def delete_topic_via_brokers(svc: Services, name: str) -> dict[str, Any]:
     except Exception as exc:
         raise UnavailableError(f"topic {name!r} was not deleted: {kafka_error_text(exc)}") from None
     return {"deleted": name}
+
+
+def alter_topic_configs(
+    svc: Services, name: str, set_configs: dict[str, str], delete_keys: list[str] | None = None
+) -> dict[str, Any]:
+    """Set and delete topic configs through the brokers (IncrementalAlterConfigs), applied live
+    to every replica. The brokers validate the whole change first: an unknown key or a bad value
+    is refused naming the key, and nothing changes."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    deleted = list(dict.fromkeys(delete_keys or []))
+    both = sorted(set(set_configs) & set(deleted))
+    if both:
+        raise InvalidError(f"config(s) {both} are both set and deleted; give each key once", field="configs")
+    if not set_configs and not deleted:
+        raise InvalidError("nothing to change: give configs to set or keys to delete", field="configs")
+    entries = [
+        ConfigEntry(k, str(v), incremental_operation=AlterConfigOpType.SET) for k, v in set_configs.items()
+    ] + [ConfigEntry(k, "", incremental_operation=AlterConfigOpType.DELETE) for k in deleted]
+    resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
+    admin = _confluent_admin(svc)  # kept referenced until the future resolves
+    try:
+        admin.incremental_alter_configs([resource], request_timeout=40)[resource].result()
+    except Exception as exc:
+        text = kafka_error_text(exc)
+        if "does not exist" in text or "UNKNOWN_TOPIC" in text:
+            raise NotFoundError(f"topic {name!r} was not changed: {text}") from None
+        raise InvalidError(f"topic {name!r} was not changed: {text}", field="configs") from None
+    return {"name": name, "set": dict(set_configs), "deleted": deleted}
+
+
+def add_partitions(svc: Services, name: str, partitions: int) -> dict[str, Any]:
+    """Grow a topic to ``partitions`` partitions through the controller (CreatePartitions).
+    Keys hash to partitions by their count, so records of one key written before and after the
+    change land in different partitions (Kafka's behaviour)."""
+    from confluent_kafka.admin import NewPartitions
+
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise InvalidError(
+            f"topic.partitions: must be an integer >= 1, not {partitions!r}", field="partitions"
+        )
+    admin = _confluent_admin(svc)  # kept referenced until the future resolves
+    try:
+        admin.create_partitions([NewPartitions(name, partitions)], operation_timeout=30, request_timeout=40)[
+            name
+        ].result()
+    except Exception as exc:
+        text = kafka_error_text(exc)
+        if "does not exist" in text or "UNKNOWN_TOPIC" in text:
+            raise NotFoundError(f"topic {name!r} was not changed: {text}") from None
+        raise InvalidError(f"topic {name!r} was not changed: {text}", field="partitions") from None
+    return {"name": name, "partitions": partitions}

@@ -8,12 +8,16 @@ Directory contents::
     leader-epoch-checkpoint          Kafka's text format (see leader_epoch.py)
     00000000000000001234.snapshot    producer state after every batch below offset 1234
     recovery-point                   text: every batch below this offset was fsynced
+    log-start-offset                 text: the log start DeleteRecords moved the log to (absent
+                                     while it is the first segment's base offset)
     .sluice-clean-shutdown           written by close(), removed by open(), for a log used on
                                      its own; a broker keeps one marker for its whole data
                                      directory instead (``clean`` and ``marker`` below)
 
-The log start offset is always the base offset of the first segment (DeleteRecords, which
-could move it inside a segment, is not supported yet), so it needs no checkpoint.
+The log start offset is the first segment's base offset, or further on where DeleteRecords
+(KIP-107) moved it (``advance_log_start``), which may be inside a segment: that offset is kept
+in ``log-start-offset``, written durably before any segment below it is deleted, so a crash
+never brings deleted records back.
 
 Threading: every method is meant to be called from one thread (the broker's event loop),
 except ``flush``, which may run concurrently on a worker thread. A lock guards the state that
@@ -26,6 +30,7 @@ import shutil
 import threading
 import time
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,13 +60,21 @@ from sluice.storage.errors import (
 from sluice.storage.fsutil import atomic_write, fsync_dir, fsync_file
 from sluice.storage.leader_append import check_timestamps, encode_for_topic
 from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
-from sluice.storage.producer_state import ProducerStateManager, list_snapshots
+from sluice.storage.producer_state import ProducerEntry, ProducerStateManager, list_snapshots
 from sluice.storage.segment import LogSegment, TimestampOffset, roll_jitter_ms
 
-__all__ = ["CLEAN_SHUTDOWN_FILE", "RECOVERY_POINT_FILE", "AppendInfo", "PartitionLog", "ReadResult"]
+__all__ = [
+    "CLEAN_SHUTDOWN_FILE",
+    "LOG_START_OFFSET_FILE",
+    "RECOVERY_POINT_FILE",
+    "AppendInfo",
+    "PartitionLog",
+    "ReadResult",
+]
 
 CLEAN_SHUTDOWN_FILE: Final = ".sluice-clean-shutdown"
 RECOVERY_POINT_FILE: Final = "recovery-point"
+LOG_START_OFFSET_FILE: Final = "log-start-offset"
 _LOG_SUFFIX: Final = ".log"
 
 
@@ -117,6 +130,8 @@ class PartitionLog:
         self._bases: list[int] = []
         self._leo = 0
         self._recovery_point = 0
+        #: where DeleteRecords moved the log start (0: never); see ``log_start_offset``
+        self._deleted_below = 0
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms()
         self._closed = False
@@ -262,6 +277,7 @@ class PartitionLog:
             i += 1
 
         self._leo = self._segments[-1].next_offset
+        self._deleted_below = self._read_log_start_offset()
         self._epochs.truncate_from_end(self._leo)
         self._epochs.truncate_from_start(self.log_start_offset)
         if rebuild_epochs:
@@ -280,6 +296,11 @@ class PartitionLog:
                 marker.unlink()
             except FileNotFoundError:
                 pass
+        if self._deleted_below > self._leo:
+            # Everything below the recorded log start was deleted, and the log ends before it
+            # (a follower that had not fetched that far): it starts there, empty, as Kafka's
+            # does, and fetches the rest from its leader.
+            self.truncate_fully_and_start_at(self._deleted_below)
 
     def _recover_epoch(self, header: BatchHeader) -> None:
         if header.partition_leader_epoch > self._epochs.latest_epoch():
@@ -290,6 +311,17 @@ class PartitionLog:
             return int((self._dir / RECOVERY_POINT_FILE).read_text(encoding="ascii").strip())
         except (FileNotFoundError, ValueError):
             return 0
+
+    def _read_log_start_offset(self) -> int:
+        try:
+            return max(0, int((self._dir / LOG_START_OFFSET_FILE).read_text(encoding="ascii").strip()))
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def _write_log_start_offset(self) -> None:
+        atomic_write(
+            self._dir / LOG_START_OFFSET_FILE, f"{self._deleted_below}\n".encode("ascii"), durable=True
+        )
 
     def _write_recovery_point(self, *, durable: bool = False) -> None:
         atomic_write(
@@ -344,7 +376,9 @@ class PartitionLog:
 
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset
+        """The first offset a reader may ask for: the first segment's base, or past it where
+        DeleteRecords moved it (``advance_log_start``)."""
+        return max(self._segments[0].base_offset, self._deleted_below)
 
     @property
     def log_end_offset(self) -> int:
@@ -623,6 +657,11 @@ class PartitionLog:
             self._leo = seg.next_offset
             assert self._leo <= offset
             self._recovery_point = min(self._recovery_point, self._leo)
+        if self._deleted_below > self._leo:
+            # The batch holding the log start went with the truncation: the log starts at its
+            # end, and its leader's answer (its own log start) says where records begin.
+            self._deleted_below = self._leo
+            self._write_log_start_offset()
         self._write_recovery_point()
         self._epochs.truncate_from_end(self._leo)
         self._load_producer_state()
@@ -643,6 +682,10 @@ class PartitionLog:
             self._leo = offset
             self._recovery_point = offset
             self._unflushed_messages = 0
+            moved = self._deleted_below != 0
+            self._deleted_below = 0
+        if moved:
+            self._write_log_start_offset()
         self._write_recovery_point()
         self._epochs.clear()
         self._producers = ProducerStateManager()
@@ -687,6 +730,48 @@ class PartitionLog:
         for p in below[:-1]:  # keep the newest snapshot below the log start
             p.unlink()
         return n
+
+    def advance_log_start(self, offset: int) -> bool:
+        """Move the log start to ``offset`` (DeleteRecords, KIP-107, or a follower following its
+        leader's log start): records below it are gone for readers at once, and segments wholly
+        below it are deleted (never the active one). False when the log already starts there or
+        later. ``offset`` must not pass the log end; callers keep it at or below the high
+        watermark, so nothing uncommitted is ever deleted.
+
+        The new start is written durably before any segment goes: a crash in between leaves the
+        segments with the start past them, never deleted records readable again."""
+        self._check_open()
+        if offset <= self.log_start_offset:
+            return False
+        if offset > self._leo:
+            raise OffsetOutOfRangeError(f"cannot start the log at {offset}, past its end {self._leo}")
+        self._deleted_below = offset
+        self._write_log_start_offset()
+        n = 0
+        while n + 1 < len(self._segments) and self._bases[n + 1] <= offset:
+            n += 1
+        if n:
+            with self._lock:
+                doomed = self._segments[:n]
+                del self._segments[:n]
+                del self._bases[:n]
+            for seg in doomed:
+                seg.delete()
+        lso = self.log_start_offset
+        assert lso == offset, (lso, offset)
+        self._recovery_point = max(self._recovery_point, lso)
+        self._epochs.truncate_from_start(lso)
+        snaps = list_snapshots(self._dir)
+        for p in [p for off, p in snaps if off < lso][:-1]:  # keep the newest snapshot below the start
+            p.unlink()
+        return True
+
+    def producer_entries(self) -> list[ProducerEntry]:
+        """The idempotent producers this log knows (DescribeProducers), as copies."""
+        return [
+            ProducerEntry(e.producer_id, e.epoch, deque(e.batches, maxlen=e.batches.maxlen))
+            for e in self._producers.producers.values()
+        ]
 
     # --- leader epochs ----------------------------------------------------------------------------
 

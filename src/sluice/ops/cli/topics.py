@@ -90,6 +90,51 @@ def topic_create(
     console.print(f"created topic {name} with {partitions} partition(s)")
 
 
+@topic_app.command("alter")
+def topic_alter(
+    name: str,
+    config: Annotated[
+        list[str] | None, typer.Option("--config", "-c", help="key=value to set, repeatable")
+    ] = None,
+    delete_config: Annotated[
+        list[str] | None, typer.Option("--delete-config", help="key to return to its default, repeatable")
+    ] = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    command_config: CommandConfig = None,
+) -> None:
+    """Change a topic's configs, live on every replica (nothing changes if any is refused)."""
+    from sluice.service.errors import ServiceError
+    from sluice.service.topics import alter_topic_configs
+
+    try:
+        done = alter_topic_configs(
+            _services(bootstrap, command_config), name, _parse_configs(config or []), delete_config or []
+        )
+    except ServiceError as exc:
+        raise fail(str(exc)) from None
+    changes = [f"{k}={v}" for k, v in done["set"].items()] + [f"{k} deleted" for k in done["deleted"]]
+    console.print(f"altered topic {name}: {', '.join(changes)}", soft_wrap=True)
+
+
+@topic_app.command("add-partitions")
+def topic_add_partitions(
+    name: str,
+    partitions: Annotated[int, typer.Option("--partitions", "-p", help="the new partition count")],
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    command_config: CommandConfig = None,
+) -> None:
+    """Grow a topic to --partitions partitions (records of a key written afterwards may go to
+    another partition than before: keys hash by the partition count)."""
+    from sluice.service.errors import ServiceError
+    from sluice.service.topics import add_partitions
+
+    try:
+        add_partitions(_services(bootstrap, command_config), name, partitions)
+    except ServiceError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"topic {name} has {partitions} partition(s)")
+
+
 def _kafka_error_text(exc: Exception) -> str:
     arg = exc.args[0] if exc.args else exc
     text = getattr(arg, "str", None)

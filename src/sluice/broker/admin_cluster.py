@@ -1,0 +1,74 @@
+"""DescribeCluster (KIP-700): the brokers (at the addresses of the listener the request came in
+on, as Metadata gives them), the controller and the cluster id, and, when asked, the operations
+the principal may perform on the cluster."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sluice.protocol.api import RequestHeader
+from sluice.protocol.errors import ErrorCode
+from sluice.security.acl import SUPPORTED_OPERATIONS, Resource, ResourceType
+from sluice.security.session import current_session
+
+if TYPE_CHECKING:
+    from sluice.broker.broker import Broker
+
+Body = dict[str, Any]
+#: ``ClusterAuthorizedOperations`` when they were not asked for (Kafka's INT32_MIN).
+NOT_ASKED = -(2**31)
+#: DescribeCluster v1's endpoint types: brokers (1) or controllers (2; a ZooKeeper cluster has none).
+ENDPOINT_BROKERS = 1
+
+
+def cluster_operations(broker: Broker) -> int:
+    """The bit field of cluster operations the session's principal may perform (every one the
+    cluster supports when no authorizer is configured, as Kafka answers)."""
+    from sluice.broker.authz import session
+
+    ops = sorted(SUPPORTED_OPERATIONS[ResourceType.CLUSTER])
+    authorizer = broker.authorizer
+    if authorizer is not None:
+        who = session()
+        ops = [op for op in ops if authorizer.authorize(who, op, Resource.cluster(), quiet=True)]
+    bits = 0
+    for op in ops:
+        bits |= 1 << int(op)
+    return bits
+
+
+async def describe_cluster(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    if header.api_version >= 1 and req.get("endpoint_type", ENDPOINT_BROKERS) != ENDPOINT_BROKERS:
+        return {
+            "throttle_time_ms": 0,
+            "error_code": ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
+            "error_message": "a ZooKeeper cluster has no controller endpoints; ask for brokers",
+            "endpoint_type": req.get("endpoint_type"),
+            "cluster_id": broker.metadata.cluster_id,
+            "controller_id": -1,
+            "brokers": [],
+        }
+    listener = current_session.get().listener
+    brokers = [
+        {
+            "broker_id": reg.broker_id,
+            "host": address[0],
+            "port": address[1],
+            "rack": reg.rack,
+            "is_fenced": False,
+        }
+        for reg in sorted(broker.metadata.brokers().values(), key=lambda r: r.broker_id)
+        if (address := reg.endpoint(listener)) is not None
+    ]
+    return {
+        "throttle_time_ms": 0,
+        "error_code": ErrorCode.NONE,
+        "error_message": None,
+        "endpoint_type": ENDPOINT_BROKERS,
+        "cluster_id": broker.metadata.cluster_id,
+        "controller_id": broker.metadata.controller_id,
+        "brokers": brokers,
+        "cluster_authorized_operations": (
+            cluster_operations(broker) if req.get("include_cluster_authorized_operations") else NOT_ASKED
+        ),
+    }
