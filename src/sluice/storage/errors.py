@@ -12,6 +12,7 @@ __all__ = [
     "CorruptRecordError",
     "InvalidProducerEpochError",
     "InvalidRecordError",
+    "KeylessRecordError",
     "LogClosedError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
@@ -43,6 +44,10 @@ class OutOfOrderSequenceError(StorageError):
 class InvalidProducerEpochError(StorageError):
     """An idempotent batch carries an epoch older than the producer's current one (Kafka:
     INVALID_PRODUCER_EPOCH)."""
+
+
+class KeylessRecordError(StorageError):
+    """A record without a key was sent to a compacted log (Kafka: INVALID_RECORD)."""
 
 
 class LogClosedError(StorageError):
