@@ -5,6 +5,7 @@ log must read as."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,7 @@ def test_a_crash_at_any_step_of_a_clean_recovers_with_nothing_lost(tmp_path: Pat
         if at >= 0:
             calls = iter(range(len(steps)))
 
-            def fault(step: str, at: int = at) -> None:
+            def fault(step: str, at: int = at, calls: Iterator[int] = calls) -> None:
                 if next(calls) == at:
                     raise _Crash(step)
 

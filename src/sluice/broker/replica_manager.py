@@ -456,6 +456,9 @@ class ReplicaManager:
             return ProduceResult(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, message=str(exc))
         except storage_errors.InvalidProducerEpochError as exc:
             return ProduceResult(ErrorCode.INVALID_PRODUCER_EPOCH, message=str(exc))
+        except storage_errors.KeylessRecordError as exc:
+            log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
+            return ProduceResult(ErrorCode.INVALID_RECORD, message=str(exc))
         except (storage_errors.CorruptRecordError, storage_errors.InvalidRecordError) as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
             return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))
