@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker import group_records as gr
+from sluice.broker import offset_expiry
 from sluice.broker.group import Group, GroupState, Member, OffsetAndMetadata
 from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
 from sluice.protocol.errors import ErrorCode
@@ -125,10 +126,12 @@ class GroupCoordinator:
                 "name": OFFSETS_TOPIC,
                 "num_partitions": self.partitions,
                 "replication_factor": self._offsets_replication_factor(live),
-                # No compaction yet: keep every record so a new leader can replay the groups.
+                # Compacted: the log cleaner keeps the last record per group and offset, and the
+                # tombstones of deleted groups and expired offsets remove them, so a new leader
+                # replays the live groups rather than their history.
                 "configs": [
-                    {"name": "retention.ms", "value": "-1"},
-                    {"name": "segment.bytes", "value": str(100 * 1024 * 1024)},
+                    {"name": "cleanup.policy", "value": "compact"},
+                    {"name": "segment.bytes", "value": str(self.broker.config.offsets_topic_segment_bytes)},
                 ],
             }
             results = await self.broker.admin.create_topics([topic], 30_000, False)
@@ -252,6 +255,7 @@ class GroupCoordinator:
                     for m in obj.get("members", [])
                 }
                 group.state = S.STABLE if group.members else S.EMPTY
+                group.state_timestamp_ms = int(obj.get("state_ts", group.state_timestamp_ms))
                 loaded += 1
         for key, value in latest.items():
             if isinstance(key, gr.OffsetKey):
@@ -314,12 +318,89 @@ class GroupCoordinator:
     # -- timers ------------------------------------------------------------------------------------
 
     async def _tick_forever(self) -> None:
+        check_s = self.broker.config.offsets_retention_check_interval_ms / 1000.0
+        next_expiry = time.monotonic() + check_s
+        expiring: asyncio.Task[int] | None = None
         while True:
             await asyncio.sleep(TICK_S)
             try:
                 self._tick()
             except Exception:
                 log.exception("event=coordinator_tick_failed")
+            if time.monotonic() >= next_expiry and (expiring is None or expiring.done()):
+                next_expiry = time.monotonic() + check_s
+                expiring = asyncio.get_running_loop().create_task(self.expire_offsets())
+
+    async def expire_offsets(self, now_ms: int | None = None) -> int:
+        """Write tombstones for the offsets that expired (broker/offset_expiry.py), and for the
+        groups that go with them; returns how many offsets expired. A tombstone is written for
+        one group at a time and takes effect in memory only once committed, and only for the
+        offsets not committed again meanwhile."""
+        retention_ms = self.broker.config.offsets_retention_ms
+        expired_total = 0
+        for group in list(self.groups.values()):
+            if self.check(group.group_id) is not ErrorCode.NONE:
+                continue
+            now = int(time.time() * 1000) if now_ms is None else now_ms
+            facts = self._expiry_facts(group)
+            expired = offset_expiry.expired_offsets(facts, now, retention_ms)
+            goes = offset_expiry.group_expires(facts, expired, now, retention_ms)
+            if not expired and not goes:
+                continue
+            decided = {tp: group.offsets[tp] for tp in expired}
+            generation = group.generation
+            items: list[tuple[gr.Key, dict[str, Any] | None]] = [
+                (gr.OffsetKey(group.group_id, t, p), None) for t, p in expired
+            ]
+            if goes:
+                items.append((gr.GroupKey(group.group_id), None))
+            error = await self._write(group.group_id, items)
+            if error is not ErrorCode.NONE:
+                log.warning("event=offsets_expiry_failed group=%s error=%s", group.group_id, error.name)
+                continue
+            for tp, om in decided.items():
+                if group.offsets.get(tp) is om:  # not committed again while the tombstone was written
+                    del group.offsets[tp]
+            expired_total += len(expired)
+            gone = (
+                goes
+                and group.state is S.EMPTY
+                and not group.offsets
+                and group.generation == generation
+                and self.groups.get(group.group_id) is group
+            )
+            if gone:
+                group.transition(S.DEAD)
+                del self.groups[group.group_id]
+            log.info(
+                "event=offsets_expired group=%s offsets=%d group_removed=%s state=%s retention_ms=%d",
+                group.group_id,
+                len(expired),
+                str(gone).lower(),
+                facts.state,
+                retention_ms,
+            )
+        return expired_total
+
+    @staticmethod
+    def _expiry_facts(group: Group) -> offset_expiry.ExpiryFacts:
+        subscribed: frozenset[str] | None = None
+        if group.protocol_type == offset_expiry.CONSUMER_PROTOCOL_TYPE and group.protocol and group.members:
+            topics: set[str] = set()
+            for m in group.members.values():
+                got = offset_expiry.consumer_subscribed_topics(m.metadata_for(group.protocol))
+                if got is None:
+                    topics = set()
+                    break
+                topics |= got
+            subscribed = frozenset(topics) if topics else None
+        return offset_expiry.ExpiryFacts(
+            group.state.value,
+            group.protocol_type,
+            group.state_timestamp_ms,
+            {tp: om.commit_timestamp_ms for tp, om in group.offsets.items()},
+            subscribed,
+        )
 
     def _tick(self) -> None:
         now = asyncio.get_running_loop().time()
