@@ -159,3 +159,33 @@ def _records(part: Partition) -> list[int]:
     from tests.unit._storage_helpers import records_of
 
     return [o for o, _k, _v in records_of(part.log)]
+
+
+def test_a_commit_of_many_partitions_fits_a_small_offsets_segment(tmp_path: Path) -> None:
+    """offsets.topic.segment.bytes is 100 KiB: a commit of 3,000 partitions (about 400 KB of
+    records) is written in batches that fit it. One batch of 3,000 records was refused:
+    ``RecordTooLargeError: append of ... bytes exceeds segment.bytes 102400``."""
+
+    async def run() -> None:
+        config = {"cleanup.policy": "compact", "segment.bytes": str(100 * 1024)}
+        part = Partition.open(tmp_path, OFFSETS_TOPIC, 0, uuid.uuid4(), config, 1)
+        part.become_leader(0, (1,), (1,), time.monotonic() * 1000)
+        coordinator = _coordinator(part)
+        await _loaded(coordinator)
+        req = {
+            "group_id": "wide",
+            "topics": [
+                {
+                    "name": f"topic-{t}",
+                    "partitions": [{"partition_index": p, "committed_offset": 7} for p in range(30)],
+                }
+                for t in range(100)
+            ],
+        }
+        assert set((await coordinator.commit_offsets(req)).values()) == {ErrorCode.NONE}
+        assert len(coordinator.groups["wide"].offsets) == 3000
+        assert part.log.segment_count > 3
+        await coordinator.stop()
+        part.close()
+
+    asyncio.run(run())

@@ -50,6 +50,29 @@ TICK_S = 0.1
 LOAD_WAIT_S = 1.0
 #: Bound on the records one coordinator write carries (a commit of many partitions is split).
 RECORDS_PER_WRITE_MAX = 5000
+#: A record's bytes besides its key and value in a batch (varints, attributes), at most.
+RECORD_OVERHEAD_BYTES = 32
+
+
+def write_chunks(
+    records: list[tuple[bytes, bytes | None]], bytes_max: int
+) -> list[list[tuple[bytes, bytes | None]]]:
+    """``records`` cut into batches of at most ``RECORDS_PER_WRITE_MAX`` records and about
+    ``bytes_max`` bytes (at least one record each): a batch must fit the offsets topic's
+    segment.bytes and max.message.bytes, which may be small (offsets.topic.segment.bytes)."""
+    chunks: list[list[tuple[bytes, bytes | None]]] = []
+    chunk: list[tuple[bytes, bytes | None]] = []
+    size = 0
+    for key, value in records:
+        n = len(key) + (len(value) if value is not None else 0) + RECORD_OVERHEAD_BYTES
+        if chunk and (size + n > bytes_max or len(chunk) >= RECORDS_PER_WRITE_MAX):
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append((key, value))
+        size += n
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 class CoordinatorError(Exception):
@@ -293,11 +316,12 @@ class GroupCoordinator:
             return ErrorCode.NOT_COORDINATOR
         now_ms = int(time.time() * 1000)
         last_offset = -1
-        for start in range(0, len(items), RECORDS_PER_WRITE_MAX):
-            chunk = items[start : start + RECORDS_PER_WRITE_MAX]
-            batch = build_batch(
-                [(gr.encode_key(k), gr.encode_value(v)) for k, v in chunk], timestamp_ms=now_ms
-            )
+        cfg = part.log.config
+        for chunk in write_chunks(
+            [(gr.encode_key(k), gr.encode_value(v)) for k, v in items],
+            min(cfg.segment_bytes, cfg.max_message_bytes) // 2,
+        ):
+            batch = build_batch(chunk, timestamp_ms=now_ms)
             result = self.broker.replicas.append(OFFSETS_TOPIC, p, batch)
             if result.error is not ErrorCode.NONE:
                 log.warning("event=coordinator_write_failed group=%s error=%s", group_id, result.error.name)

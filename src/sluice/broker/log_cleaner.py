@@ -245,9 +245,20 @@ class LogCleaner:
         if result is None:
             plog.abandon_clean(job)
             return False
-        if not plog.commit_clean(result):
+        try:
+            if not plog.commit_clean(result):
+                return False
+        except Exception as exc:
+            log.error("event=clean_commit_failed partition=%s error=%r", part.name, exc)
+            plog.abandon_clean(job)
             return False
-        await asyncio.to_thread(plog.finish_swaps)
+        try:
+            await asyncio.to_thread(plog.finish_swaps)
+        except Exception as exc:
+            # The swap stays pending: the log's next truncation, retention or close finishes it,
+            # and until then the log is not cleaned again (clean_due).
+            log.error("event=clean_swap_failed partition=%s error=%r", part.name, exc)
+            return False
         removed = result.bytes_removed
         self.cleans += 1
         self.bytes_removed += removed
