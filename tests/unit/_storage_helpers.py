@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sluice.protocol.records import build_batch, iter_batches
+from sluice.protocol.records import build_batch, decode_records, iter_batches
 from sluice.storage import LogConfig, PartitionLog
+from sluice.storage.cleaner import CleanResult, Throttler, run_clean
 from sluice.storage.segment import TimestampOffset
 
 
@@ -51,3 +52,49 @@ def open_log(path: Path, clock: Clock | None = None, **cfg: object) -> Partition
 def found_at(hit: TimestampOffset | None) -> tuple[int, int] | None:
     """(offset, timestamp) of a record found by time, None if none was."""
     return None if hit is None else (hit.offset, hit.timestamp)
+
+
+def clean_now(
+    log: PartitionLog,
+    now_ms: int,
+    *,
+    stable_end: int | None = None,
+    map_entries_max: int = 1_000_000,
+    force: bool = False,
+) -> CleanResult | None:
+    """One whole clean of ``log``, in this thread, as the broker's cleaner runs it in three
+    places (plan, rewrite, commit, swap); the result, None when no clean was due or committed."""
+    job = log.clean_job(
+        now_ms,
+        stable_end=log.log_end_offset if stable_end is None else stable_end,
+        map_entries_max=map_entries_max,
+        force=force,
+    )
+    if job is None:
+        return None
+    result = run_clean(job, Throttler(0))
+    if result is None:
+        log.abandon_clean(job)
+        return None
+    if not log.commit_clean(result):
+        return None
+    log.finish_swaps()
+    return result
+
+
+def records_of(log: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every record of the log, in order, read as a consumer would."""
+    out: list[tuple[int, bytes | None, bytes | None]] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        r = log.read(offset, max_bytes=1 << 20)
+        if not r.records:
+            break
+        for pos, h in iter_batches(r.records):
+            out.extend(
+                (rec.offset, rec.key, rec.value)
+                for rec in decode_records(r.records, pos, h)
+                if rec.offset >= offset
+            )
+            offset = h.last_offset + 1
+    return out

@@ -343,3 +343,49 @@ def test_recompress_refuses_records_that_do_not_decompress() -> None:
     buf[R.HEADER_SIZE + 4 : R.HEADER_SIZE + 8] = b"\xff\xff\xff\xff"  # garbage inside the frame
     with pytest.raises(CorruptRecordError):
         R.recompress_batch(buf, 0, parse_header(buf, 0), R.COMPRESSION_GZIP)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_rebuild_keeps_the_header_and_each_kept_records_offset_and_timestamp(codec: int) -> None:
+    """What the log cleaner writes: the kept records at their offsets and timestamps, under the
+    original base offset, last offset delta, leader epoch, producer id/epoch/base sequence and
+    codec; kafka-python (the Java client's rules) reads it back the same."""
+    original = build_batch(
+        _sample(),
+        base_offset=100,
+        compression=codec,
+        producer_id=9,
+        producer_epoch=3,
+        base_sequence=40,
+        partition_leader_epoch=5,
+    )
+    h = parse_header(original, 0)
+    kept = [r for r in decode_records(original, 0, h) if r.offset in (101, 103)]
+    rebuilt = R.rebuild_batch(h, kept)
+    n = parse_header(rebuilt, 0)
+    validate_batch(rebuilt, 0, n, strict_counts=False)
+    same = ("base_offset", "last_offset_delta", "partition_leader_epoch", "producer_id", "producer_epoch")
+    assert all(getattr(n, f) == getattr(h, f) for f in (*same, "base_sequence", "compression"))
+    assert (n.records_count, n.last_sequence, n.delete_horizon_ms) == (2, h.last_sequence, -1)
+    assert decode_records(rebuilt, 0, n) == kept
+    assert n.max_timestamp == 2000
+    dr = pytest.importorskip("kafka.record.default_records")
+    batch = dr.DefaultRecordBatch(bytes(rebuilt))
+    assert batch.validate_crc()
+    assert [(r.offset, r.timestamp, r.key) for r in batch] == [(r.offset, r.timestamp, r.key) for r in kept]
+
+
+def test_rebuild_with_a_delete_horizon_and_empty() -> None:
+    original = build_batch([(b"k", None), (b"j", b"v")], base_offset=10, timestamp_ms=500)
+    h = parse_header(original, 0)
+    tomb = decode_records(original, 0, h)[:1]
+    rebuilt = R.rebuild_batch(h, tomb, delete_horizon_ms=9_000)
+    n = parse_header(rebuilt, 0)
+    assert n.delete_horizon_ms == 9_000 and n.base_timestamp == 9_000
+    assert decode_records(rebuilt, 0, n) == tomb, "record timestamps stay their own under a horizon"
+    cleared = R.rebuild_batch(n, decode_records(rebuilt, 0, n)[:0])
+    c = parse_header(cleared, 0)
+    validate_batch(cleared, 0, c, strict_counts=False)
+    assert (c.records_count, c.last_offset, c.delete_horizon_ms) == (0, h.last_offset, -1)
+    assert decode_records(cleared, 0, c) == []
+    assert len(cleared) == R.HEADER_SIZE

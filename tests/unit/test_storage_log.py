@@ -323,7 +323,8 @@ def test_config_parsing() -> None:
     for key, value in [
         ("segment.bytes", "abc"),
         ("segment.bytes", "1"),
-        ("cleanup.policy", "compact"),
+        ("cleanup.policy", "compress"),
+        ("min.cleanable.dirty.ratio", "1.5"),
         ("message.timestamp.type", "Now"),
         ("no.such.key", "1"),
         ("flush.messages", "0"),

@@ -31,6 +31,7 @@ from sluice.broker.dynamic_config import DynamicBrokerConfig
 from sluice.broker.fetch_sessions import FetchSessionCache
 from sluice.broker.group_placement import OFFSETS_TOPIC
 from sluice.broker.listeners import Listener
+from sluice.broker.log_cleaner import LogCleaner
 from sluice.broker.metadata import VERIFY_INTERVAL_S, MetadataCache
 from sluice.broker.partition import Partition
 from sluice.broker.producer_ids import ProducerIdManager
@@ -103,6 +104,7 @@ class Broker:
         self.dynamic_config = DynamicBrokerConfig(self)
         self.server = KafkaServer(self)
         self.coordinator = GroupCoordinator(self)
+        self.cleaner = LogCleaner(self.replicas, config.cleaner)
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
@@ -155,6 +157,7 @@ class Broker:
             known = await asyncio.to_thread(self._known_topics)
             self.replicas.load_local_logs(known)
             self.coordinator.start()
+            self.cleaner.start()
             # The view first: a client asking this broker for metadata must never be told the
             # cluster has no topics because the view of thousands of partitions is still loading.
             await asyncio.to_thread(self.metadata.start)
@@ -251,6 +254,7 @@ class Broker:
         self.stopping = True
         await self.server.stop()
         await self.coordinator.stop()
+        await self.cleaner.stop()
         await asyncio.to_thread(self.controller.stop)
         if self.replicas.close_all():
             # Every log is flushed and closed: the next start may trust them without recovery.

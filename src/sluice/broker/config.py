@@ -22,6 +22,7 @@ from sluice.broker.listeners import (
     parse_protocol_map,
     resolve_listeners,
 )
+from sluice.broker.log_cleaner import CleanerSettings
 from sluice.cluster.zkstore import ZK_AUTH_SETTINGS, ZkAuth, parse_zookeeper_connect, pop_zk_auth
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 from sluice.security.acl import AclAuthorizer, parse_super_users
@@ -34,6 +35,13 @@ from sluice.storage.config import LogConfig
 SOCKET_REQUEST_MAX_BYTES = 100 * 1024 * 1024
 #: Kafka's default for ``fetch.max.bytes``: the most a Fetch answer carries, whatever it asks.
 FETCH_MAX_BYTES = 55 * 1024 * 1024
+#: Sluice's default ``offsets.topic.segment.bytes`` (Kafka's is 100 MiB). A new coordinator
+#: replays what the cleaner left plus the segments not cleaned yet, the active one at least, so
+#: this bounds what a coordinator move replays beyond the live groups: about 7,000 commits per
+#: partition (tens of ms). Smaller leaves less (bench/offsets.py: 100 KiB leaves 0.35 % of
+#: 1,000,000 commits) but also bounds one group record (its members and assignments): 1 MiB
+#: keeps Kafka's max.message.bytes as that ceiling. Coordinator writes are cut to fit it.
+OFFSETS_TOPIC_SEGMENT_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,17 @@ class BrokerConfig:
     offsets_topic_partitions: int = 50
     #: ``-1``: min(3, live brokers) when ``__consumer_offsets`` is created.
     offsets_topic_replication_factor: int = -1
+    #: ``segment.bytes`` of ``__consumer_offsets`` when it is created (Kafka's
+    #: ``offsets.topic.segment.bytes``, 100 MiB there): a new coordinator replays the cleaned log
+    #: and the segments not cleaned yet, at least the active one, so this bounds its load time.
+    offsets_topic_segment_bytes: int = OFFSETS_TOPIC_SEGMENT_BYTES
+    #: A group's committed offsets expire this long after the group became empty, and a
+    #: group's offsets of topics it no longer subscribes to this long after their commit
+    #: (KIP-211; ``offsets.retention.minutes``, 7 days, or Sluice's ``offsets.retention.ms``).
+    offsets_retention_ms: int = 7 * 24 * 60 * 60 * 1000
+    offsets_retention_check_interval_ms: int = 600_000
+    #: The log cleaner of compacted topics (``log.cleaner.*``; broker/log_cleaner.py).
+    cleaner: CleanerSettings = field(default_factory=CleanerSettings)
     #: The log settings of a topic that does not set them itself (Kafka's ``log.retention.ms``,
     #: ``log.segment.bytes``, ``min.insync.replicas`` ... at broker level).
     log_defaults: LogConfig = field(default_factory=LogConfig)
@@ -234,6 +253,7 @@ class BrokerConfig:
         if "zk_session_timeout_ms" in fields_:
             fields_["zk_session_timeout_s"] = fields_.pop("zk_session_timeout_ms") / 1000.0
         fields_["zk_auth"] = pop_zk_auth(fields_, source)
+        _cleaner_fields(fields_)
         for key, raw in log_keys.items():  # one at a time, so the error names the broker key
             try:
                 LogConfig.from_topic_config({_LOG_DEFAULT_KEYS[key]: raw})
@@ -246,6 +266,28 @@ class BrokerConfig:
             return cls(**fields_)
         except ValueError as exc:
             raise props.ConfigError(f"{source}: {exc}") from None
+
+
+def _cleaner_fields(fields_: dict[str, Any]) -> None:
+    """log.cleaner.* -> ``cleaner``; offsets.retention.minutes/ms -> ``offsets_retention_ms``
+    (in place; the ms key wins when both are given)."""
+    keys = ("enabled", "processes", "io_bytes_per_s", "backoff_ms", "dedupe_buffer_bytes")
+    given = {k: fields_.pop(f"cleaner_{k}") for k in keys if f"cleaner_{k}" in fields_}
+    if given:
+        fields_["cleaner"] = CleanerSettings(**given)
+    minutes = fields_.pop("offsets_retention_minutes", None)
+    if minutes is not None and "offsets_retention_ms" not in fields_:
+        fields_["offsets_retention_ms"] = minutes * 60_000
+
+
+def _non_negative_float(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError("expected a number") from None
+    if not value >= 0:
+        raise ValueError("must be >= 0")
+    return value
 
 
 def _listener_fields(fields_: dict[str, Any]) -> None:
@@ -374,6 +416,11 @@ _LOG_DEFAULT_KEYS: dict[str, str] = {
     "message.max.bytes": "max.message.bytes",
     "log.message.timestamp.type": "message.timestamp.type",
     "min.insync.replicas": "min.insync.replicas",
+    "log.cleanup.policy": "cleanup.policy",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
+    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
 }
 
 
@@ -479,6 +526,55 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         "offsets_topic_replication_factor",
         _int(-1, 32),
         "replication factor of __consumer_offsets (-1: min(3, live brokers))",
+    ),
+    props.Setting(
+        "offsets.topic.segment.bytes",
+        "offsets_topic_segment_bytes",
+        _int(1024, 2**31 - 1),
+        "segment.bytes of __consumer_offsets when it is created (bounds a new coordinator's load)",
+    ),
+    props.Setting(
+        "offsets.retention.minutes",
+        "offsets_retention_minutes",
+        _int(1, 2**31 - 1),
+        "committed offsets of an empty group expire this long after it became empty (KIP-211)",
+    ),
+    props.Setting(
+        "offsets.retention.ms",
+        "offsets_retention_ms",
+        _int(1, 2**62),
+        "Sluice's own: offsets.retention.minutes in milliseconds (wins over it)",
+    ),
+    props.Setting(
+        "offsets.retention.check.interval.ms",
+        "offsets_retention_check_interval_ms",
+        _int(1, 2**31 - 1),
+        "how often the coordinator looks for expired offsets",
+    ),
+    props.Setting("log.cleaner.enable", "cleaner_enabled", props.boolean, "clean compacted topics"),
+    props.Setting(
+        "log.cleaner.threads",
+        "cleaner_processes",
+        _int(1, 64),
+        "cleaner processes (Kafka's threads: a process each here, so the event loop keeps its core)",
+    ),
+    props.Setting(
+        "log.cleaner.io.max.bytes.per.second",
+        "cleaner_io_bytes_per_s",
+        _non_negative_float,
+        "bytes the cleaner reads and writes per second, all processes together (0: unbounded)",
+    ),
+    props.Setting(
+        "log.cleaner.backoff.ms",
+        "cleaner_backoff_ms",
+        _int(10, 2**31 - 1),
+        "how often the cleaner looks for logs to clean when it found none",
+    ),
+    props.Setting(
+        "log.cleaner.dedupe.buffer.size",
+        "cleaner_dedupe_buffer_bytes",
+        _int(1024 * 1024, 2**62),
+        "memory for the cleaner's key maps, all processes together",
     ),
     props.Setting(
         "group.initial.rebalance.delay.ms",

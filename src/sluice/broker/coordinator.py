@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker import group_records as gr
+from sluice.broker import offset_expiry
 from sluice.broker import static_membership as sm
 from sluice.broker.group import Group, GroupState, Member, OffsetAndMetadata
 from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
@@ -51,6 +52,29 @@ TICK_S = 0.1
 LOAD_WAIT_S = 1.0
 #: Bound on the records one coordinator write carries (a commit of many partitions is split).
 RECORDS_PER_WRITE_MAX = 5000
+#: A record's bytes besides its key and value in a batch (varints, attributes), at most.
+RECORD_OVERHEAD_BYTES = 32
+
+
+def write_chunks(
+    records: list[tuple[bytes, bytes | None]], bytes_max: int
+) -> list[list[tuple[bytes, bytes | None]]]:
+    """``records`` cut into batches of at most ``RECORDS_PER_WRITE_MAX`` records and about
+    ``bytes_max`` bytes (at least one record each): a batch must fit the offsets topic's
+    segment.bytes and max.message.bytes, which may be small (offsets.topic.segment.bytes)."""
+    chunks: list[list[tuple[bytes, bytes | None]]] = []
+    chunk: list[tuple[bytes, bytes | None]] = []
+    size = 0
+    for key, value in records:
+        n = len(key) + (len(value) if value is not None else 0) + RECORD_OVERHEAD_BYTES
+        if chunk and (size + n > bytes_max or len(chunk) >= RECORDS_PER_WRITE_MAX):
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append((key, value))
+        size += n
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 class CoordinatorError(Exception):
@@ -127,10 +151,12 @@ class GroupCoordinator:
                 "name": OFFSETS_TOPIC,
                 "num_partitions": self.partitions,
                 "replication_factor": self._offsets_replication_factor(live),
-                # No compaction yet: keep every record so a new leader can replay the groups.
+                # Compacted: the log cleaner keeps the last record per group and offset, and the
+                # tombstones of deleted groups and expired offsets remove them, so a new leader
+                # replays the live groups rather than their history.
                 "configs": [
-                    {"name": "retention.ms", "value": "-1"},
-                    {"name": "segment.bytes", "value": str(100 * 1024 * 1024)},
+                    {"name": "cleanup.policy", "value": "compact"},
+                    {"name": "segment.bytes", "value": str(self.broker.config.offsets_topic_segment_bytes)},
                 ],
             }
             results = await self.broker.admin.create_topics([topic], 30_000, False)
@@ -254,6 +280,7 @@ class GroupCoordinator:
                     for m in obj.get("members", [])
                 }
                 group.state = S.STABLE if group.members else S.EMPTY
+                group.state_timestamp_ms = int(obj.get("state_ts", group.state_timestamp_ms))
                 loaded += 1
         for key, value in latest.items():
             if isinstance(key, gr.OffsetKey):
@@ -291,11 +318,12 @@ class GroupCoordinator:
             return ErrorCode.NOT_COORDINATOR
         now_ms = int(time.time() * 1000)
         last_offset = -1
-        for start in range(0, len(items), RECORDS_PER_WRITE_MAX):
-            chunk = items[start : start + RECORDS_PER_WRITE_MAX]
-            batch = build_batch(
-                [(gr.encode_key(k), gr.encode_value(v)) for k, v in chunk], timestamp_ms=now_ms
-            )
+        cfg = part.log.config
+        for chunk in write_chunks(
+            [(gr.encode_key(k), gr.encode_value(v)) for k, v in items],
+            min(cfg.segment_bytes, cfg.max_message_bytes) // 2,
+        ):
+            batch = build_batch(chunk, timestamp_ms=now_ms)
             result = self.broker.replicas.append(OFFSETS_TOPIC, p, batch)
             if result.error is not ErrorCode.NONE:
                 log.warning("event=coordinator_write_failed group=%s error=%s", group_id, result.error.name)
@@ -316,12 +344,89 @@ class GroupCoordinator:
     # -- timers ------------------------------------------------------------------------------------
 
     async def _tick_forever(self) -> None:
+        check_s = self.broker.config.offsets_retention_check_interval_ms / 1000.0
+        next_expiry = time.monotonic() + check_s
+        expiring: asyncio.Task[int] | None = None
         while True:
             await asyncio.sleep(TICK_S)
             try:
                 self._tick()
             except Exception:
                 log.exception("event=coordinator_tick_failed")
+            if time.monotonic() >= next_expiry and (expiring is None or expiring.done()):
+                next_expiry = time.monotonic() + check_s
+                expiring = asyncio.get_running_loop().create_task(self.expire_offsets())
+
+    async def expire_offsets(self, now_ms: int | None = None) -> int:
+        """Write tombstones for the offsets that expired (broker/offset_expiry.py), and for the
+        groups that go with them; returns how many offsets expired. A tombstone is written for
+        one group at a time and takes effect in memory only once committed, and only for the
+        offsets not committed again meanwhile."""
+        retention_ms = self.broker.config.offsets_retention_ms
+        expired_total = 0
+        for group in list(self.groups.values()):
+            if self.check(group.group_id) is not ErrorCode.NONE:
+                continue
+            now = int(time.time() * 1000) if now_ms is None else now_ms
+            facts = self._expiry_facts(group)
+            expired = offset_expiry.expired_offsets(facts, now, retention_ms)
+            goes = offset_expiry.group_expires(facts, expired, now, retention_ms)
+            if not expired and not goes:
+                continue
+            decided = {tp: group.offsets[tp] for tp in expired}
+            generation = group.generation
+            items: list[tuple[gr.Key, dict[str, Any] | None]] = [
+                (gr.OffsetKey(group.group_id, t, p), None) for t, p in expired
+            ]
+            if goes:
+                items.append((gr.GroupKey(group.group_id), None))
+            error = await self._write(group.group_id, items)
+            if error is not ErrorCode.NONE:
+                log.warning("event=offsets_expiry_failed group=%s error=%s", group.group_id, error.name)
+                continue
+            for tp, om in decided.items():
+                if group.offsets.get(tp) is om:  # not committed again while the tombstone was written
+                    del group.offsets[tp]
+            expired_total += len(expired)
+            gone = (
+                goes
+                and group.state is S.EMPTY
+                and not group.offsets
+                and group.generation == generation
+                and self.groups.get(group.group_id) is group
+            )
+            if gone:
+                group.transition(S.DEAD)
+                del self.groups[group.group_id]
+            log.info(
+                "event=offsets_expired group=%s offsets=%d group_removed=%s state=%s retention_ms=%d",
+                group.group_id,
+                len(expired),
+                str(gone).lower(),
+                facts.state,
+                retention_ms,
+            )
+        return expired_total
+
+    @staticmethod
+    def _expiry_facts(group: Group) -> offset_expiry.ExpiryFacts:
+        subscribed: frozenset[str] | None = None
+        if group.protocol_type == offset_expiry.CONSUMER_PROTOCOL_TYPE and group.protocol and group.members:
+            topics: set[str] = set()
+            for m in group.members.values():
+                got = offset_expiry.consumer_subscribed_topics(m.metadata_for(group.protocol))
+                if got is None:
+                    topics = set()
+                    break
+                topics |= got
+            subscribed = frozenset(topics) if topics else None
+        return offset_expiry.ExpiryFacts(
+            group.state.value,
+            group.protocol_type,
+            group.state_timestamp_ms,
+            {tp: om.commit_timestamp_ms for tp, om in group.offsets.items()},
+            subscribed,
+        )
 
     def _tick(self) -> None:
         now = asyncio.get_running_loop().time()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,9 @@ class Group:
     rebalance_deadline: float = 0.0
     #: no earlier than this, the first rebalance of an empty group completes (initial delay).
     initial_delay_until: float = 0.0
+    #: when the group entered its state (wall-clock ms): for an empty group, when it became
+    #: empty, which its offsets' expiry counts from (KIP-211; broker/offset_expiry.py)
+    state_timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
 
     def transition(self, new: GroupState) -> None:
         if new not in TRANSITIONS[self.state]:
@@ -122,6 +126,7 @@ class Group:
                 f"group {self.group_id}: {self.state.value} -> {new.value} is not allowed"
             )
         self.state = new
+        self.state_timestamp_ms = time.time_ns() // 1_000_000
 
     @property
     def is_empty(self) -> bool:
@@ -190,4 +195,5 @@ class Group:
             "generation": self.generation,
             "leader": self.leader,
             "members": [m.to_record() for m in self.members.values()],
+            "state_ts": self.state_timestamp_ms,
         }

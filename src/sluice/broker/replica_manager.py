@@ -459,6 +459,9 @@ class ReplicaManager:
         except storage_errors.InvalidTimestampError as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
             return ProduceResult(ErrorCode.INVALID_TIMESTAMP, message=str(exc))
+        except storage_errors.KeylessRecordError as exc:
+            log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
+            return ProduceResult(ErrorCode.INVALID_RECORD, message=str(exc))
         except (storage_errors.CorruptRecordError, storage_errors.InvalidRecordError) as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
             return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))

@@ -12,7 +12,7 @@ Batch header layout (61 bytes, big-endian)::
     magic                 int8   @16   must be 2
     crc                   uint32 @17   CRC-32C of bytes [21, end of batch)
     attributes            int16  @21   bits 0-2 codec, bit 3 timestampType, bit 4 transactional,
-                                       bit 5 control
+                                       bit 5 control, bit 6 baseTimestamp is the delete horizon
     lastOffsetDelta       int32  @23
     baseTimestamp         int64  @27
     maxTimestamp          int64  @35
@@ -24,6 +24,13 @@ Batch header layout (61 bytes, big-endian)::
 ``baseOffset`` and ``partitionLeaderEpoch`` lie outside the CRC, which is what lets a broker
 assign offsets and stamp the epoch without recomputing it.
 
+The log cleaner rewrites a batch with ``rebuild_batch``: the records it keeps, at their own
+offsets and timestamps, under the original header (base offset, last offset delta, producer id,
+epoch and base sequence kept, so the producer state read from the batch is unchanged). A batch
+whose tombstones the cleaner keeps carries their delete horizon in ``baseTimestamp`` with
+attribute bit 6 set (Kafka's KIP-534); record timestamps stay right because their deltas are
+relative to the base timestamp, whatever it holds.
+
 Snappy: ``build_batch`` writes the xerial framing (``\\x82SNAPPY\\x00`` header, 32 KiB blocks
 each prefixed by a big-endian int32 length), as the Java client's ``SnappyOutputStream`` does,
 so Java consumers (which require it) can read our batches. ``decode_records`` accepts both that
@@ -33,6 +40,7 @@ framing and raw snappy. LZ4 uses the LZ4 *frame* format with independent blocks 
 
 from __future__ import annotations
 
+import itertools
 import struct
 import time
 from collections.abc import Iterator, Sequence
@@ -44,6 +52,7 @@ import crc32c
 
 __all__ = [
     "ATTR_CONTROL_MASK",
+    "ATTR_DELETE_HORIZON_MASK",
     "ATTR_TIMESTAMP_TYPE_MASK",
     "ATTR_TRANSACTIONAL_MASK",
     "CODEC_NAMES",
@@ -77,6 +86,7 @@ __all__ = [
     "increment_sequence",
     "iter_batches",
     "parse_header",
+    "rebuild_batch",
     "recompress_batch",
     "set_base_offset",
     "set_log_append_time",
@@ -107,6 +117,8 @@ COMPRESSION_MASK: Final = 0x07
 ATTR_TIMESTAMP_TYPE_MASK: Final = 0x08
 ATTR_TRANSACTIONAL_MASK: Final = 0x10
 ATTR_CONTROL_MASK: Final = 0x20
+#: KIP-534: the batch's baseTimestamp is the delete horizon of its tombstones.
+ATTR_DELETE_HORIZON_MASK: Final = 0x40
 
 COMPRESSION_NONE: Final = 0
 COMPRESSION_GZIP: Final = 1
@@ -194,6 +206,11 @@ class BatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & ATTR_CONTROL_MASK)
+
+    @property
+    def delete_horizon_ms(self) -> int:
+        """When the cleaner may remove the batch's tombstones (KIP-534); -1 when not set."""
+        return self.base_timestamp if self.attributes & ATTR_DELETE_HORIZON_MASK else -1
 
     @property
     def last_offset(self) -> int:
@@ -492,9 +509,37 @@ def build_batch(
             items.append((default_ts, r[0], r[1], r[2]))
     base_ts = items[0][0]
     max_ts = max(it[0] for it in items)
+    body = _encode_body([(delta, *item) for delta, item in enumerate(items)], base_ts)
+    attributes = compression
+    if log_append_time:
+        attributes |= ATTR_TIMESTAMP_TYPE_MASK
+    if transactional:
+        attributes |= ATTR_TRANSACTIONAL_MASK
+    if control:
+        attributes |= ATTR_CONTROL_MASK
+    return _pack_batch(
+        body,
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        attributes=attributes,
+        last_offset_delta=len(items) - 1,
+        base_timestamp=base_ts,
+        max_timestamp=max_ts,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        records_count=len(items),
+    )
+
+
+def _encode_body(
+    items: Sequence[tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+    base_ts: int,
+) -> bytes:
+    """The records part of a batch: (offset delta, timestamp, key, value, headers) each."""
     body = bytearray()
     rec = bytearray()
-    for delta, (ts, key, value, headers) in enumerate(items):
+    for delta, ts, key, value, headers in items:
         rec.clear()
         rec.append(0)  # attributes (unused)
         _zigzag_varint(rec, ts - base_ts)
@@ -507,14 +552,26 @@ def build_batch(
             _encode_bytes(rec, hvalue)
         _zigzag_varint(body, len(rec))
         body += rec
-    payload = bytes(body) if compression == COMPRESSION_NONE else _compress(compression, bytes(body))
-    attributes = compression
-    if log_append_time:
-        attributes |= ATTR_TIMESTAMP_TYPE_MASK
-    if transactional:
-        attributes |= ATTR_TRANSACTIONAL_MASK
-    if control:
-        attributes |= ATTR_CONTROL_MASK
+    return bytes(body)
+
+
+def _pack_batch(
+    body: bytes,
+    *,
+    base_offset: int,
+    partition_leader_epoch: int,
+    attributes: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    records_count: int,
+) -> bytes:
+    """Header + (compressed, by ``attributes``' codec) body, with its CRC."""
+    compression = attributes & COMPRESSION_MASK
+    payload = body if compression == COMPRESSION_NONE or not records_count else _compress(compression, body)
     out = bytearray(HEADER_SIZE + len(payload))
     _HEADER.pack_into(
         out,
@@ -525,13 +582,13 @@ def build_batch(
         MAGIC,
         0,
         attributes,
-        len(items) - 1,
-        base_ts,
-        max_ts,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
         producer_id,
         producer_epoch,
         base_sequence,
-        len(items),
+        records_count,
     )
     out[HEADER_SIZE:] = payload
     _UINT32.pack_into(out, CRC_OFFSET, compute_crc(out, 0, len(out)))
@@ -570,6 +627,50 @@ def recompress_batch(
     return bytes(out)
 
 
+def rebuild_batch(header: BatchHeader, records: Sequence[Record], *, delete_horizon_ms: int = -1) -> bytes:
+    """The batch ``header`` heads, holding only ``records`` (some of its own, decoded, in order):
+    what the log cleaner writes in its place.
+
+    Kept from the original: base offset, last offset delta, partition leader epoch, codec,
+    timestamp type, the transactional and control flags, producer id, epoch and base sequence,
+    so the batch covers the same offsets and sequences (the producer state read from it is the
+    same) and reads as the same leader epoch. Each record keeps its offset, timestamp, key,
+    value and headers. With no record the batch is empty (a header alone, as Kafka writes for the
+    last batch of a producer). ``delete_horizon_ms`` >= 0 sets it in the base timestamp
+    (KIP-534), -1 clears it. With CreateTime the max timestamp is the records' (the header's when
+    empty); with LogAppendTime it is the append time, which is every record's timestamp."""
+    last = header.base_offset + header.last_offset_delta
+    assert all(header.base_offset <= r.offset <= last for r in records), "records outside the batch"
+    assert all(a.offset < b.offset for a, b in itertools.pairwise(records)), "records not ascending"
+    log_append = header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME
+    if delete_horizon_ms >= 0:
+        base_ts = delete_horizon_ms
+    elif records:
+        base_ts = records[0].timestamp
+    else:
+        base_ts = header.base_timestamp if header.delete_horizon_ms < 0 else header.max_timestamp
+    max_ts = header.max_timestamp if log_append or not records else max(r.timestamp for r in records)
+    body = _encode_body(
+        [(r.offset - header.base_offset, r.timestamp, r.key, r.value, r.headers) for r in records], base_ts
+    )
+    attributes = header.attributes & ~ATTR_DELETE_HORIZON_MASK
+    if delete_horizon_ms >= 0:
+        attributes |= ATTR_DELETE_HORIZON_MASK
+    return _pack_batch(
+        body,
+        base_offset=header.base_offset,
+        partition_leader_epoch=header.partition_leader_epoch,
+        attributes=attributes,
+        last_offset_delta=header.last_offset_delta,
+        base_timestamp=base_ts,
+        max_timestamp=max_ts,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        records_count=len(records),
+    )
+
+
 def decode_records(buf: Buffer, pos: int, header: BatchHeader) -> list[Record]:
     """Decompress and decode the records of the batch at ``pos``. Every length is bounds-checked.
 
@@ -578,6 +679,8 @@ def decode_records(buf: Buffer, pos: int, header: BatchHeader) -> list[Record]:
     size = header.batch_length + LOG_OVERHEAD
     if header.batch_length < MIN_BATCH_LENGTH or pos + size > len(buf):
         raise CorruptRecordError(f"batch at position {pos} of size {size} overruns buffer of {len(buf)}")
+    if header.records_count == 0 and header.batch_length == MIN_BATCH_LENGTH:
+        return []  # a header alone: the empty batch the log cleaner keeps for a producer
     with memoryview(buf) as mv:
         raw = mv[pos + HEADER_SIZE : pos + size]
         data: Buffer = raw if header.compression == COMPRESSION_NONE else _decompress(header.compression, raw)

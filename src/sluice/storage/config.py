@@ -13,6 +13,8 @@ __all__ = ["COMPRESSION_TYPES", "LONG_MAX", "LogConfig", "known_topic_configs"]
 LONG_MAX: Final = 2**63 - 1
 _DAY_MS: Final = 24 * 60 * 60 * 1000
 _TIMESTAMP_TYPES: Final = ("CreateTime", "LogAppendTime")
+#: cleanup.policy values, normalised by ``_parse_policy`` (Kafka takes the list in either order).
+_CLEANUP_POLICIES: Final = ("delete", "compact", "compact,delete")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,16 @@ class LogConfig:
     cleanup_policy: str = "delete"
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
+    #: Log compaction (``cleanup.policy`` ``compact`` or ``compact,delete``; storage/compaction.py).
+    #: A tombstone is kept this long after the first clean that kept it, then removed.
+    delete_retention_ms: int = _DAY_MS
+    #: A log is cleaned once its dirty (not yet cleaned) bytes are this share of its cleanable bytes.
+    min_cleanable_dirty_ratio: float = 0.5
+    #: Records younger than this are never cleaned (segment by segment, by largest timestamp).
+    min_compaction_lag_ms: int = 0
+    #: A log whose oldest dirty record is older than this is cleaned whatever its dirty ratio,
+    #: and its active segment rolls at this age.
+    max_compaction_lag_ms: int = LONG_MAX
 
     def __post_init__(self) -> None:
         self._check_compression_and_bounds()
@@ -72,9 +84,24 @@ class LogConfig:
         _check(
             "cleanup.policy",
             self.cleanup_policy,
-            self.cleanup_policy == "delete",
-            "only 'delete' is supported (log compaction is not implemented)",
+            self.cleanup_policy in _CLEANUP_POLICIES,
+            "must be delete, compact or compact,delete",
         )
+        _check("delete.retention.ms", self.delete_retention_ms, self.delete_retention_ms >= 0, "must be >= 0")
+        _check(
+            "min.cleanable.dirty.ratio",
+            self.min_cleanable_dirty_ratio,
+            0.0 <= self.min_cleanable_dirty_ratio <= 1.0,
+            "must be between 0 and 1",
+        )
+        min_lag, max_lag = self.min_compaction_lag_ms, self.max_compaction_lag_ms
+        _check("min.compaction.lag.ms", min_lag, min_lag >= 0, "must be >= 0")
+        _check("max.compaction.lag.ms", max_lag, max_lag >= 1, "must be >= 1")
+        if self.compact and self.min_compaction_lag_ms > self.max_compaction_lag_ms:
+            raise ValueError(
+                f"invalid value {self.max_compaction_lag_ms!r} for topic config 'max.compaction.lag.ms': "
+                f"must be >= min.compaction.lag.ms ({self.min_compaction_lag_ms})"
+            )
         _check("min.insync.replicas", self.min_insync_replicas, self.min_insync_replicas >= 1, "must be >= 1")
 
     def _check_compression_and_bounds(self) -> None:
@@ -112,6 +139,16 @@ class LogConfig:
         """How far after the broker's clock a CreateTime record may be (as the above)."""
         after = self.message_timestamp_after_max_ms
         return after if after != LONG_MAX else self.message_timestamp_difference_max_ms
+
+    @property
+    def compact(self) -> bool:
+        """The log is compacted: the cleaner keeps the last record per key (``compact``)."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self) -> bool:
+        """Retention deletes old segments (``delete``; with ``compact`` alone it does not)."""
+        return "delete" in self.cleanup_policy.split(",")
 
     @property
     def log_append_time(self) -> bool:
@@ -173,6 +210,21 @@ def _parse_str(raw: str) -> str:
     return raw.strip()
 
 
+def _parse_policy(raw: str) -> str:
+    """``delete``, ``compact``, or both as a list in any order (normalised to ``compact,delete``)."""
+    words = {w.strip().lower() for w in raw.split(",") if w.strip()}
+    if not words or not words <= {"delete", "compact"}:
+        raise ValueError("must be delete, compact or compact,delete")
+    return ",".join(sorted(words))
+
+
+def _parse_ratio(raw: str) -> float:
+    value = float(raw.strip())
+    if value != value:  # NaN
+        raise ValueError("not a number")
+    return value
+
+
 def _render(value: object) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
@@ -206,7 +258,30 @@ _SPECS: Final[dict[str, _Spec]] = {
     "index.interval.bytes": _Spec("index_interval_bytes", _parse_int, "Bytes between offset index entries."),
     "max.message.bytes": _Spec("max_message_bytes", _parse_int, "Largest record batch size allowed."),
     "message.timestamp.type": _Spec("message_timestamp_type", _parse_str, "CreateTime or LogAppendTime."),
-    "cleanup.policy": _Spec("cleanup_policy", _parse_str, "Retention policy; only 'delete' is supported."),
+    "cleanup.policy": _Spec(
+        "cleanup_policy",
+        _parse_policy,
+        "delete (retention deletes old segments), compact (the cleaner keeps the last record per key) "
+        "or compact,delete (both).",
+    ),
+    "delete.retention.ms": _Spec(
+        "delete_retention_ms",
+        _parse_long,
+        "How long a tombstone of a compacted topic is kept after the first clean that kept it.",
+    ),
+    "min.cleanable.dirty.ratio": _Spec(
+        "min_cleanable_dirty_ratio",
+        _parse_ratio,
+        "Share of a compacted log's cleanable bytes that must be dirty before it is cleaned.",
+    ),
+    "min.compaction.lag.ms": _Spec(
+        "min_compaction_lag_ms", _parse_long, "Records younger than this are never compacted."
+    ),
+    "max.compaction.lag.ms": _Spec(
+        "max_compaction_lag_ms",
+        _parse_long,
+        "A record older than this is compacted whatever the dirty ratio (its segment rolls at this age).",
+    ),
     "min.insync.replicas": _Spec("min_insync_replicas", _parse_int, "Minimum in-sync replicas for acks=all."),
     "unclean.leader.election.enable": _Spec(
         "unclean_leader_election_enable", _parse_bool, "Allow out-of-sync replicas to become leader."

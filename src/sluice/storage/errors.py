@@ -13,6 +13,7 @@ __all__ = [
     "InvalidProducerEpochError",
     "InvalidRecordError",
     "InvalidTimestampError",
+    "KeylessRecordError",
     "LogClosedError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
@@ -44,6 +45,10 @@ class OutOfOrderSequenceError(StorageError):
 class InvalidProducerEpochError(StorageError):
     """An idempotent batch carries an epoch older than the producer's current one (Kafka:
     INVALID_PRODUCER_EPOCH)."""
+
+
+class KeylessRecordError(StorageError):
+    """A record without a key was sent to a compacted log (Kafka: INVALID_RECORD)."""
 
 
 class LogClosedError(StorageError):

@@ -10,6 +10,9 @@ Directory contents::
     recovery-point                   text: every batch below this offset was fsynced
     log-start-offset                 text: the log start DeleteRecords moved the log to (absent
                                      while it is the first segment's base offset)
+    cleaner-checkpoint               compacted logs: where the last clean stopped (cleaner.py)
+    00000000000000000000.log.cleaned a clean's new segment before its commit point, and
+    00000000000000000000.log.swap    after it (cleaner.py: what recovery does with each)
     .sluice-clean-shutdown           written by close(), removed by open(), for a log used on
                                      its own; a broker keeps one marker for its whole data
                                      directory instead (``clean`` and ``marker`` below)
@@ -20,15 +23,20 @@ in ``log-start-offset``, written durably before any segment below it is deleted,
 never brings deleted records back.
 
 Threading: every method is meant to be called from one thread (the broker's event loop),
-except ``flush``, which may run concurrently on a worker thread. A lock guards the state that
-``flush`` reads; segment-level locks make sure a file is never fsynced after being closed.
+except ``flush`` and ``finish_swaps``, which may run concurrently on a worker thread. A lock
+guards the state that ``flush`` reads; segment-level locks make sure a file is never fsynced
+after being closed. ``finish_swaps`` (the durable half of a clean) holds ``_swap_lock``; every
+method that removes or cuts segments (truncation, retention, close, delete) takes it first and
+finishes any pending swap itself, so segment files are never renamed and removed at once.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
+import uuid
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -44,14 +52,19 @@ from sluice.protocol.records import (
     BatchHeader,
     CorruptRecordError,
     InvalidRecordError,
+    decode_records,
     parse_header,
     set_base_offset,
     set_log_append_time,
     set_partition_leader_epoch,
     validate_batch,
 )
+from sluice.storage import cleaner
+from sluice.storage.cleaner import CLEANED_SUFFIX, SWAP_SUFFIX, CleanJob, CleanResult, SourceSegment
+from sluice.storage.compaction import CleanableRange, SegmentFacts, clean_due, cleanable_range
 from sluice.storage.config import LONG_MAX, LogConfig
 from sluice.storage.errors import (
+    KeylessRecordError,
     LogClosedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -61,7 +74,7 @@ from sluice.storage.fsutil import atomic_write, fsync_dir, fsync_file
 from sluice.storage.leader_append import check_timestamps, encode_for_topic
 from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
 from sluice.storage.producer_state import ProducerEntry, ProducerStateManager, list_snapshots
-from sluice.storage.segment import LogSegment, TimestampOffset, roll_jitter_ms
+from sluice.storage.segment import LogSegment, TimestampOffset, roll_jitter_ms, segment_file_name
 
 __all__ = [
     "CLEAN_SHUTDOWN_FILE",
@@ -71,6 +84,8 @@ __all__ = [
     "PartitionLog",
     "ReadResult",
 ]
+
+log = logging.getLogger("sluice.storage")
 
 CLEAN_SHUTDOWN_FILE: Final = ".sluice-clean-shutdown"
 RECOVERY_POINT_FILE: Final = "recovery-point"
@@ -118,6 +133,15 @@ class ReadResult:
         return [self.records] if self.records else []
 
 
+@dataclass(frozen=True, slots=True)
+class _PendingSwap:
+    """A committed clean's new segment (still ``.cleaned`` on disk) and the base offsets of the
+    segments it replaces, whose files are still there."""
+
+    segment: LogSegment
+    replaced: tuple[int, ...]
+
+
 class PartitionLog:
     """One partition's log. Create with ``PartitionLog.open``."""
 
@@ -144,6 +168,15 @@ class PartitionLog:
         self._snapshot_offset = -1
         self._epochs: LeaderEpochCache
         self._producers = ProducerStateManager()
+        #: Compaction (storage/cleaner.py): where the last clean stopped, the earliest delete
+        #: horizon it left, the clean planned and not committed yet (its job and the segments
+        #: it reads), and the committed cleans whose files are not in place yet.
+        self._first_dirty = 0
+        self._earliest_horizon_ms = -1
+        self._planned: tuple[CleanJob, list[LogSegment]] | None = None
+        self._pending_swaps: list[_PendingSwap] = []
+        self._swap_lock = threading.Lock()
+        self._abandoned = False
 
     # --- opening and recovery ---------------------------------------------------------------------
 
@@ -236,6 +269,8 @@ class PartitionLog:
         for p in d.iterdir():
             if p.name.endswith(".tmp") or p.name.endswith(".deleted"):
                 p.unlink()
+        swapped = cleaner.recover_swaps(d)  # before anything reads the segment files
+        self._first_dirty, self._earliest_horizon_ms = cleaner.read_checkpoint(d)
         marker = d / CLEAN_SHUTDOWN_FILE
         own_marker = clean is None
         if clean is None:
@@ -263,7 +298,8 @@ class PartitionLog:
             rp = self._read_recovery_point()
             first_recover = max(0, bisect_right(self._bases, rp) - 1)
         for seg in self._segments[:first_recover]:
-            if not seg.load_indexes():
+            # A segment a clean swapped in has no index of its own yet (recover_swaps).
+            if seg.base_offset in swapped or not seg.load_indexes():
                 seg.rebuild(validate=False)
         i = first_recover
         while i < len(self._segments):
@@ -431,6 +467,13 @@ class PartitionLog:
             validate_batch(data, pos, h, strict_counts=leader)
             if leader and h.is_control:
                 raise InvalidRecordError("clients may not append control batches")
+            if leader and cfg.compact and any(r.key is None for r in decode_records(data, pos, h)):
+                raise KeylessRecordError(
+                    f"a record without a key was sent to the compacted log {self._dir.name} "
+                    f"(cleanup.policy={cfg.cleanup_policy}): compaction keeps the last record per key, so "
+                    "every record needs one; nothing of this request was written; give the records keys, "
+                    "or use a topic with cleanup.policy=delete"
+                )
             out.append((pos, h))
             pos += size
         if end > self.config.segment_bytes:
@@ -444,7 +487,10 @@ class PartitionLog:
     ) -> None:
         active = self._segments[-1]
         cfg = self.config
-        segment_ms = cfg.segment_ms - active.roll_jitter_ms  # segment.jitter.ms, drawn per segment
+        # A compacted log's records older than max.compaction.lag.ms must become cleanable, so
+        # its active segment rolls at that age too (KIP-354); segment.jitter.ms is drawn per segment.
+        segment_ms = min(cfg.segment_ms, cfg.max_compaction_lag_ms) if cfg.compact else cfg.segment_ms
+        segment_ms -= active.roll_jitter_ms
         if not active.should_roll(
             add_bytes, max_timestamp, last_offset, now, cfg.segment_bytes, segment_ms
         ) and not (active.size > 0 and active.indexes_full(cfg.segment_index_bytes)):
@@ -649,6 +695,7 @@ class PartitionLog:
         if offset < self.log_start_offset:
             self.truncate_fully_and_start_at(offset)
             return
+        self.finish_swaps()
         with self._lock:
             i = bisect_right(self._bases, offset) - 1
             self._drop_segments_from(i + 1)
@@ -665,6 +712,8 @@ class PartitionLog:
         self._write_recovery_point()
         self._epochs.truncate_from_end(self._leo)
         self._load_producer_state()
+        if self._first_dirty > self._leo:  # what is appended from here on is dirty
+            self._set_first_dirty(self._leo)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything and restart the log, empty, at ``offset``."""
@@ -672,6 +721,7 @@ class PartitionLog:
         self._write_deferred()  # its segment at ``offset`` is a file, so its directory is no longer new
         if offset < 0:
             raise OffsetOutOfRangeError(f"cannot start the log at negative offset {offset}")
+        self.finish_swaps()
         with self._lock:
             for seg in self._segments:
                 seg.delete()
@@ -689,6 +739,8 @@ class PartitionLog:
         self._write_recovery_point()
         self._epochs.clear()
         self._producers = ProducerStateManager()
+        self._earliest_horizon_ms = -1
+        self._set_first_dirty(offset)
 
     def delete_old_segments(self, now_ms: int, *, high_watermark: int | None = None) -> int:
         """Apply retention.ms / retention.bytes; returns the number of segments deleted.
@@ -699,8 +751,8 @@ class PartitionLog:
         """
         self._check_open()
         cfg = self.config
-        if cfg.retention_ms < 0 and cfg.retention_bytes < 0:
-            return 0
+        if not cfg.delete or (cfg.retention_ms < 0 and cfg.retention_bytes < 0):
+            return 0  # cleanup.policy=compact alone: nothing is deleted by age or size
         total = self.size_bytes
         n = 0
         for i, seg in enumerate(self._segments[:-1]):
@@ -716,6 +768,7 @@ class PartitionLog:
             n += 1
         if n == 0:
             return 0
+        self.finish_swaps()
         with self._lock:
             doomed = self._segments[:n]
             del self._segments[:n]
@@ -751,6 +804,7 @@ class PartitionLog:
         while n + 1 < len(self._segments) and self._bases[n + 1] <= offset:
             n += 1
         if n:
+            self.finish_swaps()  # as retention does: a committed clean's files go in place first
             with self._lock:
                 doomed = self._segments[:n]
                 del self._segments[:n]
@@ -772,6 +826,197 @@ class PartitionLog:
             ProducerEntry(e.producer_id, e.epoch, deque(e.batches, maxlen=e.batches.maxlen))
             for e in self._producers.producers.values()
         ]
+
+    # --- compaction (storage/cleaner.py has the protocol) ------------------------------------------
+
+    def cleanable(self, now_ms: int, *, stable_end: int) -> CleanableRange:
+        """Where a clean could act now and how dirty the log is (``compaction.cleanable_range``)."""
+        facts = [
+            SegmentFacts(s.base_offset, s.next_offset, s.size, s.first_batch_timestamp, s.max_timestamp)
+            for s in self._segments
+        ]
+        return cleanable_range(
+            facts,
+            first_dirty=self._first_dirty,
+            stable_end=stable_end,
+            now_ms=now_ms,
+            min_compaction_lag_ms=self.config.min_compaction_lag_ms,
+        )
+
+    def clean_due(self, now_ms: int, *, stable_end: int) -> CleanableRange | None:
+        """The cleanable range when a clean is due (``compaction.clean_due``, or a delete horizon
+        left by the last clean has passed, so tombstones are to be removed); None otherwise, and
+        for a log that is not compacted, is closed, or has a clean in progress."""
+        if not self.config.compact or self._closed or self._planned is not None or self._pending_swaps:
+            return None
+        cfg = self.config
+        rng = self.cleanable(now_ms, stable_end=stable_end)
+        if rng.end_index == 0:
+            return None
+        due = clean_due(
+            rng,
+            min_cleanable_dirty_ratio=cfg.min_cleanable_dirty_ratio,
+            max_compaction_lag_ms=cfg.max_compaction_lag_ms,
+            now_ms=now_ms,
+        )
+        horizon = self._earliest_horizon_ms
+        return rng if due or 0 <= horizon <= now_ms else None
+
+    def clean_job(
+        self, now_ms: int, *, stable_end: int, map_entries_max: int, force: bool = False
+    ) -> CleanJob | None:
+        """Plan a clean (step 1's input): None unless one is due (``force``: whenever there is
+        something below the clean point). The log remembers the segments the job reads, which
+        ``commit_clean`` checks are still there, unchanged."""
+        rng = self.clean_due(now_ms, stable_end=stable_end)
+        if rng is None and force and self.config.compact and not (self._planned or self._pending_swaps):
+            rng = self.cleanable(now_ms, stable_end=stable_end)
+        if rng is None or rng.end_index == 0 or self._closed:
+            return None
+        segments = self._segments[: rng.end_index]
+        producers = {
+            pid: entry.batches[-1].last_offset
+            for pid, entry in self._producers.producers.items()
+            if entry.batches
+        }
+        job = CleanJob(
+            directory=self._dir,
+            sources=tuple(SourceSegment(s.base_offset, s.next_offset, s.size) for s in segments),
+            first_dirty=rng.first_dirty,
+            end=rng.end,
+            now_ms=now_ms,
+            delete_retention_ms=self.config.delete_retention_ms,
+            segment_bytes=self.config.segment_bytes,
+            index_interval_bytes=self.config.index_interval_bytes,
+            producer_last_offsets=producers,
+            map_entries_max=map_entries_max,
+            token=uuid.uuid4().hex,
+        )
+        self._planned = (job, list(segments))
+        return job
+
+    def abandon_clean(self, job: CleanJob) -> None:
+        """The planned clean ``job`` will not be committed (it failed or was stopped): forget it
+        and delete what it wrote."""
+        if self._planned is not None and self._planned[0].token == job.token:
+            self._planned = None
+        cleaner.discard(self._dir, [s.base_offset for s in job.sources])
+
+    def commit_clean(self, result: CleanResult) -> bool:
+        """Step 2: put the cleaned segments in place in memory, if every segment the clean read
+        is still in the log, unchanged (else drop the clean and its files; False). The files are
+        put in place by ``finish_swaps`` next."""
+        job = result.job
+        planned, self._planned = self._planned, None
+        if planned is None or planned[0].token != job.token or self._closed:
+            cleaner.discard(self._dir, [g.base_offset for g in result.groups])
+            return False
+        read = planned[1]
+        now_here = self._segments[: len(read)]
+        unchanged = (
+            len(self._segments) > len(read)
+            and all(a is b for a, b in zip(now_here, read, strict=True))
+            and all(seg.size == src.size for seg, src in zip(read, job.sources, strict=True))
+        )
+        if not unchanged:
+            log.info("event=clean_dropped dir=%s reason=segments_changed_meanwhile", self._dir.name)
+            cleaner.discard(self._dir, [g.base_offset for g in result.groups])
+            return False
+        new: list[LogSegment] = []
+        try:
+            for g in result.groups:
+                seg = LogSegment(
+                    self._dir,
+                    g.base_offset,
+                    index_interval_bytes=self.config.index_interval_bytes,
+                    created_ms=self._now_ms(),
+                    suffix=CLEANED_SUFFIX,
+                )
+                new.append(seg)
+                assert seg.size == g.size, f"cleaned segment {seg.path.name}: {seg.size} bytes, not {g.size}"
+                if not seg.load_indexes():
+                    seg.rebuild(validate=False)
+        except BaseException:
+            for seg in new:
+                seg.close()
+            cleaner.discard(self._dir, [g.base_offset for g in result.groups])
+            raise
+        replaced: list[LogSegment] = []
+        kept: list[LogSegment] = []
+        i = 0
+        groups = iter(zip(result.groups, new, strict=True))
+        nxt = next(groups, None)
+        while i < len(read):
+            if nxt is not None and nxt[0].first == i:
+                kept.append(nxt[1])
+                replaced.extend(read[i : nxt[0].last + 1])
+                self._pending_swaps.append(
+                    _PendingSwap(nxt[1], tuple(s.base_offset for s in read[i : nxt[0].last + 1]))
+                )
+                i = nxt[0].last + 1
+                nxt = next(groups, None)
+            else:
+                kept.append(read[i])
+                i += 1
+        with self._lock:
+            self._segments = kept + self._segments[len(read) :]
+            self._bases = [s.base_offset for s in self._segments]
+        for seg in replaced:
+            seg.close()  # their files go in finish_swaps, once the new ones are committed
+        segs = self._segments
+        assert all(segs[i].next_offset <= segs[i + 1].base_offset for i in range(len(segs) - 1)), (
+            f"segments of {self._dir.name} overlap after a clean"
+        )
+        self._first_dirty = result.end
+        self._earliest_horizon_ms = result.earliest_horizon_ms
+        if not self._pending_swaps:
+            self._set_first_dirty(result.end)
+        return True
+
+    def finish_swaps(self, *, fault: Callable[[str], None] | None = None) -> None:
+        """Step 3: put the files of committed cleans in place, durably (cleaner.py's protocol),
+        then write the cleaner checkpoint. Thread-safe; a no-op when nothing is pending.
+        ``fault`` (tests) is called after each step with its name, to stop there as a crash would."""
+        with self._swap_lock:
+            if self._abandoned or not self._pending_swaps:
+                return
+            d = self._dir
+            while self._pending_swaps:
+                swap = self._pending_swaps[0]
+                seg = swap.segment
+                base = seg.base_offset
+                seg.move_log_file(d / (segment_file_name(base, ".log") + SWAP_SUFFIX))
+                fsync_dir(d)  # the commit point: from here on recovery completes this swap
+                if fault is not None:
+                    fault("swap")
+                for old in swap.replaced:
+                    names = [".index", ".timeindex"] if old == base else [".log", ".index", ".timeindex"]
+                    for suffix in names:
+                        try:
+                            (d / segment_file_name(old, suffix)).unlink()
+                        except FileNotFoundError:
+                            pass
+                        if fault is not None:
+                            fault(f"unlinked {segment_file_name(old, suffix)}")
+                fsync_dir(d)  # no replaced file may outlive the swap's rename below
+                if fault is not None:
+                    fault("deleted")
+                seg.move_log_file(d / segment_file_name(base, ".log"))
+                seg.rename_indexes("")
+                self._pending_swaps.pop(0)
+                if fault is not None:
+                    fault("renamed")
+            self._set_first_dirty(self._first_dirty)
+
+    def _set_first_dirty(self, offset: int) -> None:
+        self._first_dirty = offset
+        if self._dir.exists():
+            cleaner.write_checkpoint(self._dir, offset, self._earliest_horizon_ms)
+
+    @property
+    def first_dirty_offset(self) -> int:
+        """Where the last clean stopped: below it the log holds one record per key."""
+        return self._first_dirty
 
     # --- leader epochs ----------------------------------------------------------------------------
 
@@ -822,6 +1067,7 @@ class PartitionLog:
         read, and neither is needed once the data directory's marker says clean)."""
         if self._closed:
             return
+        self.finish_swaps()
         self._segments[-1].on_roll()  # persist the active segment's max timestamp
         self.flush()
         if marker or (self._leo > 0 and self._snapshot_offset != self._leo):
@@ -840,9 +1086,11 @@ class PartitionLog:
     def abandon(self) -> None:
         """Close file handles without flushing or writing the clean-shutdown marker.
 
-        Simulates a crash of the process (for tests and fault injection).
+        Simulates a crash of the process (for tests and fault injection): a clean's swap not
+        finished yet stays as the crash left it on disk.
         """
-        with self._lock:
+        with self._swap_lock, self._lock:
+            self._abandoned = True
             for seg in self._segments:
                 seg.close()
             self._closed = True

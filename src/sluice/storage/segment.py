@@ -91,22 +91,29 @@ class LogSegment:
         index_interval_bytes: int,
         created_ms: int,
         lazy: bool = False,
+        suffix: str = "",
     ) -> None:
         """``lazy``: a new, empty segment at offset 0 whose file is created at its first write
         (only a new log's first segment: one at another offset must be on disk to say where the
-        log starts)."""
+        log starts). ``suffix``: appended to all three file names (the log cleaner writes a
+        segment as ``<base>.log.cleaned`` ..., renamed by ``rename_suffix`` once it is in place)."""
         assert base_offset >= 0, f"negative segment base offset {base_offset}"
         assert not lazy or base_offset == 0, f"a lazy segment at offset {base_offset}"
         self.base_offset = base_offset
-        self.path = directory / segment_file_name(base_offset, ".log")
+        self.suffix = suffix
+        self.path = directory / (segment_file_name(base_offset, ".log") + suffix)
         self._closed = False
         self._fd: int | None = None
         self.size = 0
         if not lazy:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             self.size = os.fstat(self._fd).st_size
-        self.offset_index = OffsetIndex(directory / segment_file_name(base_offset, ".index"), base_offset)
-        self.time_index = TimeIndex(directory / segment_file_name(base_offset, ".timeindex"), base_offset)
+        self.offset_index = OffsetIndex(
+            directory / (segment_file_name(base_offset, ".index") + suffix), base_offset
+        )
+        self.time_index = TimeIndex(
+            directory / (segment_file_name(base_offset, ".timeindex") + suffix), base_offset
+        )
         self.index_interval_bytes = index_interval_bytes
         #: Offset after the last batch (== base_offset while empty).
         self.next_offset = base_offset
@@ -418,6 +425,26 @@ class LogSegment:
                 self._fd = None
         self.offset_index.close()
         self.time_index.close()
+
+    def move_log_file(self, target: Path) -> None:
+        """Rename the log file to ``target`` (the open descriptor follows the file)."""
+        os.rename(self.path, target)
+        self.path = target
+
+    def rename_indexes(self, suffix: str) -> None:
+        """Rename both index files to end in ``suffix`` instead of the current ``self.suffix``
+        (the log cleaner's new segment, ``.cleaned`` to none; storage/cleaner.py). An index
+        without entries has no file yet: only its name changes."""
+        old = self.suffix
+        for index in (self.offset_index, self.time_index):
+            name = index.path.name
+            target = index.path.with_name(name[: len(name) - len(old)] + suffix)
+            try:
+                os.rename(index.path, target)
+            except FileNotFoundError:
+                pass
+            index.path = target
+        self.suffix = suffix
 
     def delete(self) -> None:
         """Close and remove all three files."""

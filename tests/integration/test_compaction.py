@@ -1,0 +1,245 @@
+"""Log compaction end to end (issue 19, acceptance 1): a compacted topic written with 1,000 keys x
+100 versions and rolled segments is cleaned by the broker's cleaner; every key reads back, with
+confluent-kafka, at its last value at its original offset; tombstoned keys are gone after
+``delete.retention.ms``; the log is smaller on disk than the same records in a topic that is not
+compacted. Then the same after a kill -9 of the broker in the middle of a clean, and a restart.
+
+One broker for the module; its cleaner looks every 200 ms and is throttled to 4 MB/s, so that a
+clean lasts long enough to be killed in (storage/cleaner.py's ``.cleaned`` files are on disk).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.support.cluster import TestCluster, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+KEYS = 1000
+VERSIONS = 100
+#: every tenth key ends with a tombstone
+TOMBSTONED = frozenset(range(0, KEYS, 10))
+SEGMENT_BYTES = 64 * 1024
+DELETE_RETENTION_MS = 3000
+SETTINGS = {
+    "log.cleaner.backoff.ms": "200",
+    "log.cleaner.io.max.bytes.per.second": str(4_000_000),
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    c = TestCluster(zookeeper, tmp_path_factory.mktemp("compaction"), 1, broker_settings=SETTINGS)
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def _create(cluster: TestCluster, name: str, config: dict[str, str]) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
+    admin.create_topics([NewTopic(name, 1, 1, config=config)], operation_timeout=30)[name].result(60)
+
+
+def _compacted(cluster: TestCluster, name: str) -> None:
+    _create(
+        cluster,
+        name,
+        {
+            "cleanup.policy": "compact",
+            "segment.bytes": str(SEGMENT_BYTES),
+            "delete.retention.ms": str(DELETE_RETENTION_MS),
+            "min.cleanable.dirty.ratio": "0.01",
+        },
+    )
+
+
+def _key(k: int) -> bytes:
+    return f"key-{k:04d}".encode()
+
+
+def _produce(cluster: TestCluster, topics: list[str]) -> dict[bytes, tuple[int, bytes | None]]:
+    """Every key's versions, version by version, then the tombstones, then filler records of
+    one key so that the segments holding the tombstones roll (only rolled segments are cleaned);
+    returns each key's last (offset, value) in the first topic, from the delivery reports."""
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "batch.size": 16384,
+        }
+    )
+    last: dict[bytes, tuple[int, bytes | None]] = {}
+    errors: list[str] = []
+
+    def delivered(err: KafkaError | None, msg: object) -> None:
+        if err is not None:
+            errors.append(str(err))
+        elif msg.topic() == topics[0]:  # type: ignore[attr-defined]
+            last[msg.key()] = (msg.offset(), msg.value())  # type: ignore[attr-defined]
+
+    def send(key: bytes, value: bytes | None) -> None:
+        for topic in topics:
+            while True:
+                try:
+                    producer.produce(topic, value, key, on_delivery=delivered)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+
+    for v in range(VERSIONS):
+        for k in range(KEYS):
+            send(_key(k), f"{k}:{v}".encode())
+        producer.poll(0)
+    for k in sorted(TOMBSTONED):
+        send(_key(k), None)
+    for i in range(2 * SEGMENT_BYTES // 100):
+        send(b"filler", f"{i:0100d}".encode())
+    assert producer.flush(60) == 0, "records still unacknowledged after 60 s"
+    assert not errors, errors[:3]
+    assert len(last) == KEYS + 1
+    return last
+
+
+def _read_all(cluster: TestCluster, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every record of the topic's partition, with confluent-kafka."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"reader-{topic}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "log_level": 0,
+        }
+    )
+    out: list[tuple[int, bytes | None, bytes | None]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return out
+                raise AssertionError(f"read error: {msg.error()}")
+            out.append((msg.offset(), msg.key(), msg.value()))
+        raise AssertionError(f"{topic}: no end of partition after 60 s ({len(out)} records read)")
+    finally:
+        consumer.close()
+
+
+def _partition_dir(cluster: TestCluster, topic: str) -> Path:
+    return Path(cluster.broker(1).data_dir) / f"{topic}-0"
+
+
+def _log_bytes(cluster: TestCluster, topic: str) -> int:
+    return sum(p.stat().st_size for p in _partition_dir(cluster, topic).glob("*.log"))
+
+
+def _compacted_as_expected(
+    cluster: TestCluster, topic: str, last: dict[bytes, tuple[int, bytes | None]]
+) -> bool:
+    """True once the topic reads as fully cleaned: every key once below the filler, at its last
+    offset and value, and no tombstoned key at all. An assertion error (retried by wait_until)
+    says what still differs."""
+    records = _read_all(cluster, topic)
+    seen: dict[bytes, list[tuple[int, bytes | None]]] = {}
+    for offset, key, value in records:
+        assert key is not None, f"a record without a key at {offset}"
+        seen.setdefault(key, []).append((offset, value))
+    for k in range(KEYS):
+        key = _key(k)
+        if k in TOMBSTONED:
+            assert key not in seen, f"{key!r} tombstoned, still read as {seen[key][-3:]}"
+        else:
+            assert seen.get(key) == [last[key]], (
+                f"{key!r} reads {seen.get(key, [])[-3:]}, expected {last[key]}"
+            )
+    offsets = [o for o, _k, _v in records]
+    assert offsets == sorted(offsets), "offsets out of order"
+    return True
+
+
+def test_compacted_topic_keeps_every_keys_last_value_at_its_offset(cluster: TestCluster) -> None:
+    _compacted(cluster, "compacted")
+    _create(cluster, "uncompacted", {"segment.bytes": str(SEGMENT_BYTES)})
+    last = _produce(cluster, ["compacted", "uncompacted"])
+
+    wait_until(lambda: _compacted_as_expected(cluster, "compacted", last), 90, "the log to be compacted")
+    compacted, whole = _log_bytes(cluster, "compacted"), _log_bytes(cluster, "uncompacted")
+    assert compacted < whole / 5, f"compacted log {compacted} bytes, the same records uncompacted {whole}"
+    assert "event=log_cleaned partition=compacted-0" in cluster.log_text(1)
+    # The topic that is not compacted keeps every record (its cleanup.policy is delete).
+    assert (
+        len(_read_all(cluster, "uncompacted")) == KEYS * VERSIONS + len(TOMBSTONED) + 2 * SEGMENT_BYTES // 100
+    )
+
+
+def test_a_record_without_a_key_is_refused_by_a_compacted_topic(cluster: TestCluster) -> None:
+    _compacted(cluster, "keyless")
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
+    errors: list[KafkaError | None] = []
+    producer.produce("keyless", b"no key", on_delivery=lambda err, _msg: errors.append(err))
+    assert producer.flush(30) == 0
+    producer.produce("keyless", b"keyed", b"k", on_delivery=lambda err, _msg: errors.append(err))
+    assert producer.flush(30) == 0
+    assert errors[0] is not None and errors[0].code() == KafkaError.INVALID_RECORD, errors
+    assert errors[1] is None, errors
+    assert [(k, v) for _o, k, v in _read_all(cluster, "keyless")] == [(b"k", b"keyed")]
+
+
+def test_kill_9_in_the_middle_of_a_clean_loses_nothing(cluster: TestCluster) -> None:
+    """The broker is killed while its cleaner process writes crash-0's cleaned segments; the
+    cleaner process dies with it (without PR_SET_PDEATHSIG it wrote on, orphaned: "timed out after
+    2.0 s waiting for the broker's cleaner process to be gone"), and the restarted broker recovers
+    the log and cleans it again, every key at its last value. storage's unit tests crash at every
+    step of the swap (tests/unit/test_cleaner.py)."""
+    _compacted(cluster, "crash")
+    directory = _partition_dir(cluster, "crash")
+    last = _produce(cluster, ["crash"])
+
+    def cleaning() -> list[str]:
+        return [p.name for p in directory.glob("*.cleaned")]
+
+    caught = wait_until(
+        cleaning, 60, "the cleaner to be writing crash-0's cleaned segments", interval_s=0.005
+    )
+    broker = cluster.broker(1)
+    session = os.getsid(broker.pid)
+    cluster.kill(1, signal.SIGKILL)
+    # The cleaner process dies with the broker: nothing writes into the log while it is down.
+    wait_until(lambda: not _session_processes(session), 2.0, "the broker's cleaner process to be gone")
+    assert cleaning(), f"the kill came after the clean's files were in place (saw {caught})"
+
+    cluster.restart(1)
+    wait_until(
+        lambda: _compacted_as_expected(cluster, "crash", last), 90, "the log to be compacted after restart"
+    )
+
+
+def _session_processes(session: int) -> list[int]:
+    """Processes still in a session (a killed broker's started its cleaner processes in its own)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == session and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
