@@ -135,7 +135,7 @@ def test_supported_table() -> None:
     assert SUPPORTED[ApiKey.API_VERSIONS] == (0, 3)
     assert SUPPORTED[ApiKey.DELETE_GROUPS] == (0, 2)
     assert SUPPORTED[ApiKey.SASL_HANDSHAKE] == (0, 1) and SUPPORTED[ApiKey.SASL_AUTHENTICATE] == (0, 2)
-    assert len(SUPPORTED) == 27
+    assert len(SUPPORTED) == 32
     assert is_flexible(ApiKey.PRODUCE, 9) and not is_flexible(ApiKey.PRODUCE, 8)
     assert is_flexible(ApiKey.API_VERSIONS, 3)
     assert not is_flexible(ApiKey.SASL_HANDSHAKE, 1)  # no flexible version at all

@@ -12,11 +12,13 @@ __all__ = [
     "CorruptRecordError",
     "InvalidProducerEpochError",
     "InvalidRecordError",
+    "InvalidTxnStateError",
     "LogClosedError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "RecordTooLargeError",
     "StorageError",
+    "TransactionCoordinatorFencedError",
     "UnexpectedAppendOffsetError",
 ]
 
@@ -43,6 +45,16 @@ class OutOfOrderSequenceError(StorageError):
 class InvalidProducerEpochError(StorageError):
     """An idempotent batch carries an epoch older than the producer's current one (Kafka:
     INVALID_PRODUCER_EPOCH)."""
+
+
+class InvalidTxnStateError(StorageError):
+    """A producer with a transaction open on the partition wrote outside it (Kafka:
+    INVALID_TXN_STATE)."""
+
+
+class TransactionCoordinatorFencedError(StorageError):
+    """A transaction marker comes from a coordinator older than one that already wrote a marker
+    for the producer here (Kafka: TRANSACTION_COORDINATOR_FENCED)."""
 
 
 class LogClosedError(StorageError):

@@ -5,6 +5,7 @@ Directory contents::
     00000000000000000000.log         concatenated v2 record batches, exactly as served
     00000000000000000000.index       sparse offset index (see index.py)
     00000000000000000000.timeindex   sparse time index
+    00000000000000000000.txnindex    transactions aborted by a marker in the segment (txn_index.py)
     leader-epoch-checkpoint          Kafka's text format (see leader_epoch.py)
     00000000000000001234.snapshot    producer state after every batch below offset 1234
     recovery-point                   text: every batch below this offset was fsynced
@@ -37,9 +38,12 @@ from sluice.protocol.records import (
     MAGIC,
     MIN_BATCH_LENGTH,
     BatchHeader,
+    ControlMarker,
     CorruptRecordError,
     InvalidRecordError,
+    build_control_batch,
     parse_header,
+    read_control_marker,
     set_base_offset,
     set_log_append_time,
     set_partition_leader_epoch,
@@ -54,8 +58,9 @@ from sluice.storage.errors import (
 )
 from sluice.storage.fsutil import atomic_write, fsync_dir, fsync_file
 from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
-from sluice.storage.producer_state import ProducerStateManager, list_snapshots
+from sluice.storage.producer_state import CompletedTxn, ProducerStateManager, list_snapshots
 from sluice.storage.segment import LogSegment
+from sluice.storage.txn_index import AbortedTxn
 
 __all__ = ["CLEAN_SHUTDOWN_FILE", "RECOVERY_POINT_FILE", "AppendInfo", "PartitionLog", "ReadResult"]
 
@@ -225,7 +230,7 @@ class PartitionLog:
         bases = sorted(
             int(p.stem) for p in d.glob("*" + _LOG_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
         )
-        for suffix in (".index", ".timeindex"):
+        for suffix in (".index", ".timeindex", ".txnindex"):
             for p in d.glob("*" + suffix):
                 if p.stem.isdigit() and int(p.stem) not in bases:
                     p.unlink()  # orphan index
@@ -264,7 +269,12 @@ class PartitionLog:
         if rebuild_epochs:
             for h in self._iter_headers(self.log_start_offset):
                 self._recover_epoch(h)
-        self._load_producer_state()
+        # After a crash the recovered segments' aborted-transaction indexes are rebuilt: the
+        # producer state is replayed from a snapshot no later than the first of them.
+        recovered_from = (
+            self._segments[first_recover].base_offset if first_recover < len(self._segments) else self._leo
+        )
+        self._load_producer_state(limit=recovered_from)
         if clean:
             self._recovery_point = self._leo
         else:
@@ -293,15 +303,19 @@ class PartitionLog:
             self._dir / RECOVERY_POINT_FILE, f"{self._recovery_point}\n".encode("ascii"), durable=durable
         )
 
-    def _load_producer_state(self) -> None:
-        """Rebuild producer state: newest valid snapshot <= LEO, then a header scan to the LEO."""
+    def _load_producer_state(self, *, limit: int | None = None) -> None:
+        """Rebuild producer state: the newest valid snapshot at or below ``limit`` (default: the
+        LEO), then a replay of every batch from there to the LEO. The aborted-transaction
+        entries of the markers replayed are dropped first and written again by the replay, so
+        the indexes agree with the log wherever it was cut, torn or truncated."""
+        limit = self._leo if limit is None else min(limit, self._leo)
         mgr: ProducerStateManager | None = None
         start = self.log_start_offset
         for offset, path in reversed(list_snapshots(self._dir)):
             if offset > self._leo:
                 path.unlink()
                 continue
-            if mgr is None:
+            if mgr is None and offset <= limit:
                 try:
                     mgr = ProducerStateManager.from_bytes(path.read_bytes())
                     start = max(offset, self.log_start_offset)
@@ -309,11 +323,29 @@ class PartitionLog:
                     path.unlink()
         self._producers = mgr if mgr is not None else ProducerStateManager()
         self._snapshot_offset = start if mgr is not None else -1
-        for h in self._iter_headers(start):
-            self._producers.update(h)
+        for seg in self._segments:
+            if seg.next_offset > start:  # a segment wholly below holds no marker at or above it
+                seg.txn_index.truncate_to(start)
+        for seg, pos, h in self._iter_batches(start):
+            marker = None
+            if h.is_control:
+                marker = read_control_marker(seg.read(pos, h.batch_length + LOG_OVERHEAD), 0, h)
+            self._apply_batch(seg, h, marker)
 
-    def _iter_headers(self, start_offset: int) -> Iterator[BatchHeader]:
-        """Headers of every batch whose last offset >= ``start_offset``, across segments."""
+    def _apply_batch(
+        self, seg: LogSegment, header: BatchHeader, marker: ControlMarker | None
+    ) -> CompletedTxn | None:
+        """Producer state after a batch now in ``seg``; an aborted transaction's entry goes to
+        the index of the segment holding its marker."""
+        done = self._producers.update(header, marker)
+        if done is not None and done.aborted:
+            seg.txn_index.append(
+                AbortedTxn(done.producer_id, done.first_offset, done.last_offset, done.last_stable_offset)
+            )
+        return done
+
+    def _iter_batches(self, start_offset: int) -> Iterator[tuple[LogSegment, int, BatchHeader]]:
+        """(segment, position, header) of every batch whose last offset >= ``start_offset``."""
         i = max(0, bisect_right(self._bases, start_offset) - 1)
         for seg in self._segments[i:]:
             pos = 0
@@ -322,8 +354,13 @@ class PartitionLog:
                 if found is None:
                     continue
                 pos = found[0]
-            for _pos, h in seg.scan(pos):
-                yield h
+            for p, h in seg.scan(pos):
+                yield seg, p, h
+
+    def _iter_headers(self, start_offset: int) -> Iterator[BatchHeader]:
+        """Headers of every batch whose last offset >= ``start_offset``, across segments."""
+        for _seg, _pos, h in self._iter_batches(start_offset):
+            yield h
 
     def _drop_segments_from(self, i: int) -> None:
         """Delete segments[i:] (files included)."""
@@ -368,9 +405,11 @@ class PartitionLog:
     # --- appends ----------------------------------------------------------------------------------
 
     def _parse_batches(
-        self, data: bytes | bytearray | memoryview, *, leader: bool
+        self, data: bytes | bytearray | memoryview, *, leader: bool, control_ok: bool = False
     ) -> list[tuple[int, BatchHeader]]:
-        """Parse and validate every batch; raise before anything is written."""
+        """Parse and validate every batch; raise before anything is written. ``control_ok``:
+        the batches are the broker's own transaction markers, the only control batches a leader
+        appends."""
         out: list[tuple[int, BatchHeader]] = []
         pos, end = 0, len(data)
         cfg = self.config
@@ -392,7 +431,7 @@ class PartitionLog:
                     f"batch of {size} bytes exceeds max.message.bytes {cfg.max_message_bytes}"
                 )
             validate_batch(data, pos, h, strict_counts=leader)
-            if leader and h.is_control:
+            if leader and h.is_control and not control_ok:
                 raise InvalidRecordError("clients may not append control batches")
             out.append((pos, h))
             pos += size
@@ -420,13 +459,42 @@ class PartitionLog:
         self._producers.write_snapshot(self._dir, first_offset, durable=False)
         self._snapshot_offset = first_offset
 
+    def append_marker(
+        self,
+        *,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        coordinator_epoch: int,
+        leader_epoch: int,
+        now_ms: int | None = None,
+    ) -> AppendInfo:
+        """Append a transaction's COMMIT or ABORT marker (the coordinator's WriteTxnMarkers),
+        which ends its transaction here. Raises InvalidProducerEpochError or
+        TransactionCoordinatorFencedError (see ``ProducerStateManager.check_marker``), having
+        appended nothing."""
+        self._check_open()
+        self._producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        now = self._now_ms() if now_ms is None else now_ms
+        batch = build_control_batch(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            committed=committed,
+            coordinator_epoch=coordinator_epoch,
+            timestamp_ms=now,
+        )
+        return self._stamp_and_append(
+            batch, self._parse_batches(batch, leader=True, control_ok=True), leader_epoch, now
+        )
+
     def append_as_leader(
         self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int | None = None
     ) -> AppendInfo:
         """Validate, assign offsets, stamp and append ``records`` (one or more batches).
 
         Raises CorruptRecordError, InvalidRecordError, RecordTooLargeError,
-        OutOfOrderSequenceError or InvalidProducerEpochError, having appended nothing.
+        OutOfOrderSequenceError, InvalidProducerEpochError or InvalidTxnStateError, having
+        appended nothing.
         """
         self._check_open()
         if len(records) == 0:
@@ -443,6 +511,17 @@ class PartitionLog:
                 dup.last_offset - dup.first_offset + 1,
             )
         now = self._now_ms() if now_ms is None else now_ms
+        return self._stamp_and_append(records, batches, leader_epoch, now)
+
+    def _stamp_and_append(
+        self,
+        records: bytes | bytearray | memoryview,
+        batches: list[tuple[int, BatchHeader]],
+        leader_epoch: int,
+        now: int,
+    ) -> AppendInfo:
+        """Assign offsets from the log end, stamp the leader epoch (and LogAppendTime) and
+        append validated batches."""
         log_append = self.config.log_append_time
         buf = bytearray(records)
         first_offset = offset = self._leo
@@ -469,8 +548,9 @@ class PartitionLog:
             self._unflushed_messages += count
         if leader_epoch >= 0 and leader_epoch > self._epochs.latest_epoch():
             self._epochs.assign(leader_epoch, first_offset)
-        for _pos, h in stamped:
-            self._producers.update(h)
+        active = self._segments[-1]
+        for pos, h in stamped:
+            self._apply_batch(active, h, read_control_marker(buf, pos, h) if h.is_control else None)
         self._maybe_flush_by_messages()
         return AppendInfo(
             first_offset, last_offset, now if log_append else -1, self.log_start_offset, False, count
@@ -510,9 +590,9 @@ class PartitionLog:
         with self._lock:
             self._leo = expected
             self._unflushed_messages += count
-        for _pos, h in batches:
+        for pos, h in batches:
             self._recover_epoch(h)
-            self._producers.update(h)
+            self._apply_batch(active, h, read_control_marker(records, pos, h) if h.is_control else None)
         self._maybe_flush_by_messages()
         return AppendInfo(first_offset, expected - 1, -1, self.log_start_offset, False, count)
 
@@ -579,6 +659,33 @@ class PartitionLog:
                 if found is not None:
                     return found
         return None
+
+    # --- transactions ---------------------------------------------------------------------------------
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """The offset below which every transaction has ended by a marker below
+        ``high_watermark``: the first unstable offset, or the high watermark when lower. A
+        read_committed reader sees nothing at or above it."""
+        first = self._producers.first_unstable_offset(high_watermark)
+        return high_watermark if first is None else min(first, high_watermark)
+
+    def collect_aborted(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
+        """Transactions aborted by a marker that overlap [fetch_offset, upper_bound): what a
+        read_committed Fetch returning those offsets tells the consumer to drop."""
+        self._check_open()
+        out: list[AbortedTxn] = []
+        i = max(0, bisect_right(self._bases, fetch_offset) - 1)
+        for seg in self._segments[i:]:
+            found, complete = seg.txn_index.collect(fetch_offset, upper_bound)
+            out.extend(found)
+            if complete:
+                break
+        return out
+
+    @property
+    def open_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of each transaction open on this partition."""
+        return self._producers.open_transactions
 
     # --- truncation and retention -------------------------------------------------------------------
 
