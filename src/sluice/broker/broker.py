@@ -63,6 +63,7 @@ class DataDirInUseError(RuntimeError):
 class Broker:
     def __init__(self, config: BrokerConfig, *, switches: test_switches.Switches = test_switches.OFF):
         self.config = config
+        self.switches = switches
         self.store = ZkStore(
             config.zookeeper,
             session_timeout_s=config.zk_session_timeout_s,

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sluice import test_switches
 from sluice.broker import txn_records
 from sluice.broker import txn_state as ts
 from sluice.broker.group_placement import partition_for_group
@@ -76,6 +77,8 @@ class TransactionCoordinator:
         #: the coordinator epoch of each partition led here (its leader epoch when taken)
         self.epochs: dict[int, int] = {}
         self.markers = MarkerSender(broker)
+        #: test-only fault points (the "txn-markers" pause); all off in a deployment
+        self.switches: test_switches.Switches = getattr(broker, "switches", test_switches.OFF)
         self._load_tasks: dict[int, asyncio.Task[None]] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
         self._creating: asyncio.Task[None] | None = None
@@ -457,6 +460,7 @@ class TransactionCoordinator:
             )
 
         started = time.monotonic()
+        test_switches.pause_point(self.switches, "txn-markers")
         done = await self.markers.write_all(
             tid,
             meta.producer_id,
