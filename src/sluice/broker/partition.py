@@ -277,7 +277,10 @@ class Partition:
         if records:
             self.log.append_as_follower(records)
         # A follower's high watermark trails the leader's and never passes its own log end.
-        self.high_watermark = max(self.high_watermark, min(leader_hw, self.log.log_end_offset))
+        hw = max(self.high_watermark, min(leader_hw, self.log.log_end_offset))
+        if hw != self.high_watermark:
+            self.high_watermark = hw
+            self.log.last_stable_offset(hw)  # forgets transactions whose markers are now below it
 
     def truncate_to(self, offset: int) -> None:
         if offset < self.log.log_end_offset:
@@ -449,6 +452,7 @@ class Partition:
         assert new_hw <= self.log.log_end_offset
         if new_hw != self.high_watermark:
             self.high_watermark = new_hw
+            self.log.last_stable_offset(new_hw)  # forgets transactions whose markers are now below it
             self._notify()
 
     # -- waiting for data ------------------------------------------------------------------------

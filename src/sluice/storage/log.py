@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from sluice.protocol.records import (
+    ATTR_CONTROL_MASK,
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC,
@@ -549,8 +550,12 @@ class PartitionLog:
         if leader_epoch >= 0 and leader_epoch > self._epochs.latest_epoch():
             self._epochs.assign(leader_epoch, first_offset)
         active = self._segments[-1]
+        update = self._producers.update
         for pos, h in stamped:
-            self._apply_batch(active, h, read_control_marker(buf, pos, h) if h.is_control else None)
+            if h.attributes & ATTR_CONTROL_MASK:
+                self._apply_batch(active, h, read_control_marker(buf, pos, h))
+            elif h.producer_id >= 0:
+                update(h)  # ends no transaction: only a control batch does
         self._maybe_flush_by_messages()
         return AppendInfo(
             first_offset, last_offset, now if log_append else -1, self.log_start_offset, False, count

@@ -45,7 +45,13 @@ from typing import Final
 
 import crc32c
 
-from sluice.protocol.records import BatchHeader, ControlMarker, increment_sequence
+from sluice.protocol.records import (
+    ATTR_CONTROL_MASK,
+    ATTR_TRANSACTIONAL_MASK,
+    BatchHeader,
+    ControlMarker,
+    increment_sequence,
+)
 from sluice.storage.errors import (
     InvalidProducerEpochError,
     InvalidTxnStateError,
@@ -158,24 +164,25 @@ class ProducerStateManager:
         """
         staged: dict[int, tuple[int, int]] = {}  # pid -> (epoch, last_seq) after earlier batches here
         for h in headers:
-            if h.producer_id < 0:
+            pid = h.producer_id
+            if pid < 0:
                 continue
-            entry = self.producers.get(h.producer_id)
-            if entry is not None and h.producer_epoch < entry.epoch:
-                raise InvalidProducerEpochError(
-                    f"producer {h.producer_id}: epoch {h.producer_epoch} is older than the current "
-                    f"epoch {entry.epoch}"
-                )
-            if entry is not None and entry.txn_first_offset >= 0 and not h.is_transactional:
-                raise InvalidTxnStateError(
-                    f"producer {h.producer_id} has a transaction open here since offset "
-                    f"{entry.txn_first_offset}; a non-transactional write is refused until it ends"
-                )
+            entry = self.producers.get(pid)
+            if entry is not None:
+                if h.producer_epoch < entry.epoch:
+                    raise InvalidProducerEpochError(
+                        f"producer {pid}: epoch {h.producer_epoch} is older than the current "
+                        f"epoch {entry.epoch}"
+                    )
+                if entry.txn_first_offset >= 0 and not h.attributes & ATTR_TRANSACTIONAL_MASK:
+                    raise InvalidTxnStateError(
+                        f"producer {pid} has a transaction open here since offset "
+                        f"{entry.txn_first_offset}; a non-transactional write is refused until it ends"
+                    )
             if h.base_sequence < 0:
                 continue
-            pid, epoch = h.producer_id, h.producer_epoch
+            epoch = h.producer_epoch
             first_seq, last_seq = h.base_sequence, h.last_sequence
-            entry = self.producers.get(pid)
             if pid not in staged and entry is not None:
                 dup = entry.find_duplicate(epoch, first_seq, last_seq)
                 if dup is not None:
@@ -240,9 +247,10 @@ class ProducerStateManager:
                 new.txn_first_offset, new.coordinator_epoch = entry.txn_first_offset, entry.coordinator_epoch
             entry = new
             self.producers[pid] = entry
-        if header.is_control:
+        attributes = header.attributes
+        if attributes & ATTR_CONTROL_MASK:
             return self._end_txn(entry, header.base_offset, marker) if marker is not None else None
-        if header.is_transactional and entry.txn_first_offset < 0:
+        if attributes & ATTR_TRANSACTIONAL_MASK and entry.txn_first_offset < 0:
             entry.txn_first_offset = header.base_offset
             self._open[pid] = header.base_offset
         if header.base_sequence >= 0:
@@ -276,7 +284,10 @@ class ProducerStateManager:
         """The first offset of the oldest transaction open, or ended by a marker at or above
         ``high_watermark`` (forgotten once the high watermark passes its marker); None if none.
         The partition's last stable offset is min(this, high watermark)."""
-        if self._completed:
+        if not self._completed and not self._open:
+            return None  # no transaction here: the common case, on every fetch
+        if self._completed and self._completed[0].last_offset < high_watermark:
+            # In marker order: those below the high watermark are a prefix.
             self._completed = [t for t in self._completed if t.last_offset >= high_watermark]
         firsts = [t.first_offset for t in self._completed]
         if self._open:
