@@ -216,9 +216,10 @@ def test_consume_transform_produce_with_send_offsets_to_transaction(cluster: Tes
 
 
 def test_kafka_python_transactional_producer(cluster: TestCluster) -> None:
-    """kafka-python 3's transactional producer: a committed and an aborted transaction, and a
-    second producer fencing the first; its read_committed consumer agrees with librdkafka's."""
-    from kafka import KafkaConsumer, KafkaProducer
+    """kafka-python 3's transactional producer: a committed transaction with its offsets sent,
+    an aborted one, and a second producer fencing the first; its read_committed consumer
+    agrees with librdkafka's."""
+    from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata
     from kafka import TopicPartition as KpTopicPartition
     from kafka.errors import KafkaError as KpError
 
@@ -226,9 +227,11 @@ def test_kafka_python_transactional_producer(cluster: TestCluster) -> None:
     txn_id = f"kp-{topic}"
     p = KafkaProducer(bootstrap_servers=cluster.bootstrap, transactional_id=txn_id)
     p.init_transactions()
+    group = f"kp-group-{topic}"
     p.begin_transaction()
     for i in range(6):
         p.send(topic, value=f"kp-commit{i}".encode(), partition=i % PARTITIONS)
+    p.send_offsets_to_transaction({KpTopicPartition(topic, 0): OffsetAndMetadata(4, "", -1)}, group)
     p.commit_transaction()
     p.begin_transaction()
     for i in range(6):
@@ -259,6 +262,28 @@ def test_kafka_python_transactional_producer(cluster: TestCluster) -> None:
         assert sorted(m.value for m in consumer) == sorted(expected)
     finally:
         consumer.close()
+    reader = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "log_level": 0})
+    try:
+        (tp,) = reader.committed([TopicPartition(topic, 0)], timeout=10)
+        assert tp.offset == 4
+    finally:
+        close_within(reader)
+
+
+def test_a_timeout_above_the_brokers_maximum_is_refused(cluster: TestCluster) -> None:
+    """transaction.timeout.ms above transaction.max.timeout.ms (15 minutes by default) is refused
+    with INVALID_TRANSACTION_TIMEOUT, as Kafka refuses it."""
+    p = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "transactional.id": f"too-long-{uuid.uuid4().hex[:6]}",
+            "transaction.timeout.ms": 900_001,
+            "log_level": 0,
+        }
+    )
+    with pytest.raises(KafkaException) as refused:
+        p.init_transactions(30)
+    assert refused.value.args[0].code() == KafkaError.INVALID_TRANSACTION_TIMEOUT
 
 
 def test_aiokafka_transactional_producer(cluster: TestCluster) -> None:
