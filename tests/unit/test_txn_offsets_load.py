@@ -61,3 +61,39 @@ def test_transactional_offsets_apply_at_their_commit_marker_only(tmp_path: Path)
         part.close()
 
     asyncio.run(run())
+
+
+def test_a_marker_committed_while_the_partition_loads_applies_once_it_has(tmp_path: Path) -> None:
+    """The load replays up to the log end found at election, waiting for the high watermark to
+    reach it; a marker written meanwhile lies past that end, and its offsets are applied once the
+    replay is done (before, they stayed pending for good: the marker was not replayed and the
+    groups were not there yet to apply it to)."""
+
+    async def run() -> None:
+        part = Partition.open(tmp_path, OFFSETS_TOPIC, 0, uuid.uuid4(), {"min.insync.replicas": "2"}, 1)
+        now_ms = time.monotonic() * 1000
+        part.become_leader(1, (1, 2), (1, 2), now_ms)
+        _commit(part, 0, 3, producer_id=9)  # above the high watermark: the load waits for it
+        broker = SimpleNamespace(
+            config=SimpleNamespace(offsets_topic_partitions=1, group_initial_rebalance_delay_ms=0),
+            replicas=SimpleNamespace(partitions={(OFFSETS_TOPIC, 0): part}),
+        )
+        coordinator = GroupCoordinator(broker)  # type: ignore[arg-type]
+        coordinator.on_became_leader(0)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert coordinator.check("g") is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        part.append_marker(9, 0, True, 0)
+        part.record_follower_fetch(2, part.log.log_end_offset, now_ms)  # everything committed
+        coordinator.on_txn_marker(0, 9, True)  # as txn_markers.write_local does once committed
+        deadline = time.monotonic() + 5
+        while coordinator.check("g") is not ErrorCode.NONE:
+            assert time.monotonic() < deadline, "the load did not finish"
+            await asyncio.sleep(0.01)
+        _error, found = coordinator.fetch_offsets("g", None)
+        assert [(p, om.offset if om else None) for p, om in found.get("orders", [])] == [(0, 3)]
+        assert coordinator.unstable_offsets("g") == set()
+        await coordinator.stop()
+        part.close()
+
+    asyncio.run(run())

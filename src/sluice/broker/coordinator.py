@@ -67,6 +67,9 @@ class GroupCoordinator:
         #: __consumer_offsets partitions this broker leads: "loading" or "active".
         self.owned: dict[int, str] = {}
         self._load_tasks: dict[int, asyncio.Task[None]] = {}
+        #: transaction markers committed on a partition while it loads (producer id, committed):
+        #: applied, in order, once its replay is done (they lie past the replay's end)
+        self._markers_while_loading: dict[int, list[tuple[int, bool]]] = {}
         self._creating: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
 
@@ -188,6 +191,7 @@ class GroupCoordinator:
     def on_resigned(self, p: int) -> None:
         if self.owned.pop(p, None) is None:
             return
+        self._markers_while_loading.pop(p, None)
         task = self._load_tasks.pop(p, None)
         if task is not None and not task.done():
             task.cancel()
@@ -284,6 +288,8 @@ class GroupCoordinator:
         assert offset >= end, f"loaded {OFFSETS_TOPIC}-{p} to {offset}, short of {end}"
         if self.owned.get(p) == "loading":
             self.owned[p] = "active"
+            for producer_id, committed in self._markers_while_loading.pop(p, []):
+                self.on_txn_marker(p, producer_id, committed)
         log.log(
             logging.INFO if records or waited else logging.DEBUG,
             "event=coordinator_loaded partition=%s-%d groups=%d records=%d load_end=%d took_ms=%d",
@@ -784,8 +790,12 @@ class GroupCoordinator:
     def on_txn_marker(self, p: int, producer_id: int, committed: bool) -> None:
         """A transaction's marker is committed on ``__consumer_offsets``-``p``: the offsets it
         committed to this partition's groups apply (COMMIT) or are dropped (ABORT)."""
-        if self.owned.get(p) is None:
-            return  # not loaded here: the load replays the marker
+        status = self.owned.get(p)
+        if status is None:
+            return  # not this partition's coordinator: the next one's load replays the marker
+        if status == "loading":
+            self._markers_while_loading.setdefault(p, []).append((producer_id, committed))
+            return
         for group in self.groups.values():
             if producer_id in group.pending_txn_offsets and self.partition_for(group.group_id) == p:
                 n = group.complete_txn_offsets(producer_id, committed)
