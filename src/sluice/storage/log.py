@@ -330,7 +330,10 @@ class PartitionLog:
         for seg, pos, h in self._iter_batches(start):
             marker = None
             if h.is_control:
-                marker = read_control_marker(seg.read(pos, h.batch_length + LOG_OVERHEAD), 0, h)
+                try:
+                    marker = read_control_marker(seg.read(pos, h.batch_length + LOG_OVERHEAD), 0, h)
+                except CorruptRecordError:
+                    marker = None  # passed its CRC yet holds no marker: ends nothing, as Kafka skips it
             self._apply_batch(seg, h, marker)
 
     def _apply_batch(
@@ -574,6 +577,8 @@ class PartitionLog:
         expected = self._leo
         count = 0
         max_ts = -1
+        # Markers are read before anything is written: a malformed one refuses the append whole.
+        markers = {pos: read_control_marker(records, pos, h) for pos, h in batches if h.is_control}
         for _pos, h in batches:
             if h.base_offset < expected:
                 raise UnexpectedAppendOffsetError(
@@ -597,7 +602,7 @@ class PartitionLog:
             self._unflushed_messages += count
         for pos, h in batches:
             self._recover_epoch(h)
-            self._apply_batch(active, h, read_control_marker(records, pos, h) if h.is_control else None)
+            self._apply_batch(active, h, markers.get(pos))
         self._maybe_flush_by_messages()
         return AppendInfo(first_offset, expected - 1, -1, self.log_start_offset, False, count)
 
