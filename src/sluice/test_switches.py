@@ -62,8 +62,9 @@ BARE_VARIABLES = (
 
 CRASH_POINTS = ("before-commit", "after-commit")
 #: "capture-produce": a captured change is about to be produced to the log; "apply-commit": a
-#: micro-batch was read and is about to be committed to the target.
-PAUSE_POINTS = ("capture-produce", "apply-commit")
+#: micro-batch was read and is about to be committed to the target; "txn-markers": a transaction
+#: coordinator wrote PrepareCommit/PrepareAbort and is about to write the markers.
+PAUSE_POINTS = ("capture-produce", "apply-commit", "txn-markers")
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,7 +138,7 @@ def test_supported_table() -> None:
     assert SUPPORTED[ApiKey.CREATE_PARTITIONS] == (0, 3)
     assert SUPPORTED[ApiKey.INCREMENTAL_ALTER_CONFIGS] == (0, 1)
     assert SUPPORTED[ApiKey.DESCRIBE_LOG_DIRS] == (1, 4)
-    assert len(SUPPORTED) == 38
+    assert len(SUPPORTED) == 43
     assert is_flexible(ApiKey.PRODUCE, 9) and not is_flexible(ApiKey.PRODUCE, 8)
     assert is_flexible(ApiKey.API_VERSIONS, 3)
     assert not is_flexible(ApiKey.SASL_HANDSHAKE, 1)  # no flexible version at all

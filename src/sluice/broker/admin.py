@@ -358,6 +358,8 @@ class TopicAdmin:
             "socket.request.max.bytes": str(cfg.socket_request_max_bytes),
             "zookeeper.connect": cfg.zookeeper,
             "offsets.topic.num.partitions": str(cfg.offsets_topic_partitions),
+            "transaction.state.log.num.partitions": str(cfg.transaction_state_partitions),
+            "transaction.max.timeout.ms": str(cfg.transaction_max_timeout_ms),
             "max.incremental.fetch.session.cache.slots": str(cfg.fetch_session_cache_slots),
         }
         return (

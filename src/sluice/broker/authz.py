@@ -11,7 +11,7 @@ without the topics, groups or resources the principal may not touch and adds the
 the answer. What each API needs follows Kafka's KafkaApis:
 
 ===================  ===========================================================================
-Produce              WRITE on each topic
+Produce              WRITE on each topic; with transactional records, WRITE on the transactional id
 Fetch (consumer)     READ on each topic (a follower's fetch is the replication door's: CLUSTER_ACTION)
 ListOffsets          DESCRIBE on each topic
 Metadata             DESCRIBE on each topic; topics without it are left out of an all-topics answer
@@ -26,7 +26,13 @@ ListGroups           DESCRIBE on the cluster, else only the groups with DESCRIBE
 DeleteGroups         DELETE on each group
 CreateTopics         CREATE on the cluster or on each topic
 DeleteTopics         DELETE on each topic
-InitProducerId       IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KIP-679)
+InitProducerId       IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KIP-679); with a
+                     transactional id, WRITE on it
+AddPartitionsToTxn   WRITE on the transactional id, WRITE on each topic
+AddOffsetsToTxn      WRITE on the transactional id, READ on the group
+EndTxn               WRITE on the transactional id
+TxnOffsetCommit      WRITE on the transactional id, READ on the group, READ on each topic
+WriteTxnMarkers      CLUSTER_ACTION on the cluster (only brokers write markers)
 OffsetForLeaderEpoch CLUSTER_ACTION on the cluster, else DESCRIBE on each topic (KIP-320)
 DescribeConfigs      DESCRIBE_CONFIGS on the topic, or on the cluster for a broker
 DescribeAcls         DESCRIBE on the cluster; CreateAcls and DeleteAcls: ALTER on the cluster
@@ -52,6 +58,7 @@ from sluice.broker.replica_access import claimed_replica_id
 from sluice.metrics import api_name
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
+from sluice.protocol.records import HEADER_SIZE, parse_header
 from sluice.security.acl import (
     AclAuthorizer,
     AclSnapshot,
@@ -75,6 +82,7 @@ Handler = Callable[["Broker", RequestHeader, Body], Awaitable[Body | None]]
 ZERO_UUID = uuid.UUID(int=0)
 TOPIC_DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 GROUP_DENIED = ErrorCode.GROUP_AUTHORIZATION_FAILED
+TXN_DENIED = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 #: At most one INFO line per (principal, operation, resource) this often; DEBUG has every one.
 DENIAL_INFO_INTERVAL_S = 60.0
 DENIAL_LOG_KEYS_MAX = 1000
@@ -193,9 +201,50 @@ Guard = Callable[[Handler, "Broker", RequestHeader, Body, Check], Awaitable[Body
 # -- per-API guards ---------------------------------------------------------------------------
 
 
+def _has_transactional_records(req: Body) -> bool:
+    """Does any partition's data start with a transactional batch (a producer's request never
+    mixes them)?"""
+    for t in req["topic_data"]:
+        for p in t["partition_data"]:
+            records = p.get("records")
+            if (
+                records is not None
+                and len(records) >= HEADER_SIZE
+                and parse_header(records, 0).is_transactional
+            ):
+                return True
+    return False
+
+
 async def _produce(
     handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
+    txn_id = req.get("transactional_id")
+    if _has_transactional_records(req) and (
+        txn_id is None or not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id)
+    ):
+        if req["acks"] == 0:
+            return None
+        return {
+            "throttle_time_ms": 0,
+            "responses": [
+                {
+                    "name": t["name"],
+                    "partition_responses": [
+                        {
+                            "index": p["index"],
+                            "error_code": TXN_DENIED,
+                            "base_offset": -1,
+                            "log_append_time_ms": -1,
+                            "log_start_offset": -1,
+                            "error_message": None,
+                        }
+                        for p in t["partition_data"]
+                    ],
+                }
+                for t in req["topic_data"]
+            ],
+        }
     denied = check.denied_topics(Operation.WRITE, (t["name"] for t in req["topic_data"]))
     if not denied:
         return await handler(broker, header, req)
@@ -613,8 +662,11 @@ async def _delete_topics(
 async def _init_producer_id(
     handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
-    if req.get("transactional_id") is not None:
-        return await handler(broker, header, req)  # refused there: no transactions in Sluice
+    txn_id = req.get("transactional_id")
+    if txn_id is not None:
+        if check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id):
+            return await handler(broker, header, req)
+        return {"throttle_time_ms": 0, "error_code": TXN_DENIED, "producer_id": -1, "producer_epoch": -1}
     if check.cluster(Operation.IDEMPOTENT_WRITE, quiet=True) or check.authorizer.authorize_by_resource_type(
         check.session, Operation.WRITE, ResourceType.TOPIC, api=check.api
     ):
@@ -700,6 +752,100 @@ async def _describe_configs(
     return {"throttle_time_ms": 0, "results": results}
 
 
+async def _add_partitions_to_txn(
+    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+) -> Body | None:
+    from sluice.broker.txn_apis import partition_results
+
+    topics = list(req["v3_and_below_topics"])
+    keys = [(t["name"], p) for t in topics for p in t["partitions"]]
+    if not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["v3_and_below_transactional_id"]):
+        errors = dict.fromkeys(keys, TXN_DENIED)
+    else:
+        denied = check.denied_topics(Operation.WRITE, (t["name"] for t in topics))
+        if not denied:
+            return await handler(broker, header, req)
+        # Kafka's rule: nothing is added; the allowed partitions were not attempted.
+        errors = {k: TOPIC_DENIED if k[0] in denied else ErrorCode.OPERATION_NOT_ATTEMPTED for k in keys}
+    return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": partition_results(topics, errors)}
+
+
+async def _add_offsets_to_txn(
+    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+) -> Body | None:
+    if not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["transactional_id"]):
+        return {"throttle_time_ms": 0, "error_code": TXN_DENIED}
+    if not check.group(Operation.READ, req["group_id"]):
+        return {"throttle_time_ms": 0, "error_code": GROUP_DENIED}
+    return await handler(broker, header, req)
+
+
+async def _end_txn(
+    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+) -> Body | None:
+    if check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["transactional_id"]):
+        return await handler(broker, header, req)
+    return {"throttle_time_ms": 0, "error_code": TXN_DENIED}
+
+
+async def _txn_offset_commit(
+    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+) -> Body | None:
+    def answer(topics: list[Body], error: Callable[[str], ErrorCode]) -> list[Body]:
+        return [
+            {
+                "name": t["name"],
+                "partitions": [
+                    {"partition_index": p["partition_index"], "error_code": error(t["name"])}
+                    for p in t["partitions"]
+                ],
+            }
+            for t in topics
+        ]
+
+    topics = list(req["topics"])
+    if not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["transactional_id"]):
+        return {"throttle_time_ms": 0, "topics": answer(topics, lambda _: TXN_DENIED)}
+    if not check.group(Operation.READ, req["group_id"]):
+        return {"throttle_time_ms": 0, "topics": answer(topics, lambda _: GROUP_DENIED)}
+    denied = check.denied_topics(Operation.READ, (t["name"] for t in topics))
+    if not denied:
+        return await handler(broker, header, req)
+    refused = answer([t for t in topics if t["name"] in denied], lambda _: TOPIC_DENIED)
+    allowed = [t for t in topics if t["name"] not in denied]
+    if not allowed:
+        return {"throttle_time_ms": 0, "topics": refused}
+    response = await handler(broker, header, {**req, "topics": allowed})
+    assert response is not None
+    response["topics"] = list(response["topics"]) + refused
+    return response
+
+
+async def _write_txn_markers(
+    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+) -> Body | None:
+    if check.cluster(Operation.CLUSTER_ACTION):
+        return await handler(broker, header, req)
+    return {
+        "markers": [
+            {
+                "producer_id": m["producer_id"],
+                "topics": [
+                    {
+                        "name": t["name"],
+                        "partitions": [
+                            {"partition_index": p, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
+                            for p in t["partition_indexes"]
+                        ],
+                    }
+                    for t in m["topics"]
+                ],
+            }
+            for m in req["markers"]
+        ]
+    }
+
+
 GUARDS: dict[int, Guard] = {
     ApiKey.PRODUCE: _produce,
     ApiKey.FETCH: _fetch,
@@ -720,6 +866,11 @@ GUARDS: dict[int, Guard] = {
     ApiKey.INIT_PRODUCER_ID: _init_producer_id,
     ApiKey.OFFSET_FOR_LEADER_EPOCH: _offset_for_leader_epoch,
     ApiKey.DESCRIBE_CONFIGS: _describe_configs,
+    ApiKey.ADD_PARTITIONS_TO_TXN: _add_partitions_to_txn,
+    ApiKey.ADD_OFFSETS_TO_TXN: _add_offsets_to_txn,
+    ApiKey.END_TXN: _end_txn,
+    ApiKey.TXN_OFFSET_COMMIT: _txn_offset_commit,
+    ApiKey.WRITE_TXN_MARKERS: _write_txn_markers,
 }
 """The guard of each API; APIs without one check for themselves (the ACL APIs) or need no
 authorization (ApiVersions, and the SASL handshake that comes before any principal)."""

@@ -39,6 +39,7 @@ from sluice.broker.replica_access import may_act_as_replica
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.replication import isr_eligible
 from sluice.broker.server import KafkaServer, bind_listener
+from sluice.broker.txn_coordinator import TransactionCoordinator
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller, LeaderBalance
 from sluice.cluster.health import OFFLINE, UNDER_REPLICATED, classify_partition
@@ -64,6 +65,7 @@ class DataDirInUseError(RuntimeError):
 class Broker:
     def __init__(self, config: BrokerConfig, *, switches: test_switches.Switches = test_switches.OFF):
         self.config = config
+        self.switches = switches
         self.store = ZkStore(
             config.zookeeper,
             session_timeout_s=config.zk_session_timeout_s,
@@ -105,6 +107,7 @@ class Broker:
         self.server = KafkaServer(self)
         self.coordinator = GroupCoordinator(self)
         self.cleaner = LogCleaner(self.replicas, config.cleaner)
+        self.txn_coordinator = TransactionCoordinator(self)
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
@@ -158,6 +161,7 @@ class Broker:
             self.replicas.load_local_logs(known)
             self.coordinator.start()
             self.cleaner.start()
+            self.txn_coordinator.start()
             # The view first: a client asking this broker for metadata must never be told the
             # cluster has no topics because the view of thousands of partitions is still loading.
             await asyncio.to_thread(self.metadata.start)
@@ -255,6 +259,7 @@ class Broker:
         await self.server.stop()
         await self.coordinator.stop()
         await self.cleaner.stop()
+        await self.txn_coordinator.stop()
         await asyncio.to_thread(self.controller.stop)
         if self.replicas.close_all():
             # Every log is flushed and closed: the next start may trust them without recovery.
@@ -562,6 +567,10 @@ class Broker:
                 self.spawn(
                     self._complete_unclean_audit(topic, partition, part.leader_epoch, part.log.log_end_offset)
                 )
+        if topic == layout.TRANSACTION_STATE_TOPIC:
+            (self.txn_coordinator.on_became_leader if is_leader else self.txn_coordinator.on_resigned)(
+                partition
+            )
         if topic != OFFSETS_TOPIC:
             return
         if is_leader:

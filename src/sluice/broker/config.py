@@ -101,6 +101,19 @@ class BrokerConfig:
     offsets_retention_check_interval_ms: int = 600_000
     #: The log cleaner of compacted topics (``log.cleaner.*``; broker/log_cleaner.py).
     cleaner: CleanerSettings = field(default_factory=CleanerSettings)
+    #: ``__transaction_state``: partitions, replication factor (``-1``: min(3, live brokers)) and
+    #: min.insync.replicas (at most its replication factor), as Kafka's
+    #: ``transaction.state.log.*``.
+    transaction_state_partitions: int = 50
+    transaction_state_replication_factor: int = -1
+    transaction_state_min_isr: int = 2
+    #: The longest transaction.timeout.ms a producer may ask for (``transaction.max.timeout.ms``).
+    transaction_max_timeout_ms: int = 900_000
+    #: How often the coordinator aborts transactions past their timeout
+    #: (``transaction.abort.timed.out.transaction.cleanup.interval.ms``).
+    transaction_abort_interval_ms: int = 10_000
+    #: A transactional id unused this long is forgotten (``transactional.id.expiration.ms``).
+    transactional_id_expiration_ms: int = 604_800_000
     #: The log settings of a topic that does not set them itself (Kafka's ``log.retention.ms``,
     #: ``log.segment.bytes``, ``min.insync.replicas`` ... at broker level).
     log_defaults: LogConfig = field(default_factory=LogConfig)
@@ -575,6 +588,42 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         "cleaner_dedupe_buffer_bytes",
         _int(1024 * 1024, 2**62),
         "memory for the cleaner's key maps, all processes together",
+    ),
+    props.Setting(
+        "transaction.state.log.num.partitions",
+        "transaction_state_partitions",
+        _int(1, 1000),
+        "partitions of __transaction_state",
+    ),
+    props.Setting(
+        "transaction.state.log.replication.factor",
+        "transaction_state_replication_factor",
+        _int(-1, 32),
+        "replication factor of __transaction_state (-1: min(3, live brokers))",
+    ),
+    props.Setting(
+        "transaction.state.log.min.isr",
+        "transaction_state_min_isr",
+        _int(1, 32),
+        "min.insync.replicas of __transaction_state (at most its replication factor)",
+    ),
+    props.Setting(
+        "transaction.max.timeout.ms",
+        "transaction_max_timeout_ms",
+        _int(1, 2**31 - 1),
+        "the longest transaction.timeout.ms a producer may ask for",
+    ),
+    props.Setting(
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        "transaction_abort_interval_ms",
+        _int(10, 3_600_000),
+        "how often transactions past their timeout are aborted",
+    ),
+    props.Setting(
+        "transactional.id.expiration.ms",
+        "transactional_id_expiration_ms",
+        _int(1, 2**31 - 1),
+        "a transactional id unused this long is forgotten",
     ),
     props.Setting(
         "group.initial.rebalance.delay.ms",

@@ -33,7 +33,7 @@ from sluice.broker.group import Group, GroupState, Member, OffsetAndMetadata
 from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
 from sluice.broker.static_membership import JoinAction, RejoinOutcome
 from sluice.protocol.errors import ErrorCode
-from sluice.protocol.records import build_batch, decode_records, iter_batches
+from sluice.protocol.records import build_batch, decode_records, iter_batches, read_control_marker
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
@@ -93,6 +93,9 @@ class GroupCoordinator:
         #: __consumer_offsets partitions this broker leads: "loading" or "active".
         self.owned: dict[int, str] = {}
         self._load_tasks: dict[int, asyncio.Task[None]] = {}
+        #: transaction markers committed on a partition while it loads (producer id, committed):
+        #: applied, in order, once its replay is done (they lie past the replay's end)
+        self._markers_while_loading: dict[int, list[tuple[int, bool]]] = {}
         self._creating: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
 
@@ -116,7 +119,13 @@ class GroupCoordinator:
     def find_coordinator(self, key: str, key_type: int) -> tuple[ErrorCode, str | None, int, str, int]:
         """(error, message, node id, host, port) for one coordinator key."""
         if key_type != 0:
-            return ErrorCode.INVALID_REQUEST, "Sluice has no transaction coordinator", -1, "", -1
+            return (
+                ErrorCode.INVALID_REQUEST,
+                f"key type {key_type} is neither a group (0) nor a transactional id (1)",
+                -1,
+                "",
+                -1,
+            )
         if not key:
             return ErrorCode.INVALID_GROUP_ID, "the group id is empty", -1, "", -1
         cache = self.broker.metadata
@@ -210,6 +219,7 @@ class GroupCoordinator:
     def on_resigned(self, p: int) -> None:
         if self.owned.pop(p, None) is None:
             return
+        self._markers_while_loading.pop(p, None)
         task = self._load_tasks.pop(p, None)
         if task is not None and not task.done():
             task.cancel()
@@ -245,6 +255,8 @@ class GroupCoordinator:
             await part.wait_committed(end - 1, LOAD_WAIT_S)
         now = asyncio.get_running_loop().time()
         latest: dict[gr.Key, bytes | None] = {}
+        #: transactional offset commits by producer id, until their marker (applied at it)
+        pending: dict[int, dict[gr.Key, bytes | None]] = {}
         offset = part.log.log_start_offset
         records = 0
         while offset < end:
@@ -255,12 +267,20 @@ class GroupCoordinator:
             for pos, header in iter_batches(buf):
                 if header.base_offset >= end:
                     break
+                if header.is_control:
+                    marker = read_control_marker(buf, pos, header)
+                    done = pending.pop(header.producer_id, {})
+                    if marker is not None and marker.committed:
+                        latest.update(done)
+                    offset = header.last_offset + 1
+                    continue
+                into = pending.setdefault(header.producer_id, {}) if header.is_transactional else latest
                 for rec in decode_records(buf, pos, header):
                     if rec.offset < offset or rec.key is None:
                         continue
                     key = gr.decode_key(rec.key)
                     if key is not None:
-                        latest[key] = rec.value
+                        into[key] = rec.value
                     records += 1
                 offset = header.last_offset + 1
             await asyncio.sleep(0)  # let other connections run during a long replay
@@ -284,19 +304,21 @@ class GroupCoordinator:
                 loaded += 1
         for key, value in latest.items():
             if isinstance(key, gr.OffsetKey):
-                obj = gr.decode_value(value)
-                if obj is None:
-                    continue
-                group = self.groups.setdefault(key.group_id, Group(key.group_id))
-                group.offsets[(key.topic, key.partition)] = OffsetAndMetadata(
-                    int(obj["offset"]),
-                    int(obj.get("leader_epoch", -1)),
-                    obj.get("metadata"),
-                    int(obj.get("commit_ts", 0)),
-                )
+                om = _offset_from_record(value)
+                if om is not None:
+                    group = self.groups.setdefault(key.group_id, Group(key.group_id))
+                    group.offsets[(key.topic, key.partition)] = om
+        for producer_id, keys in pending.items():  # transactions whose marker is still to come
+            for key, value in keys.items():
+                om = _offset_from_record(value)
+                if isinstance(key, gr.OffsetKey) and om is not None:
+                    group = self.groups.setdefault(key.group_id, Group(key.group_id))
+                    group.pending_txn_offsets.setdefault(producer_id, {})[(key.topic, key.partition)] = om
         assert offset >= end, f"loaded {OFFSETS_TOPIC}-{p} to {offset}, short of {end}"
         if self.owned.get(p) == "loading":
             self.owned[p] = "active"
+            for producer_id, committed in self._markers_while_loading.pop(p, []):
+                self.on_txn_marker(p, producer_id, committed)
         log.log(
             logging.INFO if records or waited else logging.DEBUG,
             "event=coordinator_loaded partition=%s-%d groups=%d records=%d load_end=%d took_ms=%d",
@@ -310,8 +332,17 @@ class GroupCoordinator:
 
     # -- persistence -------------------------------------------------------------------------------
 
-    async def _write(self, group_id: str, items: list[tuple[gr.Key, dict[str, Any] | None]]) -> ErrorCode:
-        """Append records to the group's partition and wait until they are committed."""
+    async def _write(
+        self,
+        group_id: str,
+        items: list[tuple[gr.Key, dict[str, Any] | None]],
+        *,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+    ) -> ErrorCode:
+        """Append records to the group's partition and wait until they are committed; with a
+        producer id, as that producer's transactional records (TxnOffsetCommit: the partition
+        refuses a fenced epoch, and the transaction's marker decides their fate)."""
         p = self.partition_for(group_id)
         part = self.broker.replicas.partitions.get((OFFSETS_TOPIC, p))
         if part is None or not part.is_leader or self.owned.get(p) != "active":
@@ -323,7 +354,13 @@ class GroupCoordinator:
             [(gr.encode_key(k), gr.encode_value(v)) for k, v in items],
             min(cfg.segment_bytes, cfg.max_message_bytes) // 2,
         ):
-            batch = build_batch(chunk, timestamp_ms=now_ms)
+            batch = build_batch(
+                chunk,
+                timestamp_ms=now_ms,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                transactional=producer_id >= 0,
+            )
             result = self.broker.replicas.append(OFFSETS_TOPIC, p, batch)
             if result.error is not ErrorCode.NONE:
                 log.warning("event=coordinator_write_failed group=%s error=%s", group_id, result.error.name)
@@ -909,6 +946,77 @@ class GroupCoordinator:
                     group.offsets[tp] = om
         return results
 
+    async def commit_txn_offsets(self, req: Body) -> dict[tuple[str, int], ErrorCode]:
+        """TxnOffsetCommit: the offsets are written as the producer's transactional records and
+        held apart (``Group.pending_txn_offsets``) until the transaction's marker reaches this
+        partition (``on_txn_marker``). Kafka's member checks apply when the request names a
+        member or a generation (version 3, KIP-447)."""
+        group_id = req["group_id"]
+        wanted = [(t["name"], p) for t in req["topics"] for p in t["partitions"]]
+        error = self.check(group_id)
+        group = self.groups.get(group_id)
+        if error is ErrorCode.NONE and group is not None:
+            member_id, generation = req.get("member_id") or "", req.get("generation_id", -1)
+            if group.state is S.DEAD:
+                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            elif member_id and member_id not in group.members:
+                error = ErrorCode.UNKNOWN_MEMBER_ID
+            elif generation >= 0 and generation != group.generation:
+                error = ErrorCode.ILLEGAL_GENERATION
+        if error is not ErrorCode.NONE:
+            return {(topic, p["partition_index"]): error for topic, p in wanted}
+        results: dict[tuple[str, int], ErrorCode] = {}
+        items: list[tuple[gr.Key, dict[str, Any] | None]] = []
+        values: dict[tuple[str, int], OffsetAndMetadata] = {}
+        now_ms = int(time.time() * 1000)
+        for topic, p in wanted:
+            tp = (topic, p["partition_index"])
+            metadata = p.get("committed_metadata")
+            if metadata is not None and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                results[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+                continue
+            om = OffsetAndMetadata(
+                int(p["committed_offset"]), int(p.get("committed_leader_epoch", -1)), metadata, now_ms
+            )
+            values[tp] = om
+            items.append(
+                (
+                    gr.OffsetKey(group_id, topic, tp[1]),
+                    gr.offset_value(om.offset, om.leader_epoch, om.metadata, om.commit_timestamp_ms),
+                )
+            )
+        if items:
+            producer_id = int(req["producer_id"])
+            write_error = await self._write(
+                group_id, items, producer_id=producer_id, producer_epoch=int(req["producer_epoch"])
+            )
+            if write_error is ErrorCode.NONE:
+                group = self.groups.setdefault(group_id, Group(group_id))
+                group.pending_txn_offsets.setdefault(producer_id, {}).update(values)
+            for tp in values:
+                results[tp] = write_error
+        return results
+
+    def on_txn_marker(self, p: int, producer_id: int, committed: bool) -> None:
+        """A transaction's marker is committed on ``__consumer_offsets``-``p``: the offsets it
+        committed to this partition's groups apply (COMMIT) or are dropped (ABORT)."""
+        status = self.owned.get(p)
+        if status is None:
+            return  # not this partition's coordinator: the next one's load replays the marker
+        if status == "loading":
+            self._markers_while_loading.setdefault(p, []).append((producer_id, committed))
+            return
+        for group in self.groups.values():
+            if producer_id in group.pending_txn_offsets and self.partition_for(group.group_id) == p:
+                n = group.complete_txn_offsets(producer_id, committed)
+                log.info(
+                    "event=txn_offsets_%s group=%s producer_id=%d partitions=%d",
+                    "committed" if committed else "aborted",
+                    group.group_id,
+                    producer_id,
+                    n,
+                )
+
     def _commit_allowed(
         self, group_id: str, generation: int, member_id: str, instance_id: str | None = None
     ) -> ErrorCode:
@@ -933,6 +1041,15 @@ class GroupCoordinator:
             return ErrorCode.REBALANCE_IN_PROGRESS
         group.members[member_id].last_heartbeat = asyncio.get_running_loop().time()
         return ErrorCode.NONE
+
+    def unstable_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """The group's partitions with a transactional commit awaiting its marker: an
+        OffsetFetch asking for stable offsets (KIP-447) is answered UNSTABLE_OFFSET_COMMIT for
+        them, so a new owner does not start from an offset a transaction may still move."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return set()
+        return {tp for pending in group.pending_txn_offsets.values() for tp in pending}
 
     def fetch_offsets(
         self, group_id: str, topics: list[tuple[str, list[int]]] | None
@@ -1047,3 +1164,15 @@ class GroupCoordinator:
             del self.groups[group_id]
             log.info("event=group_deleted group=%s", group_id)
         return write_error
+
+
+def _offset_from_record(value: bytes | None) -> OffsetAndMetadata | None:
+    obj = gr.decode_value(value)
+    if obj is None:
+        return None
+    return OffsetAndMetadata(
+        int(obj["offset"]),
+        int(obj.get("leader_epoch", -1)),
+        obj.get("metadata"),
+        int(obj.get("commit_ts", 0)),
+    )

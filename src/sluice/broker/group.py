@@ -113,6 +113,9 @@ class Group:
     #: time each expires if its member does not join with it.
     pending_members: dict[str, float] = field(default_factory=dict)
     offsets: dict[tuple[str, int], OffsetAndMetadata] = field(default_factory=dict)
+    #: offsets committed in a transaction, by producer id, until its marker reaches the group's
+    #: partition (TxnOffsetCommit): applied to ``offsets`` on COMMIT, dropped on ABORT
+    pending_txn_offsets: dict[int, dict[tuple[str, int], OffsetAndMetadata]] = field(default_factory=dict)
     rebalance_deadline: float = 0.0
     #: no earlier than this, the first rebalance of an empty group completes (initial delay).
     initial_delay_until: float = 0.0
@@ -181,6 +184,17 @@ class Group:
         if self.leader == old_id:
             self.leader = new_id
         return member
+
+    def has_pending_txn_offset(self, tp: tuple[str, int]) -> bool:
+        return any(tp in pending for pending in self.pending_txn_offsets.values())
+
+    def complete_txn_offsets(self, producer_id: int, committed: bool) -> int:
+        """The transaction of ``producer_id`` ended: its offsets become the committed ones
+        (COMMIT) or are dropped (ABORT). Returns how many were pending."""
+        pending = self.pending_txn_offsets.pop(producer_id, {})
+        if committed:
+            self.offsets.update(pending)
+        return len(pending)
 
     def all_members_joined(self) -> bool:
         return all(m.awaiting_join for m in self.members.values())

@@ -23,6 +23,7 @@ from sluice.broker import (
     admin_partitions,
     admin_records,
     scram_apis,
+    txn_apis,
 )
 from sluice.broker.admin import missing_topic_error, validate_topic_name
 from sluice.broker.authz import GUARDS, guard_handlers
@@ -96,8 +97,10 @@ async def find_coordinator(broker: Broker, header: RequestHeader, req: Body) -> 
     if single:
         keys = [req.get("key", "")]
     coordinators = []
+    key_type = req.get("key_type", 0)
+    finder = broker.txn_coordinator if key_type == 1 else broker.coordinator
     for key in keys:
-        error, message, node, host, port = broker.coordinator.find_coordinator(key, req.get("key_type", 0))
+        error, message, node, host, port = finder.find_coordinator(key, key_type)
         if node >= 0:  # the coordinator's address on the listener this client came in on
             reg = broker.metadata.brokers().get(node)
             address = reg.endpoint(current_session.get().listener) if reg is not None else None
@@ -247,6 +250,7 @@ async def offset_fetch(broker: Broker, header: RequestHeader, req: Body) -> Body
     requested = req.get("topics")
     topics = None if requested is None else [(t["name"], list(t["partition_indexes"])) for t in requested]
     error, found = broker.coordinator.fetch_offsets(req["group_id"], topics)
+    unstable = broker.coordinator.unstable_offsets(req["group_id"]) if req.get("require_stable") else set()
     if error is not ErrorCode.NONE:
         return {
             "throttle_time_ms": 0,
@@ -279,7 +283,9 @@ async def offset_fetch(broker: Broker, header: RequestHeader, req: Body) -> Body
                         "committed_offset": om.offset if om else -1,
                         "committed_leader_epoch": om.leader_epoch if om else -1,
                         "metadata": (om.metadata if om and om.metadata is not None else ""),
-                        "error_code": ErrorCode.NONE,
+                        "error_code": (
+                            ErrorCode.UNSTABLE_OFFSET_COMMIT if (name, p) in unstable else ErrorCode.NONE
+                        ),
                     }
                     for p, om in parts
                 ],
@@ -422,8 +428,6 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
     responses: list[Body] = []
     waits: list[tuple[str, int, int, ProduceResult]] = []
     appended = 0  # record bytes (sluice_bytes_in_total)
-    if req.get("transactional_id") is not None:
-        log.info("event=produce_rejected reason=transactions_unsupported client=%s", header.client_id)
     twice = duplicated((t["name"], pd["index"]) for t in req["topic_data"] for pd in t["partition_data"])
     for topic in req["topic_data"]:
         name = topic["name"]
@@ -442,16 +446,6 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
             if acks not in (0, 1, -1):
                 parts.append(
                     {"index": pd["index"], "error_code": ErrorCode.INVALID_REQUIRED_ACKS, "base_offset": -1}
-                )
-                continue
-            if req.get("transactional_id") is not None:
-                parts.append(
-                    {
-                        "index": pd["index"],
-                        "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                        "base_offset": -1,
-                        "error_message": "Sluice does not support transactional producers",
-                    }
                 )
                 continue
             if name.startswith("__"):
@@ -608,13 +602,18 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 p.current_leader_epoch,
                 min_one_batch=(total == 0),
                 replica=claim,
+                read_committed=read_committed and claim is None,
             )
             size = result.size
             total += size
             has_error = has_error or result.error != ErrorCode.NONE
             read[key] = result
             results[key] = PartitionResult(
-                result.error, result.high_watermark, result.high_watermark, result.log_start_offset, size > 0
+                result.error,
+                result.high_watermark,
+                result.last_stable_offset if result.last_stable_offset >= 0 else result.high_watermark,
+                result.log_start_offset,
+                size > 0,
             )
             if quiet_ok:
                 context.set_quiet(
@@ -671,9 +670,15 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 "partition_index": key[1],
                 "error_code": result.error,
                 "high_watermark": result.high_watermark,
-                "last_stable_offset": result.high_watermark,
+                "last_stable_offset": (
+                    result.last_stable_offset if result.last_stable_offset >= 0 else result.high_watermark
+                ),
                 "log_start_offset": result.log_start_offset,
-                "aborted_transactions": [] if read_committed else None,
+                "aborted_transactions": (
+                    [{"producer_id": a.producer_id, "first_offset": a.first_offset} for a in result.aborted]
+                    if read_committed
+                    else None
+                ),
                 "preferred_read_replica": -1,
                 "records": result.records.records if result.records is not None else b"",
             }
@@ -761,7 +766,11 @@ async def list_offsets(broker: Broker, header: RequestHeader, req: Body) -> Body
                 error, ts, offset, epoch = ErrorCode.INVALID_REQUEST, -1, -1, -1
             else:
                 error, ts, offset, epoch = broker.replicas.list_offset(
-                    t["name"], p["partition_index"], p["timestamp"], p.get("current_leader_epoch", -1)
+                    t["name"],
+                    p["partition_index"],
+                    p["timestamp"],
+                    p.get("current_leader_epoch", -1),
+                    read_committed=req.get("isolation_level", 0) == 1,
                 )
             parts.append(
                 {
@@ -828,15 +837,7 @@ async def delete_topics(broker: Broker, header: RequestHeader, req: Body) -> Bod
 
 async def init_producer_id(broker: Broker, header: RequestHeader, req: Body) -> Body:
     if req.get("transactional_id") is not None:
-        log.info(
-            "event=init_producer_id_rejected reason=transactions_unsupported client=%s", header.client_id
-        )
-        return {
-            "throttle_time_ms": 0,
-            "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            "producer_id": -1,
-            "producer_epoch": -1,
-        }
+        return await txn_apis.init_transactional_producer_id(broker, header, req)
     pid = req.get("producer_id", -1)
     epoch = req.get("producer_epoch", -1)
     if pid is not None and pid >= 0:
@@ -908,6 +909,11 @@ HANDLERS.update(
 )
 HANDLERS.update(
     {
+        ApiKey.ADD_PARTITIONS_TO_TXN: txn_apis.add_partitions_to_txn,
+        ApiKey.ADD_OFFSETS_TO_TXN: txn_apis.add_offsets_to_txn,
+        ApiKey.END_TXN: txn_apis.end_txn,
+        ApiKey.WRITE_TXN_MARKERS: txn_apis.write_txn_markers,
+        ApiKey.TXN_OFFSET_COMMIT: txn_apis.txn_offset_commit,
         ApiKey.CREATE_PARTITIONS: admin_partitions.create_partitions,
         ApiKey.ELECT_LEADERS: admin_partitions.elect_leaders,
         ApiKey.ALTER_PARTITION_REASSIGNMENTS: admin_partitions.alter_partition_reassignments,

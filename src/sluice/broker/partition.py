@@ -281,7 +281,10 @@ class Partition:
         if records:
             self.log.append_as_follower(records)
         # A follower's high watermark trails the leader's and never passes its own log end.
-        self.high_watermark = max(self.high_watermark, min(leader_hw, self.log.log_end_offset))
+        hw = max(self.high_watermark, min(leader_hw, self.log.log_end_offset))
+        if hw != self.high_watermark:
+            self.high_watermark = hw
+            self.log.last_stable_offset(hw)  # forgets transactions whose markers are now below it
 
     def truncate_to(self, offset: int) -> None:
         if offset < self.log.log_end_offset:
@@ -440,15 +443,41 @@ class Partition:
                 f"behind the high watermark {self.high_watermark}"
             )
 
+    @property
+    def last_stable_offset(self) -> int:
+        """Below it every transaction has ended by a marker below the high watermark: all a
+        read_committed reader may see (PartitionLog.last_stable_offset)."""
+        return self.log.last_stable_offset(self.high_watermark)
+
     def read(
-        self, offset: int, max_bytes: int, *, committed_only: bool = True, min_one_batch: bool = True
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed_only: bool = True,
+        read_committed: bool = False,
+        min_one_batch: bool = True,
     ) -> ReadResult:
-        return self.log.read(
-            offset,
-            max_bytes=max_bytes,
-            max_offset=self.high_watermark if committed_only else None,
-            min_one_batch=min_one_batch,
+        """Whole batches from ``offset``: below the high watermark (``committed_only``), or
+        below the last stable offset (``read_committed``), or anything (a follower's read)."""
+        limit = self.last_stable_offset if read_committed else self.high_watermark if committed_only else None
+        return self.log.read(offset, max_bytes=max_bytes, max_offset=limit, min_one_batch=min_one_batch)
+
+    def append_marker(
+        self, producer_id: int, producer_epoch: int, committed: bool, coordinator_epoch: int
+    ) -> AppendInfo:
+        """Write a transaction's marker as leader (the coordinator's WriteTxnMarkers)."""
+        assert self.is_leader
+        info = self.log.append_marker(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            committed=committed,
+            coordinator_epoch=coordinator_epoch,
+            leader_epoch=self.leader_epoch,
         )
+        self._notify()
+        self._update_high_watermark()
+        return info
 
     def _update_high_watermark(self) -> None:
         new_hw = high_watermark_for(
@@ -464,6 +493,7 @@ class Partition:
         assert new_hw <= self.log.log_end_offset
         if new_hw != self.high_watermark:
             self.high_watermark = new_hw
+            self.log.last_stable_offset(new_hw)  # forgets transactions whose markers are now below it
             self._notify()
 
     # -- waiting for data ------------------------------------------------------------------------

@@ -32,10 +32,12 @@ from sluice.broker.replica_access import ReplicaClaim, replica_refusal
 from sluice.broker.replica_fetcher import FetcherManager
 from sluice.cluster.layout import TopicAssignment
 from sluice.protocol.errors import ErrorCode
+from sluice.protocol.records import iter_batches
 from sluice.security.session import Session, current_session
 from sluice.storage import errors as storage_errors
 from sluice.storage.config import LONG_MAX, LogConfig
 from sluice.storage.log import ReadResult
+from sluice.storage.txn_index import AbortedTxn
 
 log = logging.getLogger("sluice.replica_manager")
 
@@ -69,6 +71,9 @@ class FetchResult:
     high_watermark: int = -1
     log_start_offset: int = -1
     records: ReadResult | None = None
+    last_stable_offset: int = -1
+    #: read_committed only: transactions aborted within what ``records`` holds
+    aborted: tuple[AbortedTxn, ...] = ()
 
     @property
     def size(self) -> int:
@@ -462,6 +467,8 @@ class ReplicaManager:
         except storage_errors.KeylessRecordError as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
             return ProduceResult(ErrorCode.INVALID_RECORD, message=str(exc))
+        except storage_errors.InvalidTxnStateError as exc:
+            return ProduceResult(ErrorCode.INVALID_TXN_STATE, message=str(exc))
         except (storage_errors.CorruptRecordError, storage_errors.InvalidRecordError) as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
             return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))
@@ -469,6 +476,48 @@ class ReplicaManager:
             ErrorCode.NONE,
             info.first_offset,
             info.log_append_time,
+            part.log.log_start_offset,
+            last_offset=info.last_offset,
+            partition=part,
+        )
+
+    def append_marker(
+        self,
+        topic: str,
+        index: int,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        coordinator_epoch: int,
+    ) -> ProduceResult:
+        """Write a transaction's COMMIT or ABORT marker as leader; the caller waits for it to be
+        replicated (``wait_replicated``) as for an acks=all write."""
+        part, error = self.leader_partition(topic, index)
+        if part is None:
+            return ProduceResult(error)
+        if len(part.isr) < part.min_insync_replicas:
+            return ProduceResult(
+                ErrorCode.NOT_ENOUGH_REPLICAS,
+                message=f"{part.name} has {len(part.isr)} in-sync replica(s); the marker waits",
+            )
+        try:
+            info = part.append_marker(producer_id, producer_epoch, committed, coordinator_epoch)
+        except storage_errors.InvalidProducerEpochError as exc:
+            return ProduceResult(ErrorCode.INVALID_PRODUCER_EPOCH, message=str(exc))
+        except storage_errors.TransactionCoordinatorFencedError as exc:
+            return ProduceResult(ErrorCode.TRANSACTION_COORDINATOR_FENCED, message=str(exc))
+        log.debug(
+            "event=txn_marker_written partition=%s producer_id=%d epoch=%d committed=%s offset=%d",
+            part.name,
+            producer_id,
+            producer_epoch,
+            committed,
+            info.first_offset,
+        )
+        return ProduceResult(
+            ErrorCode.NONE,
+            info.first_offset,
+            -1,
             part.log.log_start_offset,
             last_offset=info.last_offset,
             partition=part,
@@ -546,9 +595,12 @@ class ReplicaManager:
         min_one_batch: bool,
         *,
         replica: ReplicaClaim | None = None,
+        read_committed: bool = False,
     ) -> FetchResult:
         """Read for a consumer, or, with ``replica``, for the follower it claims to be (judged by
-        ``replica_access.replica_refusal`` before any follower state is touched)."""
+        ``replica_access.replica_refusal`` before any follower state is touched). A
+        ``read_committed`` consumer reads below the last stable offset only, and is told which
+        transactions aborted within what it got."""
         part, error = self.leader_partition(topic, index)
         if part is None:
             return FetchResult(error)
@@ -560,14 +612,21 @@ class ReplicaManager:
             if refusal is not ErrorCode.NONE:
                 return FetchResult(refusal)
             return self._read_for_follower(part, replica.replica_id, offset, max_bytes)
-        if offset > part.high_watermark and offset <= part.log.log_end_offset:
-            # Data past the high watermark exists but is not committed yet: nothing to return.
-            return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset)
+        hw, lso, log_start = part.high_watermark, part.last_stable_offset, part.log.log_start_offset
+        limit = lso if read_committed else hw
+        if offset > limit and offset <= part.log.log_end_offset:
+            # Data past the limit exists but is not committed (or not stable) yet: nothing to return.
+            return FetchResult(ErrorCode.NONE, hw, log_start, last_stable_offset=lso)
         try:
-            result = part.read(offset, max_bytes, min_one_batch=min_one_batch)
+            result = part.read(offset, max_bytes, read_committed=read_committed, min_one_batch=min_one_batch)
         except storage_errors.OffsetOutOfRangeError:
-            return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, part.high_watermark, part.log.log_start_offset)
-        return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset, result)
+            return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, hw, log_start, last_stable_offset=lso)
+        aborted: tuple[AbortedTxn, ...] = ()
+        if read_committed and result.records and part.log.collect_aborted(offset, lso):
+            # Bounded by what the read returned (Kafka's rule); walking its headers is paid only
+            # where an aborted transaction lies ahead of the reader at all.
+            aborted = tuple(part.log.collect_aborted(offset, _next_offset(result)))
+        return FetchResult(ErrorCode.NONE, hw, log_start, result, lso, aborted)
 
     def _read_for_follower(
         self, part: Partition, replica_id: int, offset: int, max_bytes: int
@@ -660,9 +719,16 @@ class ReplicaManager:
     # -- list offsets ------------------------------------------------------------------------------
 
     def list_offset(
-        self, topic: str, index: int, timestamp: int, current_leader_epoch: int
+        self,
+        topic: str,
+        index: int,
+        timestamp: int,
+        current_leader_epoch: int,
+        *,
+        read_committed: bool = False,
     ) -> tuple[ErrorCode, int, int, int]:
-        """(error, timestamp, offset, leader_epoch) for one partition."""
+        """(error, timestamp, offset, leader_epoch) for one partition; the latest offset of a
+        ``read_committed`` client is the last stable offset (Kafka's ListOffsets rule)."""
         part, error = self.leader_partition(topic, index)
         if part is None:
             return error, -1, -1, -1
@@ -670,7 +736,8 @@ class ReplicaManager:
         if epoch_error is not ErrorCode.NONE:
             return epoch_error, -1, -1, -1
         if timestamp == LATEST_TIMESTAMP:
-            return ErrorCode.NONE, -1, part.high_watermark, part.leader_epoch
+            latest = part.last_stable_offset if read_committed else part.high_watermark
+            return ErrorCode.NONE, -1, latest, part.leader_epoch
         if timestamp == EARLIEST_TIMESTAMP:
             return ErrorCode.NONE, -1, part.log.log_start_offset, part.leader_epoch
         if timestamp == MAX_TIMESTAMP:
@@ -792,3 +859,11 @@ class ReplicaManager:
         )
         self.partitions.clear()
         return not failed
+
+
+def _next_offset(result: ReadResult) -> int:
+    """The offset after the last batch a read returned (the bound of its aborted transactions)."""
+    last = 0
+    for _pos, header in iter_batches(result.records):
+        last = header.next_offset
+    return last

@@ -35,8 +35,10 @@ STATE_CHANGE_PREFIX = "change-"
 
 #: The topic holding every consumer group's membership and committed offsets.
 OFFSETS_TOPIC = "__consumer_offsets"
+#: The topic holding every transactional id's producer id, epoch and transaction state.
+TRANSACTION_STATE_TOPIC = "__transaction_state"
 #: Topics the cluster keeps for itself (Kafka's internal topics): never deleted on request.
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 
 #: Paths every cluster has; created (empty) by the first broker that starts.
 PERSISTENT_PATHS = (

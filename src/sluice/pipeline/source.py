@@ -38,8 +38,12 @@ Options
                             steps of the task's snapshot_chunk_rows
 
 Offsets are `{"topic": {"partition": next_offset}}`, built in sorted order so the same position
-always serialises to the same JSON. Only committed records (below the high watermark) are read:
-the consumer used by each read never sees further.
+always serialises to the same JSON. Only committed records are read, in both of Kafka's senses:
+every client of the source is read_committed, so "latest" is each partition's last stable
+offset (below the high watermark and below every open transaction), and the reads skip the
+transaction markers (control batches) and the records of aborted transactions. A range's last
+offsets may be such records: a read ends where the consumer's position passes the range's end,
+not at a record of its own.
 """
 
 from __future__ import annotations
@@ -246,6 +250,9 @@ class _DriverClient:
                     "bootstrap.servers": self.bootstrap,
                     "group.id": self.GROUP,
                     "enable.auto.commit": False,
+                    # Latest offsets are the last stable offsets: a plan never ends inside an
+                    # open transaction (librdkafka's default too; said here because it matters).
+                    "isolation.level": "read_committed",
                     # Leaders move when a broker dies: look again soon rather than in 5 minutes.
                     "topic.metadata.refresh.interval.ms": 2000,
                     "log_level": 0,
@@ -397,12 +404,20 @@ def _consume_range(options: dict[str, str], part: Range) -> Iterator[list[Any]]:
     fail_on_data_loss = _fail_on_data_loss(options)
     consumer = _reader_consumer(_bootstrap(options), _client_config(options))
     try:
-        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        tp = TopicPartition(part.topic, part.partition, part.start)
+        consumer.assign([tp])
         next_offset = part.start
         last_progress = time.monotonic()
         while next_offset < part.end:
             msgs = consumer.consume(num_messages=min(BATCH_ROWS, part.end - next_offset), timeout=1.0)
             if not msgs:
+                # The rest of the range may hold no record to deliver (transaction markers,
+                # aborted records): the consumer's position has passed them.
+                position = consumer.position([tp])[0].offset
+                if position > next_offset:
+                    next_offset = position
+                    last_progress = time.monotonic()
+                    continue
                 if time.monotonic() - last_progress > STALL_TIMEOUT_S:
                     raise SluiceSourceError(
                         f"no progress reading {part.topic}[{part.partition}] at offset {next_offset} "
@@ -506,6 +521,9 @@ def _reader_consumer(bootstrap: str, client: dict[str, str]) -> Any:
                 "group.id": "sluice-spark-reader",
                 "enable.auto.commit": False,
                 "enable.partition.eof": False,
+                # Transaction markers and aborted records are skipped, and nothing past the last
+                # stable offset is fetched.
+                "isolation.level": "read_committed",
                 "fetch.max.bytes": 64 * 1024 * 1024,
                 "max.partition.fetch.bytes": 16 * 1024 * 1024,
                 "fetch.wait.max.ms": 100,

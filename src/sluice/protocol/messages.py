@@ -13,6 +13,10 @@ from __future__ import annotations
 from sluice.protocol.schema import Field, Message
 
 __all__ = [
+    "ADD_OFFSETS_TO_TXN_REQUEST",
+    "ADD_OFFSETS_TO_TXN_RESPONSE",
+    "ADD_PARTITIONS_TO_TXN_REQUEST",
+    "ADD_PARTITIONS_TO_TXN_RESPONSE",
     "ALTER_CONFIGS_REQUEST",
     "ALTER_CONFIGS_RESPONSE",
     "ALTER_PARTITION_REASSIGNMENTS_REQUEST",
@@ -51,6 +55,8 @@ __all__ = [
     "DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE",
     "ELECT_LEADERS_REQUEST",
     "ELECT_LEADERS_RESPONSE",
+    "END_TXN_REQUEST",
+    "END_TXN_RESPONSE",
     "FETCH_REQUEST",
     "FETCH_RESPONSE",
     "FIND_COORDINATOR_REQUEST",
@@ -91,6 +97,10 @@ __all__ = [
     "SASL_HANDSHAKE_RESPONSE",
     "SYNC_GROUP_REQUEST",
     "SYNC_GROUP_RESPONSE",
+    "TXN_OFFSET_COMMIT_REQUEST",
+    "TXN_OFFSET_COMMIT_RESPONSE",
+    "WRITE_TXN_MARKERS_REQUEST",
+    "WRITE_TXN_MARKERS_RESPONSE",
 ]
 
 #: A broker's address in Produce (v10+) and Fetch (v16+) answers that name a new leader (KIP-951).
@@ -1483,6 +1493,227 @@ ALTER_USER_SCRAM_CREDENTIALS_RESPONSE = Message(
     ],
 )
 
+
+# -- transactions (KIP-98) ----------------------------------------------------------------------
+
+_ADD_PARTITIONS_TO_TXN_TOPIC = [
+    Field("Name", "string", "0+"),
+    Field("Partitions", "[]int32", "0+"),
+]
+
+ADD_PARTITIONS_TO_TXN_REQUEST = Message(
+    "AddPartitionsToTxnRequest",
+    24,
+    valid="0-3",
+    flexible="3+",
+    fields=[
+        Field("V3AndBelowTransactionalId", "string", "0-3"),
+        Field("V3AndBelowProducerId", "int64", "0-3"),
+        Field("V3AndBelowProducerEpoch", "int16", "0-3"),
+        Field("V3AndBelowTopics", "[]AddPartitionsToTxnTopic", "0-3", fields=_ADD_PARTITIONS_TO_TXN_TOPIC),
+    ],
+)
+
+ADD_PARTITIONS_TO_TXN_RESPONSE = Message(
+    "AddPartitionsToTxnResponse",
+    24,
+    valid="0-3",
+    flexible="3+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field(
+            "ResultsByTopicV3AndBelow",
+            "[]AddPartitionsToTxnTopicResult",
+            "0-3",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "ResultsByPartition",
+                    "[]AddPartitionsToTxnPartitionResult",
+                    "0+",
+                    fields=[
+                        Field("PartitionIndex", "int32", "0+"),
+                        Field("PartitionErrorCode", "int16", "0+"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+ADD_OFFSETS_TO_TXN_REQUEST = Message(
+    "AddOffsetsToTxnRequest",
+    25,
+    valid="0-3",
+    flexible="3+",
+    fields=[
+        Field("TransactionalId", "string", "0+"),
+        Field("ProducerId", "int64", "0+"),
+        Field("ProducerEpoch", "int16", "0+"),
+        Field("GroupId", "string", "0+"),
+    ],
+)
+
+ADD_OFFSETS_TO_TXN_RESPONSE = Message(
+    "AddOffsetsToTxnResponse",
+    25,
+    valid="0-3",
+    flexible="3+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("ErrorCode", "int16", "0+"),
+    ],
+)
+
+END_TXN_REQUEST = Message(
+    "EndTxnRequest",
+    26,
+    valid="0-3",
+    flexible="3+",
+    fields=[
+        Field("TransactionalId", "string", "0+"),
+        Field("ProducerId", "int64", "0+"),
+        Field("ProducerEpoch", "int16", "0+"),
+        Field("Committed", "bool", "0+"),
+    ],
+)
+
+END_TXN_RESPONSE = Message(
+    "EndTxnResponse",
+    26,
+    valid="0-3",
+    flexible="3+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field("ErrorCode", "int16", "0+"),
+    ],
+)
+
+WRITE_TXN_MARKERS_REQUEST = Message(
+    "WriteTxnMarkersRequest",
+    27,
+    valid="0-1",
+    flexible="1+",
+    fields=[
+        Field(
+            "Markers",
+            "[]WritableTxnMarker",
+            "0+",
+            fields=[
+                Field("ProducerId", "int64", "0+"),
+                Field("ProducerEpoch", "int16", "0+"),
+                Field("TransactionResult", "bool", "0+"),
+                Field(
+                    "Topics",
+                    "[]WritableTxnMarkerTopic",
+                    "0+",
+                    fields=[
+                        Field("Name", "string", "0+"),
+                        Field("PartitionIndexes", "[]int32", "0+"),
+                    ],
+                ),
+                Field("CoordinatorEpoch", "int32", "0+"),
+            ],
+        ),
+    ],
+)
+
+WRITE_TXN_MARKERS_RESPONSE = Message(
+    "WriteTxnMarkersResponse",
+    27,
+    valid="0-1",
+    flexible="1+",
+    fields=[
+        Field(
+            "Markers",
+            "[]WritableTxnMarkerResult",
+            "0+",
+            fields=[
+                Field("ProducerId", "int64", "0+"),
+                Field(
+                    "Topics",
+                    "[]WritableTxnMarkerTopicResult",
+                    "0+",
+                    fields=[
+                        Field("Name", "string", "0+"),
+                        Field(
+                            "Partitions",
+                            "[]WritableTxnMarkerPartitionResult",
+                            "0+",
+                            fields=[
+                                Field("PartitionIndex", "int32", "0+"),
+                                Field("ErrorCode", "int16", "0+"),
+                            ],
+                        ),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+TXN_OFFSET_COMMIT_REQUEST = Message(
+    "TxnOffsetCommitRequest",
+    28,
+    valid="0-3",
+    flexible="3+",
+    fields=[
+        Field("TransactionalId", "string", "0+"),
+        Field("GroupId", "string", "0+"),
+        Field("ProducerId", "int64", "0+"),
+        Field("ProducerEpoch", "int16", "0+"),
+        Field("GenerationId", "int32", "3+", default="-1"),
+        Field("MemberId", "string", "3+", default=""),
+        Field("GroupInstanceId", "string", "3+", nullable="3+", default="null"),
+        Field(
+            "Topics",
+            "[]TxnOffsetCommitRequestTopic",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]TxnOffsetCommitRequestPartition",
+                    "0+",
+                    fields=[
+                        Field("PartitionIndex", "int32", "0+"),
+                        Field("CommittedOffset", "int64", "0+"),
+                        Field("CommittedLeaderEpoch", "int32", "2+", default="-1", ignorable=True),
+                        Field("CommittedMetadata", "string", "0+", nullable="0+"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+TXN_OFFSET_COMMIT_RESPONSE = Message(
+    "TxnOffsetCommitResponse",
+    28,
+    valid="0-3",
+    flexible="3+",
+    fields=[
+        Field("ThrottleTimeMs", "int32", "0+"),
+        Field(
+            "Topics",
+            "[]TxnOffsetCommitResponseTopic",
+            "0+",
+            fields=[
+                Field("Name", "string", "0+"),
+                Field(
+                    "Partitions",
+                    "[]TxnOffsetCommitResponsePartition",
+                    "0+",
+                    fields=[
+                        Field("PartitionIndex", "int32", "0+"),
+                        Field("ErrorCode", "int16", "0+"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
 REQUESTS: dict[int, Message] = {
     m.api_key: m
     for m in (
@@ -1513,6 +1744,11 @@ REQUESTS: dict[int, Message] = {
         SASL_AUTHENTICATE_REQUEST,
         DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST,
         ALTER_USER_SCRAM_CREDENTIALS_REQUEST,
+        ADD_PARTITIONS_TO_TXN_REQUEST,
+        ADD_OFFSETS_TO_TXN_REQUEST,
+        END_TXN_REQUEST,
+        WRITE_TXN_MARKERS_REQUEST,
+        TXN_OFFSET_COMMIT_REQUEST,
     )
 }
 """Request body schemas by API key."""
@@ -1547,6 +1783,11 @@ RESPONSES: dict[int, Message] = {
         SASL_AUTHENTICATE_RESPONSE,
         DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE,
         ALTER_USER_SCRAM_CREDENTIALS_RESPONSE,
+        ADD_PARTITIONS_TO_TXN_RESPONSE,
+        ADD_OFFSETS_TO_TXN_RESPONSE,
+        END_TXN_RESPONSE,
+        WRITE_TXN_MARKERS_RESPONSE,
+        TXN_OFFSET_COMMIT_RESPONSE,
     )
 }
 """Response body schemas by API key."""

@@ -62,6 +62,8 @@ __all__ = [
     "COMPRESSION_NONE",
     "COMPRESSION_SNAPPY",
     "COMPRESSION_ZSTD",
+    "CONTROL_ABORT",
+    "CONTROL_COMMIT",
     "CRC_OFFSET",
     "CRC_START",
     "HEADER_SIZE",
@@ -76,16 +78,19 @@ __all__ = [
     "TIMESTAMP_CREATE_TIME",
     "TIMESTAMP_LOG_APPEND_TIME",
     "BatchHeader",
+    "ControlMarker",
     "CorruptRecordError",
     "InvalidRecordError",
     "Record",
     "RecordInput",
     "build_batch",
+    "build_control_batch",
     "compute_crc",
     "decode_records",
     "increment_sequence",
     "iter_batches",
     "parse_header",
+    "read_control_marker",
     "rebuild_batch",
     "recompress_batch",
     "set_base_offset",
@@ -742,3 +747,63 @@ def _read_bytes(data: Buffer, pos: int, end: int) -> tuple[bytes | None, int]:
     if pos + n > end:
         raise CorruptRecordError(f"field of {n} bytes at {pos} overruns record end {end}")
     return bytes(data[pos : pos + n]), pos + n
+
+
+# --- control batches (KIP-98 transaction markers) -------------------------------------------------
+
+#: Control record types (the key's second int16): an aborted or a committed transaction's end.
+CONTROL_ABORT: Final = 0
+CONTROL_COMMIT: Final = 1
+_CONTROL_KEY: Final = struct.Struct(">hh")  # version, type
+_END_TXN_VALUE: Final = struct.Struct(">hi")  # version, coordinator epoch
+
+
+@dataclass(frozen=True, slots=True)
+class ControlMarker:
+    """The end of a transaction, as a partition holds it: one control record in a control batch
+    carrying the producer id and epoch of the transaction it ends."""
+
+    committed: bool
+    coordinator_epoch: int
+
+
+def build_control_batch(
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    committed: bool,
+    coordinator_epoch: int,
+    timestamp_ms: int | None = None,
+) -> bytes:
+    """A COMMIT or ABORT marker for the producer's transaction (Kafka's EndTransactionMarker:
+    key = version 0 and the control type, value = version 0 and the coordinator epoch), as one
+    transactional control batch without a sequence."""
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if committed else CONTROL_ABORT)
+    value = _END_TXN_VALUE.pack(0, coordinator_epoch)
+    return build_batch(
+        [(key, value)],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        timestamp_ms=timestamp_ms,
+        transactional=True,
+        control=True,
+    )
+
+
+def read_control_marker(buf: Buffer, pos: int, header: BatchHeader) -> ControlMarker | None:
+    """The transaction marker the control batch at ``pos`` holds; None for a control record of
+    another type (none exists in the v2 format but Kafka reserves them: skipped, not fatal).
+
+    Raises CorruptRecordError for a control batch whose record is not a well-formed marker."""
+    assert header.is_control
+    records = decode_records(buf, pos, header)
+    if len(records) != 1 or records[0].key is None or len(records[0].key) < _CONTROL_KEY.size:
+        raise CorruptRecordError(f"control batch at offset {header.base_offset} holds no control record key")
+    _version, kind = _CONTROL_KEY.unpack_from(records[0].key, 0)
+    if kind not in (CONTROL_ABORT, CONTROL_COMMIT):
+        return None
+    value = records[0].value
+    if value is None or len(value) < _END_TXN_VALUE.size:
+        raise CorruptRecordError(f"transaction marker at offset {header.base_offset} has no value")
+    _vversion, coordinator_epoch = _END_TXN_VALUE.unpack_from(value, 0)
+    return ControlMarker(kind == CONTROL_COMMIT, coordinator_epoch)

@@ -13,12 +13,14 @@ __all__ = [
     "InvalidProducerEpochError",
     "InvalidRecordError",
     "InvalidTimestampError",
+    "InvalidTxnStateError",
     "KeylessRecordError",
     "LogClosedError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "RecordTooLargeError",
     "StorageError",
+    "TransactionCoordinatorFencedError",
     "UnexpectedAppendOffsetError",
 ]
 
@@ -49,6 +51,16 @@ class InvalidProducerEpochError(StorageError):
 
 class KeylessRecordError(StorageError):
     """A record without a key was sent to a compacted log (Kafka: INVALID_RECORD)."""
+
+
+class InvalidTxnStateError(StorageError):
+    """A producer with a transaction open on the partition wrote outside it (Kafka:
+    INVALID_TXN_STATE)."""
+
+
+class TransactionCoordinatorFencedError(StorageError):
+    """A transaction marker comes from a coordinator older than one that already wrote a marker
+    for the producer here (Kafka: TRANSACTION_COORDINATOR_FENCED)."""
 
 
 class LogClosedError(StorageError):

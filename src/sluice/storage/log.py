@@ -5,6 +5,7 @@ Directory contents::
     00000000000000000000.log         concatenated v2 record batches, exactly as served
     00000000000000000000.index       sparse offset index (see index.py)
     00000000000000000000.timeindex   sparse time index
+    00000000000000000000.txnindex    transactions aborted by a marker in the segment (txn_index.py)
     leader-epoch-checkpoint          Kafka's text format (see leader_epoch.py)
     00000000000000001234.snapshot    producer state after every batch below offset 1234
     recovery-point                   text: every batch below this offset was fsynced
@@ -45,15 +46,19 @@ from pathlib import Path
 from typing import Final
 
 from sluice.protocol.records import (
+    ATTR_CONTROL_MASK,
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC,
     MIN_BATCH_LENGTH,
     BatchHeader,
+    ControlMarker,
     CorruptRecordError,
     InvalidRecordError,
+    build_control_batch,
     decode_records,
     parse_header,
+    read_control_marker,
     set_base_offset,
     set_log_append_time,
     set_partition_leader_epoch,
@@ -73,8 +78,9 @@ from sluice.storage.errors import (
 from sluice.storage.fsutil import atomic_write, fsync_dir, fsync_file
 from sluice.storage.leader_append import check_timestamps, encode_for_topic
 from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
-from sluice.storage.producer_state import ProducerEntry, ProducerStateManager, list_snapshots
+from sluice.storage.producer_state import CompletedTxn, ProducerEntry, ProducerStateManager, list_snapshots
 from sluice.storage.segment import LogSegment, TimestampOffset, roll_jitter_ms, segment_file_name
+from sluice.storage.txn_index import AbortedTxn
 
 __all__ = [
     "CLEAN_SHUTDOWN_FILE",
@@ -278,7 +284,7 @@ class PartitionLog:
         bases = sorted(
             int(p.stem) for p in d.glob("*" + _LOG_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
         )
-        for suffix in (".index", ".timeindex"):
+        for suffix in (".index", ".timeindex", ".txnindex"):
             for p in d.glob("*" + suffix):
                 if p.stem.isdigit() and int(p.stem) not in bases:
                     p.unlink()  # orphan index
@@ -319,7 +325,12 @@ class PartitionLog:
         if rebuild_epochs:
             for h in self._iter_headers(self.log_start_offset):
                 self._recover_epoch(h)
-        self._load_producer_state()
+        # After a crash the recovered segments' aborted-transaction indexes are rebuilt: the
+        # producer state is replayed from a snapshot no later than the first of them.
+        recovered_from = (
+            self._segments[first_recover].base_offset if first_recover < len(self._segments) else self._leo
+        )
+        self._load_producer_state(limit=recovered_from)
         if clean:
             self._recovery_point = self._leo
         else:
@@ -364,15 +375,19 @@ class PartitionLog:
             self._dir / RECOVERY_POINT_FILE, f"{self._recovery_point}\n".encode("ascii"), durable=durable
         )
 
-    def _load_producer_state(self) -> None:
-        """Rebuild producer state: newest valid snapshot <= LEO, then a header scan to the LEO."""
+    def _load_producer_state(self, *, limit: int | None = None) -> None:
+        """Rebuild producer state: the newest valid snapshot at or below ``limit`` (default: the
+        LEO), then a replay of every batch from there to the LEO. The aborted-transaction
+        entries of the markers replayed are dropped first and written again by the replay, so
+        the indexes agree with the log wherever it was cut, torn or truncated."""
+        limit = self._leo if limit is None else min(limit, self._leo)
         mgr: ProducerStateManager | None = None
         start = self.log_start_offset
         for offset, path in reversed(list_snapshots(self._dir)):
             if offset > self._leo:
                 path.unlink()
                 continue
-            if mgr is None:
+            if mgr is None and offset <= limit:
                 try:
                     mgr = ProducerStateManager.from_bytes(path.read_bytes())
                     start = max(offset, self.log_start_offset)
@@ -380,11 +395,32 @@ class PartitionLog:
                     path.unlink()
         self._producers = mgr if mgr is not None else ProducerStateManager()
         self._snapshot_offset = start if mgr is not None else -1
-        for h in self._iter_headers(start):
-            self._producers.update(h)
+        for seg in self._segments:
+            if seg.next_offset > start:  # a segment wholly below holds no marker at or above it
+                seg.txn_index.truncate_to(start)
+        for seg, pos, h in self._iter_batches(start):
+            marker = None
+            if h.is_control:
+                try:
+                    marker = read_control_marker(seg.read(pos, h.batch_length + LOG_OVERHEAD), 0, h)
+                except CorruptRecordError:
+                    marker = None  # passed its CRC yet holds no marker: ends nothing, as Kafka skips it
+            self._apply_batch(seg, h, marker)
 
-    def _iter_headers(self, start_offset: int) -> Iterator[BatchHeader]:
-        """Headers of every batch whose last offset >= ``start_offset``, across segments."""
+    def _apply_batch(
+        self, seg: LogSegment, header: BatchHeader, marker: ControlMarker | None
+    ) -> CompletedTxn | None:
+        """Producer state after a batch now in ``seg``; an aborted transaction's entry goes to
+        the index of the segment holding its marker."""
+        done = self._producers.update(header, marker)
+        if done is not None and done.aborted:
+            seg.txn_index.append(
+                AbortedTxn(done.producer_id, done.first_offset, done.last_offset, done.last_stable_offset)
+            )
+        return done
+
+    def _iter_batches(self, start_offset: int) -> Iterator[tuple[LogSegment, int, BatchHeader]]:
+        """(segment, position, header) of every batch whose last offset >= ``start_offset``."""
         i = max(0, bisect_right(self._bases, start_offset) - 1)
         for seg in self._segments[i:]:
             pos = 0
@@ -393,8 +429,13 @@ class PartitionLog:
                 if found is None:
                     continue
                 pos = found[0]
-            for _pos, h in seg.scan(pos):
-                yield h
+            for p, h in seg.scan(pos):
+                yield seg, p, h
+
+    def _iter_headers(self, start_offset: int) -> Iterator[BatchHeader]:
+        """Headers of every batch whose last offset >= ``start_offset``, across segments."""
+        for _seg, _pos, h in self._iter_batches(start_offset):
+            yield h
 
     def _drop_segments_from(self, i: int) -> None:
         """Delete segments[i:] (files included)."""
@@ -441,9 +482,11 @@ class PartitionLog:
     # --- appends ----------------------------------------------------------------------------------
 
     def _parse_batches(
-        self, data: bytes | bytearray | memoryview, *, leader: bool
+        self, data: bytes | bytearray | memoryview, *, leader: bool, control_ok: bool = False
     ) -> list[tuple[int, BatchHeader]]:
-        """Parse and validate every batch; raise before anything is written."""
+        """Parse and validate every batch; raise before anything is written. ``control_ok``:
+        the batches are the broker's own transaction markers, the only control batches a leader
+        appends."""
         out: list[tuple[int, BatchHeader]] = []
         pos, end = 0, len(data)
         cfg = self.config
@@ -465,7 +508,7 @@ class PartitionLog:
                     f"batch of {size} bytes exceeds max.message.bytes {cfg.max_message_bytes}"
                 )
             validate_batch(data, pos, h, strict_counts=leader)
-            if leader and h.is_control:
+            if leader and h.is_control and not control_ok:
                 raise InvalidRecordError("clients may not append control batches")
             if leader and cfg.compact and any(r.key is None for r in decode_records(data, pos, h)):
                 raise KeylessRecordError(
@@ -505,13 +548,42 @@ class PartitionLog:
         self._producers.write_snapshot(self._dir, first_offset, durable=False)
         self._snapshot_offset = first_offset
 
+    def append_marker(
+        self,
+        *,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        coordinator_epoch: int,
+        leader_epoch: int,
+        now_ms: int | None = None,
+    ) -> AppendInfo:
+        """Append a transaction's COMMIT or ABORT marker (the coordinator's WriteTxnMarkers),
+        which ends its transaction here. Raises InvalidProducerEpochError or
+        TransactionCoordinatorFencedError (see ``ProducerStateManager.check_marker``), having
+        appended nothing."""
+        self._check_open()
+        self._producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        now = self._now_ms() if now_ms is None else now_ms
+        batch = build_control_batch(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            committed=committed,
+            coordinator_epoch=coordinator_epoch,
+            timestamp_ms=now,
+        )
+        return self._stamp_and_append(
+            batch, self._parse_batches(batch, leader=True, control_ok=True), leader_epoch, now
+        )
+
     def append_as_leader(
         self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int | None = None
     ) -> AppendInfo:
         """Validate, assign offsets, stamp and append ``records`` (one or more batches).
 
         Raises CorruptRecordError, InvalidRecordError, RecordTooLargeError,
-        OutOfOrderSequenceError or InvalidProducerEpochError, having appended nothing.
+        OutOfOrderSequenceError, InvalidProducerEpochError or InvalidTxnStateError, having
+        appended nothing.
         """
         self._check_open()
         if len(records) == 0:
@@ -531,6 +603,17 @@ class PartitionLog:
                 True,
                 dup.last_offset - dup.first_offset + 1,
             )
+        return self._stamp_and_append(records, batches, leader_epoch, now)
+
+    def _stamp_and_append(
+        self,
+        records: bytes | bytearray | memoryview,
+        batches: list[tuple[int, BatchHeader]],
+        leader_epoch: int,
+        now: int,
+    ) -> AppendInfo:
+        """Assign offsets from the log end, stamp the leader epoch (and LogAppendTime) and
+        append validated batches."""
         log_append = self.config.log_append_time
         buf = bytearray(records)
         first_offset = offset = self._leo
@@ -557,8 +640,13 @@ class PartitionLog:
             self._unflushed_messages += count
         if leader_epoch >= 0 and leader_epoch > self._epochs.latest_epoch():
             self._epochs.assign(leader_epoch, first_offset)
-        for _pos, h in stamped:
-            self._producers.update(h)
+        active = self._segments[-1]
+        update = self._producers.update
+        for pos, h in stamped:
+            if h.attributes & ATTR_CONTROL_MASK:
+                self._apply_batch(active, h, read_control_marker(buf, pos, h))
+            elif h.producer_id >= 0:
+                update(h)  # ends no transaction: only a control batch does
         self._maybe_flush_by_messages()
         return AppendInfo(
             first_offset, last_offset, now if log_append else -1, self.log_start_offset, False, count
@@ -577,6 +665,8 @@ class PartitionLog:
         expected = self._leo
         count = 0
         max_ts = -1
+        # Markers are read before anything is written: a malformed one refuses the append whole.
+        markers = {pos: read_control_marker(records, pos, h) for pos, h in batches if h.is_control}
         for _pos, h in batches:
             if h.base_offset < expected:
                 raise UnexpectedAppendOffsetError(
@@ -598,9 +688,9 @@ class PartitionLog:
         with self._lock:
             self._leo = expected
             self._unflushed_messages += count
-        for _pos, h in batches:
+        for pos, h in batches:
             self._recover_epoch(h)
-            self._producers.update(h)
+            self._apply_batch(active, h, markers.get(pos))
         self._maybe_flush_by_messages()
         return AppendInfo(first_offset, expected - 1, -1, self.log_start_offset, False, count)
 
@@ -682,6 +772,33 @@ class PartitionLog:
         if best is None:
             return None
         return best.find_timestamp(best.max_timestamp, self.log_start_offset)
+
+    # --- transactions ---------------------------------------------------------------------------------
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """The offset below which every transaction has ended by a marker below
+        ``high_watermark``: the first unstable offset, or the high watermark when lower. A
+        read_committed reader sees nothing at or above it."""
+        first = self._producers.first_unstable_offset(high_watermark)
+        return high_watermark if first is None else min(first, high_watermark)
+
+    def collect_aborted(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
+        """Transactions aborted by a marker that overlap [fetch_offset, upper_bound): what a
+        read_committed Fetch returning those offsets tells the consumer to drop."""
+        self._check_open()
+        out: list[AbortedTxn] = []
+        i = max(0, bisect_right(self._bases, fetch_offset) - 1)
+        for seg in self._segments[i:]:
+            found, complete = seg.txn_index.collect(fetch_offset, upper_bound)
+            out.extend(found)
+            if complete:
+                break
+        return out
+
+    @property
+    def open_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of each transaction open on this partition."""
+        return self._producers.open_transactions
 
     # --- truncation and retention -------------------------------------------------------------------
 

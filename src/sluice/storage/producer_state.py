@@ -16,8 +16,22 @@ batch with producer id >= 0 and base sequence >= 0:
 
 Replicated and recovered batches update the state without any of these checks.
 
+Transactions (KIP-98): a producer's first transactional batch on the partition opens its
+transaction there at that batch's base offset; the transaction marker (a control batch the
+coordinator writes) closes it. While open, a non-transactional batch from the same producer is
+refused (``InvalidTxnStateError``). A marker with an epoch older than the producer's is refused
+(``InvalidProducerEpochError``: a fenced producer's coordinator), and one from a coordinator
+epoch older than the last marker's (``TransactionCoordinatorFencedError``). The first unstable
+offset is the first offset of the oldest transaction still open, or of one ended by a marker
+not yet below the high watermark (a marker above it may still be lost in a failover, which
+would reopen the transaction); the partition's last stable offset is that, or the high
+watermark when there is none (``first_unstable_offset``).
+
 Snapshot files are named ``<offset>.snapshot`` (20 digits): the state after every batch below
-``offset``. Content: 4-byte magic ``SLPS``, uint32 CRC-32C of the body, then a JSON body.
+``offset``. Content: 4-byte magic ``SLPS``, uint32 CRC-32C of the body, then a JSON body: an
+object with ``producers`` ([id, epoch, batches, open transaction's first offset, coordinator
+epoch] each) and ``completed`` (transactions ended by a marker possibly above the high
+watermark); a body that is a bare list is the format before transactions (no transaction open).
 """
 
 from __future__ import annotations
@@ -31,12 +45,24 @@ from typing import Final
 
 import crc32c
 
-from sluice.protocol.records import BatchHeader, increment_sequence
-from sluice.storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+from sluice.protocol.records import (
+    ATTR_CONTROL_MASK,
+    ATTR_TRANSACTIONAL_MASK,
+    BatchHeader,
+    ControlMarker,
+    increment_sequence,
+)
+from sluice.storage.errors import (
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
+    OutOfOrderSequenceError,
+    TransactionCoordinatorFencedError,
+)
 from sluice.storage.fsutil import atomic_write
 
 __all__ = [
     "BatchMetadata",
+    "CompletedTxn",
     "ProducerEntry",
     "ProducerStateManager",
     "list_snapshots",
@@ -61,6 +87,19 @@ class BatchMetadata:
     timestamp: int
 
 
+@dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    """A transaction a marker ended: its first offset and the marker's offset. For an aborted one
+    ``last_stable_offset`` is what the aborted-transaction index records (the first offset of the
+    oldest other transaction still open, or the marker's offset + 1)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
+    last_stable_offset: int
+
+
 @dataclass(slots=True)
 class ProducerEntry:
     """What is known about one producer id."""
@@ -68,6 +107,10 @@ class ProducerEntry:
     producer_id: int
     epoch: int
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=NUM_BATCHES_TO_RETAIN))
+    #: the first offset of its transaction open on this partition (-1: none)
+    txn_first_offset: int = -1
+    #: the coordinator epoch of the last marker written for it here (-1: none yet)
+    coordinator_epoch: int = -1
 
     @property
     def last_seq(self) -> int:
@@ -105,6 +148,10 @@ class ProducerStateManager:
 
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        #: producer id -> first offset of its open transaction (mirrors the entries, for the LSO)
+        self._open: dict[int, int] = {}
+        #: transactions ended by a marker that may still be above the high watermark
+        self._completed: list[CompletedTxn] = []
 
     # --- leader-side validation -----------------------------------------------------------------
 
@@ -117,11 +164,25 @@ class ProducerStateManager:
         """
         staged: dict[int, tuple[int, int]] = {}  # pid -> (epoch, last_seq) after earlier batches here
         for h in headers:
-            if h.producer_id < 0 or h.base_sequence < 0:
+            pid = h.producer_id
+            if pid < 0:
                 continue
-            pid, epoch = h.producer_id, h.producer_epoch
-            first_seq, last_seq = h.base_sequence, h.last_sequence
             entry = self.producers.get(pid)
+            if entry is not None:
+                if h.producer_epoch < entry.epoch:
+                    raise InvalidProducerEpochError(
+                        f"producer {pid}: epoch {h.producer_epoch} is older than the current "
+                        f"epoch {entry.epoch}"
+                    )
+                if entry.txn_first_offset >= 0 and not h.attributes & ATTR_TRANSACTIONAL_MASK:
+                    raise InvalidTxnStateError(
+                        f"producer {pid} has a transaction open here since offset "
+                        f"{entry.txn_first_offset}; a non-transactional write is refused until it ends"
+                    )
+            if h.base_sequence < 0:
+                continue
+            epoch = h.producer_epoch
+            first_seq, last_seq = h.base_sequence, h.last_sequence
             if pid not in staged and entry is not None:
                 dup = entry.find_duplicate(epoch, first_seq, last_seq)
                 if dup is not None:
@@ -150,19 +211,48 @@ class ProducerStateManager:
             staged[pid] = (epoch, last_seq)
         return None
 
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """May the coordinator write this producer's transaction marker here? Raises
+        InvalidProducerEpochError (the marker's epoch is older than the producer's: only a
+        fenced producer's coordinator could send it) or TransactionCoordinatorFencedError."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return
+        if producer_epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"marker for producer {producer_id} at epoch {producer_epoch}, older than its "
+                f"current epoch {entry.epoch}"
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise TransactionCoordinatorFencedError(
+                f"marker for producer {producer_id} from coordinator epoch {coordinator_epoch}; "
+                f"epoch {entry.coordinator_epoch} already wrote one"
+            )
+
     # --- state updates --------------------------------------------------------------------------
 
-    def update(self, header: BatchHeader) -> None:
-        """Record an appended batch (offsets assigned). Skips batches without producer id."""
+    def update(self, header: BatchHeader, marker: ControlMarker | None = None) -> CompletedTxn | None:
+        """Record an appended batch (offsets assigned); ``marker``: the transaction marker a
+        control batch holds. Skips batches without producer id. Returns the transaction a
+        marker ended here, if one was open."""
         if header.producer_id < 0:
-            return
+            return None
         pid = header.producer_id
         entry = self.producers.get(pid)
         if entry is None or header.producer_epoch != entry.epoch:
             if entry is not None and header.producer_epoch < entry.epoch:
-                return  # a stale batch from replication/recovery never rolls the epoch back
-            entry = ProducerEntry(pid, header.producer_epoch)
+                return None  # a stale batch from replication/recovery never rolls the epoch back
+            new = ProducerEntry(pid, header.producer_epoch)
+            if entry is not None:  # a new epoch starts its sequences over, not its transaction
+                new.txn_first_offset, new.coordinator_epoch = entry.txn_first_offset, entry.coordinator_epoch
+            entry = new
             self.producers[pid] = entry
+        attributes = header.attributes
+        if attributes & ATTR_CONTROL_MASK:
+            return self._end_txn(entry, header.base_offset, marker) if marker is not None else None
+        if attributes & ATTR_TRANSACTIONAL_MASK and entry.txn_first_offset < 0:
+            entry.txn_first_offset = header.base_offset
+            self._open[pid] = header.base_offset
         if header.base_sequence >= 0:
             entry.batches.append(
                 BatchMetadata(
@@ -174,24 +264,69 @@ class ProducerStateManager:
                 )
             )
 
+        return None
+
+    def _end_txn(
+        self, entry: ProducerEntry, marker_offset: int, marker: ControlMarker
+    ) -> CompletedTxn | None:
+        entry.coordinator_epoch = max(entry.coordinator_epoch, marker.coordinator_epoch)
+        first = entry.txn_first_offset
+        if first < 0:
+            return None  # a marker for a partition the transaction wrote nothing to
+        entry.txn_first_offset = -1
+        del self._open[entry.producer_id]
+        others = min(self._open.values(), default=marker_offset + 1)
+        done = CompletedTxn(entry.producer_id, first, marker_offset, not marker.committed, others)
+        self._completed.append(done)
+        return done
+
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """The first offset of the oldest transaction open, or ended by a marker at or above
+        ``high_watermark`` (forgotten once the high watermark passes its marker); None if none.
+        The partition's last stable offset is min(this, high watermark)."""
+        if not self._completed and not self._open:
+            return None  # no transaction here: the common case, on every fetch
+        if self._completed and self._completed[0].last_offset < high_watermark:
+            # In marker order: those below the high watermark are a prefix.
+            self._completed = [t for t in self._completed if t.last_offset >= high_watermark]
+        firsts = [t.first_offset for t in self._completed]
+        if self._open:
+            firsts.append(min(self._open.values()))
+        return min(firsts, default=None)
+
+    @property
+    def open_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of each transaction open here (a copy)."""
+        return dict(self._open)
+
     def clear(self) -> None:
         self.producers.clear()
+        self._open.clear()
+        self._completed.clear()
 
     # --- snapshots ------------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
         body = json.dumps(
-            [
-                [
-                    e.producer_id,
-                    e.epoch,
+            {
+                "producers": [
                     [
-                        [b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.timestamp]
-                        for b in e.batches
-                    ],
-                ]
-                for e in self.producers.values()
-            ],
+                        e.producer_id,
+                        e.epoch,
+                        [
+                            [b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.timestamp]
+                            for b in e.batches
+                        ],
+                        e.txn_first_offset,
+                        e.coordinator_epoch,
+                    ]
+                    for e in self.producers.values()
+                ],
+                "completed": [
+                    [t.producer_id, t.first_offset, t.last_offset, t.aborted, t.last_stable_offset]
+                    for t in self._completed
+                ],
+            },
             separators=(",", ":"),
         ).encode("ascii")
         return _PREFIX.pack(_MAGIC, crc32c.crc32c(body)) + body
@@ -207,12 +342,21 @@ class ProducerStateManager:
             raise ValueError("snapshot magic or CRC mismatch")
         mgr = cls()
         try:
-            for pid, epoch, batches in json.loads(body):
+            parsed = json.loads(body)
+            producers = parsed if isinstance(parsed, list) else parsed["producers"]
+            for item in producers:
+                pid, epoch, batches = item[:3]
                 entry = ProducerEntry(int(pid), int(epoch))
                 for fs, ls, fo, lo, ts in batches:
                     entry.batches.append(BatchMetadata(int(fs), int(ls), int(fo), int(lo), int(ts)))
+                if len(item) >= 5:
+                    entry.txn_first_offset, entry.coordinator_epoch = int(item[3]), int(item[4])
                 mgr.producers[entry.producer_id] = entry
-        except (TypeError, ValueError) as exc:
+                if entry.txn_first_offset >= 0:
+                    mgr._open[entry.producer_id] = entry.txn_first_offset
+            for pid, first, last, aborted, lso in [] if isinstance(parsed, list) else parsed["completed"]:
+                mgr._completed.append(CompletedTxn(int(pid), int(first), int(last), bool(aborted), int(lso)))
+        except (TypeError, ValueError, KeyError) as exc:
             raise ValueError(f"malformed snapshot body: {exc}") from exc
         return mgr
 

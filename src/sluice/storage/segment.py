@@ -34,6 +34,7 @@ from sluice.protocol.records import (
 )
 from sluice.storage.fsutil import pread_exact, write_all
 from sluice.storage.index import IndexCorruptError, OffsetIndex, TimeIndex
+from sluice.storage.txn_index import TransactionIndex
 
 __all__ = ["LogSegment", "TimestampOffset", "first_record_at_or_after", "roll_jitter_ms", "segment_file_name"]
 
@@ -114,6 +115,8 @@ class LogSegment:
         self.time_index = TimeIndex(
             directory / (segment_file_name(base_offset, ".timeindex") + suffix), base_offset
         )
+        #: transactions aborted by a marker in this segment (read lazily, written rarely)
+        self.txn_index = TransactionIndex(directory / (segment_file_name(base_offset, ".txnindex") + suffix))
         self.index_interval_bytes = index_interval_bytes
         #: Offset after the last batch (== base_offset while empty).
         self.next_offset = base_offset
@@ -397,6 +400,7 @@ class LogSegment:
         cut = header.base_offset
         self.offset_index.truncate_to_offset(cut)
         self.time_index.truncate_to_offset(cut)
+        self.txn_index.truncate_to(cut)
         self.next_offset = self.base_offset
         self.max_timestamp = -1
         self.offset_of_max_timestamp = self.base_offset
@@ -416,6 +420,7 @@ class LogSegment:
                 os.fsync(self._fd)
         self.offset_index.flush()
         self.time_index.flush()
+        self.txn_index.flush()
 
     def close(self) -> None:
         with self._lock:
@@ -447,8 +452,9 @@ class LogSegment:
         self.suffix = suffix
 
     def delete(self) -> None:
-        """Close and remove all three files."""
+        """Close and remove its files (the log, its two indexes and its aborted transactions)."""
         self.close()
+        self.txn_index.delete()
         for path in (self.path, self.offset_index.path, self.time_index.path):
             try:
                 path.unlink()
