@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from tests.support.cluster import TestCluster, wait_until
 
@@ -243,3 +243,93 @@ def _session_processes(session: int) -> list[int]:
         if int(fields[3]) == session and fields[0] != "Z":
             pids.append(int(entry.name))
     return pids
+
+
+def _read_isolated(
+    cluster: TestCluster, topic: str, isolation: str
+) -> list[tuple[int, bytes | None, bytes | None]]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"reader-{topic}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": isolation,
+            "log_level": 0,
+        }
+    )
+    out: list[tuple[int, bytes | None, bytes | None]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return out
+                raise AssertionError(f"read error: {msg.error()}")
+            out.append((msg.offset(), msg.key(), msg.value()))
+        raise AssertionError(f"{topic}: no end of partition after 60 s ({len(out)} records read)")
+    finally:
+        consumer.close()
+
+
+def test_a_compacted_topic_written_in_transactions_reads_committed_after_cleaning(
+    cluster: TestCluster,
+) -> None:
+    """Rounds of 200 keys, one transaction each, every other one aborted, then the log cleaned
+    by the broker: a read_committed reader reads each key's last committed value (an aborted
+    newer one never hides it), aborted records are gone from the log (read_uncommitted finds
+    none), and the transaction coordinator's own __transaction_state is compacted."""
+    _compacted(cluster, "txn-compacted")
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "transactional.id": "compaction-txn",
+            "batch.size": 16384,
+            "log_level": 0,
+        }
+    )
+    producer.init_transactions(60)
+    keys = 200
+    committed: dict[bytes, bytes] = {}
+    for rnd in range(12):
+        abort = rnd % 2 == 1
+        producer.begin_transaction()
+        for k in range(keys):
+            value = f"{'aborted' if abort else 'committed'}-{rnd}-{k}-{'x' * 200}".encode()
+            producer.produce("txn-compacted", value, _key(k))
+            if not abort:
+                committed[_key(k)] = value
+            producer.poll(0)
+        if abort:
+            # Sent first: abort_transaction drops what is still queued in the client.
+            assert producer.flush(60) == 0
+            producer.abort_transaction(60)
+        else:
+            producer.commit_transaction(60)
+    producer.begin_transaction()
+    for i in range(2 * SEGMENT_BYTES // 100):  # rolls the segments that hold the rounds
+        producer.produce("txn-compacted", f"{i:0100d}".encode(), b"filler")
+    producer.commit_transaction(60)
+
+    def cleaned() -> bool:
+        everything = _read_isolated(cluster, "txn-compacted", "read_uncommitted")
+        aborted = [o for o, _k, v in everything if v is not None and v.startswith(b"aborted")]
+        assert not aborted, f"{len(aborted)} aborted records still in the log"
+        return True
+
+    wait_until(cleaned, 90, "the aborted records to be cleaned away")
+    got: dict[bytes, list[bytes | None]] = {}
+    for _o, key, value in _read_isolated(cluster, "txn-compacted", "read_committed"):
+        assert key is not None
+        got.setdefault(key, []).append(value)
+    assert {k: v[-1] for k, v in got.items() if k != b"filler"} == committed
+    assert all(len(v) == 1 for k, v in got.items() if k != b"filler"), "one record per key once cleaned"
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "__transaction_state")
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert configs["cleanup.policy"].value == "compact"

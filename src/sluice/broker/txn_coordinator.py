@@ -45,10 +45,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("sluice.txn_coordinator")
 
 #: ``__transaction_state``'s cleanup policy, in one place. Only the last record per transactional
-#: id matters, so the topic is meant to be compacted: this becomes "compact" once the log
-#: cleaner lands (storage/config.py accepts only "delete" on this branch). Until then the topic
-#: keeps every record (retention.ms=-1) and a new coordinator replays all of it.
-TRANSACTION_STATE_CLEANUP_POLICY = "delete"
+#: id matters (an expired id's is a tombstone), so the topic is compacted: a new coordinator's
+#: replay follows the live ids, not the history.
+TRANSACTION_STATE_CLEANUP_POLICY = "compact"
 WRITE_TIMEOUT_S = 30.0
 LOAD_WAIT_S = 1.0
 #: How long a completion waits before writing Complete again after a failed write.

@@ -10,7 +10,8 @@ One clean of one log, in three steps (``PartitionLog.clean_job`` / ``commit_clea
    its own, checking every batch's CRC (a corrupt batch stops the clean: rewriting it would give
    it a fresh, valid CRC), builds the offset map of the dirty part, and writes each group of
    segments (``compaction.group_segments``) as a new segment ``<base>.log.cleaned`` (with
-   ``.index.cleaned`` and ``.timeindex.cleaned``), fsynced. Batches are rewritten with
+   ``.index.cleaned``, ``.timeindex.cleaned`` and ``.txnindex.cleaned``, the aborted-transaction
+   entries of the group's segments, always written, even empty), fsynced. Batches are rewritten with
    ``protocol/records.py``'s ``rebuild_batch``, or copied as they are when nothing in them
    changes; a group in which nothing changes is not rewritten at all. Its I/O goes through a
    ``Throttler`` (bytes read and written per second).
@@ -22,14 +23,18 @@ One clean of one log, in three steps (``PartitionLog.clean_job`` / ``commit_clea
 3. ``PartitionLog.finish_swaps`` (on a thread) makes it durable, per group, Kafka's way:
    rename ``<base>.log.cleaned`` to ``<base>.log.swap`` and fsync the directory (**the commit
    point**); delete the replaced segments' files (every index, and every log file but
-   ``<base>.log``) and fsync the directory; rename ``<base>.log.swap`` over ``<base>.log`` and
-   the new indexes to their names. Then the cleaner checkpoint records the clean point.
+   ``<base>.log``) and fsync the directory; rename the new indexes to their names, then
+   ``<base>.log.swap`` over ``<base>.log``. Then the cleaner checkpoint records the clean point.
 
 Recovery (``recover_swaps``, first thing ``PartitionLog.open`` does): ``.cleaned`` files are
 deleted (their clean never reached its commit point: the old segments are all there); a
 ``<base>.log.swap`` means the commit point was passed: every segment whose base offset lies in
 the swap's offsets [base, its next offset) is deleted with its indexes, and the swap becomes
-``<base>.log`` (its indexes are rebuilt). **Why nothing is lost**: before the commit point every
+``<base>.log`` (its offset and time indexes are rebuilt). The aborted-transaction index cannot be
+rebuilt from the segment alone (an entry names where its transaction began), so the swap's
+``<base>.txnindex.cleaned`` is kept: if it is there it was not renamed yet, and it replaces the
+base segment's index; if not, the index in place is already the new one (the indexes are renamed
+before the log). **Why nothing is lost**: before the commit point every
 old file exists; after it the swap holds every record the old segments of its group kept (and
 recovery deletes only segments inside the swap's offsets, all of which belong to its group). An
 old segment of the group past the swap's last offset (its records were all removed) may survive a
@@ -65,6 +70,7 @@ from sluice.protocol.records import (
     validate_batch,
 )
 from sluice.storage.compaction import (
+    AbortedRanges,
     BatchFacts,
     OffsetMap,
     RecordFacts,
@@ -73,6 +79,7 @@ from sluice.storage.compaction import (
 )
 from sluice.storage.fsutil import atomic_write, fsync_dir, pread_exact
 from sluice.storage.segment import LogSegment, segment_file_name
+from sluice.storage.txn_index import AbortedTxn
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -155,6 +162,8 @@ class SourceSegment:
     base_offset: int
     next_offset: int
     size: int
+    #: its aborted-transaction index entries (a rewritten group's index holds its segments')
+    aborted: tuple[AbortedTxn, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +185,8 @@ class CleanJob:
     map_entries_max: int
     #: names this plan (``PartitionLog.commit_clean`` commits only the clean it planned last)
     token: str
+    #: every aborted transaction of the log that began below ``end`` (R7)
+    aborted: tuple[AbortedTxn, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +277,15 @@ def _read_batches(
         os.close(fd)
 
 
-def _facts(header: BatchHeader, data: bytes, keep_if_empty: bool) -> BatchFacts:
+def _aborted(header: BatchHeader, aborted: AbortedRanges) -> bool:
+    return (
+        header.is_transactional
+        and not header.is_control
+        and aborted.covers(header.producer_id, header.base_offset)
+    )
+
+
+def _facts(header: BatchHeader, data: bytes, keep_if_empty: bool, aborted: bool) -> BatchFacts:
     records = tuple(RecordFacts(r.offset, r.key, r.value is None) for r in decode_records(data, 0, header))
     return BatchFacts(
         header.base_offset,
@@ -275,6 +294,7 @@ def _facts(header: BatchHeader, data: bytes, keep_if_empty: bool) -> BatchFacts:
         header.delete_horizon_ms,
         header.is_control,
         keep_if_empty,
+        aborted,
     )
 
 
@@ -291,6 +311,7 @@ def run_clean(job: CleanJob, throttler: Throttler) -> CleanResult | None:
     if not sources:
         return None
     stats = {"read": 0, "written": 0, "records": 0, "kept": 0}
+    aborted = AbortedRanges((e.producer_id, e.first_offset, e.last_offset) for e in job.aborted)
 
     # The offset map, segment by segment over the dirty part; the clean point moves back to
     # the first segment that does not fit.
@@ -302,8 +323,8 @@ def run_clean(job: CleanJob, throttler: Throttler) -> CleanResult | None:
         pairs: list[tuple[bytes | None, int]] = []
         for header, data in _read_batches(job.directory, src, throttler):
             stats["read"] += len(data)
-            if header.is_control:
-                continue
+            if header.is_control or _aborted(header, aborted):
+                continue  # R4, R7
             pairs.extend((r.key, r.offset) for r in decode_records(data, 0, header))
         if not omap.add_segment(pairs):
             end_index = i
@@ -323,7 +344,7 @@ def run_clean(job: CleanJob, throttler: Throttler) -> CleanResult | None:
     groups: list[CleanedGroup] = []
     earliest_horizon = -1
     for group in group_segments([(s.base_offset, s.next_offset, s.size) for s in cleaned], job.segment_bytes):
-        out, horizon = _clean_group(job, [cleaned[i] for i in group], omap, throttler, stats)
+        out, horizon = _clean_group(job, [cleaned[i] for i in group], omap, aborted, throttler, stats)
         if horizon >= 0:
             earliest_horizon = horizon if earliest_horizon < 0 else min(earliest_horizon, horizon)
         if out is not None:
@@ -347,6 +368,7 @@ def _clean_group(
     job: CleanJob,
     group: list[SourceSegment],
     omap: OffsetMap,
+    aborted: AbortedRanges,
     throttler: Throttler,
     stats: dict[str, int],
 ) -> tuple[int | None, int]:
@@ -366,7 +388,9 @@ def _clean_group(
             for header, data in _read_batches(directory, src, throttler):
                 stats["read"] += len(data)
                 last_of_producer = job.producer_last_offsets.get(header.producer_id) == header.last_offset
-                facts = _facts(header, data, header.producer_id >= 0 and last_of_producer)
+                facts = _facts(
+                    header, data, header.producer_id >= 0 and last_of_producer, _aborted(header, aborted)
+                )
                 stats["records"] += len(facts.records)
                 outcome = batch_outcome(
                     facts, omap.latest, now_ms=job.now_ms, delete_retention_ms=job.delete_retention_ms
@@ -392,7 +416,7 @@ def _clean_group(
                     writer.add(rebuild_batch(header, kept, delete_horizon_ms=outcome.delete_horizon_ms))
         if not changed:
             return None, horizon_min
-        return writer.finish(), horizon_min
+        return writer.finish([e for src in group for e in src.aborted]), horizon_min
     finally:
         writer.close()
 
@@ -452,12 +476,14 @@ class _SegmentWriter:
             copied += len(data)
         assert copied == nbytes, f"copied {copied} of {nbytes} unchanged bytes of segment {src.base_offset}"
 
-    def finish(self) -> int:
-        """Write what is pending, fsync; the segment's size."""
+    def finish(self, aborted: list[AbortedTxn]) -> int:
+        """Write what is pending and the aborted-transaction index (``aborted``: the group's
+        segments' entries; their markers are all kept, R4), fsync; the segment's size."""
         self.flush_pending()
         segment = self._open()
         segment.on_roll()
         segment.flush()
+        segment.txn_index.write_all(aborted)
         return segment.size
 
     def close(self) -> None:
@@ -468,7 +494,7 @@ class _SegmentWriter:
 def discard(directory: Path, bases: list[int]) -> None:
     """Delete the ``.cleaned`` files of a clean that will not be committed."""
     for base in bases:
-        for suffix in (".log", ".index", ".timeindex"):
+        for suffix in (".log", ".index", ".timeindex", ".txnindex"):
             try:
                 (directory / (segment_file_name(base, suffix) + CLEANED_SUFFIX)).unlink()
             except FileNotFoundError:
@@ -494,13 +520,26 @@ def _swap_next_offset(path: Path, base: int) -> int:
     return next_offset
 
 
+def _swap_base(swap: Path) -> int:
+    stem = swap.name[: -len(".log" + SWAP_SUFFIX)]
+    return int(stem) if len(stem) == 20 and stem.isdigit() else -1
+
+
 def recover_swaps(directory: Path) -> set[int]:
     """Finish or undo what a crash left of a clean (module docstring, "Recovery"); returns the
     base offsets of the segments that were swapped in, whose indexes must be rebuilt."""
-    for p in directory.glob("*" + CLEANED_SUFFIX):
-        p.unlink()
-    swapped: set[int] = set()
     swaps = sorted(directory.glob("*.log" + SWAP_SUFFIX))
+    # A swap's aborted-transaction index is kept: unlike the other indexes it cannot be rebuilt
+    # from the segment alone (its entries name where each transaction began).
+    keep = {
+        directory / (segment_file_name(base, ".txnindex") + CLEANED_SUFFIX)
+        for base in map(_swap_base, swaps)
+        if base >= 0
+    }
+    for p in directory.glob("*" + CLEANED_SUFFIX):
+        if p not in keep:
+            p.unlink()
+    swapped: set[int] = set()
     for swap in swaps:
         stem = swap.name[: -len(".log" + SWAP_SUFFIX)]
         if len(stem) != 20 or not stem.isdigit():
@@ -510,14 +549,19 @@ def recover_swaps(directory: Path) -> set[int]:
         for p in directory.glob("*.log"):
             if p.stem.isdigit() and len(p.stem) == 20 and base < int(p.stem) < end:
                 p.unlink()
-        for p in [*directory.glob("*.index"), *directory.glob("*.timeindex")]:
-            if p.stem.isdigit() and len(p.stem) == 20 and base <= int(p.stem) < end:
+        for p in [*directory.glob("*.index"), *directory.glob("*.timeindex"), *directory.glob("*.txnindex")]:
+            if p.stem.isdigit() and len(p.stem) == 20 and base < int(p.stem) < end:
                 p.unlink()
         for suffix in (".index", ".timeindex"):
             try:
                 (directory / segment_file_name(base, suffix)).unlink()
             except FileNotFoundError:
                 pass
+        new_txn = directory / (segment_file_name(base, ".txnindex") + CLEANED_SUFFIX)
+        if new_txn.exists():
+            # Not renamed yet (the rename comes before the log's): the old index of the base
+            # segment is replaced. Renamed already: the file in place is the new one.
+            os.replace(new_txn, directory / segment_file_name(base, ".txnindex"))
         fsync_dir(directory)
         os.replace(swap, directory / segment_file_name(base, ".log"))
         swapped.add(base)

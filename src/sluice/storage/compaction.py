@@ -19,8 +19,16 @@ What the cleaner (storage/cleaner.py, the I/O) does with one compacted log, deci
   R3 a tombstone (null value) that survives R2 is kept until its batch's delete horizon: the first
      clean that keeps it sets the horizon to now + ``delete.retention.ms`` (KIP-534, stored in
      the batch); a clean at or after the horizon removes it;
-  R4 a control batch is kept whole (transaction markers: their own rules come with transactions,
-     see ``batch_outcome``);
+  R4 a control batch (a transaction marker) is kept whole: a replica rebuilding its producer
+     state from the cleaned log must still see every transaction end and every epoch a marker
+     carries, and a read_committed reader must still meet each ABORT marker (Kafka removes a
+     marker once no record of its transaction is left and ``delete.retention.ms`` has passed;
+     Sluice keeps them, a few dozen bytes per transaction);
+  R7 a record of an aborted transaction (a transactional batch of a producer inside one of the
+     log's aborted-transaction index entries, ``AbortedRanges``) does not survive and is never in
+     the offset map, so a key's committed value is never removed for an aborted newer one;
+     transactions still open never reach the cleaner (the clean point is below the last stable
+     offset, ``PartitionLog.cleanable``);
   R5 a batch none of whose records survives is removed, unless it is the last batch of its
      producer, which is kept empty (its offsets and sequences intact) so that the producer state
      rebuilt from the log, a new follower's or a recovery's, still knows the producer (I7);
@@ -32,11 +40,13 @@ What the cleaner (storage/cleaner.py, the I/O) does with one compacted log, deci
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "AbortedRanges",
     "BatchFacts",
     "BatchOutcome",
     "CleanableRange",
@@ -162,6 +172,27 @@ class OffsetMap:
         return len(self.latest)
 
 
+class AbortedRanges:
+    """The log's aborted transactions as offset ranges per producer (R7): a transactional batch
+    of producer P at offset O is aborted if some entry of P has first offset <= O <= its marker's
+    offset (a producer has one transaction open at a time, so its ranges do not overlap)."""
+
+    def __init__(self, entries: Iterable[tuple[int, int, int]]) -> None:
+        """``entries``: (producer id, first offset, marker offset) of each aborted transaction."""
+        self._ranges: dict[int, list[tuple[int, int]]] = {}
+        for pid, first, last in entries:
+            self._ranges.setdefault(pid, []).append((first, last))
+        for ranges in self._ranges.values():
+            ranges.sort()
+
+    def covers(self, producer_id: int, offset: int) -> bool:
+        ranges = self._ranges.get(producer_id)
+        if not ranges:
+            return False
+        i = bisect_right(ranges, (offset, LONG_MAX)) - 1
+        return i >= 0 and ranges[i][0] <= offset <= ranges[i][1]
+
+
 @dataclass(frozen=True, slots=True)
 class RecordFacts:
     offset: int
@@ -181,6 +212,8 @@ class BatchFacts:
     is_control: bool = False
     #: the last batch of its producer (R5): kept, empty if need be
     keep_if_empty: bool = False
+    #: a transactional batch of an aborted transaction (R7)
+    aborted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,13 +230,13 @@ class BatchOutcome:
 def batch_outcome(
     batch: BatchFacts, latest: Mapping[bytes, int], *, now_ms: int, delete_retention_ms: int
 ) -> BatchOutcome:
-    """R1-R5 for one batch. ``latest``: the offset map (each dirty key's newest offset)."""
+    """R1-R5 and R7 for one batch. ``latest``: the offset map (each dirty key's newest offset)."""
     if batch.is_control:
-        # R4. Transactions will refine this: a marker may go once no record of its transaction
-        # is left and its delete horizon has passed, and an aborted transaction's records go
-        # with it (Kafka's cleaner; the transaction index tells which records are aborted).
         offsets = tuple(r.offset for r in batch.records)
-        return BatchOutcome(True, offsets, batch.delete_horizon_ms, True)
+        return BatchOutcome(True, offsets, batch.delete_horizon_ms, True)  # R4
+    if batch.aborted:
+        unchanged = not batch.records and batch.delete_horizon_ms < 0
+        return BatchOutcome(batch.keep_if_empty, (), -1, unchanged)  # R7 (R5: kept empty)
     horizon = batch.delete_horizon_ms
     expired = 0 <= horizon <= now_ms
     kept: list[int] = []

@@ -947,7 +947,10 @@ class PartitionLog:
     # --- compaction (storage/cleaner.py has the protocol) ------------------------------------------
 
     def cleanable(self, now_ms: int, *, stable_end: int) -> CleanableRange:
-        """Where a clean could act now and how dirty the log is (``compaction.cleanable_range``)."""
+        """Where a clean could act now and how dirty the log is (``compaction.cleanable_range``).
+        ``stable_end`` (the high watermark) is lowered to the last stable offset: the records of a
+        transaction still open, or whose marker is not yet committed, are never cleaned."""
+        stable_end = self.last_stable_offset(stable_end)
         facts = [
             SegmentFacts(s.base_offset, s.next_offset, s.size, s.first_batch_timestamp, s.max_timestamp)
             for s in self._segments
@@ -998,7 +1001,10 @@ class PartitionLog:
         }
         job = CleanJob(
             directory=self._dir,
-            sources=tuple(SourceSegment(s.base_offset, s.next_offset, s.size) for s in segments),
+            sources=tuple(
+                SourceSegment(s.base_offset, s.next_offset, s.size, tuple(s.txn_index.entries))
+                for s in segments
+            ),
             first_dirty=rng.first_dirty,
             end=rng.end,
             now_ms=now_ms,
@@ -1008,6 +1014,9 @@ class PartitionLog:
             producer_last_offsets=producers,
             map_entries_max=map_entries_max,
             token=uuid.uuid4().hex,
+            aborted=tuple(
+                e for seg in self._segments for e in seg.txn_index.entries if e.first_offset < rng.end
+            ),
         )
         self._planned = (job, list(segments))
         return job
@@ -1107,7 +1116,9 @@ class PartitionLog:
                 if fault is not None:
                     fault("swap")
                 for old in swap.replaced:
-                    names = [".index", ".timeindex"] if old == base else [".log", ".index", ".timeindex"]
+                    names = [".index", ".timeindex", ".txnindex"]
+                    if old != base:
+                        names.append(".log")
                     for suffix in names:
                         try:
                             (d / segment_file_name(old, suffix)).unlink()
@@ -1118,8 +1129,12 @@ class PartitionLog:
                 fsync_dir(d)  # no replaced file may outlive the swap's rename below
                 if fault is not None:
                     fault("deleted")
-                seg.move_log_file(d / segment_file_name(base, ".log"))
+                # The indexes first: recovery takes a ``.txnindex.cleaned`` beside a ``.log.swap``
+                # as the swap's, and drops every ``.cleaned`` file once no ``.log.swap`` is left.
                 seg.rename_indexes("")
+                if fault is not None:
+                    fault("indexes renamed")
+                seg.move_log_file(d / segment_file_name(base, ".log"))
                 self._pending_swaps.pop(0)
                 if fault is not None:
                     fault("renamed")

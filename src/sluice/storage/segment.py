@@ -437,11 +437,12 @@ class LogSegment:
         self.path = target
 
     def rename_indexes(self, suffix: str) -> None:
-        """Rename both index files to end in ``suffix`` instead of the current ``self.suffix``
-        (the log cleaner's new segment, ``.cleaned`` to none; storage/cleaner.py). An index
-        without entries has no file yet: only its name changes."""
+        """Rename the index files (offsets, times, aborted transactions) to end in ``suffix``
+        instead of the current ``self.suffix`` (the log cleaner's new segment, ``.cleaned`` to
+        none; storage/cleaner.py). An index without entries may have no file yet: only its name
+        changes."""
         old = self.suffix
-        for index in (self.offset_index, self.time_index):
+        for index in (self.offset_index, self.time_index, self.txn_index):
             name = index.path.name
             target = index.path.with_name(name[: len(name) - len(old)] + suffix)
             try:

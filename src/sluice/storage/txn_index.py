@@ -123,6 +123,20 @@ class TransactionIndex:
         entries.append(entry)
         self._dirty = True
 
+    def write_all(self, entries: list[AbortedTxn]) -> None:
+        """Create the file (empty if there are no entries) holding ``entries``, fsynced: the index
+        of a segment the log cleaner rewrote (storage/cleaner.py), which must exist even empty,
+        since recovery reads its presence."""
+        data = b"".join(encode_entry(e) for e in entries)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._entries = list(entries)
+        self._dirty = False
+
     def truncate_to(self, offset: int) -> None:
         """Drop the entries of markers at or after ``offset``."""
         entries = self.entries
