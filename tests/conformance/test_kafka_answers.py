@@ -59,10 +59,15 @@ def create_topic(
     admin.create_topics([topic], operation_timeout=30)[name].result(timeout=40)
 
 
+#: Longer than any test here waits: only flush() sends (see ``produce_one_batch``).
+LINGER_MS = 60_000
+
+
 def produce_one_batch(bootstrap: str, topic: str, records: list[tuple[bytes, int]], **conf: object) -> None:
-    """Every record into partition 0 in one batch: one `produce` each, then one flush, the
-    linger long enough that librdkafka sends them together."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 500, "acks": "all", **conf})
+    """Every record into partition 0 in one batch: one `produce` each, then one flush. The linger
+    outlasts any stall of the test process (librdkafka sends a batch when its linger ends, and a
+    500 ms one was cut in two under load); flush sends at once, whatever the linger."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": LINGER_MS, "acks": "all", **conf})
     errors: list[str] = []
 
     def on_delivery(err: object, msg: object) -> None:
@@ -408,7 +413,7 @@ def test_a_record_outside_the_timestamp_bounds_is_refused_invalid_timestamp_and_
     )
     now = int(time.time() * 1000)
     for ts in (now - 2 * hour_ms, now + 2 * hour_ms):
-        producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 100, "retries": 0})
+        producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": LINGER_MS, "retries": 0})
         outcomes: list[KafkaError | None] = []
         # one batch: the record inside the bounds shares it with the one outside them
         for value, at in ((b"in", now), (b"out", ts)):
