@@ -63,6 +63,10 @@ class LocalMariaDB:
         return Path(tempfile.gettempdir()) / f"sluice-mysqld-{name}.sock"
 
     @property
+    def tmp_dir(self) -> Path:
+        return self.directory / "tmp"
+
+    @property
     def log_path(self) -> Path:
         return self.directory / "server.log"
 
@@ -74,9 +78,16 @@ class LocalMariaDB:
 
     def start(self, timeout_s: float = 60) -> LocalMariaDB:
         self.directory.mkdir(parents=True, exist_ok=True)
+        # A temporary directory of its own: in the shared /tmp a server's temporary-table files
+        # are named by its process id, and a server killed -9 leaves its files behind for the
+        # next process given that id (process ids wrap at 32768 here). Seen under the test suite:
+        # an install failed with "Could not remove temporary table '/tmp/#sql-temptable-3546-1-3'"
+        # and "Unknown table 'mysql.tmp_user_sys'".
+        self.tmp_dir.mkdir(exist_ok=True)
         if not (self.data_dir / "mysql").exists():
             cmd = [_binary("mariadb-install-db", "mysql_install_db"), f"--datadir={self.data_dir}",
-                   "--auth-root-authentication-method=normal", "--skip-test-db"]  # fmt: skip
+                   "--auth-root-authentication-method=normal", "--skip-test-db",
+                   f"--tmpdir={self.tmp_dir}"]  # fmt: skip
             if self._user:
                 cmd.append(f"--user={self._user}")
             done = subprocess.run(cmd, capture_output=True, text=True)
@@ -86,6 +97,7 @@ class LocalMariaDB:
             _binary("mariadbd", "mysqld"),
             "--no-defaults",
             f"--datadir={self.data_dir}",
+            f"--tmpdir={self.tmp_dir}",
             f"--socket={self.socket}",
             f"--port={self.port}",
             "--bind-address=127.0.0.1",
