@@ -9,7 +9,9 @@ fences the old one and aborts its open transaction, and a new consumer in the sa
 which starts from the group's committed offsets). The checker then compares inputs and
 outputs: every input transformed exactly once, none missing, none twice.
 
-The default test kills each kind of broker once (about 25 s); the slow one kills a random
+The default test kills each kind of broker once (about 25 s); the same loop runs on
+kafka-python 3 and on aiokafka (about 30 s each; kafka-python's hang after its coordinator dies
+is bounded by the application, see ``KafkaPythonTransformer``); the slow one kills a random
 broker of either kind eight times. Two more pin what a new coordinator owes: a transaction
 whose PrepareCommit the old one wrote without writing a single marker (the old one stopped at
 the test-only "txn-markers" pause point, then killed) is completed, and a transaction left open
@@ -18,18 +20,23 @@ by a producer that went away with its coordinator is aborted at its timeout.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaError as AioKafkaError
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.errors import KafkaError as KafkaPythonError
 
 from sluice import test_switches
 from sluice.broker.group_placement import partition_for_group
@@ -75,7 +82,7 @@ def cluster(
 
 
 class Transformer:
-    """One instance of the application."""
+    """One instance of the application, on confluent-kafka."""
 
     def __init__(self, bootstrap: str, source: str, sink: str, group: str, txn_id: str) -> None:
         self.sink = sink
@@ -129,6 +136,211 @@ class Transformer:
         close_within(self.consumer, 10)
         close_within(self.producer, 10, what="producer")
 
+    def abandon(self) -> object:
+        """The instance dies where it stands: its consumer leaves the group (so its successor
+        gets the partitions), its producer is kept, unclosed, with whatever it had open."""
+        close_within(self.consumer, 10)
+        return self.producer
+
+
+def bounded(call: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``call()`` on a thread of its own, given ``timeout_s``: a call still waiting then is a hung
+    client, which the application treats as a failure (it restarts, as a watchdog would restart
+    it); raises kafka-python's KafkaTimeoutError."""
+    from kafka.errors import KafkaTimeoutError
+
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"bounded-{what}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise KafkaTimeoutError(f"{what} still waiting after {timeout_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+class KafkaPythonTransformer:
+    """The same application on kafka-python 3 (its transactional producer and group consumer,
+    ``send_offsets_to_transaction`` with the consumer's group metadata, KIP-447).
+
+    kafka-python 3.0.12 loses a transactional request whose coordinator's connection fails: its
+    sender logs "Got an exception when trying to find a node to send a transactional request
+    to" and looks the coordinator up again, but does not requeue the request (``target_node`` is
+    still set in that branch), so ``commit_transaction`` would wait for good after its
+    coordinator is killed. The application bounds each transactional call and restarts on a
+    hang; its successor's InitProducerId fences the hung producer, so exactly-once must still
+    hold."""
+
+    CALL_TIMEOUT_S = 40
+
+    def __init__(self, bootstrap: str, source: str, sink: str, group: str, txn_id: str) -> None:
+        from kafka import KafkaConsumer, KafkaProducer
+
+        self.sink = sink
+        self.producer = KafkaProducer(
+            bootstrap_servers=bootstrap,
+            transactional_id=txn_id,
+            transaction_timeout_ms=30000,
+            max_block_ms=60000,
+        )
+        try:
+            self.producer.init_transactions()
+        except Exception:
+            self.producer.close(timeout=1)
+            raise
+        self.consumer = KafkaConsumer(
+            source,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+        )
+
+    def step(self, at: Callable[[str], None]) -> int:
+        from kafka import OffsetAndMetadata
+
+        polled = self.consumer.poll(timeout_ms=500, max_records=10)
+        if not polled:
+            return 0
+        self.producer.begin_transaction()
+        offsets = {}
+        n = 0
+        for tp, records in polled.items():
+            for r in records:
+                self.producer.send(self.sink, value=b"out-" + r.value, partition=tp.partition)
+                n += 1
+            offsets[tp] = OffsetAndMetadata(records[-1].offset + 1, "", -1)
+        metadata = self.consumer.group_metadata()
+        bounded(
+            lambda: self.producer.send_offsets_to_transaction(offsets, metadata),
+            self.CALL_TIMEOUT_S,
+            "offsets",
+        )
+        at("open")
+        bounded(self.producer.commit_transaction, self.CALL_TIMEOUT_S, "commit")
+        at("committed")
+        return n
+
+    def close(self) -> None:
+        close_within(self.consumer, 10)
+        close_within(_Closing(self.producer), 10, what="producer")
+
+    def abandon(self) -> object:
+        close_within(self.consumer, 10)
+        return _Closing(self.producer)
+
+
+class _Closing:
+    """A kafka-python producer whose ``close()`` waits at most 5 s for what it has in flight."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+
+    def close(self) -> None:
+        self.producer.close(timeout=5)
+
+
+class AiokafkaTransformer:
+    """The same application on aiokafka (its transactional producer and group consumer,
+    ``send_offsets_to_transaction`` with the group id), on an event loop of its own; every call
+    is bounded, so a client that hangs is an application error (restarted), not a stuck test."""
+
+    CALL_TIMEOUT_S = 60
+
+    def __init__(self, bootstrap: str, source: str, sink: str, group: str, txn_id: str) -> None:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+        self.sink, self.group = sink, group
+        self.loop = asyncio.new_event_loop()
+
+        async def make() -> tuple[Any, Any]:  # aiokafka's clients are made on their loop
+            producer = AIOKafkaProducer(
+                bootstrap_servers=bootstrap, transactional_id=txn_id, transaction_timeout_ms=30000
+            )
+            consumer = AIOKafkaConsumer(
+                source,
+                bootstrap_servers=bootstrap,
+                group_id=group,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                isolation_level="read_committed",
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=1000,
+            )
+            return producer, consumer
+
+        self.producer, self.consumer = self._run(make())
+        try:
+            self._run(self.producer.start())
+            self._run(self.consumer.start())
+        except BaseException:
+            self.close()
+            raise
+
+    def _run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, self.CALL_TIMEOUT_S))
+
+    def step(self, at: Callable[[str], None]) -> int:
+        polled = self._run(self.consumer.getmany(timeout_ms=500, max_records=10))
+        if not polled:
+            return 0
+
+        async def send_all() -> int:
+            await self.producer.begin_transaction()
+            sent = [
+                await self.producer.send(self.sink, value=b"out-" + r.value, partition=tp.partition)
+                for tp, records in polled.items()
+                for r in records
+            ]
+            await asyncio.gather(*sent)
+            offsets = {tp: records[-1].offset + 1 for tp, records in polled.items()}
+            await self.producer.send_offsets_to_transaction(offsets, self.group)
+            return len(sent)
+
+        n = int(self._run(send_all()))
+        at("open")
+        self._run(self.producer.commit_transaction())
+        at("committed")
+        return n
+
+    def _stop(self, client: Any) -> None:
+        try:
+            self._run(client.stop())
+        except Exception as exc:
+            log.info("event=aiokafka_stop_failed error=%r", exc)
+
+    def close(self) -> None:
+        self._stop(self.consumer)
+        self._stop(self.producer)
+        self.loop.close()
+
+    def abandon(self) -> object:
+        self._stop(self.consumer)
+        return _Abandoned(self)
+
+
+class _Abandoned:
+    """An abandoned aiokafka producer, stopped (with its loop) only at the end of the run."""
+
+    def __init__(self, app: AiokafkaTransformer) -> None:
+        self.app = app
+
+    def close(self) -> None:
+        self.app._stop(self.app.producer)
+        self.app.loop.close()
+
 
 def all_registered(cluster: TestCluster) -> None:
     """Wait until all three brokers are registered: a restarted broker answers on its port
@@ -157,11 +369,24 @@ def coordinator_of(cluster: TestCluster, txn_id: str) -> int:
         store.stop()
 
 
+#: what a failed client call raises (the application starts again on any)
+APP_ERRORS = (KafkaException, KafkaPythonError, AioKafkaError, TimeoutError)
+
+
 class AppCrash(Exception):
     """The application instance dies (the test's fault): it is abandoned where it stands."""
 
 
-def run_with_kills(cluster: TestCluster, kills: list[str], seed: int, deadline_s: float = 240) -> None:
+App = Transformer | KafkaPythonTransformer | AiokafkaTransformer
+
+
+def run_with_kills(
+    cluster: TestCluster,
+    kills: list[str],
+    seed: int,
+    deadline_s: float = 240,
+    make_app: Callable[[str, str, str, str, str], App] = Transformer,
+) -> None:
     """Transform 300 inputs (more for many kills) through each fault of ``kills``, one after
     another every few transactions: "coordinator" kills (-9) the transactional id's coordinator's
     broker, "leader" the leader of a sink partition led elsewhere (each restarted in the
@@ -182,8 +407,8 @@ def run_with_kills(cluster: TestCluster, kills: list[str], seed: int, deadline_s
     store.start()
     restarts = ThreadPoolExecutor(max_workers=1)
     pending_restart: Future[None] | None = None
-    app: Transformer | None = None
-    abandoned: list[Producer] = []
+    app: App | None = None
+    abandoned: list[object] = []
     progress = failures = 0
     plan = list(kills)
     next_kill_at = rng.randint(3, 6)
@@ -217,7 +442,7 @@ def run_with_kills(cluster: TestCluster, kills: list[str], seed: int, deadline_s
             )
             try:
                 if app is None:
-                    app = Transformer(cluster.bootstrap, source, sink, group, txn_id)
+                    app = make_app(cluster.bootstrap, source, sink, group, txn_id)
                 n = app.step(at)
                 idle = n == 0
                 if n:
@@ -226,10 +451,9 @@ def run_with_kills(cluster: TestCluster, kills: list[str], seed: int, deadline_s
             except AppCrash:
                 idle = False
                 assert app is not None
-                abandoned.append(app.producer)  # its open transaction is the successor's to fence
-                close_within(app.consumer, 10)  # leaves the group, so the successor gets its partitions
+                abandoned.append(app.abandon())  # its open transaction is the successor's to fence
                 app = None
-            except KafkaException as exc:
+            except APP_ERRORS as exc:
                 idle = False
                 failures += 1
                 log.info("event=app_restart error=%s", exc)
@@ -364,6 +588,20 @@ def test_a_new_coordinator_aborts_an_open_transaction_at_its_timeout(cluster: Te
         assert watermarks(cluster.bootstrap, topic, PARTITIONS, "read_committed") == hw
     finally:
         cluster.restart(coordinator)
+
+
+@pytest.mark.timeout(300)
+def test_kafka_pythons_consume_transform_produce_is_exactly_once_through_the_same_faults(
+    cluster: TestCluster,
+) -> None:
+    run_with_kills(cluster, ["coordinator", "app", "leader", "app"], seed=5, make_app=KafkaPythonTransformer)
+
+
+@pytest.mark.timeout(300)
+def test_aiokafkas_consume_transform_produce_is_exactly_once_through_the_same_faults(
+    cluster: TestCluster,
+) -> None:
+    run_with_kills(cluster, ["coordinator", "app", "leader", "app"], seed=6, make_app=AiokafkaTransformer)
 
 
 @pytest.mark.slow
