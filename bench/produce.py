@@ -71,6 +71,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sluice.ops.launcher import LocalCluster, cluster_down, cluster_up
+from sluice.peers.kafka import PeerCluster, PeerError, peer_down, peer_up
 from sluice.protocol.api import ApiKey
 from sluice.protocol.records import COMPRESSION_NONE, build_batch
 from sluice.security.client import PLAINTEXT, ClientSecurity
@@ -464,7 +465,36 @@ def run_prebuilt(
 
 
 #: how the report names the ``--security`` values
-SECURITY_LABELS = {"none": "plaintext", "sasl_ssl": "SASL_SSL"}
+SECURITY_LABELS = {"none": "plaintext", "sasl_ssl": "SASL_SSL", "kafka": "Apache Kafka"}
+#: The figures compared with ``--against sluice,kafka``: name -> (mode, how it is read).
+PEER_FIGURES: dict[str, tuple[str, Any]] = {
+    "client_mb_s": ("client", lambda r: r.mb_per_s),
+    "client_records_s": ("client", lambda r: r.records_per_s),
+    "client_ack_p50_ms": ("client", lambda r: r.latency.p50_ms),
+    "client_ack_p99_ms": ("client", lambda r: r.latency.p99_ms),
+    "prebuilt_mb_s": ("prebuilt", lambda r: r.mb_per_s),
+    "prebuilt_request_p99_ms": ("prebuilt", lambda r: r.latency.p99_ms),
+}
+
+
+def peer_figures(results: list[ModeResult]) -> list[tuple[str, float, float]]:
+    """(figure, Sluice's value, Kafka's value) for each figure both were measured for."""
+    by = {(r.mode, r.security): r for r in results}
+    out = []
+    for name, (mode, read) in PEER_FIGURES.items():
+        ours, theirs = by.get((mode, "none")), by.get((mode, "kafka"))
+        if ours is not None and theirs is not None:
+            out.append((name, float(read(ours)), float(read(theirs))))
+    return out
+
+
+def print_peer_figures(figures: list[tuple[str, float, float]]) -> None:
+    """Each figure with both values, then ``<figure> ratio sluice/kafka=R`` (for latencies a
+    ratio below 1 means Sluice is faster)."""
+    for name, ours, theirs in figures:
+        print(f"{name} sluice={ours:.1f} kafka={theirs:.1f}")
+        ratio = ours / theirs if theirs > 0 else float("nan")
+        print(f"{name} ratio sluice/kafka={ratio:.2f}")
 
 
 def security_ratios(results: list[ModeResult]) -> dict[str, float]:
@@ -599,6 +629,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("client", "prebuilt", "both"), default="both", help="what to run")
     p.add_argument("--bootstrap", help="HOST:PORT of an existing cluster (no local cluster is started)")
     p.add_argument(
+        "--against",
+        default="sluice",
+        help="the systems to run, comma-separated: sluice, kafka (Apache Kafka from scripts/peers.sh, "
+        "started with the same brokers; each mode runs on one then the other, and each figure is "
+        "followed by its ratio sluice/kafka)",
+    )
+    p.add_argument(
         "--security",
         choices=("none", "sasl_ssl", "both"),
         default="none",
@@ -670,6 +707,16 @@ def main(argv: list[str] | None = None) -> int:
         console = Console(width=170)  # a pipe or file: do not squeeze the tables to 80 columns
     tmp: Path | None = None
     clusters: list[LocalCluster] = []
+    peers: list[PeerCluster] = []
+    against = [a.strip() for a in args.against.split(",") if a.strip()]
+    if not against or set(against) - {"sluice", "kafka"}:
+        console.print(f"[red]--against takes sluice and/or kafka, got {args.against!r}[/]")
+        return 2
+    if "kafka" in against and (args.bootstrap or args.security != "none"):
+        console.print(
+            "[red]--against kafka runs local plaintext clusters: leave out --bootstrap and --security[/]"
+        )
+        return 2
     #: security ("none" / "sasl_ssl") -> (bootstrap servers, the benchmark's client settings)
     targets: dict[str, tuple[str, ClientSecurity]] = {}
     results: list[ModeResult] = []
@@ -683,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
             notes = []
-            for name in ("none", "sasl_ssl") if args.security == "both" else (args.security,):
+            sluice_sides = ("none", "sasl_ssl") if args.security == "both" else (args.security,)
+            for name in sluice_sides if "sluice" in against else ():
                 label = SECURITY_LABELS[name]
                 console.print(
                     f"starting a local {label} cluster of {args.brokers} broker(s) in {tmp / name} ..."
@@ -694,6 +742,16 @@ def main(argv: list[str] | None = None) -> int:
                 pids = ", ".join(f"{b.broker_id}:{b.pid}" for b in cluster.brokers)
                 notes.append(f"{label}: local, {args.brokers} broker(s) (id:pid {pids})")
                 console.print(f"{label}: bootstrap.servers={cluster.bootstrap_servers}  broker pids {pids}")
+            if "kafka" in against:
+                console.print(
+                    f"starting a local Apache Kafka cluster of {args.brokers} broker(s) in {tmp / 'kafka'}"
+                )
+                peer = peer_up(tmp / "kafka", args.brokers)
+                peers.append(peer)
+                targets["kafka"] = (peer.bootstrap_servers, PLAINTEXT)
+                pids = ", ".join(f"{b.broker_id}:{b.pid}" for b in peer.brokers)
+                notes.append(f"Apache Kafka {peer.version}: local, {args.brokers} broker(s) (id:pid {pids})")
+                console.print(f"Apache Kafka: bootstrap.servers={peer.bootstrap_servers}  broker pids {pids}")
             cluster_note = "; ".join(notes)
         run_id = uuid.uuid4().hex[:8]
         modes = ("client", "prebuilt") if args.mode == "both" else (args.mode,)
@@ -709,8 +767,9 @@ def main(argv: list[str] | None = None) -> int:
                     console.print(
                         f"  page-cache write probe: {probe:,.0f} MB/s ({args.probe_mb} x 1 MB pwrite)"
                     )
-                brokers = [c for c in clusters if c.bootstrap_servers == bootstrap]
-                meter = CpuMeter([b.pid for c in brokers for b in c.brokers])
+                pids = [b.pid for c in clusters if c.bootstrap_servers == bootstrap for b in c.brokers]
+                pids += [b.pid for c in peers if c.bootstrap_servers == bootstrap for b in c.brokers]
+                meter = CpuMeter(pids)
                 r = run(args, bootstrap, topic, security)
                 r.security = name
                 r.cpu = meter.stop()
@@ -727,13 +786,20 @@ def main(argv: list[str] | None = None) -> int:
     except KafkaException as exc:
         console.print(f"[red]Kafka error:[/] {exc}")
         return 1
+    except PeerError as exc:
+        console.print(f"[red]Apache Kafka peer:[/] {exc}")
+        return 1
     finally:
         for cluster in clusters:
             cluster_down(Path(cluster.directory))
+        for peer in peers:
+            peer_down(Path(peer.directory))
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     bootstraps = "; ".join(f"{SECURITY_LABELS[name]}: {b}" for name, (b, _) in targets.items())
     print_report(console, args, bootstraps, results, cluster_note)
+    figures = peer_figures(results)
+    print_peer_figures(figures)
     if args.json:
         print(
             json.dumps(  # NaN (no latency figures with acks=0, probe skipped) becomes null
@@ -747,6 +813,7 @@ def main(argv: list[str] | None = None) -> int:
                         "record_size": args.record_size,
                         "security": args.security,
                         "results": [r.to_json() for r in results],
+                        "sluice_over_kafka": {n: round(a / b, 3) for n, a, b in figures if b > 0},
                         "sasl_ssl_over_plaintext": {
                             m: round(v, 3) for m, v in security_ratios(results).items()
                         },

@@ -73,6 +73,8 @@ if command -v dpkg-query >/dev/null 2>&1; then
     installed zookeeper || missing+=(zookeeper)
     command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || missing+=(kcat)
     command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+    # Maven fetches the JVM peers (scripts/peers.sh: Apache Kafka's jars, pinned).
+    command -v mvn >/dev/null 2>&1 || missing+=(maven)
     compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
     command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
     # ip and tc (iproute2), iptables and iptables-restore: /usr/sbin is not on every user's PATH.
@@ -146,5 +148,8 @@ if [ "$want" != "$have" ] || [ -n "${BOOTSTRAP_FORCE_PIP:-}" ]; then
     quiet "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e "$REPO[test]"
     printf '%s\n' "$want" >"$STAMP"
 fi
+
+# The JVM peers Sluice is measured beside; skipped with a message when Maven Central is unreachable.
+bash "$REPO/scripts/peers.sh" | sed 's/^/bootstrap: /'
 
 say "ready ($VENV)"

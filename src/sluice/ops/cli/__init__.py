@@ -12,6 +12,7 @@ from sluice.ops.cli.dlq import dlq_app
 from sluice.ops.cli.drills import chaos_app, incident_app
 from sluice.ops.cli.groups import group_app
 from sluice.ops.cli.manager import manager_app
+from sluice.ops.cli.peers import peer_app
 from sluice.ops.cli.tasks import task_app, worker_app
 from sluice.ops.cli.topics import consume, produce, topic_app
 from sluice.ops.cli.users import user_app
@@ -25,6 +26,7 @@ for _sub, _name in (
     (cluster_app, "cluster"), (broker_app, "broker"), (topic_app, "topic"), (group_app, "group"),
     (incident_app, "incident"), (chaos_app, "chaos"), (task_app, "task"), (worker_app, "worker"),
     (manager_app, "manager"), (acl_app, "acl"), (user_app, "user"), (dlq_app, "dlq"),
+    (peer_app, "peer"),
 ):  # fmt: skip
     app.add_typer(_sub, name=_name)
 for _fn, _name in ((produce, "produce"), (consume, "consume"), (apply, "apply"), (demo, "demo")):

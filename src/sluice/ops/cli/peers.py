@@ -1,0 +1,56 @@
+"""`sluice peer`: run Apache Kafka locally beside Sluice, for side-by-side benchmarks and drills."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sluice.ops.cli.common import fail
+from sluice.peers.kafka import PeerError, peer_down, peer_up
+
+peer_app = typer.Typer(
+    no_args_is_help=True,
+    help="Run a peer (Apache Kafka, from the jars scripts/peers.sh fetches) to measure Sluice beside.",
+)
+
+PeerDir = Annotated[Path, typer.Option("--dir", help="Directory of the peer cluster")]
+DEFAULT_DIR = Path(".sluice-peer")
+
+
+@peer_app.command("up")
+def up(
+    kind: Annotated[str, typer.Argument(help="The peer: kafka")],
+    brokers: Annotated[int, typer.Option("--brokers", help="Number of brokers")] = 1,
+    kraft: Annotated[
+        bool, typer.Option("--kraft", help="KRaft mode (Kafka 4.x) instead of ZooKeeper")
+    ] = False,
+    zookeeper: Annotated[
+        str | None, typer.Option("--zookeeper", help="Use this ZooKeeper (HOST:PORT) instead of starting one")
+    ] = None,
+    directory: PeerDir = DEFAULT_DIR,
+) -> None:
+    """Start a local peer cluster and print its bootstrap.servers, as `sluice cluster up` does."""
+    if kind != "kafka":
+        raise fail(f"unknown peer {kind!r}: the one peer is kafka")
+    if kraft:
+        raise fail("--kraft is not available yet: peers run Kafka 3.9 in ZooKeeper mode (leave out --kraft)")
+    try:
+        cluster = peer_up(directory, brokers, zookeeper=zookeeper)
+    except PeerError as exc:
+        raise fail(str(exc)) from None
+    print(f"bootstrap.servers={cluster.bootstrap_servers}")
+    print(f"zookeeper={cluster.zookeeper}")
+    print(f"kafka_version={cluster.version}")
+    print(f"dir={cluster.directory}")
+
+
+@peer_app.command("down")
+def down(directory: PeerDir = DEFAULT_DIR) -> None:
+    """Stop the peer cluster in --dir (controlled shutdown, then SIGKILL after 30 s)."""
+    try:
+        cluster = peer_down(directory)
+    except PeerError as exc:
+        raise fail(str(exc)) from None
+    print(f"stopped={len(cluster.brokers)} dir={cluster.directory}")

@@ -1,0 +1,94 @@
+"""Apache Kafka as a local peer (issue 20): `sluice peer up kafka --brokers 3` prints
+bootstrap.servers like `sluice cluster up`, the brokers take an RF 3 topic, acks=all writes and
+a group's reads from confluent-kafka, and `sluice peer down` leaves no broker process behind.
+Skipped only when scripts/peers.sh could not fetch Kafka's jars (Maven Central unreachable)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from sluice.peers.kafka import PeerError, kafka_libs
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _libs_or_skip() -> None:
+    try:
+        kafka_libs()
+    except PeerError as exc:
+        pytest.skip(str(exc))
+
+
+def _sluice(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", *args], capture_output=True, text=True, timeout=180
+    )
+
+
+def _kafka_pids() -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"kafka.Kafka" in (entry / "cmdline").read_bytes().split(b"\0"):
+                    pids.add(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_peer_up_kafka_serves_an_rf3_topic_and_down_stops_it(tmp_path: Path) -> None:
+    _libs_or_skip()
+    before = _kafka_pids()
+    directory = tmp_path / "peer"
+    up = _sluice("peer", "up", "kafka", "--brokers", "3", "--dir", str(directory))
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        lines = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
+        bootstrap = lines["bootstrap.servers"]
+        assert len(bootstrap.split(",")) == 3 and lines["kafka_version"] == "3.9.1"
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        admin.create_topics([NewTopic("peer-rf3", 3, 3)])["peer-rf3"].result(60)
+        parts = admin.list_topics("peer-rf3", timeout=10).topics["peer-rf3"].partitions
+        assert {len(p.replicas) for p in parts.values()} == {3}
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+        for i in range(300):
+            producer.produce("peer-rf3", b"%d" % i, partition=i % 3)
+        assert producer.flush(60) == 0
+        consumer = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "peer-readers", "auto.offset.reset": "earliest"}
+        )
+        consumer.subscribe(["peer-rf3"])
+        got: set[bytes] = set()
+        deadline = time.monotonic() + 60
+        while len(got) < 300 and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                got.add(msg.value())
+        consumer.close()
+        assert got == {b"%d" % i for i in range(300)}
+        again = _sluice("peer", "up", "kafka", "--dir", str(directory))
+        assert again.returncode != 0 and "already" in again.stderr, again.stderr
+    finally:
+        down = _sluice("peer", "down", "--dir", str(directory))
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert "stopped=3" in down.stdout
+    assert _kafka_pids() <= before, "a peer broker outlived `sluice peer down`"
+    assert not (directory / "peer.json").exists()
+
+
+def test_peer_up_without_the_jars_says_how_to_fetch_them(tmp_path: Path) -> None:
+    env = {**os.environ, "SLUICE_PEERS_DIR": str(tmp_path / "none")}
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "peer", "up", "kafka", "--dir", str(tmp_path / "p")],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode != 0 and "run scripts/peers.sh" in done.stderr, done.stderr
