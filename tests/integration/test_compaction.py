@@ -111,14 +111,18 @@ def _produce(cluster: TestCluster, topics: list[str]) -> dict[bytes, tuple[int, 
     return last
 
 
-def _read_all(cluster: TestCluster, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
-    """(offset, key, value) of every record of the topic's partition, with confluent-kafka."""
+def _read_all(
+    cluster: TestCluster, topic: str, isolation: str = "read_committed"
+) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every record of the topic's partition, with confluent-kafka
+    (``isolation``: its isolation.level, librdkafka's default read_committed unless told)."""
     consumer = Consumer(
         {
             "bootstrap.servers": cluster.bootstrap,
             "group.id": f"reader-{topic}-{time.monotonic_ns()}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
+            "isolation.level": isolation,
             "log_level": 0,
         }
     )
@@ -245,37 +249,6 @@ def _session_processes(session: int) -> list[int]:
     return pids
 
 
-def _read_isolated(
-    cluster: TestCluster, topic: str, isolation: str
-) -> list[tuple[int, bytes | None, bytes | None]]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": cluster.bootstrap,
-            "group.id": f"reader-{topic}-{time.monotonic_ns()}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": isolation,
-            "log_level": 0,
-        }
-    )
-    out: list[tuple[int, bytes | None, bytes | None]] = []
-    try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return out
-                raise AssertionError(f"read error: {msg.error()}")
-            out.append((msg.offset(), msg.key(), msg.value()))
-        raise AssertionError(f"{topic}: no end of partition after 60 s ({len(out)} records read)")
-    finally:
-        consumer.close()
-
-
 def test_a_compacted_topic_written_in_transactions_reads_committed_after_cleaning(
     cluster: TestCluster,
 ) -> None:
@@ -316,14 +289,14 @@ def test_a_compacted_topic_written_in_transactions_reads_committed_after_cleanin
     producer.commit_transaction(60)
 
     def cleaned() -> bool:
-        everything = _read_isolated(cluster, "txn-compacted", "read_uncommitted")
+        everything = _read_all(cluster, "txn-compacted", "read_uncommitted")
         aborted = [o for o, _k, v in everything if v is not None and v.startswith(b"aborted")]
         assert not aborted, f"{len(aborted)} aborted records still in the log"
         return True
 
     wait_until(cleaned, 90, "the aborted records to be cleaned away")
     got: dict[bytes, list[bytes | None]] = {}
-    for _o, key, value in _read_isolated(cluster, "txn-compacted", "read_committed"):
+    for _o, key, value in _read_all(cluster, "txn-compacted", "read_committed"):
         assert key is not None
         got.setdefault(key, []).append(value)
     assert {k: v[-1] for k, v in got.items() if k != b"filler"} == committed
