@@ -46,6 +46,12 @@ CHAINS = {
     "test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_then_resolved": "chain-3",
 }
 
+#: Modules whose tests share nothing (no module-scoped fixture, no order between them) and are
+#: long in sum: each of their tests is a work unit of its own, spread over the workers. Kept
+#: whole, the incident drills (about eight minutes of tests, each starting its own cluster) ran
+#: one after another on one worker while the others had finished.
+SPLIT_MODULES = {"tests/integration/test_incidents.py"}
+
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Work units of one module each (`--dist loadscope`), but a chain's tests in one unit of
@@ -60,7 +66,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class ChainScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             test = nodeid.rpartition("::")[2].partition("[")[0]
-            return CHAINS[test] if test in CHAINS else nodeid.partition("::")[0]
+            module = nodeid.partition("::")[0]
+            if test in CHAINS:
+                return CHAINS[test]
+            return nodeid if module in SPLIT_MODULES else module
 
         def _assign_work_unit(self, node: Any) -> None:
             """The chains first, then the modules that start processes (integration, browser,
