@@ -98,3 +98,34 @@ def records_of(log: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]
             )
             offset = h.last_offset + 1
     return out
+
+
+class CrashedClean(Exception):
+    """Raised by :func:`crash_clean_at`'s fault hook: the process "dies" at that step."""
+
+
+def crash_clean_at(log: PartitionLog, at: int, now_ms: int) -> None:
+    """Cleans ``log`` (forced, up to its end) and "kills" the process at step ``at``: -2 right
+    after the rewrite (nothing committed), -1 after the commit in memory (no swap step done),
+    ``n >= 0`` at the n-th step of ``finish_swaps`` (each rename and unlink, in order). Nothing
+    more is written afterwards (``abandon``): what is on disk is what a kill -9 leaves."""
+    job = log.clean_job(now_ms, stable_end=log.log_end_offset, map_entries_max=10_000, force=True)
+    assert job is not None
+    result = run_clean(job, Throttler(0))
+    assert result is not None
+    if at >= -1:
+        assert log.commit_clean(result)
+    if at >= 0:
+        calls = iter(range(1 << 30))
+
+        def fault(step: str) -> None:
+            if next(calls) == at:
+                raise CrashedClean(step)
+
+        try:
+            log.finish_swaps(fault=fault)
+        except CrashedClean:
+            pass
+        else:
+            raise AssertionError(f"finish_swaps has fewer than {at + 1} steps: no crash happened")
+    log.abandon()

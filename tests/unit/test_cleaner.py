@@ -5,7 +5,6 @@ log must read as."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from sluice.storage.cleaner import CLEANED_SUFFIX, Throttler, run_clean
 from sluice.storage.errors import KeylessRecordError
 from sluice.storage.producer_state import list_snapshots
 from tests.unit._compaction_model import check_compacted
-from tests.unit._storage_helpers import Clock, clean_now, records_of
+from tests.unit._storage_helpers import Clock, clean_now, crash_clean_at, records_of
 
 T0 = 1_000_000
 RETENTION = 1_000
@@ -97,10 +96,6 @@ def _fault_steps(tmp_path: Path) -> list[str]:
     return steps
 
 
-class _Crash(Exception):
-    pass
-
-
 def test_a_crash_at_any_step_of_a_clean_recovers_with_nothing_lost(tmp_path: Path) -> None:
     """kill -9 at every step: after the rewrite, after the commit in memory, and after each
     rename and unlink of the swap. Recovery gives either the log as it was or the cleaned one,
@@ -119,22 +114,7 @@ def test_a_crash_at_any_step_of_a_clean_recovers_with_nothing_lost(tmp_path: Pat
         path = tmp_path / f"crash-{at + 2}"
         log, last = _log_to_clean(path, clock)
         before = records_of(log)
-        job = log.clean_job(T0, stable_end=log.log_end_offset, map_entries_max=10_000, force=True)
-        assert job is not None
-        result = run_clean(job, Throttler(0))
-        assert result is not None
-        if at >= -1:
-            assert log.commit_clean(result)
-        if at >= 0:
-            calls = iter(range(len(steps)))
-
-            def fault(step: str, at: int = at, calls: Iterator[int] = calls) -> None:
-                if next(calls) == at:
-                    raise _Crash(step)
-
-            with pytest.raises(_Crash):
-                log.finish_swaps(fault=fault)
-        log.abandon()  # the process dies here: nothing more is written
+        crash_clean_at(log, at, T0)
         what = f"crash at step {at} ({name})"
         recovered = _open(path, clock)
         got = records_of(recovered)

@@ -6,7 +6,6 @@ segments; and a hypothesis property against a model of committed reads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 from sluice.protocol.records import build_batch, decode_records, iter_batches, read_control_marker
 from sluice.storage import LogConfig, PartitionLog
 from sluice.storage.cleaner import CLEANED_SUFFIX, Throttler, run_clean
-from tests.unit._storage_helpers import Clock, clean_now
+from tests.unit._storage_helpers import Clock, clean_now, crash_clean_at
 
 T0 = 1_000_000
 COMPACT = {"cleanup_policy": "compact", "delete_retention_ms": 1_000, "min_cleanable_dirty_ratio": 0.0}
@@ -190,10 +189,6 @@ def _log_to_clean(path: Path, clock: Clock) -> tuple[PartitionLog, Writer]:
     return log, w
 
 
-class _Crash(Exception):
-    pass
-
-
 def test_a_crash_at_any_step_of_a_clean_keeps_the_committed_view(tmp_path: Path) -> None:
     """kill -9 after the rewrite, after the commit in memory, and after each step of the swaps:
     the recovered log reads committed as before, and its aborted-transaction index still has an
@@ -219,22 +214,7 @@ def test_a_crash_at_any_step_of_a_clean_keeps_the_committed_view(tmp_path: Path)
         before = committed_view(log)
         entries = aborted_entries(log)
         assert len(entries) == 3
-        job = log.clean_job(T0, stable_end=log.log_end_offset, map_entries_max=10_000, force=True)
-        assert job is not None
-        result = run_clean(job, Throttler(0))
-        assert result is not None
-        if at >= -1:
-            assert log.commit_clean(result)
-        if at >= 0:
-            calls = iter(range(len(steps)))
-
-            def fault(step: str, at: int = at, calls: Iterator[int] = calls) -> None:
-                if next(calls) == at:
-                    raise _Crash(step)
-
-            with pytest.raises(_Crash):
-                log.finish_swaps(fault=fault)
-        log.abandon()
+        crash_clean_at(log, at, T0)
         what = f"crash at step {at} ({steps[at] if at >= 0 else 'before the swap'})"
         recovered = _open(path, clock)
         assert committed_view(recovered) == before, what
