@@ -366,7 +366,8 @@ def single_replica_shutdown(dc: KafkaDrillCluster, rng: random.Random) -> Incide
             md = admin.list_topics(topic, timeout=2)
         except Exception:
             return False
-        offline[:] = [f"{topic} {o}" for o in offline_in_metadata(md.topics[topic].partitions, set(md.brokers))]
+        found = offline_in_metadata(md.topics[topic].partitions, set(md.brokers))
+        offline[:] = [f"{topic} {o}" for o in found]
         return bool(offline)
 
     _wait_for(offline_reported, dc.session_timeout_s + 10)
@@ -388,7 +389,11 @@ def single_replica_shutdown(dc: KafkaDrillCluster, rng: random.Random) -> Incide
         )
     )
     result.checks.append(
-        Check("no acknowledged record lost (kill -9 case)", result.rows[0].lost == 0, f"{result.rows[0].lost} lost")
+        Check(
+            "no acknowledged record lost (kill -9 case)",
+            result.rows[0].lost == 0,
+            f"{result.rows[0].lost} lost",
+        )
     )
 
     topic2 = "incident-c-drain"
@@ -399,15 +404,17 @@ def single_replica_shutdown(dc: KafkaDrillCluster, rng: random.Random) -> Incide
     _wait_acks(producer, 1000, 60)
     victim = dc.leader_of(topic2, 0)
     others = [b for b in range(1, dc.brokers + 1) if b != victim]
-    moves = {
-        (t, p): [others[i % len(others)]]
-        for i, (t, p) in enumerate(
-            (t, p) for t, parts in sorted(dc.store.assignments().items()) for p, r in parts.items() if r == [victim]
-        )
-    }
+    singles = [
+        (t, p)
+        for t, parts in sorted(dc.store.assignments().items())
+        for p, r in parts.items()
+        if r == [victim]
+    ]
+    moves = {tp: [others[i % len(others)]] for i, tp in enumerate(singles)}
     pending = dc.reassign(moves, 30)
     dc.note(
-        f"reassigned broker {victim}'s single replicas (Kafka's drain): {len(moves)} moved, {len(pending)} pending"
+        f"reassigned broker {victim}'s single replicas (Kafka's drain): "
+        f"{len(moves)} moved, {len(pending)} pending"
     )
     dc.shutdown(victim)
     _wait_acks(producer, 1000, 60)

@@ -237,16 +237,14 @@ def peer_up(
         zk = LocalZooKeeper(zk_dir, ports.pop())
         zk.start()
         zookeeper = zk.connect_string
+    zk_of = broker_zookeeper or {}
     cluster = PeerCluster(
         str(directory),
         version,
         zookeeper,
         None if zk_dir is None else str(zk_dir),
         [
-            PeerBroker(
-                i + 1, ports[i], str(directory / f"broker-{i + 1}"),
-                zookeeper=(broker_zookeeper or {}).get(i + 1),
-            )  # fmt: skip
+            PeerBroker(i + 1, ports[i], str(directory / f"broker-{i + 1}"), zookeeper=zk_of.get(i + 1))
             for i in range(brokers)
         ],
         dict(properties or {}),
