@@ -163,7 +163,30 @@ def _run_against_kafka(name: str, directory: Path, seed: int) -> int:
         result = run_incident_kafka(name, directory, seed=seed)
     except PeerError as exc:
         raise fail(str(exc)) from None
+    for line in figure_lines(result):
+        print(line)
     return 0 if _print_result(result) else 1
+
+
+def figure_lines(result: object) -> list[str]:
+    """The checker's rows and the checks as key=value lines (quoted where a value has spaces),
+    printed by --against kafka before the tables so a script or the README can take them."""
+    import shlex
+
+    from sluice.chaos.incidents import IncidentResult
+
+    assert isinstance(result, IncidentResult)
+    lines = [
+        f"incident_row run={shlex.quote(r.label)} acknowledged={r.acknowledged} read={r.read} lost={r.lost} "
+        f"duplicated={r.duplicated} out_of_order={r.out_of_order} failed_sends={r.failed_sends} "
+        f"errors={shlex.quote(','.join(f'{k} x{v}' for k, v in r.errors.items()) or 'none')}"
+        for r in result.rows
+    ]
+    lines += [
+        f"incident_check held={'yes' if c.passed else 'no'} guarantee={shlex.quote(c.guarantee)}"
+        for c in result.checks
+    ]
+    return lines
 
 
 @chaos_app.command("run")
