@@ -2,7 +2,8 @@
 own Kafka cluster (ZooKeeper mode, brokers reaching ZooKeeper through the drill's proxies),
 prints the checker's rows and checks as key=value lines and the verdict Kafka earned, and leaves
 no Kafka broker or ZooKeeper process behind. Skipped only when scripts/peers.sh could not fetch
-Kafka's jars (Maven Central unreachable).
+Kafka's jars (Maven Central unreachable). C runs in the default suite (~51 s), A in the slow one
+(~49 s; `scripts/test.sh -m slow`).
 
 What the assertions pin is what the checker observed on Kafka, not an assumed answer: in A
 Kafka acknowledges the stale client's acks=1 writes on the leader cut off from ZooKeeper and
@@ -94,6 +95,7 @@ def test_rf1_maintenance_against_kafka_offline_on_stop_and_no_failed_send_after_
     assert lines[-1] == {"kind": "verdict", "verdict": "FAIL"} and done.returncode == 1
 
 
+@pytest.mark.slow  # ~50 s: the default suite is near its 20 minutes; C (~51 s) stays in it
 def test_acks1_failover_against_kafka_acks1_loses_what_the_cut_off_leader_acknowledged(
     tmp_path: Path,
 ) -> None:
