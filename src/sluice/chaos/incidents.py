@@ -8,9 +8,10 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from sluice import test_switches
 from sluice.chaos.checker import Read, check, parse_value
@@ -22,6 +23,7 @@ from sluice.chaos.workload import (
     read_everything,
     stale_leader_writes,
 )
+from sluice.cluster.layout import PartitionState
 from sluice.ops.health import partition_health
 from sluice.security.client import PLAINTEXT, ClientSecurity
 
@@ -111,11 +113,64 @@ def _wait_acks(producer: VerifiableProducer, n: int, timeout_s: float) -> None:
 
 # -- A: acks=1 and a leader cut off from ZooKeeper ----------------------------------------------------
 
+
+class ClusterState(Protocol):
+    """What drill A reads from ZooKeeper: `ZkStore` for Sluice, `incidents_kafka.KafkaZkView`
+    for Kafka (whose layout holds the same partition state)."""
+
+    def live_brokers(self) -> Mapping[int, object]: ...
+
+    def partition_state(self, topic: str, partition: int) -> tuple[PartitionState, int] | None: ...
+
+
+class BrokerAddress(Protocol):
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+
+class FaultCluster(Protocol):
+    """What drill A asks of the cluster it runs on: `DrillCluster` (Sluice) and
+    `incidents_kafka.KafkaDrillCluster` (Apache Kafka) both answer it, so A runs unchanged on
+    either."""
+
+    @property
+    def session_timeout_s(self) -> float: ...
+
+    @property
+    def events(self) -> list[tuple[float, str]]: ...
+
+    @property
+    def store(self) -> ClusterState | None: ...
+
+    @property
+    def bootstrap(self) -> str: ...
+
+    @property
+    def client_security(self) -> ClientSecurity: ...
+
+    def note(self, what: str) -> None: ...
+
+    def broker(self, broker_id: int) -> BrokerAddress: ...
+
+    def controller(self) -> int: ...
+
+    def leader_of(self, topic: str, partition: int) -> int: ...
+
+    def cut_zookeeper(self, broker_id: int, mode: str = "drop") -> None: ...
+
+    def heal_zookeeper(self, broker_id: int) -> None: ...
+
+    def wait_quiescent(self, timeout_s: float = 90.0) -> bool: ...
+
+
 #: Records the stale client writes to the cut-off leader once its partition has moved.
 STALE_RECORDS = 200
 
 
-def acks1_failover(dc: DrillCluster, rng: random.Random) -> IncidentResult:
+def acks1_failover(dc: FaultCluster, rng: random.Random) -> IncidentResult:
     """The leader of a partition loses its ZooKeeper session (cut off from ZooKeeper only, still
     serving clients) while producers write; leadership moves; later it reconnects. Run once with
     acks=1 and once with acks=all and min.insync.replicas=2.
@@ -231,7 +286,7 @@ def _stale(row: Row, writer: str) -> str:
     )
 
 
-def _wait_moved(dc: DrillCluster, topic: str, partition: int, victim: int, timeout_s: float) -> int | None:
+def _wait_moved(dc: FaultCluster, topic: str, partition: int, victim: int, timeout_s: float) -> int | None:
     """Wait until ZooKeeper shows ``partition`` led by another broker and that broker acts as its
     leader (it answers ListOffsets at the new leader epoch: it has stopped fetching the partition,
     and drops any fetch response still in flight); note each step. The new leader, or None."""

@@ -38,6 +38,7 @@ __all__ = [
     "kafka_libs",
     "peer_down",
     "peer_up",
+    "restart_broker",
 ]
 
 log = logging.getLogger("sluice.peers")
@@ -78,6 +79,9 @@ class PeerBroker:
     port: int
     directory: str
     pid: int = -1
+    #: this broker's own way to ZooKeeper (e.g. a drill's proxy that can cut it off), if not
+    #: the cluster's
+    zookeeper: str | None = None
 
 
 @dataclass
@@ -89,6 +93,8 @@ class PeerCluster:
     zookeeper: str
     zookeeper_dir: str | None
     brokers: list[PeerBroker] = field(default_factory=list)
+    #: broker properties set beyond `broker_properties`' own (a drill's settings)
+    properties: dict[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -111,24 +117,27 @@ class PeerCluster:
         return cls(**raw)
 
 
-def broker_properties(broker: PeerBroker, zookeeper: str, brokers: int) -> str:
+def broker_properties(
+    broker: PeerBroker, zookeeper: str, brokers: int, extra: dict[str, str] | None = None
+) -> str:
     """A peer broker's ``server.properties``: Kafka's defaults but for what a small local
     cluster needs (internal topics replicated as far as the brokers allow, no initial rebalance
     delay, ZooKeeper session as Sluice's brokers have it)."""
     rf = min(3, brokers)
     data = Path(broker.directory) / "data"
-    lines = {
+    lines: dict[str, object] = {
         "broker.id": broker.broker_id,
         "listeners": f"PLAINTEXT://127.0.0.1:{broker.port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{broker.port}",
         "log.dirs": data,
-        "zookeeper.connect": f"{zookeeper}{CHROOT}",
+        "zookeeper.connect": f"{broker.zookeeper or zookeeper}{CHROOT}",
         "zookeeper.session.timeout.ms": 6000,
         "offsets.topic.replication.factor": rf,
         "transaction.state.log.replication.factor": rf,
         "transaction.state.log.min.isr": min(2, rf),
         "group.initial.rebalance.delay.ms": 0,
         "num.partitions": 1,
+        **(extra or {}),
     }
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 
@@ -143,10 +152,12 @@ log4j.logger.state.change.logger=WARN
 """
 
 
-def _start_broker(java: str, libs: Path, broker: PeerBroker, zookeeper: str, brokers: int) -> int:
+def _start_broker(
+    java: str, libs: Path, broker: PeerBroker, zookeeper: str, brokers: int, extra: dict[str, str]
+) -> int:
     d = Path(broker.directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "server.properties").write_text(broker_properties(broker, zookeeper, brokers))
+    (d / "server.properties").write_text(broker_properties(broker, zookeeper, brokers, extra))
     (d / "log4j.properties").write_text(_LOG4J.format(path=d / "server.log"))
     cmd = [
         java,
@@ -202,9 +213,13 @@ def peer_up(
     zookeeper: str | None = None,
     version: str = KAFKA_VERSION,
     timeout_s: float = 120,
+    broker_zookeeper: dict[int, str] | None = None,
+    properties: dict[str, str] | None = None,
 ) -> PeerCluster:
     """Start ``brokers`` Kafka brokers (and a private ZooKeeper unless ``zookeeper`` names one)
-    with their files under ``directory``; returns once every broker is registered."""
+    with their files under ``directory``; returns once every broker is registered.
+    ``broker_zookeeper`` gives broker N its own HOST:PORT for ZooKeeper (a drill's proxy);
+    ``properties`` are broker settings beyond the defaults (a drill's)."""
     if brokers < 1:
         raise PeerError(f"--brokers must be at least 1, got {brokers}")
     directory = directory.resolve()
@@ -222,17 +237,22 @@ def peer_up(
         zk = LocalZooKeeper(zk_dir, ports.pop())
         zk.start()
         zookeeper = zk.connect_string
+    zk_of = broker_zookeeper or {}
     cluster = PeerCluster(
         str(directory),
         version,
         zookeeper,
         None if zk_dir is None else str(zk_dir),
-        [PeerBroker(i + 1, ports[i], str(directory / f"broker-{i + 1}")) for i in range(brokers)],
+        [
+            PeerBroker(i + 1, ports[i], str(directory / f"broker-{i + 1}"), zookeeper=zk_of.get(i + 1))
+            for i in range(brokers)
+        ],
+        dict(properties or {}),
     )
     cluster.save()  # before any broker starts: `peer down` can always find what it must stop
     try:
         for b in cluster.brokers:
-            b.pid = _start_broker(java, libs, b, zookeeper, brokers)
+            b.pid = _start_broker(java, libs, b, zookeeper, brokers, cluster.properties)
             cluster.save()
             log.info("event=peer_broker_started kind=kafka id=%d port=%d pid=%d", b.broker_id, b.port, b.pid)
         _wait_registered(cluster, timeout_s)
@@ -240,6 +260,22 @@ def peer_up(
         peer_down(directory)
         raise
     return cluster
+
+
+def restart_broker(cluster: PeerCluster, broker_id: int, timeout_s: float = 60) -> PeerBroker:
+    """Start a stopped broker of ``cluster`` again from its own directory (its data kept); returns
+    once every broker is registered again."""
+    broker = next(b for b in cluster.brokers if b.broker_id == broker_id)
+    if broker.pid > 0 and _is_peer_broker(broker.pid):
+        raise PeerError(f"Kafka broker {broker_id} is still running (pid {broker.pid})")
+    libs = kafka_libs(cluster.version)
+    broker.pid = _start_broker(
+        find_java(), libs, broker, cluster.zookeeper, len(cluster.brokers), cluster.properties
+    )
+    cluster.save()
+    log.info("event=peer_broker_restarted kind=kafka id=%d pid=%d", broker_id, broker.pid)
+    _wait_registered(cluster, timeout_s)
+    return broker
 
 
 def _is_peer_broker(pid: int) -> bool:

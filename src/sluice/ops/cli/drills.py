@@ -75,6 +75,11 @@ def _print_result(result: object) -> bool:
     return result.ok
 
 
+#: Other names an incident answers to (issue 20 calls C rf1-maintenance).
+ALIASES = {"rf1-maintenance": "single-replica-shutdown"}
+AGAINST = ("sluice", "kafka")
+
+
 @incident_app.command("list")
 def incident_list() -> None:
     from sluice.chaos.incidents import INCIDENTS
@@ -104,12 +109,31 @@ def incident_run(
     security: Annotated[
         str, typer.Option(help="none, or sasl_ssl: TLS, SCRAM users and ACLs; every client authenticates")
     ] = "none",
+    against: Annotated[
+        str,
+        typer.Option(
+            help="sluice, or kafka: the same drill on a local Apache Kafka 3.9.1 cluster it starts and "
+            "stops (A and C; for B and D it prints what of them applies to Kafka and exits 0)"
+        ),
+    ] = "sluice",
 ) -> None:
     """Replay an incident and print the checker's rows and the verdict; exits 1 if a guarantee broke."""
     from sluice.chaos.incidents import INCIDENTS, run_incident
 
+    name = ALIASES.get(name, name)
     if name not in INCIDENTS:
         raise fail(f"unknown incident {name!r}; `sluice incident list` shows them")
+    if against not in AGAINST:
+        raise fail(f"--against must be one of {', '.join(AGAINST)}, not {against!r}", 2)
+    if against == "kafka":
+        if hosts != "local" or security != "none" or bootstrap is not None:
+            raise fail(
+                "--against kafka runs on 127.0.0.1 without security on a Kafka cluster the drill starts "
+                "itself: leave out --hosts, --security and --bootstrap",
+                2,
+            )
+        _drill_logging()
+        raise typer.Exit(_run_against_kafka(name, directory / f"{name}-kafka", seed))
     if bootstrap is not None and not local:
         raise fail(
             "drills inject faults into broker processes (kill -9, SIGSTOP, cutting ZooKeeper), which "
@@ -121,6 +145,48 @@ def incident_run(
     except ValueError as exc:
         raise fail(str(exc)) from None
     raise typer.Exit(0 if _print_result(result) else 1)
+
+
+def _run_against_kafka(name: str, directory: Path, seed: int) -> int:
+    """Drill ``name`` on Apache Kafka: the checker's rows and verdict as for Sluice (exit 0 or 1);
+    for an incident with no Kafka drill, what of it applies to Kafka (exit 0)."""
+    from sluice.chaos.incidents_kafka import AGAINST as KAFKA
+    from sluice.chaos.incidents_kafka import NOT_APPLICABLE, run_incident_kafka
+    from sluice.peers.kafka import PeerError
+
+    print(f"against={KAFKA}")
+    if name in NOT_APPLICABLE:
+        console.print(NOT_APPLICABLE[name])
+        print("verdict=not-applicable")
+        return 0
+    try:
+        result = run_incident_kafka(name, directory, seed=seed)
+    except PeerError as exc:
+        raise fail(str(exc)) from None
+    for line in figure_lines(result):
+        print(line)
+    return 0 if _print_result(result) else 1
+
+
+def figure_lines(result: object) -> list[str]:
+    """The checker's rows and the checks as key=value lines (quoted where a value has spaces),
+    printed by --against kafka before the tables so a script or the README can take them."""
+    import shlex
+
+    from sluice.chaos.incidents import IncidentResult
+
+    assert isinstance(result, IncidentResult)
+    lines = [
+        f"incident_row run={shlex.quote(r.label)} acknowledged={r.acknowledged} read={r.read} lost={r.lost} "
+        f"duplicated={r.duplicated} out_of_order={r.out_of_order} failed_sends={r.failed_sends} "
+        f"errors={shlex.quote(','.join(f'{k} x{v}' for k, v in r.errors.items()) or 'none')}"
+        for r in result.rows
+    ]
+    lines += [
+        f"incident_check held={'yes' if c.passed else 'no'} guarantee={shlex.quote(c.guarantee)}"
+        for c in result.checks
+    ]
+    return lines
 
 
 @chaos_app.command("run")
