@@ -1,28 +1,37 @@
 """Apache Kafka as a local peer: a cluster of Kafka brokers on the same Debian ZooKeeper Sluice
-uses, for benchmarks and drills that run both side by side (issue 20).
+uses, or a KRaft cluster without ZooKeeper, for benchmarks and drills that run both side by side
+(issue 20).
 
 The broker jars are Kafka's own, fetched by ``scripts/peers.sh`` (versions pinned in
-``bench/peers/pom.xml``) into ``.peers/kafka-<version>/libs``; nothing of Kafka is part of Sluice.
-Everything a peer cluster writes stays under one directory::
+``bench/peers/pom.xml`` for ZooKeeper mode, ``bench/peers/kafka4/pom.xml`` for KRaft) into
+``.peers/kafka-<version>/libs``; nothing of Kafka is part of Sluice. Everything a peer cluster
+writes stays under one directory::
 
-    peer.json                 what runs (version, ZooKeeper, each broker's port and pid)
+    peer.json                 what runs (mode, version, ZooKeeper, each broker's ports and pid)
     zookeeper/                a private standalone ZooKeeper (sluice.ops.zookeeper), unless one
-                              was given
-    broker-<id>/server.properties, log4j.properties, server.log, stdout.log, data/
+                              was given (ZooKeeper mode only)
+    broker-<id>/server.properties, log4j.properties (log4j2.properties in KRaft mode),
+                server.log, stdout.log, format.log (KRaft), data/
 
-Brokers run in ZooKeeper mode (``kafka.Kafka``, Kafka 3.9: the last line that has it) under
-the chroot ``/kafka-peer``, each in its own session so that they outlive the command that
-started them; ``down`` sends SIGTERM (Kafka's controlled shutdown), then SIGKILL after a grace.
+ZooKeeper mode: Kafka 3.9 (the last line that has it), brokers under the chroot ``/kafka-peer``.
+KRaft mode (``kraft=True``): Kafka 4.x in combined mode, every node both broker and controller,
+the quorum a static ``controller.quorum.voters`` of all nodes; each node's storage is formatted
+(``kafka.tools.StorageTool format``, what ``kafka-storage.sh`` runs) with one cluster id before
+any starts. Either way the main class is ``kafka.Kafka``, each broker in its own session so that
+it outlives the command that started it; ``down`` sends SIGTERM (Kafka's controlled shutdown),
+then SIGKILL after a grace.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import signal
 import subprocess
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +42,7 @@ from sluice.ops.zookeeper import LocalZooKeeper, find_java
 __all__ = [
     "CHROOT",
     "KAFKA_VERSION",
+    "KRAFT_VERSION",
     "PeerCluster",
     "PeerError",
     "kafka_libs",
@@ -45,11 +55,17 @@ log = logging.getLogger("sluice.peers")
 
 #: The pinned Kafka version (``bench/peers/pom.xml``'s ``kafka.version``).
 KAFKA_VERSION = "3.9.1"
+#: The pinned Kafka for KRaft mode (``bench/peers/kafka4/pom.xml``'s ``kafka.version``; Java 17+).
+KRAFT_VERSION = "4.1.1"
+ZOOKEEPER_MODE = "zookeeper"
+KRAFT_MODE = "kraft"
 CHROOT = "/kafka-peer"
 STATE_FILE = "peer.json"
 #: What a peer broker's JVM may take: three of them fit beside Sluice's on this 2-core machine.
 HEAP = "-Xmx384m"
 _MAIN_CLASS = "kafka.Kafka"
+#: what ``kafka-storage.sh format`` runs (Kafka 4.x keeps it in kafka_2.13's jar)
+_STORAGE_TOOL = "kafka.tools.StorageTool"
 
 
 class PeerError(Exception):
@@ -82,6 +98,8 @@ class PeerBroker:
     #: this broker's own way to ZooKeeper (e.g. a drill's proxy that can cut it off), if not
     #: the cluster's
     zookeeper: str | None = None
+    #: KRaft mode: this node's CONTROLLER listener port (-1 in ZooKeeper mode)
+    controller_port: int = -1
 
 
 @dataclass
@@ -90,11 +108,25 @@ class PeerCluster:
 
     directory: str
     version: str
+    #: HOST:PORT of ZooKeeper; empty in KRaft mode
     zookeeper: str
     zookeeper_dir: str | None
     brokers: list[PeerBroker] = field(default_factory=list)
     #: broker properties set beyond `broker_properties`' own (a drill's settings)
     properties: dict[str, str] = field(default_factory=dict)
+    #: ``zookeeper`` or ``kraft``
+    mode: str = ZOOKEEPER_MODE
+    #: KRaft mode: the cluster id every node's storage was formatted with
+    cluster_id: str | None = None
+
+    @property
+    def kraft(self) -> bool:
+        return self.mode == KRAFT_MODE
+
+    @property
+    def controller_quorum_voters(self) -> str:
+        """KRaft mode: ``id@host:port`` of every node, the static controller quorum."""
+        return ",".join(f"{b.broker_id}@127.0.0.1:{b.controller_port}" for b in self.brokers)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -142,6 +174,109 @@ def broker_properties(
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 
 
+def kraft_properties(cluster: PeerCluster, broker: PeerBroker) -> str:
+    """A KRaft node's ``server.properties``: broker and controller in one process (combined
+    mode), the quorum every node of ``cluster``, and the same small-cluster settings as
+    `broker_properties` (internal topics replicated as far as the nodes allow, no initial
+    rebalance delay); ``cluster.properties`` last."""
+    rf = min(3, len(cluster.brokers))
+    data = Path(broker.directory) / "data"
+    lines: dict[str, object] = {
+        "process.roles": "broker,controller",
+        "node.id": broker.broker_id,
+        "controller.quorum.voters": cluster.controller_quorum_voters,
+        "listeners": f"PLAINTEXT://127.0.0.1:{broker.port},CONTROLLER://127.0.0.1:{broker.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{broker.port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": data,
+        "offsets.topic.replication.factor": rf,
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": min(2, rf),
+        "share.coordinator.state.topic.replication.factor": rf,
+        "share.coordinator.state.topic.min.isr": min(2, rf),
+        "group.initial.rebalance.delay.ms": 0,
+        "num.partitions": 1,
+        **cluster.properties,
+    }
+    return "".join(f"{k}={v}\n" for k, v in lines.items())
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id as ``kafka-storage random-uuid`` prints one: 16 random bytes in
+    URL-safe base64 without padding, never starting with ``-`` (Kafka's own ``Uuid.randomUuid``
+    draws again then: command lines would read such an id as an option)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+# Kafka 4.x logs through Log4j 2 (its own distribution's layout, written as properties)
+_LOG4J2 = """status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {path}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
+
+
+def _write_config(cluster: PeerCluster, broker: PeerBroker) -> list[str]:
+    """Write ``broker``'s server.properties and logging configuration; returns the JVM options
+    that point at the logging configuration."""
+    d = Path(broker.directory)
+    d.mkdir(parents=True, exist_ok=True)
+    if cluster.kraft:
+        (d / "server.properties").write_text(kraft_properties(cluster, broker))
+        (d / "log4j2.properties").write_text(_LOG4J2.format(path=d / "server.log"))
+        return [f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}"]
+    (d / "server.properties").write_text(
+        broker_properties(broker, cluster.zookeeper, len(cluster.brokers), cluster.properties)
+    )
+    (d / "log4j.properties").write_text(_LOG4J.format(path=d / "server.log"))
+    return [f"-Dlog4j.configuration=file:{d / 'log4j.properties'}"]
+
+
+def _format_storage(java: str, libs: Path, cluster: PeerCluster, timeout_s: float = 90) -> None:
+    """KRaft mode: format every node's log directory with ``cluster.cluster_id`` (the static
+    quorum's way: ``kafka-storage format -t ID -c server.properties``), all nodes at once."""
+    procs: list[tuple[PeerBroker, subprocess.Popen[bytes]]] = []
+    for b in cluster.brokers:
+        d = Path(b.directory)
+        logging_opts = _write_config(cluster, b)
+        cmd = [
+            java, "-Xmx128m", *logging_opts, "-cp", f"{libs}/*", _STORAGE_TOOL,
+            "format", f"--cluster-id={cluster.cluster_id}", "--config", str(d / "server.properties"),
+        ]  # fmt: skip
+        with (d / "format.log").open("wb") as out:
+            procs.append((b, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)))
+    failed = []
+    for b, proc in procs:
+        try:
+            code = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = -1
+        if code != 0:
+            failed.append(f"node {b.broker_id} (exit {code}): {_tail(Path(b.directory) / 'format.log', 800)}")
+    if failed:
+        raise PeerError("formatting KRaft storage failed; " + "; ".join(failed))
+    log.info(
+        "event=peer_storage_formatted kind=kafka mode=kraft cluster_id=%s nodes=%d",
+        cluster.cluster_id,
+        len(procs),
+    )
+
+
 _LOG4J = """log4j.rootLogger=INFO, file
 log4j.appender.file=org.apache.log4j.FileAppender
 log4j.appender.file.File={path}
@@ -152,18 +287,14 @@ log4j.logger.state.change.logger=WARN
 """
 
 
-def _start_broker(
-    java: str, libs: Path, broker: PeerBroker, zookeeper: str, brokers: int, extra: dict[str, str]
-) -> int:
+def _start_broker(java: str, libs: Path, cluster: PeerCluster, broker: PeerBroker) -> int:
     d = Path(broker.directory)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "server.properties").write_text(broker_properties(broker, zookeeper, brokers, extra))
-    (d / "log4j.properties").write_text(_LOG4J.format(path=d / "server.log"))
+    logging_opts = _write_config(cluster, broker)
     cmd = [
         java,
         HEAP,
         "-XX:+UseG1GC",
-        f"-Dlog4j.configuration=file:{d / 'log4j.properties'}",
+        *logging_opts,
         f"-Dkafka.logs.dir={d}",
         "-cp",
         f"{libs}/*",
@@ -176,7 +307,8 @@ def _start_broker(
 
 
 def _wait_registered(cluster: PeerCluster, timeout_s: float) -> None:
-    """Until every broker answers Metadata naming all of them (each registered in ZooKeeper)."""
+    """Until every broker answers Metadata naming all of them (each registered in ZooKeeper, or
+    with the KRaft controller and unfenced)."""
     from confluent_kafka.admin import AdminClient
 
     want = {b.broker_id for b in cluster.brokers}
@@ -211,17 +343,28 @@ def peer_up(
     brokers: int = 1,
     *,
     zookeeper: str | None = None,
-    version: str = KAFKA_VERSION,
+    version: str | None = None,
     timeout_s: float = 120,
     broker_zookeeper: dict[int, str] | None = None,
     properties: dict[str, str] | None = None,
+    kraft: bool = False,
 ) -> PeerCluster:
     """Start ``brokers`` Kafka brokers (and a private ZooKeeper unless ``zookeeper`` names one)
     with their files under ``directory``; returns once every broker is registered.
     ``broker_zookeeper`` gives broker N its own HOST:PORT for ZooKeeper (a drill's proxy);
-    ``properties`` are broker settings beyond the defaults (a drill's)."""
+    ``properties`` are broker settings beyond the defaults (a drill's). ``kraft``: a KRaft
+    cluster of Kafka `KRAFT_VERSION` instead (no ZooKeeper; every node broker and controller).
+    ``version`` defaults to the pinned one of the mode."""
     if brokers < 1:
         raise PeerError(f"--brokers must be at least 1, got {brokers}")
+    if kraft:
+        if zookeeper is not None or broker_zookeeper:
+            raise PeerError(
+                "--kraft runs Kafka without ZooKeeper: leave out --zookeeper, or leave out --kraft "
+                f"for ZooKeeper mode (Kafka {KAFKA_VERSION})"
+            )
+        return _kraft_up(directory, brokers, version or KRAFT_VERSION, timeout_s, properties)
+    version = version or KAFKA_VERSION
     directory = directory.resolve()
     if (directory / STATE_FILE).exists():
         raise PeerError(
@@ -250,15 +393,61 @@ def peer_up(
         dict(properties or {}),
     )
     cluster.save()  # before any broker starts: `peer down` can always find what it must stop
+    _start_all(java, libs, cluster, timeout_s)
+    return cluster
+
+
+def _start_all(java: str, libs: Path, cluster: PeerCluster, timeout_s: float) -> None:
+    """Start every broker of a saved ``cluster`` and wait for all; on any failure stop what
+    started (``peer_down``) and raise."""
     try:
         for b in cluster.brokers:
-            b.pid = _start_broker(java, libs, b, zookeeper, brokers, cluster.properties)
+            b.pid = _start_broker(java, libs, cluster, b)
             cluster.save()
-            log.info("event=peer_broker_started kind=kafka id=%d port=%d pid=%d", b.broker_id, b.port, b.pid)
+            log.info(
+                "event=peer_broker_started kind=kafka mode=%s id=%d port=%d pid=%d",
+                cluster.mode, b.broker_id, b.port, b.pid,
+            )  # fmt: skip
         _wait_registered(cluster, timeout_s)
+    except BaseException:
+        peer_down(Path(cluster.directory))
+        raise
+
+
+def _kraft_up(
+    directory: Path, nodes: int, version: str, timeout_s: float, properties: dict[str, str] | None
+) -> PeerCluster:
+    directory = directory.resolve()
+    if (directory / STATE_FILE).exists():
+        raise PeerError(
+            f"a peer cluster is already in {directory}: stop it with `sluice peer down --dir {directory}`"
+        )
+    libs = kafka_libs(version)
+    java = find_java()
+    directory.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(2 * nodes)
+    cluster = PeerCluster(
+        str(directory),
+        version,
+        "",
+        None,
+        [
+            PeerBroker(
+                i + 1, ports[2 * i], str(directory / f"broker-{i + 1}"), controller_port=ports[2 * i + 1]
+            )
+            for i in range(nodes)
+        ],
+        dict(properties or {}),
+        mode=KRAFT_MODE,
+        cluster_id=new_cluster_id(),
+    )
+    cluster.save()  # before anything starts: `peer down` can always find what it must stop
+    try:
+        _format_storage(java, libs, cluster)
     except BaseException:
         peer_down(directory)
         raise
+    _start_all(java, libs, cluster, timeout_s)
     return cluster
 
 
@@ -269,11 +458,11 @@ def restart_broker(cluster: PeerCluster, broker_id: int, timeout_s: float = 60) 
     if broker.pid > 0 and _is_peer_broker(broker.pid):
         raise PeerError(f"Kafka broker {broker_id} is still running (pid {broker.pid})")
     libs = kafka_libs(cluster.version)
-    broker.pid = _start_broker(
-        find_java(), libs, broker, cluster.zookeeper, len(cluster.brokers), cluster.properties
-    )
+    broker.pid = _start_broker(find_java(), libs, cluster, broker)
     cluster.save()
-    log.info("event=peer_broker_restarted kind=kafka id=%d pid=%d", broker_id, broker.pid)
+    log.info(
+        "event=peer_broker_restarted kind=kafka mode=%s id=%d pid=%d", cluster.mode, broker_id, broker.pid
+    )
     _wait_registered(cluster, timeout_s)
     return broker
 

@@ -34,15 +34,23 @@ def up(
     """Start a local peer cluster and print its bootstrap.servers, as `sluice cluster up` does."""
     if kind != "kafka":
         raise fail(f"unknown peer {kind!r}: the one peer is kafka")
-    if kraft:
-        raise fail("--kraft is not available yet: peers run Kafka 3.9 in ZooKeeper mode (leave out --kraft)")
+    if kraft and zookeeper is not None:
+        raise fail(
+            "--kraft and --zookeeper exclude each other: KRaft mode (Kafka 4.x) runs without "
+            "ZooKeeper; leave out --zookeeper, or leave out --kraft for ZooKeeper mode (Kafka 3.9)"
+        )
     try:
-        cluster = peer_up(directory, brokers, zookeeper=zookeeper)
+        cluster = peer_up(directory, brokers, zookeeper=zookeeper, kraft=kraft)
     except PeerError as exc:
         raise fail(str(exc)) from None
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
-    print(f"zookeeper={cluster.zookeeper}")
+    if cluster.kraft:
+        print(f"controller.quorum.voters={cluster.controller_quorum_voters}")
+        print(f"cluster_id={cluster.cluster_id}")
+    else:
+        print(f"zookeeper={cluster.zookeeper}")
     print(f"kafka_version={cluster.version}")
+    print(f"mode={cluster.mode}")
     print(f"dir={cluster.directory}")
 
 
