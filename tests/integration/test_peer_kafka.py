@@ -6,6 +6,7 @@ Skipped only when scripts/peers.sh could not fetch Kafka's jars (Maven Central u
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,12 +34,15 @@ def _sluice(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _kafka_pids() -> set[int]:
+def _kafka_pids(directory: Path) -> set[int]:
+    """Kafka JVMs whose command line names ``directory``: other engineers' and tests' Kafka
+    brokers on the same machine come and go during the test and are not ours."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"kafka.Kafka" in (entry / "cmdline").read_bytes().split(b"\0"):
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+                if b"kafka.Kafka" in args and any(str(directory).encode() in a for a in args):
                     pids.add(int(entry.name))
             except OSError:
                 pass
@@ -47,7 +51,6 @@ def _kafka_pids() -> set[int]:
 
 def test_peer_up_kafka_serves_an_rf3_topic_and_down_stops_it(tmp_path: Path) -> None:
     _libs_or_skip()
-    before = _kafka_pids()
     directory = tmp_path / "peer"
     up = _sluice("peer", "up", "kafka", "--brokers", "3", "--dir", str(directory))
     try:
@@ -55,6 +58,7 @@ def test_peer_up_kafka_serves_an_rf3_topic_and_down_stops_it(tmp_path: Path) -> 
         lines = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
         bootstrap = lines["bootstrap.servers"]
         assert len(bootstrap.split(",")) == 3 and lines["kafka_version"] == "3.9.1"
+        assert lines["mode"] == "zookeeper" and len(_kafka_pids(directory)) == 3
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         admin.create_topics([NewTopic("peer-rf3", 3, 3)])["peer-rf3"].result(60)
         parts = admin.list_topics("peer-rf3", timeout=10).topics["peer-rf3"].partitions
@@ -81,7 +85,10 @@ def test_peer_up_kafka_serves_an_rf3_topic_and_down_stops_it(tmp_path: Path) -> 
         down = _sluice("peer", "down", "--dir", str(directory))
     assert down.returncode == 0, down.stderr[-3000:]
     assert "stopped=3" in down.stdout
-    assert _kafka_pids() <= before, "a peer broker outlived `sluice peer down`"
+    left = _kafka_pids(directory)
+    for pid in left:  # stop them even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "a peer broker outlived `sluice peer down`"
     assert not (directory / "peer.json").exists()
 
 

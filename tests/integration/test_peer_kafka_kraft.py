@@ -7,6 +7,8 @@ Kafka process behind. Skipped only when scripts/peers.sh could not fetch Kafka 4
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,7 +88,10 @@ def test_peer_up_kafka_kraft_serves_an_rf3_topic_and_down_stops_it(tmp_path: Pat
         down = _sluice("peer", "down", "--dir", str(directory))
     assert down.returncode == 0, down.stderr[-3000:]
     assert "stopped=3" in down.stdout
-    assert not _kafka_pids(directory), "a KRaft peer node outlived `sluice peer down`"
+    left = _kafka_pids(directory)
+    for pid in left:  # stop them even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "a KRaft peer node outlived `sluice peer down`"
     assert not (directory / "peer.json").exists()
 
 
