@@ -106,3 +106,14 @@ def test_peer_up_kraft_with_zookeeper_is_refused(tmp_path: Path) -> None:
 def test_cluster_ids_are_kafka_uuids_no_command_line_reads_as_an_option() -> None:
     ids = {new_cluster_id() for _ in range(2000)}
     assert len(ids) == 2000 and all(len(i) == 22 and not i.startswith("-") for i in ids)
+
+
+def test_peer_up_kraft_without_the_jars_says_how_to_fetch_them(tmp_path: Path) -> None:
+    env = {**os.environ, "SLUICE_PEERS_DIR": str(tmp_path / "none")}
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "peer", "up", "kafka", "--kraft",
+         "--dir", str(tmp_path / "p")],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stderr
+    assert f"Kafka {KRAFT_VERSION} is not fetched" in done.stderr and "run scripts/peers.sh" in done.stderr
