@@ -1,0 +1,50 @@
+"""What legitimately differs between a Kafka cluster and a Sluice cluster, removed in one place
+before two observations are compared. Everything not named here is compared exactly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Keys dropped wherever they occur in an observation, each with why.
+DROPPED_KEYS = {
+    # Throttling depends on quotas and load of the moment, not on the protocol.
+    "throttle_time_ms",
+    # A client exception's free-text message (class name, wording, host:port in it): the error
+    # *name* next to it is compared exactly.
+    "detail",
+    # Node ids, hosts and ports of brokers are the clusters' own (Kafka peer brokers are 1..N,
+    # Sluice's 0..N-1; ports come from free_ports).
+    "node_endpoints",
+    "leader_id",
+    "host",
+    "port",
+    # Each cluster makes its own cluster id and topic ids (random UUIDs).
+    "cluster_id",
+    "topic_id",
+    # Broker-chosen member ids (the client id plus a random UUID) differ run to run.
+    "member_id",
+    # Producer ids come from each cluster's own id block.
+    "producer_id",
+}
+
+#: Lists of broker ids replaced by their length: which brokers hold a partition is each
+#: cluster's own placement (Kafka starts its round-robin at a random broker), how many is not.
+BROKER_ID_LISTS = {"replica_nodes", "isr_nodes", "offline_replicas", "replicas", "isr"}
+
+
+def normalize(observation: Any) -> Any:
+    """``observation`` with every DROPPED_KEYS key removed, recursively (dicts, lists)."""
+    if isinstance(observation, dict):
+        return {
+            k: len(v) if k in BROKER_ID_LISTS and isinstance(v, list) else normalize(v)
+            for k, v in observation.items()
+            if k not in DROPPED_KEYS
+        }
+    if isinstance(observation, list | tuple):
+        items = [normalize(v) for v in observation]
+        # Kafka lists a topic's partitions in its own map order (0, 1, 4, 2, 3 after partitions
+        # were added), Sluice by index: partition lists are compared in index order.
+        if items and all(isinstance(v, dict) and "partition_index" in v for v in items):
+            items.sort(key=lambda v: v["partition_index"])
+        return items
+    return observation
