@@ -51,7 +51,9 @@ def wait_for_group_coordinator(bootstrap: str) -> None:
 
 @pytest.fixture(scope="module")
 def sluice(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    c = TestCluster(zookeeper, tmp_path_factory.mktemp("diff-sluice"), 2, broker_settings=SLUICE_AS_KAFKA_DEFAULTS)
+    c = TestCluster(
+        zookeeper, tmp_path_factory.mktemp("diff-sluice"), 2, broker_settings=SLUICE_AS_KAFKA_DEFAULTS
+    )
     try:
         wait_for_group_coordinator(c.bootstrap)
         yield c.bootstrap

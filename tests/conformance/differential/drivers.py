@@ -97,7 +97,12 @@ class ConfluentDriver(_PythonDriver):
         return self.admins[bootstrap]
 
     def op_create_topic(
-        self, bootstrap: str, topic: str, partitions: int, replication_factor: int, configs: dict[str, str] | None = None
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        replication_factor: int,
+        configs: dict[str, str] | None = None,
     ) -> str:
         from confluent_kafka.admin import NewTopic
 
@@ -112,7 +117,9 @@ class ConfluentDriver(_PythonDriver):
     def op_create_partitions(self, bootstrap: str, topic: str, count: int) -> str:
         from confluent_kafka.admin import NewPartitions
 
-        self._admin(bootstrap).create_partitions([NewPartitions(topic, count)], operation_timeout=20)[topic].result(30)
+        self._admin(bootstrap).create_partitions([NewPartitions(topic, count)], operation_timeout=20)[
+            topic
+        ].result(30)
         return "NONE"
 
     def op_metadata(self, bootstrap: str, topic: str) -> dict[str, Any]:
@@ -128,21 +135,32 @@ class ConfluentDriver(_PythonDriver):
         return {"partitions": parts}
 
     def op_describe_configs(self, bootstrap: str, topic: str, names: list[str]) -> dict[str, Any]:
-        from confluent_kafka.admin import ConfigResource
+        from confluent_kafka.admin import ConfigResource, ConfigSource
 
         r = ConfigResource(ConfigResource.Type.TOPIC, topic)
         entries = self._admin(bootstrap).describe_configs([r])[r].result(30)
         return {
-            n: None if n not in entries else [str(entries[n].value), entries[n].source.name, entries[n].is_read_only]
+            n: None
+            if n not in entries
+            else [str(entries[n].value), ConfigSource(entries[n].source).name, entries[n].is_read_only]
             for n in names
         }
 
     def op_describe_cluster(self, bootstrap: str) -> dict[str, Any]:
         d = self._admin(bootstrap).describe_cluster(request_timeout=20).result(30)
-        return {"nodes": len(d.nodes), "controller": d.controller is not None, "cluster_id": bool(d.cluster_id)}
+        return {
+            "nodes": len(d.nodes),
+            "controller": d.controller is not None,
+            "cluster_id": bool(d.cluster_id),
+        }
 
     def op_produce(
-        self, bootstrap: str, topic: str, partition: int, records: list[dict[str, Any]], idempotent: bool = False
+        self,
+        bootstrap: str,
+        topic: str,
+        partition: int,
+        records: list[dict[str, Any]],
+        idempotent: bool = False,
     ) -> list[int]:
         from confluent_kafka import KafkaException, Producer
 
@@ -183,7 +201,9 @@ class ConfluentDriver(_PythonDriver):
                 raise KafkaException(res)
         return results
 
-    def op_fetch(self, bootstrap: str, topic: str, partition: int, offset: int, count: int) -> list[dict[str, Any]]:
+    def op_fetch(
+        self, bootstrap: str, topic: str, partition: int, offset: int, count: int
+    ) -> list[dict[str, Any]]:
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         c = Consumer(
@@ -214,7 +234,9 @@ class ConfluentDriver(_PythonDriver):
                         "value": None if m.value() is None else m.value().decode(),
                         "headers": [[k, None if v is None else v.decode()] for k, v in (m.headers() or [])],
                         "timestamp": ts,
-                        "timestamp_type": {1: "CREATE_TIME", 2: "LOG_APPEND_TIME"}.get(ts_type, "NO_TIMESTAMP_TYPE"),
+                        "timestamp_type": {1: "CREATE_TIME", 2: "LOG_APPEND_TIME"}.get(
+                            ts_type, "NO_TIMESTAMP_TYPE"
+                        ),
                     }
                 )
             return got
@@ -241,7 +263,9 @@ class ConfluentDriver(_PythonDriver):
     ) -> str:
         from confluent_kafka import Consumer, TopicPartition
 
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "log_level": 0})
+        c = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "log_level": 0}
+        )
         try:
             tp = TopicPartition(topic, partition, offset, metadata=metadata or "")
             for r in c.commit(offsets=[tp], asynchronous=False) or []:
@@ -256,9 +280,15 @@ class ConfluentDriver(_PythonDriver):
     def op_committed(self, bootstrap: str, group: str) -> dict[str, Any]:
         from confluent_kafka import ConsumerGroupTopicPartitions
 
-        r = self._admin(bootstrap).list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
+        r = (
+            self._admin(bootstrap)
+            .list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
+            .result(30)
+        )
         return {
-            f"{tp.topic}-{tp.partition}": [tp.offset, tp.metadata or ""] for tp in r.topic_partitions if tp.offset >= 0
+            f"{tp.topic}-{tp.partition}": [tp.offset, tp.metadata or ""]
+            for tp in r.topic_partitions
+            if tp.offset >= 0
         }
 
     def op_join(self, bootstrap: str, topic: str, group: str, member: str) -> str:
@@ -321,9 +351,20 @@ class KafkaPythonDriver(_PythonDriver):
             a.close()
 
     def op_create_topic(
-        self, bootstrap: str, topic: str, partitions: int, replication_factor: int, configs: dict[str, str] | None = None
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        replication_factor: int,
+        configs: dict[str, str] | None = None,
     ) -> str:
-        spec = {topic: {"num_partitions": partitions, "replication_factor": replication_factor, "configs": configs or {}}}
+        spec = {
+            topic: {
+                "num_partitions": partitions,
+                "replication_factor": replication_factor,
+                "configs": configs or {},
+            }
+        }
         self._with_admin(bootstrap, lambda a: a.create_topics(spec, timeout_ms=20000))
         return "NONE"
 
@@ -346,10 +387,19 @@ class KafkaPythonDriver(_PythonDriver):
 
     def op_describe_cluster(self, bootstrap: str) -> Any:
         d = self._with_admin(bootstrap, lambda a: a.describe_cluster())
-        return {"nodes": len(d["brokers"]), "controller": d.get("controller_id", -1) >= 0, "cluster_id": bool(d["cluster_id"])}
+        return {
+            "nodes": len(d["brokers"]),
+            "controller": d.get("controller_id", -1) >= 0,
+            "cluster_id": bool(d["cluster_id"]),
+        }
 
     def op_produce(
-        self, bootstrap: str, topic: str, partition: int, records: list[dict[str, Any]], idempotent: bool = False
+        self,
+        bootstrap: str,
+        topic: str,
+        partition: int,
+        records: list[dict[str, Any]],
+        idempotent: bool = False,
     ) -> list[int]:
         from kafka import KafkaProducer
 
@@ -381,7 +431,9 @@ class KafkaPythonDriver(_PythonDriver):
         finally:
             p.close(10)
 
-    def op_fetch(self, bootstrap: str, topic: str, partition: int, offset: int, count: int) -> list[dict[str, Any]]:
+    def op_fetch(
+        self, bootstrap: str, topic: str, partition: int, offset: int, count: int
+    ) -> list[dict[str, Any]]:
         from kafka import KafkaConsumer, TopicPartition
 
         c = KafkaConsumer(
@@ -435,14 +487,17 @@ class KafkaPythonDriver(_PythonDriver):
 
         c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
         try:
-            c.commit({TopicPartition(topic, partition): OffsetAndMetadata(offset, metadata or "", -1)})
+            c.commit(
+                {TopicPartition(topic, partition): OffsetAndMetadata(offset, metadata or "", -1)},
+                timeout_ms=5000,
+            )
             return "NONE"
         finally:
             c.close()
 
     def op_committed(self, bootstrap: str, group: str) -> dict[str, Any]:
         r = self._with_admin(bootstrap, lambda a: a.list_group_offsets({group: None}))
-        offsets = r[group] if group in r else r
+        offsets = r.get(group, r)
         return {f"{tp.topic}-{tp.partition}": [om.offset, om.metadata] for tp, om in offsets.items()}
 
     def op_join(self, bootstrap: str, topic: str, group: str, member: str) -> str:
@@ -473,7 +528,10 @@ class JavaDriver:
         source = Path(__file__).resolve().parents[1] / "java" / "ClientProbe.java"
         classpath = f"{libs}/*"
         subprocess.run(
-            ["javac", "-d", str(build_dir), "-cp", classpath, str(source)], check=True, capture_output=True, timeout=120
+            ["javac", "-d", str(build_dir), "-cp", classpath, str(source)],
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         self._stderr = (build_dir / "probe-stderr.log").open("wb")
         self.proc = subprocess.Popen(

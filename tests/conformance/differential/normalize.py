@@ -25,6 +25,9 @@ DROPPED_KEYS = {
     "member_id",
     # Producer ids come from each cluster's own id block.
     "producer_id",
+    # Free text beside an error code: Sluice's say what happened and what to do next where
+    # Kafka's are often null (docs/COMPATIBILITY.md); the code next to it is compared exactly.
+    "error_message",
 }
 
 #: Lists of broker ids replaced by their length: which brokers hold a partition is each

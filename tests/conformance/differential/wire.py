@@ -16,10 +16,14 @@ from tests.conformance.differential.scenarios import T0, Steps
 def _metadata(bootstrap: str, topic: str) -> dict[str, Any]:
     with WireClient.connect(bootstrap, timeout_s=15) as w:
         return w.request(
-            ApiKey.METADATA, 12,
-            {"topics": [{"name": topic}], "allow_auto_topic_creation": False,
-             "include_topic_authorized_operations": False},
-        )  # fmt: skip
+            ApiKey.METADATA,
+            12,
+            {
+                "topics": [{"name": topic}],
+                "allow_auto_topic_creation": False,
+                "include_topic_authorized_operations": False,
+            },
+        )
 
 
 def _broker(meta: dict[str, Any], node: int) -> str:
@@ -43,26 +47,38 @@ def _leader(bootstrap: str, topic: str, want_epoch: int = 0) -> tuple[str, int, 
                 (own,) = _metadata(address, topic)["topics"]
                 mine = own["partitions"][0] if own["partitions"] else {}
                 fetched = _fetch(address, 12, topic, t["topic_id"], 0, epoch=p["leader_epoch"])
-                if (mine.get("leader_id"), mine.get("leader_epoch")) == (p["leader_id"], p["leader_epoch"]) and (
-                    fetched["error_code"] == 0
-                ):
+                if (mine.get("leader_id"), mine.get("leader_epoch")) == (
+                    p["leader_id"],
+                    p["leader_epoch"],
+                ) and (fetched["error_code"] == 0):
                     return address, p["leader_id"], p["leader_epoch"], t["topic_id"]
         if time.monotonic() > deadline:
             raise AssertionError(f"no leader at epoch >= {want_epoch} for {topic}: {t}")
         time.sleep(0.2)
 
 
-def _create(bootstrap: str, topic: str, replicas: list[int] | None = None, configs: dict[str, str] | None = None) -> Any:
+def _create(
+    bootstrap: str, topic: str, replicas: list[int] | None = None, configs: dict[str, str] | None = None
+) -> Any:
     meta = _metadata(bootstrap, topic)
     with WireClient.connect(_broker(meta, meta["controller_id"]), timeout_s=30) as w:
         r = w.request(
-            ApiKey.CREATE_TOPICS, 5,
-            {"topics": [{"name": topic, "num_partitions": -1 if replicas else 1,
-                         "replication_factor": -1 if replicas else 1,
-                         "assignments": [{"partition_index": 0, "broker_ids": replicas}] if replicas else [],
-                         "configs": [{"name": k, "value": v} for k, v in (configs or {}).items()]}],
-             "timeout_ms": 20000, "validate_only": False},
-        )  # fmt: skip
+            ApiKey.CREATE_TOPICS,
+            5,
+            {
+                "topics": [
+                    {
+                        "name": topic,
+                        "num_partitions": -1 if replicas else 1,
+                        "replication_factor": -1 if replicas else 1,
+                        "assignments": [{"partition_index": 0, "broker_ids": replicas}] if replicas else [],
+                        "configs": [{"name": k, "value": v} for k, v in (configs or {}).items()],
+                    }
+                ],
+                "timeout_ms": 20000,
+                "validate_only": False,
+            },
+        )
     (t,) = r["topics"]
     _leader(bootstrap, topic)
     return {"error_code": t["error_code"]}
@@ -71,26 +87,54 @@ def _create(bootstrap: str, topic: str, replicas: list[int] | None = None, confi
 def _produce(address: str, version: int, topic: str, batch: bytes) -> dict[str, Any]:
     with WireClient.connect(address, timeout_s=15) as w:
         r = w.request(
-            ApiKey.PRODUCE, version,
-            {"transactional_id": None, "acks": -1, "timeout_ms": 10000,
-             "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}]},
-        )  # fmt: skip
+            ApiKey.PRODUCE,
+            version,
+            {
+                "transactional_id": None,
+                "acks": -1,
+                "timeout_ms": 10000,
+                "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}],
+            },
+        )
     (part,) = r["responses"][0]["partition_responses"]
     return dict(part)
 
 
-def _fetch(address: str, version: int, topic: str, topic_id: Any, offset: int, epoch: int = -1) -> dict[str, Any]:
+def _fetch(
+    address: str, version: int, topic: str, topic_id: Any, offset: int, epoch: int = -1
+) -> dict[str, Any]:
     with WireClient.connect(address, timeout_s=15) as w:
         r = w.request(
-            ApiKey.FETCH, version,
-            {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
-             "session_id": 0, "session_epoch": -1,
-             "topics": [{"topic": topic, "topic_id": topic_id,
-                         "partitions": [{"partition": 0, "current_leader_epoch": epoch, "fetch_offset": offset,
-                                         "last_fetched_epoch": -1, "log_start_offset": -1,
-                                         "partition_max_bytes": 1 << 20}]}],
-             "forgotten_topics_data": [], "rack_id": ""},
-        )  # fmt: skip
+            ApiKey.FETCH,
+            version,
+            {
+                "replica_id": -1,
+                "max_wait_ms": 0,
+                "min_bytes": 0,
+                "max_bytes": 1 << 20,
+                "isolation_level": 0,
+                "session_id": 0,
+                "session_epoch": -1,
+                "topics": [
+                    {
+                        "topic": topic,
+                        "topic_id": topic_id,
+                        "partitions": [
+                            {
+                                "partition": 0,
+                                "current_leader_epoch": epoch,
+                                "fetch_offset": offset,
+                                "last_fetched_epoch": -1,
+                                "log_start_offset": -1,
+                                "partition_max_bytes": 1 << 20,
+                            }
+                        ],
+                    }
+                ],
+                "forgotten_topics_data": [],
+                "rack_id": "",
+            },
+        )
     (part,) = r["responses"][0]["partitions"]
     out = {k: v for k, v in part.items() if k != "records"}
     out["top_error_code"] = r.get("error_code", 0)
@@ -124,16 +168,22 @@ def idempotent_sequences(bootstrap: str, tag: str) -> Steps:
     address, _, _, _ = _leader(bootstrap, topic)
     with WireClient.connect(address, timeout_s=15) as w:
         pid = w.request(
-            ApiKey.INIT_PRODUCER_ID, 4,
+            ApiKey.INIT_PRODUCER_ID,
+            4,
             {"transactional_id": None, "transaction_timeout_ms": -1, "producer_id": -1, "producer_epoch": -1},
-        )  # fmt: skip
-    steps.append(("init-producer-id", {"error_code": pid["error_code"], "producer_epoch": pid["producer_epoch"]}))
+        )
+    steps.append(
+        ("init-producer-id", {"error_code": pid["error_code"], "producer_epoch": pid["producer_epoch"]})
+    )
 
     def batch(seq: int, n: int) -> bytes:
         return build_batch(
-            [(b"k", b"%d" % (seq + i)) for i in range(n)], producer_id=pid["producer_id"],
-            producer_epoch=pid["producer_epoch"], base_sequence=seq, timestamp_ms=T0,
-        )  # fmt: skip
+            [(b"k", b"%d" % (seq + i)) for i in range(n)],
+            producer_id=pid["producer_id"],
+            producer_epoch=pid["producer_epoch"],
+            base_sequence=seq,
+            timestamp_ms=T0,
+        )
 
     steps.append(("seq-0", _produce(address, 9, topic, batch(0, 3))))
     steps.append(("seq-0-again", _produce(address, 9, topic, batch(0, 3))))
@@ -164,16 +214,25 @@ def stale_leader_epoch(bootstrap: str, tag: str) -> Steps:
     meta = _metadata(bootstrap, topic)
     with WireClient.connect(_broker(meta, meta["controller_id"]), timeout_s=30) as w:
         r = w.request(
-            ApiKey.ALTER_PARTITION_REASSIGNMENTS, 0,
-            {"timeout_ms": 20000, "topics": [{"name": topic, "partitions": [{"partition_index": 0, "replicas": [2, 1]}]}]},
-        )  # fmt: skip
+            ApiKey.ALTER_PARTITION_REASSIGNMENTS,
+            0,
+            {
+                "timeout_ms": 20000,
+                "topics": [{"name": topic, "partitions": [{"partition_index": 0, "replicas": [2, 1]}]}],
+            },
+        )
         steps.append(("reassign", r))
         deadline = time.monotonic() + 20
         while True:
             r = w.request(
-                ApiKey.ELECT_LEADERS, 2,
-                {"election_type": 0, "topic_partitions": [{"topic": topic, "partitions": [0]}], "timeout_ms": 20000},
-            )  # fmt: skip
+                ApiKey.ELECT_LEADERS,
+                2,
+                {
+                    "election_type": 0,
+                    "topic_partitions": [{"topic": topic, "partitions": [0]}],
+                    "timeout_ms": 20000,
+                },
+            )
             if r["error_code"] or r["replica_election_results"][0]["partition_result"][0]["error_code"] == 0:
                 break
             if time.monotonic() > deadline:
@@ -189,12 +248,24 @@ def stale_leader_epoch(bootstrap: str, tag: str) -> Steps:
         steps.append((f"fetch-{name}-epoch", {"error_code": f["error_code"]}))
         with WireClient.connect(address, timeout_s=15) as w:
             lo = w.request(
-                ApiKey.LIST_OFFSETS, 7,
-                {"replica_id": -1, "isolation_level": 0,
-                 "topics": [{"name": topic, "partitions": [{"partition_index": 0, "current_leader_epoch": e,
-                                                            "timestamp": -1}]}]},
-            )  # fmt: skip
-        steps.append((f"list-offsets-{name}-epoch", lo["topics"][0]["partitions"][0]))
+                ApiKey.LIST_OFFSETS,
+                7,
+                {
+                    "replica_id": -1,
+                    "isolation_level": 0,
+                    "topics": [
+                        {
+                            "name": topic,
+                            "partitions": [
+                                {"partition_index": 0, "current_leader_epoch": e, "timestamp": -1}
+                            ],
+                        }
+                    ],
+                },
+            )
+        answer = dict(lo["topics"][0]["partitions"][0])
+        answer["leader_epoch"] = "current" if answer["leader_epoch"] == epoch else answer["leader_epoch"]
+        steps.append((f"list-offsets-{name}-epoch", answer))
     return steps
 
 
