@@ -15,6 +15,10 @@ from typing import Any, Protocol
 
 from sluice.clients import close_within
 
+#: The prefix of an error that is not the client's answer but the driver's own fault (a Python
+#: TypeError, a Java ClassCastException): a comparison fails on it, whatever both sides saw.
+DRIVER_FAULT = "DRIVER:"
+
 #: How long a driver waits for a fetch to gather what it asked for, or for a group to settle.
 WAIT_S = 20.0
 
@@ -86,7 +90,7 @@ class ConfluentDriver(_PythonDriver):
 
         if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
             return str(exc.args[0].name())
-        return f"CLIENT:{type(exc).__name__}"
+        return f"{DRIVER_FAULT}{type(exc).__name__}"
 
     def _admin(self, bootstrap: str) -> Any:
         """One AdminClient per cluster, kept: a dropped one fails its pending futures (_DESTROY)."""
@@ -336,7 +340,7 @@ class KafkaPythonDriver(_PythonDriver):
 
         if isinstance(exc, kafka.errors.KafkaError):
             return str(getattr(exc, "message", None) or type(exc).__name__)
-        return f"CLIENT:{type(exc).__name__}"
+        return f"{DRIVER_FAULT}{type(exc).__name__}"
 
     def _admin(self, bootstrap: str) -> Any:
         from kafka import KafkaAdminClient
@@ -422,7 +426,8 @@ class KafkaPythonDriver(_PythonDriver):
                         value=None if value is None else value.encode(),
                         key=None if r.get("key") is None else r["key"].encode(),
                         partition=partition,
-                        headers=[(k, None if v is None else v.encode()) for k, v in r.get("headers", [])],
+                        # kafka-python cannot send a null header value: an empty one instead
+                        headers=[(k, b"" if v is None else v.encode()) for k, v in r.get("headers", [])],
                         timestamp_ms=r.get("timestamp"),
                     )
                 )

@@ -49,7 +49,11 @@ public class ClientProbe {
   /** Kafka's name for the error a client exception stands for (UNKNOWN_SERVER_ERROR if none). */
   static String errorName(Throwable c) {
     Errors e = Errors.forException(c);
-    return e == Errors.UNKNOWN_SERVER_ERROR ? "CLIENT:" + c.getClass().getSimpleName() : e.name();
+    if (e != Errors.UNKNOWN_SERVER_ERROR) return e.name();
+    // a client-side exception of kafka-clients (OffsetOutOfRangeException...) is the client's
+    // answer; any other is this program's own fault, which fails the comparison
+    String prefix = c.getClass().getName().startsWith("org.apache.kafka.") ? "CLIENT:" : "DRIVER:";
+    return prefix + c.getClass().getSimpleName();
   }
 
   static Properties props(Map<String, Object> cmd) {
