@@ -135,6 +135,8 @@ def _show(observation: Any) -> str:
 
 def _kafka_or_skip(kafka: tuple[str | None, str], sluice_steps: Steps) -> str:
     bootstrap, why = kafka
+    faults = [(step, o) for step, o in sluice_steps if DRIVER_FAULT in json.dumps(o, default=repr)]
+    assert not faults, f"a driver failed on its own against Sluice: {faults}"
     if bootstrap is None:
         pytest.skip(f"the Sluice side ran ({len(sluice_steps)} steps); the Kafka side is skipped: {why}")
     return bootstrap
