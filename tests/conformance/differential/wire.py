@@ -147,9 +147,27 @@ def _fetch(
     return out
 
 
+def _advertised(bootstrap: str) -> dict[int, tuple[int, int]]:
+    with WireClient.connect(bootstrap, timeout_s=15) as w:
+        r = w.request(
+            ApiKey.API_VERSIONS,
+            3,
+            {"client_software_name": "sluice-conformance", "client_software_version": "1"},
+        )
+    return {a["api_key"]: (a["min_version"], a["max_version"]) for a in r["api_keys"]}
+
+
 def produce_fetch_every_version(bootstrap: str, tag: str) -> Steps:
+    """Every Produce and Fetch version Sluice's ApiVersions advertises (SUPPORTED is what it
+    answers); the first step records that this cluster's ApiVersions covers them all."""
     topic = f"wire-versions-{tag}"
-    steps: Steps = [("create", _create(bootstrap, topic))]
+    advertised = _advertised(bootstrap)
+    covers = {
+        api.name: advertised.get(api, (99, -1))[0] <= SUPPORTED[api][0]
+        and SUPPORTED[api][1] <= advertised[api][1]
+        for api in (ApiKey.PRODUCE, ApiKey.FETCH)
+    }
+    steps: Steps = [("advertises-every-version", covers), ("create", _create(bootstrap, topic))]
     address, _, _, topic_id = _leader(bootstrap, topic)
     lo, hi = SUPPORTED[ApiKey.PRODUCE]
     for v in range(lo, hi + 1):
@@ -166,12 +184,24 @@ def idempotent_sequences(bootstrap: str, tag: str) -> Steps:
     topic = f"wire-idem-{tag}"
     steps: Steps = [("create", _create(bootstrap, topic))]
     address, _, _, _ = _leader(bootstrap, topic)
-    with WireClient.connect(address, timeout_s=15) as w:
-        pid = w.request(
-            ApiKey.INIT_PRODUCER_ID,
-            4,
-            {"transactional_id": None, "transaction_timeout_ms": -1, "producer_id": -1, "producer_epoch": -1},
-        )
+    deadline = time.monotonic() + 20
+    while True:
+        with WireClient.connect(address, timeout_s=15) as w:
+            pid = w.request(
+                ApiKey.INIT_PRODUCER_ID,
+                4,
+                {
+                    "transactional_id": None,
+                    "transaction_timeout_ms": -1,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                },
+            )
+        # Kafka's first producer id on a fresh cluster comes from a block it asks its controller
+        # for: COORDINATOR_LOAD_IN_PROGRESS (14) until then, which clients retry
+        if pid["error_code"] != 14 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     steps.append(
         ("init-producer-id", {"error_code": pid["error_code"], "producer_epoch": pid["producer_epoch"]})
     )
@@ -200,6 +230,17 @@ def corrupt_batch(bootstrap: str, tag: str) -> Steps:
     bad = good[:-3] + bytes([good[-3] ^ 0xFF]) + good[-2:]  # a byte of the value: the CRC no longer matches
     steps.append(("produce-corrupt-v8", _produce(address, 8, topic, bad)))
     steps.append(("produce-corrupt-v3", _produce(address, 3, topic, bad)))
+    steps.append(("fetch-after", _fetch(address, 12, topic, topic_id, 0)))
+    return steps
+
+
+def too_large_batch(bootstrap: str, tag: str) -> Steps:
+    """A batch larger than the topic's max.message.bytes: MESSAGE_TOO_LARGE, nothing stored."""
+    topic = f"wire-big-{tag}"
+    steps: Steps = [("create", _create(bootstrap, topic, configs={"max.message.bytes": "1000"}))]
+    address, _, _, topic_id = _leader(bootstrap, topic)
+    big = build_batch([(b"k", b"x" * 2000)], timestamp_ms=T0)
+    steps.append(("produce-too-large-v9", _produce(address, 9, topic, big)))
     steps.append(("fetch-after", _fetch(address, 12, topic, topic_id, 0)))
     return steps
 
@@ -273,5 +314,6 @@ WIRE_SCENARIOS = {
     "produce_fetch_every_version": produce_fetch_every_version,
     "idempotent_sequences": idempotent_sequences,
     "corrupt_batch": corrupt_batch,
+    "too_large_batch": too_large_batch,
     "stale_leader_epoch": stale_leader_epoch,
 }
