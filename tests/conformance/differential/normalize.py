@@ -3,6 +3,7 @@ before two observations are compared. Everything not named here is compared exac
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 #: Keys dropped wherever they occur in an observation, each with why.
@@ -49,6 +50,10 @@ def normalize(observation: Any) -> Any:
         # were added), Sluice by index: partition lists are compared in index order.
         if items and all(isinstance(v, dict) and "partition_index" in v for v in items):
             items.sort(key=lambda v: v["partition_index"])
+        # A group's members are listed in the coordinator's order of their (random) member ids:
+        # compared as a sorted list.
+        if items and all(isinstance(v, dict) and "member_assignment" in v for v in items):
+            items.sort(key=lambda v: json.dumps(v, sort_keys=True, default=repr))
         return items
     return observation
 
