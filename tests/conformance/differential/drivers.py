@@ -507,7 +507,7 @@ class KafkaPythonDriver(_PythonDriver):
         try:
             c.commit(
                 {TopicPartition(topic, partition): OffsetAndMetadata(offset, metadata or "", -1)},
-                timeout_ms=5000,
+                timeout_ms=2000,
             )
             return "NONE"
         finally:
