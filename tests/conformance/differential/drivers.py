@@ -523,8 +523,14 @@ class KafkaPythonDriver(_PythonDriver):
 
         c = KafkaConsumer(
             bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, session_timeout_ms=10000,
-            heartbeat_interval_ms=500,
+            heartbeat_interval_ms=500, metadata_max_age_ms=1000,
         )  # fmt: skip
+        # kafka-python's group leader assigns from its own metadata: one that joins before its
+        # metadata names the topic's partitions assigns nothing ("No partition metadata") until
+        # its metadata refreshes. Loaded first, on either cluster.
+        deadline = time.monotonic() + WAIT_S
+        while not c.partitions_for_topic(topic) and time.monotonic() < deadline:
+            time.sleep(0.1)
         c.subscribe([topic])
         self.members[member] = c
         return "NONE"
