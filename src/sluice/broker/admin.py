@@ -109,6 +109,66 @@ def internal_topic_refusal(name: str) -> str:
     )
 
 
+CONFIG_TYPE_UNKNOWN = 0
+#: DescribeConfigs' ConfigType of each topic config (Kafka's ConfigDef.Type ids: BOOLEAN 1,
+#: STRING 2, INT 3, SHORT 4, LONG 5, DOUBLE 6, LIST 7), as Kafka's TopicConfig declares them:
+#: clients show it (kafka-python's describe_configs, the Java AdminClient's ConfigEntry.type()).
+TOPIC_CONFIG_TYPES = {
+    **dict.fromkeys(
+        [
+            "cleanup.policy",
+            "follower.replication.throttled.replicas",
+            "leader.replication.throttled.replicas",
+        ],
+        7,
+    ),
+    **dict.fromkeys(["compression.type", "message.format.version", "message.timestamp.type"], 2),
+    **dict.fromkeys(
+        [
+            "index.interval.bytes",
+            "max.message.bytes",
+            "min.insync.replicas",
+            "segment.bytes",
+            "segment.index.bytes",
+            "compression.gzip.level",
+            "compression.lz4.level",
+            "compression.zstd.level",
+        ],
+        3,
+    ),
+    **dict.fromkeys(
+        [
+            "delete.retention.ms",
+            "file.delete.delay.ms",
+            "flush.messages",
+            "flush.ms",
+            "local.retention.bytes",
+            "local.retention.ms",
+            "max.compaction.lag.ms",
+            "message.timestamp.after.max.ms",
+            "message.timestamp.before.max.ms",
+            "message.timestamp.difference.max.ms",
+            "min.compaction.lag.ms",
+            "retention.bytes",
+            "retention.ms",
+            "segment.jitter.ms",
+            "segment.ms",
+        ],
+        5,
+    ),
+    **dict.fromkeys(
+        [
+            "message.downconversion.enable",
+            "preallocate",
+            "remote.storage.enable",
+            "unclean.leader.election.enable",
+        ],
+        1,
+    ),
+    "min.cleanable.dirty.ratio": 6,
+}
+
+
 class TopicAdmin:
     def __init__(self, broker: Broker):
         self.broker = broker
@@ -340,7 +400,7 @@ class TopicAdmin:
                     "config_source": CONFIG_SOURCE_TOPIC if overridden else CONFIG_SOURCE_DEFAULT,
                     "is_sensitive": False,
                     "synonyms": [],
-                    "config_type": 0,
+                    "config_type": TOPIC_CONFIG_TYPES.get(key, CONFIG_TYPE_UNKNOWN),
                     "documentation": doc,
                 }
             )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
-from sluice.security.acl import SUPPORTED_OPERATIONS, Resource, ResourceType
+from sluice.security.acl import SUPPORTED_OPERATIONS, Resource
 from sluice.security.session import current_session
 
 if TYPE_CHECKING:
@@ -24,13 +24,20 @@ ENDPOINT_BROKERS = 1
 def cluster_operations(broker: Broker) -> int:
     """The bit field of cluster operations the session's principal may perform (every one the
     cluster supports when no authorizer is configured, as Kafka answers)."""
+    return authorized_operations(broker, Resource.cluster())
+
+
+def authorized_operations(broker: Broker, resource: Resource) -> int:
+    """The bit field of the operations on ``resource`` the session's principal may perform
+    (KIP-430: Metadata's topic, DescribeGroups' group and DescribeCluster's cluster operations);
+    with no authorizer configured every operation the resource type supports, as Kafka answers."""
     from sluice.broker.authz import session
 
-    ops = sorted(SUPPORTED_OPERATIONS[ResourceType.CLUSTER])
+    ops = sorted(SUPPORTED_OPERATIONS[resource.type])
     authorizer = broker.authorizer
     if authorizer is not None:
         who = session()
-        ops = [op for op in ops if authorizer.authorize(who, op, Resource.cluster(), quiet=True)]
+        ops = [op for op in ops if authorizer.authorize(who, op, resource, quiet=True)]
     bits = 0
     for op in ops:
         bits |= 1 << int(op)

@@ -26,6 +26,7 @@ from sluice.broker import (
     txn_apis,
 )
 from sluice.broker.admin import missing_topic_error, validate_topic_name
+from sluice.broker.admin_cluster import authorized_operations
 from sluice.broker.authz import GUARDS, guard_handlers
 from sluice.broker.authz_admin import ADMIN_GUARDS
 from sluice.broker.fetch_sessions import (
@@ -42,6 +43,7 @@ from sluice.broker.replica_manager import ProduceResult
 from sluice.metrics import TRAFFIC
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
+from sluice.security.acl import Resource, ResourceType
 from sluice.security.session import current_session
 
 if TYPE_CHECKING:
@@ -295,7 +297,13 @@ async def offset_fetch(broker: Broker, header: RequestHeader, req: Body) -> Body
 
 
 async def describe_groups(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    return {"throttle_time_ms": 0, "groups": [broker.coordinator.describe(g) for g in req["groups"]]}
+    groups = [broker.coordinator.describe(g) for g in req["groups"]]
+    if req.get("include_authorized_operations"):
+        for g in groups:
+            g["authorized_operations"] = authorized_operations(
+                broker, Resource(ResourceType.GROUP, g["group_id"])
+            )
+    return {"throttle_time_ms": 0, "groups": groups}
 
 
 async def list_groups(broker: Broker, header: RequestHeader, req: Body) -> Body:
@@ -399,6 +407,12 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
         topics.append(
             topic_metadata(assignment.name, assignment.topic_id, cache.partitions(assignment.name), live)
         )
+    if req.get("include_topic_authorized_operations"):
+        for t in topics:
+            if t["name"] is not None:
+                t["topic_authorized_operations"] = authorized_operations(
+                    broker, Resource(ResourceType.TOPIC, t["name"])
+                )
     return {
         "throttle_time_ms": 0,
         "brokers": [  # their addresses on the listener this client came in on (Kafka's rule)
@@ -864,6 +878,9 @@ async def describe_configs(broker: Broker, header: RequestHeader, req: Body) -> 
             entries, error, message = [], ErrorCode.INVALID_REQUEST, f"resource type {rtype} is not supported"
         if keys is not None:
             entries = [e for e in entries if e["name"] in keys]
+        if not req.get("include_documentation"):
+            # Kafka sends a config's documentation only when asked (DescribeConfigs v3+)
+            entries = [{**e, "documentation": None} for e in entries]
         results.append(
             {
                 "error_code": error,

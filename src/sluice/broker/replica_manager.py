@@ -453,22 +453,28 @@ class ReplicaManager:
             )
         if records is None or len(records) == 0:
             return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message="the request carried no record batch")
+        # Refusals found once the append reached the log carry the log start offset, as Kafka's
+        # do (its ReplicaManager answers those with the partition's log start; a too-large or
+        # corrupt batch, refused before, with -1).
+        start = part.log.log_start_offset
         try:
             info = part.append(records)
         except storage_errors.RecordTooLargeError as exc:
             return ProduceResult(ErrorCode.MESSAGE_TOO_LARGE, message=str(exc))
         except storage_errors.OutOfOrderSequenceError as exc:
-            return ProduceResult(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, message=str(exc))
+            return ProduceResult(
+                ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, log_start_offset=start, message=str(exc)
+            )
         except storage_errors.InvalidProducerEpochError as exc:
-            return ProduceResult(ErrorCode.INVALID_PRODUCER_EPOCH, message=str(exc))
+            return ProduceResult(ErrorCode.INVALID_PRODUCER_EPOCH, log_start_offset=start, message=str(exc))
         except storage_errors.InvalidTimestampError as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
-            return ProduceResult(ErrorCode.INVALID_TIMESTAMP, message=str(exc))
+            return ProduceResult(ErrorCode.INVALID_TIMESTAMP, log_start_offset=start, message=str(exc))
         except storage_errors.KeylessRecordError as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
-            return ProduceResult(ErrorCode.INVALID_RECORD, message=str(exc))
+            return ProduceResult(ErrorCode.INVALID_RECORD, log_start_offset=start, message=str(exc))
         except storage_errors.InvalidTxnStateError as exc:
-            return ProduceResult(ErrorCode.INVALID_TXN_STATE, message=str(exc))
+            return ProduceResult(ErrorCode.INVALID_TXN_STATE, log_start_offset=start, message=str(exc))
         except (storage_errors.CorruptRecordError, storage_errors.InvalidRecordError) as exc:
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
             return ProduceResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))
@@ -606,6 +612,8 @@ class ReplicaManager:
             return FetchResult(error)
         epoch_error = self.check_leader_epoch(part, current_leader_epoch)
         if epoch_error is not ErrorCode.NONE:
+            if replica is None:
+                return FetchResult(epoch_error)  # no offsets with an error: Kafka's answer (-1)
             return FetchResult(epoch_error, part.high_watermark, part.log.log_start_offset)
         if replica is not None:
             refusal = replica_refusal(replica, part.replicas, current_leader_epoch)
@@ -620,7 +628,10 @@ class ReplicaManager:
         try:
             result = part.read(offset, max_bytes, read_committed=read_committed, min_one_batch=min_one_batch)
         except storage_errors.OffsetOutOfRangeError:
-            return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, hw, log_start, last_stable_offset=lso)
+            # A consumer is told the error only, as Kafka tells it (high watermark, last stable
+            # and log start offsets -1: its client asks ListOffsets where to go). A follower's
+            # answer (below) keeps them: Sluice's replica fetcher restarts from the log start.
+            return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE)
         aborted: tuple[AbortedTxn, ...] = ()
         if read_committed and result.records and part.log.collect_aborted(offset, lso):
             # Bounded by what the read returned (Kafka's rule); walking its headers is paid only

@@ -32,9 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.chaos import netfaults
+from sluice.chaos.checker import Read
 from sluice.chaos.harness import DrillCluster, broker_host
-from sluice.chaos.incidents import Check, IncidentResult, _create_topic, _row, _wait_acks
-from sluice.chaos.workload import GroupReader, VerifiableProducer, read_everything
+from sluice.chaos.incidents import Check, IncidentResult, _create_topic, _row, _wait_acks, _writer
+from sluice.chaos.workload import (
+    GroupReader,
+    JavaVerifiableClient,
+    ProducerStats,
+    VerifiableProducer,
+    read_everything,
+)
 
 LOCAL_FAULT_KINDS = ("kill", "pause", "shutdown", "zk-cut")
 NETNS_FAULT_KINDS = ("partition", "zk-partition", "one-way", "netem", "zk-kill")
@@ -99,8 +106,14 @@ def run_chaos(
     hosts: str = "local",
     zookeeper_nodes: int = 1,
     security: str = "none",
+    java_client: bool = False,
 ) -> ChaosRun:
-    """``security="sasl_ssl"``: the cluster with TLS, SCRAM and ACLs; the workload authenticates."""
+    """``security="sasl_ssl"``: the cluster with TLS, SCRAM and ACLs; the workload authenticates.
+    ``java_client``: Kafka's Java client also produces (writer ``j{seed}``) and reads in a group
+    beside librdkafka, and the checker judges what it acknowledged and read (needs the jars of
+    scripts/peers.sh; plaintext clusters only)."""
+    if java_client and security != "none":
+        raise ValueError("--java-client runs on a plaintext cluster only (no --security)")
     schedule = make_schedule(seed, duration_s, kinds, hosts=hosts)
     if any(f.kind == "zk-kill" for f in schedule) and zookeeper_nodes < 3:
         raise ValueError(
@@ -119,7 +132,14 @@ def run_chaos(
             dc.bootstrap, TOPIC, 6, writer=f"s{seed}", rate_per_s=1500, security=client_security
         ).start()
         reader = GroupReader(dc.bootstrap, TOPIC, GROUP, security=client_security).start()
+        java = (
+            JavaVerifiableClient(dc.bootstrap, TOPIC, 6, directory, writer=f"j{seed}", group=f"{GROUP}-java")
+            if java_client
+            else None
+        )
         _wait_acks(producer, 500, 60)
+        if java is not None:
+            _wait_java_acks(java, 200, 60)
         started = time.monotonic()
         for fault in schedule:
             delay = started + fault.at_s - time.monotonic()
@@ -136,11 +156,16 @@ def run_chaos(
         dc.heal_all()
         quiet = dc.wait_quiescent(120)
         _wait_acks(producer, 300, 60)
+        if java is not None:
+            _wait_java_acks(java, 100, 60)
         stats = producer.stop()
+        java_stats = java.stop() if java is not None else None
         reader.stop()
         reads = read_everything(dc.bootstrap, TOPIC, 6, security=client_security)
-        row = _row("idempotent acks=all", TOPIC, stats, reads)
+        row = _row("idempotent acks=all", TOPIC, stats, [r for r in reads if _writer(r.value) == f"s{seed}"])
         result.rows.append(row)
+        if java is not None and java_stats is not None:
+            result.checks.extend(_java_checks(result, java, java_stats, reads, f"j{seed}"))
         result.checks.append(
             Check(
                 "the cluster healed and quiesced",
@@ -153,6 +178,39 @@ def run_chaos(
         result.checks.append(Check("no record out of order", row.out_of_order == 0, f"{row.out_of_order}"))
         result.timeline = dc.events
     return ChaosRun(result, schedule, happened)
+
+
+def _wait_java_acks(java: JavaVerifiableClient, n: int, timeout_s: float) -> None:
+    start = java.acked()
+    deadline = time.monotonic() + timeout_s
+    while java.acked() < start + n and time.monotonic() < deadline and java.proc.poll() is None:
+        time.sleep(0.05)
+
+
+def _java_checks(
+    result: IncidentResult, java: JavaVerifiableClient, stats: ProducerStats, reads: list[Read], writer: str
+) -> list[Check]:
+    """What Kafka's Java client acknowledged, judged against the log as the librdkafka
+    producer's is (its own row), and what its group consumer read: every record it was given
+    is the one the log holds at that offset."""
+    row = _row(
+        "Java client, idempotent acks=all", TOPIC, stats, [r for r in reads if _writer(r.value) == writer]
+    )
+    result.rows.append(row)
+    log = {(r.partition, r.offset): r.value for r in reads}
+    with java._lock:
+        java_reads = list(java.reads)
+    wrong = [r for r in java_reads if log.get((r.partition, r.offset)) != r.value]
+    return [
+        Check("the Java client's producer ran to the end", java.done and row.acknowledged > 0,
+              f"{row.acknowledged} acknowledged, ended cleanly: {java.done}"),
+        Check("0 records the Java client acknowledged lost", row.lost == 0, f"{row.lost} lost"),
+        Check("0 of the Java client's records duplicated", row.duplicated == 0, f"{row.duplicated}"),
+        Check("no Java client record out of order", row.out_of_order == 0, f"{row.out_of_order}"),
+        Check("the Java consumer read only what the log holds", bool(java_reads) and not wrong,
+              f"{len(java_reads)} read, {len(wrong)} not as in the log"
+              + (f" (first: {wrong[0].value}@{wrong[0].partition}/{wrong[0].offset})" if wrong else "")),
+    ]  # fmt: skip
 
 
 def _target(dc: DrillCluster, role: str, rng: random.Random) -> int:

@@ -10,10 +10,13 @@ aimed at one broker a drill names, whatever the cluster's metadata says.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sluice.chaos.checker import Ack, Read
@@ -354,3 +357,79 @@ class GroupReader:
                         self.errors[type(exc).__name__] += 1
         finally:
             close_within(consumer)
+
+
+class JavaVerifiableClient:
+    """Kafka's Java client (kafka-clients) as a second verifiable producer and a group
+    consumer beside librdkafka's (issue 20): ``bench/peers/clients/VerifiableClient.java``,
+    compiled with javac against the jars ``scripts/peers.sh`` fetched, in one JVM. Its
+    acknowledgements land in ``stats`` (as the librdkafka producer's do) and what its consumer
+    read in ``reads``; the chaos checker judges both."""
+
+    SOURCE = Path(__file__).resolve().parents[3] / "bench" / "peers" / "clients" / "VerifiableClient.java"
+
+    def __init__(
+        self, bootstrap: str, topic: str, partitions: int, directory: Path, *, writer: str, group: str,
+        rate_per_s: float = 500.0,
+    ):  # fmt: skip
+        from sluice.peers.kafka import kafka_libs
+
+        self.topic = topic
+        self.stats = ProducerStats()
+        self.reads: list[Read] = []
+        self.read_errors: Counter[str] = Counter()
+        self.done = False
+        self._lock = threading.Lock()
+        classpath = f"{kafka_libs()}/*"  # PeerError names scripts/peers.sh when the jars are missing
+        build = directory / "java-client"
+        build.mkdir(parents=True, exist_ok=True)
+        compiled = subprocess.run(
+            ["javac", "-d", str(build), "-cp", classpath, str(self.SOURCE)], capture_output=True, text=True
+        )
+        if compiled.returncode != 0:
+            raise RuntimeError(f"javac failed on {self.SOURCE}: {compiled.stderr[-2000:]}")
+        self._stderr = (directory / "java-client.log").open("wb")
+        self.proc = subprocess.Popen(
+            ["java", "-Xmx256m", "-cp", f"{build}:{classpath}", "VerifiableClient", bootstrap, topic,
+             str(partitions), writer, group, str(rate_per_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._collect, name="java-verifiable-client", daemon=True)
+        self._thread.start()
+
+    def acked(self) -> int:
+        with self._lock:
+            return len(self.stats.acks)
+
+    def _collect(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                item = json.loads(raw)
+            except ValueError:
+                continue
+            with self._lock:
+                if item[0] == "ack":
+                    self.stats.acks.append(Ack(self.topic, item[1], item[2], item[3], -1))
+                elif item[0] == "read":
+                    self.reads.append(Read(self.topic, item[1], item[2], item[3]))
+                elif item[0] == "error":
+                    target = self.read_errors if item[1].startswith("read:") else self.stats.errors
+                    target[item[1]] += 1
+                elif item[0] == "done":
+                    self.stats.sent = int(item[1])
+                    self.done = True
+
+    def stop(self, timeout_s: float = 120.0) -> ProducerStats:
+        """Ends the load: its producer flushes (every send acknowledged or failed), then the JVM
+        exits; killed if it has not after ``timeout_s``."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._thread.join(10)
+        self._stderr.close()
+        return self.stats

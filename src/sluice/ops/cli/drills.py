@@ -207,12 +207,21 @@ def chaos_run(
         int | None, typer.Option(help="Members of the ZooKeeper ensemble [default: 1 local, 3 netns]")
     ] = None,
     directory: Annotated[Path, typer.Option("--dir")] = Path(".sluice/chaos"),
+    java_client: Annotated[
+        bool,
+        typer.Option(
+            "--java-client",
+            help="Kafka's Java client also produces and reads beside librdkafka, and is checked "
+            "(needs the jars of scripts/peers.sh, and javac)",
+        ),
+    ] = False,
 ) -> None:
     """Random faults against a 3-broker cluster under an idempotent acks=all load; then heal,
     wait for quiescence and check. Same seed, same fault schedule."""
     import collections
 
     from sluice.chaos.random_run import FAULT_KINDS, LOCAL_FAULT_KINDS, run_chaos
+    from sluice.peers.kafka import PeerError
 
     seeds = _seed_range(seed)
     default = FAULT_KINDS if hosts == "netns" else LOCAL_FAULT_KINDS
@@ -225,9 +234,9 @@ def chaos_run(
         try:
             run = run_chaos(
                 directory / f"seed-{s}", seed=s, duration_s=duration, kinds=kinds, hosts=hosts,
-                zookeeper_nodes=nodes,
+                zookeeper_nodes=nodes, java_client=java_client,
             )  # fmt: skip
-        except ValueError as exc:
+        except (ValueError, PeerError) as exc:
             raise fail(str(exc)) from None
         console.print(
             f"seed {s}: {len(run.schedule)} faults: "
@@ -240,6 +249,11 @@ def chaos_run(
             f"acknowledged={row.acknowledged} lost={row.lost} duplicated={row.duplicated} "
             f"faults={sum(run.happened.values())}"
         )
+        for extra in run.result.rows[1:]:  # Kafka's Java client's, with --java-client
+            print(
+                f"chaos seed={s} client=java acknowledged={extra.acknowledged} lost={extra.lost} "
+                f"duplicated={extra.duplicated} out_of_order={extra.out_of_order}"
+            )
         total.update(run.happened)
     for kind in sorted(total):
         print(f"faults_{kind.split(' ')[0]}{_variant(kind)}={total[kind]}")
