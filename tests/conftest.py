@@ -218,8 +218,14 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local Spark session for the tests that run Spark jobs in this process."""
-    from sluice.pipeline.session import spark_session
+    from sluice.pipeline.session import ConnectorMissingError, kafka_connector_jars, spark_session
 
-    session = spark_session("local[2]", app="sluice-tests")
+    # With Spark's Kafka source when scripts/spark-kafka.sh fetched it (test_spark_kafka_source.py
+    # reads Sluice through it): a process's driver gets its jars when it starts, not later.
+    try:
+        connector = bool(kafka_connector_jars())
+    except ConnectorMissingError:
+        connector = False
+    session = spark_session("local[2]", app="sluice-tests", kafka_connector=connector)
     yield session
     session.stop()
