@@ -14,7 +14,19 @@ prints:
    per record, the time from its source commit timestamp to the commit that made it visible in
    PostgreSQL: p50, p99, max.
 
+With `--source-format sluice,kafka` the pipeline and freshness runs are made once on each source
+(Sluice's own Python Data Source, and Spark's own Kafka source, spark-sql-kafka-0-10: run
+scripts/spark-kafka.sh first), one after the other on the same log, in one warm session, each
+into its own database, and the figures are printed side by side with the ratio:
+
+    rows_s sluice=X kafka=Y
+    rows_s ratio sluice/kafka=R
+    freshness_p50_s sluice=X kafka=Y
+    freshness_p50_s ratio sluice/kafka=R      (lower freshness is better: R < 1 favours sluice)
+    freshness_p99_s ...
+
 Usage: .venv/bin/python bench/pipeline.py [--events 1000000] [--rate 20000] [--freshness-s 30]
+       [--source-format sluice|kafka|sluice,kafka]
 Prints figures; asserts nothing.
 """
 
@@ -53,6 +65,7 @@ def drain(
     ckpt: Path,
     split: int | None = None,
     per_trigger: int | None = None,
+    source_format: str = "sluice",
 ) -> tuple[float, int, int]:
     batches: list[BatchReport] = []
     q = ApplyQuery(
@@ -63,8 +76,10 @@ def drain(
             topics=[topic],
             checkpoint=ckpt,
             available_now=True,
-            max_records_per_partition=split,
+            # the sluice source's range split; the kafka source reads a partition per task
+            max_records_per_partition=split if source_format == "sluice" else None,
             max_records_per_trigger=per_trigger,
+            source_format=source_format,
         ),
         on_batch=lambda b: (
             batches.append(b),
@@ -140,18 +155,30 @@ def main() -> int:
     ap.add_argument("--master", default="local[*]", help="Spark master")
     ap.add_argument("--split", type=int, default=1_000_000, help="maxRecordsPerPartition for the drain")
     ap.add_argument("--per-trigger", type=int, default=None, help="maxRecordsPerTrigger for the drain")
+    ap.add_argument(
+        "--source-format",
+        default="sluice",
+        help="comma-separated sources to measure: sluice (Sluice's own), kafka (Spark's own)",
+    )
     args = ap.parse_args()
+    formats = [f.strip() for f in args.source_format.split(",") if f.strip()]
+    if not formats or any(f not in ("sluice", "kafka") for f in formats) or len(set(formats)) != len(formats):
+        ap.error(f"--source-format takes sluice, kafka or sluice,kafka, not {args.source_format!r}")
 
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-pipeline-"))
     cluster = launcher.cluster_up(work / "cluster", brokers=3)
     pg = LocalPostgres(work / "pg").start()
     bootstrap = cluster.bootstrap_servers
     try:
-        spark = spark_session(args.master, app="bench-pipeline")
-        # Warm-up: JVM, Python workers, planner.
+        spark = spark_session(args.master, app="bench-pipeline", kafka_connector="kafka" in formats)
+        # Warm-up of each source: JVM, Python workers, planner.
         create_topic(bootstrap, "warmup", args.partitions)
         run_generator(bootstrap, GeneratorConfig(topic="warmup", rate=0, duration_s=None, max_events=20_000))
-        drain(spark, bootstrap, "warmup", pg.create_database("warmup"), work / "ck-warmup")
+        for fmt in formats:
+            drain(
+                spark, bootstrap, "warmup", pg.create_database(f"warmup_{fmt}"), work / f"ck-warmup-{fmt}",
+                source_format=fmt,
+            )  # fmt: skip
 
         create_topic(bootstrap, "bench", args.partitions)
         cfg = GeneratorConfig(topic="bench", rate=0, duration_s=None, max_events=args.events, seed=args.seed)
@@ -163,68 +190,97 @@ def main() -> int:
             f"({truth.row_count():,} rows in the final state)"
         )
 
-        url = pg.create_database("pipeline")
-        took, records, written = drain(
-            spark, bootstrap, "bench", url, work / "ck-bench", args.split, args.per_trigger
-        )
-        with open_target(url) as target:
-            cmp = compare(truth, {t: target.read_rows(t) for t in truth.tables})
-        print(
-            f"pipeline:  {records:,} changes in {took:.1f} s = {records / took:,.0f} rows/s "
-            f"({written:,} target rows written after collapsing; target equals truth: {cmp.ok})"
-        )
+        rows_s: dict[str, float] = {}
+        for fmt in formats:
+            url = pg.create_database(f"pipeline_{fmt}")
+            took, records, written = drain(
+                spark, bootstrap, "bench", url, work / f"ck-bench-{fmt}", args.split, args.per_trigger, fmt
+            )
+            with open_target(url) as target:
+                cmp = compare(truth, {t: target.read_rows(t) for t in truth.tables})
+            rows_s[fmt] = records / took
+            print(
+                f"pipeline {fmt}: {records:,} changes in {took:.1f} s = {records / took:,.0f} rows/s "
+                f"({written:,} target rows written after collapsing; target equals truth: {cmp.ok})"
+            )
 
         base_s = baseline(pg.create_database("baseline"), args.events, args.seed)
         print(
             f"baseline:  {args.events:,} changes in {base_s:.1f} s = {args.events / base_s:,.0f} rows/s "
             f"(psycopg, one guarded upsert/delete per change, pipeline mode)"
         )
-        print(f"ratio:     pipeline / baseline = {(records / took) / (args.events / base_s):.2f}")
+        for fmt in formats:
+            print(f"ratio:     pipeline {fmt} / baseline = {rows_s[fmt] / (args.events / base_s):.2f}")
 
-        # Freshness at a steady rate with a 1 s trigger.
-        create_topic(bootstrap, "fresh", args.partitions)
-        fresh: list[int] = []
-        applied = [0]
+        # Freshness at a steady rate with a 1 s trigger, each source on a topic of its own.
+        fresh_p: dict[str, tuple[float, float]] = {}
+        for fmt in formats:
+            fresh_p[fmt] = freshness(spark, bootstrap, pg, work, args, fmt)
 
-        def on_fresh(b: BatchReport) -> None:
-            fresh.extend(b.freshness_ms)
-            applied[0] += b.result.records - b.result.skipped
-
-        q = ApplyQuery(
-            spark,
-            ApplyConfig(
-                bootstrap=bootstrap,
-                target=pg.create_database("fresh"),
-                topics=["fresh"],
-                checkpoint=work / "ck-fresh",
-                trigger_s=1.0,
-            ),
-            on_batch=on_fresh,
-            keep_freshness=True,
-        )
-        q.start()
-        time.sleep(3)
-        fcfg = GeneratorConfig(topic="fresh", rate=args.rate, duration_s=args.freshness_s, seed=args.seed + 1)
-        fstats, _ = run_generator(bootstrap, fcfg)
-        deadline = time.monotonic() + 60
-        while applied[0] < fstats.events and time.monotonic() < deadline:
-            time.sleep(0.5)
-        q.stop()
-        fresh.sort()
-        if fresh:
-            p50 = fresh[len(fresh) // 2]
-            p99 = fresh[min(len(fresh) - 1, int(len(fresh) * 0.99))]
-            print(
-                f"freshness: {applied[0]:,} of {fstats.events:,} changes at {args.rate:,.0f}/s, trigger 1 s "
-                f"({len(fresh):,} row writes after collapsing): "
-                f"p50 {p50 / 1000:.2f} s, p99 {p99 / 1000:.2f} s, max {fresh[-1] / 1000:.2f} s, "
-                f"mean {statistics.mean(fresh) / 1000:.2f} s"
-            )
+        if len(formats) == 2:
+            print(f"rows_s sluice={rows_s['sluice']:.0f} kafka={rows_s['kafka']:.0f}")
+            print(f"rows_s ratio sluice/kafka={rows_s['sluice'] / rows_s['kafka']:.2f}")
+            for i, name in enumerate(("freshness_p50_s", "freshness_p99_s")):
+                sl, ka = fresh_p["sluice"][i], fresh_p["kafka"][i]
+                print(f"{name} sluice={sl:.2f} kafka={ka:.2f}")
+                print(
+                    f"{name} ratio sluice/kafka={sl / ka:.2f}" if ka > 0 else f"{name} ratio sluice/kafka=n/a"
+                )
         spark.stop()
     finally:
         pg.remove()
         launcher.cluster_down(work / "cluster")
     return 0
+
+
+def freshness(
+    spark: object, bootstrap: str, pg: LocalPostgres, work: Path, args: argparse.Namespace, fmt: str
+) -> tuple[float, float]:
+    """The generator at a steady rate while a 1 s-trigger query on `fmt` applies: p50 and p99 (s)
+    of source commit to target commit, per applied row."""
+    topic = f"fresh-{fmt}"
+    create_topic(bootstrap, topic, args.partitions)
+    fresh: list[int] = []
+    applied = [0]
+
+    def on_fresh(b: BatchReport) -> None:
+        fresh.extend(b.freshness_ms)
+        applied[0] += b.result.records - b.result.skipped
+
+    q = ApplyQuery(
+        spark,
+        ApplyConfig(
+            bootstrap=bootstrap,
+            target=pg.create_database(f"fresh_{fmt}"),
+            topics=[topic],
+            checkpoint=work / f"ck-fresh-{fmt}",
+            trigger_s=1.0,
+            source_format=fmt,
+        ),
+        on_batch=on_fresh,
+        keep_freshness=True,
+    )
+    q.start()
+    time.sleep(3)
+    fcfg = GeneratorConfig(topic=topic, rate=args.rate, duration_s=args.freshness_s, seed=args.seed + 1)
+    fstats, _ = run_generator(bootstrap, fcfg)
+    deadline = time.monotonic() + 60
+    while applied[0] < fstats.events and time.monotonic() < deadline:
+        time.sleep(0.5)
+    q.stop()
+    fresh.sort()
+    if not fresh:
+        print(f"freshness {fmt}: nothing applied")
+        return 0.0, 0.0
+    p50 = fresh[len(fresh) // 2]
+    p99 = fresh[min(len(fresh) - 1, int(len(fresh) * 0.99))]
+    print(
+        f"freshness {fmt}: {applied[0]:,} of {fstats.events:,} changes at {args.rate:,.0f}/s, trigger 1 s "
+        f"({len(fresh):,} row writes after collapsing): "
+        f"p50 {p50 / 1000:.2f} s, p99 {p99 / 1000:.2f} s, max {fresh[-1] / 1000:.2f} s, "
+        f"mean {statistics.mean(fresh) / 1000:.2f} s"
+    )
+    return p50 / 1000, p99 / 1000
 
 
 if __name__ == "__main__":

@@ -152,4 +152,9 @@ fi
 # The JVM peers Sluice is measured beside; skipped with a message when Maven Central is unreachable.
 bash "$REPO/scripts/peers.sh" | sed 's/^/bootstrap: /'
 
+# Spark's own Kafka source and sink for the pinned pyspark (sluice apply --source-format kafka,
+# bench/pipeline.py, tests/integration/test_spark_kafka_source.py), into .peers/ so that Spark
+# fetches nothing at run time; skipped with a message when Maven Central is unreachable.
+bash "$REPO/scripts/spark-kafka.sh" | sed 's/^/bootstrap: /'
+
 say "ready ($VENV)"

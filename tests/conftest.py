@@ -44,6 +44,10 @@ CHAINS = {
     "test_brokers_from_config_files_serve_root_namespace_clients_at_their_namespace_addresses": "chain-3",
     # a sync worker (a Spark driver) under a headless Chromium and a PostgreSQL lock
     "test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_then_resolved": "chain-3",
+    # Spark's own Kafka source on Sluice: its reads and sink (~30 s), and, in the slow suite, the
+    # apply query on it through kill -9 (four driver starts, ~75 s)
+    "test_spark_kafka_source_and_sink_on_sluice": "chain-3",
+    "test_apply_on_the_kafka_source_through_kill_9_of_driver_and_broker": "chain-1",
 }
 
 #: Modules whose tests share nothing (no module-scoped fixture, no order between them) and are
@@ -227,8 +231,14 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local Spark session for the tests that run Spark jobs in this process."""
-    from sluice.pipeline.session import spark_session
+    from sluice.pipeline.session import ConnectorMissingError, kafka_connector_jars, spark_session
 
-    session = spark_session("local[2]", app="sluice-tests")
+    # With Spark's Kafka source when scripts/spark-kafka.sh fetched it (test_spark_kafka_source.py
+    # reads Sluice through it): a process's driver gets its jars when it starts, not later.
+    try:
+        connector = bool(kafka_connector_jars())
+    except ConnectorMissingError:
+        connector = False
+    session = spark_session("local[2]", app="sluice-tests", kafka_connector=connector)
     yield session
     session.stop()

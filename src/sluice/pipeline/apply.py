@@ -12,6 +12,16 @@ The target's offsets are the position of record and the Spark checkpoint a cache
 checkpoint the query starts from the target's offsets, and a checkpoint that is ahead of the
 target (the target was restored from a backup, say) is removed on start
 (`reconcile_checkpoint`), since resuming from it would skip records the target never got.
+
+The query reads the log through Sluice's own source (`source_format="sluice"`, the default:
+pipeline/source.py) or through Spark's own Kafka source (`source_format="kafka"`,
+spark-sql-kafka-0-10, in a session started with `spark_session(kafka_connector=True)`). Both get
+the same starting offsets from the target (the Kafka source's `startingOffsets` JSON names every
+partition it reads: stored offset, or -2 for earliest), both keep only committed records
+(read_committed), and both hand `_apply_batch` the same columns: with the Kafka source the
+envelopes are parsed and collapsed in the executors by `mapInArrow(map_to_changes)`, as the
+sluice source's `decode=envelope` does. Only the sluice source can end micro-batches on source
+transaction boundaries (`transaction_topic`).
 """
 
 from __future__ import annotations
@@ -72,6 +82,9 @@ class ApplyConfig:
     #: batch in one transaction, never shows part of a source transaction. None: batches end
     #: wherever the log does (the generator's topics have no transactions)
     transaction_topic: str | None = None
+    #: which Spark source reads the log: "sluice" (Sluice's own Python Data Source) or "kafka"
+    #: (Spark's spark-sql-kafka-0-10; the session must have the connector)
+    source_format: str = "sluice"
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -106,6 +119,7 @@ class ApplyQuery:
     ) -> None:
         if not config.topics and not config.pattern:
             raise ValueError("give topics or a topic pattern to apply")
+        check_source_format(config)
         self.spark = spark
         self.config = config
         self.on_batch = on_batch
@@ -135,12 +149,29 @@ class ApplyQuery:
         if self.config.starting_offsets:
             return self.config.starting_offsets
         stored = self.target.applied_offsets(self.pipeline)
+        if self.config.source_format == "kafka":
+            return kafka_starting_offsets(stored, self._partitions())
         if not stored:
             return "earliest"
         doc: dict[str, dict[str, int]] = {}
         for (t, p), o in sorted(stored.items()):
             doc.setdefault(t, {})[str(p)] = o
         return orjson.dumps(doc).decode()
+
+    def _partitions(self) -> list[tuple[str, int]]:
+        """The topic-partitions the query reads now (the brokers' metadata)."""
+        from sluice.pipeline.source import _LogView
+
+        c = self.config
+        options = {"bootstrap.servers": c.bootstrap, **c.security.properties()}
+        options.update(
+            {"subscribe": ",".join(c.topics)} if c.topics else {"subscribePattern": c.pattern or ""}
+        )
+        view = _LogView(options)
+        try:
+            return view.partitions()
+        finally:
+            view.close()
 
     def reconcile_checkpoint(self) -> str | None:
         """Remove the Spark checkpoint if it committed batches the target does not have (the
@@ -214,6 +245,51 @@ class ApplyQuery:
     def start(self) -> None:
         c = self.config
         self.reconcile_checkpoint()
+        records = self._kafka_records() if c.source_format == "kafka" else self._sluice_records()
+        writer = records.writeStream.foreachBatch(self._apply_batch).queryName(
+            self.pipeline.replace(":", "_").replace("/", "_").replace(",", "_")
+        )
+        if c.checkpoint is not None:
+            writer = writer.option("checkpointLocation", str(c.checkpoint))
+        if c.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{int(c.trigger_s * 1000)} milliseconds")
+        self.query = writer.start()
+
+    def _kafka_records(self) -> Any:
+        """The changes to apply, read by Spark's own Kafka source: one Spark partition per
+        topic-partition, parsed and collapsed there (CHANGES_SCHEMA, as `decode=envelope`)."""
+        from sluice.pipeline.source import CHANGES_SCHEMA
+        from sluice.sync.changes import map_to_changes
+
+        c = self.config
+        reader = (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", c.bootstrap)
+            # only committed records, as the sluice source reads (Spark's default reads aborted
+            # transactions' records too)
+            .option("kafka.isolation.level", "read_committed")
+            # a record deleted by retention before the query read it fails the query, as with
+            # the sluice source's default
+            .option("failOnDataLoss", "true")
+        )
+        reader = (
+            reader.option("subscribe", ",".join(c.topics))
+            if c.topics
+            else reader.option("subscribePattern", c.pattern)
+        )
+        reader = reader.option("startingOffsets", self._starting_offsets())
+        if c.max_records_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(c.max_records_per_trigger))
+        return (
+            reader.load()
+            .select("value", "topic", "partition", "offset", "timestamp")
+            .mapInArrow(map_to_changes, CHANGES_SCHEMA)
+        )
+
+    def _sluice_records(self) -> Any:
+        c = self.config
         reader = self.spark.readStream.format("sluice").option("bootstrap.servers", c.bootstrap)
         # Executors authenticate with these too; Spark redacts the password in plans and the UI.
         reader = reader.options(**c.security.properties())
@@ -232,18 +308,7 @@ class ApplyQuery:
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the
         # driver gets the newest change per row with the columns applying needs (sync.changes).
         reader = reader.option("decode", "envelope")
-        writer = (
-            reader.load()
-            .writeStream.foreachBatch(self._apply_batch)
-            .queryName(self.pipeline.replace(":", "_").replace("/", "_").replace(",", "_"))
-        )
-        if c.checkpoint is not None:
-            writer = writer.option("checkpointLocation", str(c.checkpoint))
-        if c.available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=f"{int(c.trigger_s * 1000)} milliseconds")
-        self.query = writer.start()
+        return reader.load()
 
     def failure(self) -> BaseException | None:
         """Why the running query ended, or None while it runs (or was never started)."""
@@ -281,6 +346,49 @@ class ApplyQuery:
         if self.dead_letters is not None:
             self.dead_letters.close()
         self.target.close()
+
+
+SOURCE_FORMATS = ("sluice", "kafka")
+
+
+def check_source_format(config: ApplyConfig) -> None:
+    """Refuse a source format, or a setting of the query, that the source cannot honour."""
+    if config.source_format not in SOURCE_FORMATS:
+        raise ValueError(
+            f"source format must be one of {', '.join(SOURCE_FORMATS)}, not {config.source_format!r}"
+        )
+    if config.source_format != "kafka":
+        return
+    if config.transaction_topic:
+        raise ValueError(
+            "the kafka source format cannot end micro-batches on source transaction boundaries "
+            "(transaction_topic): a batch could commit part of a source transaction to the target; "
+            "use the sluice source format for this pipeline"
+        )
+    if config.security.protocol != "PLAINTEXT":
+        raise ValueError(
+            f"the kafka source format reads over PLAINTEXT only for now (security.protocol="
+            f"{config.security.protocol}): use the sluice source format with secured brokers"
+        )
+    if config.max_records_per_partition:
+        raise ValueError(
+            "max_records_per_partition splits the sluice source's ranges; the kafka source format "
+            "reads one Spark partition per topic-partition: leave it unset"
+        )
+
+
+def kafka_starting_offsets(stored: dict[tuple[str, int], int], partitions: list[tuple[str, int]]) -> str:
+    """Spark's Kafka source's `startingOffsets` for a query resuming from the target's offsets.
+
+    Spark's Kafka source refuses specific offsets that do not name every partition it reads
+    ("you must specify all TopicPartitions"), nor names one it does not read: each partition read
+    now gets its stored next offset, or -2 (earliest) when the target has none for it."""
+    doc: dict[str, dict[str, int]] = {}
+    for t, p in sorted(partitions):
+        doc.setdefault(t, {})[str(p)] = stored.get((t, p), -2)
+    if not doc:
+        return "earliest"  # nothing matches yet (a pattern): Spark finds the topics later
+    return orjson.dumps(doc).decode()
 
 
 def dead_letter_writer(config: ApplyConfig, pipeline: str) -> DeadLetterWriter | None:

@@ -1,20 +1,74 @@
-"""The Spark session Sluice's jobs run in: `local[*]` by default, or a cluster master URL."""
+"""The Spark session Sluice's jobs run in: `local[*]` by default, or a cluster master URL.
+
+With ``kafka_connector=True`` the session also has Spark's own Kafka source and sink
+(``format("kafka")``, spark-sql-kafka-0-10), loaded from the jars ``scripts/spark-kafka.sh``
+copied into ``.peers/spark-kafka-<pyspark version>/jars``: nothing is fetched at run time."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 DEFAULT_MASTER = "local[*]"
+#: Spark's Kafka source and sink, for pyspark's Scala version
+KAFKA_CONNECTOR = "spark-sql-kafka-0-10_2.13"
 
 
-def spark_session(master: str | None = None, app: str = "sluice", conf: dict[str, str] | None = None) -> Any:
-    """A SparkSession with the `sluice` data source registered.
+class ConnectorMissingError(RuntimeError):
+    """Spark's Kafka connector for the running pyspark is not in the set-up's cache."""
 
-    Executors run this interpreter (the venv's), so they import the same Sluice."""
+
+def kafka_connector_jars() -> list[Path]:
+    """The jars Spark's Kafka source needs beyond pyspark's own, for the running pyspark.
+
+    ``SLUICE_PEERS_DIR`` overrides where they are kept (default ``.peers`` in the project, where
+    ``scripts/spark-kafka.sh`` puts them). A jar whose artifact pyspark already ships (Scala,
+    Hadoop's client, lz4, ...) is left out: two versions of a class on the classpath would make
+    which one loads a matter of order. Raises ConnectorMissingError naming the set-up step."""
+    import pyspark
+
+    version = pyspark.__version__
+    base = Path(os.environ.get("SLUICE_PEERS_DIR") or Path(__file__).resolve().parents[3] / ".peers")
+    jars = base / f"spark-kafka-{version}" / "jars"
+    if not (jars.parent / ".complete").is_file():
+        raise ConnectorMissingError(
+            f"Spark's Kafka connector ({KAFKA_CONNECTOR} {version}, for pyspark {version}) is not "
+            f"fetched (no {jars}): run scripts/spark-kafka.sh (needs Maven and Maven Central; "
+            "bench/peers/spark-kafka/pom.xml's spark.version must equal the pyspark pin)"
+        )
+    shipped = {_artifact(j.name) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    chosen = sorted(j for j in jars.glob("*.jar") if _artifact(j.name) not in shipped)
+    assert any(j.name.startswith(KAFKA_CONNECTOR) for j in chosen), f"{jars} lacks {KAFKA_CONNECTOR}"
+    return chosen
+
+
+_JAR_NAME = re.compile(r"^(.+?)-(\d+(?:\.\d+)+.*)\.jar$")
+
+
+def _artifact(jar_name: str) -> str:
+    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients``, ``spark-sql-kafka-0-10_2.13-4.2.0.jar``
+    -> ``spark-sql-kafka-0-10_2.13``: the name before the first dotted version."""
+    match = _JAR_NAME.match(jar_name)
+    return match.group(1) if match else jar_name.removesuffix(".jar")
+
+
+def spark_session(
+    master: str | None = None,
+    app: str = "sluice",
+    conf: dict[str, str] | None = None,
+    *,
+    kafka_connector: bool = False,
+) -> Any:
+    """A SparkSession with the `sluice` data source registered, and with Spark's own Kafka
+    source and sink (`format("kafka")`) when ``kafka_connector`` is set.
+
+    Executors run this interpreter (the venv's), so they import the same Sluice. The jars of a
+    session are fixed when its driver starts: a process that already has a session without the
+    connector gets it back without one (``getOrCreate``), so ask for it on the first session."""
     from pyspark.sql import SparkSession
 
     from sluice.pipeline.source import SluiceDataSource
@@ -43,6 +97,8 @@ def spark_session(master: str | None = None, app: str = "sluice", conf: dict[str
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.executor.extraJavaOptions", java_opts)
     )
+    if kafka_connector:
+        builder = builder.config("spark.jars", ",".join(str(j) for j in kafka_connector_jars()))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

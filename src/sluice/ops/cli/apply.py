@@ -46,6 +46,13 @@ def apply(
         str | None,
         typer.Option(help="Comma-separated source tables to apply; records of other tables fail the batch"),
     ] = None,
+    source_format: Annotated[
+        str,
+        typer.Option(
+            help="Which Spark source reads the log: sluice (Sluice's own) or kafka (Spark's "
+            "spark-sql-kafka-0-10, fetched by scripts/spark-kafka.sh)"
+        ),
+    ] = "sluice",
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> None:
     """Apply change topics to a target with a Spark Structured Streaming query, in the foreground.
@@ -62,13 +69,15 @@ def apply(
         raise fail("give exactly one of --topics and --pattern", 2)
     if url_has_password(target):
         raise fail(PASSWORD_IN_URL, 2)
+    if source_format not in ("sluice", "kafka"):
+        raise fail(f"--source-format must be sluice or kafka, not {source_format!r}", 2)
     try:
         column_mapping = ColumnMapping.from_config(_load_mapping(mapping)) if mapping else ColumnMapping()
     except (MappingError, OSError, ValueError) as exc:
         raise fail(f"bad --mapping: {exc}", 2) from None
     from sluice import test_switches
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
-    from sluice.pipeline.session import spark_session
+    from sluice.pipeline.session import ConnectorMissingError, spark_session
 
     config = ApplyConfig(
         bootstrap=bootstrap,
@@ -83,6 +92,7 @@ def apply(
         mapping=column_mapping,
         tables=[t.strip() for t in tables.split(",") if t.strip()] if tables else None,
         switches=test_switches.for_process(),  # all off unless a test harness armed them
+        source_format=source_format,
     )
     name = config.pipeline_name()
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
@@ -99,14 +109,19 @@ def apply(
         )
 
     try:
-        spark = spark_session(spark_master, app=f"sluice-apply {name}")
+        spark = spark_session(
+            spark_master, app=f"sluice-apply {name}", kafka_connector=source_format == "kafka"
+        )
         query = ApplyQuery(spark, config, on_batch=on_batch)
+    except ConnectorMissingError as exc:
+        raise fail(str(exc), 2) from None
     except StaleEpochError as exc:
         raise fail(str(exc), 3) from None
     except (ConnectionError, ValueError) as exc:
         raise fail(str(exc), 2) from None
     err.print(
-        f"applying {name} to {target} under fencing epoch {query.epoch}; checkpoint {config.checkpoint}"
+        f"applying {name} to {target} under fencing epoch {query.epoch} (source {source_format}); "
+        f"checkpoint {config.checkpoint}"
     )
     stopping: list[int] = []
 
