@@ -149,12 +149,9 @@ if [ "$want" != "$have" ] || [ -n "${BOOTSTRAP_FORCE_PIP:-}" ]; then
     printf '%s\n' "$want" >"$STAMP"
 fi
 
-# The JVM peers Sluice is measured beside; skipped with a message when Maven Central is unreachable.
+# The JVM peers Sluice is measured beside, and Spark's own Kafka source and sink for the pinned
+# pyspark (sluice apply --source-format kafka), into .peers/ so that nothing is fetched at run
+# time; skipped with a message when Maven Central is unreachable.
 bash "$REPO/scripts/peers.sh" | sed 's/^/bootstrap: /'
-
-# Spark's own Kafka source and sink for the pinned pyspark (sluice apply --source-format kafka,
-# bench/pipeline.py, tests/integration/test_spark_kafka_source.py), into .peers/ so that Spark
-# fetches nothing at run time; skipped with a message when Maven Central is unreachable.
-bash "$REPO/scripts/spark-kafka.sh" | sed 's/^/bootstrap: /'
 
 say "ready ($VENV)"

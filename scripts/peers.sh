@@ -4,6 +4,10 @@
 #
 #   bench/peers/pom.xml         Apache Kafka 3.9.1's broker (ZooKeeper mode), `sluice peer up kafka`
 #   bench/peers/kafka4/pom.xml  Apache Kafka 4.x's broker (KRaft), `sluice peer up kafka --kraft`
+#   bench/peers/spark-kafka/pom.xml  Spark's Kafka source and sink (spark-sql-kafka-0-10 for the
+#                               pinned pyspark) into .peers/spark-kafka-<version>/jars: the pipeline
+#                               (`sluice apply --source-format kafka`) loads them from there, so
+#                               Spark fetches nothing at run time
 #
 # Idempotent (a finished copy is marked .complete and kept); when Maven or Maven Central is
 # unreachable it says so and goes on (exit 0), so the set-up goes on and the tests that need a
@@ -11,11 +15,12 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# fetch POM NAME LABEL: copy POM's runtime dependencies into .peers/NAME-<version>/libs, where
-# <version> is the pom's <kafka.version> property (or <peer.version> if it has none).
+# fetch POM NAME LABEL [SUBDIR]: copy POM's runtime dependencies (what is "provided", e.g. Spark
+# itself for the connector, stays out) into .peers/NAME-<version>/SUBDIR (default libs), where
+# <version> is the pom's first <kafka.version>, <spark.version> or <peer.version> property.
 fetch() {
-  local pom=$1 name=$2 label=$3 version dest
-  version=$(sed -n 's:.*<\(kafka\|peer\)\.version>\(.*\)</\(kafka\|peer\)\.version>.*:\2:p' "$pom" | head -1)
+  local pom=$1 name=$2 label=$3 sub=${4:-libs} version dest
+  version=$(sed -n 's:.*<\(kafka\|spark\|peer\)\.version>\(.*\)</\(kafka\|spark\|peer\)\.version>.*:\2:p' "$pom" | head -1)
   dest=.peers/$name-$version
   if [[ -f $dest/.complete ]]; then
     echo "peers: $label $version already in $dest"
@@ -28,7 +33,7 @@ fetch() {
   rm -rf "$dest.partial"
   mkdir -p "$dest.partial"
   if ! mvn -B -q -f "$pom" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$PWD/$dest.partial/libs" >"$dest.partial/maven.log" 2>&1; then
+      -DincludeScope=runtime -DoutputDirectory="$PWD/$dest.partial/$sub" >"$dest.partial/maven.log" 2>&1; then
     echo "peers: skipped: Maven could not fetch $label $version (is Maven Central reachable?);" \
          "its log: $dest.partial/maven.log"
     return 0
@@ -36,8 +41,9 @@ fetch() {
   touch "$dest.partial/.complete"
   rm -rf "$dest"
   mv "$dest.partial" "$dest"
-  echo "peers: $label $version in $dest ($(ls "$dest/libs" | wc -l) jars)"
+  echo "peers: $label $version in $dest ($(ls "$dest/$sub" | wc -l) jars)"
 }
 
 fetch bench/peers/pom.xml kafka "kafka_2.13 (ZooKeeper mode)"
 fetch bench/peers/kafka4/pom.xml kafka "kafka_2.13 (KRaft)"
+fetch bench/peers/spark-kafka/pom.xml spark-kafka "spark-sql-kafka-0-10_2.13" jars

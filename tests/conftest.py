@@ -233,7 +233,7 @@ def spark() -> Iterator[Any]:
     """One local Spark session for the tests that run Spark jobs in this process."""
     from sluice.pipeline.session import ConnectorMissingError, kafka_connector_jars, spark_session
 
-    # With Spark's Kafka source when scripts/spark-kafka.sh fetched it (test_spark_kafka_source.py
+    # With Spark's Kafka source when scripts/peers.sh fetched it (test_spark_kafka_source.py
     # reads Sluice through it): a process's driver gets its jars when it starts, not later.
     try:
         connector = bool(kafka_connector_jars())

@@ -1,4 +1,4 @@
-"""Spark's own Kafka source and sink (spark-sql-kafka-0-10, fetched by scripts/spark-kafka.sh)
+"""Spark's own Kafka source and sink (spark-sql-kafka-0-10, fetched by scripts/peers.sh)
 on Sluice: batch and streaming reads with startingOffsets, endingOffsets, failOnDataLoss and
 kafka.group.id behaving as against Kafka, the Kafka sink writing into Sluice, and the apply query
 on the Kafka source (`sluice apply --source-format kafka`) ending equal to the truth through

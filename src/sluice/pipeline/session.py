@@ -1,7 +1,7 @@
 """The Spark session Sluice's jobs run in: `local[*]` by default, or a cluster master URL.
 
 With ``kafka_connector=True`` the session also has Spark's own Kafka source and sink
-(``format("kafka")``, spark-sql-kafka-0-10), loaded from the jars ``scripts/spark-kafka.sh``
+(``format("kafka")``, spark-sql-kafka-0-10), loaded from the jars ``scripts/peers.sh``
 copied into ``.peers/spark-kafka-<pyspark version>/jars``: nothing is fetched at run time."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def kafka_connector_jars() -> list[Path]:
     """The jars Spark's Kafka source needs beyond pyspark's own, for the running pyspark.
 
     ``SLUICE_PEERS_DIR`` overrides where they are kept (default ``.peers`` in the project, where
-    ``scripts/spark-kafka.sh`` puts them). A jar whose artifact pyspark already ships (Scala,
+    ``scripts/peers.sh`` puts them). A jar whose artifact pyspark already ships (Scala,
     Hadoop's client, lz4, ...) is left out: two versions of a class on the classpath would make
     which one loads a matter of order. Raises ConnectorMissingError naming the set-up step."""
     import pyspark
@@ -37,7 +37,7 @@ def kafka_connector_jars() -> list[Path]:
     if not (jars.parent / ".complete").is_file():
         raise ConnectorMissingError(
             f"Spark's Kafka connector ({KAFKA_CONNECTOR} {version}, for pyspark {version}) is not "
-            f"fetched (no {jars}): run scripts/spark-kafka.sh (needs Maven and Maven Central; "
+            f"fetched (no {jars}): run scripts/peers.sh (needs Maven and Maven Central; "
             "bench/peers/spark-kafka/pom.xml's spark.version must equal the pyspark pin)"
         )
     shipped = {_artifact(j.name) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}

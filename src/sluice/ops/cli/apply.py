@@ -50,7 +50,7 @@ def apply(
         str,
         typer.Option(
             help="Which Spark source reads the log: sluice (Sluice's own) or kafka (Spark's "
-            "spark-sql-kafka-0-10, fetched by scripts/spark-kafka.sh)"
+            "spark-sql-kafka-0-10, fetched by scripts/peers.sh)"
         ),
     ] = "sluice",
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
