@@ -44,6 +44,8 @@ CHAINS = {
     "test_brokers_from_config_files_serve_root_namespace_clients_at_their_namespace_addresses": "chain-3",
     # a sync worker (a Spark driver) under a headless Chromium and a PostgreSQL lock
     "test_a_tasks_lag_rises_while_its_target_is_locked_and_its_alarm_is_raised_then_resolved": "chain-3",
+    # Kafka Connect and Debezium (two JVMs) beside a Spark driver and three brokers (slow)
+    "test_debezium_through_connect_into_sluice_survives_broker_and_worker_kills": "chain-3",
 }
 
 

@@ -72,6 +72,9 @@ class ApplyConfig:
     #: batch in one transaction, never shows part of a source transaction. None: batches end
     #: wherever the log does (the generator's topics have no transactions)
     transaction_topic: str | None = None
+    #: the records' envelope: "sluice" (Sluice's capture) or "debezium" (Debezium's MySQL
+    #: connector in Kafka Connect, JSON converter; sync/debezium.py, deploy/debezium/)
+    envelope: str = "sluice"
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -106,6 +109,8 @@ class ApplyQuery:
     ) -> None:
         if not config.topics and not config.pattern:
             raise ValueError("give topics or a topic pattern to apply")
+        if config.envelope not in ("sluice", "debezium"):
+            raise ValueError(f"envelope must be sluice or debezium, not {config.envelope!r}")
         self.spark = spark
         self.config = config
         self.on_batch = on_batch
@@ -231,7 +236,7 @@ class ApplyQuery:
             reader = reader.option("transactionTopic", c.transaction_topic)
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the
         # driver gets the newest change per row with the columns applying needs (sync.changes).
-        reader = reader.option("decode", "envelope")
+        reader = reader.option("decode", "debezium" if c.envelope == "debezium" else "envelope")
         writer = (
             reader.load()
             .writeStream.foreachBatch(self._apply_batch)

@@ -46,6 +46,13 @@ def apply(
         str | None,
         typer.Option(help="Comma-separated source tables to apply; records of other tables fail the batch"),
     ] = None,
+    envelope: Annotated[
+        str,
+        typer.Option(
+            help="The records' envelope: sluice (Sluice's capture) or debezium (Debezium's MySQL "
+            "connector, JSON converter; see deploy/debezium/README.md)"
+        ),
+    ] = "sluice",
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> None:
     """Apply change topics to a target with a Spark Structured Streaming query, in the foreground.
@@ -60,6 +67,8 @@ def apply(
 
     if bool(topics) == bool(pattern):
         raise fail("give exactly one of --topics and --pattern", 2)
+    if envelope not in ("sluice", "debezium"):
+        raise fail(f"--envelope must be sluice or debezium, not {envelope!r}", 2)
     if url_has_password(target):
         raise fail(PASSWORD_IN_URL, 2)
     try:
@@ -83,6 +92,7 @@ def apply(
         mapping=column_mapping,
         tables=[t.strip() for t in tables.split(",") if t.strip()] if tables else None,
         switches=test_switches.for_process(),  # all off unless a test harness armed them
+        envelope=envelope,
     )
     name = config.pipeline_name()
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
