@@ -215,7 +215,9 @@ class ConnectWorker:
 
     def start(self, *, wait: bool = True, timeout_s: float = 120) -> ConnectWorker:
         if self.proc is not None and self.proc.poll() is None:
-            raise ConnectError(f"the Connect worker in {self.directory} is already running (pid {self.proc.pid})")
+            raise ConnectError(
+                f"the Connect worker in {self.directory} is already running (pid {self.proc.pid})"
+            )
         home = connect_home(self.version)
         java = find_java()
         d = self.directory
@@ -274,7 +276,9 @@ class ConnectWorker:
             except (ConnectError, OSError) as exc:
                 last = str(exc)
             time.sleep(0.5)
-        raise ConnectError(f"the Connect worker did not answer in {timeout_s:.0f} s ({last}); see {self.directory}")
+        raise ConnectError(
+            f"the Connect worker did not answer in {timeout_s:.0f} s ({last}); see {self.directory}"
+        )
 
     def wait_exit(self, timeout_s: float) -> int | None:
         """The worker's exit code once it exits, or None if it still runs after ``timeout_s``."""
@@ -294,9 +298,8 @@ class ConnectWorker:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise ConnectError(
-                f"Connect REST {method} {path} answered {exc.code}: {exc.read().decode(errors='replace')[:500]}"
-            ) from None
+            detail = exc.read().decode(errors="replace")[:500]
+            raise ConnectError(f"Connect REST {method} {path} answered {exc.code}: {detail}") from None
         return json.loads(raw) if raw else None
 
     def put_connector(self, name: str, config: dict[str, str]) -> Any:
@@ -320,7 +323,10 @@ class ConnectWorker:
             else:
                 states = [last["connector"]["state"], *(t["state"] for t in last.get("tasks", []))]
                 if "FAILED" in states:
-                    traces = [last["connector"].get("trace"), *(t.get("trace") for t in last.get("tasks", []))]
+                    traces = [
+                        last["connector"].get("trace"),
+                        *(t.get("trace") for t in last.get("tasks", [])),
+                    ]
                     trace = next((t for t in traces if t), "")
                     raise ConnectError(f"connector {name} FAILED:\n{trace[:3000]}")
                 if last.get("tasks") and set(states) == {"RUNNING"}:
