@@ -8,6 +8,8 @@
 #                               pinned pyspark) into .peers/spark-kafka-<version>/jars: the pipeline
 #                               (`sluice apply --source-format kafka`) loads them from there, so
 #                               Spark fetches nothing at run time
+#   bench/peers/connect/pom.xml Kafka Connect (distributed worker) and Debezium's MySQL connector
+#                               (deploy/debezium/, tests/integration/test_connect_debezium.py)
 #
 # Idempotent (a finished copy is marked .complete and kept); when Maven or Maven Central is
 # unreachable it says so and goes on (exit 0), so the set-up goes on and the tests that need a
@@ -15,12 +17,15 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# fetch POM NAME LABEL [SUBDIR]: copy POM's runtime dependencies (what is "provided", e.g. Spark
-# itself for the connector, stays out) into .peers/NAME-<version>/SUBDIR (default libs), where
-# <version> is the pom's first <kafka.version>, <spark.version> or <peer.version> property.
+# fetch POM NAME LABEL [PROFILE=SUBDIR ...]: copy POM's runtime dependencies (what is "provided",
+# e.g. Spark itself for the connector, stays out) into .peers/NAME-<version>/libs, or, one Maven
+# profile each, into the SUBDIRs given; <version> is the pom's first <kafka.version>,
+# <spark.version>, <connect.version> or <peer.version> property.
 fetch() {
-  local pom=$1 name=$2 label=$3 sub=${4:-libs} version dest
-  version=$(sed -n 's:.*<\(kafka\|spark\|peer\)\.version>\(.*\)</\(kafka\|spark\|peer\)\.version>.*:\2:p' "$pom" | head -1)
+  local pom=$1 name=$2 label=$3 version dest part profile sub
+  shift 3
+  (($#)) || set -- "=libs"
+  version=$(sed -n 's:.*<\(kafka\|spark\|connect\|peer\)\.version>\([^<]*\)<.*:\2:p' "$pom" | head -1)
   dest=.peers/$name-$version
   if [[ -f $dest/.complete ]]; then
     echo "peers: $label $version already in $dest"
@@ -32,18 +37,26 @@ fetch() {
   fi
   rm -rf "$dest.partial"
   mkdir -p "$dest.partial"
-  if ! mvn -B -q -f "$pom" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$PWD/$dest.partial/$sub" >"$dest.partial/maven.log" 2>&1; then
-    echo "peers: skipped: Maven could not fetch $label $version (is Maven Central reachable?);" \
-         "its log: $dest.partial/maven.log"
-    return 0
-  fi
+  for part in "$@"; do
+    profile=${part%%=*} sub=${part#*=}
+    if ! mvn -B -q -f "$pom" ${profile:+-P "$profile"} \
+        org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies -DincludeScope=runtime \
+        -DoutputDirectory="$PWD/$dest.partial/$sub" >>"$dest.partial/maven.log" 2>&1; then
+      echo "peers: skipped: Maven could not fetch $label $version (is Maven Central reachable?);" \
+           "its log: $dest.partial/maven.log"
+      return 0
+    fi
+  done
   touch "$dest.partial/.complete"
   rm -rf "$dest"
   mv "$dest.partial" "$dest"
-  echo "peers: $label $version in $dest ($(ls "$dest/$sub" | wc -l) jars)"
+  echo "peers: $label $version in $dest ($(find "$dest" -name '*.jar' | wc -l) jars)"
 }
 
 fetch bench/peers/pom.xml kafka "kafka_2.13 (ZooKeeper mode)"
 fetch bench/peers/kafka4/pom.xml kafka "kafka_2.13 (KRaft)"
-fetch bench/peers/spark-kafka/pom.xml spark-kafka "spark-sql-kafka-0-10_2.13" jars
+fetch bench/peers/spark-kafka/pom.xml spark-kafka "spark-sql-kafka-0-10_2.13" =jars
+# Kafka Connect's distributed worker into libs/, Debezium's MySQL connector into its own plugin
+# directory (the worker's plugin.path)
+fetch bench/peers/connect/pom.xml connect "connect-runtime with Debezium's MySQL connector" \
+  worker=libs debezium=plugins/debezium-connector-mysql

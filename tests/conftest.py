@@ -48,6 +48,8 @@ CHAINS = {
     # apply query on it through kill -9 (four driver starts, ~75 s)
     "test_spark_kafka_source_and_sink_on_sluice": "chain-3",
     "test_apply_on_the_kafka_source_through_kill_9_of_driver_and_broker": "chain-1",
+    # Kafka Connect and Debezium (two JVMs) beside a Spark driver and three brokers (slow)
+    "test_debezium_through_connect_into_sluice_survives_broker_and_worker_kills": "chain-3",
 }
 
 #: Modules whose tests share nothing (no module-scoped fixture, no order between them) and are

@@ -85,6 +85,9 @@ class ApplyConfig:
     #: which Spark source reads the log: "sluice" (Sluice's own Python Data Source) or "kafka"
     #: (Spark's spark-sql-kafka-0-10; the session must have the connector)
     source_format: str = "sluice"
+    #: the records' envelope: "sluice" (Sluice's capture) or "debezium" (Debezium's MySQL
+    #: connector in Kafka Connect, JSON converter; sync/debezium.py, deploy/debezium/)
+    envelope: str = "sluice"
 
     def pipeline_name(self) -> str:
         if self.pipeline:
@@ -120,6 +123,8 @@ class ApplyQuery:
         if not config.topics and not config.pattern:
             raise ValueError("give topics or a topic pattern to apply")
         check_source_format(config)
+        if config.envelope not in ("sluice", "debezium"):
+            raise ValueError(f"envelope must be sluice or debezium, not {config.envelope!r}")
         self.spark = spark
         self.config = config
         self.on_batch = on_batch
@@ -307,7 +312,7 @@ class ApplyQuery:
             reader = reader.option("transactionTopic", c.transaction_topic)
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the
         # driver gets the newest change per row with the columns applying needs (sync.changes).
-        reader = reader.option("decode", "envelope")
+        reader = reader.option("decode", "debezium" if c.envelope == "debezium" else "envelope")
         return reader.load()
 
     def failure(self) -> BaseException | None:
@@ -369,6 +374,11 @@ def check_source_format(config: ApplyConfig) -> None:
         raise ValueError(
             f"the kafka source format reads over PLAINTEXT only for now (security.protocol="
             f"{config.security.protocol}): use the sluice source format with secured brokers"
+        )
+    if config.envelope != "sluice":
+        raise ValueError(
+            f"the kafka source format parses Sluice's envelope only (envelope={config.envelope}): "
+            "use the sluice source format for Debezium's change events"
         )
     if config.max_records_per_partition:
         raise ValueError(

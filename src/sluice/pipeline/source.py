@@ -23,7 +23,10 @@ Options
     decode                  none (default): raw records | envelope: each input partition parses
                             the change envelopes (sluice.sync.changes) and returns the newest
                             change per row, with the columns of CHANGE_SCHEMA; parsing and
-                            collapsing then happen in the executors, in parallel
+                            collapsing then happen in the executors, in parallel |
+                            debezium: the same, from Debezium MySQL connector records (JSON
+                            converter, schemas.enable true or false), each translated to
+                            Sluice's envelope first (sluice.sync.debezium)
     transactionTopic        streams only: a capture's transactions topic (`{task}.transactions`,
                             sync/sources/transactions.py). Each micro-batch then ends at a cut
                             read from it, a transaction boundary in every partition: the newest
@@ -166,10 +169,14 @@ def _client_config(options: dict[str, str]) -> dict[str, str]:
 
 
 def _decode(options: dict[str, str]) -> bool:
+    return _decode_mode(options) != "none"
+
+
+def _decode_mode(options: dict[str, str]) -> str:
     raw = (_opt(options, "decode", "none") or "none").lower()
-    if raw not in ("none", "envelope"):
-        raise SluiceSourceError(f"option decode must be none or envelope, not {raw!r}")
-    return raw == "envelope"
+    if raw not in ("none", "envelope", "debezium"):
+        raise SluiceSourceError(f"option decode must be none, envelope or debezium, not {raw!r}")
+    return raw
 
 
 def _fail_on_data_loss(options: dict[str, str]) -> bool:
@@ -383,10 +390,18 @@ def read_changes(options: dict[str, str], part: Range) -> Iterator[Any]:
     builder = ChangeBuilder(collapse=True)
     topic, partition = part.topic, part.partition
     add = builder.add
+    debezium = _decode_mode(options) == "debezium"
+    if debezium:
+        from sluice.sync.debezium import to_envelope_bytes
     with no_cyclic_gc():
         for msgs in _consume_range(options, part):
             for m in msgs:
-                add(m.value(), topic, partition, m.offset(), m.timestamp()[1])
+                value = m.value()
+                if debezium:  # Debezium's record (key and value) as Sluice's envelope
+                    value = to_envelope_bytes(m.key(), value, f"{topic}[{partition}]@{m.offset()}")
+                    if value is None:  # a tombstone changes no row
+                        continue
+                add(value, topic, partition, m.offset(), m.timestamp()[1])
         batch = builder.batch() if len(builder) else None
     if batch is not None:
         yield batch

@@ -53,6 +53,13 @@ def apply(
             "spark-sql-kafka-0-10, fetched by scripts/peers.sh)"
         ),
     ] = "sluice",
+    envelope: Annotated[
+        str,
+        typer.Option(
+            help="The records' envelope: sluice (Sluice's capture) or debezium (Debezium's MySQL "
+            "connector, JSON converter; see deploy/debezium/README.md)"
+        ),
+    ] = "sluice",
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> None:
     """Apply change topics to a target with a Spark Structured Streaming query, in the foreground.
@@ -67,6 +74,8 @@ def apply(
 
     if bool(topics) == bool(pattern):
         raise fail("give exactly one of --topics and --pattern", 2)
+    if envelope not in ("sluice", "debezium"):
+        raise fail(f"--envelope must be sluice or debezium, not {envelope!r}", 2)
     if url_has_password(target):
         raise fail(PASSWORD_IN_URL, 2)
     if source_format not in ("sluice", "kafka"):
@@ -93,6 +102,7 @@ def apply(
         tables=[t.strip() for t in tables.split(",") if t.strip()] if tables else None,
         switches=test_switches.for_process(),  # all off unless a test harness armed them
         source_format=source_format,
+        envelope=envelope,
     )
     name = config.pipeline_name()
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
