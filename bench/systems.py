@@ -34,6 +34,10 @@ KAFKA_SETTINGS = (
 )
 
 
+#: how the output names each system
+LABELS = {"sluice": "Sluice", "kafka": "Apache Kafka"}
+
+
 @dataclass(frozen=True, slots=True)
 class Broker:
     broker_id: int

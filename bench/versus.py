@@ -51,6 +51,18 @@ def ratio(ours: float, theirs: float) -> float:
     return ours / theirs
 
 
+def figure_value(text: str | None) -> float:
+    """A figure printed as text, as a number: ``"3.20"`` -> 3.2, ``"b1:1.0,b2:3.0"`` -> 2.0 (the
+    mean over the brokers), ``"timeout"``, ``"-"`` or missing -> NaN."""
+    if text is None:
+        return float("nan")
+    try:
+        values = [float(part.split(":", 1)[-1]) for part in text.split(",")]
+    except ValueError:
+        return float("nan")
+    return sum(values) / len(values)
+
+
 def figure_lines(name: str, ours: float, theirs: float, digits: int = 1) -> list[str]:
     """The two lines of one compared figure."""
     return [

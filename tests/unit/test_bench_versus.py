@@ -73,3 +73,10 @@ def test_each_figure_prints_both_values_then_its_ratio_in_the_issues_format() ->
     )
     assert versus.figure_lines("x", 1.0, 0.0)[1] == "x ratio sluice/kafka=nan"
     assert versus.ratios_json([("x", 1.0, 0.0)]) == {}
+
+
+def test_a_printed_figure_reads_back_as_a_number_per_broker_values_averaged() -> None:
+    assert versus.figure_value("3.20") == 3.2
+    assert versus.figure_value("b1:1.0,b2:3.0,b3:2.0") == 2.0
+    for missing in ("timeout", "-", None, "b1:?"):
+        assert math.isnan(versus.figure_value(missing))
