@@ -129,15 +129,18 @@ def read_all(args: argparse.Namespace, system: sysmod.System, rnd: int) -> ReadR
         deadline = subscribed + args.timeout
         first = last = 0.0
         while run.records < args.records and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+            batch = consumer.consume(num_messages=1000, timeout=0.5)
+            if not batch:
+                continue
+            if not first:
+                first = time.monotonic()
+                run.join_s = first - subscribed
+            for msg in batch:
                 if msg.error() is not None:
                     continue
                 value = msg.value()
                 run.records += 1
                 run.payload_bytes += len(value) if value is not None else 0
-            if run.records and not first:
-                first = time.monotonic()
-                run.join_s = first - subscribed
             last = time.monotonic()
         # throughput from the first batch received to the last: the group join is not in it
         run.seconds = last - first if first else 0.0
