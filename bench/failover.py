@@ -181,7 +181,14 @@ def main() -> None:
             # Each round runs on every system, the first one alternating from round to round.
             for order in versus.round_orders(names, args.rounds):
                 for name in order:
-                    results[fault][name].append(run_round(running[name], fault))
+                    first, gap = run_round(running[name], fault)
+                    results[fault][name].append((first, gap))
+                    print(
+                        f"# {time.strftime('%H:%M:%S')} {fault} {name}: first_ack_s={first:.2f} "
+                        f"max_gap_s={gap:.2f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         for system in running.values():
             system.down()
