@@ -407,7 +407,7 @@ def run_size(size: int, args: argparse.Namespace, system: str = "sluice") -> dic
 
 def table(results: list[dict[str, str]], session_timeout: float) -> str:
     today = datetime.date.today().isoformat()
-    compare = len({r.get("system", "sluice") for r in results}) > 1
+    compare = {r.get("system", "sluice") for r in results} != {"sluice"}
     lines = [
         "| date | partitions | fs dir+file (us) | create (s) | all ISRs full (s) "
         "| idle CPU % of a core | RSS MB "
@@ -485,7 +485,7 @@ def main() -> None:
         for size, order in zip(sizes, versus.round_orders(names, len(sizes)), strict=True):
             for name in order:
                 r = run_size(size, args, name)  # tears its cluster down, also on Ctrl-C
-                if len(names) == 1:
+                if names == ["sluice"]:
                     del r["system"]  # the line as before
                 results.append(r)
                 shown = [k for k in ["system", *KEYS] if k in r or k not in OPTIONAL_KEYS]
