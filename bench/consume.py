@@ -7,7 +7,9 @@ each in a new group (``auto.offset.reset=earliest``, librdkafka's fetch defaults
 
 - consume_mb_s, consume_records_s: payload over the time from the first record received to the
   last (the group join is not in it);
-- consume_join_s: from ``subscribe()`` to the first record (group join, assignment, first fetch).
+- consume_join_s: from ``subscribe()`` to the first record (group join, assignment, first fetch;
+  with Kafka in the run both wait 0 ms before a new group's first rebalance, Sluice's default
+  being 500 ms and Kafka's peers started with 0).
 
 The first read (``--warmup``, on by default with ``--against kafka``) is not measured: it warms
 the JIT, connections and page cache for the reads that follow. Each read is bounded by
@@ -45,6 +47,10 @@ import versus
 
 MB = 1_000_000
 TOPIC = "consume-bench"
+#: Sluice's brokers wait 500 ms (``group.initial.rebalance.delay.ms``) before a new group's first
+#: rebalance; Kafka's peers are started with 0 (``sluice.peers.kafka``): with Kafka in the run
+#: Sluice gets 0 too, so that the join time compares like with like.
+MATCH_KAFKA = {"group.initial.rebalance.delay.ms": "0"}
 
 
 @dataclass
@@ -195,14 +201,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.records:,} records of {args.record_size} B, warm-up read {args.warmup}, rounds={args.rounds}",
         flush=True,
     )
-    if "kafka" in names:
-        print(f"Apache Kafka settings: {sysmod.KAFKA_SETTINGS}", flush=True)
+    settings = MATCH_KAFKA if "kafka" in names else None
+    if settings:
+        print(
+            f"Apache Kafka settings: {sysmod.KAFKA_SETTINGS}, group.initial.rebalance.delay.ms=0", flush=True
+        )
+        print(
+            "Sluice settings: group.initial.rebalance.delay.ms=0 (as Kafka's peers; 500 by default)",
+            flush=True,
+        )
     directory = Path(tempfile.mkdtemp(prefix="sluice-consume-"))
     running: dict[str, sysmod.System] = {}
     runs: list[ReadRun] = []
     try:
         for name in names:
-            running[name] = system = sysmod.start(name, directory / name, args.brokers)
+            running[name] = system = sysmod.start(
+                name, directory / name, args.brokers, sluice_settings=settings
+            )
             took = fill(args, system)
             print(f"filled {TOPIC} on {system.label} in {took:.1f} s", flush=True)
             if args.warmup == "on":

@@ -30,7 +30,7 @@ KAFKA_SESSION_TIMEOUT_S = 6.0
 KAFKA_SETTINGS = (
     "zookeeper.session.timeout.ms=6000 (as Sluice's zk session timeout), replica.lag.time.max.ms="
     "30000, unclean.leader.election.enable=false, controlled.shutdown.enable=true (Kafka's defaults), "
-    "-Xmx384m per broker"
+    "group.initial.rebalance.delay.ms=0, -Xmx384m per broker (sluice.peers.kafka)"
 )
 
 
@@ -107,9 +107,17 @@ class System:
 
 
 class SluiceSystem(System):
-    def __init__(self, directory: Path, brokers: int, session_timeout_s: float) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        brokers: int,
+        session_timeout_s: float,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.name, self.label, self.directory = "sluice", "Sluice", directory
-        self.cluster = launcher.cluster_up(directory, brokers, zk_session_timeout_s=session_timeout_s)
+        self.cluster = launcher.cluster_up(
+            directory, brokers, zk_session_timeout_s=session_timeout_s, broker_settings=settings
+        )
 
     @property
     def bootstrap_servers(self) -> str:
@@ -186,10 +194,17 @@ def _cmdline(pid: int) -> list[str]:
     return [part.decode() for part in raw.split(b"\0") if part]
 
 
-def start(name: str, directory: Path, brokers: int, session_timeout_s: float = 6.0) -> System:
-    """A fresh local cluster of ``brokers`` brokers of ``name`` under ``directory``."""
+def start(
+    name: str,
+    directory: Path,
+    brokers: int,
+    session_timeout_s: float = 6.0,
+    sluice_settings: dict[str, str] | None = None,
+) -> System:
+    """A fresh local cluster of ``brokers`` brokers of ``name`` under ``directory``;
+    ``sluice_settings``: more keys of each Sluice broker's configuration (to match Kafka's)."""
     if name == "sluice":
-        return SluiceSystem(directory, brokers, session_timeout_s)
+        return SluiceSystem(directory, brokers, session_timeout_s, sluice_settings)
     if session_timeout_s != KAFKA_SESSION_TIMEOUT_S:
         raise PeerError(
             f"Kafka's peers run with zookeeper.session.timeout.ms=6000 (sluice.peers.kafka); "
