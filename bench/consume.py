@@ -254,11 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(
             json.dumps(
-                {
-                    "argv": sys.argv[1:],
-                    "runs": [asdict(r) for r in runs],
-                    "sluice_over_kafka": versus.ratios_json(figures),
-                },
+                versus.finite(
+                    {
+                        "argv": sys.argv[1:],
+                        "runs": [asdict(r) for r in runs],
+                        "sluice_over_kafka": versus.ratios_json(figures),
+                    }
+                ),
                 default=str,
             )
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 SYSTEMS = ("sluice", "kafka")
 
@@ -103,3 +104,15 @@ def ratios_json(figures: Iterable[tuple[str, float, float]]) -> dict[str, float]
         if not math.isnan(r):
             out[name] = round(r, 3)
     return out
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN float (a figure not measured) replaced by None, so that the JSON
+    line is strict JSON."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj

@@ -80,3 +80,12 @@ def test_a_printed_figure_reads_back_as_a_number_per_broker_values_averaged() ->
     assert versus.figure_value("b1:1.0,b2:3.0,b3:2.0") == 2.0
     for missing in ("timeout", "-", None, "b1:?"):
         assert math.isnan(versus.figure_value(missing))
+
+
+def test_the_json_line_carries_null_for_a_figure_not_measured() -> None:
+    nan = float("nan")
+    assert versus.finite({"p99_ms": nan, "runs": [{"x": nan, "y": 1.5}], "n": 3}) == {
+        "p99_ms": None,
+        "runs": [{"x": None, "y": 1.5}],
+        "n": 3,
+    }
