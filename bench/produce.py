@@ -34,6 +34,13 @@ by side, runs each mode on one then the other, and prints the SASL_SSL/plaintext
 With ``--bootstrap``, ``--client-properties`` gives the existing cluster's client properties.
 Each mode writes to its own fresh topic (``--partitions``, ``--replication-factor``),
 deleted after the mode unless ``--keep-topics``.
+``--against sluice,kafka`` also starts a local Apache Kafka 3.9.1 cluster of the same brokers
+(``sluice.peers.kafka``; skipped, saying why, when ``scripts/peers.sh`` has not fetched its jars).
+To be fair to a JVM, each system first runs every mode briefly on a topic of its own
+(``--warmup``: JIT, connections, page cache; figures thrown away); then ``--rounds`` rounds (2 by
+default) run every mode on each system, the first system alternating from round to round. Each
+compared figure prints as ``client_mb_s sluice=X kafka=Y`` then ``client_mb_s ratio
+sluice/kafka=R``, X and Y the medians of the rounds.
 The benchmark prints figures and asserts nothing about them.
 
 How to run
@@ -44,6 +51,8 @@ How to run
     .venv/bin/python bench/produce.py --brokers 3 --replication-factor 3 --acks all
     .venv/bin/python bench/produce.py --bootstrap 127.0.0.1:9092 --mode prebuilt --json
     .venv/bin/python bench/produce.py --security both                 # plaintext vs SASL_SSL
+    .venv/bin/python bench/produce.py --against sluice,kafka --brokers 3 --replication-factor 3 \
+        --acks all --rounds 3                                         # beside Apache Kafka
 """
 
 from __future__ import annotations
@@ -70,6 +79,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.table import Table
 
+import systems as sysmod
+import versus
 from sluice.ops.launcher import LocalCluster, cluster_down, cluster_up
 from sluice.peers.kafka import PeerCluster, PeerError, peer_down, peer_up
 from sluice.protocol.api import ApiKey
@@ -126,6 +137,8 @@ class ModeResult:
     cpu: dict[str, float] = field(default_factory=dict)
     page_cache_probe_mb_per_s: float = float("nan")
     notes: list[str] = field(default_factory=list)
+    #: which round of ``--rounds`` (0 for the first)
+    round: int = 0
 
     @property
     def mb_per_s(self) -> float:
@@ -461,6 +474,33 @@ def run_prebuilt(
     return res
 
 
+def warm_up(
+    console: Console,
+    args: argparse.Namespace,
+    modes: tuple[str, ...],
+    name: str,
+    bootstrap: str,
+    security: ClientSecurity,
+    run_id: str,
+) -> None:
+    """Each mode briefly, on a topic of its own deleted afterwards, figures thrown away: the
+    measured rounds then meet a warm JIT (Kafka's JVM), warm connections and page cache."""
+    warm = argparse.Namespace(**vars(args))
+    warm.records = min(args.records, args.warmup_records)
+    warm.seconds = min(args.seconds, args.warmup_seconds)
+    warm.client_max_seconds = max(10.0, 3 * args.warmup_seconds)
+    topic = f"bench-warmup-{name}-{run_id}"
+    create_topic(bootstrap, topic, args.partitions, args.replication_factor, security=security)
+    started = time.monotonic()
+    for mode in modes:
+        (run_client if mode == "client" else run_prebuilt)(warm, bootstrap, topic, security)
+    failed = delete_topic(bootstrap, topic, security=security)
+    console.print(
+        f"warm-up ({SECURITY_LABELS[name]}): {', '.join(modes)} for {time.monotonic() - started:.1f} s "
+        f"(not measured){f'; deleting {topic} failed: {failed}' if failed else ''}"
+    )
+
+
 # --- output --------------------------------------------------------------------------------------
 
 
@@ -478,23 +518,23 @@ PEER_FIGURES: dict[str, tuple[str, Any]] = {
 
 
 def peer_figures(results: list[ModeResult]) -> list[tuple[str, float, float]]:
-    """(figure, Sluice's value, Kafka's value) for each figure both were measured for."""
-    by = {(r.mode, r.security): r for r in results}
-    out = []
-    for name, (mode, read) in PEER_FIGURES.items():
-        ours, theirs = by.get((mode, "none")), by.get((mode, "kafka"))
-        if ours is not None and theirs is not None:
-            out.append((name, float(read(ours)), float(read(theirs))))
-    return out
+    """(figure, Sluice's median over the rounds, Kafka's median) for each figure both were
+    measured for."""
+    rounds: dict[int, dict[str, dict[str, float]]] = {}
+    for r in results:
+        system = {"none": "sluice", "kafka": "kafka"}.get(r.security)
+        if system is None:
+            continue  # SASL_SSL is not compared with Kafka
+        for name, (mode, read) in PEER_FIGURES.items():
+            if r.mode == mode:
+                rounds.setdefault(r.round, {}).setdefault(name, {})[system] = float(read(r))
+    return versus.median_figures(rounds[k] for k in sorted(rounds))
 
 
 def print_peer_figures(figures: list[tuple[str, float, float]]) -> None:
     """Each figure with both values, then ``<figure> ratio sluice/kafka=R`` (for latencies a
     ratio below 1 means Sluice is faster)."""
-    for name, ours, theirs in figures:
-        print(f"{name} sluice={ours:.1f} kafka={theirs:.1f}")
-        ratio = ours / theirs if theirs > 0 else float("nan")
-        print(f"{name} ratio sluice/kafka={ratio:.2f}")
+    versus.print_figures(figures)
 
 
 def security_ratios(results: list[ModeResult]) -> dict[str, float]:
@@ -530,6 +570,15 @@ def print_report(
         ("client: idempotence", str(args.acks == "all")),
         ("client: extra config", " ".join(args.producer_config) or "-"),
         ("prebuilt: window / seconds / max bytes", f"{args.window} / {args.seconds:g} / {args.max_bytes:,}"),
+        ("rounds (first system alternating)", args.rounds),
+        (
+            "warm-up per system before measuring",
+            (
+                f"{args.warmup_records:,} client records / {args.warmup_seconds:g} s prebuilt"
+                if args.warmup == "on"
+                else "off"
+            ),
+        ),
         ("cpus", os.cpu_count()),
         ("page-cache probe before each mode", f"{args.probe_mb} MB" if args.probe_mb > 0 else "skipped"),
     ]:
@@ -537,6 +586,7 @@ def print_report(
     console.print(settings)
     table = Table(title="produce throughput (MB = 10^6 bytes of record payload)")
     for col in (
+        *(("round",) if args.rounds > 1 else ()),
         "mode",
         "security",
         "records",
@@ -553,10 +603,11 @@ def print_report(
         "cpu all",
         "probe MB/s",
     ):
-        table.add_column(col, justify="left" if col in ("mode", "security") else "right")
+        table.add_column(col, justify="left" if col in ("round", "mode", "security") else "right")
     for r in results:
         lat = r.latency
         table.add_row(
+            *((str(r.round + 1),) if args.rounds > 1 else ()),
             r.mode,
             SECURITY_LABELS.get(r.security, r.security),
             f"{r.records:,}",
@@ -647,6 +698,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="with --bootstrap: Kafka client properties of the existing cluster (security.protocol, ...)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="run every mode on every system this many times, the first system alternating from "
+        "round to round; compared figures are the medians (default: 2 with --against kafka, else 1)",
+    )
+    p.add_argument(
+        "--warmup",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="before measuring, run each mode briefly on each system (JIT, page cache, connections) "
+        "on a topic of its own; auto: on with --against kafka",
+    )
+    p.add_argument("--warmup-records", type=int, default=300_000, help="client-mode records of the warm-up")
+    p.add_argument("--warmup-seconds", type=float, default=3.0, help="prebuilt-mode seconds of the warm-up")
     p.add_argument("--json", action="store_true", help="also print one JSON line of results")
     p.add_argument(
         "--keep-topics", action="store_true", help="do not delete each mode's topic after the mode"
@@ -693,6 +759,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--prebuilt-batches", type=int, default=64, help="distinct batches built up front")
     g.add_argument("--prebuilt-batch-bytes", type=int, default=1_000_000, help="payload bytes per batch")
     args = p.parse_args(argv)
+    try:
+        against = versus.parse_against(args.against)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.rounds is None:
+        args.rounds = 2 if "kafka" in against else 1
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if args.warmup == "auto":
+        args.warmup = "on" if "kafka" in against else "off"
     if args.replication_factor > args.brokers and not args.bootstrap:
         p.error("--replication-factor cannot exceed --brokers")
     if args.bootstrap and args.security != "none":
@@ -708,10 +784,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp: Path | None = None
     clusters: list[LocalCluster] = []
     peers: list[PeerCluster] = []
-    against = [a.strip() for a in args.against.split(",") if a.strip()]
-    if not against or set(against) - {"sluice", "kafka"}:
-        console.print(f"[red]--against takes sluice and/or kafka, got {args.against!r}[/]")
-        return 2
+    against, skipped = sysmod.usable(versus.parse_against(args.against))
+    if skipped:
+        console.print(f"[yellow]{skipped}[/]")
+    if not against:
+        return 1
     if "kafka" in against and (args.bootstrap or args.security != "none"):
         console.print(
             "[red]--against kafka runs local plaintext clusters: leave out --bootstrap and --security[/]"
@@ -755,34 +832,41 @@ def main(argv: list[str] | None = None) -> int:
             cluster_note = "; ".join(notes)
         run_id = uuid.uuid4().hex[:8]
         modes = ("client", "prebuilt") if args.mode == "both" else (args.mode,)
-        for mode in modes:
-            # One security after the other for each mode, so both see the machine in the same minutes.
+        if args.warmup == "on":
             for name, (bootstrap, security) in targets.items():
-                topic = f"bench-{mode}-{name}-{run_id}"
-                create_topic(bootstrap, topic, args.partitions, args.replication_factor, security=security)
-                console.print(f"running {mode} mode ({SECURITY_LABELS[name]}) on topic {topic} ...")
-                run = run_client if mode == "client" else run_prebuilt
-                probe = page_cache_probe(tmp or Path(tempfile.gettempdir()), args.probe_mb)
-                if args.probe_mb > 0:
-                    console.print(
-                        f"  page-cache write probe: {probe:,.0f} MB/s ({args.probe_mb} x 1 MB pwrite)"
-                    )
-                pids = [b.pid for c in clusters if c.bootstrap_servers == bootstrap for b in c.brokers]
-                pids += [b.pid for c in peers if c.bootstrap_servers == bootstrap for b in c.brokers]
-                meter = CpuMeter(pids)
-                r = run(args, bootstrap, topic, security)
-                r.security = name
-                r.cpu = meter.stop()
-                r.page_cache_probe_mb_per_s = round(probe, 1)
-                if not args.keep_topics:
-                    failed = delete_topic(bootstrap, topic, security=security)
-                    if failed:
-                        r.notes.append(f"deleting topic {topic} failed: {failed}")
-                console.print(
-                    f"  {mode} {SECURITY_LABELS[name]}: {r.mb_per_s:.1f} MB/s, "
-                    f"{r.records_per_s:,.0f} records/s, {r.errors} errors"
-                )
-                results.append(r)
+                warm_up(console, args, modes, name, bootstrap, security, run_id)
+        orders = versus.round_orders(list(targets), args.rounds)
+        for rnd, mode, name in ((i, m, n) for i, order in enumerate(orders) for m in modes for n in order):
+            # One system (security) after the other for each mode, so all see the machine in the same
+            # minutes; the first one alternates from round to round.
+            bootstrap, security = targets[name]
+            topic = f"bench-{mode}-{name}-{run_id}-{rnd}"
+            create_topic(bootstrap, topic, args.partitions, args.replication_factor, security=security)
+            console.print(
+                f"round {rnd + 1}/{args.rounds}: running {mode} mode ({SECURITY_LABELS[name]}) "
+                f"on topic {topic} ..."
+            )
+            run = run_client if mode == "client" else run_prebuilt
+            probe = page_cache_probe(tmp or Path(tempfile.gettempdir()), args.probe_mb)
+            if args.probe_mb > 0:
+                console.print(f"  page-cache write probe: {probe:,.0f} MB/s ({args.probe_mb} x 1 MB pwrite)")
+            pids = [b.pid for c in clusters if c.bootstrap_servers == bootstrap for b in c.brokers]
+            pids += [b.pid for c in peers if c.bootstrap_servers == bootstrap for b in c.brokers]
+            meter = CpuMeter(pids)
+            r = run(args, bootstrap, topic, security)
+            r.security = name
+            r.round = rnd
+            r.cpu = meter.stop()
+            r.page_cache_probe_mb_per_s = round(probe, 1)
+            if not args.keep_topics:
+                failed = delete_topic(bootstrap, topic, security=security)
+                if failed:
+                    r.notes.append(f"deleting topic {topic} failed: {failed}")
+            console.print(
+                f"  {mode} {SECURITY_LABELS[name]}: {r.mb_per_s:.1f} MB/s, "
+                f"{r.records_per_s:,.0f} records/s, {r.errors} errors"
+            )
+            results.append(r)
     except KafkaException as exc:
         console.print(f"[red]Kafka error:[/] {exc}")
         return 1
@@ -813,7 +897,9 @@ def main(argv: list[str] | None = None) -> int:
                         "record_size": args.record_size,
                         "security": args.security,
                         "results": [r.to_json() for r in results],
-                        "sluice_over_kafka": {n: round(a / b, 3) for n, a, b in figures if b > 0},
+                        "rounds": args.rounds,
+                        "warmup": args.warmup,
+                        "sluice_over_kafka": versus.ratios_json(figures),
                         "sasl_ssl_over_plaintext": {
                             m: round(v, 3) for m, v in security_ratios(results).items()
                         },

@@ -28,8 +28,18 @@ Targets at 10,000 partitions: create < 20 s; idle CPU < 5 % of a core per broker
 kill -9 to the last new leader < session timeout + 3 s; controlled shutdown < 5 s; back in
 every ISR within 60 s.
 
+``--against sluice,kafka`` runs every size on a local Apache Kafka 3.9.1 cluster too
+(``sluice.peers.kafka``: 3 ZooKeeper-mode brokers, zookeeper.session.timeout.ms=6000, so
+``--session-timeout`` stays 6; ``-Xmx384m`` per broker, which the peer module fixes), one cluster
+at a time, the first system alternating from size to size, and prints each figure as
+``create_s@1000 sluice=X kafka=Y`` then ``create_s@1000 ratio sluice/kafka=R`` (per-broker figures
+averaged over the brokers). Kafka is skipped, saying why, when ``scripts/peers.sh`` has not
+fetched its jars. Kafka's brokers log no ``controlled_shutdown_done`` line: its
+leadership_moved_s and still_leading_at_exit print ``?``.
+
 Usage: .venv/bin/python bench/scale.py [--partitions 1000,3000,10000] [--session-timeout 6]
            [--idle-s 30] [--partitions-per-topic 100] [--timeout 600] [--keep-dir]
+           [--against sluice,kafka]
 Prints figures; asserts nothing.
 """
 
@@ -52,6 +62,8 @@ from pathlib import Path
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import systems as sysmod
+import versus
 from sluice.ops import launcher
 
 REPLICATION_FACTOR = 3
@@ -164,10 +176,10 @@ def controlled_shutdown_log(log_file: str) -> tuple[str, str]:
 
 
 def restart_until_in_isr(
-    cluster: launcher.LocalCluster, b: launcher.BrokerProcess, topics: dict[str, int], timeout_s: float
+    cluster: sysmod.System, b: sysmod.Broker, topics: dict[str, int], timeout_s: float
 ) -> float:
     started = time.monotonic()
-    launcher.restart_broker(cluster, b, timeout_s=timeout_s)
+    cluster.restart(b.broker_id, timeout_s=timeout_s)
     admin = admin_for(cluster.bootstrap_servers)
     elapsed, _ = wait_for(admin, topics, in_every_isr(b.broker_id, sum(topics.values())), started, timeout_s)
     return elapsed
@@ -180,9 +192,7 @@ def plan_topics(size: int, per_topic: int) -> dict[str, int]:
     return {f"{TOPIC_PREFIX}{i:05d}": n for i, n in enumerate(counts)}
 
 
-def create(
-    cluster: launcher.LocalCluster, topics: dict[str, int], timeout_s: float, r: dict[str, str]
-) -> None:
+def create(cluster: sysmod.System, topics: dict[str, int], timeout_s: float, r: dict[str, str]) -> None:
     admin = admin_for(cluster.bootstrap_servers)
     names = list(topics)
     op_timeout = min(timeout_s, 60.0)
@@ -224,8 +234,8 @@ def create(
     r["isr_full_s"] = f"{elapsed:.2f}"
 
 
-def idle(cluster: launcher.LocalCluster, idle_s: float, r: dict[str, str]) -> None:
-    pids = {b.broker_id: b.pid for b in cluster.brokers}
+def idle(cluster: sysmod.System, idle_s: float, r: dict[str, str]) -> None:
+    pids = {b.broker_id: b.pid for b in cluster.brokers()}
     before = {bid: cpu_ticks(pid) for bid, pid in pids.items()}
     t0 = time.monotonic()
     time.sleep(idle_s)
@@ -238,8 +248,8 @@ def idle(cluster: launcher.LocalCluster, idle_s: float, r: dict[str, str]) -> No
 
 
 def busiest_broker(
-    cluster: launcher.LocalCluster, topics: dict[str, int], before: str
-) -> tuple[Parts, int, int, launcher.BrokerProcess, AdminClient]:
+    cluster: sysmod.System, topics: dict[str, int], before: str
+) -> tuple[Parts, int, int, sysmod.Broker, AdminClient]:
     """The broker leading the most partitions: (metadata, its id, how many it leads, its process,
     an admin client on the other brokers)."""
     parts = metadata(admin_for(cluster.bootstrap_servers), topics)
@@ -249,13 +259,11 @@ def busiest_broker(
     if not counts:
         raise RuntimeError(f"no partition has a leader before {before}")
     victim, led = counts[0]
-    survivors = admin_for(",".join(x.address for x in cluster.brokers if x.broker_id != victim))
+    survivors = admin_for(",".join(x.address for x in cluster.brokers() if x.broker_id != victim))
     return parts, victim, led, cluster.broker(victim), survivors
 
 
-def kill9(
-    cluster: launcher.LocalCluster, topics: dict[str, int], timeout_s: float, r: dict[str, str]
-) -> None:
+def kill9(cluster: sysmod.System, topics: dict[str, int], timeout_s: float, r: dict[str, str]) -> None:
     parts, victim, led, b, survivors = busiest_broker(cluster, topics, "kill -9")
     mine = [tp for tp, (leader, _, _) in parts.items() if leader == victim]
     r["kill9_broker"] = f"b{victim}:{led}"
@@ -275,7 +283,7 @@ def kill9(
 
 
 def controlled_shutdown(
-    cluster: launcher.LocalCluster, topics: dict[str, int], timeout_s: float, r: dict[str, str]
+    cluster: sysmod.System, topics: dict[str, int], timeout_s: float, r: dict[str, str]
 ) -> None:
     parts, victim, led, b, survivors = busiest_broker(cluster, topics, "the controlled shutdown")
     r["shutdown_broker"] = f"b{victim}:{led}"
@@ -319,7 +327,34 @@ KEYS = [
     "error",
     "wall_s",
 ]
-OPTIONAL_KEYS = {"create_errors", "error"}
+OPTIONAL_KEYS = {"create_errors", "error", "system"}
+#: The figures compared with ``--against sluice,kafka``: name -> key of a result (per-broker
+#: values such as ``b1:1.2,b2:0.8`` are averaged over the brokers)
+COMPARED = {
+    "create_s": "create_s",
+    "isr_full_s": "isr_full_s",
+    "idle_cpu_pct": "idle_cpu_pct",
+    "rss_mb": "rss_mb",
+    "kill9_to_leaders_s": "kill9_to_leaders_s",
+    "kill9_back_in_isr_s": "kill9_back_in_isr_s",
+    "controlled_shutdown_s": "controlled_shutdown_s",
+    "back_in_isr_s": "back_in_isr_s",
+}
+
+
+def compared_figures(results: list[dict[str, str]]) -> list[tuple[str, float, float]]:
+    """(``create_s@1000``, Sluice's value, Kafka's value) for each size both ran."""
+    by = {(r.get("system", "sluice"), r["partitions"]): r for r in results}
+    out = []
+    for size in dict.fromkeys(r["partitions"] for r in results):
+        ours, theirs = by.get(("sluice", size)), by.get(("kafka", size))
+        if ours is None or theirs is None:
+            continue
+        for name, key in COMPARED.items():
+            out.append(
+                (f"{name}@{size}", versus.figure_value(ours.get(key)), versus.figure_value(theirs.get(key)))
+            )
+    return out
 
 
 def fs_dir_file_us(parent: Path, n: int = 2000) -> float:
@@ -336,16 +371,16 @@ def fs_dir_file_us(parent: Path, n: int = 2000) -> float:
         shutil.rmtree(probe, ignore_errors=True)
 
 
-def run_size(size: int, args: argparse.Namespace) -> dict[str, str]:
+def run_size(size: int, args: argparse.Namespace, system: str = "sluice") -> dict[str, str]:
     topics = plan_topics(size, args.partitions_per_topic)
-    r: dict[str, str] = {"partitions": str(size), "topics": str(len(topics))}
-    directory = Path(tempfile.mkdtemp(prefix=f"sluice-scale-{size}-"))
+    r: dict[str, str] = {"system": system, "partitions": str(size), "topics": str(len(topics))}
+    directory = Path(tempfile.mkdtemp(prefix=f"sluice-scale-{system}-{size}-"))
     r["fs_dir_file_us"] = f"{fs_dir_file_us(directory):.0f}"
     began = time.monotonic()
-    progress(f"{size} partitions in {len(topics)} topics; cluster in {directory}")
+    progress(f"{system}: {size} partitions in {len(topics)} topics; cluster in {directory}")
     cluster = None
     try:
-        cluster = launcher.cluster_up(directory, BROKERS, zk_session_timeout_s=args.session_timeout)
+        cluster = sysmod.start(system, directory / "cluster", BROKERS, args.session_timeout)
         create(cluster, topics, args.timeout, r)
         time.sleep(args.settle_s)
         progress(f"idle for {args.idle_s:g} s")
@@ -360,10 +395,8 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, str]:
     finally:
         # Nothing is measured past this point: kill the brokers rather than have each one do a
         # controlled shutdown of thousands of partitions, then stop ZooKeeper.
-        for b in cluster.brokers if cluster is not None else []:
-            launcher.stop_pid(b.pid, sig=signal.SIGKILL)
-        if (directory / launcher.STATE_FILE).exists():
-            launcher.cluster_down(directory)
+        if cluster is not None:
+            cluster.down(fast=True)
         if args.keep_dir:
             progress(f"kept {directory}")
         else:
@@ -374,6 +407,7 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, str]:
 
 def table(results: list[dict[str, str]], session_timeout: float) -> str:
     today = datetime.date.today().isoformat()
+    compare = {r.get("system", "sluice") for r in results} != {"sluice"}
     lines = [
         "| date | partitions | fs dir+file (us) | create (s) | all ISRs full (s) "
         "| idle CPU % of a core | RSS MB "
@@ -386,8 +420,9 @@ def table(results: list[dict[str, str]], session_timeout: float) -> str:
         def g(key: str, r: dict[str, str] = r) -> str:
             return r.get(key, "-").replace(",", " / ")
 
+        who = f" ({sysmod.LABELS[r['system']]})" if compare else ""
         lines.append(
-            f"| {today} | {int(r['partitions']):,} | {g('fs_dir_file_us')} | {g('create_s')} "
+            f"| {today} | {int(r['partitions']):,}{who} | {g('fs_dir_file_us')} | {g('create_s')} "
             f"| {g('isr_full_s')} "
             f"| {g('idle_cpu_pct')} | {g('rss_mb')} | {g('kill9_to_leaders_s')} "
             f"| {g('kill9_back_in_isr_s')} | {g('controlled_shutdown_s')} "
@@ -408,8 +443,28 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=5.0, help="pause after every ISR is full")
     ap.add_argument("--timeout", type=float, default=600.0, help="bound on each wait (s)")
     ap.add_argument("--keep-dir", action="store_true", help="keep each cluster's directory")
+    ap.add_argument(
+        "--against",
+        default="sluice",
+        help="systems to run, comma-separated: sluice, kafka (Apache Kafka from scripts/peers.sh, "
+        "zookeeper.session.timeout.ms=6000: --session-timeout must stay 6)",
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.partitions.split(",") if s.strip()]
+    try:
+        wanted = versus.parse_against(args.against)
+    except ValueError as exc:
+        ap.error(str(exc))
+    names, skipped = sysmod.usable(wanted)
+    if skipped:
+        print(skipped, flush=True)
+    if not names:
+        sys.exit(1)
+    if "kafka" in names and args.session_timeout != sysmod.KAFKA_SESSION_TIMEOUT_S:
+        ap.error(
+            "--against kafka compares at Kafka's zookeeper.session.timeout.ms=6000: "
+            "leave --session-timeout at 6"
+        )
 
     def on_sigterm(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -421,19 +476,27 @@ def main() -> None:
         f"per topic, zk session timeout {args.session_timeout:g} s, idle {args.idle_s:g} s",
         flush=True,
     )
+    if "kafka" in names:
+        print(f"Apache Kafka settings: {sysmod.KAFKA_SETTINGS}", flush=True)
     results = []
     try:
-        for size in sizes:
-            r = run_size(size, args)  # tears its cluster down, also on Ctrl-C
-            results.append(r)
-            shown = [k for k in KEYS if k in r or k not in OPTIONAL_KEYS]
-            print("scale " + " ".join(f"{k}={r.get(k, '-')}" for k in shown), flush=True)
+        # One system after the other for each size (one cluster at a time), the first alternating
+        # from size to size.
+        for size, order in zip(sizes, versus.round_orders(names, len(sizes)), strict=True):
+            for name in order:
+                r = run_size(size, args, name)  # tears its cluster down, also on Ctrl-C
+                if names == ["sluice"]:
+                    del r["system"]  # the line as before
+                results.append(r)
+                shown = [k for k in ["system", *KEYS] if k in r or k not in OPTIONAL_KEYS]
+                print("scale " + " ".join(f"{k}={r.get(k, '-')}" for k in shown), flush=True)
     except KeyboardInterrupt:
         progress("interrupted; the cluster was torn down")
         if not results:
             sys.exit(130)
     print()
     print(table(results, args.session_timeout))
+    versus.print_figures(compared_figures(results), digits=2)
 
 
 if __name__ == "__main__":

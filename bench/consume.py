@@ -1,0 +1,271 @@
+"""Consumer throughput: a group consumer reading a pre-filled topic from the beginning.
+
+The benchmark fills a topic (``--partitions``, replication factor ``--replication-factor``) with
+``--records`` incompressible records of ``--record-size`` bytes (a confluent-kafka producer,
+acks=all, idempotent, 1 MB batches), then reads it whole with confluent-kafka group consumers,
+each in a new group (``auto.offset.reset=earliest``, librdkafka's fetch defaults), and prints:
+
+- consume_mb_s, consume_records_s: payload over the time from the first record received to the
+  last (the group join is not in it);
+- consume_join_s: from ``subscribe()`` to the first record (group join, assignment, first fetch;
+  with Kafka in the run both wait 0 ms before a new group's first rebalance, Sluice's default
+  being 500 ms and Kafka's peers started with 0).
+
+The first read (``--warmup``, on by default with ``--against kafka``) is not measured: it warms
+the JIT, connections and page cache for the reads that follow. Each read is bounded by
+``--timeout``.
+
+``--against sluice,kafka`` starts a local Apache Kafka 3.9.1 cluster of the same brokers too
+(``sluice.peers.kafka``; skipped, saying why, when ``scripts/peers.sh`` has not fetched its
+jars), fills a topic on each, and reads them in ``--rounds`` rounds (2 by default then), the
+first system alternating from round to round; each figure is the median of the rounds, printed
+as ``consume_mb_s sluice=X kafka=Y`` then ``consume_mb_s ratio sluice/kafka=R``.
+
+Usage: .venv/bin/python bench/consume.py [--against sluice,kafka] [--records 500000]
+           [--brokers 3] [--replication-factor 3] [--json]
+Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import systems as sysmod
+import versus
+
+MB = 1_000_000
+TOPIC = "consume-bench"
+#: Sluice's brokers wait 500 ms (``group.initial.rebalance.delay.ms``) before a new group's first
+#: rebalance; Kafka's peers are started with 0 (``sluice.peers.kafka``): with Kafka in the run
+#: Sluice gets 0 too, so that the join time compares like with like.
+MATCH_KAFKA = {"group.initial.rebalance.delay.ms": "0"}
+
+
+@dataclass
+class ReadRun:
+    system: str
+    round: int
+    records: int = 0
+    payload_bytes: int = 0
+    join_s: float = float("nan")
+    seconds: float = 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / MB / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else float("nan")
+
+
+def fill(args: argparse.Namespace, system: sysmod.System) -> float:
+    """Create the topic and write ``--records`` records into it; seconds it took."""
+    bootstrap = system.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin.create_topics([NewTopic(TOPIC, args.partitions, args.replication_factor)], operation_timeout=30)[
+        TOPIC
+    ].result(timeout=30)
+    failures: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            failures.append(err)
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "batch.size": 1_000_000,
+            "compression.type": "none",
+            "log_level": 0,
+            "on_delivery": on_delivery,
+        }
+    )
+    rng = random.Random(99)
+    values = [rng.randbytes(args.record_size) for _ in range(256)]
+    started = time.monotonic()
+    for i in range(args.records):
+        while True:
+            try:
+                producer.produce(TOPIC, values[i % len(values)])
+                break
+            except BufferError:
+                producer.poll(0.005)
+        if i & 1023 == 0:
+            producer.poll(0)
+    left = producer.flush(120)
+    if left or failures:
+        raise RuntimeError(
+            f"filling {TOPIC} on {system.label}: {left} records unacknowledged, "
+            f"{len(failures)} failed (first: {failures[:1]})"
+        )
+    return time.monotonic() - started
+
+
+def read_all(args: argparse.Namespace, system: sysmod.System, rnd: int) -> ReadRun:
+    """One new group reads the whole topic."""
+    run = ReadRun(system.name, rnd)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": system.bootstrap_servers,
+            "group.id": f"consume-bench-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+            "log_level": 0,
+        }
+    )
+    try:
+        subscribed = time.monotonic()
+        consumer.subscribe([TOPIC])
+        deadline = subscribed + args.timeout
+        first = last = 0.0
+        while run.records < args.records and time.monotonic() < deadline:
+            batch = consumer.consume(num_messages=1000, timeout=0.5)
+            if not batch:
+                continue
+            if not first:
+                first = time.monotonic()
+                run.join_s = first - subscribed
+            for msg in batch:
+                if msg.error() is not None:
+                    continue
+                value = msg.value()
+                run.records += 1
+                run.payload_bytes += len(value) if value is not None else 0
+            last = time.monotonic()
+        # throughput from the first batch received to the last: the group join is not in it
+        run.seconds = last - first if first else 0.0
+    finally:
+        consumer.close()
+    return run
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--against", default="sluice", help="comma-separated: sluice, kafka")
+    ap.add_argument("--records", type=int, default=500_000)
+    ap.add_argument("--record-size", type=int, default=1024)
+    ap.add_argument("--brokers", type=int, default=3)
+    ap.add_argument("--replication-factor", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--rounds", type=int, help="measured reads per system (default: 2 with kafka, else 1)")
+    ap.add_argument(
+        "--warmup",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="an unmeasured read first (auto: on with --against kafka)",
+    )
+    ap.add_argument("--timeout", type=float, default=120.0, help="bound on each read (s)")
+    ap.add_argument("--json", action="store_true", help="also print one JSON line")
+    args = ap.parse_args(argv)
+    try:
+        args.systems = versus.parse_against(args.against)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.replication_factor > args.brokers:
+        ap.error("--replication-factor cannot exceed --brokers")
+    if args.rounds is None:
+        args.rounds = 2 if "kafka" in args.systems else 1
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    if args.warmup == "auto":
+        args.warmup = "on" if "kafka" in args.systems else "off"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names, skipped = sysmod.usable(args.systems)
+    if skipped:
+        print(skipped, flush=True)
+    if not names:
+        return 1
+    print(f"command: {' '.join(sys.argv)}", flush=True)
+    print(
+        f"cluster: {args.brokers} broker(s), RF={args.replication_factor}, {args.partitions} partitions, "
+        f"{args.records:,} records of {args.record_size} B, warm-up read {args.warmup}, rounds={args.rounds}",
+        flush=True,
+    )
+    settings = MATCH_KAFKA if "kafka" in names else None
+    if settings:
+        print(f"Apache Kafka settings: {sysmod.KAFKA_SETTINGS}", flush=True)
+        print(
+            "Sluice settings: group.initial.rebalance.delay.ms=0 (as Kafka's peers; 500 by default)",
+            flush=True,
+        )
+    directory = Path(tempfile.mkdtemp(prefix="sluice-consume-"))
+    running: dict[str, sysmod.System] = {}
+    runs: list[ReadRun] = []
+    try:
+        for name in names:
+            running[name] = system = sysmod.start(
+                name, directory / name, args.brokers, sluice_settings=settings
+            )
+            took = fill(args, system)
+            print(f"filled {TOPIC} on {system.label} in {took:.1f} s", flush=True)
+            if args.warmup == "on":
+                w = read_all(args, system, -1)
+                print(
+                    f"warm-up read ({system.label}): {w.records:,} records, {w.mb_per_s:.1f} MB/s", flush=True
+                )
+        for rnd, order in enumerate(versus.round_orders(names, args.rounds)):
+            for name in order:
+                r = read_all(args, running[name], rnd)
+                runs.append(r)
+                print(
+                    f"round={rnd + 1} system={name} records={r.records} seconds={r.seconds:.2f} "
+                    f"mb_s={r.mb_per_s:.1f} records_s={r.records_per_s:.0f} join_s={r.join_s:.2f}",
+                    flush=True,
+                )
+    except KeyboardInterrupt:
+        print("interrupted; stopping the clusters", file=sys.stderr)
+    finally:
+        for system in running.values():
+            system.down()
+        shutil.rmtree(directory, ignore_errors=True)
+    reads = {
+        "consume_mb_s": lambda r: r.mb_per_s,
+        "consume_records_s": lambda r: r.records_per_s,
+        "consume_join_s": lambda r: r.join_s,
+    }
+    figures = []
+    for figure, read in reads.items():
+        per = {n: versus.median(read(r) for r in runs if r.system == n) for n in names}
+        if len(names) == 2:
+            figures.append((figure, per["sluice"], per["kafka"]))
+        else:
+            print(f"{figure} {names[0]}={per[names[0]]:.2f}")
+    versus.print_figures(figures, digits=2)
+    if args.json:
+        print(
+            json.dumps(
+                versus.finite(
+                    {
+                        "argv": sys.argv[1:],
+                        "runs": [asdict(r) for r in runs],
+                        "sluice_over_kafka": versus.ratios_json(figures),
+                    }
+                ),
+                default=str,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
