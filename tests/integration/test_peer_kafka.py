@@ -49,6 +49,30 @@ def _kafka_pids(directory: Path) -> set[int]:
     return pids
 
 
+def serves_an_rf3_topic(bootstrap: str) -> None:
+    """An RF 3 topic on the peer takes 300 acks=all idempotent writes and a group reads them all."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin.create_topics([NewTopic("peer-rf3", 3, 3)])["peer-rf3"].result(60)
+    parts = admin.list_topics("peer-rf3", timeout=10).topics["peer-rf3"].partitions
+    assert {len(p.replicas) for p in parts.values()} == {3}
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+    for i in range(300):
+        producer.produce("peer-rf3", b"%d" % i, partition=i % 3)
+    assert producer.flush(60) == 0
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "peer-readers", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe(["peer-rf3"])
+    got: set[bytes] = set()
+    deadline = time.monotonic() + 60
+    while len(got) < 300 and time.monotonic() < deadline:
+        msg = consumer.poll(1.0)
+        if msg is not None and msg.error() is None:
+            got.add(msg.value())
+    consumer.close()
+    assert got == {b"%d" % i for i in range(300)}
+
+
 def test_peer_up_kafka_serves_an_rf3_topic_and_down_stops_it(tmp_path: Path) -> None:
     _libs_or_skip()
     directory = tmp_path / "peer"
@@ -59,26 +83,7 @@ def test_peer_up_kafka_serves_an_rf3_topic_and_down_stops_it(tmp_path: Path) -> 
         bootstrap = lines["bootstrap.servers"]
         assert len(bootstrap.split(",")) == 3 and lines["kafka_version"] == "3.9.1"
         assert lines["mode"] == "zookeeper" and len(_kafka_pids(directory)) == 3
-        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-        admin.create_topics([NewTopic("peer-rf3", 3, 3)])["peer-rf3"].result(60)
-        parts = admin.list_topics("peer-rf3", timeout=10).topics["peer-rf3"].partitions
-        assert {len(p.replicas) for p in parts.values()} == {3}
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
-        for i in range(300):
-            producer.produce("peer-rf3", b"%d" % i, partition=i % 3)
-        assert producer.flush(60) == 0
-        consumer = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": "peer-readers", "auto.offset.reset": "earliest"}
-        )
-        consumer.subscribe(["peer-rf3"])
-        got: set[bytes] = set()
-        deadline = time.monotonic() + 60
-        while len(got) < 300 and time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is not None and msg.error() is None:
-                got.add(msg.value())
-        consumer.close()
-        assert got == {b"%d" % i for i in range(300)}
+        serves_an_rf3_topic(bootstrap)
         again = _sluice("peer", "up", "kafka", "--dir", str(directory))
         assert again.returncode != 0 and "already" in again.stderr, again.stderr
     finally:

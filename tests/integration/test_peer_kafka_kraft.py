@@ -11,36 +11,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluice.peers.kafka import KRAFT_VERSION, PeerError, kafka_libs, new_cluster_id
+from tests.integration.test_peer_kafka import _kafka_pids, _sluice, serves_an_rf3_topic
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _sluice(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args], capture_output=True, text=True, timeout=180
-    )
-
-
-def _kafka_pids(directory: Path) -> set[int]:
-    """Kafka JVMs whose command line names ``directory`` (other peers on the machine are not ours)."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                args = (entry / "cmdline").read_bytes().split(b"\0")
-                if b"kafka.Kafka" in args and any(str(directory).encode() in a for a in args):
-                    pids.add(int(entry.name))
-            except OSError:
-                pass
-    return pids
 
 
 def test_peer_up_kafka_kraft_serves_an_rf3_topic_and_down_stops_it(tmp_path: Path) -> None:
@@ -64,26 +42,7 @@ def test_peer_up_kafka_kraft_serves_an_rf3_topic_and_down_stops_it(tmp_path: Pat
             assert "process.roles=broker,controller\n" in props
             meta = (Path(b["directory"]) / "data" / "meta.properties").read_text()
             assert f"cluster.id={state['cluster_id']}" in meta
-        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-        admin.create_topics([NewTopic("peer-rf3", 3, 3)])["peer-rf3"].result(60)
-        parts = admin.list_topics("peer-rf3", timeout=10).topics["peer-rf3"].partitions
-        assert {len(p.replicas) for p in parts.values()} == {3}
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
-        for i in range(300):
-            producer.produce("peer-rf3", b"%d" % i, partition=i % 3)
-        assert producer.flush(60) == 0
-        consumer = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": "peer-readers", "auto.offset.reset": "earliest"}
-        )
-        consumer.subscribe(["peer-rf3"])
-        got: set[bytes] = set()
-        deadline = time.monotonic() + 60
-        while len(got) < 300 and time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is not None and msg.error() is None:
-                got.add(msg.value())
-        consumer.close()
-        assert got == {b"%d" % i for i in range(300)}
+        serves_an_rf3_topic(bootstrap)
     finally:
         down = _sluice("peer", "down", "--dir", str(directory))
     assert down.returncode == 0, down.stderr[-3000:]
