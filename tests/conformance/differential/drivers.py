@@ -57,7 +57,10 @@ class _PythonDriver:
 
     def op_poll_members(self, bootstrap: str, partitions: int) -> dict[str, list[int]]:
         """Poll every member in turn until their assignments cover ``partitions`` partitions,
-        each once, unchanged over 5 rounds; answers each member's sorted assignment."""
+        each once, with every member holding some while there are enough to go round, unchanged
+        over 5 rounds; answers each member's sorted assignment. Without the second condition a
+        member that has joined but whose rebalance is still running (the others hold everything
+        from the generation before) looked settled, and the steps after it raced the rebalance."""
         deadline = time.monotonic() + WAIT_S
         stable, last = 0, None
         while time.monotonic() < deadline:
@@ -65,7 +68,13 @@ class _PythonDriver:
             for handle, member in sorted(self.members.items()):
                 now[handle] = self._poll_assignment(member)
             flat = [p for ps in now.values() for p in ps]
-            settled = len(flat) == partitions and len(set(flat)) == partitions and now == last
+            holding = sum(1 for ps in now.values() if ps)
+            settled = (
+                len(flat) == partitions
+                and len(set(flat)) == partitions
+                and holding == min(partitions, len(now))
+                and now == last
+            )
             stable = stable + 1 if settled else 0
             last = now
             if stable >= 5:

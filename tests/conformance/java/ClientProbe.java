@@ -236,7 +236,9 @@ public class ClientProbe {
       case "poll_members":
         {
           // Poll every member in turn until their assignments cover `partitions` partitions, each
-          // once, and stay so for a few rounds; answers each member's sorted assignment.
+          // once, with every member holding some while there are enough to go round, and stay so
+          // for a few rounds; answers each member's sorted assignment. (A member that joined but
+          // whose rebalance still runs holds nothing: without that check it looked settled.)
           int want = num(cmd, "partitions");
           long deadline = System.currentTimeMillis() + 30000;
           int stable = 0;
@@ -244,6 +246,7 @@ public class ClientProbe {
           while (System.currentTimeMillis() < deadline) {
             Map<String, Object> now = new TreeMap<>();
             int total = 0;
+            int holding = 0;
             Set<Integer> seen = new HashSet<>();
             for (Map.Entry<String, KafkaConsumer<byte[], byte[]>> e : members.entrySet()) {
               e.getValue().poll(Duration.ofMillis(100));
@@ -251,10 +254,12 @@ public class ClientProbe {
               for (TopicPartition tp : e.getValue().assignment()) ps.add(tp.partition());
               Collections.sort(ps);
               total += ps.size();
+              if (!ps.isEmpty()) holding++;
               seen.addAll(ps);
               now.put(e.getKey(), ps);
             }
-            stable = (total == want && seen.size() == want && now.equals(last)) ? stable + 1 : 0;
+            boolean spread = holding == Math.min(want, members.size());
+            stable = (total == want && seen.size() == want && spread && now.equals(last)) ? stable + 1 : 0;
             last = now;
             if (stable >= 5) return now;
           }
