@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     settings = MATCH_KAFKA if "kafka" in names else None
     if settings:
-        print(f"Apache Kafka settings: {sysmod.KAFKA_SETTINGS}", flush=True)
+        print(f"Apache Kafka settings: {sysmod.kafka_settings()}", flush=True)
         print(
             "Sluice settings: group.initial.rebalance.delay.ms=0 (as Kafka's peers; 500 by default)",
             flush=True,

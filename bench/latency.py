@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if "kafka" in names:
-        print(f"Apache Kafka settings: {sysmod.KAFKA_SETTINGS}", flush=True)
+        print(f"Apache Kafka settings: {sysmod.kafka_settings()}", flush=True)
     directory = Path(tempfile.mkdtemp(prefix="sluice-latency-"))
     running: dict[str, sysmod.System] = {}
     runs: list[LatencyRun] = []

@@ -3,35 +3,29 @@ that run both (issue 20): start, the brokers' pids and addresses, kill -9, contr
 restart with the same data, stop.
 
 Sluice's side is ``sluice.ops.launcher``; Kafka's is ``sluice.peers.kafka`` (``peer_up``,
-``peer_down``, ``PeerCluster``). The peer module has no call to restart one broker, so a Kafka
-broker is restarted here with the command line its JVM was started with (read from
-``/proc/<pid>/cmdline`` while it runs), and the new pid is saved in ``peer.json`` so that
-``peer_down`` still stops it.
+``restart_broker``, ``peer_down``). Both run with the same ZooKeeper session timeout.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient
-
 from sluice.ops import launcher
-from sluice.ops.processes import pid_alive
-from sluice.peers.kafka import PeerCluster, PeerError, kafka_libs, peer_down, peer_up
+from sluice.peers.kafka import HEAP, PeerCluster, PeerError, kafka_libs, peer_down, peer_up, restart_broker
 
-#: ``zookeeper.session.timeout.ms`` of every peer broker (``sluice.peers.kafka`` writes 6000).
-KAFKA_SESSION_TIMEOUT_S = 6.0
-#: What the comparison runs with on Kafka's side, printed beside the figures.
-KAFKA_SETTINGS = (
-    "zookeeper.session.timeout.ms=6000 (as Sluice's zk session timeout), replica.lag.time.max.ms="
-    "30000, unclean.leader.election.enable=false, controlled.shutdown.enable=true (Kafka's defaults), "
-    "group.initial.rebalance.delay.ms=0, -Xmx384m per broker (sluice.peers.kafka)"
-)
+
+def kafka_settings(session_timeout_s: float = 6.0, heap: str = HEAP) -> str:
+    """What the comparison runs with on Kafka's side, printed beside the figures."""
+    return (
+        f"zookeeper.session.timeout.ms={round(session_timeout_s * 1000)} (as Sluice's zk session timeout), "
+        "replica.lag.time.max.ms=30000, unclean.leader.election.enable=false, "
+        "controlled.shutdown.enable=true (Kafka's defaults), group.initial.rebalance.delay.ms=0, "
+        f"-Xmx{heap} per broker (sluice.peers.kafka)"
+    )
 
 
 #: how the output names each system
@@ -140,11 +134,12 @@ class SluiceSystem(System):
 
 
 class KafkaSystem(System):
-    def __init__(self, directory: Path, brokers: int) -> None:
+    def __init__(self, directory: Path, brokers: int, session_timeout_s: float, heap: str) -> None:
         self.name, self.label, self.directory = "kafka", "Apache Kafka", directory
-        self.cluster: PeerCluster = peer_up(directory, brokers)
-        #: broker id -> the command line its JVM runs, for a restart after it stopped
-        self._commands = {b.broker_id: _cmdline(b.pid) for b in self.cluster.brokers}
+        timeout_ms = str(round(session_timeout_s * 1000))
+        self.cluster: PeerCluster = peer_up(
+            directory, brokers, properties={"zookeeper.session.timeout.ms": timeout_ms}, heap=heap
+        )
 
     @property
     def bootstrap_servers(self) -> str:
@@ -163,24 +158,7 @@ class KafkaSystem(System):
             os.waitpid(b.pid, 0)  # a child of this process (peer_up's Popen): reap it
         except ChildProcessError:
             pass
-        with (Path(b.directory) / "stdout.log").open("ab") as out:
-            proc = subprocess.Popen(
-                self._commands[broker_id], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        b.pid = proc.pid
-        self.cluster.save()  # peer_down reads the pids from peer.json
-        deadline = time.monotonic() + timeout_s
-        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{b.port}", "log_level": 0})
-        while time.monotonic() < deadline:
-            if not pid_alive(b.pid):
-                raise RuntimeError(f"Kafka broker {broker_id} exited during its restart; see {b.directory}")
-            try:
-                if broker_id in admin.list_topics(timeout=2).brokers:
-                    return
-            except Exception:  # not listening yet
-                pass
-            time.sleep(0.25)
-        raise TimeoutError(f"Kafka broker {broker_id} not registered {timeout_s:.0f} s after its restart")
+        restart_broker(self.cluster, broker_id, timeout_s)  # saves the new pid for peer_down
 
     def down(self, fast: bool = False) -> None:
         if fast:
@@ -189,25 +167,18 @@ class KafkaSystem(System):
         peer_down(self.directory)
 
 
-def _cmdline(pid: int) -> list[str]:
-    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    return [part.decode() for part in raw.split(b"\0") if part]
-
-
 def start(
     name: str,
     directory: Path,
     brokers: int,
     session_timeout_s: float = 6.0,
     sluice_settings: dict[str, str] | None = None,
+    kafka_heap: str = HEAP,
 ) -> System:
-    """A fresh local cluster of ``brokers`` brokers of ``name`` under ``directory``;
-    ``sluice_settings``: more keys of each Sluice broker's configuration (to match Kafka's)."""
+    """A fresh local cluster of ``brokers`` brokers of ``name`` under ``directory``, with the
+    ZooKeeper session timeout ``session_timeout_s`` on either side; ``sluice_settings``: more
+    keys of each Sluice broker's configuration (to match Kafka's); ``kafka_heap``: each Kafka
+    broker's ``-Xmx``."""
     if name == "sluice":
         return SluiceSystem(directory, brokers, session_timeout_s, sluice_settings)
-    if session_timeout_s != KAFKA_SESSION_TIMEOUT_S:
-        raise PeerError(
-            f"Kafka's peers run with zookeeper.session.timeout.ms=6000 (sluice.peers.kafka); "
-            f"--session-timeout {session_timeout_s:g} would not compare like with like: leave it at 6"
-        )
-    return KafkaSystem(directory, brokers)
+    return KafkaSystem(directory, brokers, session_timeout_s, kafka_heap)

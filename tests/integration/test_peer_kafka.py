@@ -76,13 +76,17 @@ def serves_an_rf3_topic(bootstrap: str) -> None:
 def test_peer_up_kafka_serves_an_rf3_topic_and_down_stops_it(tmp_path: Path) -> None:
     _libs_or_skip()
     directory = tmp_path / "peer"
-    up = _sluice("peer", "up", "kafka", "--brokers", "3", "--dir", str(directory))
+    up = _sluice("peer", "up", "kafka", "--brokers", "3", "--heap", "448m", "--dir", str(directory))
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         lines = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
         bootstrap = lines["bootstrap.servers"]
         assert len(bootstrap.split(",")) == 3 and lines["kafka_version"] == "3.9.1"
-        assert lines["mode"] == "zookeeper" and len(_kafka_pids(directory)) == 3
+        assert lines["mode"] == "zookeeper" and lines["heap"] == "448m"
+        pids = _kafka_pids(directory)
+        assert len(pids) == 3
+        for pid in pids:
+            assert b"-Xmx448m" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         serves_an_rf3_topic(bootstrap)
         again = _sluice("peer", "up", "kafka", "--dir", str(directory))
         assert again.returncode != 0 and "already" in again.stderr, again.stderr
@@ -95,6 +99,12 @@ def test_peer_up_kafka_serves_an_rf3_topic_and_down_stops_it(tmp_path: Path) -> 
         os.kill(pid, signal.SIGKILL)
     assert not left, "a peer broker outlived `sluice peer down`"
     assert not (directory / "peer.json").exists()
+
+
+def test_peer_up_refuses_a_heap_that_is_no_jvm_size(tmp_path: Path) -> None:
+    done = _sluice("peer", "up", "kafka", "--heap", "lots", "--dir", str(tmp_path / "p"))
+    assert done.returncode != 0 and "--heap 'lots' is not a JVM heap size" in done.stderr, done.stderr
+    assert not (tmp_path / "p").exists()
 
 
 def test_peer_up_without_the_jars_says_how_to_fetch_them(tmp_path: Path) -> None:

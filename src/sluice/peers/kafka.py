@@ -28,6 +28,7 @@ import base64
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -61,8 +62,10 @@ ZOOKEEPER_MODE = "zookeeper"
 KRAFT_MODE = "kraft"
 CHROOT = "/kafka-peer"
 STATE_FILE = "peer.json"
-#: What a peer broker's JVM may take: three of them fit beside Sluice's on this 2-core machine.
-HEAP = "-Xmx384m"
+#: What a peer broker's JVM may take by default (``-Xmx``): three of them fit beside Sluice's on a
+#: small machine. Kafka at thousands of partitions needs more (``--heap``).
+HEAP = "384m"
+_HEAP_FORM = re.compile(r"[1-9][0-9]*[kKmMgG]")
 _MAIN_CLASS = "kafka.Kafka"
 #: what ``kafka-storage.sh format`` runs (Kafka 4.x keeps it in kafka_2.13's jar)
 _STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -118,6 +121,8 @@ class PeerCluster:
     mode: str = ZOOKEEPER_MODE
     #: KRaft mode: the cluster id every node's storage was formatted with
     cluster_id: str | None = None
+    #: every broker JVM's maximum heap (``-Xmx``), e.g. ``384m``, ``2g``
+    heap: str = HEAP
 
     @property
     def kraft(self) -> bool:
@@ -292,7 +297,7 @@ def _start_broker(java: str, libs: Path, cluster: PeerCluster, broker: PeerBroke
     logging_opts = _write_config(cluster, broker)
     cmd = [
         java,
-        HEAP,
+        f"-Xmx{cluster.heap}",
         "-XX:+UseG1GC",
         *logging_opts,
         f"-Dkafka.logs.dir={d}",
@@ -348,22 +353,25 @@ def peer_up(
     broker_zookeeper: dict[int, str] | None = None,
     properties: dict[str, str] | None = None,
     kraft: bool = False,
+    heap: str = HEAP,
 ) -> PeerCluster:
     """Start ``brokers`` Kafka brokers (and a private ZooKeeper unless ``zookeeper`` names one)
     with their files under ``directory``; returns once every broker is registered.
     ``broker_zookeeper`` gives broker N its own HOST:PORT for ZooKeeper (a drill's proxy);
     ``properties`` are broker settings beyond the defaults (a drill's). ``kraft``: a KRaft
     cluster of Kafka `KRAFT_VERSION` instead (no ZooKeeper; every node broker and controller).
-    ``version`` defaults to the pinned one of the mode."""
+    ``version`` defaults to the pinned one of the mode; ``heap`` is each broker's ``-Xmx``."""
     if brokers < 1:
         raise PeerError(f"--brokers must be at least 1, got {brokers}")
+    if not _HEAP_FORM.fullmatch(heap):
+        raise PeerError(f"--heap {heap!r} is not a JVM heap size: give a number and a unit, e.g. 512m or 2g")
     if kraft:
         if zookeeper is not None or broker_zookeeper:
             raise PeerError(
                 "--kraft runs Kafka without ZooKeeper: leave out --zookeeper, or leave out --kraft "
                 f"for ZooKeeper mode (Kafka {KAFKA_VERSION})"
             )
-        return _kraft_up(directory, brokers, version or KRAFT_VERSION, timeout_s, properties)
+        return _kraft_up(directory, brokers, version or KRAFT_VERSION, timeout_s, properties, heap)
     version = version or KAFKA_VERSION
     directory = directory.resolve()
     if (directory / STATE_FILE).exists():
@@ -391,6 +399,7 @@ def peer_up(
             for i in range(brokers)
         ],
         dict(properties or {}),
+        heap=heap,
     )
     cluster.save()  # before any broker starts: `peer down` can always find what it must stop
     _start_all(java, libs, cluster, timeout_s)
@@ -415,7 +424,12 @@ def _start_all(java: str, libs: Path, cluster: PeerCluster, timeout_s: float) ->
 
 
 def _kraft_up(
-    directory: Path, nodes: int, version: str, timeout_s: float, properties: dict[str, str] | None
+    directory: Path,
+    nodes: int,
+    version: str,
+    timeout_s: float,
+    properties: dict[str, str] | None,
+    heap: str,
 ) -> PeerCluster:
     directory = directory.resolve()
     if (directory / STATE_FILE).exists():
@@ -440,6 +454,7 @@ def _kraft_up(
         dict(properties or {}),
         mode=KRAFT_MODE,
         cluster_id=new_cluster_id(),
+        heap=heap,
     )
     cluster.save()  # before anything starts: `peer down` can always find what it must stop
     try:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from sluice.ops.cli.common import fail
-from sluice.peers.kafka import PeerError, peer_down, peer_up
+from sluice.peers.kafka import HEAP, PeerError, peer_down, peer_up
 
 peer_app = typer.Typer(
     no_args_is_help=True,
@@ -29,6 +29,13 @@ def up(
     zookeeper: Annotated[
         str | None, typer.Option("--zookeeper", help="Use this ZooKeeper (HOST:PORT) instead of starting one")
     ] = None,
+    heap: Annotated[
+        str,
+        typer.Option(
+            "--heap",
+            help="Each broker JVM's maximum heap (-Xmx), e.g. 512m, 2g; more for thousands of partitions",
+        ),
+    ] = HEAP,
     directory: PeerDir = DEFAULT_DIR,
 ) -> None:
     """Start a local peer cluster and print its bootstrap.servers, as `sluice cluster up` does."""
@@ -40,7 +47,7 @@ def up(
             "ZooKeeper; leave out --zookeeper, or leave out --kraft for ZooKeeper mode (Kafka 3.9)"
         )
     try:
-        cluster = peer_up(directory, brokers, zookeeper=zookeeper, kraft=kraft)
+        cluster = peer_up(directory, brokers, zookeeper=zookeeper, kraft=kraft, heap=heap)
     except PeerError as exc:
         raise fail(str(exc)) from None
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
@@ -51,6 +58,7 @@ def up(
         print(f"zookeeper={cluster.zookeeper}")
     print(f"kafka_version={cluster.version}")
     print(f"mode={cluster.mode}")
+    print(f"heap={cluster.heap}")
     print(f"dir={cluster.directory}")
 
 
