@@ -186,6 +186,40 @@ def test_reset_master_under_a_running_capture(
     assert_target_equals_source(primary, broker, topic, tmp_path)
 
 
+def test_reset_master_as_the_snapshot_ends(
+    primary: LocalMariaDB, broker: TestCluster, tmp_path: Path
+) -> None:
+    """RESET MASTER between the snapshot taking its binlog position and the capture reading
+    from there (under load, the snapshot's rows were still being flushed): the GTID state at
+    that position was read with the position, so the capture still tells the new history from
+    the old one. Read only after the flush (as before), the reset binlog had no state there,
+    the capture had none to compare, and it read the new binlog as if it were the old one."""
+    topic = f"hist{next(_n)}"
+    create_topic(broker.bootstrap, topic, 3, 1)
+    source = setup_source(primary)
+    source.write(30)
+    changes = Changes()
+    cap = capture(primary, broker, topic, changes)
+    end_tx = cap._end_tx
+    resets = []
+
+    def reset_then_end(tx: Any, position: str) -> None:
+        if not resets:  # the snapshot's group, the first to end
+            resets.append(reset_master(primary, keep_gtid_state=True))
+        end_tx(tx, position)
+
+    cap._end_tx = reset_then_end  # type: ignore[method-assign]
+    with running(cap):
+        wait_until(lambda: resets, 60, "the snapshot to end")
+        source.write(30)
+        wait_until(lambda: changes.seen or cap.stats.errors, 60, "the capture to notice the new history")
+        assert not cap.stats.errors, cap.stats.errors
+        wait_caught_up(cap, primary, 60)
+    assert [c["continuous"] for c in changes.seen] == [True], changes.seen
+    assert_positions_only_go_up(broker, topic)
+    assert_target_equals_source(primary, broker, topic, tmp_path)
+
+
 def test_reset_master_while_the_capture_is_stopped(
     primary: LocalMariaDB, broker: TestCluster, tmp_path: Path
 ) -> None:

@@ -86,6 +86,14 @@ def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+#: How many times a snapshot reads its binlog position again when the binlog has already lost it.
+_STATE_TRIES = 5
+_HISTORY_UNSTEADY = (
+    f"the source's binlog lost every position the snapshot read, {_STATE_TRIES} times running (RESET "
+    "MASTER again and again?): start the task again once the binlog is steady"
+)
+
+
 class CaptureError(RuntimeError):
     """A source that cannot be captured as configured; the message says what to change."""
 
@@ -629,23 +637,26 @@ class MySqlCapture:
 
         parallel: dict[str, list[tuple[Any, Any]]] = {}
         stream_from = inherited
+        #: the server's GTID state at each position learned, read when it was learned
+        states: dict[str, str] = {}
         if self.snapshot_runner is not None:
             from sluice.sync.sources.mysql_snapshot import plan_chunks
 
             # Before the key ranges are planned: a row inserted after the plan read MIN/MAX
             # may fall outside every range, and the binlog from here has it.
-            before = self._master_position()
+            before, before_state = self._master_position_and_state()
             parallel = plan_chunks(
                 self.spec, {t: keys[t] for t in self.tables if t in keys},
                 min_rows=self.snapshot_parallel_rows, chunk_rows=self.snapshot_chunk_rows,
             )  # fmt: skip
             if parallel:
                 stream_from = before if stream_from is None else min(before, stream_from)
+                states[before.text()] = before_state
         serial = [t for t in self.tables if t in keys and t not in parallel]
         conn = _connect(self.spec, cursorclass=pymysql.cursors.SSDictCursor)
         try:
             with conn.cursor() as cur:
-                position = self._begin_consistent_snapshot(cur)
+                position, states[position.text()] = self._begin_consistent_snapshot(cur)
                 stream_from = position if stream_from is None else min(position, stream_from)
                 self._snapshot_start = stream_from.text()
                 tx = self._begin_tx(SNAPSHOT)
@@ -671,26 +682,59 @@ class MySqlCapture:
                 self._txlog.write_cut(producer, cut, SNAPSHOT)
             with self._lock:
                 self._txs.raise_to(ends, stream_from.text())
-        self._trail.start(stream_from.text(), self._server_state(stream_from) or "")
+        # The state where the binlog is read from, as read when that position was learned: read
+        # only now, a RESET MASTER since would find no state there, and without one the
+        # capture could not tell the next history from this one (binlog_history.py).
+        state = states.get(stream_from.text())
+        if state is None:  # an interrupted snapshot's position, inherited
+            state = self._server_state(stream_from) or ""
+        self._trail.start(stream_from.text(), state)
         self._mark(producer, stream_from)
         return stream_from
 
-    def _begin_consistent_snapshot(self, cur: Any) -> BinlogPosition:
-        """Open a consistent-snapshot transaction on `cur` and return the binlog position it
-        is consistent with (MariaDB tells it per transaction; MySQL needs a brief global read
-        lock to read it)."""
+    def _begin_consistent_snapshot(self, cur: Any) -> tuple[BinlogPosition, str]:
+        """Open a consistent-snapshot transaction on `cur` (a dict cursor) and return the
+        binlog position it is consistent with (MariaDB tells it per transaction; MySQL needs a
+        brief global read lock to read it) and the server's GTID state there (MariaDB; "" on
+        MySQL), read at once: see `_master_position_and_state`."""
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        if self.is_mariadb:
+        if not self.is_mariadb:
+            cur.execute("FLUSH TABLES WITH READ LOCK")
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            cur.execute("SHOW MASTER STATUS")
+            row = cur.fetchone()
+            cur.execute("UNLOCK TABLES")
+            return BinlogPosition(row["File"], int(row["Position"])), ""
+        for _ in range(_STATE_TRIES):
             cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
             status = {r["Variable_name"].lower(): r["Value"] for r in cur.fetchall()}
-            return BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
-        cur.execute("FLUSH TABLES WITH READ LOCK")
-        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-        cur.execute("SHOW MASTER STATUS")
-        row = cur.fetchone()
-        cur.execute("UNLOCK TABLES")
-        return BinlogPosition(row["File"], int(row["Position"]))
+            position = BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s) AS state", (position.file, position.pos))
+            state = cur.fetchone()["state"]
+            if state is not None:
+                return position, str(state)
+            cur.execute("ROLLBACK")  # the binlog changed since (RESET MASTER): begin again
+            log.warning("event=snapshot_binlog_changed task=%s position=%s action=begin_again",
+                        self.name, position.text())  # fmt: skip
+        raise CaptureError(_HISTORY_UNSTEADY)
+
+    def _master_position_and_state(self) -> tuple[BinlogPosition, str]:
+        """The binlog's end and the server's GTID state there (MariaDB; "" on MySQL), read
+        together. Read later, a RESET MASTER in between would leave no state at that position,
+        and a capture with no state where it reads from cannot tell when the binlog's history
+        changes under it (binlog_history.py). A position the binlog no longer has is read
+        again."""
+        for _ in range(_STATE_TRIES):
+            position = self._master_position()
+            if not self.is_mariadb:
+                return position, ""
+            state = self._server_state(position)
+            if state is not None:
+                return position, state
+            log.warning("event=snapshot_binlog_changed task=%s position=%s action=read_again",
+                        self.name, position.text())  # fmt: skip
+        raise CaptureError(_HISTORY_UNSTEADY)
 
     def _emit_table(
         self, cur: Any, producer: Any, table: str, keys: list[str], position: BinlogPosition, tx: Group
@@ -804,7 +848,7 @@ class MySqlCapture:
         conn = _connect(self.spec, cursorclass=pymysql.cursors.SSDictCursor)
         try:
             with conn.cursor() as cur:
-                position = self._begin_consistent_snapshot(cur)
+                position, _ = self._begin_consistent_snapshot(cur)
                 self._emit_table(cur, producer, table, keys, position, tx)
                 cur.execute("COMMIT")
         finally:
