@@ -31,15 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
-import tempfile
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import systems as sysmod
@@ -120,15 +117,7 @@ def fill(args: argparse.Namespace, system: sysmod.System) -> float:
 def read_all(args: argparse.Namespace, system: sysmod.System, rnd: int) -> ReadRun:
     """One new group reads the whole topic."""
     run = ReadRun(system.name, rnd)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": system.bootstrap_servers,
-            "group.id": f"consume-bench-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": True,
-            "log_level": 0,
-        }
-    )
+    consumer = sysmod.group_consumer(system.bootstrap_servers, "consume-bench")
     try:
         subscribed = time.monotonic()
         consumer.subscribe([TOPIC])
@@ -208,21 +197,18 @@ def main(argv: list[str] | None = None) -> int:
             "Sluice settings: group.initial.rebalance.delay.ms=0 (as Kafka's peers; 500 by default)",
             flush=True,
         )
-    directory = Path(tempfile.mkdtemp(prefix="sluice-consume-"))
-    running: dict[str, sysmod.System] = {}
     runs: list[ReadRun] = []
-    try:
-        for name in names:
-            running[name] = system = sysmod.start(
-                name, directory / name, args.brokers, sluice_settings=settings
-            )
-            took = fill(args, system)
-            print(f"filled {TOPIC} on {system.label} in {took:.1f} s", flush=True)
-            if args.warmup == "on":
-                w = read_all(args, system, -1)
-                print(
-                    f"warm-up read ({system.label}): {w.records:,} records, {w.mb_per_s:.1f} MB/s", flush=True
-                )
+
+    def start_one(name: str, directory: Path) -> sysmod.System:
+        system = sysmod.start(name, directory, args.brokers, sluice_settings=settings)
+        took = fill(args, system)
+        print(f"filled {TOPIC} on {system.label} in {took:.1f} s", flush=True)
+        if args.warmup == "on":
+            w = read_all(args, system, -1)
+            print(f"warm-up read ({system.label}): {w.records:,} records, {w.mb_per_s:.1f} MB/s", flush=True)
+        return system
+
+    with sysmod.clusters(names, "sluice-consume-", start_one) as running:
         for rnd, order in enumerate(versus.round_orders(names, args.rounds)):
             for name in order:
                 r = read_all(args, running[name], rnd)
@@ -232,24 +218,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"mb_s={r.mb_per_s:.1f} records_s={r.records_per_s:.0f} join_s={r.join_s:.2f}",
                     flush=True,
                 )
-    except KeyboardInterrupt:
-        print("interrupted; stopping the clusters", file=sys.stderr)
-    finally:
-        for system in running.values():
-            system.down()
-        shutil.rmtree(directory, ignore_errors=True)
     reads = {
         "consume_mb_s": lambda r: r.mb_per_s,
         "consume_records_s": lambda r: r.records_per_s,
         "consume_join_s": lambda r: r.join_s,
     }
-    figures = []
+    figures: list[tuple[str, float, float]] = []
     for figure, read in reads.items():
         per = {n: versus.median(read(r) for r in runs if r.system == n) for n in names}
-        if len(names) == 2:
-            figures.append((figure, per["sluice"], per["kafka"]))
-        else:
-            print(f"{figure} {names[0]}={per[names[0]]:.2f}")
+        versus.add_figure(figures, figure, per, names)
     versus.print_figures(figures, digits=2)
     if args.json:
         print(

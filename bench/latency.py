@@ -30,10 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import struct
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -99,15 +97,7 @@ def measure(args: argparse.Namespace, system: sysmod.System, rate: int, rnd: int
     latencies: list[float] = []
     stop = threading.Event()
     assigned = threading.Event()
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"latency-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": True,
-            "log_level": 0,
-        }
-    )
+    consumer = sysmod.group_consumer(bootstrap, "latency")
 
     def on_assign(c: Consumer, partitions: list[object]) -> None:
         if partitions:
@@ -231,12 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if "kafka" in names:
         print(f"Apache Kafka settings: {sysmod.kafka_settings()}", flush=True)
-    directory = Path(tempfile.mkdtemp(prefix="sluice-latency-"))
-    running: dict[str, sysmod.System] = {}
     runs: list[LatencyRun] = []
-    try:
-        for name in names:
-            running[name] = sysmod.start(name, directory / name, args.brokers)
+
+    def start_one(name: str, directory: Path) -> sysmod.System:
+        return sysmod.start(name, directory, args.brokers)
+
+    with sysmod.clusters(names, "sluice-latency-", start_one) as running:
         for rnd, order in enumerate(versus.round_orders(names, args.rounds)):
             for rate in args.rate_list:
                 for name in order:
@@ -248,23 +238,14 @@ def main(argv: list[str] | None = None) -> int:
                         f"p99_ms={r.p99_ms:.2f} max_ms={r.max_ms:.2f}",
                         flush=True,
                     )
-    except KeyboardInterrupt:
-        print("interrupted; stopping the clusters", file=sys.stderr)
-    finally:
-        for system in running.values():
-            system.down()
-        shutil.rmtree(directory, ignore_errors=True)
-    figures = []
+    figures: list[tuple[str, float, float]] = []
     for rate in args.rate_list:
         for figure in ("p50_ms", "p99_ms"):
             per = {
                 n: versus.median(getattr(r, figure) for r in runs if r.system == n and r.rate == rate)
                 for n in names
             }
-            if len(names) == 2:
-                figures.append((f"e2e_{figure}@{rate}", per["sluice"], per["kafka"]))
-            else:
-                print(f"e2e_{figure}@{rate} {names[0]}={per[names[0]]:.2f}")
+            versus.add_figure(figures, f"e2e_{figure}@{rate}", per, names)
     versus.print_figures(figures, digits=2)
     if args.json:
         print(

@@ -9,10 +9,18 @@ Sluice's side is ``sluice.ops.launcher``; Kafka's is ``sluice.peers.kafka`` (``p
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sys
+import tempfile
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from confluent_kafka import Consumer
 
 from sluice.ops import launcher
 from sluice.peers.kafka import HEAP, PeerCluster, PeerError, kafka_libs, peer_down, peer_up, restart_broker
@@ -182,3 +190,42 @@ def start(
     if name == "sluice":
         return SluiceSystem(directory, brokers, session_timeout_s, sluice_settings)
     return KafkaSystem(directory, brokers, session_timeout_s, kafka_heap)
+
+
+@contextmanager
+def clusters(
+    names: list[str], prefix: str, start_one: Callable[[str, Path], System]
+) -> Iterator[dict[str, System]]:
+    """One cluster per system name (``start_one(name, directory)``), under a temporary directory
+    removed afterwards; every cluster is stopped at the end, also on Ctrl-C, which ends the
+    rounds early and keeps what was measured."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    running: dict[str, System] = {}
+    try:
+        try:
+            for name in names:
+                running[name] = start_one(name, directory / name)
+        except KeyboardInterrupt:
+            print("interrupted while starting; stopping the clusters", file=sys.stderr)
+            raise SystemExit(130) from None
+        try:
+            yield running
+        except KeyboardInterrupt:
+            print("interrupted; stopping the clusters", file=sys.stderr)
+    finally:
+        for system in running.values():
+            system.down()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def group_consumer(bootstrap: str, prefix: str) -> Consumer:
+    """A consumer in a new group of its own, reading from the earliest offset."""
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{prefix}-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+            "log_level": 0,
+        }
+    )

@@ -90,6 +90,17 @@ def median_figures(
     return out
 
 
+def add_figure(
+    figures: list[tuple[str, float, float]], name: str, per_system: Mapping[str, float], systems: list[str]
+) -> None:
+    """One figure's per-system medians: kept to compare when both systems ran, printed alone
+    when one did."""
+    if len(systems) == 2:
+        figures.append((name, per_system["sluice"], per_system["kafka"]))
+    else:
+        print(f"{name} {systems[0]}={per_system[systems[0]]:.2f}", flush=True)
+
+
 def print_figures(figures: Iterable[tuple[str, float, float]], digits: int = 1) -> None:
     for name, ours, theirs in figures:
         for line in figure_lines(name, ours, theirs, digits):
