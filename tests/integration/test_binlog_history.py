@@ -152,16 +152,23 @@ def reset_master(server: LocalMariaDB, keep_gtid_state: bool) -> str:
     return state
 
 
-def reset_under_a_running_capture(
-    primary: LocalMariaDB, broker: TestCluster, keep_gtid_state: bool
-) -> tuple[str, MySqlCapture, Changes]:
-    """30 transactions captured, RESET MASTER, 30 more, all read by one running capture."""
+def thirty_to_capture(
+    primary: LocalMariaDB, broker: TestCluster
+) -> tuple[str, Source, Changes, MySqlCapture]:
+    """A topic, a source with 30 transactions written, and a capture (not started) of it."""
     topic = f"hist{next(_n)}"
     create_topic(broker.bootstrap, topic, 3, 1)
     source = setup_source(primary)
     source.write(30)
     changes = Changes()
-    cap = capture(primary, broker, topic, changes)
+    return topic, source, changes, capture(primary, broker, topic, changes)
+
+
+def reset_under_a_running_capture(
+    primary: LocalMariaDB, broker: TestCluster, keep_gtid_state: bool
+) -> tuple[str, MySqlCapture, Changes]:
+    """30 transactions captured, RESET MASTER, 30 more, all read by one running capture."""
+    topic, source, changes, cap = thirty_to_capture(primary, broker)
     with running(cap):
         wait_caught_up(cap, primary, 60)
         reset_master(primary, keep_gtid_state)
@@ -194,12 +201,7 @@ def test_reset_master_as_the_snapshot_ends(
     that position was read with the position, so the capture still tells the new history from
     the old one. Read only after the flush (as before), the reset binlog had no state there,
     the capture had none to compare, and it read the new binlog as if it were the old one."""
-    topic = f"hist{next(_n)}"
-    create_topic(broker.bootstrap, topic, 3, 1)
-    source = setup_source(primary)
-    source.write(30)
-    changes = Changes()
-    cap = capture(primary, broker, topic, changes)
+    topic, source, changes, cap = thirty_to_capture(primary, broker)
     end_tx = cap._end_tx
     resets = []
 

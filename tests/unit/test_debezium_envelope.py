@@ -109,12 +109,22 @@ def test_positions_order_as_binlog_coordinates_do(coords: list[tuple[int, int, i
     assert [encoded[i] for i in by_coords] == sorted(encoded)
 
 
+def test_a_truncate_becomes_sluices_truncate_of_the_table() -> None:
+    """Debezium's truncate has no record key and no images: Sluice's names the table only."""
+    env = to_envelope(None, orjson.dumps(_event("t", None, None, pos=9000)))
+    assert env is not None
+    assert env["op"] == "t" and env["table"] == "items" and env["key"] == {}
+    assert env["before"] is None and env["after"] is None
+    parsed = parse(orjson.dumps(env))  # a valid Sluice truncate
+    assert parsed.op == "t" and parsed.pos == 3 << OFFSET_BITS | 9000
+
+
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
         (b'{"id":1}', b"not json", "is not JSON"),
         (b'{"id":1}', b'{"id": 1, "qty": 3}', "is not a change event"),
-        (b'{"id":1}', orjson.dumps(_event("t", None, None)), "op 't' cannot be applied"),
+        (b'{"id":1}', orjson.dumps(_event("x", None, None)), "op 'x' cannot be applied"),
         (None, orjson.dumps(_event("c", None, {"id": 1})), "no primary key"),
         (b'{"id":1}', orjson.dumps({**_event("c", None, {"id": 1}), "source": {"table": "items"}}),
          "has no binlog position"),

@@ -148,6 +148,8 @@ def debezium_mysql_config(
         "database.include.list": database,
         "snapshot.mode": "initial",
         "include.schema.changes": "false",
+        # truncates too (Debezium skips them by default): the target must lose those rows
+        "skipped.operations": "none",
         "schema.history.internal.kafka.bootstrap.servers": bootstrap,
         "schema.history.internal.kafka.topic": history_topic,
         # Sluice creates no topic on a metadata request: the worker creates each table's topic

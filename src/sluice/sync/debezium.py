@@ -16,6 +16,12 @@ its event, so ``pos + row`` stays below the next event's start; a snapshot row (
 the binlog position the snapshot is consistent with, below every later rows event (each
 transaction after it starts with its GTID and table-map events). docs/ARCHITECTURE.md argues it
 in full. A record without file/pos (another connector) is refused with a message saying so.
+
+A truncate (op ``t``, sent when the connector's ``skipped.operations`` leaves ``t`` out) has no
+row images and no record key, and Debezium writes it to one partition of the table's topic,
+where Sluice's capture writes its own to every partition. One is enough: a target applies a
+truncate by removing the table's rows below its position and keeping that position as the
+table's watermark, which no older change of any partition passes (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -24,13 +30,13 @@ from typing import Any
 
 import orjson
 
-from sluice.sync.envelope import MAX_POS, BadEventError
+from sluice.sync.envelope import MAX_POS, TRUNCATE, BadEventError
 
 __all__ = ["OFFSET_BITS", "binlog_position", "to_envelope", "to_envelope_bytes"]
 
 #: As in sources/mysql.py: 40 bits of byte offset, the binlog file number above them.
 OFFSET_BITS = 40
-_OPS = {"c", "u", "d", "r"}
+_OPS = {"c", "u", "d", "r", TRUNCATE}
 
 
 def _unwrap(doc: Any) -> Any:
@@ -81,14 +87,16 @@ def to_envelope(key: bytes | None, value: bytes | None, at: str = "") -> dict[st
     op = doc["op"]
     if op not in _OPS:
         raise BadEventError(
-            f"Debezium record{where}: op {op!r} cannot be applied (c, u, d, r only; keep the "
-            "connector's skipped.operations=t, its default)"
+            f"Debezium record{where}: op {op!r} cannot be applied (c, u, d, r and t only): is this a "
+            "MySQL connector's change event?"
         )
     source = doc["source"]
     if not isinstance(source, dict) or not isinstance(source.get("table"), str):
         raise BadEventError(f"Debezium record{where}: source.table is missing")
     before, after = doc.get("before"), doc.get("after")
-    if not isinstance(key_doc, dict) or not key_doc:
+    if op == TRUNCATE:  # no row, no record key: Sluice's truncate names the table only
+        before, after, key_doc = None, None, {}
+    elif not isinstance(key_doc, dict) or not key_doc:
         raise BadEventError(
             f"Debezium record{where} has no primary key as its record key: Sluice applies tables "
             "with a primary key (or give the connector message.key.columns)"
