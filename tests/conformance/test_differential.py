@@ -114,9 +114,12 @@ def assert_same(kafka_steps: Steps, sluice_steps: Steps, scenario: str, client: 
     step that differs."""
     assert [s for s, _ in kafka_steps] == [s for s, _ in sluice_steps]
     faults = [
-        (step, o) for step, o in kafka_steps + sluice_steps if DRIVER_FAULT in json.dumps(o, default=repr)
+        (side, step, o)
+        for side, steps in (("kafka", kafka_steps), ("sluice", sluice_steps))
+        for step, o in steps
+        if DRIVER_FAULT in json.dumps(o, default=repr)
     ]
-    assert not faults, f"a driver failed on its own, not the client: {faults}"
+    assert not faults, f"a driver failed on its own, not the client (side, step, answer): {faults}"
     diffs = []
     for (step, k), (_, s) in zip(kafka_steps, sluice_steps, strict=True):
         known = KNOWN_DIFFERENCES.get((scenario, client, step))

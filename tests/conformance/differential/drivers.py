@@ -22,6 +22,14 @@ DRIVER_FAULT = "DRIVER:"
 #: How long a driver waits for a fetch to gather what it asked for, or for a group to settle.
 WAIT_S = 20.0
 
+#: Every group member's session.timeout.ms: Kafka's and the clients' default since Kafka 3.0
+#: (KIP-735). It was 10 s, and twice in CI a kafka-python 3.0.12 member, starved of CPU (its IO
+#: loop warned of 0.2-0.5 s steps 21 times, against 0-2 in a quiet run), went more than 10 s
+#: without a heartbeat: Kafka evicted it mid-scenario (its later LeaveGroup answered
+#: UNKNOWN_MEMBER_ID) and the group's observations became the client's starvation, not the
+#: broker's protocol. No step waits for a session to expire: members leave by LeaveGroup.
+SESSION_TIMEOUT_MS = 45_000
+
 
 class Driver(Protocol):
     name: str
@@ -217,7 +225,7 @@ class ConfluentDriver(_PythonDriver):
     def op_fetch(
         self, bootstrap: str, topic: str, partition: int, offset: int, count: int
     ) -> list[dict[str, Any]]:
-        from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         c = Consumer(
             {
@@ -232,25 +240,12 @@ class ConfluentDriver(_PythonDriver):
         try:
             c.assign([TopicPartition(topic, partition, offset)])
             got: list[dict[str, Any]] = []
-            retries_left = 2
-
-            def within(c: Any) -> bool:
-                low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
-                return bool(low <= offset + len(got) < high)
-
             deadline = time.monotonic() + WAIT_S
             while len(got) < count and time.monotonic() < deadline:
                 m = c.poll(0.2)
                 if m is None:
                     continue
                 if m.error() is not None:
-                    if m.error().code() == KafkaError._AUTO_OFFSET_RESET and retries_left and within(c):
-                        # Seen once against Kafka right after an idempotent produce, for an
-                        # offset inside the log: asked again, the broker serves it. An offset
-                        # really out of range (past the high watermark) is never retried.
-                        retries_left -= 1
-                        c.assign([TopicPartition(topic, partition, offset + len(got))])
-                        continue
                     raise KafkaException(m.error())
                 ts_type, ts = m.timestamp()
                 got.append(
@@ -325,7 +320,7 @@ class ConfluentDriver(_PythonDriver):
                 "bootstrap.servers": bootstrap,
                 "group.id": group,
                 "enable.auto.commit": False,
-                "session.timeout.ms": 10000,
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
                 "heartbeat.interval.ms": 500,
                 "log_level": 0,
             }
@@ -531,9 +526,16 @@ class KafkaPythonDriver(_PythonDriver):
         from kafka import KafkaConsumer
 
         c = KafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, session_timeout_ms=10000,
-            heartbeat_interval_ms=500, metadata_max_age_ms=1000,
+            bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+            session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=3000, metadata_max_age_ms=1000,
         )  # fmt: skip
+        # heartbeat_interval_ms is kafka-python's default, 3 s, not the others' 500 ms: kafka-python
+        # 3.0.12 takes REBALANCE_IN_PROGRESS on any heartbeat as a reason to rejoin
+        # (BaseCoordinator._handle_heartbeat_response), also on a heartbeat of the generation
+        # before that is answered after its own join completed. At 500 ms two members kept
+        # triggering each other's rejoin, a new generation every ~0.5 s for the whole 20 s (seen
+        # against Kafka and against Sluice alike, in about one run of three); the Java client
+        # and librdkafka ignore a stale generation's answer.
         # kafka-python's group leader assigns from its own metadata: one that joins before its
         # metadata names the topic's partitions assigns nothing ("No partition metadata") until
         # its metadata refreshes. Loaded first, on either cluster.

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tests.conformance.differential.scenarios import T0
+
 #: Keys dropped wherever they occur in an observation, each with why.
 DROPPED_KEYS = {
     # Throttling depends on quotas and load of the moment, not on the protocol.
@@ -76,7 +78,7 @@ KNOWN_DIFFERENCES: dict[tuple[str, str, str], tuple[Any, Any]] = {
             "index": 0,
             "error_code": 0,
             "base_offset": 0,
-            "log_append_time_ms": 1_700_000_000_000,
+            "log_append_time_ms": T0,
             "log_start_offset": 0,
             "record_errors": [],
             "current_leader": {"leader_epoch": -1},
