@@ -10,13 +10,20 @@ prints:
 3. baseline: the same changes upserted into the same PostgreSQL with psycopg directly, in
    source order, one statement per change with the same version guard (pipeline mode, one
    transaction per 10,000 changes), as a hand-written sync job would.
-4. freshness: the generator writing at a steady rate while a query with a 1 s trigger applies;
-   per record, the time from its source commit timestamp to the commit that made it visible in
-   PostgreSQL: p50, p99, max.
+4. freshness: the generator writing at a steady rate while a query with a `--trigger-s` trigger
+   (1 s by default) applies; per record, the time from its source commit timestamp to the
+   commit that made it visible in PostgreSQL: p50, p99, max.
+5. one line per run (per source with two):
+
+   pipeline rows_s=N baseline_rows_s=N ratio=R freshness_rate=N freshness_p50_s=X
+            freshness_p99_s=X driver_result_bytes_max=N
+
+   where the last is the most bytes of result the driver received for one batch (the Arrow
+   table it collected), over the drain's and the freshness run's batches.
 
 With `--source-format sluice,kafka` the pipeline and freshness runs are made once on each source
 (Sluice's own Python Data Source, and Spark's own Kafka source, spark-sql-kafka-0-10: run
-scripts/spark-kafka.sh first), one after the other on the same log, in one warm session, each
+scripts/peers.sh first), one after the other on the same log, in one warm session, each
 into its own database, and the figures are printed side by side with the ratio:
 
     rows_s sluice=X kafka=Y
@@ -26,7 +33,7 @@ into its own database, and the figures are printed side by side with the ratio:
     freshness_p99_s ...
 
 Usage: .venv/bin/python bench/pipeline.py [--events 1000000] [--rate 20000] [--freshness-s 30]
-       [--source-format sluice|kafka|sluice,kafka]
+       [--trigger-s 1] [--source-format sluice|kafka|sluice,kafka] [--master local[*]]
 Prints figures; asserts nothing.
 """
 
@@ -66,7 +73,7 @@ def drain(
     split: int | None = None,
     per_trigger: int | None = None,
     source_format: str = "sluice",
-) -> tuple[float, int, int]:
+) -> tuple[float, int, int, int]:
     batches: list[BatchReport] = []
     q = ApplyQuery(
         spark,
@@ -84,8 +91,8 @@ def drain(
         on_batch=lambda b: (
             batches.append(b),
             print(
-                f"  batch {b.batch_id}: {b.result.records:,} rows, collect {b.collect_s:.2f} s, "
-                f"total {b.took_s:.2f} s",
+                f"  batch {b.batch_id}: {b.result.records:,} rows, collect {b.collect_s:.2f} s "
+                f"({b.result_bytes:,} B to the driver), total {b.took_s:.2f} s",
                 flush=True,
             ),
         ),
@@ -95,7 +102,8 @@ def drain(
     q.await_termination()
     took = time.monotonic() - t0
     q.stop()
-    return took, sum(b.result.records for b in batches), sum(b.result.written for b in batches)
+    records, written = sum(b.result.records for b in batches), sum(b.result.written for b in batches)
+    return took, records, written, max((b.result_bytes for b in batches), default=0)
 
 
 def baseline(url: str, events: int, seed: int) -> float:
@@ -151,6 +159,9 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=3)
     ap.add_argument("--rate", type=float, default=20_000, help="generator rate for the freshness run")
     ap.add_argument("--freshness-s", type=float, default=30)
+    ap.add_argument(
+        "--trigger-s", type=float, default=1.0, help="the freshness query's trigger (s; 0: back to back)"
+    )
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--master", default="local[*]", help="Spark master")
     ap.add_argument("--split", type=int, default=1_000_000, help="maxRecordsPerPartition for the drain")
@@ -191,9 +202,10 @@ def main() -> int:
         )
 
         rows_s: dict[str, float] = {}
+        result_bytes: dict[str, int] = {}
         for fmt in formats:
             url = pg.create_database(f"pipeline_{fmt}")
-            took, records, written = drain(
+            took, records, written, result_bytes[fmt] = drain(
                 spark, bootstrap, "bench", url, work / f"ck-bench-{fmt}", args.split, args.per_trigger, fmt
             )
             with open_target(url) as target:
@@ -212,10 +224,24 @@ def main() -> int:
         for fmt in formats:
             print(f"ratio:     pipeline {fmt} / baseline = {rows_s[fmt] / (args.events / base_s):.2f}")
 
-        # Freshness at a steady rate with a 1 s trigger, each source on a topic of its own.
+        # Freshness at a steady rate, each source on a topic of its own.
         fresh_p: dict[str, tuple[float, float]] = {}
+        fresh_bytes: dict[str, int] = {}
         for fmt in formats:
-            fresh_p[fmt] = freshness(spark, bootstrap, pg, work, args, fmt)
+            p50, p99, fresh_bytes[fmt] = freshness(spark, bootstrap, pg, work, args, fmt)
+            fresh_p[fmt] = (p50, p99)
+
+        base_rows_s = args.events / base_s
+        for fmt in formats:
+            p50, p99 = fresh_p[fmt]
+            source = f" source={fmt}" if len(formats) > 1 else ""
+            print(
+                f"pipeline rows_s={rows_s[fmt]:.0f} baseline_rows_s={base_rows_s:.0f} "
+                f"ratio={rows_s[fmt] / base_rows_s:.2f} freshness_rate={args.rate:.0f} "
+                f"freshness_p50_s={p50:.2f} freshness_p99_s={p99:.2f} "
+                f"driver_result_bytes_max={max(result_bytes[fmt], fresh_bytes[fmt])}{source}",
+                flush=True,
+            )
 
         if len(formats) == 2:
             print(f"rows_s sluice={rows_s['sluice']:.0f} kafka={rows_s['kafka']:.0f}")
@@ -235,17 +261,20 @@ def main() -> int:
 
 def freshness(
     spark: object, bootstrap: str, pg: LocalPostgres, work: Path, args: argparse.Namespace, fmt: str
-) -> tuple[float, float]:
-    """The generator at a steady rate while a 1 s-trigger query on `fmt` applies: p50 and p99 (s)
-    of source commit to target commit, per applied row."""
+) -> tuple[float, float, int]:
+    """The generator at a steady rate while a query on `fmt` applies: p50 and p99 (s)
+    of source commit to target commit, per applied row, and the most result bytes the driver
+    received for one batch."""
     topic = f"fresh-{fmt}"
     create_topic(bootstrap, topic, args.partitions)
     fresh: list[int] = []
     applied = [0]
+    most_bytes = [0]
 
     def on_fresh(b: BatchReport) -> None:
         fresh.extend(b.freshness_ms)
         applied[0] += b.result.records - b.result.skipped
+        most_bytes[0] = max(most_bytes[0], b.result_bytes)
 
     q = ApplyQuery(
         spark,
@@ -254,7 +283,7 @@ def freshness(
             target=pg.create_database(f"fresh_{fmt}"),
             topics=[topic],
             checkpoint=work / f"ck-fresh-{fmt}",
-            trigger_s=1.0,
+            trigger_s=args.trigger_s,
             source_format=fmt,
         ),
         on_batch=on_fresh,
@@ -271,16 +300,17 @@ def freshness(
     fresh.sort()
     if not fresh:
         print(f"freshness {fmt}: nothing applied")
-        return 0.0, 0.0
+        return 0.0, 0.0, most_bytes[0]
     p50 = fresh[len(fresh) // 2]
     p99 = fresh[min(len(fresh) - 1, int(len(fresh) * 0.99))]
     print(
-        f"freshness {fmt}: {applied[0]:,} of {fstats.events:,} changes at {args.rate:,.0f}/s, trigger 1 s "
+        f"freshness {fmt}: {applied[0]:,} of {fstats.events:,} changes at {args.rate:,.0f}/s, "
+        f"trigger {args.trigger_s:g} s "
         f"({len(fresh):,} row writes after collapsing): "
         f"p50 {p50 / 1000:.2f} s, p99 {p99 / 1000:.2f} s, max {fresh[-1] / 1000:.2f} s, "
         f"mean {statistics.mean(fresh) / 1000:.2f} s"
     )
-    return p50 / 1000, p99 / 1000
+    return p50 / 1000, p99 / 1000, most_bytes[0]
 
 
 if __name__ == "__main__":

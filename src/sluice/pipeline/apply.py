@@ -104,6 +104,8 @@ class BatchReport:
     took_s: float  # the whole batch function
     collect_s: float  # reading the batch from Spark into the driver as Arrow
     commit_s: float  # the target's transaction (Target.apply)
+    #: bytes of the batch's result the driver received and held (the Arrow table `toArrow` built)
+    result_bytes: int = 0
 
 
 class ApplyQuery:
@@ -243,7 +245,14 @@ class ApplyQuery:
         if self.on_batch is not None:
             self.on_batch(
                 BatchReport(
-                    batch_id, result, committed, freshness, time.monotonic() - t0, collected - t0, commit_s
+                    batch_id,
+                    result,
+                    committed,
+                    freshness,
+                    time.monotonic() - t0,
+                    collected - t0,
+                    commit_s,
+                    result_bytes=records.nbytes,
                 )
             )
 
