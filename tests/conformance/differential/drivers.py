@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -23,11 +24,9 @@ DRIVER_FAULT = "DRIVER:"
 WAIT_S = 20.0
 
 #: Every group member's session.timeout.ms: Kafka's and the clients' default since Kafka 3.0
-#: (KIP-735). It was 10 s, and twice in CI a kafka-python 3.0.12 member, starved of CPU (its IO
-#: loop warned of 0.2-0.5 s steps 21 times, against 0-2 in a quiet run), went more than 10 s
-#: without a heartbeat: Kafka evicted it mid-scenario (its later LeaveGroup answered
-#: UNKNOWN_MEMBER_ID) and the group's observations became the client's starvation, not the
-#: broker's protocol. No step waits for a session to expire: members leave by LeaveGroup.
+#: (KIP-735). In two CI failures a kafka-python member went more than 10 s (the value before)
+#: without a heartbeat and was evicted mid-scenario (its later LeaveGroup: UNKNOWN_MEMBER_ID).
+#: No step waits for a session to expire: members leave by LeaveGroup.
 SESSION_TIMEOUT_MS = 45_000
 
 
@@ -64,29 +63,60 @@ class _PythonDriver:
         member.close()
 
     def op_poll_members(self, bootstrap: str, partitions: int) -> dict[str, list[int]]:
-        """Poll every member in turn until their assignments cover ``partitions`` partitions,
-        each once, with every member holding some while there are enough to go round, unchanged
-        over 5 rounds; answers each member's sorted assignment. Without the second condition a
-        member that has joined but whose rebalance is still running (the others hold everything
-        from the generation before) looked settled, and the steps after it raced the rebalance."""
+        """Poll every member until their assignments cover ``partitions`` partitions, each once,
+        with every member holding some while there are enough to go round, unchanged over 5
+        samples 0.2 s apart; answers each member's sorted assignment. Without the second
+        condition a member that has joined but whose rebalance is still running (the others hold
+        everything from the generation before) looked settled, and the steps after it raced the
+        rebalance.
+
+        Each member polls in a thread of its own, without pause, as an application runs its
+        consumer. Polled one after the other, kafka-python 3.0.12 members livelocked in about
+        one run of three, against Kafka and against Sluice alike: its join_group_async drops a
+        join that completed between two of the member's polls (a done ``_join_task`` is
+        replaced by a fresh JoinGroup), so a rebalance that ended while the other member was
+        being polled started another one, and the other member rejoined in turn (DEBUG log: a
+        SyncGroup answered, then at the member's next poll "(Re-)joining group")."""
+        members = sorted(self.members.items())
+        latest: dict[str, list[int]] = {}
+        failed: list[Exception] = []
+        stop = threading.Event()
+
+        def keep_polling(handle: str, member: Any) -> None:
+            try:
+                while not stop.is_set():
+                    latest[handle] = self._poll_assignment(member)
+            except Exception as exc:  # the client's answer: raised in the caller below
+                failed.append(exc)
+
+        threads = [threading.Thread(target=keep_polling, args=m, daemon=True) for m in members]
+        for t in threads:
+            t.start()
         deadline = time.monotonic() + WAIT_S
         stable, last = 0, None
-        while time.monotonic() < deadline:
-            now = {}
-            for handle, member in sorted(self.members.items()):
-                now[handle] = self._poll_assignment(member)
-            flat = [p for ps in now.values() for p in ps]
-            holding = sum(1 for ps in now.values() if ps)
-            settled = (
-                len(flat) == partitions
-                and len(set(flat)) == partitions
-                and holding == min(partitions, len(now))
-                and now == last
-            )
-            stable = stable + 1 if settled else 0
-            last = now
-            if stable >= 5:
-                return now
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.2)
+                if failed:
+                    raise failed[0]
+                now = {handle: latest[handle] for handle, _ in members if handle in latest}
+                flat = [p for ps in now.values() for p in ps]
+                holding = sum(1 for ps in now.values() if ps)
+                settled = (
+                    len(now) == len(members)
+                    and len(flat) == partitions
+                    and len(set(flat)) == partitions
+                    and holding == min(partitions, len(now))
+                    and now == last
+                )
+                stable = stable + 1 if settled else 0
+                last = now
+                if stable >= 5:
+                    return now
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(WAIT_S)
         raise AssertionError(f"members never settled: {last}")
 
     def _poll_assignment(self, member: Any) -> list[int]:
@@ -527,15 +557,8 @@ class KafkaPythonDriver(_PythonDriver):
 
         c = KafkaConsumer(
             bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-            session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=3000, metadata_max_age_ms=1000,
+            session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=500, metadata_max_age_ms=1000,
         )  # fmt: skip
-        # heartbeat_interval_ms is kafka-python's default, 3 s, not the others' 500 ms: kafka-python
-        # 3.0.12 takes REBALANCE_IN_PROGRESS on any heartbeat as a reason to rejoin
-        # (BaseCoordinator._handle_heartbeat_response), also on a heartbeat of the generation
-        # before that is answered after its own join completed. At 500 ms two members kept
-        # triggering each other's rejoin, a new generation every ~0.5 s for the whole 20 s (seen
-        # against Kafka and against Sluice alike, in about one run of three); the Java client
-        # and librdkafka ignore a stale generation's answer.
         # kafka-python's group leader assigns from its own metadata: one that joins before its
         # metadata names the topic's partitions assigns nothing ("No partition metadata") until
         # its metadata refreshes. Loaded first, on either cluster.

@@ -92,7 +92,7 @@ public class ClientProbe {
     p.put("allow.auto.create.topics", "false");
     // a commit the broker keeps refusing with a retriable error gives up after this long
     p.put("default.api.timeout.ms", "2000");
-    p.put("session.timeout.ms", "45000"); // drivers.py SESSION_TIMEOUT_MS: Kafka's default
+    p.put("session.timeout.ms", "45000"); // drivers.py SESSION_TIMEOUT_MS
     p.put("heartbeat.interval.ms", "500");
     return new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer());
   }
