@@ -138,11 +138,27 @@ def _show(observation: Any) -> str:
 
 def _kafka_or_skip(kafka: tuple[str | None, str], sluice_steps: Steps) -> str:
     bootstrap, why = kafka
-    faults = [(step, o) for step, o in sluice_steps if DRIVER_FAULT in json.dumps(o, default=repr)]
+    faults = _driver_faults(sluice_steps)
     assert not faults, f"a driver failed on its own against Sluice: {faults}"
     if bootstrap is None:
         pytest.skip(f"the Sluice side ran ({len(sluice_steps)} steps); the Kafka side is skipped: {why}")
     return bootstrap
+
+
+#: Scenarios in which a client is known to fail against Kafka itself now and then, and why. When
+#: that happens (a driver fault on Kafka's side, none on Sluice's, which is still asserted) there
+#: is no reference to compare with, and the comparison is skipped saying so.
+UNSTEADY_ON_KAFKA = {
+    ("groups_and_rebalances", "kafka-python"): (
+        "kafka-python 3.0.12's group client did not settle against Kafka itself (in CI about one "
+        "run in five: one member kept its old generation's partitions for the whole wait); see "
+        "docs/COMPATIBILITY.md"
+    ),
+}
+
+
+def _driver_faults(steps: Steps) -> list[tuple[str, Any]]:
+    return [(step, o) for step, o in steps if DRIVER_FAULT in json.dumps(o, default=repr)]
 
 
 @pytest.mark.parametrize("client", ["confluent", "kafka-python", "java"])
@@ -159,6 +175,9 @@ def test_client_sees_sluice_as_kafka(
     finally:
         if client != "java":
             driver.close()
+    unsteady = UNSTEADY_ON_KAFKA.get((scenario, client))
+    if unsteady is not None and _driver_faults(kafka_steps):
+        pytest.skip(f"{unsteady}: {_driver_faults(kafka_steps)}; Sluice's side ran without a fault")
     assert_same(kafka_steps, sluice_steps, scenario, client)
 
 

@@ -53,8 +53,18 @@ def serves_an_rf3_topic(bootstrap: str) -> None:
     """An RF 3 topic on the peer takes 300 acks=all idempotent writes and a group reads them all."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     admin.create_topics([NewTopic("peer-rf3", 3, 3)])["peer-rf3"].result(60)
-    parts = admin.list_topics("peer-rf3", timeout=10).topics["peer-rf3"].partitions
-    assert {len(p.replicas) for p in parts.values()} == {3}
+
+    def replicas() -> set[int]:
+        """Replica counts of the topic's partitions, as the broker asked knows them now: a
+        broker learns a new topic from the controller after CreateTopics has answered (in CI a
+        KRaft broker still listed it with no partitions), so this is waited for."""
+        parts = admin.list_topics("peer-rf3", timeout=10).topics["peer-rf3"].partitions
+        return {len(p.replicas) for p in parts.values()} if len(parts) == 3 else set()
+
+    deadline = time.monotonic() + 30
+    while replicas() != {3} and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert replicas() == {3}
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
     for i in range(300):
         producer.produce("peer-rf3", b"%d" % i, partition=i % 3)

@@ -711,7 +711,7 @@ class MySqlCapture:
             status = {r["Variable_name"].lower(): r["Value"] for r in cur.fetchall()}
             position = BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
             cur.execute("SELECT BINLOG_GTID_POS(%s, %s) AS state", (position.file, position.pos))
-            state = cur.fetchone()["state"]
+            state = cur.fetchall()[0]["state"]  # all of it: an unbuffered cursor
             if state is not None:
                 return position, str(state)
             cur.execute("ROLLBACK")  # the binlog changed since (RESET MASTER): begin again
