@@ -60,7 +60,9 @@ BARE_VARIABLES = (
     "SLUICE_TEST_PAUSE_DIR",
 )
 
-CRASH_POINTS = ("before-commit", "after-commit")
+#: "after-staging": the executors staged the batch's rows in the target and the driver is about to
+#: commit them (staging.py); N counts batches there, as it counts commits at the other two.
+CRASH_POINTS = ("before-commit", "after-commit", "after-staging")
 #: "capture-produce": a captured change is about to be produced to the log; "apply-commit": a
 #: micro-batch was read and is about to be committed to the target; "txn-markers": a transaction
 #: coordinator wrote PrepareCommit/PrepareAbort and is about to write the markers.
@@ -89,7 +91,8 @@ class Switches:
     #: older image.
     shared_event_position: bool = False
     #: "before-commit:N" or "after-commit:N": the process kills itself with SIGKILL right before
-    #: or right after its N-th target commit (counting from 1).
+    #: or right after its N-th target commit (counting from 1); "after-staging:N": when the
+    #: executors have staged the rows of its N-th commit, before the commit begins.
     crash_at: str = ""
     #: A directory: at a pause point (PAUSE_POINTS) named by a file in it, the process deletes
     #: the file and stops itself with SIGSTOP (a GC pause landing exactly there) until someone
@@ -99,7 +102,9 @@ class Switches:
     def __post_init__(self) -> None:
         point, _, number = self.crash_at.partition(":")
         if self.crash_at and (point not in CRASH_POINTS or not number.isdigit()):
-            raise ValueError(f"crash_at must be before-commit:N or after-commit:N, not {self.crash_at!r}")
+            raise ValueError(
+                f"crash_at must be before-commit:N, after-commit:N or after-staging:N, not {self.crash_at!r}"
+            )
 
     def on(self) -> dict[str, bool | str]:
         """The switches that are on, by name."""
@@ -262,7 +267,9 @@ def crash_point(switches: Switches, where: str, *, count: bool = False) -> None:
     if not switches.crash_at:
         return
     point, _, number = switches.crash_at.partition(":")
-    if point == where and int(number) == _commits:
+    # at "after-staging" the commit it precedes is not counted yet
+    reached = _commits + 1 if where == "after-staging" else _commits
+    if point == where and int(number) == reached:
         _signal_this_thread("SIGKILL")
 
 

@@ -208,15 +208,21 @@ class ApplyQuery:
         return note
 
     def _apply_batch(self, df: Any, batch_id: int) -> None:
-        """foreachBatch: collect the batch to the driver as Arrow, commit it to the target."""
+        """foreachBatch: commit one micro-batch to the target in one transaction. A target the
+        executors can stage in (PostgreSQL) gets the rows from them and the driver only their
+        summaries (`_stage_and_commit`); any other target gets the batch from the driver."""
         t0 = time.monotonic()
-        records = df.toArrow()
-        collected = time.monotonic()
         sink = None
         if self.dead_letters is not None:
             sink = self.dead_letters.sink(self.pipeline, self.epoch, self.config.execution)
         try:
-            result = self.target.apply(self.pipeline, self.epoch, records, on_refused=sink)
+            if self.target.stages_in_executors:
+                result, collected, held, stamps = self._stage_and_commit(df, batch_id, sink)
+            else:
+                records = df.toArrow()
+                collected = time.monotonic()
+                held, stamps = records.nbytes, records
+                result = self.target.apply(self.pipeline, self.epoch, records, on_refused=sink)
             commit_s = time.monotonic() - collected
         except BaseException as exc:
             self.error = exc
@@ -228,12 +234,8 @@ class ApplyQuery:
             raise
         committed = time.time()
         freshness: list[int] = []
-        if self.keep_freshness and records.num_rows:
-            import pyarrow as pa
-            import pyarrow.compute as pc
-
-            ms = pc.cast(pc.cast(records["timestamp"], pa.timestamp("ms", tz="UTC")), pa.int64())
-            freshness = pc.subtract(int(committed * 1000), ms).to_pylist()
+        if self.keep_freshness:
+            freshness = freshness_ms(stamps, int(committed * 1000))
         with self._lock:
             self.batches += 1
             self.applied_records += result.records - result.skipped
@@ -252,9 +254,25 @@ class ApplyQuery:
                     time.monotonic() - t0,
                     collected - t0,
                     commit_s,
-                    result_bytes=records.nbytes,
+                    result_bytes=held,
                 )
             )
+
+    def _stage_and_commit(self, df: Any, batch_id: int, sink: Any) -> tuple[ApplyResult, float, int, Any]:
+        """The executors COPY the batch's changes into its staging table; the driver collects
+        their summaries (a few rows per task) and commits (sync/targets/staging.py). Returns the
+        result, when the summaries arrived, their bytes, and the summaries."""
+        from sluice.sync.targets.staging import SUMMARY_DDL, StageSpec, stage_changes
+
+        target: Any = self.target
+        table = target.prepare_staging(self.pipeline, self.epoch, batch_id)
+        password = self.config.target_password
+        spec = StageSpec(self.config.target, table, None if password is None else password.reveal())
+        summaries = df.mapInArrow(stage_changes(spec), SUMMARY_DDL).toArrow()
+        collected = time.monotonic()
+        test_switches.crash_point(self.config.switches, "after-staging")
+        result = target.apply_staged(self.pipeline, self.epoch, batch_id, summaries, on_refused=sink)
+        return result, collected, summaries.nbytes, summaries
 
     def start(self) -> None:
         c = self.config
@@ -408,6 +426,22 @@ def kafka_starting_offsets(stored: dict[tuple[str, int], int], partitions: list[
     if not doc:
         return "earliest"  # nothing matches yet (a pattern): Spark finds the topics later
     return orjson.dumps(doc).decode()
+
+
+def freshness_ms(batch: Any, committed_ms: int) -> list[int]:
+    """Commit time minus the source timestamp of each change of a batch: from the changes
+    themselves (the driver held them), or from the executors' histograms (staged)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not batch.num_rows:
+        return []
+    if "ts_bucket_ms" in batch.column_names:
+        from sluice.sync.targets import staging
+
+        return staging.freshness_ms(batch, committed_ms)
+    ms = pc.cast(pc.cast(batch["timestamp"], pa.timestamp("ms", tz="UTC")), pa.int64())
+    return list(pc.subtract(committed_ms, ms).to_pylist())
 
 
 def dead_letter_writer(config: ApplyConfig, pipeline: str) -> DeadLetterWriter | None:

@@ -200,6 +200,9 @@ class Target(ABC):
     """A database that change events are applied to. Subclasses supply the SQL."""
 
     url: str
+    #: Executors can stage a batch's rows in this target (staging.py) for the driver to commit
+    #: with `apply_staged`; otherwise the driver applies rows it holds (`apply`).
+    stages_in_executors = False
 
     def __init__(
         self,
@@ -353,12 +356,7 @@ class Target(ABC):
         result = ApplyResult(records=_count(records))
         test_switches.pause_point(self.switches, "apply-commit")
         with self._transaction() as tx:
-            current = self._lock_epoch(tx, pipeline)
-            if current is not None and epoch < current:
-                if not self.switches.disable_target_fence:
-                    raise StaleEpochError(pipeline, epoch, current)
-            elif current != epoch:
-                self._set_epoch(tx, pipeline, epoch)
+            self._check_fence(tx, pipeline, epoch)
             applied = self._read_offsets(tx, pipeline)
             fresh = drop_applied(records, applied)
             if fresh.num_rows and "op" in fresh.column_names:
@@ -366,33 +364,58 @@ class Target(ABC):
             result.skipped = result.records - _count(fresh)
             if fresh.num_rows:
                 self._refuse_foreign_tables(fresh)
-                guard = not self.switches.disable_version_guard
                 collapsed = collapse(fresh)
                 result.changes = collapsed.num_rows
-                is_truncate = pc.equal(collapsed["op"], TRUNCATE)
-                truncates = collapsed.filter(is_truncate)
-                if truncates.num_rows:
-                    marks = dict(
-                        zip(truncates["table"].to_pylist(), truncates["pos"].to_pylist(), strict=True)
-                    )
-                    result.written += self._apply_truncates(tx, marks, guard)
-                    collapsed = collapsed.filter(pc.invert(is_truncate))
-                if collapsed.num_rows:
-                    collapsed = schema_step(self, tx, pipeline, collapsed)
-                if collapsed.num_rows:
-                    result.written += self._write_isolating(tx, collapsed, guard, on_refused, result)
-            new = batch_next_offsets(records)
-            merged = dict(applied)
-            for tp, nxt in new.items():
-                merged[tp] = max(nxt, merged.get(tp, 0))
-            self._write_offsets(tx, pipeline, epoch, {tp: merged[tp] for tp in new})
+                result.written += self._apply_collapsed(tx, pipeline, collapsed, on_refused, result)
+            merged = self._advance_offsets(tx, pipeline, epoch, applied, batch_next_offsets(records))
             test_switches.crash_point(self.switches, "before-commit", count=True)
         test_switches.crash_point(self.switches, "after-commit")
-        out: dict[str, dict[int, int]] = {}
-        for (t, p), o in sorted(merged.items()):
-            out.setdefault(t, {})[p] = o
-        result.offsets = out
+        result.offsets = nested_offsets(merged)
         return result
+
+    def _check_fence(self, tx: Any, pipeline: str, epoch: int) -> None:
+        """Lock the pipeline's fence row; refuse a commit under an older epoch (I8), take a
+        newer one."""
+        current = self._lock_epoch(tx, pipeline)
+        if current is not None and epoch < current:
+            if not self.switches.disable_target_fence:
+                raise StaleEpochError(pipeline, epoch, current)
+        elif current != epoch:
+            self._set_epoch(tx, pipeline, epoch)
+
+    def _advance_offsets(
+        self,
+        tx: Any,
+        pipeline: str,
+        epoch: int,
+        applied: Mapping[tuple[str, int], int],
+        new: Mapping[tuple[str, int], int],
+    ) -> dict[tuple[str, int], int]:
+        """Store the batch's next offsets (never lower than stored) and return all of them."""
+        merged = dict(applied)
+        for tp, nxt in new.items():
+            merged[tp] = max(nxt, merged.get(tp, 0))
+        self._write_offsets(tx, pipeline, epoch, {tp: merged[tp] for tp in new})
+        return merged
+
+    def _apply_collapsed(
+        self, tx: Any, pipeline: str, collapsed: pa.Table, on_refused: RefusalSink | None, result: ApplyResult
+    ) -> int:
+        """Write a batch's collapsed, not yet applied changes: truncates first, then schema
+        changes (evolution.py), then rows; return rows written."""
+        guard = not self.switches.disable_version_guard
+        written = 0
+        is_truncate = pc.equal(collapsed["op"], TRUNCATE)
+        truncates = collapsed.filter(is_truncate)
+        if truncates.num_rows:
+            marks = dict(zip(truncates["table"].to_pylist(), truncates["pos"].to_pylist(), strict=True))
+            written += self._apply_truncates(tx, marks, guard)
+            collapsed = collapsed.filter(pc.invert(is_truncate))
+        if collapsed.num_rows:
+            collapsed = schema_step(self, tx, pipeline, collapsed)
+        if collapsed.num_rows:
+            written += self._write_isolating(tx, collapsed, guard, on_refused, result)
+        return written
 
     def _write_isolating(
         self, tx: Any, changes: pa.Table, guard: bool, on_refused: RefusalSink | None, result: ApplyResult
@@ -435,12 +458,21 @@ class Target(ABC):
     def _refuse_foreign_tables(self, changes: pa.Table) -> None:
         """A record naming one of Sluice's own tables, or a table this pipeline was not given,
         fails the batch with the record named (nothing of the batch is written)."""
-        for table in pc.unique(changes["table"]).to_pylist():
+
+        def first(table: str) -> dict[str, Any]:
+            return dict(changes.filter(pc.equal(changes["table"], table)).slice(0, 1).to_pylist()[0])
+
+        self._refuse_tables(pc.unique(changes["table"]).to_pylist(), first)
+
+    def _refuse_tables(self, tables: list[str], first: Callable[[str], dict[str, Any]]) -> None:
+        """`_refuse_foreign_tables` for the tables a batch changes; `first(table)` is the batch's
+        first change of a table (topic, partition, offset), for the message."""
+        for table in tables:
             reserved = is_reserved(table)
             if not reserved and (self.tables is None or table in self.tables):
                 continue
-            first = changes.filter(pc.equal(changes["table"], table)).slice(0, 1).to_pylist()[0]
-            where = f"{first['topic']}[{first['partition']}]@{first['offset']}"
+            first_change = first(table)
+            where = f"{first_change['topic']}[{first_change['partition']}]@{first_change['offset']}"
             why = (
                 "names starting with _sluice are Sluice's own tables (fence, offsets, tombstones)"
                 if reserved
@@ -457,6 +489,14 @@ class Target(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def nested_offsets(offsets: Mapping[tuple[str, int], int]) -> dict[str, dict[int, int]]:
+    """{(topic, partition): offset} as {topic: {partition: offset}} (ApplyResult.offsets)."""
+    out: dict[str, dict[int, int]] = {}
+    for (t, p), o in sorted(offsets.items()):
+        out.setdefault(t, {})[p] = o
+    return out
 
 
 def _count(changes: pa.Table) -> int:

@@ -23,11 +23,23 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice import test_switches
 from sluice.security.secrets import Secret
-from sluice.sync.envelope import BadEventError, key_text
-from sluice.sync.schema import Recorded, target_type
-from sluice.sync.targets.base import POS_COLUMN, ColumnMapping, MappingError, Target, quote
+from sluice.sync.changes import CHANGE_SCHEMA
+from sluice.sync.envelope import MAX_POS, SCHEMA, TRUNCATE, BadEventError, key_text
+from sluice.sync.schema import DROP_COLUMN, DROP_TABLE, RENAME_COLUMN, Recorded, target_type
+from sluice.sync.targets.base import (
+    POS_COLUMN,
+    ApplyResult,
+    ColumnMapping,
+    MappingError,
+    RefusalSink,
+    Target,
+    nested_offsets,
+    quote,
+)
 from sluice.sync.targets.evolution import history_from_rows
+from sluice.sync.targets.staging import STAGED_DDL, parse_staging_table, staging_pattern, staging_table
 from sluice.test_switches import OFF, Switches
 
 log = logging.getLogger("sluice.target")
@@ -57,7 +69,42 @@ CREATE TEMP TABLE IF NOT EXISTS _sluice_stage (
 _TYPES = {"string": "text", "boolean": "boolean", "object": "jsonb", "array": "jsonb"}
 
 
+class StagingLostError(RuntimeError):
+    """Rows the executors staged for a batch are not (all) in its staging table."""
+
+
+def psycopg_errors() -> Any:
+    import psycopg
+
+    return psycopg.errors
+
+
+def staged_counts(summaries: pa.Table) -> dict[int, int]:
+    """Token -> rows staged under it, from the tasks' summaries (tokens that staged nothing
+    are left out: there is nothing of them to check or merge)."""
+    if not summaries.num_rows:
+        return {}
+    return {
+        int(t): int(n)
+        for t, n in zip(summaries["token"].to_pylist(), summaries["staged"].to_pylist(), strict=True)
+        if n
+    }
+
+
+def next_offsets(summaries: pa.Table) -> dict[tuple[str, int], int]:
+    """The batch's next offset per topic-partition, from the tasks' summaries."""
+    out: dict[tuple[str, int], int] = {}
+    for t, p, o in zip(
+        summaries["topic"].to_pylist(), summaries["partition"].to_pylist(),
+        summaries["next_offset"].to_pylist(), strict=True,
+    ):  # fmt: skip
+        out[(t, p)] = max(o, out.get((t, p), 0))
+    return out
+
+
 class PostgresTarget(Target):
+    stages_in_executors = True
+
     def __init__(
         self,
         url: str,
@@ -410,6 +457,216 @@ class PostgresTarget(Target):
             )
         return written
 
+    # --- batches staged by the executors (staging.py) ---------------------------------------------
+    def prepare_staging(self, pipeline: str, epoch: int, batch: int) -> str:
+        """Create the staging table of one batch (empty: rows an earlier run of this batch left
+        are removed) and return its name."""
+        name = staging_table(pipeline, epoch, batch)
+        with self.conn.transaction():
+            self.conn.execute(f"DROP TABLE IF EXISTS {quote(name)}")
+            self.conn.execute(f"CREATE UNLOGGED TABLE {quote(name)} ({STAGED_DDL})")
+        self.conn.commit()
+        return name
+
+    def apply_staged(
+        self,
+        pipeline: str,
+        epoch: int,
+        batch: int,
+        summaries: pa.Table,
+        on_refused: RefusalSink | None = None,
+    ) -> ApplyResult:
+        """Commit one batch the executors staged (`staging.stage_changes`), in one transaction:
+        the fence, the offsets, then the rows staged under the summaries' tokens, collapsed to
+        the newest change per row and merged with the version guard as `apply` writes them.
+
+        Rows another attempt, batch or execution staged are never read. A batch that brings
+        schema changes, whose rows need translating to renamed or dropped columns, or whose rows
+        the target refuses under `on_refused`, is read into the driver and applied as `apply`
+        does (schema changes are rare and refusals few; every other batch stays in SQL)."""
+        stage = staging_table(pipeline, epoch, batch)
+        expected = staged_counts(summaries)
+        records = int(pc.sum(summaries["records"]).as_py() or 0) if summaries.num_rows else 0
+        result = ApplyResult(records=records)
+        test_switches.pause_point(self.switches, "apply-commit")
+        with self._transaction() as tx:
+            self._check_fence(tx, pipeline, epoch)
+            applied = self._read_offsets(tx, pipeline)
+            if expected:
+                self._check_staged(tx, stage, expected)
+                tx.execute(
+                    "CREATE TEMP TABLE _sluice_batch ON COMMIT DROP AS "
+                    f"SELECT DISTINCT ON (s.tbl, s.key) s.* FROM {quote(stage)} s "
+                    "LEFT JOIN unnest(%s::text[], %s::int[], %s::bigint[]) "
+                    "AS a(topic, partition, next_offset) ON a.topic = s.topic AND a.partition = s.partition "
+                    "WHERE s.token = ANY(%s) AND s.\"offset\" >= coalesce(a.next_offset, 0) "
+                    "ORDER BY s.tbl, s.key, s.pos DESC, s.\"offset\" DESC",
+                    (
+                        [t for t, _ in applied], [p for _, p in applied], list(applied.values()),
+                        list(expected),
+                    ),
+                )  # fmt: skip
+                changes, fresh = tx.execute(
+                    "SELECT count(*), coalesce(sum(records), 0) FROM _sluice_batch"
+                ).fetchone()
+                result.skipped = records - int(fresh)
+                result.changes = int(changes)
+                if changes:
+                    result.written += self._merge_staged(tx, pipeline, on_refused, result)
+                tx.execute("DROP TABLE _sluice_batch")
+            merged = self._advance_offsets(tx, pipeline, epoch, applied, next_offsets(summaries))
+            test_switches.crash_point(self.switches, "before-commit", count=True)
+        test_switches.crash_point(self.switches, "after-commit")
+        result.offsets = nested_offsets(merged)
+        stripped = int(pc.max(summaries["nul_stripped"]).as_py() or 0) if summaries.num_rows else 0
+        if stripped:
+            log.warning("event=nul_characters_dropped pipeline=%s batch=%d rows=%d reason=%r",
+                        pipeline, batch, stripped, "PostgreSQL text cannot hold U+0000")  # fmt: skip
+        self.drop_staging(pipeline, epoch, batch)
+        return result
+
+    def _check_staged(self, tx: Any, stage: str, expected: Mapping[int, int]) -> None:
+        """Every listed token's rows are in the staging table, all of them (a restarted
+        PostgreSQL empties UNLOGGED tables; a dropped table is gone): else fail the batch."""
+        if tx.execute("SELECT to_regclass(%s)", (quote(stage),)).fetchone()[0] is None:
+            found: dict[int, int] = {}
+        else:
+            found = dict(tx.execute(
+                f"SELECT token, count(*) FROM {quote(stage)} WHERE token = ANY(%s) GROUP BY token",
+                (list(expected),),
+            ).fetchall())  # fmt: skip
+        missing = {t: n for t, n in expected.items() if found.get(t, 0) != n}
+        if missing:
+            token, n = next(iter(missing.items()))
+            raise StagingLostError(
+                f"the executors staged rows for this batch in {stage}, but {len(missing)} of its "
+                f"{len(expected)} tasks' rows are not all there (token {token}: {found.get(token, 0)} "
+                f"of {n} rows; was the target restarted, or the table dropped?). Nothing of the batch "
+                "was committed; the query stops, and run again it stages the batch anew"
+            )
+
+    def _merge_staged(
+        self, tx: Any, pipeline: str, on_refused: RefusalSink | None, result: ApplyResult
+    ) -> int:
+        """Write `_sluice_batch` (the batch's fresh, collapsed changes) into the target."""
+        tables = [t for (t,) in tx.execute("SELECT DISTINCT tbl FROM _sluice_batch ORDER BY tbl").fetchall()]
+        self._refuse_tables(tables, lambda table: self._first_staged(tx, "tbl = %s", (table,)))
+        nul = tx.execute("SELECT 1 FROM _sluice_batch WHERE strpos(key, %s) > 0 LIMIT 1", (NUL_ESCAPE,))
+        if nul.fetchone() is not None:
+            raise nul_key_error(self._first_staged(tx, "strpos(key, %s) > 0", (NUL_ESCAPE,)))
+        if self._needs_driver(tx, tables):
+            return self._apply_collapsed(tx, pipeline, self._read_staged(tx), on_refused, result)
+        guard = not self.switches.disable_version_guard
+        if on_refused is None:
+            return self._merge_in_sql(tx, tables, guard)
+        self._savepoint(tx)
+        try:
+            written = self._merge_in_sql(tx, tables, guard)
+        except Exception as exc:
+            if not self._is_refusal(exc):
+                raise
+            self._rollback_to(tx)
+            self._release(tx)
+            log.info("event=staged_batch_refused pipeline=%s reason=%r action=%r", pipeline, str(exc)[:200],
+                     "isolating the refused changes in the driver")  # fmt: skip
+            return self._apply_collapsed(tx, pipeline, self._read_staged(tx), on_refused, result)
+        self._release(tx)
+        return written
+
+    def _merge_in_sql(self, tx: Any, tables: list[str], guard: bool) -> int:
+        written = 0
+        truncates = dict(
+            tx.execute("SELECT tbl, pos FROM _sluice_batch WHERE op = %s", (TRUNCATE,)).fetchall()
+        )
+        if truncates:
+            written += self._apply_truncates(tx, truncates, guard)
+        for table in tables:
+            tx.execute("TRUNCATE _sluice_stage")
+            upserts, deletes = tx.execute(
+                "WITH moved AS (INSERT INTO _sluice_stage (key, pos, op, after) SELECT key, pos, op, after "
+                "FROM _sluice_batch WHERE tbl = %s AND op <> %s RETURNING op) "
+                "SELECT count(*) FILTER (WHERE op <> 'd'), count(*) FILTER (WHERE op = 'd') FROM moved",
+                (table, TRUNCATE),
+            ).fetchone()
+            if not upserts and not deletes:
+                continue
+            binary: set[str] = set()
+            for (text,) in tx.execute(
+                'SELECT DISTINCT "binary" FROM _sluice_batch WHERE tbl = %s AND "binary" IS NOT NULL',
+                (table,),
+            ).fetchall():
+                binary.update(orjson.loads(text))
+            written += self._write_table(tx, table, guard, upserts=upserts, deletes=deletes, binary=binary)
+        return written
+
+    def _needs_driver(self, tx: Any, tables: list[str]) -> bool:
+        """Whether the staged batch must be applied from the driver: it has schema changes, or
+        rows that `evolution.translate_rows` would change (older than an applied rename, drop or
+        table drop, or at or after a rename the target did not take, or under `ignore` with
+        changes not applied)."""
+        if tx.execute("SELECT 1 FROM _sluice_batch WHERE op = %s LIMIT 1", (SCHEMA,)).fetchone():
+            return True
+        history = self._read_schema_history(tx, tables)
+        for table, recs in history.items():
+            if self.schema_change_policy == "ignore" and any(not r.applied for r in recs):
+                return True
+            moves = (RENAME_COLUMN, DROP_COLUMN, DROP_TABLE)
+            older = [r.pos for r in recs if r.applied and r.change.kind in moves]
+            later = [r.pos for r in recs if not r.applied and r.change.kind == RENAME_COLUMN]
+            hit = tx.execute(
+                "SELECT 1 FROM _sluice_batch WHERE tbl = %s AND (pos < %s OR pos >= %s) LIMIT 1",
+                (table, max(older, default=-1), min(later, default=MAX_POS + 1)),
+            ).fetchone()
+            if hit is not None:
+                return True
+        return False
+
+    def _first_staged(self, tx: Any, where: str, params: tuple[Any, ...]) -> dict[str, Any]:
+        row = tx.execute(
+            f'SELECT topic, partition, "offset", tbl, key FROM _sluice_batch WHERE {where} '
+            'ORDER BY topic, partition, "offset" LIMIT 1',
+            params,
+        ).fetchone()
+        return dict(zip(("topic", "partition", "offset", "table", "key"), row, strict=True))
+
+    def _read_staged(self, tx: Any) -> pa.Table:
+        """`_sluice_batch` in the driver, as `sync.changes.CHANGE_SCHEMA` rows."""
+        rows = tx.execute(
+            'SELECT topic, partition, "offset", ts, tbl, key, pos, op, after::text, records, "binary" '
+            'FROM _sluice_batch ORDER BY topic, partition, "offset"'
+        ).fetchall()
+        cols = list(zip(*rows, strict=True)) if rows else [()] * 11
+        types = [pa.int64() if f.name == "timestamp" else f.type for f in CHANGE_SCHEMA]
+        arrays = [pa.array(c, t) for c, t in zip(cols, types, strict=True)]
+        arrays[3] = arrays[3].cast(pa.timestamp("ms")).cast(CHANGE_SCHEMA.field("timestamp").type)
+        return pa.Table.from_arrays(arrays, schema=CHANGE_SCHEMA)
+
+    def drop_staging(self, pipeline: str, epoch: int, batch: int) -> list[str]:
+        """Drop this batch's staging table and every one of `pipeline` from an older epoch or an
+        older batch of `epoch` (a failed batch's, a dead driver's, a zombie's); return their
+        names. A table still locked (a task of a zombie still writing) is left for the next
+        commit; it is never read."""
+        rows = self.conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE %s",
+            (staging_pattern(pipeline),),
+        ).fetchall()
+        self.conn.commit()
+        dropped = []
+        for (name,) in rows:
+            tag = parse_staging_table(name, pipeline)
+            if tag is None or tag > (epoch, batch):
+                continue
+            try:
+                with self.conn.transaction():
+                    self.conn.execute("SET LOCAL lock_timeout = '2s'")
+                    self.conn.execute(f"DROP TABLE IF EXISTS {quote(name)}")
+                dropped.append(name)
+            except psycopg_errors().LockNotAvailable:
+                log.info("event=staging_kept table=%s reason=%r", name, "locked: a later commit drops it")
+            finally:
+                self.conn.commit()
+        return dropped
+
     def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
         name = self.mapping.target_table(table)
         with self.conn.transaction():
@@ -478,21 +735,17 @@ def _staged_value(expr: str, column: str, cols: Mapping[str, str], casts: Mappin
     return expr
 
 
-def strip_nul(rows: pa.Table) -> tuple[pa.Table, int]:
+def strip_nul(rows: pa.Table, *, check_keys: bool = True) -> tuple[pa.Table, int]:
     """`rows` with U+0000 removed from every string in `after` (PostgreSQL's text and jsonb
     cannot hold it), and how many rows had one. Such rows are rare: only they are re-encoded, in
     Python. A key holding U+0000 is refused instead: without it, 'a\\0b' and 'ab' would be one
-    row in the target, and one of two source rows would be lost."""
-    in_key = pc.fill_null(pc.match_substring(rows["key"], "\\u0000"), False)
-    if pc.any(in_key).as_py():
-        first = rows.filter(in_key).slice(0, 1).to_pylist()[0]
-        raise BadEventError(
-            f"record at {first['topic']}[{first['partition']}]@{first['offset']} has U+0000 in its "
-            f"primary key {first['key']} (table {first['table']!r}): PostgreSQL text cannot hold it, "
-            "and without it two different keys would become one row. Nothing of the batch was "
-            "written; change the key at the source, or apply this table to a target that keeps U+0000"
-        )
-    hit = pc.fill_null(pc.match_substring(rows["after"], "\\u0000"), False)
+    row in the target, and one of two source rows would be lost. (Staged rows keep the key's
+    JSON escape, which text holds; the driver refuses it before merging: `check_keys=False`.)"""
+    if check_keys:
+        in_key = pc.fill_null(pc.match_substring(rows["key"], NUL_ESCAPE), False)
+        if pc.any(in_key).as_py():
+            raise nul_key_error(rows.filter(in_key).slice(0, 1).to_pylist()[0])
+    hit = pc.fill_null(pc.match_substring(rows["after"], NUL_ESCAPE), False)
     count = int(pc.sum(hit).as_py() or 0)
     if not count:
         return rows, 0
@@ -505,6 +758,19 @@ def strip_nul(rows: pa.Table) -> tuple[pa.Table, int]:
         ]
         rows = rows.set_column(rows.column_names.index(col), col, pa.array(fixed, pa.string()))
     return rows, count
+
+
+#: U+0000 as JSON text writes it (a key's canonical text, `envelope.key_text`).
+NUL_ESCAPE = "\\u0000"
+
+
+def nul_key_error(first: Mapping[str, Any]) -> BadEventError:
+    return BadEventError(
+        f"record at {first['topic']}[{first['partition']}]@{first['offset']} has U+0000 in its "
+        f"primary key {first['key']} (table {first['table']!r}): PostgreSQL text cannot hold it, "
+        "and without it two different keys would become one row. Nothing of the batch was "
+        "written; change the key at the source, or apply this table to a target that keeps U+0000"
+    )
 
 
 def _without_nul(value: Any) -> Any:

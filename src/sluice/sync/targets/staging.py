@@ -1,0 +1,254 @@
+"""Executors stage a micro-batch's changes in the PostgreSQL target; the driver commits them.
+
+The rows of a batch never pass through the Spark driver. For each batch the driver creates one
+UNLOGGED staging table (`staging_table`: named by the pipeline, the fencing epoch and the batch
+id). Each Spark task (`stage_changes`, run by `mapInArrow` in the executors) takes a random
+63-bit token, COPYs its partition's collapsed changes into that table tagged with the token, in
+a transaction of its own, and returns a few summary rows (`SUMMARY_DDL`): its token, how many
+rows it staged, and per topic-partition the next offset and the records read. The driver
+collects only those (bytes per task, not per change) and commits the batch in one target
+transaction (`PostgresTarget.apply_staged`): fence, offsets, the version guard and the merge of
+the rows staged under the summaries' tokens, nothing else.
+
+Why staged rows that must not be merged never are:
+
+- A task attempt that failed (its executor killed, its connection lost) either never committed
+  its COPY, or committed it under a token that is in no summary the driver collected: Spark
+  hands `collect` the result of one successful attempt per task. Its rows sit in the table,
+  unread, until the table is dropped.
+- A zombie execution (an older epoch, a driver that lost the pipeline) stages into tables named
+  by its own epoch, which the current execution never reads; its commit fails the fence.
+- The driver checks that every listed token's row count in the table equals its summary's before
+  merging anything (a restarted PostgreSQL empties UNLOGGED tables): a batch missing staged rows
+  fails and is run again, it never commits part of itself.
+- After each commit the driver drops its batch's table and every table of this pipeline from an
+  older epoch, or an older batch of this epoch (`PostgresTarget.drop_staging`), so a failed batch
+  or a dead driver leaves nothing behind after the next commit.
+
+The executors reach the target with the pipeline's URL and password (shipped in the task, as the
+source's broker credentials are). A Python worker keeps one connection per target and reuses it
+across batches (Spark reuses its Python workers): no per-batch connection set-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sluice.sync.envelope import MARKER
+
+#: What each task returns to the driver (Spark DDL): one row per topic-partition it read.
+#: `staged` and `nul_stripped` are the task's totals, on each of its rows; the freshness
+#: histogram (source timestamps in buckets of `ts_bucket_ms`) is on its first row only.
+SUMMARY_DDL = (
+    "token long, topic string, partition int, next_offset long, records long, staged long, "
+    "nul_stripped long, ts_bucket_ms long, ts_ms array<long>, ts_count array<long>"
+)
+
+#: The staged rows' columns (the COPY's column list) and the table's DDL.
+STAGED_COLUMNS = ["token", "topic", "partition", "offset", "ts", "tbl", "key", "pos", "op", "after",
+                  "records", "binary"]  # fmt: skip
+STAGED_DDL = (
+    'token bigint NOT NULL, topic text NOT NULL, partition int NOT NULL, "offset" bigint NOT NULL, '
+    "ts bigint, tbl text NOT NULL, key text NOT NULL, pos bigint NOT NULL, op text NOT NULL, "
+    'after jsonb, records int NOT NULL, "binary" text'
+)
+
+#: A freshness histogram keeps at most this many buckets per task (wider buckets beyond), so
+#: what a task returns stays small whatever its partition holds.
+MAX_BUCKETS = 1024
+
+_PREFIX = "_sluice_staged_"
+
+
+def pipeline_tag(pipeline: str) -> str:
+    return hashlib.sha256(pipeline.encode()).hexdigest()[:12]
+
+
+def staging_table(pipeline: str, epoch: int, batch: int) -> str:
+    """The staging table of one batch of one execution (a name PostgreSQL keeps whole)."""
+    return f"{_PREFIX}{pipeline_tag(pipeline)}_{epoch}_{batch}"
+
+
+def staging_pattern(pipeline: str) -> str:
+    """A LIKE pattern matching every staging table of `pipeline` (underscores escaped)."""
+    return (_PREFIX + pipeline_tag(pipeline) + "_").replace("_", "\\_") + "%"
+
+
+def parse_staging_table(name: str, pipeline: str) -> tuple[int, int] | None:
+    """(epoch, batch) of one of `pipeline`'s staging tables, or None for any other name."""
+    m = re.fullmatch(re.escape(_PREFIX + pipeline_tag(pipeline)) + r"_(\d+)_(\d+)", name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What a task needs to stage its rows: where, and into which table."""
+
+    url: str
+    table: str
+    password: str | None = field(default=None, repr=False)
+
+
+_connections: dict[tuple[str, str | None], Any] = {}
+_connections_lock = threading.Lock()
+
+
+def _connection(spec: StageSpec) -> Any:
+    """This Python worker's connection to the target (made once, made again when broken)."""
+    import psycopg
+
+    key = (spec.url, spec.password)
+    with _connections_lock:
+        conn = _connections.get(key)
+        if conn is not None and (conn.closed or conn.broken):
+            _connections.pop(key, None)
+            conn = None
+        if conn is None:
+            extra: dict[str, Any] = {} if spec.password is None else {"password": spec.password}
+            conn = psycopg.connect(spec.url, autocommit=True, **extra)
+            _connections[key] = conn
+        return conn
+
+
+def _forget(spec: StageSpec) -> None:
+    with _connections_lock:
+        conn = _connections.pop((spec.url, spec.password), None)
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:
+            pass  # it is broken already
+
+
+def stage_changes(spec: StageSpec) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The `mapInArrow` function of the executors: changes (`sync.changes.CHANGE_SCHEMA`) in, the
+    task's summary rows (`SUMMARY_DDL`) out, its rows COPYed into `spec.table` under its token."""
+    from sluice.sync.targets.postgres import copy_text, strip_nul
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task = _Task(secrets.randbits(63))
+        conn = _connection(spec)
+        columns = ", ".join(f'"{c}"' for c in STAGED_COLUMNS)
+        try:
+            with (
+                conn.transaction(),
+                conn.cursor() as cur,
+                cur.copy(f'COPY "{spec.table}" ({columns}) FROM STDIN') as copy,
+            ):
+                for batch in batches:
+                    payload = task.add(batch, strip_nul, copy_text)
+                    if payload is not None:
+                        copy.write(payload)
+        except BaseException:
+            _forget(spec)
+            raise
+        if task.ends:
+            yield summary(task.token, task.ends, task.counts, task.staged, task.stripped, task.stamps)
+
+    return run
+
+
+@dataclass
+class _Task:
+    """What one task has staged so far."""
+
+    token: int
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)
+    counts: dict[tuple[str, int], int] = field(default_factory=dict)
+    stamps: list[pa.Array] = field(default_factory=list)
+    staged: int = 0
+    stripped: int = 0
+
+    def add(self, batch: pa.RecordBatch, strip_nul: Any, copy_text: Any) -> memoryview | None:
+        """Count a batch of changes and return its rows' COPY payload (None: nothing to stage)."""
+        if not batch.num_rows:
+            return None
+        rows = pa.Table.from_batches([batch])
+        _count_offsets(rows, self.ends, self.counts)
+        rows = rows.filter(pc.not_equal(rows["op"], MARKER))  # position markers: offsets only
+        if not rows.num_rows:
+            return None
+        rows, n = strip_nul(rows, check_keys=False)
+        self.stripped += n
+        ms = pc.cast(pc.cast(rows["timestamp"], pa.timestamp("ms", tz="UTC")), pa.int64()).combine_chunks()
+        self.stamps.append(ms)
+        rows = rows.append_column("token", pa.repeat(pa.scalar(self.token, pa.int64()), rows.num_rows))
+        rows = rows.append_column("ts", ms)
+        rows = rows.rename_columns(["tbl" if c == "table" else c for c in rows.column_names])
+        self.staged += rows.num_rows
+        return copy_text(rows, STAGED_COLUMNS)
+
+
+def _count_offsets(
+    rows: pa.Table, ends: dict[tuple[str, int], int], counts: dict[tuple[str, int], int]
+) -> None:
+    grouped = rows.group_by(["topic", "partition"]).aggregate([("offset", "max"), ("records", "sum")])
+    for t, p, o, n in zip(
+        grouped["topic"].to_pylist(), grouped["partition"].to_pylist(),
+        grouped["offset_max"].to_pylist(), grouped["records_sum"].to_pylist(), strict=True,
+    ):  # fmt: skip
+        ends[(t, p)] = max(ends.get((t, p), 0), o + 1)
+        counts[(t, p)] = counts.get((t, p), 0) + int(n or 0)
+
+
+def histogram(stamps: list[pa.Array]) -> tuple[int, list[int], list[int]]:
+    """Source timestamps (ms) as (bucket width, bucket starts, counts), at most MAX_BUCKETS."""
+    if not stamps:
+        return 1, [], []
+    ms = pa.concat_arrays(stamps)
+    width = 1
+    while True:
+        starts = pc.multiply(pc.divide(ms, width), width) if width > 1 else ms
+        counted = pc.value_counts(starts)
+        if len(counted) <= MAX_BUCKETS:
+            return width, counted.field("values").to_pylist(), counted.field("counts").to_pylist()
+        width *= 4
+
+
+def summary(
+    token: int,
+    ends: dict[tuple[str, int], int],
+    counts: dict[tuple[str, int], int],
+    staged: int,
+    stripped: int,
+    stamps: list[pa.Array],
+) -> pa.RecordBatch:
+    width, starts, hits = histogram(stamps)
+    parts = sorted(ends)
+    n = len(parts)
+    return pa.RecordBatch.from_pydict(
+        {
+            "token": pa.array([token] * n, pa.int64()),
+            "topic": pa.array([t for t, _ in parts], pa.string()),
+            "partition": pa.array([p for _, p in parts], pa.int32()),
+            "next_offset": pa.array([ends[tp] for tp in parts], pa.int64()),
+            "records": pa.array([counts[tp] for tp in parts], pa.int64()),
+            "staged": pa.array([staged] * n, pa.int64()),
+            "nul_stripped": pa.array([stripped] * n, pa.int64()),
+            "ts_bucket_ms": pa.array([width] * n, pa.int64()),
+            "ts_ms": pa.array([starts] + [[]] * (n - 1), pa.list_(pa.int64())),
+            "ts_count": pa.array([hits] + [[]] * (n - 1), pa.list_(pa.int64())),
+        }
+    )
+
+
+def freshness_ms(summaries: pa.Table, committed_ms: int) -> list[int]:
+    """Commit time minus each staged change's source timestamp (bucket midpoints), from the
+    tasks' histograms: what `BatchReport.freshness_ms` holds for a batch staged in executors."""
+    out: list[int] = []
+    for width, starts, hits in zip(
+        summaries["ts_bucket_ms"].to_pylist(), summaries["ts_ms"].to_pylist(),
+        summaries["ts_count"].to_pylist(), strict=True,
+    ):  # fmt: skip
+        for start, count in zip(starts or [], hits or [], strict=True):
+            out.extend([committed_ms - (start + width // 2)] * count)
+    return out
