@@ -44,6 +44,7 @@ from sluice.sync.truth import Truth, compare
 from tests.integration.test_mysql_capture import read_all, running, wait_caught_up
 from tests.integration.test_pipeline import create_topic
 from tests.support.cluster import TestCluster, wait_until
+from tests.support.staging import apply_staged
 
 DB = "schema_evo"
 TOPIC = "schema_evo.changes"
@@ -156,6 +157,11 @@ def source_log(
         cluster.down()
 
 
+#: "postgresql-staged": PostgreSQL, each batch staged by the executors' function and committed
+#: from the staging (the Spark pipeline's path: sync/targets/staging.py)
+KINDS = ["sqlite", "postgresql", "postgresql-staged"]
+
+
 def target_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     return (
         f"sqlite:///{tmp_path / 'target.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
@@ -180,12 +186,17 @@ def cut(records: pa.Table, most: int, after_schema_change: bool) -> list[pa.Tabl
     return [records.slice(a, b - a) for a, b in pairwise(bounds)]
 
 
-def apply_log(url: str, policy: str, records: pa.Table, batch: int = 23) -> Applied:
+def apply_log(url: str, policy: str, records: pa.Table, batch: int = 23, staged: bool = False) -> Applied:
     """The log in batches of `batch` records, the target opened again (a restart from its stored
     offsets, replaying the batch before) after every batch with a schema change and every 5
     batches. Under `stop`, a stopped batch must have committed nothing; it is then applied once
-    with evolve (the operator's answer)."""
+    with evolve (the operator's answer). `staged`: each batch staged as the executors stage it
+    and committed from the staging (tests/support/staging.py), as a Spark pipeline does."""
     batches = cut(records, batch, after_schema_change=policy == "stop")
+
+    def commit(target: Any, epoch: int, b: pa.Table) -> Any:
+        return apply_staged(target, DB, epoch, b) if staged else target.apply(DB, epoch, b)
+
     stops: list[SchemaChangeStopped] = []
     target = open_target(url, schema_change_policy=policy)
     epoch = target.claim(DB)
@@ -195,19 +206,19 @@ def apply_log(url: str, policy: str, records: pa.Table, batch: int = 23) -> Appl
                 target.close()
                 target = open_target(url, schema_change_policy=policy)
                 epoch = target.claim(DB)
-                target.apply(DB, epoch, batches[i - 1])  # replayed: changes nothing
+                commit(target, epoch, batches[i - 1])  # replayed: changes nothing
             try:
-                target.apply(DB, epoch, b)
+                commit(target, epoch, b)
             except SchemaChangeStopped as exc:
                 offsets = target.applied_offsets(DB)
                 rows = {t: target.read_rows(t) for t in TABLES}
                 with pytest.raises(SchemaChangeStopped):
-                    target.apply(DB, epoch, b)  # it stays stopped until the policy changes
+                    commit(target, epoch, b)  # it stays stopped until the policy changes
                 assert target.applied_offsets(DB) == offsets
                 assert {t: target.read_rows(t) for t in TABLES} == rows
                 stops.append(exc)
                 with open_target(url, schema_change_policy="evolve") as evolving:
-                    evolving.apply(DB, evolving.claim(DB), b)
+                    commit(evolving, evolving.claim(DB), b)
                 target.close()
                 target = open_target(url, schema_change_policy=policy)
                 epoch = target.claim(DB)
@@ -230,13 +241,13 @@ def assert_equal_to_source(got: Applied, log: SourceLog) -> None:
     assert got.rows["gone"] == {}  # dropped, and no older row brought it back
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_evolve_follows_every_change_through_restarts(
     source_log: SourceLog, kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     assert source_log.restarts == len(STEPS) + 1
     url = target_url(kind, tmp_path, request)
-    got = apply_log(url, "evolve", source_log.records)
+    got = apply_log(url, "evolve", source_log.records, staged=kind.endswith("staged"))
     assert got.stops == []
     assert_equal_to_source(got, source_log)
     with open_target(url) as t:
@@ -257,12 +268,12 @@ def assert_first_shape_kept(got: Applied, log: SourceLog) -> None:
     assert got.rows["gone"] == {}  # its rows removed, the table kept
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_ignore_keeps_the_first_shape_and_rows_keep_flowing(
     source_log: SourceLog, kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     url = target_url(kind, tmp_path, request)
-    got = apply_log(url, "ignore", source_log.records)
+    got = apply_log(url, "ignore", source_log.records, staged=kind.endswith("staged"))
     assert got.stops == []
     assert_first_shape_kept(got, source_log)
     with open_target(url) as t:  # the dropped table is still there, empty
@@ -276,11 +287,13 @@ def table_names(target: Any) -> set[str]:
     return {r[0] for r in target.conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_stop_pauses_at_each_change_that_alters_the_target(
     source_log: SourceLog, kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    got = apply_log(target_url(kind, tmp_path, request), "stop", source_log.records)
+    got = apply_log(
+        target_url(kind, tmp_path, request), "stop", source_log.records, staged=kind.endswith("staged")
+    )
     assert {(e.table, e.change.kind, e.change.column) for e in got.stops} == STOPPING
     for e in got.stops:
         assert "sluice task update" in str(e) and "schema_change_policy" in str(e) and str(e.pos) in str(e)

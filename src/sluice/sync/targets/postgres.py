@@ -494,21 +494,25 @@ class PostgresTarget(Target):
             applied = self._read_offsets(tx, pipeline)
             if expected:
                 self._check_staged(tx, stage, expected)
-                tx.execute(
-                    "CREATE TEMP TABLE _sluice_batch ON COMMIT DROP AS "
-                    f"SELECT DISTINCT ON (s.tbl, s.key) s.* FROM {quote(stage)} s "
-                    "LEFT JOIN unnest(%s::text[], %s::int[], %s::bigint[]) "
+                # this batch's tasks' rows, less those an earlier commit applied (a replay)
+                fresh_rows = (
+                    f"FROM {quote(stage)} s LEFT JOIN unnest(%s::text[], %s::int[], %s::bigint[]) "
                     "AS a(topic, partition, next_offset) ON a.topic = s.topic AND a.partition = s.partition "
-                    "WHERE s.token = ANY(%s) AND s.\"offset\" >= coalesce(a.next_offset, 0) "
-                    "ORDER BY s.tbl, s.key, s.pos DESC, s.\"offset\" DESC",
-                    (
-                        [t for t, _ in applied], [p for _, p in applied], list(applied.values()),
-                        list(expected),
-                    ),
-                )  # fmt: skip
-                changes, fresh = tx.execute(
-                    "SELECT count(*), coalesce(sum(records), 0) FROM _sluice_batch"
-                ).fetchone()
+                    'WHERE s.token = ANY(%s) AND s."offset" >= coalesce(a.next_offset, 0)'
+                )
+                params = (
+                    [t for t, _ in applied],
+                    [p for _, p in applied],
+                    list(applied.values()),
+                    list(expected),
+                )
+                (fresh,) = tx.execute(f"SELECT coalesce(sum(s.records), 0) {fresh_rows}", params).fetchone()
+                tx.execute(
+                    "CREATE TEMP TABLE _sluice_batch ON COMMIT DROP AS SELECT DISTINCT ON (s.tbl, s.key) s.* "
+                    f'{fresh_rows} ORDER BY s.tbl, s.key, s.pos DESC, s."offset" DESC',
+                    params,
+                )
+                (changes,) = tx.execute("SELECT count(*) FROM _sluice_batch").fetchone()
                 result.skipped = records - int(fresh)
                 result.changes = int(changes)
                 if changes:

@@ -1,0 +1,58 @@
+"""The executors' side of a staged batch, run in the test process: what `ApplyQuery` does on
+Spark (sync/targets/staging.py), without Spark, so the targets' tests can drive it batch by
+batch."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sluice.sync.changes import to_changes
+from sluice.sync.targets.base import ApplyResult, RefusalSink
+from sluice.sync.targets.staging import StageSpec, stage_changes
+
+_batches = itertools.count(1)
+
+
+def stage(url: str, table: str, records: pa.Table, tasks_per_partition: int = 2) -> pa.Table:
+    """Stage log records as the executors would: each partition's records split over
+    `tasks_per_partition` tasks, each collapsed (as the source's `decode=envelope`) and COPYed
+    under a token of its own. Returns the tasks' summaries, as the driver collects them."""
+    summaries = []
+    where = zip(records["topic"].to_pylist(), records["partition"].to_pylist(), strict=True)
+    for topic, partition in sorted(set(where)):
+        mine = records.filter(
+            pc.and_(pc.equal(records["topic"], topic), pc.equal(records["partition"], partition))
+        )
+        size = max(1, -(-mine.num_rows // tasks_per_partition))
+        for lo in range(0, mine.num_rows, size):
+            changes = to_changes(mine.slice(lo, size), collapse=True)
+            summaries.extend(stage_changes(StageSpec(url, table))([changes]))
+    if not summaries:
+        return pa.Table.from_batches([], schema=_empty_summary_schema())
+    return pa.Table.from_batches(summaries)
+
+
+def apply_staged(
+    target: Any,
+    pipeline: str,
+    epoch: int,
+    records: pa.Table,
+    on_refused: RefusalSink | None = None,
+    batch: int | None = None,
+) -> ApplyResult:
+    """`target.apply(pipeline, epoch, records)` the staged way: a new batch id (or `batch`, a
+    batch run again), its staging table, the executors' COPY, the driver's commit."""
+    batch = next(_batches) if batch is None else batch
+    table = target.prepare_staging(pipeline, epoch, batch)
+    summaries = stage(target.url, table, records)
+    return target.apply_staged(pipeline, epoch, batch, summaries, on_refused=on_refused)
+
+
+def _empty_summary_schema() -> pa.Schema:
+    from sluice.sync.targets.staging import summary
+
+    return summary(0, {("t", 0): 1}, {("t", 0): 0}, 0, 0, []).schema
