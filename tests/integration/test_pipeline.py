@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from sluice import test_switches
@@ -220,6 +221,31 @@ def audited_target(path: Path) -> str:
     return url
 
 
+def audited_postgres(url: str) -> str:
+    """A PostgreSQL target whose offset changes are logged (`audit_offsets`), as
+    `audited_target`'s SQLite triggers log them."""
+    open_target(url).close()  # creates the _sluice_* tables
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            """
+            CREATE TABLE audit_offsets (topic text, partition int, old bigint, new bigint);
+            CREATE FUNCTION audit_offsets() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+                INSERT INTO audit_offsets VALUES (new.topic, new.partition, old.next_offset, new.next_offset);
+                RETURN new; END $$;
+            CREATE TRIGGER audit_offsets AFTER UPDATE ON _sluice_offsets
+                FOR EACH ROW EXECUTE FUNCTION audit_offsets();
+            """
+        )
+    return url
+
+
+def staging_tables(url: str) -> list[str]:
+    """The batches' staging tables in a PostgreSQL target (sync/targets/staging.py)."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT relname FROM pg_class WHERE relname LIKE '\\_sluice\\_staged\\_%'")
+        return sorted(r[0] for r in rows.fetchall())
+
+
 def start_apply(
     bootstrap: str, url: str, ckpt: Path, log: Path, armed: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
@@ -339,3 +365,55 @@ def test_the_sources_client_password_is_redacted_in_query_plans(spark: Any) -> N
         plans.append(plan.getvalue())
     assert "sasl.password=*********(redacted)" in plans[0], plans[0]  # the streaming relation lists options
     assert not any("pw-must-not-show" in text for text in plans)
+
+
+def test_driver_killed_between_the_executors_staging_and_the_commit(
+    three_brokers: TestCluster, tmp_path: Path, postgres_url: str
+) -> None:
+    """PostgreSQL: the executors staged a batch's rows and the driver dies before committing
+    them. The batch left staged rows and no offsets; the next driver runs it again (new staging,
+    new epoch), and the target ends equal to the log with no staging left and no offset gone
+    back."""
+    bootstrap = three_brokers.bootstrap
+    create_topic(bootstrap, "crash.changes")
+    truth_path = tmp_path / "truth.json"
+    stats, _ = run_generator(
+        bootstrap,
+        GeneratorConfig(topic="crash.changes", rate=0, duration_s=None, max_events=12_000, seed=21),
+        truth_path=truth_path,
+    )
+    ends = end_offsets(bootstrap, "crash.changes")
+    url = audited_postgres(postgres_url)
+    ckpt = tmp_path / "checkpoint"
+    log = tmp_path / "apply-0.log"
+    with test_switches.armed(test_switches.Switches(crash_at="after-staging:2")) as armed:
+        proc = start_apply(bootstrap, url, ckpt, log, armed)
+        assert proc.wait(timeout=180) == -signal.SIGKILL, log.read_text()[-3000:]
+    left = staging_tables(url)
+    assert len(left) == 1, left  # the second batch's, staged and never committed
+    with psycopg.connect(url) as conn:
+        staged = conn.execute(f'SELECT count(*) FROM "{left[0]}"').fetchone()[0]
+    with open_target(url) as t:
+        after_first = t.applied_offsets("crash")
+    assert staged > 0 and 0 < sum(after_first.values()) <= 5_000, (staged, after_first)
+
+    final_log = tmp_path / "apply-final.log"
+    proc = start_apply(bootstrap, url, ckpt, final_log)
+    try:
+
+        def caught_up() -> bool:
+            with open_target(url) as t:
+                return t.applied_offsets("crash") == ends
+
+        wait_until(caught_up, 180, "the target to reach the end of the log")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    truth = Truth.load(truth_path)
+    assert truth.events == stats.events
+    with open_target(url) as t:
+        cmp = compare(truth, {name: t.read_rows(name) for name in truth.tables})
+    assert cmp.ok, cmp.summary()
+    assert staging_tables(url) == []
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT * FROM audit_offsets WHERE new < old").fetchall() == []

@@ -20,6 +20,13 @@ run the driver's interpreter, though the daemons' environment holds no PYSPARK_*
 killed executor's Python workers exit by themselves. About 50 s here on two loaded cores, most
 of it the driver JVM's start (15-25 s) and the new executor's.
 
+With a PostgreSQL target (`test_two_workers_staging_into_postgresql_survive_kill_9_of_one_mid_batch`)
+the executors stage each batch's rows in the target and the driver commits them
+(sync/targets/staging.py). The cluster has two workers from the start; the first is killed while
+a batch's staging table exists and the batch is not committed, and the other worker carries the
+query on. The target must equal the truth (the killed tasks' staged rows, under tokens no summary
+names, never merged), its offsets never go back, and no staging table is left.
+
 Able to fail: with no new worker (`test_without_a_new_worker_the_target_never_catches_up`, slow
 suite) the same run fails its check, "timed out ... waiting for the target to reach the end of
 the log". Observed: the kill came after the first batch (1,998 of 20,000 records applied); the
@@ -42,6 +49,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from sluice.ops.mariadb import LocalMariaDB
@@ -50,7 +58,13 @@ from sluice.pipeline.session import loopback_master
 from sluice.sync.sources.generator import GeneratorConfig, run_generator
 from sluice.sync.targets import open_target
 from sluice.sync.truth import Truth, compare
-from tests.integration.test_pipeline import audited_target, create_topic, end_offsets
+from tests.integration.test_pipeline import (
+    audited_postgres,
+    audited_target,
+    create_topic,
+    end_offsets,
+    staging_tables,
+)
 from tests.support.cluster import TestCluster, wait_until
 
 TOPIC = "standalone.changes"
@@ -124,11 +138,22 @@ def run_with_worker_killed(
     new_worker: bool,
     catch_up_s: float,
     seen: dict[str, int] | None = None,
+    postgres_url: str | None = None,
 ) -> None:
-    """The scenario of the module docstring; `new_worker=False` leaves the cluster without one."""
+    """The scenario of the module docstring; `new_worker=False` leaves the cluster without one.
+
+    With `postgres_url` the target is PostgreSQL, where the executors stage each batch's rows
+    for the driver to commit: the cluster has two workers from the start, the first is killed
+    while a batch is staged and not committed, and the other carries the query on."""
     t0 = time.monotonic()
+    staged = postgres_url is not None
     with ThreadPoolExecutor(1) as pool:  # the Spark daemons start while the brokers do
-        spark_up = pool.submit(lambda: (standalone.start_master(), standalone.start_worker()))
+
+        def daemons() -> tuple[str, SparkDaemon, SparkDaemon | None]:
+            master = standalone.start_master()
+            return master, standalone.start_worker(), standalone.start_worker() if staged else None
+
+        spark_up = pool.submit(daemons)
         cluster = make_cluster(1)
         bootstrap = cluster.bootstrap
         create_topic(bootstrap, TOPIC, partitions=3, rf=1)
@@ -138,17 +163,20 @@ def run_with_worker_killed(
             truth_path=truth_path,
         )  # fmt: skip
         ends = end_offsets(bootstrap, TOPIC)
-        url = audited_target(tmp_path / "target.db")
-        master, first = spark_up.result()
+        url = audited_postgres(postgres_url) if postgres_url else audited_target(tmp_path / "target.db")
+        master, first, second = spark_up.result()
     print(f"setup_s={time.monotonic() - t0:.1f}")
 
     proc = start_apply(bootstrap, url, master, tmp_path, standalone.driver_env())
     log = tmp_path / "apply.log"
-    second: SparkDaemon | None = None
     try:
         wait_until(lambda: applied(url) or proc.poll() is not None, 120, "a first committed batch", 0.2)
         assert proc.poll() is None, log.read_text()[-3000:]
         print(f"first_batch_s={time.monotonic() - t0:.1f}")
+        if staged:  # in the middle of a batch: its staging table made, the batch not committed
+            wait_until(lambda: staging_tables(url) or applied(url) == ends, 60, "a batch in flight", 0.02)
+            in_flight = staging_tables(url)
+            assert in_flight, "the log was applied before a batch could be caught in flight"
         standalone.kill_worker(first)
         at_kill = sum(applied(url).values())
         if seen is not None:
@@ -157,9 +185,12 @@ def run_with_worker_killed(
         assert 0 < at_kill < EVENTS, "the kill did not land in the middle of the run"
         assert first.work_dir is not None
         wait_until(lambda: not pids_in(first.work_dir), 30, "the killed executor's Python workers to exit")
-        time.sleep(3)  # the application runs without an executor for a while
-        if new_worker:
-            second = standalone.start_worker()
+        if staged:
+            print(f"in_flight_at_kill={in_flight}")
+        else:
+            time.sleep(3)  # the application runs without an executor for a while
+            if new_worker:
+                second = standalone.start_worker()
         wait_until(lambda: applied(url) == ends, catch_up_s, "the target to reach the end of the log", 0.5)
         print(f"caught_up_s={time.monotonic() - t0:.1f}")
         assert proc.poll() is None, "the driver died: " + log.read_text()[-3000:]
@@ -172,9 +203,9 @@ def run_with_worker_killed(
     tail = log.read_text(errors="replace")[-4000:]
     assert tail.rstrip().endswith("stopped") and "Traceback" not in tail, tail
 
-    # The driver lost its executor with the worker, and went on with one on the new worker,
+    # The driver lost its executor with the worker, and went on with one on the other worker,
     # which it reached on the loopback address; that executor's Python is the driver's.
-    assert "Lost executor 0" in log.read_text(), log.read_text()[-3000:]
+    assert re.search(r"Lost executor \d+", log.read_text()), log.read_text()[-3000:]
     assert second.work_dir is not None
     launched = " ".join(p.read_text(errors="replace") for p in second.work_dir.glob("app-*/*/stderr"))
     driver_url = re.search(r'"--driver-url" "spark://CoarseGrainedScheduler@([^:"]+):', launched)
@@ -186,6 +217,14 @@ def run_with_worker_killed(
     with open_target(url) as t:
         cmp = compare(truth, {name: t.read_rows(name) for name in truth.tables})
     assert cmp.ok, cmp.summary()
+    if staged:
+        # Every batch's staging went with its commit, the killed batch's too (its orphaned rows
+        # were never merged: the target equals the truth); offsets never went back.
+        assert staging_tables(url) == []
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT * FROM audit_offsets WHERE new < old").fetchall() == []
+            assert conn.execute("SELECT count(*) FROM audit_offsets").fetchone()[0] > 0
+        return
     db = sqlite3.connect(tmp_path / "target.db")
     try:
         twice = db.execute(
@@ -203,6 +242,14 @@ def test_apply_on_a_standalone_cluster_survives_kill_9_of_its_worker(
     standalone: StandaloneSpark, make_cluster: Callable[..., TestCluster], tmp_path: Path
 ) -> None:
     run_with_worker_killed(standalone, make_cluster, tmp_path, new_worker=True, catch_up_s=120)
+
+
+def test_two_workers_staging_into_postgresql_survive_kill_9_of_one_mid_batch(
+    standalone: StandaloneSpark, make_cluster: Callable[..., TestCluster], tmp_path: Path, postgres_url: str
+) -> None:
+    run_with_worker_killed(
+        standalone, make_cluster, tmp_path, new_worker=False, catch_up_s=120, postgres_url=postgres_url
+    )
 
 
 @pytest.mark.slow
