@@ -19,7 +19,8 @@ prints:
             freshness_p99_s=X driver_result_bytes_max=N
 
    where the last is the most bytes of result the driver received for one batch (the Arrow
-   table it collected), over the drain's and the freshness run's batches.
+   table it collected: with PostgreSQL, the executors' staging summaries, a few rows per task;
+   sync/targets/staging.py), over the drain's and the freshness run's batches.
 
 With `--source-format sluice,kafka` the pipeline and freshness runs are made once on each source
 (Sluice's own Python Data Source, and Spark's own Kafka source, spark-sql-kafka-0-10: run
@@ -34,12 +35,14 @@ into its own database, and the figures are printed side by side with the ratio:
 
 Usage: .venv/bin/python bench/pipeline.py [--events 1000000] [--rate 20000] [--freshness-s 30]
        [--trigger-s 1] [--source-format sluice|kafka|sluice,kafka] [--master local[*]]
+       [--standalone-workers 2]
 Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -50,6 +53,7 @@ import psycopg
 
 from sluice.ops import launcher
 from sluice.ops.postgres import LocalPostgres
+from sluice.ops.spark_standalone import StandaloneSpark
 from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
 from sluice.pipeline.session import spark_session
 from sluice.sync.sources.generator import ChangeGenerator, GeneratorConfig, run_generator
@@ -163,7 +167,13 @@ def main() -> int:
         "--trigger-s", type=float, default=1.0, help="the freshness query's trigger (s; 0: back to back)"
     )
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--master", default="local[*]", help="Spark master")
+    ap.add_argument("--master", default="local[*]", help="Spark master (local[*], or spark://host:port)")
+    ap.add_argument(
+        "--standalone-workers",
+        type=int,
+        default=0,
+        help="start a Spark standalone master with this many workers (1 core, 1g each) and run on it",
+    )
     ap.add_argument("--split", type=int, default=1_000_000, help="maxRecordsPerPartition for the drain")
     ap.add_argument("--per-trigger", type=int, default=None, help="maxRecordsPerTrigger for the drain")
     ap.add_argument(
@@ -177,6 +187,14 @@ def main() -> int:
         ap.error(f"--source-format takes sluice, kafka or sluice,kafka, not {args.source_format!r}")
 
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-pipeline-"))
+    standalone = None
+    if args.standalone_workers:
+        standalone = StandaloneSpark(work / "spark")
+        args.master = standalone.start_master()
+        for _ in range(args.standalone_workers):
+            standalone.start_worker()
+        os.environ.update(standalone.driver_env())
+        print(f"standalone: {args.master} with {args.standalone_workers} workers")
     cluster = launcher.cluster_up(work / "cluster", brokers=3)
     pg = LocalPostgres(work / "pg").start()
     bootstrap = cluster.bootstrap_servers
@@ -256,6 +274,8 @@ def main() -> int:
     finally:
         pg.remove()
         launcher.cluster_down(work / "cluster")
+        if standalone is not None:
+            standalone.stop()
     return 0
 
 
@@ -270,8 +290,10 @@ def freshness(
     fresh: list[int] = []
     applied = [0]
     most_bytes = [0]
+    reports: list[BatchReport] = []
 
     def on_fresh(b: BatchReport) -> None:
+        reports.append(b)
         fresh.extend(b.freshness_ms)
         applied[0] += b.result.records - b.result.skipped
         most_bytes[0] = max(most_bytes[0], b.result_bytes)
@@ -296,8 +318,29 @@ def freshness(
     deadline = time.monotonic() + 60
     while applied[0] < fstats.events and time.monotonic() < deadline:
         time.sleep(0.5)
+    progress = list(q.query.recentProgress or [])
     q.stop()
     fresh.sort()
+    spent: dict[str, list[float]] = {}
+    for entry in progress:
+        if entry.numInputRows:
+            for name, ms in (entry.durationMs or {}).items():
+                spent.setdefault(name, []).append(ms)
+    if spent:  # Spark's own account of its micro-batches (StreamingQueryProgress.durationMs)
+        print(f"freshness {fmt} spark ms per batch: " + ", ".join(
+            f"{name} {statistics.mean(v):.0f}" for name, v in sorted(spent.items())))  # fmt: skip
+    if len(reports) > 1:
+        # where a batch's time goes: the Spark job (read, parse, collapse; with PostgreSQL the
+        # executors' staging too), the target commit, and the rest of the interval between two
+        # commits (Spark's planning, offsets and commit logs, waiting for the trigger)
+        span = reports[-1].committed_at - reports[0].committed_at
+        gaps = span / (len(reports) - 1)
+        job = statistics.mean(b.collect_s for b in reports)
+        commit = statistics.mean(b.commit_s for b in reports)
+        print(
+            f"freshness {fmt} batches: {len(reports)}, one every {gaps:.2f} s: job {job:.2f} s, "
+            f"commit {commit:.2f} s, the rest {max(gaps - job - commit, 0):.2f} s"
+        )
     if not fresh:
         print(f"freshness {fmt}: nothing applied")
         return 0.0, 0.0, most_bytes[0]
