@@ -46,8 +46,10 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -102,12 +104,58 @@ def drain(
         ),
     )
     t0 = time.monotonic()
-    q.start()
-    q.await_termination()
-    took = time.monotonic() - t0
+    with DriverMemory(spark) as memory:
+        q.start()
+        q.await_termination()
+        took = time.monotonic() - t0
     q.stop()
+    print(f"  driver memory during the drain: {memory.summary()}")
     records, written = sum(b.result.records for b in batches), sum(b.result.written for b in batches)
     return took, records, written, max((b.result_bytes for b in batches), default=0)
+
+
+class DriverMemory:
+    """Samples the driver's memory once a second while a block runs: the Python process's RSS
+    (where `toArrow` used to land every batch) and the driver JVM's heap in use (with local[*]
+    the executors' work shares that heap)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.runtime = spark._jvm.java.lang.Runtime.getRuntime()
+        self.python: list[float] = []
+        self.heap: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        rss_kb = next(
+            int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+            if line.startswith("VmRSS:")
+        )  # fmt: skip
+        self.python.append(rss_kb / 1024)
+        self.heap.append((self.runtime.totalMemory() - self.runtime.freeMemory()) / 2**20)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self._sample()
+            except Exception:
+                return  # the JVM went away with the query's end
+
+    def __enter__(self) -> DriverMemory:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def summary(self) -> str:
+        def fig(values: list[float]) -> str:
+            return f"first {values[0]:.0f} max {max(values):.0f} last {values[-1]:.0f} MB"
+
+        return f"python rss {fig(self.python)}, jvm heap used {fig(self.heap)} ({len(self.python)} samples)"
 
 
 def baseline(url: str, events: int, seed: int) -> float:
