@@ -463,6 +463,9 @@ class PostgresTarget(Target):
         are removed) and return its name."""
         name = staging_table(pipeline, epoch, batch)
         with self.conn.transaction():
+            # a task of an earlier run of this batch still writing holds the table: fail the
+            # batch (it is run again) rather than wait on it for good
+            self.conn.execute("SET LOCAL lock_timeout = '30s'")
             self.conn.execute(f"DROP TABLE IF EXISTS {quote(name)}")
             self.conn.execute(f"CREATE UNLOGGED TABLE {quote(name)} ({STAGED_DDL})")
         self.conn.commit()
