@@ -102,6 +102,62 @@ def next_offsets(summaries: pa.Table) -> dict[tuple[str, int], int]:
     return out
 
 
+#: A staged row an earlier commit has not applied (`a`: the stored offsets, joined by partition).
+_NOT_APPLIED = 's."offset" >= coalesce(a.next_offset, 0)'
+
+
+class _BatchRows:
+    """The SQL that selects one staged batch's rows: those of the summaries' tokens (`of_tokens`)
+    and, of those, the ones not applied yet (`fresh`), with their parameters."""
+
+    def __init__(self, stage: str, applied: Mapping[tuple[str, int], int], tokens: list[int]) -> None:
+        self.stage = stage
+        self.params: dict[str, Any] = {
+            "topics": [t for t, _ in applied],
+            "parts": [p for _, p in applied],
+            "nexts": list(applied.values()),
+            "tokens": tokens,
+        }
+        self.of_tokens = (
+            f"FROM {quote(stage)} s LEFT JOIN unnest(%(topics)s::text[], %(parts)s::int[], "
+            "%(nexts)s::bigint[]) AS a(topic, partition, next_offset) "
+            "ON a.topic = s.topic AND a.partition = s.partition WHERE s.token = ANY(%(tokens)s)"
+        )
+        self.fresh = f"{self.of_tokens} AND {_NOT_APPLIED}"
+
+    def first(self, tx: Any, where: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The batch's first fresh change matching `where` (for an error naming it)."""
+        row = tx.execute(
+            f'SELECT s.topic, s.partition, s."offset", s.tbl, s.key {self.fresh} AND {where} '
+            'ORDER BY s.topic, s.partition, s."offset" LIMIT 1',
+            {**self.params, **params},
+        ).fetchone()
+        return dict(zip(("topic", "partition", "offset", "table", "key"), row, strict=True))
+
+    def read(self, tx: Any) -> pa.Table:
+        """The batch's fresh changes, newest per row, in the driver (`sync.changes.CHANGE_SCHEMA`)."""
+        rows = tx.execute(
+            'SELECT topic, partition, "offset", ts, tbl, key, pos, op, after, records, "binary" FROM ('
+            'SELECT DISTINCT ON (s.tbl, s.key) s.topic, s.partition, s."offset", s.ts, s.tbl, s.key, '
+            f's.pos, s.op, s.after::text, s.records, s."binary" {self.fresh} '
+            'ORDER BY s.tbl, s.key, s.pos DESC, s."offset" DESC) b ORDER BY topic, partition, "offset"',
+            self.params,
+        ).fetchall()
+        cols = list(zip(*rows, strict=True)) if rows else [()] * 11
+        types = [pa.int64() if f.name == "timestamp" else f.type for f in CHANGE_SCHEMA]
+        arrays = [pa.array(c, t) for c, t in zip(cols, types, strict=True)]
+        arrays[3] = arrays[3].cast(pa.timestamp("ms")).cast(CHANGE_SCHEMA.field("timestamp").type)
+        return pa.Table.from_arrays(arrays, schema=CHANGE_SCHEMA)
+
+
+def _binary_columns(texts: list[str] | None) -> set[str]:
+    """The columns holding bytes, from the distinct `binary` lists of a table's changes."""
+    out: set[str] = set()
+    for text in texts or []:
+        out.update(orjson.loads(text))
+    return out
+
+
 class PostgresTarget(Target):
     stages_in_executors = True
 
@@ -496,31 +552,11 @@ class PostgresTarget(Target):
             self._check_fence(tx, pipeline, epoch)
             applied = self._read_offsets(tx, pipeline)
             if expected:
-                self._check_staged(tx, stage, expected)
-                # this batch's tasks' rows, less those an earlier commit applied (a replay)
-                fresh_rows = (
-                    f"FROM {quote(stage)} s LEFT JOIN unnest(%s::text[], %s::int[], %s::bigint[]) "
-                    "AS a(topic, partition, next_offset) ON a.topic = s.topic AND a.partition = s.partition "
-                    'WHERE s.token = ANY(%s) AND s."offset" >= coalesce(a.next_offset, 0)'
-                )
-                params = (
-                    [t for t, _ in applied],
-                    [p for _, p in applied],
-                    list(applied.values()),
-                    list(expected),
-                )
-                (fresh,) = tx.execute(f"SELECT coalesce(sum(s.records), 0) {fresh_rows}", params).fetchone()
-                tx.execute(
-                    "CREATE TEMP TABLE _sluice_batch ON COMMIT DROP AS SELECT DISTINCT ON (s.tbl, s.key) s.* "
-                    f'{fresh_rows} ORDER BY s.tbl, s.key, s.pos DESC, s."offset" DESC',
-                    params,
-                )
-                (changes,) = tx.execute("SELECT count(*) FROM _sluice_batch").fetchone()
-                result.skipped = records - int(fresh)
-                result.changes = int(changes)
-                if changes:
-                    result.written += self._merge_staged(tx, pipeline, on_refused, result)
-                tx.execute("DROP TABLE _sluice_batch")
+                batch_rows = _BatchRows(stage, applied, list(expected))
+                fresh = self._check_staged(tx, batch_rows, expected)
+                result.skipped = records - fresh
+                if fresh:
+                    result.written += self._merge_staged(tx, pipeline, batch_rows, on_refused, result)
             merged = self._advance_offsets(tx, pipeline, epoch, applied, next_offsets(summaries))
             test_switches.crash_point(self.switches, "before-commit", count=True)
         test_switches.crash_point(self.switches, "after-commit")
@@ -532,43 +568,60 @@ class PostgresTarget(Target):
         self.drop_staging(pipeline, epoch, batch)
         return result
 
-    def _check_staged(self, tx: Any, stage: str, expected: Mapping[int, int]) -> None:
+    def _check_staged(self, tx: Any, rows: _BatchRows, expected: Mapping[int, int]) -> int:
         """Every listed token's rows are in the staging table, all of them (a restarted
-        PostgreSQL empties UNLOGGED tables; a dropped table is gone): else fail the batch."""
-        if tx.execute("SELECT to_regclass(%s)", (quote(stage),)).fetchone()[0] is None:
-            found: dict[int, int] = {}
+        PostgreSQL empties UNLOGGED tables; a dropped table is gone): else fail the batch.
+        Returns the records the batch's rows not applied yet stand for."""
+        if tx.execute("SELECT to_regclass(%s)", (quote(rows.stage),)).fetchone()[0] is None:
+            found: dict[int, tuple[int, int]] = {}
         else:
-            found = dict(tx.execute(
-                f"SELECT token, count(*) FROM {quote(stage)} WHERE token = ANY(%s) GROUP BY token",
-                (list(expected),),
-            ).fetchall())  # fmt: skip
-        missing = {t: n for t, n in expected.items() if found.get(t, 0) != n}
+            found = {
+                int(token): (int(n), int(fresh))
+                for token, n, fresh in tx.execute(
+                    "SELECT s.token, count(*), coalesce(sum(s.records) FILTER (WHERE "
+                    f"{_NOT_APPLIED}), 0) {rows.of_tokens} GROUP BY s.token",
+                    rows.params,
+                ).fetchall()
+            }
+        missing = {t: n for t, n in expected.items() if found.get(t, (0, 0))[0] != n}
         if missing:
             token, n = next(iter(missing.items()))
             raise StagingLostError(
-                f"the executors staged rows for this batch in {stage}, but {len(missing)} of its "
-                f"{len(expected)} tasks' rows are not all there (token {token}: {found.get(token, 0)} "
-                f"of {n} rows; was the target restarted, or the table dropped?). Nothing of the batch "
-                "was committed; the query stops, and run again it stages the batch anew"
+                f"the executors staged rows for this batch in {rows.stage}, but {len(missing)} of "
+                f"its {len(expected)} tasks' rows are not all there (token {token}: "
+                f"{found.get(token, (0, 0))[0]} of {n} rows; was the target restarted, or the table "
+                "dropped?). Nothing of the batch was committed; the query stops, and run again it "
+                "stages the batch anew"
             )
+        return sum(fresh for _, fresh in found.values())
 
     def _merge_staged(
-        self, tx: Any, pipeline: str, on_refused: RefusalSink | None, result: ApplyResult
+        self, tx: Any, pipeline: str, rows: _BatchRows, on_refused: RefusalSink | None, result: ApplyResult
     ) -> int:
-        """Write `_sluice_batch` (the batch's fresh, collapsed changes) into the target."""
-        tables = [t for (t,) in tx.execute("SELECT DISTINCT tbl FROM _sluice_batch ORDER BY tbl").fetchall()]
-        self._refuse_tables(tables, lambda table: self._first_staged(tx, "tbl = %s", (table,)))
-        nul = tx.execute("SELECT 1 FROM _sluice_batch WHERE strpos(key, %s) > 0 LIMIT 1", (NUL_ESCAPE,))
-        if nul.fetchone() is not None:
-            raise nul_key_error(self._first_staged(tx, "strpos(key, %s) > 0", (NUL_ESCAPE,)))
-        if self._needs_driver(tx, tables):
-            return self._apply_collapsed(tx, pipeline, self._read_staged(tx), on_refused, result)
+        """Write the batch's staged changes not applied yet into the target."""
+        # One pass over the staging table: per table, its truncate, whether it has schema
+        # changes or keys holding U+0000, and the columns holding bytes.
+        shape = tx.execute(
+            "SELECT s.tbl, max(s.pos) FILTER (WHERE s.op = %(truncate)s), bool_or(s.op = %(schema)s), "
+            "bool_or(strpos(s.key, %(nul)s) > 0), "
+            'array_agg(DISTINCT s."binary") FILTER (WHERE s."binary" IS NOT NULL) '
+            f"{rows.fresh} GROUP BY s.tbl ORDER BY s.tbl",
+            {**rows.params, "truncate": TRUNCATE, "schema": SCHEMA, "nul": NUL_ESCAPE},
+        ).fetchall()
+        tables = [table for table, *_ in shape]
+        self._refuse_tables(tables, lambda table: rows.first(tx, "s.tbl = %(tbl)s", {"tbl": table}))
+        if any(nul for *_, nul, _ in shape):
+            raise nul_key_error(rows.first(tx, "strpos(s.key, %(nul)s) > 0", {"nul": NUL_ESCAPE}))
+        if any(schema for _, _, schema, _, _ in shape) or self._needs_translation(tx, rows, tables):
+            return self._from_driver(tx, pipeline, rows, on_refused, result)
         guard = not self.switches.disable_version_guard
+        truncates = {table: pos for table, pos, *_ in shape if pos is not None}
+        binary = {table: _binary_columns(texts) for table, *_, texts in shape}
         if on_refused is None:
-            return self._merge_in_sql(tx, tables, guard)
+            return self._merge_in_sql(tx, rows, truncates, binary, guard, result)
         self._savepoint(tx)
         try:
-            written = self._merge_in_sql(tx, tables, guard)
+            written = self._merge_in_sql(tx, rows, truncates, binary, guard, result)
         except Exception as exc:
             if not self._is_refusal(exc):
                 raise
@@ -576,43 +629,53 @@ class PostgresTarget(Target):
             self._release(tx)
             log.info("event=staged_batch_refused pipeline=%s reason=%r action=%r", pipeline, str(exc)[:200],
                      "isolating the refused changes in the driver")  # fmt: skip
-            return self._apply_collapsed(tx, pipeline, self._read_staged(tx), on_refused, result)
+            return self._from_driver(tx, pipeline, rows, on_refused, result)
         self._release(tx)
         return written
 
-    def _merge_in_sql(self, tx: Any, tables: list[str], guard: bool) -> int:
+    def _from_driver(
+        self, tx: Any, pipeline: str, rows: _BatchRows, on_refused: RefusalSink | None, result: ApplyResult
+    ) -> int:
+        """The batch's collapsed changes read into the driver and applied as `apply` does."""
+        collapsed = rows.read(tx)
+        result.changes = collapsed.num_rows
+        return self._apply_collapsed(tx, pipeline, collapsed, on_refused, result)
+
+    def _merge_in_sql(
+        self,
+        tx: Any,
+        rows: _BatchRows,
+        truncates: Mapping[str, int],
+        binary: Mapping[str, set[str]],
+        guard: bool,
+        result: ApplyResult,
+    ) -> int:
         written = 0
-        truncates = dict(
-            tx.execute("SELECT tbl, pos FROM _sluice_batch WHERE op = %s", (TRUNCATE,)).fetchall()
-        )
+        result.changes = len(truncates)
         if truncates:
             written += self._apply_truncates(tx, truncates, guard)
-        for table in tables:
+        for table in sorted(binary):
             tx.execute("TRUNCATE _sluice_stage")
+            # the newest change per row of this table (tasks collapsed their own rows only)
             upserts, deletes = tx.execute(
-                "WITH moved AS (INSERT INTO _sluice_stage (key, pos, op, after) SELECT key, pos, op, after "
-                "FROM _sluice_batch WHERE tbl = %s AND op <> %s RETURNING op) "
+                "WITH moved AS (INSERT INTO _sluice_stage (key, pos, op, after) "
+                "SELECT DISTINCT ON (s.key) s.key, s.pos, s.op, s.after "
+                f"{rows.fresh} AND s.tbl = %(tbl)s AND s.op <> %(truncate)s "
+                'ORDER BY s.key, s.pos DESC, s."offset" DESC RETURNING op) '
                 "SELECT count(*) FILTER (WHERE op <> 'd'), count(*) FILTER (WHERE op = 'd') FROM moved",
-                (table, TRUNCATE),
+                {**rows.params, "tbl": table, "truncate": TRUNCATE},
             ).fetchone()
-            if not upserts and not deletes:
-                continue
-            binary: set[str] = set()
-            for (text,) in tx.execute(
-                'SELECT DISTINCT "binary" FROM _sluice_batch WHERE tbl = %s AND "binary" IS NOT NULL',
-                (table,),
-            ).fetchall():
-                binary.update(orjson.loads(text))
-            written += self._write_table(tx, table, guard, upserts=upserts, deletes=deletes, binary=binary)
+            result.changes += upserts + deletes
+            if upserts or deletes:
+                written += self._write_table(
+                    tx, table, guard, upserts=upserts, deletes=deletes, binary=binary[table]
+                )
         return written
 
-    def _needs_driver(self, tx: Any, tables: list[str]) -> bool:
-        """Whether the staged batch must be applied from the driver: it has schema changes, or
-        rows that `evolution.translate_rows` would change (older than an applied rename, drop or
-        table drop, or at or after a rename the target did not take, or under `ignore` with
-        changes not applied)."""
-        if tx.execute("SELECT 1 FROM _sluice_batch WHERE op = %s LIMIT 1", (SCHEMA,)).fetchone():
-            return True
+    def _needs_translation(self, tx: Any, rows: _BatchRows, tables: list[str]) -> bool:
+        """Whether rows of the batch are ones `evolution.translate_rows` would change: older than
+        an applied rename, drop or table drop, at or after a rename the target did not take, or
+        any row under `ignore` with changes not applied. Those batches go through the driver."""
         history = self._read_schema_history(tx, tables)
         for table, recs in history.items():
             if self.schema_change_policy == "ignore" and any(not r.applied for r in recs):
@@ -621,32 +684,14 @@ class PostgresTarget(Target):
             older = [r.pos for r in recs if r.applied and r.change.kind in moves]
             later = [r.pos for r in recs if not r.applied and r.change.kind == RENAME_COLUMN]
             hit = tx.execute(
-                "SELECT 1 FROM _sluice_batch WHERE tbl = %s AND (pos < %s OR pos >= %s) LIMIT 1",
-                (table, max(older, default=-1), min(later, default=MAX_POS + 1)),
-            ).fetchone()
+                f"SELECT 1 {rows.fresh} AND s.tbl = %(tbl)s AND (s.pos < %(older)s OR s.pos >= %(later)s) "
+                "LIMIT 1",
+                {**rows.params, "tbl": table, "older": max(older, default=-1),
+                 "later": min(later, default=MAX_POS + 1)},
+            ).fetchone()  # fmt: skip
             if hit is not None:
                 return True
         return False
-
-    def _first_staged(self, tx: Any, where: str, params: tuple[Any, ...]) -> dict[str, Any]:
-        row = tx.execute(
-            f'SELECT topic, partition, "offset", tbl, key FROM _sluice_batch WHERE {where} '
-            'ORDER BY topic, partition, "offset" LIMIT 1',
-            params,
-        ).fetchone()
-        return dict(zip(("topic", "partition", "offset", "table", "key"), row, strict=True))
-
-    def _read_staged(self, tx: Any) -> pa.Table:
-        """`_sluice_batch` in the driver, as `sync.changes.CHANGE_SCHEMA` rows."""
-        rows = tx.execute(
-            'SELECT topic, partition, "offset", ts, tbl, key, pos, op, after::text, records, "binary" '
-            'FROM _sluice_batch ORDER BY topic, partition, "offset"'
-        ).fetchall()
-        cols = list(zip(*rows, strict=True)) if rows else [()] * 11
-        types = [pa.int64() if f.name == "timestamp" else f.type for f in CHANGE_SCHEMA]
-        arrays = [pa.array(c, t) for c, t in zip(cols, types, strict=True)]
-        arrays[3] = arrays[3].cast(pa.timestamp("ms")).cast(CHANGE_SCHEMA.field("timestamp").type)
-        return pa.Table.from_arrays(arrays, schema=CHANGE_SCHEMA)
 
     def drop_staging(self, pipeline: str, epoch: int, batch: int) -> list[str]:
         """Drop this batch's staging table and every one of `pipeline` from an older epoch or an
