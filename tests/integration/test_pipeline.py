@@ -246,6 +246,22 @@ def staging_tables(url: str) -> list[str]:
         return sorted(r[0] for r in rows.fetchall())
 
 
+def wait_applied(url: str, pipeline: str, ends: dict[tuple[str, int], int], timeout_s: float = 180) -> None:
+    """Wait until the target's offsets for `pipeline` are the log's `ends`."""
+
+    def caught_up() -> bool:
+        with open_target(url) as t:
+            return t.applied_offsets(pipeline) == ends
+
+    wait_until(caught_up, timeout_s, "the target to reach the end of the log")
+
+
+def assert_equals_truth(url: str, truth: Truth) -> None:
+    with open_target(url) as t:
+        cmp = compare(truth, {name: t.read_rows(name) for name in truth.tables})
+    assert cmp.ok, cmp.summary()
+
+
 def start_apply(
     bootstrap: str, url: str, ckpt: Path, log: Path, armed: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
@@ -311,21 +327,13 @@ def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestClu
         cluster.restart(victim)
         producer.join(timeout=120)
         assert "stats" in gen, f"the generator failed: {gen_error or 'still running after 120 s'}"
-        ends = end_offsets(bootstrap, "crash.changes")
-
-        def caught_up() -> bool:
-            with open_target(url) as t:
-                return t.applied_offsets("crash") == ends
-
-        wait_until(caught_up, 180, "the target to reach the end of the log")
+        wait_applied(url, "crash", end_offsets(bootstrap, "crash.changes"))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
 
     truth = Truth.load(truth_path)
-    with open_target(url) as t:
-        cmp = compare(truth, {name: t.read_rows(name) for name in truth.tables})
-    assert cmp.ok, cmp.summary()
+    assert_equals_truth(url, truth)
     assert truth.events == gen["stats"].events
 
     db = sqlite3.connect(db_path)
@@ -400,20 +408,13 @@ def test_driver_killed_between_the_executors_staging_and_the_commit(
     final_log = tmp_path / "apply-final.log"
     proc = start_apply(bootstrap, url, ckpt, final_log)
     try:
-
-        def caught_up() -> bool:
-            with open_target(url) as t:
-                return t.applied_offsets("crash") == ends
-
-        wait_until(caught_up, 180, "the target to reach the end of the log")
+        wait_applied(url, "crash", ends)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     truth = Truth.load(truth_path)
     assert truth.events == stats.events
-    with open_target(url) as t:
-        cmp = compare(truth, {name: t.read_rows(name) for name in truth.tables})
-    assert cmp.ok, cmp.summary()
+    assert_equals_truth(url, truth)
     assert staging_tables(url) == []
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT * FROM audit_offsets WHERE new < old").fetchall() == []

@@ -27,9 +27,14 @@ from sluice import test_switches
 from sluice.clients import close_within
 from sluice.pipeline.session import ConnectorMissingError, kafka_connector_jars
 from sluice.sync.sources.generator import GeneratorConfig, GeneratorStats, run_generator
-from sluice.sync.targets import open_target
-from sluice.sync.truth import Truth, compare
-from tests.integration.test_pipeline import audited_target, create_topic, end_offsets
+from sluice.sync.truth import Truth
+from tests.integration.test_pipeline import (
+    assert_equals_truth,
+    audited_target,
+    create_topic,
+    end_offsets,
+    wait_applied,
+)
 from tests.support.cluster import TestCluster, wait_until
 
 PER_PARTITION = 100
@@ -299,21 +304,13 @@ def test_apply_on_the_kafka_source_through_kill_9_of_driver_and_broker(
         cluster.restart(victim)
         producer.join(timeout=120)
         assert "stats" in gen, f"the generator failed: {gen_error or 'still running after 120 s'}"
-        ends = end_offsets(bootstrap, "kcrash.changes")
-
-        def caught_up() -> bool:
-            with open_target(url) as t:
-                return t.applied_offsets("kcrash") == ends
-
-        wait_until(caught_up, 180, "the target to reach the end of the log")
+        wait_applied(url, "kcrash", end_offsets(bootstrap, "kcrash.changes"))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
 
     truth = Truth.load(truth_path)
-    with open_target(url) as t:
-        cmp = compare(truth, {name: t.read_rows(name) for name in truth.tables})
-    assert cmp.ok, cmp.summary()
+    assert_equals_truth(url, truth)
     assert truth.events == gen["stats"].events
 
     db = sqlite3.connect(db_path)
