@@ -143,10 +143,19 @@ class Transformer:
         return self.producer
 
 
-def bounded(call: Callable[[], Any], timeout_s: float, what: str) -> Any:
+#: How long a call may wait with `lost()` true all along before it is a hang: the client's own
+#: state passes through "nothing queued, nothing in flight" between two requests of one call
+#: (a response handled, its follow-up not yet queued), for moments, never seconds.
+LOST_FOR_S = 3.0
+
+
+def bounded(
+    call: Callable[[], Any], timeout_s: float, what: str, lost: Callable[[], bool] | None = None
+) -> Any:
     """``call()`` on a thread of its own, given ``timeout_s``: a call still waiting then is a hung
     client, which the application treats as a failure (it restarts, as a watchdog would restart
-    it); raises kafka-python's KafkaTimeoutError."""
+    it); raises kafka-python's KafkaTimeoutError. ``lost()``: whether nothing the client holds
+    can ever answer the call any more; true for LOST_FOR_S on end, the call is hung as well."""
     from kafka.errors import KafkaTimeoutError
 
     box: dict[str, Any] = {}
@@ -161,8 +170,20 @@ def bounded(call: Callable[[], Any], timeout_s: float, what: str) -> Any:
             done.set()
 
     threading.Thread(target=run, name=f"bounded-{what}", daemon=True).start()
-    if not done.wait(timeout_s):
-        raise KafkaTimeoutError(f"{what} still waiting after {timeout_s:.0f} s")
+    deadline = time.monotonic() + timeout_s
+    lost_since: float | None = None
+    while not done.wait(0.1):
+        now = time.monotonic()
+        if now >= deadline:
+            raise KafkaTimeoutError(f"{what} still waiting after {timeout_s:.0f} s")
+        if lost is None or not lost():
+            lost_since = None
+        elif lost_since is None:
+            lost_since = now
+        elif now - lost_since >= LOST_FOR_S:
+            raise KafkaTimeoutError(
+                f"{what} still waiting, its request lost: nothing queued or in flight for {LOST_FOR_S:.0f} s"
+            )
     if "error" in box:
         raise box["error"]
     return box.get("result")
@@ -178,7 +199,9 @@ class KafkaPythonTransformer:
     still set in that branch), so ``commit_transaction`` would wait for good after its
     coordinator is killed. The application bounds each transactional call and restarts on a
     hang; its successor's InitProducerId fences the hung producer, so exactly-once must still
-    hold."""
+    hold. A call is hung once its request is seen lost (`_request_lost`), which it is right
+    after the coordinator's kill, or at the latest after CALL_TIMEOUT_S (it waited the whole
+    40 s for each kill of the coordinator: two thirds of the test's time)."""
 
     CALL_TIMEOUT_S = 40
 
@@ -227,11 +250,19 @@ class KafkaPythonTransformer:
             lambda: self.producer.send_offsets_to_transaction(offsets, metadata),
             self.CALL_TIMEOUT_S,
             "offsets",
+            self._request_lost,
         )
         at("open")
-        bounded(self.producer.commit_transaction, self.CALL_TIMEOUT_S, "commit")
+        bounded(self.producer.commit_transaction, self.CALL_TIMEOUT_S, "commit", self._request_lost)
         at("committed")
         return n
+
+    def _request_lost(self) -> bool:
+        """The bug's state: the producer's transaction manager has no request queued and none in
+        flight (the lost one is in neither), so nothing can answer the call that waits. While a
+        call's request waits for a coordinator, or its EndTxn for the batches, it is queued."""
+        manager = self.producer._transaction_manager
+        return not manager._pending_requests and not manager.has_in_flight_transactional_request()
 
     def close(self) -> None:
         close_within(self.consumer, 10)
