@@ -37,6 +37,7 @@ from aiokafka.errors import KafkaError as AioKafkaError
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.errors import KafkaError as KafkaPythonError
+from kafka.errors import KafkaTimeoutError
 
 from sluice import test_switches
 from sluice.broker.group_placement import partition_for_group
@@ -156,8 +157,6 @@ def bounded(
     client, which the application treats as a failure (it restarts, as a watchdog would restart
     it); raises kafka-python's KafkaTimeoutError. ``lost()``: whether nothing the client holds
     can ever answer the call any more; true for LOST_FOR_S on end, the call is hung as well."""
-    from kafka.errors import KafkaTimeoutError
-
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -201,7 +200,9 @@ class KafkaPythonTransformer:
     hang; its successor's InitProducerId fences the hung producer, so exactly-once must still
     hold. A call is hung once its request is seen lost (`_request_lost`), which it is right
     after the coordinator's kill, or at the latest after CALL_TIMEOUT_S (it waited the whole
-    40 s for each kill of the coordinator: two thirds of the test's time)."""
+    40 s for each kill of the coordinator: two thirds of the test's time). The successor's own
+    InitProducerId is bounded the same way: started before the killed coordinator's session
+    expired, it is lost as well, and kafka-python would wait max_block_ms (60 s) for it."""
 
     CALL_TIMEOUT_S = 40
 
@@ -209,6 +210,7 @@ class KafkaPythonTransformer:
         from kafka import KafkaConsumer, KafkaProducer
 
         self.sink = sink
+        self.hung = False  # a transactional call of it was found hung
         self.producer = KafkaProducer(
             bootstrap_servers=bootstrap,
             transactional_id=txn_id,
@@ -216,7 +218,9 @@ class KafkaPythonTransformer:
             max_block_ms=60000,
         )
         try:
-            self.producer.init_transactions()
+            # Its InitProducerId is lost too when it finds the killed coordinator still named
+            # (before that broker's session expired): kafka-python's own bound is max_block_ms.
+            bounded(self.producer.init_transactions, self.CALL_TIMEOUT_S, "init", self._request_lost)
         except Exception:
             self.producer.close(timeout=1)
             raise
@@ -246,14 +250,18 @@ class KafkaPythonTransformer:
                 n += 1
             offsets[tp] = OffsetAndMetadata(records[-1].offset + 1, "", -1)
         metadata = self.consumer.group_metadata()
-        bounded(
-            lambda: self.producer.send_offsets_to_transaction(offsets, metadata),
-            self.CALL_TIMEOUT_S,
-            "offsets",
-            self._request_lost,
-        )
-        at("open")
-        bounded(self.producer.commit_transaction, self.CALL_TIMEOUT_S, "commit", self._request_lost)
+        try:
+            bounded(
+                lambda: self.producer.send_offsets_to_transaction(offsets, metadata),
+                self.CALL_TIMEOUT_S,
+                "offsets",
+                self._request_lost,
+            )
+            at("open")
+            bounded(self.producer.commit_transaction, self.CALL_TIMEOUT_S, "commit", self._request_lost)
+        except KafkaTimeoutError:
+            self.hung = True
+            raise
         at("committed")
         return n
 
@@ -265,8 +273,10 @@ class KafkaPythonTransformer:
         return not manager._pending_requests and not manager.has_in_flight_transactional_request()
 
     def close(self) -> None:
+        """A hung producer is closed without waiting: its close would only wait out its timeout
+        (its flush cannot finish with the transaction's request lost) and fail all the same."""
         close_within(self.consumer, 10)
-        close_within(_Closing(self.producer), 10, what="producer")
+        close_within(_Closing(self.producer, 0.0 if self.hung else 5.0), 10, what="producer")
 
     def abandon(self) -> object:
         close_within(self.consumer, 10)
@@ -274,13 +284,14 @@ class KafkaPythonTransformer:
 
 
 class _Closing:
-    """A kafka-python producer whose ``close()`` waits at most 5 s for what it has in flight."""
+    """A kafka-python producer whose ``close()`` waits at most ``timeout_s`` for what it has in
+    flight."""
 
-    def __init__(self, producer: Any) -> None:
-        self.producer = producer
+    def __init__(self, producer: Any, timeout_s: float = 5.0) -> None:
+        self.producer, self.timeout_s = producer, timeout_s
 
     def close(self) -> None:
-        self.producer.close(timeout=5)
+        self.producer.close(timeout=self.timeout_s)
 
 
 class AiokafkaTransformer:
