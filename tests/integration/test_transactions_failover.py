@@ -37,6 +37,7 @@ from aiokafka.errors import KafkaError as AioKafkaError
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.errors import KafkaError as KafkaPythonError
+from kafka.errors import KafkaTimeoutError
 
 from sluice import test_switches
 from sluice.broker.group_placement import partition_for_group
@@ -143,12 +144,19 @@ class Transformer:
         return self.producer
 
 
-def bounded(call: Callable[[], Any], timeout_s: float, what: str) -> Any:
+#: How long a call may wait with `lost()` true all along before it is a hang: the client's own
+#: state passes through "nothing queued, nothing in flight" between two requests of one call
+#: (a response handled, its follow-up not yet queued), for moments, never seconds.
+LOST_FOR_S = 3.0
+
+
+def bounded(
+    call: Callable[[], Any], timeout_s: float, what: str, lost: Callable[[], bool] | None = None
+) -> Any:
     """``call()`` on a thread of its own, given ``timeout_s``: a call still waiting then is a hung
     client, which the application treats as a failure (it restarts, as a watchdog would restart
-    it); raises kafka-python's KafkaTimeoutError."""
-    from kafka.errors import KafkaTimeoutError
-
+    it); raises kafka-python's KafkaTimeoutError. ``lost()``: whether nothing the client holds
+    can ever answer the call any more; true for LOST_FOR_S on end, the call is hung as well."""
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -161,8 +169,20 @@ def bounded(call: Callable[[], Any], timeout_s: float, what: str) -> Any:
             done.set()
 
     threading.Thread(target=run, name=f"bounded-{what}", daemon=True).start()
-    if not done.wait(timeout_s):
-        raise KafkaTimeoutError(f"{what} still waiting after {timeout_s:.0f} s")
+    deadline = time.monotonic() + timeout_s
+    lost_since: float | None = None
+    while not done.wait(0.1):
+        now = time.monotonic()
+        if now >= deadline:
+            raise KafkaTimeoutError(f"{what} still waiting after {timeout_s:.0f} s")
+        if lost is None or not lost():
+            lost_since = None
+        elif lost_since is None:
+            lost_since = now
+        elif now - lost_since >= LOST_FOR_S:
+            raise KafkaTimeoutError(
+                f"{what} still waiting, its request lost: nothing queued or in flight for {LOST_FOR_S:.0f} s"
+            )
     if "error" in box:
         raise box["error"]
     return box.get("result")
@@ -178,7 +198,11 @@ class KafkaPythonTransformer:
     still set in that branch), so ``commit_transaction`` would wait for good after its
     coordinator is killed. The application bounds each transactional call and restarts on a
     hang; its successor's InitProducerId fences the hung producer, so exactly-once must still
-    hold."""
+    hold. A call is hung once its request is seen lost (`_request_lost`), which it is right
+    after the coordinator's kill, or at the latest after CALL_TIMEOUT_S (it waited the whole
+    40 s for each kill of the coordinator: two thirds of the test's time). The successor's own
+    InitProducerId is bounded the same way: started before the killed coordinator's session
+    expired, it is lost as well, and kafka-python would wait max_block_ms (60 s) for it."""
 
     CALL_TIMEOUT_S = 40
 
@@ -186,6 +210,7 @@ class KafkaPythonTransformer:
         from kafka import KafkaConsumer, KafkaProducer
 
         self.sink = sink
+        self.hung = False  # a transactional call of it was found hung
         self.producer = KafkaProducer(
             bootstrap_servers=bootstrap,
             transactional_id=txn_id,
@@ -193,7 +218,9 @@ class KafkaPythonTransformer:
             max_block_ms=60000,
         )
         try:
-            self.producer.init_transactions()
+            # Its InitProducerId is lost too when it finds the killed coordinator still named
+            # (before that broker's session expired): kafka-python's own bound is max_block_ms.
+            bounded(self.producer.init_transactions, self.CALL_TIMEOUT_S, "init", self._request_lost)
         except Exception:
             self.producer.close(timeout=1)
             raise
@@ -223,19 +250,33 @@ class KafkaPythonTransformer:
                 n += 1
             offsets[tp] = OffsetAndMetadata(records[-1].offset + 1, "", -1)
         metadata = self.consumer.group_metadata()
-        bounded(
-            lambda: self.producer.send_offsets_to_transaction(offsets, metadata),
-            self.CALL_TIMEOUT_S,
-            "offsets",
-        )
-        at("open")
-        bounded(self.producer.commit_transaction, self.CALL_TIMEOUT_S, "commit")
+        try:
+            bounded(
+                lambda: self.producer.send_offsets_to_transaction(offsets, metadata),
+                self.CALL_TIMEOUT_S,
+                "offsets",
+                self._request_lost,
+            )
+            at("open")
+            bounded(self.producer.commit_transaction, self.CALL_TIMEOUT_S, "commit", self._request_lost)
+        except KafkaTimeoutError:
+            self.hung = True
+            raise
         at("committed")
         return n
 
+    def _request_lost(self) -> bool:
+        """The bug's state: the producer's transaction manager has no request queued and none in
+        flight (the lost one is in neither), so nothing can answer the call that waits. While a
+        call's request waits for a coordinator, or its EndTxn for the batches, it is queued."""
+        manager = self.producer._transaction_manager
+        return not manager._pending_requests and not manager.has_in_flight_transactional_request()
+
     def close(self) -> None:
+        """A hung producer is closed without waiting: its close would only wait out its timeout
+        (its flush cannot finish with the transaction's request lost) and fail all the same."""
         close_within(self.consumer, 10)
-        close_within(_Closing(self.producer), 10, what="producer")
+        close_within(_Closing(self.producer, 0.0 if self.hung else 5.0), 10, what="producer")
 
     def abandon(self) -> object:
         close_within(self.consumer, 10)
@@ -243,13 +284,14 @@ class KafkaPythonTransformer:
 
 
 class _Closing:
-    """A kafka-python producer whose ``close()`` waits at most 5 s for what it has in flight."""
+    """A kafka-python producer whose ``close()`` waits at most ``timeout_s`` for what it has in
+    flight."""
 
-    def __init__(self, producer: Any) -> None:
-        self.producer = producer
+    def __init__(self, producer: Any, timeout_s: float = 5.0) -> None:
+        self.producer, self.timeout_s = producer, timeout_s
 
     def close(self) -> None:
-        self.producer.close(timeout=5)
+        self.producer.close(timeout=self.timeout_s)
 
 
 class AiokafkaTransformer:
