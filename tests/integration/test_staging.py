@@ -152,7 +152,7 @@ def test_a_failed_task_attempts_rows_are_never_merged_and_are_dropped(target: Ta
     # Its retry stages the same records under a new token; only that token is in the summaries.
     kept = stage(target.url, table, records([event("c", 5, 1, v="S5")]))
     assert set(lost["token"].to_pylist()).isdisjoint(kept["token"].to_pylist())
-    result = target.apply_staged("p", epoch, 1, kept)  # type: ignore[attr-defined]
+    result = target.apply_staged("p", epoch, 1, kept)
     assert (result.records, result.changes) == (1, 1)
     assert value(target) == "S5"
     assert staging_tables(target.url) == []
@@ -166,10 +166,10 @@ def test_a_zombie_executions_staging_is_never_merged_and_its_commit_is_fenced(ta
     apply_staged(target, "p", new, records([event("c", 3, 1, v="S3")], start=0))
     assert staging_tables(target.url) == []  # the zombie's table went with the new commit
     with pytest.raises(StaleEpochError):
-        target.apply_staged("p", old, 7, zombie)  # type: ignore[attr-defined]
+        target.apply_staged("p", old, 7, zombie)
     assert value(target) == "S3"
     # The zombie stages again after that commit: never read, dropped by the next one.
-    target.prepare_staging("p", old, 8)  # type: ignore[attr-defined]
+    target.prepare_staging("p", old, 8)
     apply_staged(target, "p", new, records([event("u", 4, 1, v="S4")], start=1))
     assert value(target) == "S4"
     assert staging_tables(target.url) == []
@@ -179,14 +179,14 @@ def test_a_batch_whose_staged_rows_are_gone_commits_nothing(target: Target) -> N
     epoch = target.claim("p")
     apply_staged(target, "p", epoch, records([event("c", 1, 1, v="S1")]))
     offsets = target.applied_offsets("p")
-    table = target.prepare_staging("p", epoch, 50)  # type: ignore[attr-defined]
+    table = target.prepare_staging("p", epoch, 50)
     summaries = stage(
         target.url, table, records([event("u", 2, 1, v="S2"), event("c", 3, 2, v="x")], start=1)
     )
     with psycopg.connect(target.url, autocommit=True) as conn:  # as a restart empties UNLOGGED tables
         conn.execute(f'DELETE FROM "{table}" WHERE pos = 3')
     with pytest.raises(StagingLostError, match="not all there"):
-        target.apply_staged("p", epoch, 50, summaries)  # type: ignore[attr-defined]
+        target.apply_staged("p", epoch, 50, summaries)
     assert target.applied_offsets("p") == offsets
     assert value(target) == "S1" and value(target, 2) is None
     # Run again (Spark's replay of the batch, same id), it is staged anew and commits.

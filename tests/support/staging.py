@@ -5,13 +5,12 @@ batch."""
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.sync.changes import to_changes
-from sluice.sync.targets.base import ApplyResult, RefusalSink
+from sluice.sync.targets.base import ApplyResult, RefusalSink, Target
 from sluice.sync.targets.staging import StageSpec, stage_changes
 
 _batches = itertools.count(1)
@@ -37,7 +36,7 @@ def stage(url: str, table: str, records: pa.Table, tasks_per_partition: int = 2)
 
 
 def apply_staged(
-    target: Any,
+    target: Target,
     pipeline: str,
     epoch: int,
     records: pa.Table,

@@ -1,5 +1,7 @@
 """Apply topics to a target: a Structured Streaming query over the `sluice` source whose
-micro-batches are each applied in one target transaction (`Target.apply`).
+micro-batches are each applied in one target transaction (`Target.apply`). With PostgreSQL the
+executors stage a batch's rows in the target and the driver commits them from their summaries
+(`Target.apply_staged`, sync/targets/staging.py): no row passes through the driver.
 
 Exactly-once in effect comes from the target, not from Spark: the target stores the next offset
 per partition in the same transaction as the rows, so a micro-batch Spark replays after a crash
@@ -264,7 +266,7 @@ class ApplyQuery:
         result, when the summaries arrived, their bytes, and the summaries."""
         from sluice.sync.targets.staging import SUMMARY_DDL, StageSpec, stage_changes
 
-        target: Any = self.target
+        target = self.target
         table = target.prepare_staging(self.pipeline, self.epoch, batch_id)
         password = self.config.target_password
         spec = StageSpec(self.config.target, table, None if password is None else password.reveal())

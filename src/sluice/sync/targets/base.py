@@ -313,6 +313,22 @@ class Target(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    # Batches the executors staged (staging.py), for targets with `stages_in_executors`.
+    def prepare_staging(self, pipeline: str, epoch: int, batch: int) -> str:
+        """Make the staging table of one batch and return its name."""
+        raise NotImplementedError(f"{type(self).__name__} applies batches from the driver (Target.apply)")
+
+    def apply_staged(
+        self,
+        pipeline: str,
+        epoch: int,
+        batch: int,
+        summaries: pa.Table,
+        on_refused: RefusalSink | None = None,
+    ) -> ApplyResult:
+        """Commit one batch the executors staged, from their summaries, in one transaction."""
+        raise NotImplementedError(f"{type(self).__name__} applies batches from the driver (Target.apply)")
+
     # --- shared ----------------------------------------------------------------------------------
     def claim(self, pipeline: str, epoch: int | None = None) -> int:
         """Take the pipeline for a new execution and return the epoch it runs under.
