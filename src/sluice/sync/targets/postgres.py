@@ -39,7 +39,14 @@ from sluice.sync.targets.base import (
     quote,
 )
 from sluice.sync.targets.evolution import history_from_rows
-from sluice.sync.targets.staging import STAGED_DDL, parse_staging_table, staging_pattern, staging_table
+from sluice.sync.targets.staging import (
+    STAGED_DDL,
+    next_offsets,
+    parse_staging_table,
+    staged_counts,
+    staging_pattern,
+    staging_table,
+)
 from sluice.test_switches import OFF, Switches
 
 log = logging.getLogger("sluice.target")
@@ -71,35 +78,6 @@ _TYPES = {"string": "text", "boolean": "boolean", "object": "jsonb", "array": "j
 
 class StagingLostError(RuntimeError):
     """Rows the executors staged for a batch are not (all) in its staging table."""
-
-
-def psycopg_errors() -> Any:
-    import psycopg
-
-    return psycopg.errors
-
-
-def staged_counts(summaries: pa.Table) -> dict[int, int]:
-    """Token -> rows staged under it, from the tasks' summaries (tokens that staged nothing
-    are left out: there is nothing of them to check or merge)."""
-    if not summaries.num_rows:
-        return {}
-    return {
-        int(t): int(n)
-        for t, n in zip(summaries["token"].to_pylist(), summaries["staged"].to_pylist(), strict=True)
-        if n
-    }
-
-
-def next_offsets(summaries: pa.Table) -> dict[tuple[str, int], int]:
-    """The batch's next offset per topic-partition, from the tasks' summaries."""
-    out: dict[tuple[str, int], int] = {}
-    for t, p, o in zip(
-        summaries["topic"].to_pylist(), summaries["partition"].to_pylist(),
-        summaries["next_offset"].to_pylist(), strict=True,
-    ):  # fmt: skip
-        out[(t, p)] = max(o, out.get((t, p), 0))
-    return out
 
 
 #: A staged row an earlier commit has not applied (`a`: the stored offsets, joined by partition).
@@ -698,6 +676,8 @@ class PostgresTarget(Target):
         older batch of `epoch` (a failed batch's, a dead driver's, a zombie's); return their
         names. A table still locked (a task of a zombie still writing) is left for the next
         commit; it is never read."""
+        import psycopg
+
         rows = self.conn.execute(
             "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE %s",
             (staging_pattern(pipeline),),
@@ -713,7 +693,7 @@ class PostgresTarget(Target):
                     self.conn.execute("SET LOCAL lock_timeout = '2s'")
                     self.conn.execute(f"DROP TABLE IF EXISTS {quote(name)}")
                 dropped.append(name)
-            except psycopg_errors().LockNotAvailable:
+            except psycopg.errors.LockNotAvailable:
                 log.info("event=staging_kept table=%s reason=%r", name, "locked: a later commit drops it")
             finally:
                 self.conn.commit()

@@ -241,6 +241,29 @@ def summary(
     )
 
 
+def staged_counts(summaries: pa.Table) -> dict[int, int]:
+    """Token -> rows staged under it, from the tasks' summaries (tokens that staged nothing
+    are left out: there is nothing of them to check or merge)."""
+    if not summaries.num_rows:
+        return {}
+    return {
+        int(t): int(n)
+        for t, n in zip(summaries["token"].to_pylist(), summaries["staged"].to_pylist(), strict=True)
+        if n
+    }
+
+
+def next_offsets(summaries: pa.Table) -> dict[tuple[str, int], int]:
+    """The batch's next offset per topic-partition, from the tasks' summaries."""
+    out: dict[tuple[str, int], int] = {}
+    for t, p, o in zip(
+        summaries["topic"].to_pylist(), summaries["partition"].to_pylist(),
+        summaries["next_offset"].to_pylist(), strict=True,
+    ):  # fmt: skip
+        out[(t, p)] = max(o, out.get((t, p), 0))
+    return out
+
+
 def freshness_ms(summaries: pa.Table, committed_ms: int) -> list[int]:
     """Commit time minus each staged change's source timestamp (bucket midpoints), from the
     tasks' histograms: what `BatchReport.freshness_ms` holds for a batch staged in executors."""
