@@ -28,6 +28,7 @@ def test_starting_offsets_with_nothing_to_read_yet_are_earliest() -> None:
         ({"transaction_topic": "t.transactions"}, "transaction boundaries"),
         ({"security": ClientSecurity("SASL_PLAINTEXT", "SCRAM-SHA-512", "u", "p")}, "PLAINTEXT only"),
         ({"max_records_per_partition": 1000}, "one Spark partition per topic-partition"),
+        ({"min_records_per_partition": 1000}, "one Spark partition per topic-partition"),
         ({"source_format": "parquet"}, "must be one of sluice, kafka"),
         ({"envelope": "debezium"}, "parses Sluice's envelope only"),
     ],

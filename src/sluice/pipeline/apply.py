@@ -61,6 +61,8 @@ class ApplyConfig:
     available_now: bool = False
     max_records_per_trigger: int | None = None
     max_records_per_partition: int | None = None
+    #: the sluice source's minRecordsPerPartition: smaller ranges share a task
+    min_records_per_partition: int | None = None
     mapping: ColumnMapping = field(default_factory=ColumnMapping)
     starting_offsets: str | None = None
     #: the source tables this pipeline applies; records of any other table fail the batch
@@ -337,6 +339,8 @@ class ApplyQuery:
             reader = reader.option("maxRecordsPerTrigger", str(c.max_records_per_trigger))
         if c.max_records_per_partition:
             reader = reader.option("maxRecordsPerPartition", str(c.max_records_per_partition))
+        if c.min_records_per_partition:
+            reader = reader.option("minRecordsPerPartition", str(c.min_records_per_partition))
         if c.transaction_topic:
             reader = reader.option("transactionTopic", c.transaction_topic)
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the
@@ -409,10 +413,11 @@ def check_source_format(config: ApplyConfig) -> None:
             f"the kafka source format parses Sluice's envelope only (envelope={config.envelope}): "
             "use the sluice source format for Debezium's change events"
         )
-    if config.max_records_per_partition:
+    if config.max_records_per_partition or config.min_records_per_partition:
         raise ValueError(
-            "max_records_per_partition splits the sluice source's ranges; the kafka source format "
-            "reads one Spark partition per topic-partition: leave it unset"
+            "max_records_per_partition and min_records_per_partition shape the sluice source's "
+            "tasks; the kafka source format reads one Spark partition per topic-partition: leave "
+            "them unset"
         )
 
 

@@ -12,6 +12,10 @@ Options
     endingOffsets           batch reads only: latest (default) | {"topic": {"0": 99}}
     maxRecordsPerTrigger    read limit per micro-batch (default: everything available)
     maxRecordsPerPartition  a topic-partition range larger than this is split (default 200000)
+    minRecordsPerPartition  ranges smaller than this are read together, one after the other, by
+                            one task holding about this many records (default 20000; at most
+                            maxRecordsPerPartition): a small micro-batch is then one task, one
+                            Python worker and one wave of the job, not one task per partition
     failOnDataLoss          true (default): fail when the next offset was already deleted by
                             retention (when the query plans a batch, or while an executor reads
                             it); false: skip ahead to the log start and go on
@@ -102,6 +106,7 @@ CHANGES_SCHEMA = StructType(
     ]
 )
 DEFAULT_SPLIT = 200_000
+DEFAULT_PACK = 20_000
 BATCH_ROWS = 32_768
 STALL_TIMEOUT_S = 120.0
 
@@ -120,6 +125,23 @@ class Range(InputPartition):
     def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
         super().__init__((topic, partition, start, end))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+class Ranges(InputPartition):
+    """One Spark task's share made of small ranges, read one after the other (`pack_ranges`)."""
+
+    def __init__(self, ranges: Sequence[Range]) -> None:
+        super().__init__(tuple(r.value for r in ranges))
+        self.ranges = tuple(ranges)
+
+
+def task_ranges(part: InputPartition) -> tuple[Range, ...]:
+    """The ranges one task reads."""
+    if isinstance(part, Ranges):
+        return part.ranges
+    if isinstance(part, Range):
+        return (part,)
+    raise TypeError(f"not an input partition of the sluice source: {part!r}")
 
 
 class SluiceDataSource(DataSource):
@@ -343,16 +365,39 @@ class _LogView(_DriverClient):
         return _sorted_offsets({tp: given.get(tp, marks[tp][0]) for tp in tps})
 
 
-def plan_ranges(start: Offsets, end: Offsets, split: int) -> list[Range]:
-    """Input partitions for [start, end): one per topic-partition, split every `split` records."""
+def plan_ranges(start: Offsets, end: Offsets, split: int, pack: int = 0) -> list[InputPartition]:
+    """Input partitions for [start, end): one per topic-partition, split every `split` records;
+    with `pack`, ranges smaller than min(pack, split) records share tasks (`pack_ranges`)."""
     begin = _flat(start)
-    out = []
+    out: list[Range] = []
     for (topic, partition), stop in sorted(_flat(end).items()):
         offset = begin.get((topic, partition), 0)
         while offset < stop:
             upto = min(stop, offset + split)
             out.append(Range(topic, partition, offset, upto))
             offset = upto
+    return pack_ranges(out, min(pack, split)) if pack else list(out)
+
+
+def pack_ranges(ranges: Sequence[Range], least: int) -> list[InputPartition]:
+    """Ranges of `least` records or more stay a task each; smaller ones are gathered, in order,
+    into tasks of at least `least` records (the last may hold fewer). A Spark task has a fixed
+    cost (scheduling, a Python worker, a wave of the job when tasks outnumber slots) that a few
+    thousand records do not repay."""
+    out: list[InputPartition] = []
+    share: list[Range] = []
+    held = 0
+    for r in ranges:
+        if r.end - r.start >= least:
+            out.append(r)
+            continue
+        share.append(r)
+        held += r.end - r.start
+        if held >= least:
+            out.append(share[0] if len(share) == 1 else Ranges(share))
+            share, held = [], 0
+    if share:
+        out.append(share[0] if len(share) == 1 else Ranges(share))
     return out
 
 
@@ -375,11 +420,12 @@ def limit_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
 # --- readers ------------------------------------------------------------------------------------
 
 
-def read_partition(options: dict[str, str], schema: StructType, part: Range) -> Iterator[Any]:
-    """What one Spark task returns for one input partition (runs in executors)."""
-    if _decode(options):
-        return read_changes(options, part)
-    return read_range(options, schema, part)
+def read_partition(options: dict[str, str], schema: StructType, part: InputPartition) -> Iterator[Any]:
+    """What one Spark task returns for one input partition (runs in executors): its ranges,
+    one after the other, each parsed and collapsed on its own with `decode`."""
+    decode = _decode(options)
+    for r in task_ranges(part):
+        yield from read_changes(options, r) if decode else read_range(options, schema, r)
 
 
 def read_changes(options: dict[str, str], part: Range) -> Iterator[Any]:
@@ -417,7 +463,7 @@ def _consume_range(options: dict[str, str], part: Range) -> Iterator[list[Any]]:
     from confluent_kafka import KafkaError, TopicPartition
 
     fail_on_data_loss = _fail_on_data_loss(options)
-    consumer = _reader_consumer(_bootstrap(options), _client_config(options))
+    consumer = _reader_consumer(_bootstrap(options), _client_config(options), part.topic)
     try:
         tp = TopicPartition(part.topic, part.partition, part.start)
         consumer.assign([tp])
@@ -522,9 +568,12 @@ def read_range(options: dict[str, str], schema: StructType, part: Range) -> Iter
 # Spark reuses its Python workers, and connecting plus fetching metadata for every task would
 # cost more than reading a small micro-batch.
 _CONSUMERS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+# The topics whose metadata each of those consumers has (by the consumer's cache key).
+_KNOWN_TOPICS: dict[tuple[str, tuple[tuple[str, str], ...]], set[str]] = {}
 
 
-def _reader_consumer(bootstrap: str, client: dict[str, str]) -> Any:
+def _reader_consumer(bootstrap: str, client: dict[str, str], topic: str) -> Any:
+    """This Python worker's consumer for `bootstrap` and `client`, knowing `topic`'s leaders."""
     cache_key = (bootstrap, tuple(sorted(client.items())))
     consumer = _CONSUMERS.get(cache_key)
     if consumer is None:
@@ -541,7 +590,9 @@ def _reader_consumer(bootstrap: str, client: dict[str, str]) -> Any:
                 "isolation.level": "read_committed",
                 "fetch.max.bytes": 64 * 1024 * 1024,
                 "max.partition.fetch.bytes": 16 * 1024 * 1024,
-                "fetch.wait.max.ms": 100,
+                # A fetch for a range's end waits this long at the broker, and the next range's
+                # first fetch waits for it when both partitions lead on one broker.
+                "fetch.wait.max.ms": 10,
                 "topic.metadata.refresh.interval.ms": 2000,
                 # Never jump over a range (librdkafka's default jumps to the latest offset):
                 # a deleted offset is reported to _consume_range, which knows failOnDataLoss.
@@ -551,6 +602,18 @@ def _reader_consumer(bootstrap: str, client: dict[str, str]) -> Any:
             }
         )
         _CONSUMERS[cache_key] = consumer
+    known = _KNOWN_TOPICS.setdefault(cache_key, set())
+    if topic not in known:
+        # Assigned a partition of a topic it has no metadata for, librdkafka finds the leader on
+        # a later metadata refresh: the first fetch came 0.45-0.8 s late when measured. Asking
+        # for the topic's metadata first takes a round trip.
+        from confluent_kafka import KafkaException
+
+        try:
+            consumer.list_topics(topic, timeout=10)
+            known.add(topic)
+        except KafkaException as exc:  # the fetch finds the leader by itself, later
+            log.info("event=reader_metadata_unavailable topic=%s error=%r", topic, str(exc))
     return consumer
 
 
@@ -559,6 +622,7 @@ class SluiceBatchReader(DataSourceReader):
         self.options = options
         self.schema = schema
         self.split = _int_opt(options, "maxRecordsPerPartition", DEFAULT_SPLIT) or DEFAULT_SPLIT
+        self.pack = _int_opt(options, "minRecordsPerPartition", DEFAULT_PACK) or DEFAULT_PACK
 
     def partitions(self) -> Sequence[InputPartition]:
         view = _LogView(self.options)
@@ -567,10 +631,9 @@ class SluiceBatchReader(DataSourceReader):
             end = view.resolve(_opt(self.options, "endingOffsets"), "latest")
         finally:
             view.close()
-        return plan_ranges(start, end, self.split)
+        return plan_ranges(start, end, self.split, self.pack)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, Range)
         return read_partition(self.options, self.schema, partition)
 
 
@@ -699,6 +762,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self.view = _LogView(options)
         self.split = _int_opt(options, "maxRecordsPerPartition", DEFAULT_SPLIT) or DEFAULT_SPLIT
+        self.pack = _int_opt(options, "minRecordsPerPartition", DEFAULT_PACK) or DEFAULT_PACK
         self.max_per_trigger = _int_opt(options, "maxRecordsPerTrigger", None)
         self.fail_on_data_loss = _fail_on_data_loss(options)
         self.available_now: Offsets | None = None
@@ -770,10 +834,9 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.latest
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return plan_ranges(start, end, self.split)
+        return plan_ranges(start, end, self.split, self.pack)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, Range)
         return read_partition(self.options, self.schema, partition)
 
     def stop(self) -> None:
