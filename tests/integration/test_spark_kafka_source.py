@@ -324,3 +324,41 @@ def test_apply_on_the_kafka_source_through_kill_9_of_driver_and_broker(
     # (nothing of it already applied) and not later (the truth comparison above).
     first = re.search(r"batch \d+: ([\d,]+) records \(([\d,]+) already applied\)", final_log.read_text())
     assert first is not None and first.group(2) == "0", final_log.read_text()[-2000:]
+
+
+def test_apply_on_the_kafka_source_stages_into_postgresql(
+    kspark: Any, three_brokers: TestCluster, postgres_url: str, tmp_path: Path
+) -> None:
+    """With Spark's Kafka source, each task parses, collapses and stages in one Python worker
+    (`staging.map_and_stage`): the driver gets summaries only, the target ends equal to the
+    truth, and no staging is left once the query stops."""
+    from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
+    from tests.support.staging import staged
+
+    bootstrap = three_brokers.bootstrap
+    create_topic(bootstrap, "kstage.changes")
+    truth_path = tmp_path / "truth.json"
+    stats, _ = run_generator(
+        bootstrap,
+        GeneratorConfig(topic="kstage.changes", rate=0, duration_s=None, max_events=6_000, seed=23),
+        truth_path=truth_path,
+    )
+    reports: list[BatchReport] = []
+    config = ApplyConfig(
+        bootstrap=bootstrap, target=postgres_url, topics=["kstage.changes"], checkpoint=tmp_path / "ck",
+        available_now=True, source_format="kafka", max_records_per_trigger=2_000,
+    )  # fmt: skip
+    query = ApplyQuery(kspark, config, on_batch=reports.append)
+    try:
+        query.start()
+        assert query.await_termination(180)
+        assert list(staged(postgres_url).values()) == [0]  # this execution's table, emptied
+    finally:
+        query.stop()
+    assert_equals_truth(postgres_url, Truth.load(truth_path))
+    assert staged(postgres_url) == {}
+    assert sum(r.result.records for r in reports) == stats.events
+    # 2,000 changes a batch would be about 86 KB through the driver; a summary is a few rows
+    assert len(reports) >= 3 and max(r.result_bytes for r in reports) < 16_000, [
+        r.result_bytes for r in reports
+    ]

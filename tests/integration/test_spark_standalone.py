@@ -23,9 +23,9 @@ of it the driver JVM's start (15-25 s) and the new executor's.
 With a PostgreSQL target (`test_two_workers_staging_into_postgresql_survive_kill_9_of_one_mid_batch`)
 the executors stage each batch's rows in the target and the driver commits them
 (sync/targets/staging.py). The cluster has two workers from the start; the first is killed while
-a batch's staging table exists and the batch is not committed, and the other worker carries the
+a batch's rows are staged and the batch is not committed, and the other worker carries the
 query on. The target must equal the truth (the killed tasks' staged rows, under tokens no summary
-names, never merged), its offsets never go back, and no staging table is left.
+names, never merged), its offsets never go back, and no staging is left.
 
 Able to fail: with no new worker (`test_without_a_new_worker_the_target_never_catches_up`, slow
 suite) the same run fails its check, "timed out ... waiting for the target to reach the end of
@@ -63,9 +63,9 @@ from tests.integration.test_pipeline import (
     audited_target,
     create_topic,
     end_offsets,
-    staging_tables,
 )
 from tests.support.cluster import TestCluster, wait_until
+from tests.support.staging import staged
 
 TOPIC = "standalone.changes"
 PIPELINE = "standalone"
@@ -146,12 +146,12 @@ def run_with_worker_killed(
     for the driver to commit: the cluster has two workers from the start, the first is killed
     while a batch is staged and not committed, and the other carries the query on."""
     t0 = time.monotonic()
-    staged = postgres_url is not None
+    stages = postgres_url is not None
     with ThreadPoolExecutor(1) as pool:  # the Spark daemons start while the brokers do
 
         def daemons() -> tuple[str, SparkDaemon, SparkDaemon | None]:
             master = standalone.start_master()
-            return master, standalone.start_worker(), standalone.start_worker() if staged else None
+            return master, standalone.start_worker(), standalone.start_worker() if stages else None
 
         spark_up = pool.submit(daemons)
         cluster = make_cluster(1)
@@ -173,10 +173,11 @@ def run_with_worker_killed(
         wait_until(lambda: applied(url) or proc.poll() is not None, 120, "a first committed batch", 0.2)
         assert proc.poll() is None, log.read_text()[-3000:]
         print(f"first_batch_s={time.monotonic() - t0:.1f}")
-        if staged:  # in the middle of a batch: its staging table made, the batch not committed
-            wait_until(lambda: staging_tables(url) or applied(url) == ends, 60, "a batch in flight", 0.02)
-            in_flight = staging_tables(url)
-            assert in_flight, "the log was applied before a batch could be caught in flight"
+        if stages:  # in the middle of a batch: rows staged, the batch not committed
+            in_flight_or_done = lambda: any(staged(url).values()) or applied(url) == ends  # noqa: E731
+            wait_until(in_flight_or_done, 60, "a batch in flight", 0.02)
+            in_flight = staged(url)
+            assert any(in_flight.values()), "the log was applied before a batch could be caught in flight"
         standalone.kill_worker(first)
         at_kill = sum(applied(url).values())
         if seen is not None:
@@ -185,7 +186,7 @@ def run_with_worker_killed(
         assert 0 < at_kill < EVENTS, "the kill did not land in the middle of the run"
         assert first.work_dir is not None
         wait_until(lambda: not pids_in(first.work_dir), 30, "the killed executor's Python workers to exit")
-        if staged:
+        if stages:
             print(f"in_flight_at_kill={in_flight}")
         else:
             time.sleep(3)  # the application runs without an executor for a while
@@ -217,10 +218,11 @@ def run_with_worker_killed(
     with open_target(url) as t:
         cmp = compare(truth, {name: t.read_rows(name) for name in truth.tables})
     assert cmp.ok, cmp.summary()
-    if staged:
-        # Every batch's staging went with its commit, the killed batch's too (its orphaned rows
-        # were never merged: the target equals the truth); offsets never went back.
-        assert staging_tables(url) == []
+    if stages:
+        # Every batch's staged rows went with its commit, the killed batch's too (its orphaned
+        # rows were never merged: the target equals the truth), and the table with the clean
+        # stop; offsets never went back.
+        assert staged(url) == {}
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT * FROM audit_offsets WHERE new < old").fetchall() == []
             assert conn.execute("SELECT count(*) FROM audit_offsets").fetchone()[0] > 0

@@ -3,8 +3,8 @@ real PostgreSQL: the same outcome as the driver path under a seeded randomized w
 staged rows that must never be merged (a failed task attempt's, a zombie execution's, a batch
 whose staging was lost) never are, and are gone after the next commit.
 
-The executors' side runs in this process (tests/support/staging.py), the same function Spark
-runs in `mapInArrow`; the Spark-level kills are in test_pipeline.py and test_spark_standalone.py.
+The executors' side runs in this process (tests/support/staging.py), the same function Spark's
+read tasks run; the Spark-level kills are in test_pipeline.py and test_spark_standalone.py.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from sluice.sync.envelope import BadEventError, ChangeEvent, key_text
 from sluice.sync.targets import StaleEpochError, Target, open_target
 from sluice.sync.targets.base import Refusal
 from sluice.sync.targets.postgres import StagingLostError
-from sluice.sync.targets.staging import StageSpec, stage_changes, staging_table
+from sluice.sync.targets.staging import StageSpec, parse_staging_table, stage_changes, staging_table
 from tests.support.changes import event, records
-from tests.support.staging import apply_staged, stage
+from tests.support.staging import apply_staged, stage, staged
 
 
 @pytest.fixture
@@ -33,14 +33,6 @@ def target(postgres_url: str) -> Iterator[Target]:
     t = open_target(postgres_url)
     yield t
     t.close()
-
-
-def staging_tables(url: str) -> list[str]:
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT relname FROM pg_class WHERE relname LIKE '\\_sluice\\_staged\\_%'"
-        ).fetchall()
-    return sorted(r[0] for r in rows)
 
 
 def value(t: Target, key: int = 1, table: str = "acct") -> Any:
@@ -138,7 +130,7 @@ def test_staged_batches_end_equal_to_the_driver_path(postgres: Any, seed: int) -
             rows = by_executors.read_rows(table)
             assert rows == by_driver.read_rows(table), table
             assert rows, table
-        assert staging_tables(staged_url) == []
+        assert staged(staged_url) == {staging_table("p", e2): 0}  # emptied after every commit
 
 
 # --- staged rows that must never be merged -----------------------------------------------------
@@ -146,7 +138,7 @@ def test_staged_batches_end_equal_to_the_driver_path(postgres: Any, seed: int) -
 
 def test_a_failed_task_attempts_rows_are_never_merged_and_are_dropped(target: Target) -> None:
     epoch = target.claim("p")
-    table = target.prepare_staging("p", epoch, 1)
+    table = target.prepare_staging("p", epoch)
     # A task attempt staged and committed its COPY, then died before Spark had its result.
     lost = stage(target.url, table, records([event("c", 5, 1, v="from a dead attempt")]))
     # Its retry stages the same records under a new token; only that token is in the summaries.
@@ -155,31 +147,51 @@ def test_a_failed_task_attempts_rows_are_never_merged_and_are_dropped(target: Ta
     result = target.apply_staged("p", epoch, 1, kept)
     assert (result.records, result.changes) == (1, 1)
     assert value(target) == "S5"
-    assert staging_tables(target.url) == []
+    assert staged(target.url) == {table: 0}
+
+
+def test_an_earlier_batchs_leftover_rows_are_never_merged(target: Target) -> None:
+    epoch = target.claim("p")
+    table = target.prepare_staging("p", epoch)
+    # A task of batch 1 committed its COPY after batch 1's commit emptied the table (its attempt
+    # had been given up on): its rows sit there while batch 2 stages and commits.
+    apply_staged(target, "p", epoch, records([event("c", 1, 1, v="S1")]), batch=1)
+    late = stage(target.url, table, records([event("c", 9, 7, v="late attempt")], start=5))
+    result = apply_staged(target, "p", epoch, records([event("u", 2, 1, v="S2")], start=1), batch=2)
+    assert (result.records, result.changes) == (1, 1)
+    assert value(target) == "S2" and value(target, 7) is None
+    assert late.num_rows and staged(target.url) == {table: 0}
 
 
 def test_a_zombie_executions_staging_is_never_merged_and_its_commit_is_fenced(target: Target) -> None:
     old = target.claim("p")
-    zombie_table = target.prepare_staging("p", old, 7)
+    zombie_table = target.prepare_staging("p", old)
     zombie = stage(target.url, zombie_table, records([event("c", 9, 1, v="zombie")]))
     new = target.claim("p")  # a new execution takes the pipeline over
     apply_staged(target, "p", new, records([event("c", 3, 1, v="S3")], start=0))
-    assert staging_tables(target.url) == []  # the zombie's table went with the new commit
+    new_table = staging_table("p", new)
+    assert staged(target.url) == {new_table: 0}  # the zombie's table went when the new one started
     with pytest.raises(StaleEpochError):
         target.apply_staged("p", old, 7, zombie)
     assert value(target) == "S3"
-    # The zombie stages again after that commit: never read, dropped by the next one.
-    target.prepare_staging("p", old, 8)
+    # The zombie starts again and stages after that: never read; the next execution drops it.
+    target.prepare_staging("p", old)
+    stage(target.url, zombie_table, records([event("c", 9, 1, v="zombie again")]))
     apply_staged(target, "p", new, records([event("u", 4, 1, v="S4")], start=1))
     assert value(target) == "S4"
-    assert staging_tables(target.url) == []
+    assert staged(target.url) == {new_table: 0, zombie_table: 1}
+    newer = target.claim("p")
+    target.prepare_staging("p", newer)
+    assert staged(target.url) == {staging_table("p", newer): 0}
+    assert target.drop_staging("p", newer) == [staging_table("p", newer)]  # as the query's stop
+    assert staged(target.url) == {}
 
 
 def test_a_batch_whose_staged_rows_are_gone_commits_nothing(target: Target) -> None:
     epoch = target.claim("p")
     apply_staged(target, "p", epoch, records([event("c", 1, 1, v="S1")]))
     offsets = target.applied_offsets("p")
-    table = target.prepare_staging("p", epoch, 50)
+    table = staging_table("p", epoch)
     summaries = stage(
         target.url, table, records([event("u", 2, 1, v="S2"), event("c", 3, 2, v="x")], start=1)
     )
@@ -193,7 +205,7 @@ def test_a_batch_whose_staged_rows_are_gone_commits_nothing(target: Target) -> N
     again = records([event("u", 2, 1, v="S2"), event("c", 3, 2, v="x")], start=1)
     apply_staged(target, "p", epoch, again, batch=50)
     assert value(target) == "S2" and value(target, 2) == "x"
-    assert staging_tables(target.url) == []
+    assert staged(target.url) == {table: 0}
 
 
 def test_a_staged_key_with_nul_is_refused_and_nul_in_values_dropped(target: Target) -> None:
@@ -221,9 +233,17 @@ def test_refused_staged_changes_go_to_the_sink_and_the_rest_commits(target: Targ
     assert target.applied_offsets("p") == {("t", 0): 3}
 
 
-def test_staging_names_are_per_pipeline_epoch_and_batch() -> None:
-    names = {staging_table(p, e, b) for p in ("a", "b") for e in (1, 2) for b in (1, 2)}
-    assert len(names) == 8 and all(len(n) < 64 for n in names)
-    assert len(staging_table("x" * 500, 10**12, 10**12)) < 64
-    assert "secret" not in repr(StageSpec("postgresql://u@h/db", "t", password="secret"))
+def test_staging_names_are_per_pipeline_and_epoch() -> None:
+    names = {staging_table(p, e) for p in ("a", "b") for e in (1, 2)}
+    assert len(names) == 4 and all(len(n) < 64 for n in names)
+    assert len(staging_table("x" * 500, 10**12)) < 64
+    assert parse_staging_table(staging_table("a", 12), "a") == 12
+    assert parse_staging_table(staging_table("a", 12) + "_7", "a") == 12  # an earlier version's
+    assert parse_staging_table(staging_table("a", 12), "b") is None
+    spec = StageSpec("postgresql://u@h/db", "t", password="secret")
+    assert "secret" not in repr(spec)
+    assert StageSpec.from_options(spec.options()) == spec
+    assert StageSpec.from_options({"decode": "envelope"}) is None
+    with pytest.raises(ValueError, match="both"):
+        StageSpec.from_options({"stage.url": "postgresql://u@h/db"})
     assert callable(stage_changes(StageSpec("postgresql://u@h/db", "t")))

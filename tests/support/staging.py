@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import itertools
 
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.sync.changes import to_changes
 from sluice.sync.targets.base import ApplyResult, RefusalSink, Target
-from sluice.sync.targets.staging import StageSpec, stage_changes
+from sluice.sync.targets.staging import StageSpec, stage_changes, staging_table
 
 _batches = itertools.count(1)
 
@@ -44,11 +45,28 @@ def apply_staged(
     batch: int | None = None,
 ) -> ApplyResult:
     """`target.apply(pipeline, epoch, records)` the staged way: a new batch id (or `batch`, a
-    batch run again), its staging table, the executors' COPY, the driver's commit."""
+    batch run again), the execution's staging table (made when this epoch first stages, as the
+    query's start does), the executors' COPY, the driver's commit."""
     batch = next(_batches) if batch is None else batch
-    table = target.prepare_staging(pipeline, epoch, batch)
+    table = staging_table(pipeline, epoch)
+    with psycopg.connect(target.url) as conn:
+        made = conn.execute("SELECT to_regclass(%s)", (f'"{table}"',)).fetchone()[0] is not None
+    if not made:
+        target.prepare_staging(pipeline, epoch)
     summaries = stage(target.url, table, records)
     return target.apply_staged(pipeline, epoch, batch, summaries, on_refused=on_refused)
+
+
+def staged(url: str) -> dict[str, int]:
+    """Every staging table in the database at `url`, with the rows it holds."""
+    with psycopg.connect(url) as conn:
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE '\\_sluice\\_staged\\_%'"
+            ).fetchall()
+        ]
+        return {n: conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in sorted(names)}
 
 
 def _empty_summary_schema() -> pa.Schema:

@@ -1,7 +1,8 @@
 """Apply topics to a target: a Structured Streaming query over the `sluice` source whose
-micro-batches are each applied in one target transaction (`Target.apply`). With PostgreSQL the
-executors stage a batch's rows in the target and the driver commits them from their summaries
-(`Target.apply_staged`, sync/targets/staging.py): no row passes through the driver.
+micro-batches are each applied in one target transaction (`Target.apply`). With PostgreSQL each
+read task stages its collapsed changes in the target and returns a summary, and the driver
+commits the batch from the summaries (`Target.apply_staged`, sync/targets/staging.py): no row
+passes through the driver.
 
 Exactly-once in effect comes from the target, not from Spark: the target stores the next offset
 per partition in the same transaction as the rows, so a micro-batch Spark replays after a crash
@@ -149,6 +150,9 @@ class ApplyQuery:
             schema_change_policy=config.schema_change_policy,
         )
         self.epoch = self.target.claim(self.pipeline, config.epoch)
+        #: where the read tasks stage the changes, once started (a target that stages in
+        #: executors), else None: the batch's changes come to the driver
+        self.staging: Any = None
         self.query: Any = None
         self.error: BaseException | None = None
         self.batches = 0
@@ -220,7 +224,7 @@ class ApplyQuery:
         if self.dead_letters is not None:
             sink = self.dead_letters.sink(self.pipeline, self.epoch, self.config.execution)
         try:
-            if self.target.stages_in_executors:
+            if self.staging is not None:
                 result, collected, held, stamps = self._stage_and_commit(df, batch_id, sink)
             else:
                 records = df.toArrow()
@@ -263,24 +267,25 @@ class ApplyQuery:
             )
 
     def _stage_and_commit(self, df: Any, batch_id: int, sink: Any) -> tuple[ApplyResult, float, int, Any]:
-        """The executors COPY the batch's changes into its staging table; the driver collects
-        their summaries (a few rows per task) and commits (sync/targets/staging.py). Returns the
-        result, when the summaries arrived, their bytes, and the summaries."""
-        from sluice.sync.targets.staging import SUMMARY_DDL, StageSpec, stage_changes
-
-        target = self.target
-        table = target.prepare_staging(self.pipeline, self.epoch, batch_id)
-        password = self.config.target_password
-        spec = StageSpec(self.config.target, table, None if password is None else password.reveal())
-        summaries = df.mapInArrow(stage_changes(spec), SUMMARY_DDL).toArrow()
+        """The read tasks have COPYed the batch's changes into the execution's staging table;
+        the driver collects their summaries (a few rows per task) and commits
+        (sync/targets/staging.py). Returns the result, when the summaries arrived, their bytes,
+        and the summaries."""
+        summaries = df.toArrow()
         collected = time.monotonic()
         test_switches.crash_point(self.config.switches, "after-staging")
-        result = target.apply_staged(self.pipeline, self.epoch, batch_id, summaries, on_refused=sink)
+        result = self.target.apply_staged(self.pipeline, self.epoch, batch_id, summaries, on_refused=sink)
         return result, collected, summaries.nbytes, summaries
 
     def start(self) -> None:
         c = self.config
         self.reconcile_checkpoint()
+        if self.target.stages_in_executors:
+            from sluice.sync.targets.staging import StageSpec
+
+            table = self.target.prepare_staging(self.pipeline, self.epoch)
+            password = c.target_password
+            self.staging = StageSpec(c.target, table, None if password is None else password.reveal())
         records = self._kafka_records() if c.source_format == "kafka" else self._sluice_records()
         writer = records.writeStream.foreachBatch(self._apply_batch).queryName(
             self.pipeline.replace(":", "_").replace("/", "_").replace(",", "_")
@@ -318,11 +323,12 @@ class ApplyQuery:
         reader = reader.option("startingOffsets", self._starting_offsets())
         if c.max_records_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(c.max_records_per_trigger))
-        return (
-            reader.load()
-            .select("value", "topic", "partition", "offset", "timestamp")
-            .mapInArrow(map_to_changes, CHANGES_SCHEMA)
-        )
+        records = reader.load().select("value", "topic", "partition", "offset", "timestamp")
+        if self.staging is not None:  # parsed, collapsed and staged in one Python worker per task
+            from sluice.sync.targets.staging import SUMMARY_DDL, map_and_stage
+
+            return records.mapInArrow(map_and_stage(self.staging), SUMMARY_DDL)
+        return records.mapInArrow(map_to_changes, CHANGES_SCHEMA)
 
     def _sluice_records(self) -> Any:
         c = self.config
@@ -346,6 +352,8 @@ class ApplyQuery:
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the
         # driver gets the newest change per row with the columns applying needs (sync.changes).
         reader = reader.option("decode", "debezium" if c.envelope == "debezium" else "envelope")
+        if self.staging is not None:  # and staged there: the driver gets each task's summary
+            reader = reader.options(**self.staging.options())
         return reader.load()
 
     def failure(self) -> BaseException | None:
@@ -383,6 +391,13 @@ class ApplyQuery:
                 pass  # it failed or stopped already
         if self.dead_letters is not None:
             self.dead_letters.close()
+        if self.staging is not None:
+            try:
+                self.target.drop_staging(self.pipeline, self.epoch)
+            except Exception:  # the next execution's start drops it
+                log.warning(
+                    "event=staging_left pipeline=%s epoch=%d", self.pipeline, self.epoch, exc_info=True
+                )
         self.target.close()
 
 

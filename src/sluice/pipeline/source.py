@@ -24,6 +24,11 @@ Options
                             driver and every executor authenticate to the brokers. Spark
                             redacts option values whose key says "password" in plans and the
                             UI (spark.redaction.regex); Sluice never logs them
+    stage.url, stage.table, stage.password
+                            with decode: each task COPYs its collapsed changes into this
+                            PostgreSQL table under a token of its own and returns its summary
+                            rows (sync/targets/staging.py SUMMARY_DDL) instead of the changes,
+                            so no change passes through the driver (the apply query sets these)
     decode                  none (default): raw records | envelope: each input partition parses
                             the change envelopes (sluice.sync.changes) and returns the newest
                             change per row, with the columns of CHANGE_SCHEMA; parsing and
@@ -59,7 +64,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -79,6 +84,9 @@ from pyspark.sql.types import (
 )
 
 from sluice.clients import close_within
+
+if TYPE_CHECKING:
+    from sluice.sync.targets.staging import StageSpec
 
 SCHEMA = StructType(
     [
@@ -149,8 +157,13 @@ class SluiceDataSource(DataSource):
     def name(cls) -> str:
         return "sluice"
 
-    def schema(self) -> StructType:
-        return CHANGES_SCHEMA if _decode(dict(self.options)) else SCHEMA
+    def schema(self) -> StructType | str:
+        options = dict(self.options)
+        if _stage_spec(options) is not None:
+            from sluice.sync.targets.staging import SUMMARY_DDL
+
+            return SUMMARY_DDL
+        return CHANGES_SCHEMA if _decode(options) else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return SluiceBatchReader(dict(self.options), schema)
@@ -188,6 +201,21 @@ def _client_config(options: dict[str, str]) -> dict[str, str]:
         return ClientSecurity.from_properties(values).confluent_config()
     except ConfigError as exc:
         raise SluiceSourceError(str(exc)) from None
+
+
+def _stage_spec(options: dict[str, str]) -> StageSpec | None:
+    """Where the readers stage their changes (`stage.*` options), or None: they return them."""
+    from sluice.sync.targets.staging import StageSpec
+
+    try:
+        spec = StageSpec.from_options(options)
+    except ValueError as exc:
+        raise SluiceSourceError(str(exc)) from None
+    if spec is not None and not _decode(options):
+        raise SluiceSourceError(
+            "the stage.* options need decode=envelope or decode=debezium: only changes are staged"
+        )
+    return spec
 
 
 def _decode(options: dict[str, str]) -> bool:
@@ -422,9 +450,22 @@ def limit_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
 
 def read_partition(options: dict[str, str], schema: StructType, part: InputPartition) -> Iterator[Any]:
     """What one Spark task returns for one input partition (runs in executors): its ranges,
-    one after the other, each parsed and collapsed on its own with `decode`."""
-    decode = _decode(options)
-    for r in task_ranges(part):
+    one after the other, each parsed and collapsed on its own with `decode`; with `stage.*`
+    options, the task's staging summary instead (the changes go to the target from here,
+    sync/targets/staging.py)."""
+    spec = _stage_spec(options)
+    batches = _read_ranges(options, schema, task_ranges(part), _decode(options))
+    if spec is None:
+        return batches
+    from sluice.sync.targets.staging import stage_changes
+
+    return stage_changes(spec)(batches)
+
+
+def _read_ranges(
+    options: dict[str, str], schema: StructType, ranges: Sequence[Range], decode: bool
+) -> Iterator[Any]:
+    for r in ranges:
         yield from read_changes(options, r) if decode else read_range(options, schema, r)
 
 

@@ -314,8 +314,12 @@ class Target(ABC):
     def close(self) -> None: ...
 
     # Batches the executors staged (staging.py), for targets with `stages_in_executors`.
-    def prepare_staging(self, pipeline: str, epoch: int, batch: int) -> str:
-        """Make the staging table of one batch and return its name."""
+    def prepare_staging(self, pipeline: str, epoch: int) -> str:
+        """Make the staging table of one execution and return its name."""
+        raise NotImplementedError(f"{type(self).__name__} applies batches from the driver (Target.apply)")
+
+    def drop_staging(self, pipeline: str, epoch: int) -> list[str]:
+        """Drop the staging tables of `epoch` and older executions; return their names."""
         raise NotImplementedError(f"{type(self).__name__} applies batches from the driver (Target.apply)")
 
     def apply_staged(

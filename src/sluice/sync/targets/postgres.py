@@ -492,13 +492,14 @@ class PostgresTarget(Target):
         return written
 
     # --- batches staged by the executors (staging.py) ---------------------------------------------
-    def prepare_staging(self, pipeline: str, epoch: int, batch: int) -> str:
-        """Create the staging table of one batch (empty: rows an earlier run of this batch left
-        are removed) and return its name."""
-        name = staging_table(pipeline, epoch, batch)
+    def prepare_staging(self, pipeline: str, epoch: int) -> str:
+        """Create the staging table of this execution (empty), drop older executions' tables
+        (`drop_staging`), and return its name."""
+        self.drop_staging(pipeline, epoch - 1)
+        name = staging_table(pipeline, epoch)
         with self.conn.transaction():
-            # a task of an earlier run of this batch still writing holds the table: fail the
-            # batch (it is run again) rather than wait on it for good
+            # a task of this epoch's earlier query still writing holds the table: fail the start
+            # rather than wait on it for good
             self.conn.execute("SET LOCAL lock_timeout = '30s'")
             self.conn.execute(f"DROP TABLE IF EXISTS {quote(name)}")
             self.conn.execute(f"CREATE UNLOGGED TABLE {quote(name)} ({STAGED_DDL})")
@@ -521,7 +522,7 @@ class PostgresTarget(Target):
         schema changes, whose rows need translating to renamed or dropped columns, or whose rows
         the target refuses under `on_refused`, is read into the driver and applied as `apply`
         does (schema changes are rare and refusals few; every other batch stays in SQL)."""
-        stage = staging_table(pipeline, epoch, batch)
+        stage = staging_table(pipeline, epoch)
         expected = staged_counts(summaries)
         records = int(pc.sum(summaries["records"]).as_py() or 0) if summaries.num_rows else 0
         result = ApplyResult(records=records)
@@ -543,8 +544,24 @@ class PostgresTarget(Target):
         if stripped:
             log.warning("event=nul_characters_dropped pipeline=%s batch=%d rows=%d reason=%r",
                         pipeline, batch, stripped, "PostgreSQL text cannot hold U+0000")  # fmt: skip
-        self.drop_staging(pipeline, epoch, batch)
+        if expected:
+            self._empty_staging(stage)
         return result
+
+    def _empty_staging(self, stage: str) -> None:
+        """Remove every row of a committed batch's staging table: its own, merged now, and any a
+        failed task attempt left. A table a task of a zombie attempt still writes to is left
+        for a later commit; nothing in it is ever read."""
+        import psycopg
+
+        try:
+            with self.conn.transaction():
+                self.conn.execute("SET LOCAL lock_timeout = '2s'")
+                self.conn.execute(f"TRUNCATE {quote(stage)}")
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.UndefinedTable) as exc:
+            log.info("event=staging_kept table=%s reason=%r", stage, type(exc).__name__)
+        finally:
+            self.conn.commit()
 
     def _check_staged(self, tx: Any, rows: _BatchRows, expected: Mapping[int, int]) -> int:
         """Every listed token's rows are in the staging table, all of them (a restarted
@@ -671,11 +688,10 @@ class PostgresTarget(Target):
                 return True
         return False
 
-    def drop_staging(self, pipeline: str, epoch: int, batch: int) -> list[str]:
-        """Drop this batch's staging table and every one of `pipeline` from an older epoch or an
-        older batch of `epoch` (a failed batch's, a dead driver's, a zombie's); return their
-        names. A table still locked (a task of a zombie still writing) is left for the next
-        commit; it is never read."""
+    def drop_staging(self, pipeline: str, epoch: int) -> list[str]:
+        """Drop every staging table of `pipeline` from `epoch` or an older one (a dead driver's,
+        a zombie's, this execution's when it stops); return their names. A table still locked (a
+        task of a zombie still writing) is left for the next execution; it is never read."""
         import psycopg
 
         rows = self.conn.execute(
@@ -686,7 +702,7 @@ class PostgresTarget(Target):
         dropped = []
         for (name,) in rows:
             tag = parse_staging_table(name, pipeline)
-            if tag is None or tag > (epoch, batch):
+            if tag is None or tag > epoch:
                 continue
             try:
                 with self.conn.transaction():
@@ -694,7 +710,7 @@ class PostgresTarget(Target):
                     self.conn.execute(f"DROP TABLE IF EXISTS {quote(name)}")
                 dropped.append(name)
             except psycopg.errors.LockNotAvailable:
-                log.info("event=staging_kept table=%s reason=%r", name, "locked: a later commit drops it")
+                log.info("event=staging_kept table=%s reason=%r", name, "locked: a later start drops it")
             finally:
                 self.conn.commit()
         return dropped

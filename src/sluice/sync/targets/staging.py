@@ -1,29 +1,33 @@
 """Executors stage a micro-batch's changes in the PostgreSQL target; the driver commits them.
 
-The rows of a batch never pass through the Spark driver. For each batch the driver creates one
-UNLOGGED staging table (`staging_table`: named by the pipeline, the fencing epoch and the batch
-id). Each Spark task (`stage_changes`, run by `mapInArrow` in the executors) takes a random
-63-bit token, COPYs its partition's collapsed changes into that table tagged with the token, in
-a transaction of its own, and returns a few summary rows (`SUMMARY_DDL`): its token, how many
-rows it staged, and per topic-partition the next offset and the records read. The driver
-collects only those (bytes per task, not per change) and commits the batch in one target
-transaction (`PostgresTarget.apply_staged`): fence, offsets, the version guard and the merge of
-the rows staged under the summaries' tokens, nothing else.
+The rows of a batch never pass through the Spark driver. When an execution of a pipeline starts,
+the driver creates its UNLOGGED staging table (`staging_table`: named by the pipeline and the
+fencing epoch) and removes older executions' tables. Each Spark task reads its ranges, parses and
+collapses them and, in the same Python worker (`stage_changes`, called by the sluice source's
+reader with `stage.*` options, or fused after `map_to_changes` with Spark's Kafka source), takes a
+random 63-bit token and COPYs the collapsed changes into that table tagged with the token, in a
+transaction of its own. The task returns a few summary rows (`SUMMARY_DDL`): its token, how many
+rows it staged, and per topic-partition the next offset and the records read. The driver collects
+only those (bytes per task, not per change) and commits the batch in one target transaction
+(`PostgresTarget.apply_staged`): fence, offsets, the version guard and the merge of the rows
+staged under the summaries' tokens, nothing else. After the commit it empties the table.
 
 Why staged rows that must not be merged never are:
 
 - A task attempt that failed (its executor killed, its connection lost) either never committed
   its COPY, or committed it under a token that is in no summary the driver collected: Spark
   hands `collect` the result of one successful attempt per task. Its rows sit in the table,
-  unread, until the table is dropped.
-- A zombie execution (an older epoch, a driver that lost the pipeline) stages into tables named
-  by its own epoch, which the current execution never reads; its commit fails the fence.
+  unread, until the table is emptied after a commit.
+- Rows of an earlier batch are never read either: each batch merges its own tokens only, and a
+  token is a fresh random number per task attempt.
+- A zombie execution (an older epoch, a driver that lost the pipeline) stages into the table of
+  its own epoch, which the current execution never reads; its commit fails the fence.
 - The driver checks that every listed token's row count in the table equals its summary's before
   merging anything (a restarted PostgreSQL empties UNLOGGED tables): a batch missing staged rows
   fails and is run again, it never commits part of itself.
-- After each commit the driver drops its batch's table and every table of this pipeline from an
-  older epoch, or an older batch of this epoch (`PostgresTarget.drop_staging`), so a failed batch
-  or a dead driver leaves nothing behind after the next commit.
+- After each commit the driver truncates its table (a task of a zombie attempt still writing
+  holds it: then a later commit does), when an execution starts it drops every older
+  execution's table, and when it stops it drops its own (`PostgresTarget.drop_staging`).
 
 The executors reach the target with the pipeline's URL and password (shipped in the task, as the
 source's broker credentials are). A Python worker keeps one connection per target and reuses it
@@ -73,9 +77,9 @@ def pipeline_tag(pipeline: str) -> str:
     return hashlib.sha256(pipeline.encode()).hexdigest()[:12]
 
 
-def staging_table(pipeline: str, epoch: int, batch: int) -> str:
-    """The staging table of one batch of one execution (a name PostgreSQL keeps whole)."""
-    return f"{_PREFIX}{pipeline_tag(pipeline)}_{epoch}_{batch}"
+def staging_table(pipeline: str, epoch: int) -> str:
+    """The staging table of one execution of a pipeline (a name PostgreSQL keeps whole)."""
+    return f"{_PREFIX}{pipeline_tag(pipeline)}_{epoch}"
 
 
 def staging_pattern(pipeline: str) -> str:
@@ -83,10 +87,11 @@ def staging_pattern(pipeline: str) -> str:
     return (_PREFIX + pipeline_tag(pipeline) + "_").replace("_", "\\_") + "%"
 
 
-def parse_staging_table(name: str, pipeline: str) -> tuple[int, int] | None:
-    """(epoch, batch) of one of `pipeline`'s staging tables, or None for any other name."""
-    m = re.fullmatch(re.escape(_PREFIX + pipeline_tag(pipeline)) + r"_(\d+)_(\d+)", name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+def parse_staging_table(name: str, pipeline: str) -> int | None:
+    """The epoch of one of `pipeline`'s staging tables (also of the per-batch tables earlier
+    versions made, `<epoch>_<batch>`), or None for any other name."""
+    m = re.fullmatch(re.escape(_PREFIX + pipeline_tag(pipeline)) + r"_(\d+)(?:_\d+)?", name)
+    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,24 @@ class StageSpec:
     url: str
     table: str
     password: str | None = field(default=None, repr=False)
+
+    def options(self) -> dict[str, str]:
+        """The sluice source's `stage.*` options that make its readers stage (`from_options`).
+        Spark redacts the password in plans and the UI (its key says password)."""
+        out = {"stage.url": self.url, "stage.table": self.table}
+        if self.password is not None:
+            out["stage.password"] = self.password
+        return out
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> StageSpec | None:
+        lowered = {k.lower(): v for k, v in options.items()}
+        url, table = lowered.get("stage.url"), lowered.get("stage.table")
+        if url is None and table is None:
+            return None
+        if not url or not table:
+            raise ValueError("staging needs both options stage.url and stage.table")
+        return cls(url, table, lowered.get("stage.password"))
 
 
 _connections: dict[tuple[str, str | None], Any] = {}
@@ -130,8 +153,9 @@ def _forget(spec: StageSpec) -> None:
 
 
 def stage_changes(spec: StageSpec) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The `mapInArrow` function of the executors: changes (`sync.changes.CHANGE_SCHEMA`) in, the
-    task's summary rows (`SUMMARY_DDL`) out, its rows COPYed into `spec.table` under its token."""
+    """What a task runs after its parse and collapse: changes (`sync.changes.CHANGE_SCHEMA`) in,
+    the task's summary rows (`SUMMARY_DDL`) out, its rows COPYed into `spec.table` under its
+    token."""
     from sluice.sync.targets.postgres import copy_text, strip_nul
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -153,6 +177,18 @@ def stage_changes(spec: StageSpec) -> Callable[[Iterable[pa.RecordBatch]], Itera
             raise
         if task.ends:
             yield summary(task.token, task.ends, task.counts, task.staged, task.stripped, task.stamps)
+
+    return run
+
+
+def map_and_stage(spec: StageSpec) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The `mapInArrow` function over Spark's Kafka source: log records in, summaries out."""
+    from sluice.sync.changes import map_to_changes
+
+    stage = stage_changes(spec)
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return stage(map_to_changes(batches))
 
     return run
 
