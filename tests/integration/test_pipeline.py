@@ -35,6 +35,17 @@ def create_topic(bootstrap: str, name: str, partitions: int = 3, rf: int = 3) ->
     admin.create_topics([NewTopic(name, partitions, rf)], operation_timeout=30)[name].result()
 
 
+def generated_topic(bootstrap: str, topic: str, events: int, seed: int, truth_path: Path) -> GeneratorStats:
+    """A new 3-partition topic holding `events` generated changes, their truth at `truth_path`."""
+    create_topic(bootstrap, topic)
+    stats, _ = run_generator(
+        bootstrap,
+        GeneratorConfig(topic=topic, rate=0, duration_s=None, max_events=events, seed=seed),
+        truth_path=truth_path,
+    )
+    return stats
+
+
 def end_offsets(
     bootstrap: str, topic: str, partitions: int = 3, client: dict[str, str] | None = None
 ) -> dict[tuple[str, int], int]:
@@ -377,13 +388,8 @@ def test_driver_killed_between_the_executors_staging_and_the_commit(
     new epoch), and the target ends equal to the log with no staging left and no offset gone
     back."""
     bootstrap = three_brokers.bootstrap
-    create_topic(bootstrap, "crash.changes")
     truth_path = tmp_path / "truth.json"
-    stats, _ = run_generator(
-        bootstrap,
-        GeneratorConfig(topic="crash.changes", rate=0, duration_s=None, max_events=12_000, seed=21),
-        truth_path=truth_path,
-    )
+    stats = generated_topic(bootstrap, "crash.changes", 12_000, 21, truth_path)
     ends = end_offsets(bootstrap, "crash.changes")
     url = audited_postgres(postgres_url)
     ckpt = tmp_path / "checkpoint"

@@ -33,6 +33,7 @@ from tests.integration.test_pipeline import (
     audited_target,
     create_topic,
     end_offsets,
+    generated_topic,
     wait_applied,
 )
 from tests.support.cluster import TestCluster, wait_until
@@ -336,13 +337,8 @@ def test_apply_on_the_kafka_source_stages_into_postgresql(
     from tests.support.staging import staged
 
     bootstrap = three_brokers.bootstrap
-    create_topic(bootstrap, "kstage.changes")
     truth_path = tmp_path / "truth.json"
-    stats, _ = run_generator(
-        bootstrap,
-        GeneratorConfig(topic="kstage.changes", rate=0, duration_s=None, max_events=6_000, seed=23),
-        truth_path=truth_path,
-    )
+    stats = generated_topic(bootstrap, "kstage.changes", 6_000, 23, truth_path)
     reports: list[BatchReport] = []
     config = ApplyConfig(
         bootstrap=bootstrap, target=postgres_url, topics=["kstage.changes"], checkpoint=tmp_path / "ck",

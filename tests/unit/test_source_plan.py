@@ -78,3 +78,51 @@ def test_pack_ranges_keeps_the_order_and_closes_a_task_once_it_holds_enough() ->
         [("t", 0, 0, 400), ("t", 1, 0, 400), ("t", 2, 0, 400)],
         [("t", 3, 0, 400), ("t", 4, 0, 400)],
     ]
+
+
+def test_with_task_slots_three_partitions_on_two_slots_are_an_even_number_of_equal_tasks() -> None:
+    parts = plan_ranges({}, {"t": {"0": 300_000, "1": 300_000, "2": 300_000}}, 200_000, 20_000, 2)
+    sizes = [sum(r.end - r.start for r in task_ranges(p)) for p in parts]
+    assert sizes == [150_000] * 6  # six of 150,000, not 3 x (200,000 + 100,000)
+    assert _shape(parts)[1] == [("t", 0, 150_000, 300_000)]
+    assert _shape(parts)[2] == [("t", 1, 0, 150_000)]
+    # a batch too small for one task per slot: one task
+    assert _shape(plan_ranges({}, {"t": {"0": 900, "1": 900}}, 200_000, 20_000, 2)) == [
+        [("t", 0, 0, 900), ("t", 1, 0, 900)]
+    ]
+    # a task may read the end of one partition and the start of the next
+    assert _shape(plan_ranges({}, {"t": {"0": 30_000, "1": 30_000, "2": 30_000}}, 200_000, 20_000, 2)) == [
+        [("t", 0, 0, 30_000), ("t", 1, 0, 15_000)],
+        [("t", 1, 15_000, 30_000), ("t", 2, 0, 30_000)],
+    ]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_with_task_slots_every_offset_is_read_once_in_tasks_of_even_size(seed: int) -> None:
+    rng = random.Random(seed)
+    end = {f"t{i}": {str(p): rng.randint(0, 60_000) for p in range(rng.randint(1, 5))} for i in range(2)}
+    start = {t: {p: rng.randint(0, min(50, o)) for p, o in parts.items()} for t, parts in end.items()}
+    split, pack, slots = (
+        rng.choice([5_000, 30_000, 200_000]),
+        rng.choice([1, 2_000, 20_000]),
+        rng.randint(1, 4),
+    )
+    parts = plan_ranges(start, end, split, pack, slots)
+    total = sum(o - start[t][p] for t, ps in end.items() for p, o in ps.items())
+    sizes = [sum(r.end - r.start for r in task_ranges(p)) for p in parts]
+    assert sum(sizes) == total
+    if total:
+        assert max(sizes) - min(sizes) <= 1 and max(sizes) <= split
+        fewest, least = -(-total // split), min(pack, split)
+        # a multiple of the slots unless fewer than the slots or forced by the split; every task
+        # at least minRecordsPerPartition unless there is one, or the split forces more
+        assert len(parts) % slots == 0 or len(parts) < slots or len(parts) == fewest
+        assert min(sizes) >= least or len(parts) in (1, fewest)
+    seen: dict[tuple[str, int], list[int]] = {}
+    for part in parts:
+        for r in task_ranges(part):
+            assert r.end > r.start
+            seen.setdefault((r.topic, r.partition), []).extend(range(r.start, r.end))
+    for t, ps in end.items():
+        for p, stop in ps.items():
+            assert seen.get((t, int(p)), []) == list(range(start[t][p], stop))

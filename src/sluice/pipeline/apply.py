@@ -347,6 +347,8 @@ class ApplyQuery:
             reader = reader.option("maxRecordsPerPartition", str(c.max_records_per_partition))
         if c.min_records_per_partition:
             reader = reader.option("minRecordsPerPartition", str(c.min_records_per_partition))
+        # tasks of equal size, a multiple of the slots (source.even_tasks)
+        reader = reader.option("taskSlots", str(self.spark.sparkContext.defaultParallelism))
         if c.transaction_topic:
             reader = reader.option("transactionTopic", c.transaction_topic)
         # Envelopes are parsed and collapsed in the executors, one task per input partition; the

@@ -16,6 +16,11 @@ Options
                             one task holding about this many records (default 20000; at most
                             maxRecordsPerPartition): a small micro-batch is then one task, one
                             Python worker and one wave of the job, not one task per partition
+    taskSlots               the task slots the query runs on (the apply query passes Spark's
+                            default parallelism): each batch is cut into tasks of equal size, a
+                            multiple of this many of at most maxRecordsPerPartition records, or
+                            fewer (down to one) of at least minRecordsPerPartition; no slot then
+                            idles while a last task runs alone (default: one task per range)
     failOnDataLoss          true (default): fail when the next offset was already deleted by
                             retention (when the query plans a batch, or while an executor reads
                             it); false: skip ahead to the log start and go on
@@ -393,18 +398,60 @@ class _LogView(_DriverClient):
         return _sorted_offsets({tp: given.get(tp, marks[tp][0]) for tp in tps})
 
 
-def plan_ranges(start: Offsets, end: Offsets, split: int, pack: int = 0) -> list[InputPartition]:
-    """Input partitions for [start, end): one per topic-partition, split every `split` records;
-    with `pack`, ranges smaller than min(pack, split) records share tasks (`pack_ranges`)."""
+def plan_ranges(
+    start: Offsets, end: Offsets, split: int, pack: int = 0, slots: int = 0
+) -> list[InputPartition]:
+    """Input partitions for [start, end). With `slots` (the task slots the query runs on):
+    `even_tasks`. Otherwise one per topic-partition, split every `split` records, and with
+    `pack`, ranges smaller than min(pack, split) records share tasks (`pack_ranges`)."""
     begin = _flat(start)
+    whole = [
+        Range(topic, partition, begin.get((topic, partition), 0), stop)
+        for (topic, partition), stop in sorted(_flat(end).items())
+        if begin.get((topic, partition), 0) < stop
+    ]
+    if slots:
+        return even_tasks(whole, split, pack, slots)
     out: list[Range] = []
-    for (topic, partition), stop in sorted(_flat(end).items()):
-        offset = begin.get((topic, partition), 0)
-        while offset < stop:
-            upto = min(stop, offset + split)
-            out.append(Range(topic, partition, offset, upto))
-            offset = upto
+    for r in whole:
+        for offset in range(r.start, r.end, split):
+            out.append(Range(r.topic, r.partition, offset, min(r.end, offset + split)))
     return pack_ranges(out, min(pack, split)) if pack else list(out)
+
+
+def even_tasks(ranges: Sequence[Range], split: int, pack: int, slots: int) -> list[InputPartition]:
+    """The batch's records (`ranges` one after the other) cut into tasks of equal size: as
+    many as a multiple of `slots` holding at most `split` records each, or fewer, down to one,
+    when that would make tasks of fewer than `pack` records. Three partitions on two slots are
+    then two or four tasks, not three of which one runs alone while the other slot idles; a
+    task may read the end of one partition and the start of the next."""
+    total = sum(r.end - r.start for r in ranges)
+    if not total:
+        return []
+    fewest = -(-total // split)  # tasks of at most `split` records
+    n = slots * -(-fewest // slots)  # a multiple of the slots
+    least = min(pack, split)
+    if total < n * least:  # small tasks: fewer of them (a multiple of the slots if more)
+        n = max(1, total // least)
+        if n > slots:
+            n -= n % slots
+        n = max(n, fewest)
+    out: list[InputPartition] = []
+    queue = list(ranges)
+    for i in range(n):
+        want = (i + 1) * total // n - i * total // n
+        share: list[Range] = []
+        while want:
+            r = queue[0]
+            take = min(want, r.end - r.start)
+            share.append(Range(r.topic, r.partition, r.start, r.start + take))
+            want -= take
+            if take == r.end - r.start:
+                queue.pop(0)
+            else:
+                queue[0] = Range(r.topic, r.partition, r.start + take, r.end)
+        out.append(share[0] if len(share) == 1 else Ranges(share))
+    return out
 
 
 def pack_ranges(ranges: Sequence[Range], least: int) -> list[InputPartition]:
@@ -664,6 +711,7 @@ class SluiceBatchReader(DataSourceReader):
         self.schema = schema
         self.split = _int_opt(options, "maxRecordsPerPartition", DEFAULT_SPLIT) or DEFAULT_SPLIT
         self.pack = _int_opt(options, "minRecordsPerPartition", DEFAULT_PACK) or DEFAULT_PACK
+        self.slots = _int_opt(options, "taskSlots", 0) or 0
 
     def partitions(self) -> Sequence[InputPartition]:
         view = _LogView(self.options)
@@ -672,7 +720,7 @@ class SluiceBatchReader(DataSourceReader):
             end = view.resolve(_opt(self.options, "endingOffsets"), "latest")
         finally:
             view.close()
-        return plan_ranges(start, end, self.split, self.pack)
+        return plan_ranges(start, end, self.split, self.pack, self.slots)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.options, self.schema, partition)
@@ -804,6 +852,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.view = _LogView(options)
         self.split = _int_opt(options, "maxRecordsPerPartition", DEFAULT_SPLIT) or DEFAULT_SPLIT
         self.pack = _int_opt(options, "minRecordsPerPartition", DEFAULT_PACK) or DEFAULT_PACK
+        self.slots = _int_opt(options, "taskSlots", 0) or 0
         self.max_per_trigger = _int_opt(options, "maxRecordsPerTrigger", None)
         self.fail_on_data_loss = _fail_on_data_loss(options)
         self.available_now: Offsets | None = None
@@ -875,7 +924,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.latest
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return plan_ranges(start, end, self.split, self.pack)
+        return plan_ranges(start, end, self.split, self.pack, self.slots)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.options, self.schema, partition)

@@ -360,8 +360,11 @@ class PostgresTarget(Target):
         name = m.target_table(table)
         existing = self._load_table(tx, name)
         known = set(_reverse(m, table, existing).values()) | set(tm.drop)
+        # the columns no row had before (known ones removed first: a third of the work)
         seen = [k for (k,) in tx.execute(
-            "SELECT DISTINCT k FROM _sluice_stage, jsonb_object_keys(coalesce(after, key::jsonb)) AS k"
+            "SELECT DISTINCT k FROM _sluice_stage, "
+            "jsonb_object_keys(coalesce(after, key::jsonb) - %s::text[]) AS k",
+            (sorted(known),),
         ).fetchall()]  # fmt: skip
         new = [k for k in seen if k not in known and m.target_column(table, k) is not None]
         retype = [
