@@ -360,23 +360,27 @@ def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestClu
 
 
 def test_the_sources_client_password_is_redacted_in_query_plans(spark: Any) -> None:
-    """The apply query passes Kafka's client keys as data source options (executors need them):
-    Spark's plans and UI must show the password redacted."""
+    """The apply query passes Kafka's client keys, and with PostgreSQL the target's password for
+    the read tasks' staging, as data source options (executors need them): Spark's plans and UI
+    must show the passwords redacted."""
     import contextlib
     import io
 
     from sluice.security.client import ClientSecurity
+    from sluice.sync.targets.staging import StageSpec
 
     security = ClientSecurity("SASL_SSL", "SCRAM-SHA-512", "sluice-worker", "pw-must-not-show")
+    stage = StageSpec("postgresql://sluice@127.0.0.1:1/db", "_sluice_staged_x_1", "target-pw-must-not-show")
     plans = []
     for reader in (spark.readStream, spark.read):
         df = reader.format("sluice").option("bootstrap.servers", "127.0.0.1:1").option("subscribe", "t")
-        df = df.options(**security.properties()).load()
+        df = df.options(**security.properties(), decode="envelope", **stage.options()).load()
         plan = io.StringIO()
         with contextlib.redirect_stdout(plan):
             df.explain(True)
         plans.append(plan.getvalue())
     assert "sasl.password=*********(redacted)" in plans[0], plans[0]  # the streaming relation lists options
+    assert "stage.password=*********(redacted)" in plans[0], plans[0]
     assert not any("pw-must-not-show" in text for text in plans)
 
 
