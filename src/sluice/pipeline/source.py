@@ -148,6 +148,11 @@ class Ranges(InputPartition):
         self.ranges = tuple(ranges)
 
 
+def one_task(share: Sequence[Range]) -> InputPartition:
+    """The input partition of one task reading `share`: its range, or its ranges in turn."""
+    return share[0] if len(share) == 1 else Ranges(share)
+
+
 def task_ranges(part: InputPartition) -> tuple[Range, ...]:
     """The ranges one task reads."""
     if isinstance(part, Ranges):
@@ -450,7 +455,7 @@ def even_tasks(ranges: Sequence[Range], split: int, pack: int, slots: int) -> li
                 queue.pop(0)
             else:
                 queue[0] = Range(r.topic, r.partition, r.start + take, r.end)
-        out.append(share[0] if len(share) == 1 else Ranges(share))
+        out.append(one_task(share))
     return out
 
 
@@ -469,10 +474,10 @@ def pack_ranges(ranges: Sequence[Range], least: int) -> list[InputPartition]:
         share.append(r)
         held += r.end - r.start
         if held >= least:
-            out.append(share[0] if len(share) == 1 else Ranges(share))
+            out.append(one_task(share))
             share, held = [], 0
     if share:
-        out.append(share[0] if len(share) == 1 else Ranges(share))
+        out.append(one_task(share))
     return out
 
 

@@ -314,13 +314,16 @@ class Target(ABC):
     def close(self) -> None: ...
 
     # Batches the executors staged (staging.py), for targets with `stages_in_executors`.
+    def _applies_from_the_driver(self) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} applies batches from the driver (Target.apply)")
+
     def prepare_staging(self, pipeline: str, epoch: int) -> str:
         """Make the staging table of one execution and return its name."""
-        raise NotImplementedError(f"{type(self).__name__} applies batches from the driver (Target.apply)")
+        raise self._applies_from_the_driver()
 
     def drop_staging(self, pipeline: str, epoch: int) -> list[str]:
         """Drop the staging tables of `epoch` and older executions; return their names."""
-        raise NotImplementedError(f"{type(self).__name__} applies batches from the driver (Target.apply)")
+        raise self._applies_from_the_driver()
 
     def apply_staged(
         self,
@@ -331,7 +334,7 @@ class Target(ABC):
         on_refused: RefusalSink | None = None,
     ) -> ApplyResult:
         """Commit one batch the executors staged, from their summaries, in one transaction."""
-        raise NotImplementedError(f"{type(self).__name__} applies batches from the driver (Target.apply)")
+        raise self._applies_from_the_driver()
 
     # --- shared ----------------------------------------------------------------------------------
     def claim(self, pipeline: str, epoch: int | None = None) -> int:

@@ -555,14 +555,22 @@ class PostgresTarget(Target):
         """Remove every row of a committed batch's staging table: its own, merged now, and any a
         failed task attempt left. A table a task of a zombie attempt still writes to is left
         for a later commit; nothing in it is ever read."""
+        self._staging_ddl(f"TRUNCATE {quote(stage)}", stage, "a later commit empties it")
+
+    def _staging_ddl(self, statement: str, table: str, later: str) -> bool:
+        """Run one statement that drops or empties a staging table, in a transaction of its
+        own, unless a task still writing to the table holds it for 2 s (or the table is gone):
+        then leave it to `later`. Returns whether it ran."""
         import psycopg
 
         try:
             with self.conn.transaction():
                 self.conn.execute("SET LOCAL lock_timeout = '2s'")
-                self.conn.execute(f"TRUNCATE {quote(stage)}")
+                self.conn.execute(statement)
+            return True
         except (psycopg.errors.LockNotAvailable, psycopg.errors.UndefinedTable) as exc:
-            log.info("event=staging_kept table=%s reason=%r", stage, type(exc).__name__)
+            log.info("event=staging_kept table=%s reason=%r", table, f"{type(exc).__name__}: {later}")
+            return False
         finally:
             self.conn.commit()
 
@@ -695,8 +703,6 @@ class PostgresTarget(Target):
         """Drop every staging table of `pipeline` from `epoch` or an older one (a dead driver's,
         a zombie's, this execution's when it stops); return their names. A table still locked (a
         task of a zombie still writing) is left for the next execution; it is never read."""
-        import psycopg
-
         rows = self.conn.execute(
             "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE %s",
             (staging_pattern(pipeline),),
@@ -707,15 +713,8 @@ class PostgresTarget(Target):
             tag = parse_staging_table(name, pipeline)
             if tag is None or tag > epoch:
                 continue
-            try:
-                with self.conn.transaction():
-                    self.conn.execute("SET LOCAL lock_timeout = '2s'")
-                    self.conn.execute(f"DROP TABLE IF EXISTS {quote(name)}")
+            if self._staging_ddl(f"DROP TABLE IF EXISTS {quote(name)}", name, "a later start drops it"):
                 dropped.append(name)
-            except psycopg.errors.LockNotAvailable:
-                log.info("event=staging_kept table=%s reason=%r", name, "locked: a later start drops it")
-            finally:
-                self.conn.commit()
         return dropped
 
     def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
