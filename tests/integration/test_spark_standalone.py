@@ -22,10 +22,19 @@ of it the driver JVM's start (15-25 s) and the new executor's.
 
 With a PostgreSQL target (`test_two_workers_staging_into_postgresql_survive_kill_9_of_one_mid_batch`)
 the executors stage each batch's rows in the target and the driver commits them
-(sync/targets/staging.py). The cluster has two workers from the start; the first is killed while
-a batch's rows are staged and the batch is not committed, and the other worker carries the
-query on. The target must equal the truth (the killed tasks' staged rows, under tokens no summary
-names, never merged), its offsets never go back, and no staging is left.
+(sync/targets/staging.py). The cluster has two workers from the start. The kill lands in the
+middle of a batch by construction, not by polling for a short-lived state (polling once caught
+the rows and then, a moment later, found them merged and gone): `stall_after_staging` locks the
+staging table until a task's COPY waits for it, stops (SIGSTOP) the executor JVM of the worker
+whose Python worker runs that COPY, and releases the lock. The task's rows are then committed in
+the staging table while its result can never reach the driver; that worker is killed with
+SIGKILL, the batch runs again on the other worker under new tokens and commits. The target must
+equal the truth, its offsets never go back, the stopped task's staged rows are gone once a later
+batch has committed, and no staging is left after the stop. Able to fail: with the emptying after
+a commit off (`PostgresTarget._empty_staging` not called), it fails "timed out ... waiting for the
+stopped task's staged rows to go". That the stopped task's token is never merged is shown by
+tests/integration/test_staging.py, where a merged token changes the result; here its rows equal
+the rerun's.
 
 Able to fail: with no new worker (`test_without_a_new_worker_the_target_never_catches_up`, slow
 suite) the same run fails its check, "timed out ... waiting for the target to reach the end of
@@ -48,6 +57,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -130,6 +140,95 @@ def python_workers(worker: SparkDaemon) -> list[list[str]]:
     return out
 
 
+def socket_owner(client_port: int, candidates: list[int]) -> int | None:
+    """Which of the `candidates` pids holds the TCP socket whose local port is `client_port`
+    (a PostgreSQL backend's `client_port`), from /proc/net/tcp and each process's fds."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == client_port:
+            inodes.add(f"socket:[{fields[9]}]")
+    for pid in candidates:
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                return pid
+    return None
+
+
+def executor_jvm(worker: SparkDaemon) -> int:
+    assert worker.work_dir is not None
+    for pid in pids_in(worker.work_dir):
+        with contextlib.suppress(OSError):
+            if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    raise AssertionError(f"{worker.name} runs no executor")
+
+
+def stall_after_staging(
+    url: str, workers: list[SparkDaemon], timeout_s: float = 60
+) -> tuple[SparkDaemon, set[int]]:
+    """Hold a batch between an executor's staging and the driver's commit, deterministically.
+
+    The test locks the staging table until a task's COPY waits for it, finds the worker whose
+    Python worker holds that COPY's connection, stops (SIGSTOP) that worker's executor JVM and
+    lets the COPY go on: the task's rows are committed in the staging table, but its result
+    cannot reach the driver, so the batch stays uncommitted. Returns the worker and the tokens
+    staged at that moment (the stopped task's among them)."""
+    table = wait_until(lambda: next(iter(staged(url)), None), timeout_s, "the execution's staging table")
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(url, autocommit=True) as watch:
+        caught = None
+        while caught is None:
+            assert time.monotonic() < deadline, "no task's COPY was caught waiting for the staging table"
+            caught = _stop_a_waiting_copy(url, table, watch, workers)
+        backend, victim = caught
+        idle = "SELECT state = 'idle' FROM pg_stat_activity WHERE pid = %s"
+        wait_until(
+            lambda: watch.execute(idle, (backend,)).fetchone()[0], 30, "the stopped task's COPY to commit"
+        )
+        tokens = {r[0] for r in watch.execute(f'SELECT DISTINCT token FROM "{table}"').fetchall()}
+    return victim, tokens
+
+
+def _stop_a_waiting_copy(
+    url: str, table: str, watch: psycopg.Connection[Any], workers: list[SparkDaemon]
+) -> tuple[int, SparkDaemon] | None:
+    """One try of `stall_after_staging`: lock the table; if a task's COPY comes to wait for it,
+    SIGSTOP its executor JVM and release the lock (returns the COPY's backend pid and the
+    worker); if the driver's commit or cleanup waits instead, let it through (returns None)."""
+    with psycopg.connect(url) as lock:
+        lock.execute("SET lock_timeout = '5s'")
+        try:
+            lock.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+        except psycopg.errors.LockNotAvailable:
+            return None  # a commit held it for long: try again
+        blocked = "SELECT pid, client_port, query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+        waiter = None
+        for _ in range(100):  # the next batch's COPY, or the driver's commit of this one
+            waiter = watch.execute(blocked, (lock.info.backend_pid,)).fetchone()
+            if waiter is not None:
+                break
+            time.sleep(0.02)
+        if waiter is None or not waiter[2].lstrip().upper().startswith("COPY"):
+            lock.rollback()
+            time.sleep(0.05)
+            return None
+        backend, port, _ = waiter
+        owners = {w.name: socket_owner(port, pids_in(w.work_dir)) for w in workers if w.work_dir}
+        victim = next((w for w in workers if owners.get(w.name)), None)
+        assert victim is not None, f"no worker's process holds the COPY's connection (port {port})"
+        os.kill(executor_jvm(victim), signal.SIGSTOP)
+    return backend, victim  # the block's end committed: the COPY took the lock
+
+
+def tokens_in(url: str) -> set[int]:
+    """The tokens of the rows in the execution's staging tables."""
+    with psycopg.connect(url) as conn:
+        return {
+            r[0] for t in staged(url) for r in conn.execute(f'SELECT DISTINCT token FROM "{t}"').fetchall()
+        }
+
+
 def run_with_worker_killed(
     standalone: StandaloneSpark,
     make_cluster: Callable[..., TestCluster],
@@ -143,8 +242,9 @@ def run_with_worker_killed(
     """The scenario of the module docstring; `new_worker=False` leaves the cluster without one.
 
     With `postgres_url` the target is PostgreSQL, where the executors stage each batch's rows
-    for the driver to commit: the cluster has two workers from the start, the first is killed
-    while a batch is staged and not committed, and the other carries the query on."""
+    for the driver to commit: the cluster has two workers from the start, the one running a
+    task whose rows are staged is killed before the batch commits (`stall_after_staging`), and
+    the other carries the query on."""
     t0 = time.monotonic()
     stages = postgres_url is not None
     with ThreadPoolExecutor(1) as pool:  # the Spark daemons start while the brokers do
@@ -173,30 +273,39 @@ def run_with_worker_killed(
         wait_until(lambda: applied(url) or proc.poll() is not None, 120, "a first committed batch", 0.2)
         assert proc.poll() is None, log.read_text()[-3000:]
         print(f"first_batch_s={time.monotonic() - t0:.1f}")
-        if stages:  # in the middle of a batch: rows staged, the batch not committed
-            in_flight_or_done = lambda: any(staged(url).values()) or applied(url) == ends  # noqa: E731
-            wait_until(in_flight_or_done, 60, "a batch in flight", 0.02)
-            in_flight = staged(url)
-            assert any(in_flight.values()), "the log was applied before a batch could be caught in flight"
-        standalone.kill_worker(first)
+        victim, survivor = first, second
+        stalled: set[int] = set()
+        if stages:  # in the middle of a batch: a task's rows staged, the batch not committed
+            assert second is not None
+            before = applied(url)
+            victim, stalled = stall_after_staging(url, [first, second])
+            survivor = second if victim is first else first
+            held = staged(url)
+            assert any(held.values()) and stalled, held
+            assert applied(url) == before, "the batch whose task is stopped was committed"
+        standalone.kill_worker(victim)
         at_kill = sum(applied(url).values())
         if seen is not None:
             seen["at_kill"] = at_kill
-        print(f"killed_at={at_kill}/{EVENTS} s={time.monotonic() - t0:.1f}")
+        print(f"killed={victim.name} at={at_kill}/{EVENTS} s={time.monotonic() - t0:.1f}")
         assert 0 < at_kill < EVENTS, "the kill did not land in the middle of the run"
-        assert first.work_dir is not None
-        wait_until(lambda: not pids_in(first.work_dir), 30, "the killed executor's Python workers to exit")
+        assert victim.work_dir is not None
+        wait_until(lambda: not pids_in(victim.work_dir), 30, "the killed executor's Python workers to exit")
         if stages:
-            print(f"in_flight_at_kill={in_flight}")
+            print(f"staged_at_kill={held} tokens={len(stalled)}")
+            # the batch runs again on the other worker and commits; the stopped task's rows, under
+            # a token no summary names, go with the table's emptying after that commit
+            wait_until(lambda: sum(applied(url).values()) > at_kill, 60, "a commit after the kill", 0.1)
+            wait_until(lambda: not stalled & tokens_in(url), 30, "the stopped task's staged rows to go", 0.1)
         else:
             time.sleep(3)  # the application runs without an executor for a while
             if new_worker:
-                second = standalone.start_worker()
+                survivor = standalone.start_worker()
         wait_until(lambda: applied(url) == ends, catch_up_s, "the target to reach the end of the log", 0.5)
         print(f"caught_up_s={time.monotonic() - t0:.1f}")
         assert proc.poll() is None, "the driver died: " + log.read_text()[-3000:]
-        assert second is not None
-        interpreters = {cmd[0] for cmd in python_workers(second)}
+        assert survivor is not None
+        interpreters = {cmd[0] for cmd in python_workers(survivor)}
     finally:
         stop_apply(proc)
     # SIGTERM stops it cleanly (it used to stop the query from the signal handler, inside a py4j
@@ -207,8 +316,8 @@ def run_with_worker_killed(
     # The driver lost its executor with the worker, and went on with one on the other worker,
     # which it reached on the loopback address; that executor's Python is the driver's.
     assert re.search(r"Lost executor \d+", log.read_text()), log.read_text()[-3000:]
-    assert second.work_dir is not None
-    launched = " ".join(p.read_text(errors="replace") for p in second.work_dir.glob("app-*/*/stderr"))
+    assert survivor.work_dir is not None
+    launched = " ".join(p.read_text(errors="replace") for p in survivor.work_dir.glob("app-*/*/stderr"))
     driver_url = re.search(r'"--driver-url" "spark://CoarseGrainedScheduler@([^:"]+):', launched)
     assert driver_url is not None and driver_url[1] in ("localhost", "127.0.0.1"), launched[:3000]
     assert interpreters == {sys.executable}, interpreters
