@@ -20,6 +20,7 @@ from sluice.cluster.controller import Controller
 from sluice.cluster.layout import PartitionState, StateWrite, TopicAssignment
 from sluice.cluster.zkstore import ControllerDeposedError, ZkStore
 from sluice.ops.launcher import pid_alive
+from sluice.test_switches import Switches
 from tests.support.cluster import TestCluster, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -206,6 +207,36 @@ def test_incident_b_leaderless_offsets_partition_with_live_isr_gets_a_leader_wit
     finally:
         close_within(consumer)
         store.stop()
+
+
+@pytest.mark.parametrize("sweep", [True, False], ids=["sweep", "no-sweep"])
+def test_a_leaderless_partition_with_a_live_isr_member_is_swept_only_by_the_sweep(
+    stores: tuple[ZkStore, ZkStore], sweep: bool
+) -> None:
+    """Incident B's end state at the controller, in one process: a partition written with no
+    leader while its ISR holds a live broker (a stale controller's write, no broker seen dying)
+    gets that broker as leader at the controller's next pass. With the sweep switched off
+    (`disable_leaderless_sweep`: only partitions whose leader was just seen dying are elected
+    for) it stays leaderless: the drill's able-to-fail run in a second
+    (`test_incidents.py::test_controller_split_brain_fails_without_the_leaderless_sweep`, slow)."""
+    store, _ = stores
+    register(store, 1)
+    register(store, 2)
+    ctl = Controller(store, 1, switches=Switches(disable_leaderless_sweep=not sweep))
+    ctl._try_elect()
+    store.create_topic(TopicAssignment("b", uuid.uuid4(), {0: (1, 2)}, {}))
+    ctl.reconcile()
+    state, version = store.partition_state("b", 0)  # type: ignore[misc]
+    assert state.leader == 1 and set(state.isr) == {1, 2}
+    broken = PartitionState(-1, state.leader_epoch + 1, (2,), state.controller_epoch)
+    topic_id = store.topic("b").topic_id  # type: ignore[union-attr]
+    store.write_partition_state(StateWrite("b", topic_id, 0, broken, version + 1), version, "test")
+    ctl.reconcile()
+    after, _ = store.partition_state("b", 0)  # type: ignore[misc]
+    if sweep:
+        assert (after.leader, after.isr) == (2, (2,)), after
+    else:
+        assert after.leader == -1, after
 
 
 def test_unclean_election_only_when_allowed_and_it_writes_an_audit_record(

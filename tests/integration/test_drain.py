@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sluice import test_switches
 from sluice.clients import close_within
 from sluice.ops.launcher import pid_alive
 from tests.support.cluster import TestCluster, wait_until
@@ -104,3 +105,28 @@ def test_drain_then_stop_moves_a_single_replica_partition_with_no_failed_send(
             read.append((msg.value(), msg.offset()))
     close_within(consumer)
     assert sorted(read, key=lambda r: r[1]) == sorted(acked, key=lambda r: r[1])
+
+
+def test_drain_fails_and_names_the_unfinished_move_when_the_controller_cannot_move_replicas(
+    make_cluster: Callable[..., TestCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Able to fail: with the brokers armed with `disable_reassignment`, the controller never
+    moves the replica, and the drain says so instead of reporting the broker safe to stop: the
+    single-replica drill's able-to-fail run in seconds
+    (`test_incidents.py::test_single_replica_shutdown_fails_when_drain_cannot_move_replicas`,
+    slow)."""
+    with test_switches.armed(test_switches.Switches(disable_reassignment=True)) as env:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)  # the brokers the launcher starts inherit it
+        cluster = make_cluster(2)
+        victim = 2
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        admin.create_topics(
+            [NewTopic(TOPIC, num_partitions=1, replica_assignment=[[victim]])], operation_timeout=30
+        )[TOPIC].result()
+        drained = sluice("broker", "drain", str(victim), "--dir", str(cluster.directory), "--timeout", "6")
+    assert drained.returncode != 0, drained.stdout
+    assert "move(s) did not finish within 6 s" in drained.stderr, drained.stderr
+    assert "drained=true" not in drained.stdout
+    md = admin.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
+    assert md[0].replicas == [victim], md[0].replicas
