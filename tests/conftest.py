@@ -119,6 +119,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """The controller picks a directory for the watchdog's stack dumps; workers inherit it."""
     if not hasattr(config, "workerinput") and "SLUICE_TEST_HANG_DUMPS" not in os.environ:
         os.environ["SLUICE_TEST_HANG_DUMPS"] = tempfile.mkdtemp(prefix="sluice-test-hangs-")
+    # Spark drivers the tests start, in this process or in the commands they run, take the
+    # suite's JVM options (tests/support/spark-conf/spark-defaults.conf says why)
+    os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "support" / "spark-conf"))
 
 
 def _watchdog_file() -> Any:
