@@ -79,6 +79,7 @@ def drain(
     split: int | None = None,
     per_trigger: int | None = None,
     source_format: str = "sluice",
+    min_records: int | None = None,
 ) -> tuple[float, int, int, int]:
     batches: list[BatchReport] = []
     q = ApplyQuery(
@@ -92,6 +93,7 @@ def drain(
             # the sluice source's range split; the kafka source reads a partition per task
             max_records_per_partition=split if source_format == "sluice" else None,
             max_records_per_trigger=per_trigger,
+            min_records_per_partition=min_records if source_format == "sluice" else None,
             source_format=source_format,
         ),
         on_batch=lambda b: (
@@ -248,13 +250,17 @@ def main() -> int:
     bootstrap = cluster.bootstrap_servers
     try:
         spark = spark_session(args.master, app="bench-pipeline", kafka_connector="kafka" in formats)
-        # Warm-up of each source: JVM, Python workers, planner.
+        # Warm-up of each source: JVM, Python workers, planner, on every executor. Its 20,000
+        # changes are cut into tasks of 1,000 or more, so the batch has a task per slot: as one
+        # task (the default for so small a batch) it warmed one executor of a standalone
+        # cluster's two, and the measured drain paid the other's first task (its Python
+        # workers' start and imports, its JVM's first run: 2.5-3 s) on its critical path.
         create_topic(bootstrap, "warmup", args.partitions)
         run_generator(bootstrap, GeneratorConfig(topic="warmup", rate=0, duration_s=None, max_events=20_000))
         for fmt in formats:
             drain(
                 spark, bootstrap, "warmup", pg.create_database(f"warmup_{fmt}"), work / f"ck-warmup-{fmt}",
-                source_format=fmt,
+                source_format=fmt, min_records=1_000,
             )  # fmt: skip
 
         create_topic(bootstrap, "bench", args.partitions)
