@@ -116,7 +116,8 @@ _dump_file: Any = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The controller picks a directory for the watchdog's stack dumps; workers inherit it."""
+    """The controller picks a directory for the watchdog's stack dumps, and every process points
+    Spark at the suite's defaults; workers and the commands tests run inherit both."""
     if not hasattr(config, "workerinput") and "SLUICE_TEST_HANG_DUMPS" not in os.environ:
         os.environ["SLUICE_TEST_HANG_DUMPS"] = tempfile.mkdtemp(prefix="sluice-test-hangs-")
     # Spark drivers the tests start, in this process or in the commands they run, take the
