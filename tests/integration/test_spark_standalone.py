@@ -75,7 +75,7 @@ from tests.integration.test_pipeline import (
     end_offsets,
 )
 from tests.support.cluster import TestCluster, wait_until
-from tests.support.staging import staged
+from tests.support.staging import staged, staged_tokens
 
 TOPIC = "standalone.changes"
 PIPELINE = "standalone"
@@ -123,21 +123,22 @@ def applied(url: str) -> dict[tuple[str, int], int]:
         return dict(t.applied_offsets(PIPELINE))
 
 
+def worker_processes(worker: SparkDaemon, arg: bytes) -> dict[int, list[str]]:
+    """The processes running in a worker's executors (their working directory is under the
+    worker's) with `arg` among their arguments: pid to command line."""
+    assert worker.work_dir is not None
+    found = {}
+    for pid in pids_in(worker.work_dir):
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if arg in cmd:
+                found[pid] = [c.decode() for c in cmd if c]
+    return found
+
+
 def python_workers(worker: SparkDaemon) -> list[list[str]]:
     """The command lines of the Python processes running in a worker's executors."""
-    out = []
-    assert worker.work_dir is not None
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = os.readlink(entry / "cwd")
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cwd.startswith(str(worker.work_dir) + "/") and b"pyspark.daemon" in cmd:
-            out.append([c.decode() for c in cmd if c])
-    return out
+    return list(worker_processes(worker, b"pyspark.daemon").values())
 
 
 def socket_owner(client_port: int, candidates: list[int]) -> int | None:
@@ -156,24 +157,22 @@ def socket_owner(client_port: int, candidates: list[int]) -> int | None:
 
 
 def executor_jvm(worker: SparkDaemon) -> int:
-    assert worker.work_dir is not None
-    for pid in pids_in(worker.work_dir):
-        with contextlib.suppress(OSError):
-            if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return pid
-    raise AssertionError(f"{worker.name} runs no executor")
+    jvms = worker_processes(worker, b"org.apache.spark.executor.CoarseGrainedExecutorBackend")
+    assert jvms, f"{worker.name} runs no executor"
+    return next(iter(jvms))
 
 
 def stall_after_staging(
     url: str, workers: list[SparkDaemon], timeout_s: float = 60
-) -> tuple[SparkDaemon, set[int]]:
+) -> tuple[SparkDaemon, set[int], dict[tuple[str, int], int]]:
     """Hold a batch between an executor's staging and the driver's commit, deterministically.
 
     The test locks the staging table until a task's COPY waits for it, finds the worker whose
     Python worker holds that COPY's connection, stops (SIGSTOP) that worker's executor JVM and
     lets the COPY go on: the task's rows are committed in the staging table, but its result
-    cannot reach the driver, so the batch stays uncommitted. Returns the worker and the tokens
-    staged at that moment (the stopped task's among them)."""
+    cannot reach the driver, so the batch stays uncommitted. Returns the worker, the tokens
+    staged at that moment (the stopped task's among them) and the target's offsets when the
+    task was stopped (tries that caught the driver's commit instead let batches commit)."""
     table = wait_until(lambda: next(iter(staged(url)), None), timeout_s, "the execution's staging table")
     deadline = time.monotonic() + timeout_s
     with psycopg.connect(url, autocommit=True) as watch:
@@ -182,12 +181,12 @@ def stall_after_staging(
             assert time.monotonic() < deadline, "no task's COPY was caught waiting for the staging table"
             caught = _stop_a_waiting_copy(url, table, watch, workers)
         backend, victim = caught
+        at_stop = applied(url)  # the batches before the stopped task's, all committed
         idle = "SELECT state = 'idle' FROM pg_stat_activity WHERE pid = %s"
         wait_until(
             lambda: watch.execute(idle, (backend,)).fetchone()[0], 30, "the stopped task's COPY to commit"
         )
-        tokens = {r[0] for r in watch.execute(f'SELECT DISTINCT token FROM "{table}"').fetchall()}
-    return victim, tokens
+    return victim, staged_tokens(url), at_stop
 
 
 def _stop_a_waiting_copy(
@@ -219,14 +218,6 @@ def _stop_a_waiting_copy(
         assert victim is not None, f"no worker's process holds the COPY's connection (port {port})"
         os.kill(executor_jvm(victim), signal.SIGSTOP)
     return backend, victim  # the block's end committed: the COPY took the lock
-
-
-def tokens_in(url: str) -> set[int]:
-    """The tokens of the rows in the execution's staging tables."""
-    with psycopg.connect(url) as conn:
-        return {
-            r[0] for t in staged(url) for r in conn.execute(f'SELECT DISTINCT token FROM "{t}"').fetchall()
-        }
 
 
 def run_with_worker_killed(
@@ -277,12 +268,11 @@ def run_with_worker_killed(
         stalled: set[int] = set()
         if stages:  # in the middle of a batch: a task's rows staged, the batch not committed
             assert second is not None
-            before = applied(url)
-            victim, stalled = stall_after_staging(url, [first, second])
+            victim, stalled, at_stop = stall_after_staging(url, [first, second])
             survivor = second if victim is first else first
             held = staged(url)
             assert any(held.values()) and stalled, held
-            assert applied(url) == before, "the batch whose task is stopped was committed"
+            assert applied(url) == at_stop, "the batch whose task is stopped was committed"
         standalone.kill_worker(victim)
         at_kill = sum(applied(url).values())
         if seen is not None:
@@ -296,7 +286,9 @@ def run_with_worker_killed(
             # the batch runs again on the other worker and commits; the stopped task's rows, under
             # a token no summary names, go with the table's emptying after that commit
             wait_until(lambda: sum(applied(url).values()) > at_kill, 60, "a commit after the kill", 0.1)
-            wait_until(lambda: not stalled & tokens_in(url), 30, "the stopped task's staged rows to go", 0.1)
+            wait_until(
+                lambda: not stalled & staged_tokens(url), 30, "the stopped task's staged rows to go", 0.1
+            )
         else:
             time.sleep(3)  # the application runs without an executor for a while
             if new_worker:

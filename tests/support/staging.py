@@ -60,13 +60,22 @@ def apply_staged(
 def staged(url: str) -> dict[str, int]:
     """Every staging table in the database at `url`, with the rows it holds."""
     with psycopg.connect(url) as conn:
-        names = [
-            r[0]
-            for r in conn.execute(
-                "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE '\\_sluice\\_staged\\_%'"
-            ).fetchall()
-        ]
-        return {n: conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in sorted(names)}
+        return {n: conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in _staging_tables(conn)}
+
+
+def staged_tokens(url: str) -> set[int]:
+    """The tokens of the rows in every staging table in the database at `url`."""
+    with psycopg.connect(url) as conn:
+        return {
+            r[0] for n in _staging_tables(conn) for r in conn.execute(f'SELECT DISTINCT token FROM "{n}"')
+        }
+
+
+def _staging_tables(conn: psycopg.Connection) -> list[str]:
+    rows = conn.execute(
+        "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE '\\_sluice\\_staged\\_%'"
+    ).fetchall()
+    return sorted(r[0] for r in rows)
 
 
 def _empty_summary_schema() -> pa.Schema:
