@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from sluice.sync.envelope import BadEventError, parse
-from sluice.sync.schema import Recorded, SchemaChange, target_type, translate_image
+from sluice.sync.schema import Recorded, SchemaChange, translate_image
 from sluice.sync.targets import open_target
 from sluice.sync.targets.evolution import SchemaChangeStopped
 
@@ -44,13 +44,6 @@ def test_an_image_newer_than_an_ignored_rename_goes_back_to_the_old_name() -> No
     assert translate_image({"id": 1, "a": 5}, 5, history) == {"id": 1, "a": 5}
     ignored_drop = [rec(10, "drop_column", "x", applied=False)]
     assert translate_image({"id": 1, "x": 2}, 5, ignored_drop) == {"id": 1, "x": 2}
-
-
-def test_target_types_follow_what_the_envelope_values_are() -> None:
-    assert target_type("int(11) unsigned", "postgresql") == "bigint"
-    assert target_type("varchar(20)", "postgresql") == "text"
-    assert target_type("double", "sqlite") == "REAL"
-    assert target_type("decimal(10,2)", "postgresql") == "text"  # decimals travel as text
 
 
 def env(op: str, pos: int, key: dict[str, Any] | None = None, after: dict[str, Any] | None = None,

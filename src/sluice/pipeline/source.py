@@ -116,6 +116,7 @@ CHANGES_SCHEMA = StructType(
         StructField("after", StringType()),
         StructField("records", IntegerType()),
         StructField("binary", StringType()),
+        StructField("types", StringType()),
     ]
 )
 DEFAULT_SPLIT = 200_000

@@ -38,6 +38,9 @@ CHANGE_SCHEMA = pa.schema(
         pa.field("after", pa.string()),  # JSON object text; null for deletes
         pa.field("records", pa.int32()),  # log records this row stands for (1 until collapsed)
         pa.field("binary", pa.string()),  # JSON list of the columns holding base64 bytes, or null
+        # JSON object of the table's column types (the envelope's `types`, sync/types.py), the
+        # newest of the batch's changes of that table; null when the source names none
+        pa.field("types", pa.string()),
     ]
 )
 
@@ -55,6 +58,8 @@ class ChangeBuilder:
         self.rows: list[tuple[Any, ...]] = []
         self.newest: dict[tuple[str, str], int] = {}
         self.count: dict[tuple[str, str], int] = {}
+        # per table, the `types` of its change at the highest position (pos, types)
+        self.types: dict[str, tuple[int, dict[str, Any]]] = {}
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -71,12 +76,14 @@ class ChangeBuilder:
             source = doc["source"]
             pos = source["pos"]
             binary = doc.get("binary")
+            types = doc.get("types")
             ok = (
                 op in OPS
                 and type(table) is str
                 and table
                 and table[:7].lower() != RESERVED_PREFIX
                 and (binary is None or type(binary) is list)
+                and (types is None or type(types) is dict)
                 and type(key) is dict
                 and key
                 and type(pos) is int
@@ -90,9 +97,14 @@ class ChangeBuilder:
             ev = parse(value, f"{topic}[{partition}]@{offset}")
             table, key, pos, op, after = ev.table, ev.key, ev.pos, ev.op, ev.after
             binary = list(ev.binary)
+            types = ev.types
             if op == SCHEMA:  # its own row per position, its document in `after`
                 key, after = {"schema": pos}, ev.schema
         kt = _dumps(key, option=_SORT).decode()
+        if types is not None:
+            held = self.types.get(table)
+            if held is None or pos >= held[0]:
+                self.types[table] = (pos, types)
         rows = self.rows
         if self.collapse:
             row = (table, kt)
@@ -120,6 +132,7 @@ class ChangeBuilder:
             picked = [rows[i] for i in order]
             counts = [chosen[i] for i in order]
         cols = list(zip(*picked, strict=True)) if picked else [()] * 10
+        types = {table: _dumps(t).decode() for table, (_, t) in self.types.items()}
         return pa.RecordBatch.from_arrays(
             [
                 pa.array(cols[0], pa.string()),
@@ -133,6 +146,7 @@ class ChangeBuilder:
                 pa.array([None if a is None else _dumps(a).decode() for a in cols[8]], pa.string()),
                 pa.array(counts, pa.int32()),
                 pa.array([None if b is None else _dumps(b).decode() for b in cols[9]], pa.string()),
+                pa.array([types.get(t) for t in cols[4]], pa.string()),
             ],
             schema=CHANGE_SCHEMA,
         )

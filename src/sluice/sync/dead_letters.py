@@ -84,6 +84,7 @@ class DeadLetter:
     epoch: int
     execution: str
     failed_at_ms: int
+    types: str | None = None  # the change's table's column types (JSON), when its source named them
 
     @classmethod
     def from_refusal(
@@ -95,7 +96,7 @@ class DeadLetter:
             pos=int(c["pos"]), after=c["after"], binary=c["binary"], source_topic=c["topic"],
             source_partition=int(c["partition"]), source_offset=int(c["offset"]),
             records=int(c["records"] or 1), epoch=epoch, execution=execution,
-            failed_at_ms=int(time.time() * 1000),
+            failed_at_ms=int(time.time() * 1000), types=c.get("types"),
         )  # fmt: skip
 
     def identity(self) -> tuple[str, int, int, int]:
@@ -116,6 +117,7 @@ class DeadLetter:
                        "offset": self.source_offset},
             "records": self.records, "epoch": self.epoch, "execution": self.execution,
             "failed_at_ms": self.failed_at_ms,
+            **({"types": orjson.loads(self.types)} if self.types is not None else {}),
         }  # fmt: skip
 
     def to_json(self) -> bytes:
@@ -134,6 +136,7 @@ class DeadLetter:
                 source_offset=int(src["offset"]), records=int(doc.get("records") or 1),
                 epoch=int(doc["epoch"]), execution=str(doc.get("execution") or ""),
                 failed_at_ms=int(doc["failed_at_ms"]),
+                types=None if doc.get("types") is None else orjson.dumps(doc["types"]).decode(),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise DeadLetterError(f"record at {where} is not a dead letter ({exc!r})") from None
@@ -341,6 +344,7 @@ def changes_table(entries: list[Entry], topic: str) -> pa.Table:
             "after": pa.array([d.after for d in letters], pa.string()),
             "records": pa.array([1] * len(entries), pa.int32()),
             "binary": pa.array([d.binary for d in letters], pa.string()),
+            "types": pa.array([d.types for d in letters], pa.string()),
         },
         schema=CHANGE_SCHEMA,
     )

@@ -34,7 +34,10 @@ position and applies it by the task's schema_change_policy. Row events of a MySQ
 
 Values are JSON; bytes (BLOB, BINARY columns) are base64 text, and the envelope's `binary`
 lists the columns (of key, before and after) that hold such values, so that targets store
-bytes as bytes and text as text.
+bytes as bytes and text as text. A source that knows its schema (MySQL/MariaDB) also names
+each column's type in `types` (`{"id": "bigint(20) unsigned", "at": "timestamp(3)"}`): the
+value of every column is the canonical one sync/types.py gives that type, and targets make
+their columns from the types, not from the values.
 
 The record key is `[table, key]` as canonical JSON, so every change of one row lands in the same
 partition, in order. `source.pos` is a non-negative integer (at most 2**63 - 1) that grows with
@@ -84,6 +87,7 @@ class ChangeEvent:
     ts_ms: int | None = None
     binary: tuple[str, ...] = ()
     schema: dict[str, Any] | None = None  # op s only
+    types: dict[str, str] | None = None  # column -> the source's type (sync/types.py)
 
     @property
     def is_delete(self) -> bool:
@@ -97,6 +101,7 @@ class ChangeEvent:
             {
                 **({"binary": list(self.binary)} if self.binary else {}),
                 **({"schema": self.schema} if self.schema is not None else {}),
+                **({"types": self.types} if self.types is not None else {}),
                 "op": self.op,
                 "table": self.table,
                 "key": self.key,
@@ -195,6 +200,11 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
     binary = doc.get("binary") or []
     if not isinstance(binary, list) or not all(isinstance(c, str) for c in binary):
         raise BadEventError(f"record{at}: binary must be a list of column names")
+    types = doc.get("types")
+    if types is not None and not (
+        isinstance(types, dict) and all(isinstance(v, str) for v in types.values())
+    ):
+        raise BadEventError(f"record{at}: types must be an object of column -> type name")
     schema = doc.get("schema")
     if op == TRUNCATE:
         if after is not None or key:
@@ -239,6 +249,7 @@ def parse(value: bytes | memoryview | None, where: str = "") -> ChangeEvent:
         ts_ms=ts_ms if isinstance(ts_ms, int) else None,
         binary=tuple(binary),
         schema=schema if op == SCHEMA else None,
+        types=types,
     )
 
 

@@ -240,7 +240,7 @@ class TaskExecution:
                 heartbeat_s=parse_duration(str(opts.get("heartbeat_interval", HEARTBEAT_S))),
                 snapshot_requests=lambda: self.store.control(self.task_id).snapshots,
                 snapshot_done=lambda request: self.store.snapshot_done(self.task_id, request),
-                on_history_change=self._on_history_change,
+                on_history_change=self._on_history_change, zero_dates=opts.get("zero_dates", "null"),
             )  # fmt: skip
             target = self.capture.run
         else:

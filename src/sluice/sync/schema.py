@@ -1,6 +1,6 @@
-"""Schema changes as plain data: what a change is, whether a type change widens, the type a
-target gives a source type, and how a row image written under an older (or newer) schema is
-translated to the target table's columns.
+"""Schema changes as plain data: what a change is, whether a type change widens, and how a row
+image written under an older (or newer) schema is translated to the target table's columns.
+(The type a target gives a source type is sync/types.py's.)
 
 A schema change (op `s` in the envelope) is one of:
 
@@ -28,10 +28,11 @@ position p meets the target's columns after:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from sluice.sync.types import parse_type
 
 ADD_COLUMN = "add_column"
 DROP_COLUMN = "drop_column"
@@ -73,54 +74,6 @@ class SchemaChange:
 
 
 # --- types -----------------------------------------------------------------------------------------
-_INT_BYTES = {"tinyint": 1, "smallint": 2, "mediumint": 3, "int": 4, "integer": 4, "bigint": 8}
-_TEXT_BYTES = {"tinytext": 255, "text": 65_535, "mediumtext": 16_777_215, "longtext": 4_294_967_295}
-_BLOB_BYTES = {"tinyblob": 255, "blob": 65_535, "mediumblob": 16_777_215, "longblob": 4_294_967_295}
-_TYPE = re.compile(
-    r"^\s*([a-z]+(?:\s+precision)?)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*(.*)$",
-    re.IGNORECASE | re.DOTALL,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class SourceType:
-    family: str  # int, float, decimal, string, binary, temporal, json, other
-    size: int = 0  # bytes of an int; characters of a string; 4/8 of a float; precision of a decimal
-    scale: int = 0  # decimal scale
-    unsigned: bool = False
-    name: str = ""
-
-
-def parse_type(text: str) -> SourceType:
-    """The family and size of a MySQL column type text (`int(11) unsigned`, `varchar(32)`)."""
-    m = _TYPE.match(text or "")
-    if not m:
-        return SourceType("other", name=(text or "").lower())
-    name = " ".join(m.group(1).lower().split())
-    n = int(m.group(2)) if m.group(2) else None
-    d = int(m.group(3)) if m.group(3) else 0
-    unsigned = "unsigned" in m.group(4).lower()
-    if name in _INT_BYTES:
-        return SourceType("int", _INT_BYTES[name], unsigned=unsigned, name=name)
-    if name in ("float", "real", "double", "double precision"):
-        return SourceType("float", 4 if name == "float" and (n is None or n <= 24) else 8, name=name)
-    if name in ("decimal", "numeric", "dec", "fixed"):
-        return SourceType("decimal", n if n is not None else 10, d, name=name)
-    if name in ("char", "varchar"):
-        return SourceType("string", n if n is not None else 1, name=name)
-    if name in _TEXT_BYTES:
-        return SourceType("string", _TEXT_BYTES[name], name=name)
-    if name in ("binary", "varbinary"):
-        return SourceType("binary", n if n is not None else 1, name=name)
-    if name in _BLOB_BYTES:
-        return SourceType("binary", _BLOB_BYTES[name], name=name)
-    if name in ("date", "datetime", "timestamp", "time", "year"):
-        return SourceType("temporal", name=name)
-    if name == "json":
-        return SourceType("json", name=name)
-    return SourceType("other", name=name)
-
-
 def is_widening(old: str, new: str) -> bool:
     """Whether changing a column from type `old` to `new` keeps every value it can hold."""
     a, b = parse_type(old), parse_type(new)
@@ -132,27 +85,17 @@ def is_widening(old: str, new: str) -> bool:
         if not a.unsigned and b.unsigned:
             return False  # negative values
         return b.size >= a.size
-    if a.family in ("float", "string", "binary"):
+    if a.family in ("float", "string", "binary", "bit"):
         return b.size >= a.size
     if a.family == "decimal":
         return b.size >= a.size and b.scale >= a.scale and b.size - b.scale >= a.size - a.scale
-    return a.name == b.name  # temporal, json, other: the same type only
-
-
-def target_type(source_type: str, dialect: str) -> str:
-    """The column type a target gives values of a source type: what it would infer from the
-    envelope's JSON values (integers, floats, text; decimals and times are text there)."""
-    t = parse_type(source_type)
-    pg = dialect == "postgresql"
-    if t.family == "int" or t.name == "year":
-        return "bigint" if pg else "INTEGER"
-    if t.family == "float":
-        return "double precision" if pg else "REAL"
-    if t.family == "binary":
-        return "bytea" if pg else "BLOB"
-    if t.family == "json" and pg:
-        return "jsonb"
-    return "text" if pg else "TEXT"
+    if a.family == "enum":
+        return set(a.members) <= set(b.members)
+    if a.family == "set":  # a member is a bit: the old ones keep their places
+        return b.members[: len(a.members)] == a.members
+    if a.family == "temporal":
+        return a.name == b.name and b.scale >= a.scale
+    return a.name == b.name  # json, geometry, other: the same type only
 
 
 # --- translation -----------------------------------------------------------------------------------

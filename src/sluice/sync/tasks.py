@@ -51,6 +51,8 @@ from sluice.security.secrets import (
     url_has_password,
 )
 from sluice.sync.dead_letters import dead_letter_topic
+from sluice.sync.schema import POLICIES
+from sluice.sync.sources.mysql_values import ZERO_DATE_POLICIES
 from sluice.sync.targets.base import ColumnMapping, MappingError
 
 TASKS = "/tasks"
@@ -233,12 +235,16 @@ _OPTIONS = {
     "transaction_metadata": str,
     # MySQL/MariaDB: how often an idle capture writes its position (position markers and a cut)
     "heartbeat_interval": str,
+    # MySQL/MariaDB: zero and invalid dates (0000-00-00, 2024-02-30): null, or stop the capture
+    # (sync/sources/mysql_values.py)
+    "zero_dates": str,
 }
 #: the values an enum option may take (the first is its default)
 _OPTION_VALUES: dict[str, tuple[str, ...]] = {
     "on_refused": ("stop", "dlq"),
-    "schema_change_policy": ("evolve", "ignore", "stop"),
+    "schema_change_policy": POLICIES,
     "transaction_metadata": ("false", "true"),
+    "zero_dates": ZERO_DATE_POLICIES,
 }
 
 

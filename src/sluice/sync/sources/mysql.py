@@ -61,10 +61,18 @@ from sluice.sync.sources.binlog_history import (
     same_history,
     server_state_at,
 )
-from sluice.sync.sources.binlog_rows import RowDecoder
+from sluice.sync.sources.binlog_rows import RowDecodeError, RowDecoder
 from sluice.sync.sources.mysql_ddl import ddl_effect
+from sluice.sync.sources.mysql_values import (
+    ZeroDateError,
+    ZeroDates,
+    row_converter,
+    select_list,
+    snapshot_connect_args,
+)
 from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
 from sluice.sync.tasks import SourceSpec
+from sluice.sync.types import parse_type
 
 SNAPSHOT = "snapshot"
 
@@ -149,6 +157,28 @@ def _connect(spec: SourceSpec, **extra: Any) -> Any:
         ) from None
 
 
+def connect_snapshot(spec: SourceSpec) -> Any:
+    """A connection for snapshot reads: an unbuffered dict cursor, the server's text for every
+    value but numbers, TIMESTAMPs in UTC (mysql_values.snapshot_connect_args)."""
+    import pymysql.cursors
+
+    return _connect(spec, cursorclass=pymysql.cursors.SSDictCursor, **snapshot_connect_args())
+
+
+def types_fragment(types: dict[str, str]) -> orjson.Fragment:
+    """A table's column types as the envelope's `types`, encoded once for all its rows."""
+    return orjson.Fragment(orjson.dumps(types))
+
+
+def snapshot_row(convert: Callable[[dict[str, Any]], dict[str, Any]], row: dict[str, Any], table: str) -> Any:
+    """A snapshot row in its canonical values; a zero date under zero_dates: stop is a
+    CaptureError naming the table."""
+    try:
+        return convert(row)
+    except ZeroDateError as exc:
+        raise CaptureError(f"snapshot of {table}: {exc}") from None
+
+
 def check_source(spec: SourceSpec) -> dict[str, str]:
     """The server's binlog settings, or a CaptureError saying what is wrong."""
     import pymysql
@@ -173,6 +203,16 @@ def check_source(spec: SourceSpec) -> dict[str, str]:
                     "leaves out columns a change did not touch, and the target would get NULL for them. "
                     "SET GLOBAL binlog_row_image=FULL (and in the server's configuration), then restart "
                     "the task"
+                )
+            cur.execute("SHOW GLOBAL VARIABLES LIKE 'binlog_row_metadata'")
+            metadata = cur.fetchone()
+            if metadata is None or str(metadata[1]).upper() != "FULL":
+                raise CaptureError(
+                    f"binlog_row_metadata is {metadata[1] if metadata else 'not supported by this server'}, "
+                    "capture needs FULL: without it the binlog's table maps carry no column names, "
+                    "signedness, ENUM and SET labels or character sets, and values cannot be read as "
+                    "stored. SET GLOBAL binlog_row_metadata=FULL (and in the server's configuration; "
+                    "MariaDB 10.5+, MySQL 8.0.1+), then restart the task"
                 )
             try:
                 cur.execute("SHOW BINARY LOGS")
@@ -253,22 +293,50 @@ def primary_keys(spec: SourceSpec, tables: list[str], *, allow_missing: bool = F
 
 
 def column_types(spec: SourceSpec, tables: list[str]) -> dict[str, dict[str, str]]:
-    """table -> column -> its type text (`int(11)`, `varchar(32)`), for the tables that exist."""
+    """table -> column -> its type text (`int(11)`, `varchar(32)`), in table order, for the tables
+    that exist. MariaDB's JSON is LONGTEXT with a `json_valid(col)` check constraint: such a
+    column's type is `json` (sync/types.py)."""
     conn = _connect(spec)
     try:
         with conn.cursor() as cur:
             cur.execute(
                 "SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS "
-                "WHERE TABLE_SCHEMA = %s",
+                "WHERE TABLE_SCHEMA = %s ORDER BY TABLE_NAME, ORDINAL_POSITION",
                 (spec.database,),
             )
             out: dict[str, dict[str, str]] = {}
             for table, column, typ in cur.fetchall():
                 if table in tables:
                     out.setdefault(table, {})[column] = _text(typ).lower()
+            for table, column in _json_checked(cur, spec.database):
+                if column in out.get(table, {}) and parse_type(out[table][column]).name == "longtext":
+                    out[table][column] = "json"
     finally:
         conn.close()
     return out
+
+
+_JSON_CHECK = re.compile(r"^\s*json_valid\(\s*`((?:[^`]|``)+)`\s*\)\s*$", re.IGNORECASE)
+
+
+def _json_checked(cur: Any, database: str) -> list[tuple[str, str]]:
+    """(table, column) of MariaDB's JSON columns: a column check `json_valid(`col`)`. MySQL has
+    a JSON type of its own, and no TABLE_NAME in CHECK_CONSTRAINTS (nothing found there)."""
+    import pymysql
+
+    try:
+        cur.execute(
+            "SELECT TABLE_NAME, CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS "
+            "WHERE CONSTRAINT_SCHEMA = %s",
+            (database,),
+        )
+    except (pymysql.err.OperationalError, pymysql.err.ProgrammingError):
+        return []
+    return [
+        (_text(table), m.group(1).replace("``", "`"))
+        for table, clause in cur.fetchall()
+        if (m := _JSON_CHECK.match(_text(clause)))
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +431,7 @@ class MySqlCapture:
         snapshot_requests: Callable[[], list[dict[str, Any]]] | None = None,
         snapshot_done: Callable[[str], Any] | None = None,
         on_history_change: Callable[[dict[str, Any]], Any] | None = None,
+        zero_dates: str = "null",
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -393,6 +462,10 @@ class MySqlCapture:
         # Column types as of the binlog read so far (a type change's `widening` needs the type
         # before it) and each table's last schema change position (`source.schema`).
         self._column_types: dict[str, dict[str, str]] = {}
+        # The envelope's `types` of each table's binlog rows (the column types above), encoded once
+        self._types_json: dict[str, orjson.Fragment] = {}
+        # The task's zero_dates policy for both paths, and its counts (mysql_values.py)
+        self.zero_dates = ZeroDates(zero_dates)
         self._types_at: BinlogPosition | None = None  # the binlog position they were read at
         self._schema_pos: dict[str, int] = {}
         # Cuts (and BEGIN/END records with transaction_metadata) go to the transactions topic.
@@ -491,7 +564,8 @@ class MySqlCapture:
             self._txlog.write_cut(producer, *taken)
 
     def _envelope(self, op: str, table: str, key: dict[str, Any], before: Any, after: Any, pos: int,
-                  ts_ms: int, position: str) -> dict[str, Any]:  # fmt: skip
+                  ts_ms: int, position: str,
+                  types: orjson.Fragment | None = None) -> dict[str, Any]:  # fmt: skip
         with self._lock:
             resume = self._txs.resume
             if pos > self._high:
@@ -515,9 +589,19 @@ class MySqlCapture:
         binary = binary_columns(key, before, after)
         if binary:
             env["binary"] = binary
+        if op in ("c", "u", "d", "r"):
+            env["types"] = types if types is not None else self._binlog_types(table)
         env["source"] = source
         env["ts_ms"] = int(time.time() * 1000)
         return env
+
+    def _binlog_types(self, table: str) -> orjson.Fragment:
+        """The envelope's `types` of `table`'s binlog rows: its column types as the binlog read so
+        far knows them (from information_schema at the start, then each DDL statement's)."""
+        held = self._types_json.get(table)
+        if held is None:
+            held = self._types_json[table] = types_fragment(self._column_types.get(table, {}))
+        return held
 
     def resume_position(self) -> str:
         """Where a restart would resume now ("snapshot" while the snapshot runs)."""
@@ -633,7 +717,6 @@ class MySqlCapture:
         transaction, labelled with its position. Large ones are read in key ranges by the
         runner (see mysql_snapshot for why that stays correct); then the stream starts at a
         position taken before any of it, and before `inherited`'s (an interrupted snapshot's)."""
-        import pymysql.cursors
 
         parallel: dict[str, list[tuple[Any, Any]]] = {}
         stream_from = inherited
@@ -653,7 +736,7 @@ class MySqlCapture:
                 stream_from = before if stream_from is None else min(before, stream_from)
                 states[before.text()] = before_state
         serial = [t for t in self.tables if t in keys and t not in parallel]
-        conn = _connect(self.spec, cursorclass=pymysql.cursors.SSDictCursor)
+        conn = connect_snapshot(self.spec)
         try:
             with conn.cursor() as cur:
                 position, states[position.text()] = self._begin_consistent_snapshot(cur)
@@ -742,12 +825,16 @@ class MySqlCapture:
         """Every row of `table` as op "r", labelled with the snapshot's position."""
         now = int(time.time() * 1000)
         pos, text = self.encoded(position), position.text()
-        cur.execute(f"SELECT * FROM `{table}`")
-        for row in cur:  # a new dict per row (SSDictCursor): the envelope can hold it as it is
+        types = column_types(self.spec, [table]).get(table, {})
+        convert = row_converter(types, self.zero_dates)
+        fragment = types_fragment(types)
+        cur.execute(f"SELECT {select_list(types) or '*'} FROM `{table}`")
+        for raw in cur:  # a new dict per row (SSDictCursor): the envelope can hold it as it is
             if self.stop.is_set():
                 raise CaptureError("stopped during the snapshot; it will start over")
+            row = snapshot_row(convert, raw, table)
             key = {k: row[k] for k in keys}
-            env = self._envelope("r", table, key, None, row, pos, now, text)
+            env = self._envelope("r", table, key, None, row, pos, now, text, fragment)
             self._emit(producer, table, env, tx)
             self.stats.snapshot_rows += 1
             if self.stats.snapshot_rows % 5000 == 0:
@@ -803,6 +890,7 @@ class MySqlCapture:
         inside the statement) is not called widening: the server only knows the types after it,
         and a narrowing change must not pass policy `stop` for a widening one."""
         types = self._column_types.setdefault(table, {})
+        self._types_json.pop(table, None)
         self._schema_pos[table] = pos
         if change.kind == sc.CHANGE_TYPE and change.column and change.type:
             column, new_type = change.column, change.type
@@ -843,9 +931,7 @@ class MySqlCapture:
     def _read_table_again(self, producer: Any, table: str, keys: list[str], tx: Group) -> None:
         """Every row of `table` as it is now, in a consistent snapshot labelled with its position
         (later than the statement that changed the rows without row events)."""
-        import pymysql.cursors
-
-        conn = _connect(self.spec, cursorclass=pymysql.cursors.SSDictCursor)
+        conn = connect_snapshot(self.spec)
         try:
             with conn.cursor() as cur:
                 position, _ = self._begin_consistent_snapshot(cur)
@@ -873,11 +959,13 @@ class MySqlCapture:
         from sluice.sync.sources.mysql_snapshot import SnapshotChunk
 
         assert self.snapshot_runner is not None
+        types = column_types(self.spec, sorted(plans))
         chunks = [
             SnapshotChunk(
                 self.spec, table, tuple(keys[table]), lo, hi, self.topic_for(table), self.bootstrap,
                 self.name, self.epoch, self.execution, stream_from.text(), self.is_mariadb,
                 tuple(sorted(self._producer_config.items())), self._base, self._high,
+                tuple(types.get(table, {}).items()), self.zero_dates.policy,
             )
             for table, ranges in sorted(plans.items())
             for lo, hi in ranges
@@ -1042,7 +1130,7 @@ class MySqlCapture:
         # where the transaction being read began: a clean place to reconnect (None until the
         # first event read after going on from a GTID state)
         tx_start = start
-        decoder = RowDecoder()  # the library decodes what its plans do not read (binlog_rows)
+        decoder = RowDecoder(self.zero_dates)  # the library decodes partial images only (binlog_rows)
         # Each pass reads to the end of the binlog and closes (non-blocking); the next pass
         # reconnects from the start of the first transaction not read completely.
         while not self.stop.is_set():
@@ -1130,7 +1218,12 @@ class MySqlCapture:
                             self._txlog.begin(producer, tx, ts_ms)
                     # Full row images by the compiled plan; the library decodes the rest, and
                     # only its rows can be partial images (binlog_rows).
-                    rows = decoder.decode_rows(event)
+                    try:
+                        rows = decoder.decode_rows(event)
+                    except (RowDecodeError, ZeroDateError) as exc:
+                        raise CaptureError(
+                            f"a change of {self.spec.database}.{table} at {end.text()}: {exc}"
+                        ) from None
                     if rows is None:
                         rows = event.rows
                         self._refuse_partial_images(table, end, rows)

@@ -32,8 +32,12 @@ from sluice.sync.sources.mysql import (
     BinlogPosition,
     CaptureError,
     _connect,
+    connect_snapshot,
     producer_config,
+    snapshot_row,
+    types_fragment,
 )
+from sluice.sync.sources.mysql_values import ZeroDates, row_converter, select_list
 from sluice.sync.tasks import SourceSpec
 
 INTEGER_TYPES = ("tinyint", "smallint", "mediumint", "int", "integer", "bigint")
@@ -62,6 +66,10 @@ class SnapshotChunk:
     #: capture had emitted when it planned the ranges (binlog_history.py)
     base: int = 0
     high: int = 0
+    #: the table's columns and their types, in table order (the select list, the values, the
+    #: envelope's `types`), and the task's zero_dates policy (mysql_values.py)
+    types: tuple[tuple[str, str], ...] = ()
+    zero_dates: str = "null"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +195,6 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
     """Read one key range in a consistent snapshot and produce its rows (op "r") to the log;
     returns once every row is acknowledged. Runs in a Spark task, so it opens its own
     connections; running it twice only writes the same rows again (as new or newer versions)."""
-    import pymysql.cursors
     from confluent_kafka import Producer
 
     errors: list[str] = []
@@ -197,13 +204,15 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
             errors.append(str(err))
 
     producer = Producer(producer_config(chunk.bootstrap, **{"linger.ms": 20, **dict(chunk.producer_config)}))
-    conn = _connect(chunk.spec, cursorclass=pymysql.cursors.SSDictCursor)
+    conn = connect_snapshot(chunk.spec)
     rows = 0
+    types = dict(chunk.types)
+    convert = row_converter(types, ZeroDates(chunk.zero_dates))
     try:
         with conn.cursor() as cur:
             position = begin_chunk_snapshot(cur, chunk.is_mariadb)
             cond, params = range_condition([f"`{k}`" for k in chunk.keys], chunk.lo, chunk.hi, "%s")
-            cur.execute(f"SELECT * FROM `{chunk.table}` WHERE {cond}", params)
+            cur.execute(f"SELECT {select_list(types) or '*'} FROM `{chunk.table}` WHERE {cond}", params)
             now = int(time.time() * 1000)
             pos = chunk.base + position.encode()
             source = {
@@ -214,12 +223,15 @@ def read_chunk(chunk: SnapshotChunk) -> ChunkResult:
                 **({"high": chunk.high} if chunk.high > pos else {}),  # absent: `pos` is the highest
                 **({"base": chunk.base} if chunk.base else {}),
             }  # fmt: skip
-            for record in cur:
+            fragment = types_fragment(types)
+            for raw in cur:
+                record = snapshot_row(convert, raw, chunk.table)
                 key = {k: record[k] for k in chunk.keys}
                 env = {"op": "r", "table": chunk.table, "key": key, "before": None, "after": record,
                        "source": source, "ts_ms": now}  # fmt: skip
                 if binary := binary_columns(record):
                     env["binary"] = binary
+                env["types"] = fragment
                 value = orjson.dumps(env, default=encode_value)
                 while True:
                     try:

@@ -45,8 +45,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.sync.envelope import key_text
-from sluice.sync.sources.mysql import BinlogPosition, CaptureError, _connect
+from sluice.sync.sources.mysql import (
+    BinlogPosition,
+    CaptureError,
+    column_types,
+    connect_snapshot,
+    snapshot_row,
+    types_fragment,
+)
 from sluice.sync.sources.mysql_snapshot import begin_chunk_snapshot
+from sluice.sync.sources.mysql_values import row_converter, select_list
 
 log = logging.getLogger("sluice.capture")
 
@@ -96,9 +104,16 @@ def among(keys: list[str], wanted: list[dict[str, Any]]) -> tuple[str, list[Any]
 
 
 def chunk_query(
-    table: str, keys: list[str], *, where: str | None, last: tuple[Any, ...] | None, limit: int
+    table: str,
+    keys: list[str],
+    *,
+    where: str | None,
+    last: tuple[Any, ...] | None,
+    limit: int,
+    columns: str = "*",
 ) -> tuple[str, list[Any]]:
-    """The SELECT of one keyset chunk of `table` (after `last`, at most `limit` rows, in key order)."""
+    """The SELECT of `columns` in one keyset chunk of `table` (after `last`, at most `limit` rows,
+    in key order)."""
     conds, params = [], []
     if where:
         conds.append(f"({where})")
@@ -106,7 +121,7 @@ def chunk_query(
     if cond:
         conds.append(cond)
         params.extend(values)
-    text = f"SELECT * FROM {quote(table)}"
+    text = f"SELECT {columns} FROM {quote(table)}"
     if conds:
         text += " WHERE " + " AND ".join(conds)
     return text + f" ORDER BY {', '.join(quote(k) for k in keys)} LIMIT {int(limit)}", params
@@ -214,8 +229,12 @@ class Resnapshots:
     ) -> bool:
         """Read and emit the next chunk of `progress`; True when the request is complete."""
         import pymysql
-        import pymysql.cursors
 
+        cap = self.capture
+        types = column_types(cap.spec, [table]).get(table, {})
+        columns = select_list(types) or "*"
+        convert = row_converter(types, cap.zero_dates)
+        fragment = types_fragment(types)
         request = progress.request
         where = request.get("where")
         listed: list[dict[str, Any]] | None = request.get("keys")
@@ -226,13 +245,12 @@ class Resnapshots:
             if any(not isinstance(w, dict) or not set(key_cols) <= set(w) for w in wanted):
                 raise BadRequestError(f"its keys must each name every key column of {table}: {key_cols}")
             cond, params = among(key_cols, wanted)
-            text = f"SELECT * FROM {quote(table)} WHERE {cond}" + (f" AND ({where})" if where else "")
+            text = f"SELECT {columns} FROM {quote(table)} WHERE {cond}" + (f" AND ({where})" if where else "")
         else:
             text, params = chunk_query(
-                table, key_cols, where=where, last=progress.last, limit=self.chunk_rows
+                table, key_cols, where=where, last=progress.last, limit=self.chunk_rows, columns=columns
             )
-        cap = self.capture
-        conn = _connect(cap.spec, cursorclass=pymysql.cursors.SSDictCursor)
+        conn = connect_snapshot(cap.spec)
         tx = cap._begin_tx(stream_at.text())
         rows, last = 0, None
         seen: set[str] = set()
@@ -251,11 +269,14 @@ class Resnapshots:
                         f"the source refused its query ({exc.args[-1]}): check its --where condition "
                         f"{where!r} and ask again with `sluice task snapshot`"
                     ) from None
-                for row in cur:
+                for raw in cur:
+                    # the next chunk starts after the server's own text of the key, not its
+                    # canonical value (a BIT's 0/1 text or a TIMESTAMP's Z would not compare)
+                    last = tuple(raw[k] for k in key_cols)
+                    row = snapshot_row(convert, raw, table)
                     key = {k: row[k] for k in key_cols}
-                    cap._emit(producer, table, cap._envelope("r", table, key, None, dict(row), pos, now,
-                                                             position.text()), tx)  # fmt: skip
-                    last = tuple(row[k] for k in key_cols)
+                    cap._emit(producer, table, cap._envelope("r", table, key, None, row, pos, now,
+                                                             position.text(), fragment), tx)  # fmt: skip
                     if listed is not None:
                         seen.add(key_text(key))
                     rows += 1

@@ -141,7 +141,8 @@ def _evolve(target: Target, tx: Any, table: str, change: SchemaChange) -> None:
 
 
 def translate_rows(target: Target, tx: Any, changes: pa.Table) -> pa.Table:
-    """`changes` with each image (and key, and `binary` names) in the target's column names."""
+    """`changes` with each image (and key, and the `binary` and `types` names) in the target's
+    column names."""
     tables = sorted(pc.unique(changes["table"]).to_pylist())
     history = target._read_schema_history(tx, tables)
     if not history:
@@ -161,7 +162,7 @@ def translate_rows(target: Target, tx: Any, changes: pa.Table) -> pa.Table:
         if (drops := [r.pos for r in recs if r.applied and r.change.kind == DROP_TABLE])
     }
     names, poss = changes["table"].to_pylist(), changes["pos"].to_pylist()
-    keys, afters, binaries = (changes[c].to_pylist() for c in ("key", "after", "binary"))
+    keys, afters, binaries, types = (changes[c].to_pylist() for c in ("key", "after", "binary", "types"))
     wanted = [pos >= dropped.get(table, -1) for table, pos in zip(names, poss, strict=True)]
     touched = not all(wanted)
     for i, (table, pos) in enumerate(zip(names, poss, strict=True)):
@@ -183,9 +184,28 @@ def translate_rows(target: Target, tx: Any, changes: pa.Table) -> pa.Table:
         if binaries[i] is not None:
             named = [n for c in orjson.loads(binaries[i]) if (n := now.get(c, c))]
             binaries[i] = orjson.dumps(named).decode()
+    # A table's `types` are those of its newest change in the batch: named as at that position.
+    newest: dict[str, int] = {}
+    for table, pos, typed in zip(names, poss, types, strict=True):
+        if typed is not None and history.get(table):
+            newest[table] = max(pos, newest.get(table, pos))
+    named_as: dict[str, str] = {}
+    for i, table in enumerate(names):
+        if table not in newest or types[i] is None:
+            continue
+        if table not in named_as:
+            typed = orjson.loads(types[i])
+            now = translate_columns(typed, newest[table], history[table])
+            keep = keep_only.get(table)
+            named_as[table] = orjson.dumps({
+                n: typed[c] for c, n in now.items()
+                if n is not None and (keep is None or target.mapping.target_column(table, n) in keep)
+            }).decode()  # fmt: skip
+        touched = touched or named_as[table] != types[i]
+        types[i] = named_as[table]
     if not touched:
         return changes
-    for col, values in (("key", keys), ("after", afters), ("binary", binaries)):
+    for col, values in (("key", keys), ("after", afters), ("binary", binaries), ("types", types)):
         changes = changes.set_column(changes.column_names.index(col), col, pa.array(values, pa.string()))
     return changes.filter(pa.array(wanted, pa.bool_()))
 

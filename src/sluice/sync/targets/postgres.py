@@ -27,7 +27,7 @@ from sluice import test_switches
 from sluice.security.secrets import Secret
 from sluice.sync.changes import CHANGE_SCHEMA
 from sluice.sync.envelope import MAX_POS, SCHEMA, TRUNCATE, BadEventError, key_text
-from sluice.sync.schema import DROP_COLUMN, DROP_TABLE, RENAME_COLUMN, Recorded, target_type
+from sluice.sync.schema import DROP_COLUMN, DROP_TABLE, RENAME_COLUMN, Recorded
 from sluice.sync.targets.base import (
     POS_COLUMN,
     ApplyResult,
@@ -47,6 +47,7 @@ from sluice.sync.targets.staging import (
     staging_pattern,
     staging_table,
 )
+from sluice.sync.types import postgres_type
 from sluice.test_switches import OFF, Switches
 
 log = logging.getLogger("sluice.target")
@@ -115,17 +116,27 @@ class _BatchRows:
     def read(self, tx: Any) -> pa.Table:
         """The batch's fresh changes, newest per row, in the driver (`sync.changes.CHANGE_SCHEMA`)."""
         rows = tx.execute(
-            'SELECT topic, partition, "offset", ts, tbl, key, pos, op, after, records, "binary" FROM ('
+            'SELECT topic, partition, "offset", ts, tbl, key, pos, op, after, records, "binary", types FROM ('
             'SELECT DISTINCT ON (s.tbl, s.key) s.topic, s.partition, s."offset", s.ts, s.tbl, s.key, '
-            f's.pos, s.op, s.after::text, s.records, s."binary" {self.fresh} '
+            f's.pos, s.op, s.after::text, s.records, s."binary", s.types {self.fresh} '
             'ORDER BY s.tbl, s.key, s.pos DESC, s."offset" DESC) b ORDER BY topic, partition, "offset"',
             self.params,
         ).fetchall()
-        cols = list(zip(*rows, strict=True)) if rows else [()] * 11
+        cols = list(zip(*rows, strict=True)) if rows else [()] * len(CHANGE_SCHEMA)
         types = [pa.int64() if f.name == "timestamp" else f.type for f in CHANGE_SCHEMA]
         arrays = [pa.array(c, t) for c, t in zip(cols, types, strict=True)]
         arrays[3] = arrays[3].cast(pa.timestamp("ms")).cast(CHANGE_SCHEMA.field("timestamp").type)
         return pa.Table.from_arrays(arrays, schema=CHANGE_SCHEMA)
+
+
+def newest_types(changes: pa.Table) -> dict[str, str]:
+    """The column types of a table's changes: those of its change at the highest position that
+    names them (a source names them all the same within a schema), or {} when none does."""
+    named = changes.filter(pc.is_valid(changes["types"]))
+    if not named.num_rows:
+        return {}
+    at = pc.index(named["pos"], pc.max(named["pos"])).as_py()
+    return dict(orjson.loads(named["types"][at].as_py()))
 
 
 def _binary_columns(texts: list[str] | None) -> set[str]:
@@ -165,6 +176,7 @@ class PostgresTarget(Target):
         self.conn.commit()
         self._columns: dict[str, dict[str, str]] = {}
         self._keys: dict[str, list[str]] = {}
+        self._reported: set[tuple[str, str]] = set()  # columns whose type was reported wrong
 
     def close(self) -> None:
         self.conn.close()
@@ -259,8 +271,9 @@ class PostgresTarget(Target):
                 copy.write(copy_text(rows, ["key", "pos", "op", "after"]))
             deletes = pc.sum(pc.equal(rows["op"], "d")).as_py() or 0
             written += self._write_table(
-                tx, table, guard, upserts=rows.num_rows - deletes, deletes=deletes, binary=binary
-            )
+                tx, table, guard, upserts=rows.num_rows - deletes, deletes=deletes, binary=binary,
+                types=newest_types(rows),
+            )  # fmt: skip
         return written
 
     def _apply_truncates(self, tx: Any, truncates: Mapping[str, int], guard: bool) -> int:
@@ -317,7 +330,7 @@ class PostgresTarget(Target):
 
     def _change_column_type(self, tx: Any, name: str, column: str, source_type: str) -> None:
         current = self._load_table(tx, name).get(column)
-        want = target_type(source_type, "postgresql")
+        want = postgres_type(source_type)
         if current is None or current == want:
             return
         tx.execute(
@@ -351,64 +364,59 @@ class PostgresTarget(Target):
                 self._keys[name] = [k for (k,) in keys]
         return cols
 
-    def _ensure_table(self, tx: Any, table: str, binary: Collection[str] = ()) -> str:
-        """Create the target table, or add the columns this batch brings, from the staged rows.
-        Columns in `binary` hold bytes (base64 in the stage) and become bytea; a column created
-        as text while it was null throughout its first batch becomes bytea when bytes arrive."""
+    def _ensure_table(
+        self, tx: Any, table: str, binary: Collection[str] = (), types: Mapping[str, str] | None = None
+    ) -> str:
+        """Create the target table, or add the columns this batch brings.
+
+        With the source's column `types` (sync/types.py), every column gets the type the mapping
+        gives its source type, whatever the batch's values (a column null throughout a batch
+        too); an existing column of another type is reported with the statement that fixes it.
+        Without them (a source that names no types), types are inferred from the staged rows'
+        JSON values: columns in `binary` hold bytes (base64 in the stage) and become bytea (a
+        text column becomes bytea when bytes arrive), a column no row of the batch has a value
+        for is not created yet (its first value decides its type)."""
         m = self.mapping
         tm = m.for_table(table)
         name = m.target_table(table)
         existing = self._load_table(tx, name)
         known = set(_reverse(m, table, existing).values()) | set(tm.drop)
-        # the columns no row had before (known ones removed first: a third of the work)
-        seen = [k for (k,) in tx.execute(
-            "SELECT DISTINCT k FROM _sluice_stage, "
-            "jsonb_object_keys(coalesce(after, key::jsonb) - %s::text[]) AS k",
-            (sorted(known),),
-        ).fetchall()]  # fmt: skip
-        new = [k for k in seen if k not in known and m.target_column(table, k) is not None]
-        retype = [
-            dst for src in binary
-            if (dst := m.target_column(table, src)) is not None and existing.get(dst) == "text"
-            and dst not in tm.casts
-        ]  # fmt: skip
-        for dst in retype:
-            tx.execute(
-                f"ALTER TABLE {quote(name)} ALTER COLUMN {quote(dst)} TYPE bytea "
-                f"USING decode({quote(dst)}, 'base64')"
-            )
-        if retype:
-            self._columns.pop(name, None)
-            existing = self._load_table(tx, name)
+        typed = {src: postgres_type(t) for src, t in (types or {}).items()}
+        if typed:
+            self._report_types(tx, table, name, existing, typed)
+            new = [c for c in typed if c not in known and m.target_column(table, c) is not None]
+        else:
+            # the columns no row had before (known ones removed first: a third of the work)
+            seen = [k for (k,) in tx.execute(
+                "SELECT DISTINCT k FROM _sluice_stage, "
+                "jsonb_object_keys(coalesce(after, key::jsonb) - %s::text[]) AS k",
+                (sorted(known),),
+            ).fetchall()]  # fmt: skip
+            new = [k for k in seen if k not in known and m.target_column(table, k) is not None]
+            retype = [
+                dst for src in binary
+                if (dst := m.target_column(table, src)) is not None and existing.get(dst) == "text"
+                and dst not in tm.casts
+            ]  # fmt: skip
+            for dst in retype:
+                tx.execute(
+                    f"ALTER TABLE {quote(name)} ALTER COLUMN {quote(dst)} TYPE bytea "
+                    f"USING decode({quote(dst)}, 'base64')"
+                )
+            if retype:
+                self._columns.pop(name, None)
+                existing = self._load_table(tx, name)
         if not new and existing:
             if POS_COLUMN not in existing:
                 tx.execute(f"ALTER TABLE {quote(name)} ADD COLUMN {POS_COLUMN} bigint NOT NULL DEFAULT -1")
                 self._columns.pop(name, None)
                 self._load_table(tx, name)
             return name
-        # Types come from a sample of the batch; a column null throughout it becomes text.
-        kinds = tx.execute(
-            "SELECT e.k, (array_agg(jsonb_typeof(e.v)) FILTER (WHERE jsonb_typeof(e.v) <> 'null'))[1], "
-            "bool_and(jsonb_typeof(e.v) <> 'number' OR e.v::text ~ '^-?[0-9]+$') "
-            "FROM (SELECT after, key FROM _sluice_stage LIMIT 10000) s, "
-            "jsonb_each(coalesce(s.after, s.key::jsonb)) AS e(k, v) "
-            "WHERE e.k = ANY(%s) GROUP BY e.k ORDER BY e.k",
-            (new,),
-        ).fetchall()
         defs = []
-        for src, kind, integral in kinds:
+        for src, typ in self._inferred(tx, new, binary) if not typed else [(c, typed[c]) for c in new]:
             dst = m.target_column(table, src)
-            if dst is None:
-                continue
-            if dst in tm.casts:
-                typ = tm.casts[dst]
-            elif src in binary:
-                typ = "bytea"
-            elif kind == "number":
-                typ = "bigint" if integral else "double precision"
-            else:
-                typ = _TYPES.get(kind or "", "text")
-            defs.append((dst, typ))
+            if dst is not None:
+                defs.append((dst, tm.casts.get(dst, typ)))
         if not existing:
             key_src = tx.execute(
                 "SELECT k FROM (SELECT key FROM _sluice_stage LIMIT 1) s, jsonb_object_keys(s.key::jsonb) k"
@@ -430,13 +438,64 @@ class PostgresTarget(Target):
         self._load_table(tx, name)
         return name
 
+    def _inferred(self, tx: Any, columns: list[str], binary: Collection[str]) -> list[tuple[str, str]]:
+        """Column types for source `columns` from a sample of the staged rows' JSON values, for a
+        source that names no types; a column whose values are all null is left out."""
+        kinds = tx.execute(
+            "SELECT e.k, (array_agg(jsonb_typeof(e.v)) FILTER (WHERE jsonb_typeof(e.v) <> 'null'))[1], "
+            "bool_and(jsonb_typeof(e.v) <> 'number' OR e.v::text ~ '^-?[0-9]+$') "
+            "FROM (SELECT after, key FROM _sluice_stage LIMIT 10000) s, "
+            "jsonb_each(coalesce(s.after, s.key::jsonb)) AS e(k, v) "
+            "WHERE e.k = ANY(%s) GROUP BY e.k ORDER BY e.k",
+            (columns,),
+        ).fetchall()
+        out = []
+        for src, kind, integral in kinds:
+            if src in binary:
+                out.append((src, "bytea"))
+            elif kind == "number":
+                out.append((src, "bigint" if integral else "double precision"))
+            elif kind is not None:
+                out.append((src, _TYPES.get(kind, "text")))
+        return out
+
+    def _report_types(
+        self, tx: Any, table: str, name: str, existing: Mapping[str, str], typed: Mapping[str, str]
+    ) -> None:
+        """Say (once per column) where an existing column's type is not the mapping's: made by an
+        earlier version from one batch's values, or by hand. It is kept (values are cast to it),
+        and the log line holds the statement that makes it right."""
+        m = self.mapping
+        casts = m.for_table(table).casts
+        for src, want in typed.items():
+            dst = m.target_column(table, src)
+            have = existing.get(dst or "")
+            if dst is None or have is None or have == want or dst in casts or (name, dst) in self._reported:
+                continue
+            self._reported.add((name, dst))
+            fix = (f"ALTER TABLE {quote(name)} ALTER COLUMN {quote(dst)} TYPE {want} "
+                   f"USING {quote(dst)}::text::{want}")  # fmt: skip
+            log.warning("event=target_column_type_mismatch table=%s column=%s have=%r want=%r fix=%r "
+                        "detail=%r", name, dst, have, want, fix,
+                        "values are cast to the column's type; run the fix in a quiet moment (it "
+                        "rewrites the table) or re-create the table with `sluice task restart ID "
+                        "--from-position snapshot`")  # fmt: skip
+
     def _write_table(
-        self, tx: Any, table: str, guard: bool, *, upserts: int, deletes: int, binary: Collection[str]
+        self,
+        tx: Any,
+        table: str,
+        guard: bool,
+        *,
+        upserts: int,
+        deletes: int,
+        binary: Collection[str],
+        types: Mapping[str, str] | None = None,
     ) -> int:
         """Apply the staged changes of one table: guarded upserts, guarded deletes, tombstones."""
         m = self.mapping
         tm = m.for_table(table)
-        name = self._ensure_table(tx, table, binary)
+        name = self._ensure_table(tx, table, binary, types)
         cols = self._columns[name]
         keys = self._keys.get(name) or []
         if not keys:
@@ -606,28 +665,33 @@ class PostgresTarget(Target):
     ) -> int:
         """Write the batch's staged changes not applied yet into the target."""
         # One pass over the staging table: per table, its truncate, whether it has schema
-        # changes or keys holding U+0000, and the columns holding bytes.
+        # changes or keys holding U+0000, the columns holding bytes, and the column types of
+        # its newest change that names them.
         shape = tx.execute(
             "SELECT s.tbl, max(s.pos) FILTER (WHERE s.op = %(truncate)s), bool_or(s.op = %(schema)s), "
             "bool_or(strpos(s.key, %(nul)s) > 0), "
-            'array_agg(DISTINCT s."binary") FILTER (WHERE s."binary" IS NOT NULL) '
+            'array_agg(DISTINCT s."binary") FILTER (WHERE s."binary" IS NOT NULL), '
+            "(array_agg(s.types ORDER BY s.pos DESC) FILTER (WHERE s.types IS NOT NULL))[1] "
             f"{rows.fresh} GROUP BY s.tbl ORDER BY s.tbl",
             {**rows.params, "truncate": TRUNCATE, "schema": SCHEMA, "nul": NUL_ESCAPE},
         ).fetchall()
         tables = [table for table, *_ in shape]
         self._refuse_tables(tables, lambda table: rows.first(tx, "s.tbl = %(tbl)s", {"tbl": table}))
-        if any(nul for *_, nul, _ in shape):
+        if any(nul for _, _, _, nul, _, _ in shape):
             raise nul_key_error(rows.first(tx, "strpos(s.key, %(nul)s) > 0", {"nul": NUL_ESCAPE}))
-        if any(schema for _, _, schema, _, _ in shape) or self._needs_translation(tx, rows, tables):
+        if any(schema for _, _, schema, _, _, _ in shape) or self._needs_translation(tx, rows, tables):
             return self._from_driver(tx, pipeline, rows, on_refused, result)
         guard = not self.switches.disable_version_guard
         truncates = {table: pos for table, pos, *_ in shape if pos is not None}
-        binary = {table: _binary_columns(texts) for table, *_, texts in shape}
+        tables_of = {
+            table: (_binary_columns(texts), orjson.loads(types) if types else {})
+            for table, _, _, _, texts, types in shape
+        }
         if on_refused is None:
-            return self._merge_in_sql(tx, rows, truncates, binary, guard, result)
+            return self._merge_in_sql(tx, rows, truncates, tables_of, guard, result)
         self._savepoint(tx)
         try:
-            written = self._merge_in_sql(tx, rows, truncates, binary, guard, result)
+            written = self._merge_in_sql(tx, rows, truncates, tables_of, guard, result)
         except Exception as exc:
             if not self._is_refusal(exc):
                 raise
@@ -652,15 +716,17 @@ class PostgresTarget(Target):
         tx: Any,
         rows: _BatchRows,
         truncates: Mapping[str, int],
-        binary: Mapping[str, set[str]],
+        tables: Mapping[str, tuple[set[str], dict[str, str]]],
         guard: bool,
         result: ApplyResult,
     ) -> int:
+        """Merge each table's staged changes: `tables` gives its columns holding bytes and its
+        column types (empty when its source names none)."""
         written = 0
         result.changes = len(truncates)
         if truncates:
             written += self._apply_truncates(tx, truncates, guard)
-        for table in sorted(binary):
+        for table, (binary, types) in sorted(tables.items()):
             tx.execute("TRUNCATE _sluice_stage")
             # the newest change per row of this table (tasks collapsed their own rows only)
             upserts, deletes = tx.execute(
@@ -674,7 +740,7 @@ class PostgresTarget(Target):
             result.changes += upserts + deletes
             if upserts or deletes:
                 written += self._write_table(
-                    tx, table, guard, upserts=upserts, deletes=deletes, binary=binary[table]
+                    tx, table, guard, upserts=upserts, deletes=deletes, binary=binary, types=types
                 )
         return written
 
@@ -772,8 +838,8 @@ def _reverse(m: ColumnMapping, table: str, cols: Mapping[str, str]) -> dict[str,
 
 def _staged_type(column: str, cols: Mapping[str, str], casts: Mapping[str, str]) -> str:
     """The type a target column's value has in the stage's JSON (before any cast)."""
-    if column in casts or cols[column] == "bytea":
-        return "text"  # cast in SQL; bytes are base64 text there
+    if column in casts or cols[column] in ("bytea", "jsonb"):
+        return "text"  # cast in SQL; bytes are base64 text there, a JSON document its text
     return cols[column]
 
 
@@ -782,6 +848,10 @@ def _staged_value(expr: str, column: str, cols: Mapping[str, str], casts: Mappin
         return f"CAST({expr} AS {casts[column]})"
     if cols[column] == "bytea":
         return f"decode({expr}, 'base64')"
+    if cols[column] == "jsonb":
+        # a source's JSON column arrives as the document's text (a JSON string); an object or
+        # array value (a source without types) as its own JSON text: either reads as the document
+        return f"CAST({expr} AS jsonb)"
     return expr
 
 

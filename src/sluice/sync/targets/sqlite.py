@@ -19,7 +19,7 @@ import orjson
 import pyarrow as pa
 
 from sluice.sync.envelope import key_text
-from sluice.sync.schema import Recorded, target_type
+from sluice.sync.schema import Recorded
 from sluice.sync.targets.base import (
     POS_COLUMN,
     BadTargetUrlError,
@@ -30,6 +30,7 @@ from sluice.sync.targets.base import (
     quote,
 )
 from sluice.sync.targets.evolution import history_from_rows
+from sluice.sync.types import sqlite_type
 from sluice.test_switches import OFF, Switches
 
 log = logging.getLogger("sluice.target")
@@ -73,6 +74,7 @@ class SqliteTarget(Target):
         self.conn.execute("PRAGMA synchronous=FULL")
         self.conn.executescript(META)
         self._columns: dict[str, list[str]] = {}
+        self._reported: set[tuple[str, str]] = set()  # columns whose type was reported wrong
 
     def close(self) -> None:
         self.conn.close()
@@ -150,14 +152,18 @@ class SqliteTarget(Target):
     # --- rows ------------------------------------------------------------------------------------
     def _apply_changes(self, tx: sqlite3.Connection, changes: pa.Table, guard: bool) -> int:
         by_table: dict[str, list[_Change]] = {}
-        for table, kt, pos, after, binary in zip(
+        types: dict[str, tuple[int, str]] = {}  # per table, the types of its newest change naming them
+        for table, kt, pos, after, binary, typed in zip(
             changes.column("table").to_pylist(),
             changes.column("key").to_pylist(),
             changes.column("pos").to_pylist(),
             changes.column("after").to_pylist(),
             changes.column("binary").to_pylist(),
+            changes.column("types").to_pylist(),
             strict=True,
         ):
+            if typed is not None and pos >= types.get(table, (pos, ""))[0]:
+                types[table] = (pos, typed)
             key = orjson.loads(kt)
             image = None if after is None else orjson.loads(after)
             if binary is not None:  # base64 text back to bytes, stored as BLOB
@@ -166,7 +172,10 @@ class SqliteTarget(Target):
                         if part is not None and isinstance(part.get(col), str):
                             part[col] = base64.b64decode(part[col])
             by_table.setdefault(table, []).append(_Change(kt, key, pos, image))
-        return sum(self._write_table(tx, table, rows, guard) for table, rows in by_table.items())
+        return sum(
+            self._write_table(tx, table, rows, guard, orjson.loads(types[table][1]) if table in types else {})
+            for table, rows in by_table.items()
+        )
 
     def _apply_truncates(self, tx: sqlite3.Connection, truncates: Mapping[str, int], guard: bool) -> int:
         deleted = 0
@@ -221,7 +230,7 @@ class SqliteTarget(Target):
         written to it (an INTEGER column stores the text '42' as 42): when the new type's
         affinity differs, the column is made again with it, values copied over."""
         declared = {r[1]: r[2] for r in tx.execute(f"PRAGMA table_info({quote(name)})")}
-        want = target_type(source_type, "sqlite")
+        want = sqlite_type(source_type)
         if _affinity(declared.get(column, "")) == _affinity(want) or column in self._key_columns(tx, name):
             return
         q, tmp = quote(name), quote("_sluice_retype")
@@ -246,42 +255,82 @@ class SqliteTarget(Target):
                 self._columns[name] = cols
         return cols
 
-    def _ensure_table(self, tx: sqlite3.Connection, table: str, events: list[_Change]) -> str:
+    def _ensure_table(
+        self, tx: sqlite3.Connection, table: str, events: list[_Change], types: Mapping[str, str]
+    ) -> str:
+        """Create the target table, or add the columns this batch brings: typed by the source's
+        column `types` through the mapping (sync/types.py), or, for a source that names none,
+        inferred from the values (a column no value of the batch has is not created yet)."""
         m = self.mapping
         tm = m.for_table(table)
         name = m.target_table(table)
-        samples: dict[str, list[Any]] = {}
-        for ev in events:
-            for c, v in (ev.after or ev.key).items():
-                dst = m.target_column(table, c)
+        wanted: dict[str, str] = {}  # target column -> its type
+        if types:
+            for src, source_type in types.items():
+                dst = m.target_column(table, src)
                 if dst is not None:
-                    samples.setdefault(dst, []).append(v)
+                    wanted[dst] = tm.casts.get(dst) or sqlite_type(source_type)
+        else:
+            samples: dict[str, list[Any]] = {}
+            for ev in events:
+                for c, v in (ev.after or ev.key).items():
+                    dst = m.target_column(table, c)
+                    if dst is not None:
+                        samples.setdefault(dst, []).append(v)
+            for dst, vals in samples.items():
+                if (
+                    dst in tm.casts
+                    or any(v is not None for v in vals)
+                    or dst in _key_targets(m, table, events)
+                ):
+                    wanted[dst] = tm.casts.get(dst) or infer_type(vals, "sqlite")
         existing = self._table_columns(tx, name)
         if not existing:
             key_cols = [m.target_column(table, c) for c in events[0].key]
             if any(c is None for c in key_cols):
                 raise ValueError(f"mapping for {table} drops a primary key column")
-            defs = [
-                f"{quote(c)} {tm.casts.get(c) or infer_type(vals, 'sqlite')}" for c, vals in samples.items()
-            ]
+            defs = [f"{quote(c)} {t}" for c, t in wanted.items()]
             defs.append(f"{POS_COLUMN} INTEGER NOT NULL")
             pk = ", ".join(quote(c) for c in key_cols if c is not None)
             tx.execute(f"CREATE TABLE IF NOT EXISTS {quote(name)} ({', '.join(defs)}, PRIMARY KEY ({pk}))")
             self._columns.pop(name, None)
         else:
-            for c, vals in samples.items():
+            if types:
+                self._report_types(tx, name, wanted, tm.casts)
+            for c, typ in wanted.items():
                 if c not in existing:
-                    typ = tm.casts.get(c) or infer_type(vals, "sqlite")
                     tx.execute(f"ALTER TABLE {quote(name)} ADD COLUMN {quote(c)} {typ}")
             if POS_COLUMN not in existing:
                 tx.execute(f"ALTER TABLE {quote(name)} ADD COLUMN {POS_COLUMN} INTEGER NOT NULL DEFAULT -1")
             self._columns.pop(name, None)
         return name
 
-    def _write_table(self, tx: sqlite3.Connection, table: str, events: list[_Change], guard: bool) -> int:
+    def _report_types(
+        self, tx: sqlite3.Connection, name: str, wanted: Mapping[str, str], casts: Mapping[str, str]
+    ) -> None:
+        """Say (once per column) where an existing column's affinity is not the mapping's (made
+        by an earlier version from one batch's values): values are converted to it."""
+        declared = {r[1]: r[2] for r in tx.execute(f"PRAGMA table_info({quote(name)})")}
+        for column, want in wanted.items():
+            have = declared.get(column)
+            if have is None or column in casts or (name, column) in self._reported:
+                continue
+            if _affinity(have) != _affinity(want):
+                self._reported.add((name, column))
+                log.warning(
+                    "event=target_column_type_mismatch table=%s column=%s have=%r want=%r detail=%r",
+                    name, column, have, want,
+                    "SQLite converts what is written to the column's affinity; re-create the table "
+                    "(`sluice task restart ID --from-position snapshot` after dropping it) to get the "
+                    "mapping's type",
+                )  # fmt: skip
+
+    def _write_table(
+        self, tx: sqlite3.Connection, table: str, events: list[_Change], guard: bool, types: Mapping[str, str]
+    ) -> int:
         m = self.mapping
         tm = m.for_table(table)
-        name = self._ensure_table(tx, table, events)
+        name = self._ensure_table(tx, table, events, types)
         data_cols = [c for c in self._table_columns(tx, name) if c != POS_COLUMN]
         source_of = {m.target_column(table, c) or "": c for c in _source_columns(events)}
         key_src = list(events[0].key)
@@ -374,9 +423,18 @@ def _affinity(declared: str) -> str:
     return "NUMERIC"
 
 
+def _key_targets(m: ColumnMapping, table: str, events: list[_Change]) -> set[str]:
+    return {dst for c in events[0].key if (dst := m.target_column(table, c)) is not None}
+
+
+_INT64 = range(-(2**63), 2**63)
+
+
 def _sql_value(v: Any) -> Any:
     if isinstance(v, bool):
         return int(v)
+    if isinstance(v, int) and v not in _INT64:
+        return str(v)  # BIGINT UNSIGNED above 2^63 - 1: a TEXT column (sync/types.py) holds its digits
     if isinstance(v, (dict, list)):
         return orjson.dumps(v).decode()
     return v

@@ -59,11 +59,11 @@ SUMMARY_DDL = (
 
 #: The staged rows' columns (the COPY's column list) and the table's DDL.
 STAGED_COLUMNS = ["token", "topic", "partition", "offset", "ts", "tbl", "key", "pos", "op", "after",
-                  "records", "binary"]  # fmt: skip
+                  "records", "binary", "types"]  # fmt: skip
 STAGED_DDL = (
     'token bigint NOT NULL, topic text NOT NULL, partition int NOT NULL, "offset" bigint NOT NULL, '
     "ts bigint, tbl text NOT NULL, key text NOT NULL, pos bigint NOT NULL, op text NOT NULL, "
-    'after jsonb, records int NOT NULL, "binary" text'
+    'after jsonb, records int NOT NULL, "binary" text, types text'
 )
 
 #: A freshness histogram keeps at most this many buckets per task (wider buckets beyond), so

@@ -1,0 +1,308 @@
+"""The type mapping: one table from a source column type to the envelope's value and to each
+target's column type, used by the snapshot, the binlog decoder and every target alike.
+
+A source (sync/sources/mysql.py) names each column's type in the envelope (`types`: column ->
+the source's type text, as `information_schema.COLUMNS.COLUMN_TYPE` gives it, `json` for
+MariaDB's JSON columns). Targets create and alter their columns from those names through this
+table, never from the values of one batch: a column null throughout a batch still gets its
+type, and the type does not depend on which rows came first. Envelopes without `types` (the
+generator's, Debezium's) keep the targets' inference from the JSON values (`infer_type`).
+
+`MAPPINGS` is the table; docs/TYPES.md prints it (`markdown_table`, checked by a test so the
+two cannot drift). Each row says what the envelope holds for a source type (the canonical value:
+the same from both capture paths, see sync/sources/mysql_values.py) and the column type each
+target gives it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# --- source types ------------------------------------------------------------------------------------
+_INT_BYTES = {"tinyint": 1, "smallint": 2, "mediumint": 3, "int": 4, "integer": 4, "bigint": 8}
+_TEXT_BYTES = {"tinytext": 255, "text": 65_535, "mediumtext": 16_777_215, "longtext": 4_294_967_295}
+_BLOB_BYTES = {"tinyblob": 255, "blob": 65_535, "mediumblob": 16_777_215, "longblob": 4_294_967_295}
+GEOMETRY_NAMES = frozenset(
+    {"geometry", "point", "linestring", "polygon", "multipoint", "multilinestring", "multipolygon",
+     "geometrycollection", "geomcollection"}
+)  # fmt: skip
+_TYPE = re.compile(
+    r"^\s*([a-z]+(?:\s+precision)?)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*(.*)$",
+    re.IGNORECASE | re.DOTALL,
+)
+_MEMBER = re.compile(r"'((?:[^']|'')*)'")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceType:
+    """A MySQL/MariaDB column type, parsed from its text (`int(10) unsigned`, `decimal(65,30)`).
+
+    family: int, float, decimal, bit, string, binary, temporal, enum, set, json, geometry, other.
+    size: bytes of an int; 4 or 8 for a float; precision of a decimal; width of a bit; characters
+    of a string; bytes of a binary. scale: a decimal's scale, or a temporal's fractional digits."""
+
+    family: str
+    size: int = 0
+    scale: int = 0
+    unsigned: bool = False
+    name: str = ""
+    members: tuple[str, ...] = ()  # ENUM and SET labels, in definition order
+
+
+def parse_type(text: str) -> SourceType:
+    """The family, size and details of a MySQL column type text."""
+    m = _TYPE.match(text or "")
+    if not m:
+        return SourceType("other", name=(text or "").lower())
+    name = " ".join(m.group(1).lower().split())
+    n = int(m.group(2)) if m.group(2) else None
+    d = int(m.group(3)) if m.group(3) else 0
+    rest = m.group(4)
+    unsigned = "unsigned" in rest.lower()
+    if name in ("bool", "boolean"):
+        return SourceType("int", 1, name="tinyint")
+    if name in _INT_BYTES:
+        return SourceType("int", _INT_BYTES[name], unsigned=unsigned, name=name)
+    if name in ("float", "real", "double", "double precision"):
+        # FLOAT(p) with p > 24 is a DOUBLE (MySQL); REAL is DOUBLE unless REAL_AS_FLOAT
+        return SourceType("float", 4 if name == "float" and (n is None or n <= 24 or d) else 8, name=name)
+    if name in ("decimal", "numeric", "dec", "fixed"):
+        return SourceType("decimal", n if n is not None else 10, d, unsigned=unsigned, name=name)
+    if name == "bit":
+        return SourceType("bit", n if n is not None else 1, name=name)
+    if name in ("char", "varchar"):
+        return SourceType("string", n if n is not None else 1, name=name)
+    if name in _TEXT_BYTES:
+        return SourceType("string", _TEXT_BYTES[name], name=name)
+    if name in ("binary", "varbinary"):
+        return SourceType("binary", n if n is not None else 1, name=name)
+    if name in _BLOB_BYTES:
+        return SourceType("binary", _BLOB_BYTES[name], name=name)
+    if name in ("date", "datetime", "timestamp", "time", "year"):
+        fsp = n if n is not None and name not in ("year", "date") else 0
+        return SourceType("temporal", scale=fsp, name=name)
+    if name in ("enum", "set"):
+        members = tuple(v.replace("''", "'") for v in _MEMBER.findall(rest))
+        return SourceType(name, len(members), name=name, members=members)
+    if name == "json":
+        return SourceType("json", name=name)
+    if name in GEOMETRY_NAMES:
+        return SourceType("geometry", name=name)
+    return SourceType("other", name=name)
+
+
+# --- the table ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TypeMapping:
+    """One row of the mapping: the source types it covers, what the envelope holds, and each
+    target's column type (a rule over the parsed type, and its text for the docs)."""
+
+    source: str  # the source types, as the docs name them
+    matches: Callable[[SourceType], bool]
+    envelope: str
+    postgresql: Callable[[SourceType], str]
+    postgresql_doc: str
+    sqlite: Callable[[SourceType], str]
+    sqlite_doc: str
+    note: str = ""
+
+
+def _is(family: str, *names: str) -> Callable[[SourceType], bool]:
+    return lambda t: t.family == family and (not names or t.name in names)
+
+
+def _const(value: str) -> Callable[[SourceType], str]:
+    return lambda _t: value
+
+
+def _pg_int(t: SourceType) -> str:
+    # the smallest PostgreSQL integer that holds the source's whole range
+    bits = t.size * 8 + (1 if t.unsigned else 0)
+    for name, most in (("smallint", 16), ("integer", 32), ("bigint", 64)):
+        if bits <= most:
+            return name
+    return "numeric(20,0)"
+
+
+def _pg_timestamp(zone: str) -> Callable[[SourceType], str]:
+    return lambda t: f"timestamp({t.scale}) {zone} time zone"
+
+
+# fmt: off
+MAPPINGS: tuple[TypeMapping, ...] = (
+    TypeMapping(
+        "TINYINT, SMALLINT, MEDIUMINT, INT, BIGINT (signed); BOOL (TINYINT(1))",
+        lambda t: t.family == "int" and not (t.unsigned and t.size == 8),
+        "JSON integer",
+        _pg_int, "smallint, integer or bigint: the smallest that holds the type's range "
+        "(INT UNSIGNED -> bigint)",
+        _const("INTEGER"), "INTEGER",
+        "UNSIGNED variants included; BOOL is TINYINT(1): an integer, as stored (-128..127)",
+    ),
+    TypeMapping(
+        "BIGINT UNSIGNED",
+        lambda t: t.family == "int" and t.unsigned and t.size == 8,
+        "JSON integer (0 .. 18446744073709551615)",
+        _const("numeric(20,0)"), "numeric(20,0)",
+        _const("TEXT"), "TEXT (decimal digits)",
+        "SQLite's integers are signed 64-bit: above 2^63 - 1 it could hold only a lossy REAL",
+    ),
+    TypeMapping(
+        "DECIMAL(p,s), NUMERIC",
+        _is("decimal"),
+        "JSON string: the exact value with s digits after the point, as MariaDB prints it "
+        "(`-1.50`; negative zero is `0.00`)",
+        lambda t: f"numeric({t.size},{t.scale})", "numeric(p,s)",
+        _const("TEXT"), "TEXT (the exact text)",
+        "SQLite's NUMERIC affinity would round to a 64-bit float",
+    ),
+    TypeMapping(
+        "FLOAT",
+        lambda t: t.family == "float" and t.size == 4,
+        "JSON number: the shortest decimal that reads back as the same float32 (`1.1`, not "
+        "`1.100000023841858`)",
+        _const("real"), "real (float4)",
+        _const("REAL"), "REAL",
+    ),
+    TypeMapping(
+        "DOUBLE, REAL",
+        lambda t: t.family == "float" and t.size == 8,
+        "JSON number (the shortest decimal that reads back as the same double)",
+        _const("double precision"), "double precision",
+        _const("REAL"), "REAL",
+    ),
+    TypeMapping(
+        "BIT(n)",
+        _is("bit"),
+        "JSON string of n `0`/`1` characters, most significant first (`b'101'` in BIT(5) is `00101`)",
+        lambda t: f"bit({t.size})", "bit(n)",
+        _const("TEXT"), "TEXT (the n characters)",
+    ),
+    TypeMapping(
+        "DATE",
+        _is("temporal", "date"),
+        "JSON string `YYYY-MM-DD`; zero and invalid dates by the task's `zero_dates` option",
+        _const("date"), "date",
+        _const("TEXT"), "TEXT (`YYYY-MM-DD`)",
+    ),
+    TypeMapping(
+        "DATETIME(fsp)",
+        _is("temporal", "datetime"),
+        "JSON string `YYYY-MM-DDTHH:MM:SS` with fsp fractional digits (`.500` in DATETIME(3)), "
+        "no time zone (the server's wall clock, as stored); zero and invalid dates by `zero_dates`",
+        _pg_timestamp("without"), "timestamp(fsp) without time zone",
+        _const("TEXT"), "TEXT (ISO 8601)",
+    ),
+    TypeMapping(
+        "TIMESTAMP(fsp)",
+        _is("temporal", "timestamp"),
+        "JSON string in UTC, `YYYY-MM-DDTHH:MM:SS[.fff]Z`, whatever the server's or session's "
+        "time zone; the zero timestamp by `zero_dates`",
+        _pg_timestamp("with"), "timestamp(fsp) with time zone",
+        _const("TEXT"), "TEXT (ISO 8601, UTC, with Z)",
+    ),
+    TypeMapping(
+        "TIME(fsp)",
+        _is("temporal", "time"),
+        "JSON string as MariaDB prints it: `[-]HH:MM:SS` and fsp fractional digits, "
+        "-838:59:59 .. 838:59:59 (a duration, not a time of day)",
+        _const("interval"), "interval",
+        _const("TEXT"), "TEXT (`-838:59:59.000000`)",
+    ),
+    TypeMapping(
+        "YEAR",
+        _is("temporal", "year"),
+        "JSON integer: 0 (the zero year `0000`) or 1901..2155",
+        _const("smallint"), "smallint",
+        _const("INTEGER"), "INTEGER",
+    ),
+    TypeMapping(
+        "CHAR, VARCHAR, TINYTEXT .. LONGTEXT (a character set)",
+        _is("string"),
+        "JSON string (Unicode, decoded from the column's character set; latin1 is MySQL's "
+        "cp1252). CHAR loses its trailing spaces, as MySQL returns it (PAD_CHAR_TO_FULL_LENGTH "
+        "off); VARCHAR and TEXT keep them",
+        _const("text"), "text (U+0000 cannot be stored: dropped, counted and logged)",
+        _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "BINARY(n), VARBINARY, TINYBLOB .. LONGBLOB",
+        _is("binary"),
+        "base64 JSON string of every byte (listed in the envelope's `binary`); BINARY(n) "
+        "padded with 0x00 to n bytes, as stored",
+        _const("bytea"), "bytea",
+        _const("BLOB"), "BLOB",
+    ),
+    TypeMapping(
+        "ENUM",
+        _is("enum"),
+        "JSON string: the label (`''` for the error value 0)",
+        _const("text"), "text",
+        _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "SET",
+        _is("set"),
+        "JSON string: the members, comma-separated in definition order, as MariaDB prints them "
+        "(`a,b`; `''` for the empty set)",
+        _const("text"), "text",
+        _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "JSON (MySQL); MariaDB's JSON (LONGTEXT with CHECK (json_valid(col)))",
+        _is("json"),
+        "JSON string: the document's text (MariaDB: as stored; MySQL: as MySQL prints it). "
+        "MariaDB's JSON is LONGTEXT: a column with a `json_valid(col)` check constraint "
+        "(information_schema.CHECK_CONSTRAINTS) is JSON",
+        _const("jsonb"), "jsonb (the same document; key order, spacing and duplicate keys "
+        "are jsonb's)",
+        _const("TEXT"), "TEXT (the document's text)",
+    ),
+    TypeMapping(
+        "GEOMETRY, POINT, LINESTRING, POLYGON, MULTI*, GEOMETRYCOLLECTION",
+        _is("geometry"),
+        "base64 of MySQL's own value: the SRID (4 bytes, little-endian), then the OGC WKB "
+        "(`ST_GeomFromWKB(SUBSTRING(v, 5), srid)` reads it back)",
+        _const("bytea"), "bytea",
+        _const("BLOB"), "BLOB",
+    ),
+)
+# fmt: on
+
+#: Types no row covers (MariaDB's UUID, INET4, INET6 among them): text in both targets.
+_OTHER = TypeMapping(
+    "anything else", lambda t: True, "JSON string as the source gives it",
+    _const("text"), "text", _const("TEXT"), "TEXT",
+)  # fmt: skip
+
+
+def mapping_for(t: SourceType) -> TypeMapping:
+    for row in MAPPINGS:
+        if row.matches(t):
+            return row
+    return _OTHER
+
+
+def postgres_type(source_type: str) -> str:
+    """The PostgreSQL column type of a source type (as `format_type` names it)."""
+    t = parse_type(source_type)
+    return mapping_for(t).postgresql(t)
+
+
+def sqlite_type(source_type: str) -> str:
+    t = parse_type(source_type)
+    return mapping_for(t).sqlite(t)
+
+
+def markdown_table() -> str:
+    """The mapping as the Markdown table docs/TYPES.md shows."""
+    lines = [
+        "| MySQL / MariaDB | envelope value | PostgreSQL | SQLite | note |",
+        "|---|---|---|---|---|",
+    ]
+    for row in MAPPINGS:
+        cells = (row.source, row.envelope, row.postgresql_doc, row.sqlite_doc, row.note)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
