@@ -11,8 +11,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
+from sluice.broker import group_records as gr
 from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.group_placement import OFFSETS_TOPIC
 from sluice.broker.offset_expiry import (
@@ -23,6 +25,7 @@ from sluice.broker.offset_expiry import (
 )
 from sluice.broker.partition import Partition
 from sluice.protocol.errors import ErrorCode
+from sluice.protocol.records import build_batch
 from tests.unit._storage_helpers import clean_now
 
 NOW = 10_000_000
@@ -31,10 +34,19 @@ OFFSETS = {("orders", 0): NOW - 5_000, ("orders", 1): NOW - 10, ("audit", 0): NO
 
 
 def _facts(
-    state: str, protocol_type: str | None, state_ts: int, subscribed: set[str] | None = None
+    state: str,
+    protocol_type: str | None,
+    state_ts: int,
+    subscribed: set[str] | None = None,
+    pending: frozenset[tuple[str, int]] = frozenset(),
 ) -> ExpiryFacts:
     return ExpiryFacts(
-        state, protocol_type, state_ts, OFFSETS, None if subscribed is None else frozenset(subscribed)
+        state,
+        protocol_type,
+        state_ts,
+        OFFSETS,
+        None if subscribed is None else frozenset(subscribed),
+        pending,
     )
 
 
@@ -64,6 +76,28 @@ def test_a_group_rebalancing_or_of_another_protocol_keeps_every_offset() -> None
     assert expired_offsets(_facts("Stable", "consumer", 0, None), NOW, RETENTION) == [], "unreadable"
 
 
+def test_an_offset_with_a_pending_transactional_commit_does_not_expire_nor_does_its_group() -> None:
+    """Kafka's rule (OffsetMetadataManager.cleanupExpiredOffsets): a partition with a
+    TxnOffsetCommit awaiting its marker keeps its offset, and a group with one is not removed.
+    A tombstone written between the transactional record and its COMMIT marker is the newest
+    record of its key, so the cleaner keeps it and drops the committed offset."""
+    old = {("orders", 0): NOW - 5_000, ("orders", 1): NOW - 5_000}
+    pending = frozenset({("orders", 1)})
+    for state, protocol_type, subscribed in (
+        ("Empty", "consumer", None),  # all of an empty group's offsets expire together
+        ("Empty", None, None),  # each by its commit time
+        ("Stable", "consumer", frozenset({"audit"})),  # a topic no member subscribes to
+    ):
+        facts = ExpiryFacts(state, protocol_type, NOW - RETENTION, old, subscribed, pending)
+        expired = expired_offsets(facts, NOW, RETENTION)
+        assert expired == [("orders", 0)], (state, protocol_type)
+        assert not group_expires(facts, expired, NOW, RETENTION), (state, protocol_type)
+    # A transaction committing a partition the group has no offset for yet keeps the group too.
+    facts = ExpiryFacts("Empty", "consumer", NOW - RETENTION, old, None, frozenset({("payments", 0)}))
+    assert expired_offsets(facts, NOW, RETENTION) == sorted(old)
+    assert not group_expires(facts, sorted(old), NOW, RETENTION)
+
+
 def test_a_consumer_subscription_is_read_as_clients_write_it() -> None:
     metadata = ConsumerProtocolMemberMetadata(0, ["orders", "audit"], b"user").encode()
     assert consumer_subscribed_topics(metadata) == frozenset({"orders", "audit"})
@@ -74,8 +108,12 @@ def test_a_consumer_subscription_is_read_as_clients_write_it() -> None:
 class _Replicas:
     def __init__(self, part: Partition) -> None:
         self.partitions = {(OFFSETS_TOPIC, 0): part}
+        #: an error to refuse appends with, before they reach the log (as ReplicaManager's)
+        self.refuse: ErrorCode | None = None
 
     def append(self, topic: str, index: int, records: bytes) -> Any:
+        if self.refuse is not None:
+            return SimpleNamespace(error=self.refuse, base_offset=-1)
         info = self.partitions[(topic, index)].append(records)
         return SimpleNamespace(error=ErrorCode.NONE, base_offset=info.first_offset)
 
@@ -186,6 +224,244 @@ def test_a_commit_of_many_partitions_fits_a_small_offsets_segment(tmp_path: Path
         assert len(coordinator.groups["wide"].offsets) == 3000
         assert part.log.segment_count > 3
         await coordinator.stop()
+        part.close()
+
+    asyncio.run(run())
+
+
+# -- expiry and transactional offset commits, through the coordinator, the log and the cleaner ---
+
+
+def _offsets_partition(tmp_path: Path, followers: tuple[int, ...] = ()) -> Partition:
+    """A compacted ``__consumer_offsets``-0 led by broker 1; with ``followers``, a write is
+    committed only once :func:`_follow` says they have it."""
+    config = {"cleanup.policy": "compact", "segment.bytes": "4096", "delete.retention.ms": "0"}
+    part = Partition.open(tmp_path, OFFSETS_TOPIC, 0, uuid.uuid4(), config, 1)
+    replicas = (1, *followers)
+    part.become_leader(0, replicas, replicas, time.monotonic() * 1000)
+    return part
+
+
+def _follow(part: Partition) -> None:
+    """Every follower fetches the whole log: everything written so far is committed."""
+    for replica in part.isr:
+        if replica != 1:
+            part.record_follower_fetch(replica, part.log.log_end_offset, time.monotonic() * 1000)
+
+
+async def _until(done: Any, what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.001)
+
+
+async def _replicated(part: Partition, write: Any) -> Any:
+    """Run the coordinator write ``write`` (a coroutine) to its end on a partition whose
+    followers fetch only when told: once it has appended, they fetch."""
+    end = part.log.log_end_offset
+    task = asyncio.ensure_future(write)
+    await _until(lambda: task.done() or part.log.log_end_offset > end, "the write appended")
+    _follow(part)
+    return await task
+
+
+def _txn_commit(group: str, offset: int, producer_id: int) -> dict[str, Any]:
+    """A TxnOffsetCommit of ``group``'s orders-0 from outside the group protocol."""
+    return {
+        "group_id": group,
+        "producer_id": producer_id,
+        "producer_epoch": 0,
+        "topics": [{"name": "orders", "partitions": [{"partition_index": 0, "committed_offset": offset}]}],
+    }
+
+
+def _age_past_retention(coordinator: GroupCoordinator, group: str) -> None:
+    """As if ``group`` had been empty, and its offsets committed, ten retentions ago."""
+    g = coordinator.groups[group]
+    g.state_timestamp_ms -= 10 * RETENTION
+    for om in g.offsets.values():
+        om.commit_timestamp_ms -= 10 * RETENTION
+
+
+def _end_txn(coordinator: GroupCoordinator, part: Partition, producer_id: int, committed: bool) -> None:
+    """The transaction's marker, written and committed on the partition, as txn_markers does."""
+    part.append_marker(producer_id, 0, committed, 0)
+    _follow(part)
+    coordinator.on_txn_marker(0, producer_id, committed)
+
+
+def _orders_0(coordinator: GroupCoordinator, group: str) -> int | None:
+    error, found = coordinator.fetch_offsets(group, [("orders", [0])])
+    assert error is ErrorCode.NONE
+    om = found["orders"][0][1]
+    return None if om is None else om.offset
+
+
+async def _compact_and_reload(first: GroupCoordinator, part: Partition) -> GroupCoordinator:
+    """Roll past what was written (other records, so that it lies below the clean point), clean
+    the log twice (the second removes the tombstones: delete.retention.ms is 0), stop ``first``
+    and load a new coordinator from the cleaned log."""
+    for i in range(100):
+        key = gr.encode_key(gr.OffsetKey("filler", "filler", i))
+        part.append(build_batch([(key, gr.encode_value(gr.offset_value(i, -1, None, 0)))]))
+    _follow(part)
+    now_ms = int(time.time() * 1000)
+    assert clean_now(part.log, now_ms, stable_end=part.high_watermark, force=True) is not None
+    assert clean_now(part.log, now_ms + 1, stable_end=part.high_watermark, force=True) is not None
+    await first.stop()
+    second = _coordinator(part)
+    await _loaded(second)
+    return second
+
+
+def test_an_expired_offset_with_a_pending_transactional_commit_survives_expiry_compaction_and_reload(
+    tmp_path: Path,
+) -> None:
+    """An empty group's offset is past the retention when a transaction commits a new one for
+    it (TxnOffsetCommit, then its COMMIT marker); the expiry pass runs in between. The
+    transaction's offset is the committed one, in memory and once the cleaned log is reloaded.
+
+    Before the fix the pass tombstoned the offset and the group between the transactional
+    record and its marker; the group left memory, so the marker applied to nothing, and the
+    cleaner kept the tombstone over the transactional record, so a reload lost it too:
+    ``AssertionError: assert (None, None) == (42, 42)``."""
+
+    async def run() -> None:
+        part = _offsets_partition(tmp_path)
+        first = _coordinator(part)
+        await _loaded(first)
+        await _commit(first, "idle", "orders", 5)
+        _age_past_retention(first, "idle")
+        assert await first.commit_txn_offsets(_txn_commit("idle", 42, 7)) == {("orders", 0): ErrorCode.NONE}
+        await first.expire_offsets()
+        _end_txn(first, part, 7, committed=True)
+        in_memory = _orders_0(first, "idle") if "idle" in first.groups else None
+        second = await _compact_and_reload(first, part)
+        reloaded = _orders_0(second, "idle") if "idle" in second.groups else None
+        assert (in_memory, reloaded) == (42, 42)
+        await second.stop()
+        part.close()
+
+    asyncio.run(run())
+
+
+def test_a_transactional_commit_appended_but_not_yet_replicated_keeps_its_partition_from_expiring(
+    tmp_path: Path,
+) -> None:
+    """The reverse race: a TxnOffsetCommit's record is in the log, waiting for the follower,
+    when the expiry pass decides. The partition is already pending (as Kafka's
+    prepareTxnOffsetCommit makes it before the append), so no tombstone follows the record.
+
+    Registered only once the write was committed, the offset was not pending yet: the
+    tombstone landed after the transactional record, the group came back in memory with the
+    transaction's offset, and a reload of the cleaned log had none:
+    ``AssertionError: assert (42, None) == (42, 42)``."""
+
+    async def run() -> None:
+        part = _offsets_partition(tmp_path, followers=(2,))
+        first = _coordinator(part)
+        await _loaded(first)
+        await _replicated(part, _commit(first, "idle", "orders", 5))
+        _age_past_retention(first, "idle")
+        appended = part.log.log_end_offset
+        txn = asyncio.ensure_future(first.commit_txn_offsets(_txn_commit("idle", 42, 7)))
+        await _until(lambda: part.log.log_end_offset > appended, "the transactional record is in the log")
+        assert not txn.done(), "the follower has not fetched: the write waits to be committed"
+        in_log = part.log.log_end_offset
+        expiry = asyncio.ensure_future(first.expire_offsets())
+        await _until(lambda: expiry.done() or part.log.log_end_offset > in_log, "the expiry pass decided")
+        _follow(part)
+        assert await txn == {("orders", 0): ErrorCode.NONE}
+        await expiry
+        _end_txn(first, part, 7, committed=True)
+        in_memory = _orders_0(first, "idle") if "idle" in first.groups else None
+        second = await _compact_and_reload(first, part)
+        reloaded = _orders_0(second, "idle") if "idle" in second.groups else None
+        assert (in_memory, reloaded) == (42, 42)
+        await second.stop()
+        part.close()
+
+    asyncio.run(run())
+
+
+def test_an_aborted_transactional_commit_lets_the_expired_offset_go_on_the_next_pass(tmp_path: Path) -> None:
+    """The pending offset only defers the expiry: once its transaction aborts, the next pass
+    tombstones the old offset and the group, and the cleaned log loads without them."""
+
+    async def run() -> None:
+        part = _offsets_partition(tmp_path)
+        first = _coordinator(part)
+        await _loaded(first)
+        await _commit(first, "idle", "orders", 5)
+        _age_past_retention(first, "idle")
+        assert await first.commit_txn_offsets(_txn_commit("idle", 42, 7)) == {("orders", 0): ErrorCode.NONE}
+        assert await first.expire_offsets() == 0, "orders-0 is pending in a transaction"
+        assert _orders_0(first, "idle") == 5
+        _end_txn(first, part, 7, committed=False)
+        assert _orders_0(first, "idle") == 5, "the aborted offset is dropped"
+        assert await first.expire_offsets() == 1
+        assert "idle" not in first.groups
+        second = await _compact_and_reload(first, part)
+        assert "idle" not in second.groups, f"loaded groups {sorted(second.groups)}"
+        await second.stop()
+        part.close()
+
+    asyncio.run(run())
+
+
+def test_a_refused_transactional_commit_leaves_nothing_pending(tmp_path: Path) -> None:
+    """A TxnOffsetCommit is pending from its append on; one the partition refuses (a fenced
+    producer epoch) is undone, as nothing of it is in the log: no offset for a marker to apply,
+    none for the expiry to wait for, and no group created for it."""
+
+    async def run() -> None:
+        part = _offsets_partition(tmp_path)
+        first = _coordinator(part)
+        await _loaded(first)
+        await _commit(first, "idle", "orders", 5)
+        _age_past_retention(first, "idle")
+        first.broker.replicas.refuse = ErrorCode.INVALID_PRODUCER_EPOCH
+        fenced = {("orders", 0): ErrorCode.INVALID_PRODUCER_EPOCH}
+        assert await first.commit_txn_offsets(_txn_commit("idle", 42, 7)) == fenced
+        assert await first.commit_txn_offsets(_txn_commit("new", 1, 7)) == fenced
+        assert first.unstable_offsets("idle") == set()
+        assert "new" not in first.groups
+        first.broker.replicas.refuse = None
+        assert await first.expire_offsets() == 1
+        assert "idle" not in first.groups
+        await first.stop()
+        part.close()
+
+    asyncio.run(run())
+
+
+def test_a_timed_out_transactional_commit_stays_pending_and_its_marker_decides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TxnOffsetCommit whose record is in the log but not committed in time is answered
+    REQUEST_TIMED_OUT, yet the record stays: it stays pending, so the expiry leaves its
+    partition alone and its COMMIT marker applies it, in memory as a reload of the cleaned log
+    does (dropped from memory at the timeout, the marker applied nothing while a reload
+    applied it, and an expiry pass could tombstone it)."""
+    monkeypatch.setattr("sluice.broker.coordinator.WRITE_TIMEOUT_S", 0.05)
+
+    async def run() -> None:
+        part = _offsets_partition(tmp_path, followers=(2,))
+        first = _coordinator(part)
+        await _loaded(first)
+        await _replicated(part, _commit(first, "idle", "orders", 5))
+        _age_past_retention(first, "idle")
+        timed_out = {("orders", 0): ErrorCode.REQUEST_TIMED_OUT}
+        assert await first.commit_txn_offsets(_txn_commit("idle", 42, 7)) == timed_out
+        assert first.unstable_offsets("idle") == {("orders", 0)}
+        assert await first.expire_offsets() == 0
+        _follow(part)
+        _end_txn(first, part, 7, committed=True)
+        assert _orders_0(first, "idle") == 42
+        second = await _compact_and_reload(first, part)
+        assert _orders_0(second, "idle") == 42
+        await second.stop()
         part.close()
 
     asyncio.run(run())

@@ -398,7 +398,13 @@ class GroupCoordinator:
         """Write tombstones for the offsets that expired (broker/offset_expiry.py), and for the
         groups that go with them; returns how many offsets expired. A tombstone is written for
         one group at a time and takes effect in memory only once committed, and only for the
-        offsets not committed again meanwhile."""
+        offsets not committed again meanwhile.
+
+        A group's decision and the append of its tombstones are one step of the event loop
+        (``_write`` appends before its first await), and a TxnOffsetCommit makes its partitions
+        pending in that same step as it appends its record: so a tombstone never follows a
+        transactional record whose marker is still to come (the cleaner would keep the
+        tombstone over the transaction's offset)."""
         retention_ms = self.broker.config.offsets_retention_ms
         expired_total = 0
         for group in list(self.groups.values()):
@@ -429,6 +435,7 @@ class GroupCoordinator:
                 goes
                 and group.state is S.EMPTY
                 and not group.offsets
+                and not group.pending_txn_offsets  # a transaction committed to it meanwhile
                 and group.generation == generation
                 and self.groups.get(group.group_id) is group
             )
@@ -463,6 +470,7 @@ class GroupCoordinator:
             group.state_timestamp_ms,
             {tp: om.commit_timestamp_ms for tp, om in group.offsets.items()},
             subscribed,
+            frozenset(tp for pending in group.pending_txn_offsets.values() for tp in pending),
         )
 
     def _tick(self) -> None:
@@ -987,12 +995,24 @@ class GroupCoordinator:
             )
         if items:
             producer_id = int(req["producer_id"])
+            created = group_id not in self.groups
+            group = self.groups.setdefault(group_id, Group(group_id))
+            # Pending from the append on, not from its commit (Kafka's prepareTxnOffsetCommit):
+            # an expiry pass deciding while the record waits for the followers must skip these
+            # partitions, or its tombstone lands after the record and wins at compaction.
+            pending = group.pending_txn_offsets.setdefault(producer_id, {})
+            previous = {tp: pending.get(tp) for tp in values}
+            pending.update(values)
             write_error = await self._write(
                 group_id, items, producer_id=producer_id, producer_epoch=int(req["producer_epoch"])
             )
-            if write_error is ErrorCode.NONE:
-                group = self.groups.setdefault(group_id, Group(group_id))
-                group.pending_txn_offsets.setdefault(producer_id, {}).update(values)
+            if write_error not in (ErrorCode.NONE, ErrorCode.REQUEST_TIMED_OUT):
+                # Refused: nothing of it is in the log. Timed out, the record is in the log and
+                # stays pending: its marker decides, as a coordinator loading the log would.
+                _unprepare_txn_offsets(group, producer_id, values, previous)
+                unused = not (group.offsets or group.pending_txn_offsets or group.members)
+                if created and unused and self.groups.get(group_id) is group:
+                    del self.groups[group_id]  # created for this write alone
             for tp in values:
                 results[tp] = write_error
         return results
@@ -1164,6 +1184,30 @@ class GroupCoordinator:
             del self.groups[group_id]
             log.info("event=group_deleted group=%s", group_id)
         return write_error
+
+
+def _unprepare_txn_offsets(
+    group: Group,
+    producer_id: int,
+    values: dict[tuple[str, int], OffsetAndMetadata],
+    previous: dict[tuple[str, int], OffsetAndMetadata | None],
+) -> None:
+    """Undo a TxnOffsetCommit's pending ``values`` whose write was refused: each partition
+    gets back what was pending before it, unless it changed meanwhile (written again, or the
+    transaction's marker came)."""
+    pending = group.pending_txn_offsets.get(producer_id)
+    if pending is None:
+        return
+    for tp, om in values.items():
+        if pending.get(tp) is not om:
+            continue
+        before = previous[tp]
+        if before is None:
+            del pending[tp]
+        else:
+            pending[tp] = before
+    if not pending:
+        del group.pending_txn_offsets[producer_id]
 
 
 def _offset_from_record(value: bytes | None) -> OffsetAndMetadata | None:

@@ -9,6 +9,13 @@
   members subscribe to; an offset of a topic none subscribes to any more expires the retention
   after its commit.
 - Any other group (rebalancing, or a protocol whose subscriptions Sluice cannot read) keeps all.
+- Whatever the above, a partition with a **transactional commit awaiting its marker**
+  (TxnOffsetCommit written, COMMIT or ABORT not yet) keeps its offset, and a group with one is
+  not removed, as Kafka's OffsetMetadataManager.cleanupExpiredOffsets. A tombstone written
+  between the transactional record and its marker is the newest record of its key, so the
+  cleaner would keep it and drop the record the COMMIT marker makes the committed offset: a
+  coordinator loading the cleaned log would find no offset, and the consumers would reset. The
+  expiry waits for the next pass: after an ABORT the old offset expires then.
 
 The coordinator writes what expires as tombstones to ``__consumer_offsets``
 (``GroupCoordinator.expire_offsets``), so the log cleaner removes the history of dead groups
@@ -43,10 +50,17 @@ class ExpiryFacts:
     offsets: Mapping[tuple[str, int], int]
     #: the topics a stable consumer group's members subscribe to; None when not known
     subscribed: frozenset[str] | None
+    #: the partitions with a transactional offset commit awaiting its marker
+    pending_txn: frozenset[tuple[str, int]]
 
 
 def expired_offsets(group: ExpiryFacts, now_ms: int, retention_ms: int) -> list[tuple[str, int]]:
-    """The group's offsets that have expired at ``now_ms`` (sorted)."""
+    """The group's offsets that have expired at ``now_ms`` (sorted); never one of a partition
+    with a transactional commit pending."""
+    return [tp for tp in _expired(group, now_ms, retention_ms) if tp not in group.pending_txn]
+
+
+def _expired(group: ExpiryFacts, now_ms: int, retention_ms: int) -> list[tuple[str, int]]:
     if group.state == "Empty" and group.protocol_type:
         if group.state_timestamp_ms + retention_ms <= now_ms:
             return sorted(group.offsets)
@@ -68,10 +82,16 @@ def group_expires(
     group: ExpiryFacts, expired: Iterable[tuple[str, int]], now_ms: int, retention_ms: int
 ) -> bool:
     """Whether the group itself goes with ``expired``: it is empty, none of its offsets is left,
-    and it has been empty for the retention (a group that just became empty without offsets is
-    kept that long too, as its members may come back)."""
+    no transactional commit of it is pending (its marker would find no group to apply to), and
+    it has been empty for the retention (a group that just became empty without offsets is kept
+    that long too, as its members may come back)."""
     left = set(group.offsets) - set(expired)
-    return group.state == "Empty" and not left and group.state_timestamp_ms + retention_ms <= now_ms
+    return (
+        group.state == "Empty"
+        and not left
+        and not group.pending_txn
+        and group.state_timestamp_ms + retention_ms <= now_ms
+    )
 
 
 def consumer_subscribed_topics(metadata: bytes) -> frozenset[str] | None:
