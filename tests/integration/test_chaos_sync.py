@@ -4,8 +4,6 @@ targets equal the source (invariant I8)."""
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import os
 import subprocess
 import sys
@@ -14,14 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from sluice.chaos.sync_compare import (
-    ColumnKind,
-    TableSchema,
-    compare_table,
-    strip_nul_for_postgres,
-    target_value,
-    values_equal,
-)
 from sluice.chaos.sync_faults import SYNC_FAULT_KINDS, make_sync_schedule
 from sluice.chaos.sync_run import run_sync_chaos
 from sluice.chaos.sync_workload import STATEMENT_KINDS, VALUE_KINDS, SyncWorkload, parse_kinds
@@ -59,67 +49,6 @@ def test_statement_and_value_kinds_can_be_left_out() -> None:
         make_sync_schedule(1, 30, ("meteor",))
     plain = SyncWorkload(1, STATEMENT_KINDS, parse_kinds("-nul-text", VALUE_KINDS, "value kind"))
     assert not any("\\0" in sql for step in plain.first(2000) for sql in step.statements)
-
-
-ITEMS = TableSchema(
-    "items",
-    (
-        ("id", ColumnKind.INT), ("name", ColumnKind.TEXT), ("price", ColumnKind.DECIMAL),
-        ("ratio", ColumnKind.FLOAT), ("at", ColumnKind.DATETIME), ("tod", ColumnKind.TIME),
-        ("doc", ColumnKind.JSON), ("raw", ColumnKind.BINARY),
-    ),
-    ("id",),
-)  # fmt: skip
-
-
-def _source(i: int, **changes: object) -> dict[str, object]:
-    row: dict[str, object] = {
-        "id": i, "name": f"n{i}", "price": decimal.Decimal("12.500"), "ratio": 0.1 + i,
-        "at": dt.datetime(2024, 5, 6, 7, 8, 9, 120000), "tod": dt.timedelta(hours=30, minutes=5),
-        "doc": '{"a": [1, 2], "b": null}', "raw": b"\x00\xffabc",
-    }  # fmt: skip
-    row.update(changes)
-    return row
-
-
-def _target(i: int, **changes: object) -> dict[str, object]:
-    """The same row as a target holds it today: text stand-ins for decimals, dates and times."""
-    row: dict[str, object] = {
-        "id": str(i), "name": f"n{i}", "price": "12.5", "ratio": 0.1 + i, "at": "2024-05-06T07:08:09.120",
-        "tod": "1 day, 6:05:00", "doc": {"b": None, "a": [1, 2.0]}, "raw": memoryview(b"\x00\xffabc"),
-    }  # fmt: skip
-    row.update(changes)
-    return row
-
-
-def test_comparison_counts_missing_extra_and_different_rows() -> None:
-    source = [_source(i) for i in range(1, 7)]
-    target = [_target(i) for i in (1, 2, 3, 5)] + [_target(9)]  # 4 and 6 missing, 9 extra
-    target[1] = _target(2, price="12.51")  # different
-    target[2] = _target(3, raw="AP9hYmM=")  # base64 of the bytes: not the bytes
-    got = compare_table(ITEMS, source, target, "sqlite")
-    assert (got.compared, got.equal) == (6, 2)
-    assert got.missing == ['{"id": 4}', '{"id": 6}']
-    assert got.extra == ['{"id": 9}']
-    assert [(k, [c for c, _, _ in cols]) for k, cols in got.different] == [
-        ('{"id": 2}', ["price"]),
-        ('{"id": 3}', ["raw"]),
-    ]
-
-
-def test_value_normalisation_rules() -> None:
-    assert values_equal(ColumnKind.FLOAT, 0.1 + 0.2, target_value(ColumnKind.FLOAT, "0.30000000000000004"))
-    assert not values_equal(ColumnKind.FLOAT, 0.3, target_value(ColumnKind.FLOAT, 0.3001))
-    assert values_equal(ColumnKind.TIME, dt.timedelta(hours=2), target_value(ColumnKind.TIME, "02:00:00"))
-    assert values_equal(ColumnKind.DATE, dt.date(1000, 1, 1), target_value(ColumnKind.DATE, "1000-01-01"))
-    assert not values_equal(ColumnKind.INT, 1, target_value(ColumnKind.INT, "x"))
-    assert not values_equal(ColumnKind.JSON, {"a": True}, target_value(ColumnKind.JSON, '{"a": 1}'))
-    assert strip_nul_for_postgres("a\x00b") == "ab"
-    # A PostgreSQL target holds text without U+0000; SQLite keeps it.
-    nul = [{"id": 1, "name": "a\x00b"}]
-    schema = TableSchema("t", (("id", ColumnKind.INT), ("name", ColumnKind.TEXT)), ("id",))
-    assert compare_table(schema, nul, [{"id": 1, "name": "ab"}], "postgresql").equal == 1
-    assert compare_table(schema, nul, [{"id": 1, "name": "ab"}], "sqlite").equal == 0
 
 
 # --- runs ---------------------------------------------------------------------------------------
@@ -175,9 +104,9 @@ def test_the_random_workload_ends_unequal_with_shared_event_positions(
     with the fix on ends equal. Captured and applied in this process, without workers."""
     import pymysql
 
-    from sluice.chaos.sync_compare import compare_table
     from sluice.chaos.sync_run import source_rows, source_schema
     from sluice.chaos.sync_workload import TABLES, WorkloadRunner
+    from sluice.sync.compare import compare_table
     from sluice.sync.sources.mysql import MySqlCapture
     from sluice.sync.tasks import SourceSpec
     from sluice.test_switches import Switches
@@ -211,7 +140,7 @@ def test_the_random_workload_ends_unequal_with_shared_event_positions(
         got = apply_to(url, cluster.bootstrap, topic, db, list(TABLES), 1)
         return sum(
             len(c.missing) + len(c.extra) + len(c.different)
-            for c in (compare_table(s, source_rows(mariadb, db, s.name), got[s.name].values(), "sqlite")
+            for c in (compare_table(s, source_rows(mariadb, db, s), got[s.name].values(), "sqlite")
                       for s in source_schema(mariadb, db))
         )  # fmt: skip
 

@@ -124,7 +124,8 @@ def test_datetimes_in_every_precision_and_the_zero_date_by_policy() -> None:
     # fraction: fsp 1-2 one byte of hundredths, 3-4 two bytes of ten-thousandths, 5-6 three of us
     assert read(column(br.DATETIME2, fsp=1), raw + bytes([50])) == "2023-05-06T01:02:03.5"
     assert read(column(br.DATETIME2, fsp=3), raw + (1230).to_bytes(2, "big")) == "2023-05-06T01:02:03.123"
-    assert read(column(br.DATETIME2, fsp=6), raw + (999999).to_bytes(3, "big")) == "2023-05-06T01:02:03.999999"
+    micros = raw + (999999).to_bytes(3, "big")
+    assert read(column(br.DATETIME2, fsp=6), micros) == "2023-05-06T01:02:03.999999"
     assert read(column(br.DATETIME2, fsp=0), datetime2(9999, 12, 31, 23, 59, 59)) == "9999-12-31T23:59:59"
     zero = mv.ZeroDates("null")
     assert read(column(br.DATETIME2, "at", fsp=2), datetime2(0, 0, 0, 0, 0, 0) + b"\0", zero) is None
@@ -239,7 +240,7 @@ def test_only_partial_images_go_to_the_library_and_anything_unreadable_stops_wit
     with pytest.raises(br.RowDecodeError, match="column old has column type 14"):
         br.RowDecoder().decode_rows(unknown)
     old = FakeEvent([column(br.LONG, "id"), column(br.DATETIME, "at")], body)
-    with pytest.raises(br.RowDecodeError, match="before 5.6"):
+    with pytest.raises(br.RowDecodeError, match=r"before 5\.6"):
         br.RowDecoder().decode_rows(old)
     unnamed = FakeEvent([column(br.LONG, None), column(br.VARCHAR, "s", max_length=10)], body)
     with pytest.raises(br.RowDecodeError, match="binlog_row_metadata=FULL"):

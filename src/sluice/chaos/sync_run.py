@@ -37,13 +37,6 @@ from typing import Any
 import yaml
 
 from sluice.chaos.harness import CHROOT, DrillCluster
-from sluice.chaos.sync_compare import (
-    ColumnKind,
-    TableSchema,
-    TargetComparison,
-    column_kind,
-    compare_table,
-)
 from sluice.chaos.sync_faults import (
     WORKER_SESSION_S,
     Injected,
@@ -65,9 +58,10 @@ from sluice.clients import close_within
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.ops.ports import free_port
 from sluice.ops.postgres import LocalPostgres
-from sluice.sync.sources.mysql import BinlogPosition
+from sluice.sync.compare import TableSchema, TargetComparison, compare_table, table_schema
+from sluice.sync.sources.mysql import BinlogPosition, column_types
 from sluice.sync.targets import open_target
-from sluice.sync.tasks import TaskStore, parse_spec
+from sluice.sync.tasks import SourceSpec, TaskStore, parse_spec
 from sluice.sync.worker import RETRY_MAX_S
 
 log = logging.getLogger("sluice.chaos.sync")
@@ -156,34 +150,20 @@ def _master_position(db: LocalMariaDB) -> BinlogPosition:
 
 
 def source_schema(db: LocalMariaDB, database: str) -> list[TableSchema]:
-    """The captured tables' columns and kinds, from information_schema."""
-    cols = db.execute(
-        "SELECT TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
-        f"WHERE TABLE_SCHEMA = '{database}' ORDER BY TABLE_NAME, ORDINAL_POSITION"
-    )
-    checks = db.execute(
-        "SELECT TABLE_NAME, CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS "
-        f"WHERE CONSTRAINT_SCHEMA = '{database}'"
-    )
-    json_cols = {(str(t), str(c).split("`")[1]) for t, c in checks if "json_valid(" in str(c).lower()}
-    out = []
-    for table in TABLES:
-        columns = tuple(
-            (str(c), column_kind(str(d), json_checked=(table, str(c)) in json_cols))
-            for t, c, d in cols
-            if t == table
-        )
-        out.append(TableSchema(table, columns, KEYS[table]))
-    return out
+    """The captured tables' columns and their comparisons, from the source's column types."""
+    spec = SourceSpec(kind="mariadb", port=db.port, user="root", database=database)
+    types = column_types(spec, list(TABLES))
+    return [table_schema(table, types.get(table, {}), KEYS[table]) for table in TABLES]
 
 
-def source_rows(db: LocalMariaDB, database: str, table: str) -> list[dict[str, Any]]:
+def source_rows(db: LocalMariaDB, database: str, schema: TableSchema) -> list[dict[str, Any]]:
+    """Every row of a table as the database itself gives each value (sync/compare.py)."""
     import pymysql.cursors
 
     conn = _connect(db, database, cursorclass=pymysql.cursors.DictCursor)
     try:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT * FROM `{table}`")
+            cur.execute(schema.reference_select())
             return list(cur.fetchall())
     finally:
         conn.close()
@@ -523,7 +503,7 @@ class SeedRun:
 
     def _compare(self, tasks: list[_Task]) -> None:
         schemas = source_schema(self.mariadb, self.database)
-        source = {s.name: source_rows(self.mariadb, self.database, s.name) for s in schemas}
+        source = {s.name: source_rows(self.mariadb, self.database, s) for s in schemas}
         for task in tasks:
             label = f"{task.dialect} ({task.id})"
             try:
@@ -656,4 +636,4 @@ def run_sync_chaos(
     return reports
 
 
-__all__ = ["ColumnKind", "SeedReport", "run_sync_chaos", "verdict_line"]
+__all__ = ["SeedReport", "run_sync_chaos", "verdict_line"]

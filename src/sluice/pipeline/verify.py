@@ -3,10 +3,10 @@
 1. Plan key ranges on the source by keyset pagination (a boundary every `chunk_rows` keys, in
    the key's order; composite and text keys too).
 2. One Spark task per range reads the source's rows and the target's rows of that range and
-   compares a checksum of each side (values normalised as in chaos/sync_compare.py: the
-   target's encodings of decimals, dates, bytes and booleans, through the task's column
-   mapping); only a range whose checksums differ is compared row by row, and returns the keys
-   missing from the target, extra in it, and different.
+   compares a checksum of each side (the source's own answer for each value beside the
+   target's, normalised as sync/compare.py says, through the task's column mapping); only a
+   range whose checksums differ is compared row by row, and returns the keys missing from the
+   target, extra in it, and different.
 3. Both sides keep changing while this runs, so a difference is only a suspect: the source's
    binlog position is read after the suspects' rows are read again, the pipeline is waited on
    (bounded) until it has captured past that position and applied everything in the log (the
@@ -31,16 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.chaos.sync_compare import (
-    ColumnKind,
-    TableSchema,
-    column_kind,
-    compare_table,
-    source_value,
-    target_value,
-)
 from sluice.security.secrets import Secret
-from sluice.sync.sources.mysql import BinlogPosition, CaptureError, _connect, primary_keys
+from sluice.sync.compare import Check, TableSchema, compare_table, source_value, table_schema, target_value
+from sluice.sync.sources.mysql import BinlogPosition, CaptureError, _connect, column_types, primary_keys
 from sluice.sync.sources.mysql_snapshot import plan_ranges, range_condition
 from sluice.sync.sources.resnapshot import quote as mysql_quote
 from sluice.sync.targets.base import ColumnMapping, quote
@@ -98,28 +91,9 @@ class TableReport:
 
 
 def source_schema(spec: SourceSpec, table: str) -> TableSchema:
-    """The table's columns with their comparison kinds, and its primary key."""
+    """The table's columns with their comparisons (sync/compare.py), and its primary key."""
     keys = primary_keys(spec, [table])[table]
-    conn = _connect(spec)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
-                "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-                (spec.database, table),
-            )
-            columns = [(str(c), str(d)) for c, d in cur.fetchall()]
-            cur.execute(
-                "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = %s "
-                "AND TABLE_NAME = %s",
-                (spec.database, table),
-            )
-            checked = {str(c).lower() for (c,) in cur.fetchall()}
-    finally:
-        conn.close()
-    json_cols = {c for c, _ in columns if any(f"json_valid(`{c.lower()}`)" in k for k in checked)}
-    kinds = tuple((c, column_kind(d, json_checked=c in json_cols)) for c, d in columns)
-    return TableSchema(table, kinds, tuple(keys))
+    return table_schema(table, column_types(spec, [table]).get(table, {}), keys)
 
 
 def key_condition(cols: list[str], keys: list[tuple[Any, ...]], mark: str) -> tuple[str, list[Any]]:
@@ -135,7 +109,7 @@ def source_read(spec: SourceSpec, schema: TableSchema, cond: str, params: list[A
     conn = _connect(spec, cursorclass=pymysql.cursors.DictCursor)
     try:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT * FROM {mysql_quote(schema.name)} WHERE {cond}", params)
+            cur.execute(f"{schema.reference_select()} WHERE {cond}", params)
             return [dict(r) for r in cur.fetchall()]
     finally:
         conn.close()
@@ -200,7 +174,7 @@ class TargetSide:
         self.target.close()
 
 
-def _canonical(kind: ColumnKind, value: Any) -> Any:
+def _canonical(kind: Check, value: Any) -> Any:
     import decimal
 
     if isinstance(value, decimal.Decimal):
@@ -210,9 +184,7 @@ def _canonical(kind: ColumnKind, value: Any) -> Any:
     return repr(value)
 
 
-def checksum(
-    schema: TableSchema, rows: list[dict[str, Any]], normal: Callable[[ColumnKind, Any], Any]
-) -> str:
+def checksum(schema: TableSchema, rows: list[dict[str, Any]], normal: Callable[[Check, Any], Any]) -> str:
     """An order-independent digest of rows' normalised values."""
     digests = sorted(
         hashlib.sha1(

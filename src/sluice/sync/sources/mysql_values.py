@@ -154,13 +154,11 @@ def text_decoder(charset: str | None) -> Callable[[bytes], str] | None:
         return None
     if charset is None:
         return lambda b: b.decode("utf-8")
-    if charset.lower() in _LATIN1_NAMES:
-        return lambda b: b.decode("latin-1").translate(_LATIN1)
     from pymysql.charset import charset_by_name
 
     known = charset_by_name(charset)
-    encoding = known.encoding if known else charset
-    if encoding.lower() in _LATIN1_NAMES:
+    encoding = (known.encoding if known else charset).lower()
+    if encoding in _LATIN1_NAMES:
         return lambda b: b.decode("latin-1").translate(_LATIN1)
     import codecs
 
@@ -169,13 +167,15 @@ def text_decoder(charset: str | None) -> Callable[[bytes], str] | None:
 
 
 # --- the snapshot: the server's text protocol ---------------------------------------------------------
-def _snapshot_conversions() -> dict[int, Any]:
-    """PyMySQL converters for the snapshot's connections: numbers parsed, every other type kept
-    as the server's text (or bytes, for binary columns) for `row_converter` to finish."""
+def _snapshot_conversions() -> dict[Any, Any]:
+    """PyMySQL's conversions for the snapshot's connections (its encoders of parameters, and
+    decoders of results by field type): numbers parsed, every other type kept as the server's
+    text (or bytes, for binary columns) for `row_converter` to finish."""
     from pymysql.constants import FIELD_TYPE as F
+    from pymysql.converters import conversions
 
-    ints = (F.TINY, F.SHORT, F.LONG, F.INT24, F.LONGLONG, F.YEAR)
-    return {**dict.fromkeys(ints, int), F.FLOAT: float, F.DOUBLE: float}
+    text = (F.TIMESTAMP, F.DATETIME, F.TIME, F.DATE, F.DECIMAL, F.NEWDECIMAL)
+    return {**conversions, **{t: str for t in text}}
 
 
 SNAPSHOT_SESSION = "SET time_zone = '+00:00'"  # TIMESTAMPs in UTC, as the binlog holds them
