@@ -13,6 +13,7 @@ from typing import Any
 
 from sluice.ops import launcher
 from sluice.ops.launcher import BrokerProcess, LocalCluster
+from sluice.ops.zookeeper import LocalZooKeeper
 from sluice.security.client import ClientSecurity
 
 
@@ -35,11 +36,14 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interv
 
 
 class TestCluster:
+    """Brokers in a chroot of their own on the shared ZooKeeper, or (``zookeeper=None``) with a
+    standalone ZooKeeper of their own, for tests that take ZooKeeper away."""
+
     __test__ = False  # a harness, not a test class
 
     def __init__(
         self,
-        zookeeper: str,
+        zookeeper: str | None,
         directory: Path,
         brokers: int,
         session_timeout_s: float = 6.0,
@@ -51,7 +55,7 @@ class TestCluster:
         self.cluster: LocalCluster = launcher.cluster_up(
             directory,
             brokers,
-            f"{zookeeper}{self.chroot}",
+            None if zookeeper is None else f"{zookeeper}{self.chroot}",
             zk_session_timeout_s=session_timeout_s,
             broker_settings=broker_settings,
             security=security,
@@ -100,6 +104,28 @@ class TestCluster:
         # The dead broker's ephemeral znode lingers until its session expires; the restarted
         # broker waits it out.
         launcher.restart_broker(self.cluster, b)
+
+    def kill_zookeeper(self) -> None:
+        """SIGKILL the cluster's own ZooKeeper (a cluster made with ``zookeeper=None``)."""
+        c = self.cluster
+        assert c.own_zookeeper and not c.zookeeper_members, "only a cluster's own standalone ZooKeeper"
+        LocalZooKeeper(Path(c.directory) / "zookeeper", c.zookeeper_port).kill()
+
+    def wait_exits(self, broker_ids: list[int], timeout_s: float) -> dict[int, tuple[int, float]]:
+        """Wait up to ``timeout_s`` for these brokers (children of this process) to exit; for
+        each that did: its exit code (negative: the signal that ended it) and the seconds it took
+        from this call. Brokers still running are missing from the answer."""
+        started = time.monotonic()
+        pids = {self.broker(b).pid: b for b in broker_ids}
+        exits: dict[int, tuple[int, float]] = {}
+        while pids and time.monotonic() - started < timeout_s:
+            for pid, broker_id in list(pids.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    exits[broker_id] = (os.waitstatus_to_exitcode(status), time.monotonic() - started)
+                    del pids[pid]
+            time.sleep(0.02)
+        return exits
 
     def log_text(self, broker_id: int) -> str:
         return Path(self.broker(broker_id).log_file).read_text(errors="replace")

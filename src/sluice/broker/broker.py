@@ -3,7 +3,8 @@
 Start-up order: lock the data directory, reach ZooKeeper and refuse a duplicate broker id,
 recover every local log, load the cluster's metadata (the view: acting on it makes this broker
 leader or follower of its partitions), listen, register the ephemeral broker znode, then stand
-for controller. Shutdown closes logs cleanly so the next start skips recovery.
+for controller. Shutdown closes logs cleanly so the next start skips recovery, and ends within
+:func:`stop_bound_s` whatever ZooKeeper does.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Any
 from kazoo.exceptions import BadVersionError
 
 from sluice import metrics, test_switches
+from sluice.broker import log_cleaner
 from sluice.broker.admin import TopicAdmin
 from sluice.broker.authz import make_authorizer
-from sluice.broker.config import BrokerConfig
+from sluice.broker.config import CONTROLLED_SHUTDOWN_TIMEOUT_S, BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.dynamic_config import DynamicBrokerConfig
 from sluice.broker.fetch_sessions import FetchSessionCache
@@ -44,7 +46,7 @@ from sluice.cluster import layout
 from sluice.cluster.controller import Controller, LeaderBalance
 from sluice.cluster.health import OFFLINE, UNDER_REPLICATED, classify_partition
 from sluice.cluster.layout import BrokerRegistration, PartitionState, StateWrite
-from sluice.cluster.zkstore import BrokerIdInUseError, ZkStore
+from sluice.cluster.zkstore import ZOOKEEPER_UNREACHABLE, BrokerIdInUseError, ZkStore
 from sluice.storage.fsutil import atomic_write, fsync_dir
 
 log = logging.getLogger("sluice.broker")
@@ -56,6 +58,24 @@ LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_MARKER = ".sluice-clean-shutdown"
 #: ISR changes decided within this long are written together (one multi-op, one notice)
 ISR_BATCH_S = 0.05
+#: What a stop may take besides the controlled shutdown and ZooKeeper: letting cleans in progress
+#: stop (the log cleaner's STOP_WAIT_S at most), then closing connections and every log.
+STOP_SLACK_S = log_cleaner.STOP_WAIT_S + 5.0
+#: The session's close gets at least this long, even once the ZooKeeper budget is spent.
+ZOOKEEPER_CLOSE_MIN_S = 1.0
+
+
+def stop_bound_s(
+    zk_session_timeout_s: float, controlled_shutdown_timeout_s: float = CONTROLLED_SHUTDOWN_TIMEOUT_S
+) -> float:
+    """The longest a broker's stop takes, from SIGTERM to exit, whatever ZooKeeper does: the
+    controlled shutdown (attempted only while ZooKeeper answers, and over once it stops
+    answering), then the ZooKeeper session timeout for the rest of its ZooKeeper work (the
+    controller's resignation, closing the session), then STOP_SLACK_S. With the session already
+    disconnected when the stop begins (ZooKeeper gone), the session timeout plus STOP_SLACK_S:
+    21 s with the defaults, 36 s with ZooKeeper up. ``sluice broker stop`` and ``cluster down``
+    SIGKILL a broker only past it."""
+    return controlled_shutdown_timeout_s + zk_session_timeout_s + STOP_SLACK_S
 
 
 class DataDirInUseError(RuntimeError):
@@ -251,35 +271,54 @@ class Broker:
                 next_retention = now + c.retention_check_interval_ms / 1000.0
 
     async def _shutdown(self) -> None:
-        log.info("event=broker_stopping id=%d", self.config.broker_id)
+        """Stop within :func:`stop_bound_s`. Every ZooKeeper call here has a deadline, and none
+        is made while ZooKeeper is unreachable: kazoo holds a call until it reconnects, and it
+        retries forever (a controller's stop waited there for good, issue 32)."""
+        started = time.monotonic()
+        me = self.config.broker_id
+        log.info("event=broker_stopping id=%d", me)
+        self.metadata.stop()
         await self.replicas.fetchers.stop()
-        if self.store.connected and self._controlled_shutdown_enabled:
+        if not self.store.connected:
+            self._log_zookeeper_unreachable_at_stop(None)
+        elif self._controlled_shutdown_enabled:
             await self._controlled_shutdown()
         self.stopping = True
         await self.server.stop()
         await self.coordinator.stop()
         await self.cleaner.stop()
         await self.txn_coordinator.stop()
-        await asyncio.to_thread(self.controller.stop)
+        # The rest of the ZooKeeper work (resigning, closing the session) shares one deadline.
+        zookeeper_deadline = time.monotonic() + self.config.zk_session_timeout_s
+        await asyncio.to_thread(self.controller.stop, zookeeper_deadline - time.monotonic())
         if self.replicas.close_all():
             # Every log is flushed and closed: the next start may trust them without recovery.
             atomic_write(self.config.data_dir / CLEAN_SHUTDOWN_MARKER, b"", durable=True)
-        await asyncio.to_thread(self.store.stop)
+        close_s = max(ZOOKEEPER_CLOSE_MIN_S, zookeeper_deadline - time.monotonic())
+        if not await asyncio.to_thread(self.store.stop, close_s):
+            log.warning(
+                "event=zookeeper_close_timed_out id=%d waited_s=%.1f action=%r",
+                me, close_s, "exiting; the session expires on ZooKeeper's side",
+            )  # fmt: skip
         if self._lock_fd is not None:
             os.close(self._lock_fd)
-        log.info("event=broker_stopped id=%d", self.config.broker_id)
+        log.info("event=broker_stopped id=%d took_ms=%d", me, (time.monotonic() - started) * 1000)
 
     async def _controlled_shutdown(self) -> None:
         """Ask the controller to move leadership off this broker, and wait until it has (or
         until nothing more can move: a partition whose only in-sync replica is here stays)."""
         started = time.monotonic()
-        try:
-            await asyncio.to_thread(self.store.request_controlled_shutdown, self.config.broker_id)
-        except Exception as exc:
-            log.warning("event=controlled_shutdown_unavailable error=%r", exc)
-            return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.controlled_shutdown_timeout_s
+        timeout_s = self.config.controlled_shutdown_timeout_s
+        deadline = loop.time() + timeout_s
+        try:
+            await asyncio.to_thread(self.store.request_controlled_shutdown, self.config.broker_id, timeout_s)
+        except ZOOKEEPER_UNREACHABLE as exc:  # it went away as the stop began
+            self._log_zookeeper_unreachable_at_stop(exc)
+            return
+        except Exception as exc:
+            log.warning("event=controlled_shutdown_unavailable id=%d error=%r", self.config.broker_id, exc)
+            return
         live = set(self.metadata.brokers())
 
         def movable() -> list[str]:
@@ -289,17 +328,32 @@ class Broker:
                 if any(r != self.config.broker_id and r in live for r in p.isr)
             ]
 
-        while movable() and loop.time() < deadline:
+        # Without ZooKeeper this broker cannot see leadership move: waiting on would only
+        # spend the timeout.
+        while movable() and loop.time() < deadline and self.store.connected:
             await asyncio.sleep(0.05)
         left = movable()
         stuck = [p.name for p in self.replicas.leader_partitions() if p.name not in left]
         log.info(
-            "event=controlled_shutdown_done id=%d took_ms=%d still_leading=%s single_replica=%s",
+            "event=controlled_shutdown_done id=%d took_ms=%d still_leading=%s single_replica=%s "
+            "zookeeper_connected=%s",
             self.config.broker_id,
             (time.monotonic() - started) * 1000,
             left,
             stuck,
+            self.store.connected,
         )
+
+    def _log_zookeeper_unreachable_at_stop(self, error: Exception | None) -> None:
+        """The one line for a stop without ZooKeeper (found disconnected, or its controlled-
+        shutdown request failed): an expected case, never a traceback."""
+        log.warning(
+            "event=zookeeper_unreachable_at_stop id=%d zookeeper=%s error=%r session_timeout_s=%.1f "
+            "action=%r",
+            self.config.broker_id, self.store.address, error, self.config.zk_session_timeout_s,
+            "no controlled shutdown; this broker's znodes go when its session expires, and the other "
+            "brokers then elect leaders for its partitions; closing the logs",
+        )  # fmt: skip
 
     # -- start-up checks -------------------------------------------------------------------------
 
@@ -497,6 +551,9 @@ class Broker:
                         "event=isr_changed partition=%s isr=%s->%s leader_epoch=%d reason=%r",
                         part.name, list(old), list(new_isr), write.state.leader_epoch, reason,
                     )  # fmt: skip
+        except ZOOKEEPER_UNREACHABLE as exc:
+            # Nothing written is applied: the leader decides again at its next ISR check.
+            log.warning("event=isr_write_failed partitions=%d error=%r", len(batch), exc)
         except Exception:
             log.exception("event=isr_write_failed partitions=%d", len(batch))
         finally:
@@ -599,7 +656,7 @@ class Broker:
         # A lost session drops our ephemeral znode; when it comes back, register again.
         from kazoo.protocol.states import KazooState
 
-        if state == KazooState.LOST:
+        if state == KazooState.LOST and not self.stopping:  # at stop, the session is closed on purpose
             log.warning("event=zookeeper_session_lost id=%d", self.config.broker_id)
         elif state == KazooState.CONNECTED and self._loop is not None and not self.stopping:
             self._loop.call_soon_threadsafe(lambda: self.spawn(self._reregister()))

@@ -42,6 +42,8 @@ FETCH_MAX_BYTES = 55 * 1024 * 1024
 #: 1,000,000 commits) but also bounds one group record (its members and assignments): 1 MiB
 #: keeps Kafka's max.message.bytes as that ceiling. Coordinator writes are cut to fit it.
 OFFSETS_TOPIC_SEGMENT_BYTES = 1024 * 1024
+#: How long a stopping broker waits for the controller to move leadership off it.
+CONTROLLED_SHUTDOWN_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,7 @@ class BrokerConfig:
     isr_check_interval_ms: int = 500
     #: On SIGTERM, move leadership to other in-sync replicas before stopping.
     controlled_shutdown: bool = True
-    controlled_shutdown_timeout_s: float = 15.0
+    controlled_shutdown_timeout_s: float = CONTROLLED_SHUTDOWN_TIMEOUT_S
     flush_check_interval_ms: int = 1000
     #: How often changed high watermarks are checkpointed (Kafka's default too).
     hw_checkpoint_interval_ms: int = 5000

@@ -31,15 +31,20 @@ class PeerConnection:
         self._correlation = 0
 
     async def connect(self, timeout_s: float = 5.0) -> None:
-        """Connect (TLS and SASL too, on a secured inter-broker listener)."""
+        """Connect (TLS and SASL too, on a secured inter-broker listener). A peer that refuses or
+        does not answer (it is stopping, or stopped) is a PeerConnectionError, as a request's
+        failure is: the caller's ordinary one-line case, not a traceback."""
         context = self.security.ssl_context()
-        self._reader, self._writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                self.host, self.port, limit=8 * 1024 * 1024, ssl=context,
-                server_hostname=self.host if context is not None else None,
-            ),
-            timeout_s,
-        )  # fmt: skip
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    self.host, self.port, limit=8 * 1024 * 1024, ssl=context,
+                    server_hostname=self.host if context is not None else None,
+                ),
+                timeout_s,
+            )  # fmt: skip
+        except (OSError, TimeoutError) as exc:
+            raise PeerConnectionError(f"{self.host}:{self.port}: {exc!r}") from exc
         if self.security.sasl:
             try:
                 await authenticate_async(self.security, lambda k, v, b: self._exchange(k, v, b, timeout_s))

@@ -47,7 +47,7 @@ from sluice.cluster.election import initial_partition_state, next_partition_stat
 from sluice.cluster.layout import PartitionState, StateWrite, TopicAssignment
 from sluice.cluster.state_machine import check_partition_transition, partition_phase
 from sluice.cluster.view import ClusterView
-from sluice.cluster.zkstore import ControllerDeposedError, FencedOp, ZkStore
+from sluice.cluster.zkstore import ZOOKEEPER_UNREACHABLE, ControllerDeposedError, FencedOp, ZkStore
 
 log = logging.getLogger("sluice.controller")
 
@@ -146,13 +146,22 @@ class Controller:
             self._view_started = True
             self.view.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the controller's thread and resign, within ``timeout_s`` whatever ZooKeeper does.
+
+        While ZooKeeper answers, the thread finishes its pass and ``/controller`` is deleted (the
+        brokers elect the next controller at once). While it does not, neither is waited for:
+        the thread, blocked in a call, is released by the session's close, and ``/controller``,
+        ephemeral, goes with the session (kazoo would hold the delete until it reconnects, and
+        it retries forever: a controller's stop waited there for good)."""
+        deadline = time.monotonic() + timeout_s
         self._stopped.set()
         self._post("stop")
-        if self._thread.ident is not None:  # a broker that failed to start never started it
-            self._thread.join(timeout=5)
+        # (a broker that failed to start never started the thread)
+        if self._thread.ident is not None and self.store.connected:
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.term is not None:
-            self._resign("broker stopping")
+            self._resign("broker stopping", timeout_s=max(0.0, deadline - time.monotonic()))
         self._fail_admin_jobs("the broker is stopping")
 
     def run_admin(self, job: Callable[[Controller, ControllerTerm], Any]) -> Future[Any]:
@@ -181,6 +190,13 @@ class Controller:
             except ControllerDeposedError as exc:
                 future.set_exception(NotControllerError(str(exc)))
                 self._resign(str(exc))
+            except ZOOKEEPER_UNREACHABLE as exc:
+                log.warning(
+                    "event=controller_admin_request_failed broker=%d error=%r reason=zookeeper_unreachable",
+                    self.broker_id,
+                    exc,
+                )
+                future.set_exception(exc)
             except Exception as exc:
                 log.exception("event=controller_admin_request_failed broker=%d", self.broker_id)
                 future.set_exception(exc)
@@ -255,6 +271,18 @@ class Controller:
             self._handle(event)
         except ControllerDeposedError as exc:
             self._resign(str(exc))
+        except ZOOKEEPER_UNREACHABLE as exc:
+            # ZooKeeper went away with a call in flight (its outcome unknown): the next pass once
+            # the session is back decides again from what ZooKeeper holds. At stop, the session's
+            # close ends the call on purpose.
+            if not self._stopped.is_set():
+                log.warning(
+                    "event=controller_zookeeper_unreachable broker=%d event=%s error=%r "
+                    "action='deciding again once ZooKeeper answers'",
+                    self.broker_id,
+                    event,
+                    exc,
+                )
         except Exception:
             log.exception("event=controller_error broker=%d event=%s", self.broker_id, event)
 
@@ -299,15 +327,24 @@ class Controller:
         self.view.catch_up()
         log.info("event=controller_elected broker=%d epoch=%d", self.broker_id, self.term.epoch)
 
-    def _resign(self, why: str) -> None:
+    def _resign(self, why: str, *, timeout_s: float | None = None) -> None:
+        """Stop acting as controller and delete ``/controller`` (``timeout_s``: wait at most that
+        long for ZooKeeper). At stop, with ZooKeeper unreachable, the znode is left to the
+        session: a delete would wait for a reconnection (the broker logs
+        ``zookeeper_unreachable_at_stop``). Otherwise it waits: a controller that resigned
+        but still held ``/controller`` would keep every broker from taking its place."""
         if self.term is None:
             return
+        left_to_session = self._stopped.is_set() and not self.store.connected
         log.info(
-            "event=controller_resigned broker=%d epoch=%d reason=%r", self.broker_id, self.term.epoch, why
-        )
+            "event=controller_resigned broker=%d epoch=%d reason=%r%s",
+            self.broker_id, self.term.epoch, why, " znode=left_to_session" if left_to_session else "",
+        )  # fmt: skip
         self.term = None
+        if left_to_session:
+            return
         try:
-            self.store.release_controller(self.broker_id)
+            self.store.release_controller(self.broker_id, timeout_s=timeout_s)
         except Exception as exc:
             log.warning("event=controller_release_failed broker=%d error=%r", self.broker_id, exc)
 

@@ -296,7 +296,8 @@ class ClusterView:
                 level = logging.WARNING if repaired else logging.DEBUG
                 log.log(level, "event=view_verified repaired=%d took_ms=%d", repaired, took_ms)
             except Exception as exc:
-                log.warning("event=view_verify_failed error=%r", exc)
+                if not self._stopped.is_set():  # at stop, the session's close ends the reads
+                    log.warning("event=view_verify_failed error=%r", exc)
 
     def _on_session_state(self, state: KazooState) -> None:
         if state == KazooState.LOST:

@@ -6,6 +6,7 @@ state on behalf of the controller go through :meth:`ZkStore.commit_fenced`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -16,7 +17,15 @@ from typing import Any
 
 import orjson
 from kazoo.client import KazooClient, TransactionRequest
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
 from kazoo.security import ACL, make_acl, make_digest_acl
 
@@ -36,6 +45,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHROOT = "/sluice"
 PRODUCER_ID_BLOCK_SIZE = 1000
+
+#: What a call raises when ZooKeeper does not answer: the connection dropped with the call in
+#: flight (its outcome unknown), the session expired or was closed (ConnectionClosedError is a
+#: SessionExpiredError), or a bounded wait ran out. Expected whenever ZooKeeper goes away, so a
+#: caller logs one line for it, never a traceback.
+ZOOKEEPER_UNREACHABLE: tuple[type[Exception], ...] = (ConnectionLoss, SessionExpiredError, KazooTimeoutError)
 
 
 #: Znodes no one but Sluice's own processes may read, once ACLs are on: SCRAM credentials,
@@ -467,11 +482,31 @@ class ZkStore:
         for path in layout.PERSISTENT_PATHS:
             self.client.ensure_path(path)
 
-    def stop(self) -> None:
-        try:
-            self.client.stop()
-        finally:
-            self.client.close()
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Close the session (its ephemeral znodes go at once while ZooKeeper answers). With
+        ``timeout_s``, wait at most that long, and return whether the close finished: kazoo's
+        stop waits for its connection thread, which may be in a connection attempt to a server
+        that does not answer. Its threads are daemons, so a close left running never keeps the
+        process. Calls still waiting on ZooKeeper end (ConnectionLoss) once the close is done."""
+        if timeout_s is None:
+            try:
+                self.client.stop()
+            finally:
+                self.client.close()
+            return True
+        finished = threading.Event()
+
+        def close() -> None:
+            try:
+                self.client.stop()
+                self.client.close()
+            except Exception as exc:  # the session is gone either way: this process is leaving
+                log.warning("event=zookeeper_close_failed error=%r", exc)
+            finally:
+                finished.set()
+
+        threading.Thread(target=close, name="zookeeper-close", daemon=True).start()
+        return finished.wait(timeout_s)
 
     @property
     def session_id(self) -> int:
@@ -522,11 +557,13 @@ class ZkStore:
             return False
         return True
 
-    def request_controlled_shutdown(self, broker_id: int) -> None:
+    def request_controlled_shutdown(self, broker_id: int, timeout_s: float | None = None) -> None:
         """Ask the controller to move leadership off this broker (an ephemeral znode: the
-        request ends with the broker's session)."""
+        request ends with the broker's session). With ``timeout_s``, KazooTimeoutError when
+        ZooKeeper has not answered by then (kazoo holds a call while it reconnects, forever)."""
+        path = f"{layout.CONTROLLED_SHUTDOWN}/{broker_id}"
         try:
-            self.client.create(f"{layout.CONTROLLED_SHUTDOWN}/{broker_id}", b"", ephemeral=True)
+            self.client.create_async(path, b"", ephemeral=True).get(timeout=timeout_s)
         except NodeExistsError:
             pass
 
@@ -579,12 +616,18 @@ class ZkStore:
             return False
         return True
 
-    def release_controller(self, broker_id: int) -> bool:
+    def release_controller(self, broker_id: int, timeout_s: float | None = None) -> bool:
         """Delete ``/controller`` only while this session holds it (checked by the znode's owner
         and version in one conditional delete): a resigning controller never deletes the znode
-        of the controller that replaced it."""
+        of the controller that replaced it. With ``timeout_s``, KazooTimeoutError when
+        ZooKeeper has not answered both calls by then."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         try:
-            data, stat = self.client.get(layout.CONTROLLER)
+            data, stat = self.client.get_async(layout.CONTROLLER).get(timeout=left())
         except NoNodeError:
             return False
         try:
@@ -594,7 +637,7 @@ class ZkStore:
         if holder != broker_id or stat.ephemeralOwner != self.session_id:
             return False
         try:
-            self.client.delete(layout.CONTROLLER, version=stat.version)
+            self.client.delete_async(layout.CONTROLLER, version=stat.version).get(timeout=left())
         except (NoNodeError, BadVersionError):
             return False
         return True

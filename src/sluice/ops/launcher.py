@@ -696,18 +696,27 @@ def wait_controller(cluster: LocalCluster, timeout_s: float = 30.0) -> int:
     raise TimeoutError("no controller was elected")
 
 
-def stop_pid(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> bool:
-    """Signal a process and wait for it to go; SIGKILL after the timeout. True if it was running."""
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """How :func:`stop_process` ended: whether the process was running, and whether it had to be
+    killed (SIGKILL) because it was still running at the timeout."""
+
+    was_running: bool
+    killed: bool = False
+
+
+def stop_process(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> Stopped:
+    """Signal a process and wait for it to go; SIGKILL after the timeout."""
     if not pid_alive(pid):
-        return False
+        return Stopped(False)
     try:
         os.kill(pid, sig)
     except ProcessLookupError:
-        return False
+        return Stopped(False)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not pid_alive(pid):
-            return True
+            return Stopped(True)
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
@@ -716,8 +725,21 @@ def stop_pid(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> bo
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
-    return True
+        return Stopped(True)
+    return Stopped(True, killed=True)
+
+
+def stop_pid(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> bool:
+    """:func:`stop_process`; True if the process was running."""
+    return stop_process(pid, timeout_s, sig).was_running
+
+
+def broker_stop_bound_s(cluster: LocalCluster) -> float:
+    """How long a broker of ``cluster`` may take to stop after SIGTERM, whatever ZooKeeper does
+    (``sluice.broker.broker.stop_bound_s``); past it, `broker stop` and `cluster down` kill it."""
+    from sluice.broker.broker import stop_bound_s
+
+    return stop_bound_s(cluster.zk_session_timeout_s)
 
 
 def cluster_down(directory: Path) -> list[str]:
@@ -729,13 +751,20 @@ def cluster_down(directory: Path) -> list[str]:
     for w in cluster.workers:
         if stop_pid(w.pid):
             stopped.append(f"worker {w.name} (pid {w.pid})")
-    for b in cluster.brokers:
+    bound_s = broker_stop_bound_s(cluster)
+    for b in cluster.brokers:  # one at a time: each one's controlled shutdown moves leadership
         if pid_alive(b.pid):
             try:
                 os.kill(b.pid, signal.SIGCONT)  # a paused broker cannot stop
             except ProcessLookupError:
                 pass
-        if stop_pid(b.pid):
+        outcome = stop_process(b.pid, timeout_s=bound_s)
+        if outcome.killed:
+            stopped.append(
+                f"broker {b.broker_id} (pid {b.pid}, killed: still running {bound_s:.0f} s after SIGTERM, "
+                f"its stop bound; its logs are recovered at its next start; see {b.log_file})"
+            )
+        elif outcome.was_running:
             stopped.append(f"broker {b.broker_id} (pid {b.pid})")
     if cluster.own_zookeeper and cluster.zookeeper_members:
         for m in cluster.zookeeper_members:

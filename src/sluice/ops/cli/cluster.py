@@ -293,7 +293,13 @@ def broker_properties(
 def broker_stop(
     broker_id: Annotated[int, typer.Argument(help="Broker id")],
     directory: ClusterDir = launcher.DEFAULT_DIR,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to exit")] = 60.0,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds to wait for the broker to exit before killing it (default: its stop bound, "
+            "the controlled-shutdown timeout + the ZooKeeper session timeout + 15 s)"
+        ),
+    ] = None,
 ) -> None:
     """Controlled shutdown: leadership moves to other in-sync replicas, then the broker exits."""
     try:
@@ -303,8 +309,14 @@ def broker_stop(
         raise fail(str(exc)) from None
     if not launcher.pid_alive(b.pid):
         raise fail(f"broker {broker_id} (pid {b.pid}) is not running")
+    timeout_s = launcher.broker_stop_bound_s(cluster) if timeout is None else timeout
     started = time.monotonic()
-    launcher.stop_pid(b.pid, timeout_s=timeout)
+    if launcher.stop_process(b.pid, timeout_s=timeout_s).killed:
+        raise fail(
+            f"broker {broker_id} (pid {b.pid}) was still running {timeout_s:.0f} s after SIGTERM and was "
+            f"killed (SIGKILL): its logs are recovered at its next start; see {b.log_file} for why it "
+            "did not stop"
+        )
     err.print(f"broker {broker_id} stopped in {time.monotonic() - started:.1f} s (controlled shutdown)")
 
 
