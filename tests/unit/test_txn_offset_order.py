@@ -90,18 +90,28 @@ def test_a_tombstone_older_than_the_committed_offset_leaves_it() -> None:
 Scenario = Callable[[GroupCoordinator, Partition], Awaitable[None]]
 
 
-def _answers(tmp_path: Path, scenario: Scenario, cleaned: bool) -> tuple[int | None, int | None]:
-    """Group g's committed offset of orders-0 after ``scenario``: from the coordinator's memory,
-    then from a new coordinator loading the log (``cleaned``: once the cleaner compacted it)."""
+def _offset_of_g(c: GroupCoordinator) -> int | None:
+    return orders_0(c, "g")
 
-    async def run() -> tuple[int | None, int | None]:
+
+def _answers(
+    tmp_path: Path,
+    scenario: Scenario,
+    cleaned: bool,
+    ask: Callable[[GroupCoordinator], object] = _offset_of_g,
+) -> tuple[object, object]:
+    """What ``ask`` finds after ``scenario`` (by default, group g's committed offset of
+    orders-0): in the coordinator's memory, then in a new coordinator loading the log
+    (``cleaned``: once the cleaner compacted it)."""
+
+    async def run() -> tuple[object, object]:
         part = offsets_partition(tmp_path)
         first = new_coordinator(part)
         await loaded(first)
         await scenario(first, part)
-        in_memory = orders_0(first, "g")
+        in_memory = ask(first)
         second = await (compact_and_reload(first, part) if cleaned else reload(first, part))
-        reloaded = orders_0(second, "g")
+        reloaded = ask(second)
         await second.stop()
         part.close()
         return in_memory, reloaded
@@ -186,3 +196,27 @@ def test_of_two_transactions_committing_one_partition_the_later_written_wins_wha
         end_txn(c, part, 7, committed=True)
 
     assert _answers(tmp_path, scenario, cleaned) == (43, 43)
+
+
+@cleaned_or_not
+def test_a_group_deleted_while_a_transaction_commits_an_offset_of_it_stays_deleted(
+    tmp_path: Path, cleaned: bool
+) -> None:
+    """OffsetCommit audit-0 5, TxnOffsetCommit orders-0 42, DeleteGroups, COMMIT: the group and
+    its offsets are gone, the transaction's too (Kafka's deleteAllOffsets writes a tombstone
+    for each partition a pending transaction wrote as well). Kafka 4.1.1 answers so, before and
+    after a restart: no group listed, no offset. Before, the tombstones covered the committed
+    offsets only: the group left memory, and a load applied the transaction's offset at its
+    marker and brought the group back: ``assert ((False, None), (True, 42)) == ((False, None),
+    (False, None))`` (log and cleaned-log)."""
+
+    async def scenario(c: GroupCoordinator, part: Partition) -> None:
+        await commit(c, "g", "audit", 5)
+        await _txn(c, 42, producer_id=7)
+        assert await c.delete_group("g") is ErrorCode.NONE
+        end_txn(c, part, 7, committed=True)
+
+    def group_and_offset(c: GroupCoordinator) -> tuple[bool, int | None]:
+        return "g" in c.groups, orders_0(c, "g")
+
+    assert _answers(tmp_path, scenario, cleaned, group_and_offset) == ((False, None), (False, None))

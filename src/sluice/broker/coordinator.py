@@ -1209,8 +1209,12 @@ class GroupCoordinator:
             return ErrorCode.GROUP_ID_NOT_FOUND
         if group.state is not S.EMPTY:
             return ErrorCode.NON_EMPTY_GROUP
+        # A tombstone for each partition a pending transaction wrote too (Kafka's
+        # deleteAllOffsets): the group leaves memory, so its marker applies nothing here, and a
+        # coordinator loading the log must not apply it either and bring the group back.
+        pending = (tp for offsets in group.pending_txn_offsets.values() for tp in offsets)
         items: list[tuple[gr.Key, dict[str, Any] | None]] = [
-            (gr.OffsetKey(group_id, t, p), None) for (t, p) in group.offsets
+            (gr.OffsetKey(group_id, t, p), None) for (t, p) in dict.fromkeys([*group.offsets, *pending])
         ]
         items.append((gr.GroupKey(group_id), None))
         write_error = await self._write(group_id, items)
