@@ -8,13 +8,10 @@ import asyncio
 import time
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
-from sluice.broker import group_records as gr
 from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.group_placement import OFFSETS_TOPIC
 from sluice.broker.offset_expiry import (
@@ -25,11 +22,24 @@ from sluice.broker.offset_expiry import (
 )
 from sluice.broker.partition import Partition
 from sluice.protocol.errors import ErrorCode
-from sluice.protocol.records import build_batch
+from tests.unit._offsets_log import (
+    RETENTION_MS,
+    commit,
+    compact_and_reload,
+    end_txn,
+    follow,
+    loaded,
+    new_coordinator,
+    offsets_partition,
+    orders_0,
+    replicated,
+    txn_commit,
+    until,
+)
 from tests.unit._storage_helpers import clean_now
 
 NOW = 10_000_000
-RETENTION = 1_000
+RETENTION = RETENTION_MS
 OFFSETS = {("orders", 0): NOW - 5_000, ("orders", 1): NOW - 10, ("audit", 0): NOW - 5_000}
 
 
@@ -105,48 +115,6 @@ def test_a_consumer_subscription_is_read_as_clients_write_it() -> None:
     assert consumer_subscribed_topics(b"") is None
 
 
-class _Replicas:
-    def __init__(self, part: Partition) -> None:
-        self.partitions = {(OFFSETS_TOPIC, 0): part}
-        #: an error to refuse appends with, before they reach the log (as ReplicaManager's)
-        self.refuse: ErrorCode | None = None
-
-    def append(self, topic: str, index: int, records: bytes) -> Any:
-        if self.refuse is not None:
-            return SimpleNamespace(error=self.refuse, base_offset=-1)
-        info = self.partitions[(topic, index)].append(records)
-        return SimpleNamespace(error=ErrorCode.NONE, base_offset=info.first_offset)
-
-
-def _coordinator(part: Partition) -> GroupCoordinator:
-    broker = SimpleNamespace(
-        config=SimpleNamespace(
-            offsets_topic_partitions=1,
-            group_initial_rebalance_delay_ms=0,
-            offsets_retention_ms=RETENTION,
-            offsets_retention_check_interval_ms=60_000,
-        ),
-        replicas=_Replicas(part),
-    )
-    return GroupCoordinator(broker)  # type: ignore[arg-type]
-
-
-async def _loaded(coordinator: GroupCoordinator) -> None:
-    coordinator.on_became_leader(0)
-    deadline = time.monotonic() + 5
-    while coordinator.check("g") is not ErrorCode.NONE:
-        assert time.monotonic() < deadline, "the coordinator did not load"
-        await asyncio.sleep(0.01)
-
-
-async def _commit(coordinator: GroupCoordinator, group: str, topic: str, offset: int) -> None:
-    req = {
-        "group_id": group,
-        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": offset}]}],
-    }
-    assert set((await coordinator.commit_offsets(req)).values()) == {ErrorCode.NONE}
-
-
 def test_deleted_and_expired_groups_leave_the_offsets_log_and_a_new_coordinator_loads_only_live_ones(
     tmp_path: Path,
 ) -> None:
@@ -159,28 +127,28 @@ def test_deleted_and_expired_groups_leave_the_offsets_log_and_a_new_coordinator_
         config = {"cleanup.policy": "compact", "segment.bytes": "4096", "delete.retention.ms": "0"}
         part = Partition.open(tmp_path, OFFSETS_TOPIC, 0, uuid.uuid4(), config, 1)
         part.become_leader(0, (1,), (1,), time.monotonic() * 1000)
-        first = _coordinator(part)
-        await _loaded(first)
+        first = new_coordinator(part)
+        await loaded(first)
         for i in range(300):
             for group in ("live", "gone", "idle"):
-                await _commit(first, group, "orders", i)
+                await commit(first, group, "orders", i)
         assert await first.delete_group("gone") is ErrorCode.NONE
         # Only "idle" is past the retention: expire as if its commits were old, then commit "live".
         first.groups["idle"].offsets[("orders", 0)].commit_timestamp_ms -= 10 * RETENTION
         first.groups["idle"].state_timestamp_ms -= 10 * RETENTION
         assert await first.expire_offsets() == 1
         assert sorted(first.groups) == ["live"]
-        await _commit(first, "live", "orders", 1000)
+        await commit(first, "live", "orders", 1000)
         for i in range(200):  # roll past the tombstones, so that they are below the clean point
-            await _commit(first, "live", "filler", i)
+            await commit(first, "live", "filler", i)
         plog = part.log
         now_ms = int(time.time() * 1000)
         assert clean_now(plog, now_ms, stable_end=part.high_watermark, force=True) is not None
         assert clean_now(plog, now_ms + 1, stable_end=part.high_watermark, force=True) is not None
         await first.stop()
 
-        second = _coordinator(part)
-        await _loaded(second)
+        second = new_coordinator(part)
+        await loaded(second)
         assert sorted(second.groups) == ["live"], f"loaded groups {sorted(second.groups)}"
         error, offsets = second.fetch_offsets("live", [("orders", [0])])
         assert error is ErrorCode.NONE and offsets["orders"][0][1] is not None
@@ -208,8 +176,8 @@ def test_a_commit_of_many_partitions_fits_a_small_offsets_segment(tmp_path: Path
         config = {"cleanup.policy": "compact", "segment.bytes": str(100 * 1024)}
         part = Partition.open(tmp_path, OFFSETS_TOPIC, 0, uuid.uuid4(), config, 1)
         part.become_leader(0, (1,), (1,), time.monotonic() * 1000)
-        coordinator = _coordinator(part)
-        await _loaded(coordinator)
+        coordinator = new_coordinator(part)
+        await loaded(coordinator)
         req = {
             "group_id": "wide",
             "topics": [
@@ -232,87 +200,12 @@ def test_a_commit_of_many_partitions_fits_a_small_offsets_segment(tmp_path: Path
 # -- expiry and transactional offset commits, through the coordinator, the log and the cleaner ---
 
 
-def _offsets_partition(tmp_path: Path, followers: tuple[int, ...] = ()) -> Partition:
-    """A compacted ``__consumer_offsets``-0 led by broker 1; with ``followers``, a write is
-    committed only once :func:`_follow` says they have it."""
-    config = {"cleanup.policy": "compact", "segment.bytes": "4096", "delete.retention.ms": "0"}
-    part = Partition.open(tmp_path, OFFSETS_TOPIC, 0, uuid.uuid4(), config, 1)
-    replicas = (1, *followers)
-    part.become_leader(0, replicas, replicas, time.monotonic() * 1000)
-    return part
-
-
-def _follow(part: Partition) -> None:
-    """Every follower fetches the whole log: everything written so far is committed."""
-    for replica in part.isr:
-        if replica != 1:
-            part.record_follower_fetch(replica, part.log.log_end_offset, time.monotonic() * 1000)
-
-
-async def _until(done: Any, what: str) -> None:
-    deadline = time.monotonic() + 5
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.001)
-
-
-async def _replicated(part: Partition, write: Any) -> Any:
-    """Run the coordinator write ``write`` (a coroutine) to its end on a partition whose
-    followers fetch only when told: once it has appended, they fetch."""
-    end = part.log.log_end_offset
-    task = asyncio.ensure_future(write)
-    await _until(lambda: task.done() or part.log.log_end_offset > end, "the write appended")
-    _follow(part)
-    return await task
-
-
-def _txn_commit(group: str, offset: int, producer_id: int) -> dict[str, Any]:
-    """A TxnOffsetCommit of ``group``'s orders-0 from outside the group protocol."""
-    return {
-        "group_id": group,
-        "producer_id": producer_id,
-        "producer_epoch": 0,
-        "topics": [{"name": "orders", "partitions": [{"partition_index": 0, "committed_offset": offset}]}],
-    }
-
-
 def _age_past_retention(coordinator: GroupCoordinator, group: str) -> None:
     """As if ``group`` had been empty, and its offsets committed, ten retentions ago."""
     g = coordinator.groups[group]
     g.state_timestamp_ms -= 10 * RETENTION
     for om in g.offsets.values():
         om.commit_timestamp_ms -= 10 * RETENTION
-
-
-def _end_txn(coordinator: GroupCoordinator, part: Partition, producer_id: int, committed: bool) -> None:
-    """The transaction's marker, written and committed on the partition, as txn_markers does."""
-    part.append_marker(producer_id, 0, committed, 0)
-    _follow(part)
-    coordinator.on_txn_marker(0, producer_id, committed)
-
-
-def _orders_0(coordinator: GroupCoordinator, group: str) -> int | None:
-    error, found = coordinator.fetch_offsets(group, [("orders", [0])])
-    assert error is ErrorCode.NONE
-    om = found["orders"][0][1]
-    return None if om is None else om.offset
-
-
-async def _compact_and_reload(first: GroupCoordinator, part: Partition) -> GroupCoordinator:
-    """Roll past what was written (other records, so that it lies below the clean point), clean
-    the log twice (the second removes the tombstones: delete.retention.ms is 0), stop ``first``
-    and load a new coordinator from the cleaned log."""
-    for i in range(100):
-        key = gr.encode_key(gr.OffsetKey("filler", "filler", i))
-        part.append(build_batch([(key, gr.encode_value(gr.offset_value(i, -1, None, 0)))]))
-    _follow(part)
-    now_ms = int(time.time() * 1000)
-    assert clean_now(part.log, now_ms, stable_end=part.high_watermark, force=True) is not None
-    assert clean_now(part.log, now_ms + 1, stable_end=part.high_watermark, force=True) is not None
-    await first.stop()
-    second = _coordinator(part)
-    await _loaded(second)
-    return second
 
 
 def test_an_expired_offset_with_a_pending_transactional_commit_survives_expiry_compaction_and_reload(
@@ -328,17 +221,17 @@ def test_an_expired_offset_with_a_pending_transactional_commit_survives_expiry_c
     ``AssertionError: assert (None, None) == (42, 42)``."""
 
     async def run() -> None:
-        part = _offsets_partition(tmp_path)
-        first = _coordinator(part)
-        await _loaded(first)
-        await _commit(first, "idle", "orders", 5)
+        part = offsets_partition(tmp_path)
+        first = new_coordinator(part)
+        await loaded(first)
+        await commit(first, "idle", "orders", 5)
         _age_past_retention(first, "idle")
-        assert await first.commit_txn_offsets(_txn_commit("idle", 42, 7)) == {("orders", 0): ErrorCode.NONE}
+        assert await first.commit_txn_offsets(txn_commit("idle", 42, 7)) == {("orders", 0): ErrorCode.NONE}
         await first.expire_offsets()
-        _end_txn(first, part, 7, committed=True)
-        in_memory = _orders_0(first, "idle") if "idle" in first.groups else None
-        second = await _compact_and_reload(first, part)
-        reloaded = _orders_0(second, "idle") if "idle" in second.groups else None
+        end_txn(first, part, 7, committed=True)
+        in_memory = orders_0(first, "idle") if "idle" in first.groups else None
+        second = await compact_and_reload(first, part)
+        reloaded = orders_0(second, "idle") if "idle" in second.groups else None
         assert (in_memory, reloaded) == (42, 42)
         await second.stop()
         part.close()
@@ -359,25 +252,25 @@ def test_a_transactional_commit_appended_but_not_yet_replicated_keeps_its_partit
     ``AssertionError: assert (42, None) == (42, 42)``."""
 
     async def run() -> None:
-        part = _offsets_partition(tmp_path, followers=(2,))
-        first = _coordinator(part)
-        await _loaded(first)
-        await _replicated(part, _commit(first, "idle", "orders", 5))
+        part = offsets_partition(tmp_path, followers=(2,))
+        first = new_coordinator(part)
+        await loaded(first)
+        await replicated(part, commit(first, "idle", "orders", 5))
         _age_past_retention(first, "idle")
         appended = part.log.log_end_offset
-        txn = asyncio.ensure_future(first.commit_txn_offsets(_txn_commit("idle", 42, 7)))
-        await _until(lambda: part.log.log_end_offset > appended, "the transactional record is in the log")
+        txn = asyncio.ensure_future(first.commit_txn_offsets(txn_commit("idle", 42, 7)))
+        await until(lambda: part.log.log_end_offset > appended, "the transactional record is in the log")
         assert not txn.done(), "the follower has not fetched: the write waits to be committed"
         in_log = part.log.log_end_offset
         expiry = asyncio.ensure_future(first.expire_offsets())
-        await _until(lambda: expiry.done() or part.log.log_end_offset > in_log, "the expiry pass decided")
-        _follow(part)
+        await until(lambda: expiry.done() or part.log.log_end_offset > in_log, "the expiry pass decided")
+        follow(part)
         assert await txn == {("orders", 0): ErrorCode.NONE}
         await expiry
-        _end_txn(first, part, 7, committed=True)
-        in_memory = _orders_0(first, "idle") if "idle" in first.groups else None
-        second = await _compact_and_reload(first, part)
-        reloaded = _orders_0(second, "idle") if "idle" in second.groups else None
+        end_txn(first, part, 7, committed=True)
+        in_memory = orders_0(first, "idle") if "idle" in first.groups else None
+        second = await compact_and_reload(first, part)
+        reloaded = orders_0(second, "idle") if "idle" in second.groups else None
         assert (in_memory, reloaded) == (42, 42)
         await second.stop()
         part.close()
@@ -390,19 +283,19 @@ def test_an_aborted_transactional_commit_lets_the_expired_offset_go_on_the_next_
     tombstones the old offset and the group, and the cleaned log loads without them."""
 
     async def run() -> None:
-        part = _offsets_partition(tmp_path)
-        first = _coordinator(part)
-        await _loaded(first)
-        await _commit(first, "idle", "orders", 5)
+        part = offsets_partition(tmp_path)
+        first = new_coordinator(part)
+        await loaded(first)
+        await commit(first, "idle", "orders", 5)
         _age_past_retention(first, "idle")
-        assert await first.commit_txn_offsets(_txn_commit("idle", 42, 7)) == {("orders", 0): ErrorCode.NONE}
+        assert await first.commit_txn_offsets(txn_commit("idle", 42, 7)) == {("orders", 0): ErrorCode.NONE}
         assert await first.expire_offsets() == 0, "orders-0 is pending in a transaction"
-        assert _orders_0(first, "idle") == 5
-        _end_txn(first, part, 7, committed=False)
-        assert _orders_0(first, "idle") == 5, "the aborted offset is dropped"
+        assert orders_0(first, "idle") == 5
+        end_txn(first, part, 7, committed=False)
+        assert orders_0(first, "idle") == 5, "the aborted offset is dropped"
         assert await first.expire_offsets() == 1
         assert "idle" not in first.groups
-        second = await _compact_and_reload(first, part)
+        second = await compact_and_reload(first, part)
         assert "idle" not in second.groups, f"loaded groups {sorted(second.groups)}"
         await second.stop()
         part.close()
@@ -416,15 +309,15 @@ def test_a_refused_transactional_commit_leaves_nothing_pending(tmp_path: Path) -
     none for the expiry to wait for, and no group created for it."""
 
     async def run() -> None:
-        part = _offsets_partition(tmp_path)
-        first = _coordinator(part)
-        await _loaded(first)
-        await _commit(first, "idle", "orders", 5)
+        part = offsets_partition(tmp_path)
+        first = new_coordinator(part)
+        await loaded(first)
+        await commit(first, "idle", "orders", 5)
         _age_past_retention(first, "idle")
         first.broker.replicas.refuse = ErrorCode.INVALID_PRODUCER_EPOCH
         fenced = {("orders", 0): ErrorCode.INVALID_PRODUCER_EPOCH}
-        assert await first.commit_txn_offsets(_txn_commit("idle", 42, 7)) == fenced
-        assert await first.commit_txn_offsets(_txn_commit("new", 1, 7)) == fenced
+        assert await first.commit_txn_offsets(txn_commit("idle", 42, 7)) == fenced
+        assert await first.commit_txn_offsets(txn_commit("new", 1, 7)) == fenced
         assert first.unstable_offsets("idle") == set()
         assert "new" not in first.groups
         first.broker.replicas.refuse = None
@@ -447,20 +340,20 @@ def test_a_timed_out_transactional_commit_stays_pending_and_its_marker_decides(
     monkeypatch.setattr("sluice.broker.coordinator.WRITE_TIMEOUT_S", 0.05)
 
     async def run() -> None:
-        part = _offsets_partition(tmp_path, followers=(2,))
-        first = _coordinator(part)
-        await _loaded(first)
-        await _replicated(part, _commit(first, "idle", "orders", 5))
+        part = offsets_partition(tmp_path, followers=(2,))
+        first = new_coordinator(part)
+        await loaded(first)
+        await replicated(part, commit(first, "idle", "orders", 5))
         _age_past_retention(first, "idle")
         timed_out = {("orders", 0): ErrorCode.REQUEST_TIMED_OUT}
-        assert await first.commit_txn_offsets(_txn_commit("idle", 42, 7)) == timed_out
+        assert await first.commit_txn_offsets(txn_commit("idle", 42, 7)) == timed_out
         assert first.unstable_offsets("idle") == {("orders", 0)}
         assert await first.expire_offsets() == 0
-        _follow(part)
-        _end_txn(first, part, 7, committed=True)
-        assert _orders_0(first, "idle") == 42
-        second = await _compact_and_reload(first, part)
-        assert _orders_0(second, "idle") == 42
+        follow(part)
+        end_txn(first, part, 7, committed=True)
+        assert orders_0(first, "idle") == 42
+        second = await compact_and_reload(first, part)
+        assert orders_0(second, "idle") == 42
         await second.stop()
         part.close()
 

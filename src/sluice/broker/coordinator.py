@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any
 from sluice.broker import group_records as gr
 from sluice.broker import offset_expiry
 from sluice.broker import static_membership as sm
-from sluice.broker.group import Group, GroupState, Member, OffsetAndMetadata
+from sluice.broker.group import (
+    Group,
+    GroupState,
+    Member,
+    OffsetAndMetadata,
+    commit_offset,
+    complete_txn,
+    delete_offset,
+)
 from sluice.broker.group_placement import OFFSETS_TOPIC, partition_for_group
 from sluice.broker.static_membership import JoinAction, RejoinOutcome
 from sluice.protocol.errors import ErrorCode
@@ -254,9 +262,12 @@ class GroupCoordinator:
                 return  # resigned meanwhile; on_resigned has cleaned up
             await part.wait_committed(end - 1, LOAD_WAIT_S)
         now = asyncio.get_running_loop().time()
-        latest: dict[gr.Key, bytes | None] = {}
+        latest: dict[gr.GroupKey, bytes | None] = {}
+        # Offsets by the rules memory follows (group.commit_offset, delete_offset, complete_txn),
+        # so that a coordinator loading the log answers what the previous one did.
+        offsets: dict[gr.OffsetKey, OffsetAndMetadata] = {}
         #: transactional offset commits by producer id, until their marker (applied at it)
-        pending: dict[int, dict[gr.Key, bytes | None]] = {}
+        pending: dict[int, dict[gr.OffsetKey, OffsetAndMetadata]] = {}
         offset = part.log.log_start_offset
         records = 0
         while offset < end:
@@ -269,51 +280,51 @@ class GroupCoordinator:
                     break
                 if header.is_control:
                     marker = read_control_marker(buf, pos, header)
-                    done = pending.pop(header.producer_id, {})
-                    if marker is not None and marker.committed:
-                        latest.update(done)
+                    committed = marker is not None and marker.committed
+                    complete_txn(offsets, pending, header.producer_id, committed)
                     offset = header.last_offset + 1
                     continue
-                into = pending.setdefault(header.producer_id, {}) if header.is_transactional else latest
                 for rec in decode_records(buf, pos, header):
                     if rec.offset < offset or rec.key is None:
                         continue
                     key = gr.decode_key(rec.key)
-                    if key is not None:
-                        into[key] = rec.value
+                    if isinstance(key, gr.GroupKey):
+                        latest[key] = rec.value
+                    elif isinstance(key, gr.OffsetKey):
+                        om = _offset_from_record(rec.value, rec.offset)
+                        if om is None:  # a tombstone: at once, in a transaction too (as Kafka)
+                            delete_offset(offsets, pending, key, rec.offset)
+                        elif header.is_transactional:
+                            pending.setdefault(header.producer_id, {})[key] = om
+                        else:
+                            commit_offset(offsets, key, om)
                     records += 1
                 offset = header.last_offset + 1
             await asyncio.sleep(0)  # let other connections run during a long replay
         loaded = 0
         for key, value in latest.items():
-            if isinstance(key, gr.GroupKey):
-                obj = gr.decode_value(value)
-                if obj is None:
-                    continue
-                group = self.groups.setdefault(key.group_id, Group(key.group_id))
-                group.protocol_type = obj.get("protocol_type")
-                group.protocol = obj.get("protocol")
-                group.generation = int(obj.get("generation", 0))
-                group.leader = obj.get("leader")
-                group.members = {
-                    m["member_id"]: Member.from_record(m, group.protocol_type or "", now)
-                    for m in obj.get("members", [])
-                }
-                group.state = S.STABLE if group.members else S.EMPTY
-                group.state_timestamp_ms = int(obj.get("state_ts", group.state_timestamp_ms))
-                loaded += 1
-        for key, value in latest.items():
-            if isinstance(key, gr.OffsetKey):
-                om = _offset_from_record(value)
-                if om is not None:
-                    group = self.groups.setdefault(key.group_id, Group(key.group_id))
-                    group.offsets[(key.topic, key.partition)] = om
+            obj = gr.decode_value(value)
+            if obj is None:
+                continue
+            group = self.groups.setdefault(key.group_id, Group(key.group_id))
+            group.protocol_type = obj.get("protocol_type")
+            group.protocol = obj.get("protocol")
+            group.generation = int(obj.get("generation", 0))
+            group.leader = obj.get("leader")
+            group.members = {
+                m["member_id"]: Member.from_record(m, group.protocol_type or "", now)
+                for m in obj.get("members", [])
+            }
+            group.state = S.STABLE if group.members else S.EMPTY
+            group.state_timestamp_ms = int(obj.get("state_ts", group.state_timestamp_ms))
+            loaded += 1
+        for key, om in offsets.items():
+            group = self.groups.setdefault(key.group_id, Group(key.group_id))
+            group.offsets[(key.topic, key.partition)] = om
         for producer_id, keys in pending.items():  # transactions whose marker is still to come
-            for key, value in keys.items():
-                om = _offset_from_record(value)
-                if isinstance(key, gr.OffsetKey) and om is not None:
-                    group = self.groups.setdefault(key.group_id, Group(key.group_id))
-                    group.pending_txn_offsets.setdefault(producer_id, {})[(key.topic, key.partition)] = om
+            for key, om in keys.items():
+                group = self.groups.setdefault(key.group_id, Group(key.group_id))
+                group.pending_txn_offsets.setdefault(producer_id, {})[(key.topic, key.partition)] = om
         assert offset >= end, f"loaded {OFFSETS_TOPIC}-{p} to {offset}, short of {end}"
         if self.owned.get(p) == "loading":
             self.owned[p] = "active"
@@ -343,12 +354,28 @@ class GroupCoordinator:
         """Append records to the group's partition and wait until they are committed; with a
         producer id, as that producer's transactional records (TxnOffsetCommit: the partition
         refuses a fenced epoch, and the transaction's marker decides their fate)."""
+        error, at = self._append(group_id, items, producer_id=producer_id, producer_epoch=producer_epoch)
+        if error is not ErrorCode.NONE:
+            return error
+        return await self._committed(group_id, at[-1] if at else -1)
+
+    def _append(
+        self,
+        group_id: str,
+        items: list[tuple[gr.Key, dict[str, Any] | None]],
+        *,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+    ) -> tuple[ErrorCode, list[int]]:
+        """``_write``'s append, in one step of the event loop: the error, and the offset in the
+        log of each record of ``items`` appended, in order (all of them unless refused; a write
+        cut in batches may be refused after its first ones)."""
         p = self.partition_for(group_id)
         part = self.broker.replicas.partitions.get((OFFSETS_TOPIC, p))
         if part is None or not part.is_leader or self.owned.get(p) != "active":
-            return ErrorCode.NOT_COORDINATOR
+            return ErrorCode.NOT_COORDINATOR, []
         now_ms = int(time.time() * 1000)
-        last_offset = -1
+        at: list[int] = []
         cfg = part.log.config
         for chunk in write_chunks(
             [(gr.encode_key(k), gr.encode_value(v)) for k, v in items],
@@ -364,12 +391,21 @@ class GroupCoordinator:
             result = self.broker.replicas.append(OFFSETS_TOPIC, p, batch)
             if result.error is not ErrorCode.NONE:
                 log.warning("event=coordinator_write_failed group=%s error=%s", group_id, result.error.name)
-                return (
+                error = (
                     ErrorCode.NOT_COORDINATOR
                     if result.error is ErrorCode.NOT_LEADER_OR_FOLLOWER
                     else result.error
                 )
-            last_offset = result.base_offset + len(chunk) - 1
+                return error, at
+            at.extend(range(result.base_offset, result.base_offset + len(chunk)))
+        return ErrorCode.NONE, at
+
+    async def _committed(self, group_id: str, last_offset: int) -> ErrorCode:
+        """``_write``'s wait: until the record at ``last_offset`` of the group's partition is
+        committed."""
+        part = self.broker.replicas.partitions.get((OFFSETS_TOPIC, self.partition_for(group_id)))
+        if part is None:
+            return ErrorCode.NOT_COORDINATOR
         if not await part.wait_committed(last_offset, WRITE_TIMEOUT_S):
             return ErrorCode.REQUEST_TIMED_OUT if part.is_leader else ErrorCode.NOT_COORDINATOR
         return ErrorCode.NONE
@@ -926,7 +962,6 @@ class GroupCoordinator:
         if error is not ErrorCode.NONE:
             return {(topic, p["partition_index"]): error for topic, p in wanted}
         results: dict[tuple[str, int], ErrorCode] = {}
-        items: list[tuple[gr.Key, dict[str, Any] | None]] = []
         values: dict[tuple[str, int], OffsetAndMetadata] = {}
         now_ms = int(time.time() * 1000)
         for topic, p in wanted:
@@ -939,19 +974,20 @@ class GroupCoordinator:
                 int(p["committed_offset"]), int(p.get("committed_leader_epoch", -1)), metadata, now_ms
             )
             values[tp] = om
-            items.append(
-                (
-                    gr.OffsetKey(group_id, topic, tp[1]),
-                    gr.offset_value(om.offset, om.leader_epoch, om.metadata, om.commit_timestamp_ms),
-                )
-            )
+        items = _offset_records(group_id, values)  # one a partition, in the order of ``values``
         if items:
-            write_error = await self._write(group_id, items)
+            write_error, at = self._append(group_id, items)
+            for om, record_offset in zip(values.values(), at, strict=False):  # at: short if refused
+                om.record_offset = record_offset
+            if write_error is ErrorCode.NONE:
+                write_error = await self._committed(group_id, at[-1])
             group = self.groups.setdefault(group_id, Group(group_id))
             for tp, om in values.items():
                 results[tp] = write_error
                 if write_error is ErrorCode.NONE:
-                    group.offsets[tp] = om
+                    # Unless a newer record committed it meanwhile (a transaction's, applied at
+                    # its marker): memory keeps what a coordinator loading the log would.
+                    commit_offset(group.offsets, tp, om)
         return results
 
     async def commit_txn_offsets(self, req: Body) -> dict[tuple[str, int], ErrorCode]:
@@ -974,7 +1010,6 @@ class GroupCoordinator:
         if error is not ErrorCode.NONE:
             return {(topic, p["partition_index"]): error for topic, p in wanted}
         results: dict[tuple[str, int], ErrorCode] = {}
-        items: list[tuple[gr.Key, dict[str, Any] | None]] = []
         values: dict[tuple[str, int], OffsetAndMetadata] = {}
         now_ms = int(time.time() * 1000)
         for topic, p in wanted:
@@ -987,39 +1022,35 @@ class GroupCoordinator:
                 int(p["committed_offset"]), int(p.get("committed_leader_epoch", -1)), metadata, now_ms
             )
             values[tp] = om
-            items.append(
-                (
-                    gr.OffsetKey(group_id, topic, tp[1]),
-                    gr.offset_value(om.offset, om.leader_epoch, om.metadata, om.commit_timestamp_ms),
-                )
-            )
+        items = _offset_records(group_id, values)  # one a partition, in the order of ``values``
         if items:
             producer_id = int(req["producer_id"])
-            created = group_id not in self.groups
-            group = self.groups.setdefault(group_id, Group(group_id))
-            # Pending from the append on, not from its commit (Kafka's prepareTxnOffsetCommit):
-            # an expiry pass deciding while the record waits for the followers must skip these
-            # partitions, or its tombstone lands after the record and wins at compaction.
-            pending = group.pending_txn_offsets.setdefault(producer_id, {})
-            previous = {tp: pending.get(tp) for tp in values}
-            pending.update(values)
-            write_error = await self._write(
+            write_error, at = self._append(
                 group_id, items, producer_id=producer_id, producer_epoch=int(req["producer_epoch"])
             )
-            if write_error not in (ErrorCode.NONE, ErrorCode.REQUEST_TIMED_OUT):
-                # Refused: nothing of it is in the log. Timed out, the record is in the log and
-                # stays pending: its marker decides, as a coordinator loading the log would.
-                _unprepare_txn_offsets(group, producer_id, values, previous)
-                unused = not (group.offsets or group.pending_txn_offsets or group.members)
-                if created and unused and self.groups.get(group_id) is group:
-                    del self.groups[group_id]  # created for this write alone
+            # Pending from the append on, in the same step of the event loop, not from its
+            # commit (Kafka's prepareTxnOffsetCommit): an expiry pass deciding while the record
+            # waits for the followers must skip these partitions, or its tombstone lands after
+            # the record and wins at compaction. Only what is in the log: a refused append left
+            # nothing for the marker to apply. A write that times out stays pending: its record
+            # is in the log, so its marker decides, as a coordinator loading the log would.
+            if at:
+                group = self.groups.setdefault(group_id, Group(group_id))
+                pending = group.pending_txn_offsets.setdefault(producer_id, {})
+                for (tp, om), record_offset in zip(values.items(), at, strict=False):
+                    om.record_offset = record_offset
+                    pending[tp] = om
+            if write_error is ErrorCode.NONE:
+                write_error = await self._committed(group_id, at[-1])
             for tp in values:
                 results[tp] = write_error
         return results
 
     def on_txn_marker(self, p: int, producer_id: int, committed: bool) -> None:
         """A transaction's marker is committed on ``__consumer_offsets``-``p``: the offsets it
-        committed to this partition's groups apply (COMMIT) or are dropped (ABORT)."""
+        committed to this partition's groups apply (COMMIT; each unless a record newer than its
+        own committed or deleted that partition meanwhile, ``group.complete_txn``, the rule
+        ``_load`` follows) or are dropped (ABORT)."""
         status = self.owned.get(p)
         if status is None:
             return  # not this partition's coordinator: the next one's load replays the marker
@@ -1153,15 +1184,19 @@ class GroupCoordinator:
         error = self.check(group_id)
         if error is not ErrorCode.NONE:
             return error
-        keys = list(partitions)
+        keys = list(dict.fromkeys(partitions))
         items: list[tuple[gr.Key, dict[str, Any] | None]] = [
             (gr.OffsetKey(group_id, topic, p), None) for topic, p in keys
         ]
-        error = await self._write(group_id, items)
+        error, at = self._append(group_id, items)
+        if error is ErrorCode.NONE and at:
+            error = await self._committed(group_id, at[-1])
         group = self.groups.get(group_id)
         if error is ErrorCode.NONE and group is not None:
-            for key in keys:
-                group.offsets.pop(key, None)
+            for tp, record_offset in zip(keys, at, strict=True):
+                # The committed offset and the pending transactional ones written before the
+                # tombstone: their marker must apply nothing, as the cleaner keeps the tombstone.
+                delete_offset(group.offsets, group.pending_txn_offsets, tp, record_offset)
             log.info("event=group_offsets_deleted group=%s partitions=%d", group_id, len(keys))
         return error
 
@@ -1174,8 +1209,12 @@ class GroupCoordinator:
             return ErrorCode.GROUP_ID_NOT_FOUND
         if group.state is not S.EMPTY:
             return ErrorCode.NON_EMPTY_GROUP
+        # A tombstone for each partition a pending transaction wrote too (Kafka's
+        # deleteAllOffsets): the group leaves memory, so its marker applies nothing here, and a
+        # coordinator loading the log must not apply it either and bring the group back.
+        pending = (tp for offsets in group.pending_txn_offsets.values() for tp in offsets)
         items: list[tuple[gr.Key, dict[str, Any] | None]] = [
-            (gr.OffsetKey(group_id, t, p), None) for (t, p) in group.offsets
+            (gr.OffsetKey(group_id, t, p), None) for (t, p) in dict.fromkeys([*group.offsets, *pending])
         ]
         items.append((gr.GroupKey(group_id), None))
         write_error = await self._write(group_id, items)
@@ -1186,31 +1225,19 @@ class GroupCoordinator:
         return write_error
 
 
-def _unprepare_txn_offsets(
-    group: Group,
-    producer_id: int,
-    values: dict[tuple[str, int], OffsetAndMetadata],
-    previous: dict[tuple[str, int], OffsetAndMetadata | None],
-) -> None:
-    """Undo a TxnOffsetCommit's pending ``values`` whose write was refused: each partition
-    gets back what was pending before it, unless it changed meanwhile (written again, or the
-    transaction's marker came)."""
-    pending = group.pending_txn_offsets.get(producer_id)
-    if pending is None:
-        return
-    for tp, om in values.items():
-        if pending.get(tp) is not om:
-            continue
-        before = previous[tp]
-        if before is None:
-            del pending[tp]
-        else:
-            pending[tp] = before
-    if not pending:
-        del group.pending_txn_offsets[producer_id]
+def _offset_records(
+    group_id: str, values: dict[tuple[str, int], OffsetAndMetadata]
+) -> list[tuple[gr.Key, dict[str, Any] | None]]:
+    return [
+        (
+            gr.OffsetKey(group_id, topic, partition),
+            gr.offset_value(om.offset, om.leader_epoch, om.metadata, om.commit_timestamp_ms),
+        )
+        for (topic, partition), om in values.items()
+    ]
 
 
-def _offset_from_record(value: bytes | None) -> OffsetAndMetadata | None:
+def _offset_from_record(value: bytes | None, record_offset: int) -> OffsetAndMetadata | None:
     obj = gr.decode_value(value)
     if obj is None:
         return None
@@ -1219,4 +1246,5 @@ def _offset_from_record(value: bytes | None) -> OffsetAndMetadata | None:
         int(obj.get("leader_epoch", -1)),
         obj.get("metadata"),
         int(obj.get("commit_ts", 0)),
+        record_offset,
     )

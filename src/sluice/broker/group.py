@@ -12,7 +12,7 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 
 class GroupState(enum.Enum):
@@ -98,6 +98,68 @@ class OffsetAndMetadata:
     leader_epoch: int
     metadata: str | None
     commit_timestamp_ms: int
+    #: the offset in ``__consumer_offsets`` of the record that committed it (-1: not written)
+    record_offset: int = -1
+
+
+K = TypeVar("K")
+
+
+def supersedes(record_offset: int, current_record_offset: int | None) -> bool:
+    """Whether the record of a partition's offset at ``record_offset`` in ``__consumer_offsets``
+    overrides the commit of that partition by the record at ``current_record_offset`` (None: no
+    commit): only if it is newer in the log. The log cleaner keeps the newest record of a key, so
+    it is the only order a coordinator loading the cleaned log can know: memory follows it too.
+    It matters for a transactional commit, applied at its COMMIT marker, not where its record is
+    (Kafka's OffsetMetadataManager.replayEndTransactionMarker, KAFKA-14505)."""
+    return current_record_offset is None or record_offset > current_record_offset
+
+
+def commit_offset(offsets: dict[K, OffsetAndMetadata], key: K, om: OffsetAndMetadata) -> bool:
+    """``om`` becomes the committed offset of ``key`` unless a newer record committed it;
+    returns whether it did."""
+    current = offsets.get(key)
+    if not supersedes(om.record_offset, None if current is None else current.record_offset):
+        return False
+    offsets[key] = om
+    return True
+
+
+def delete_offset(
+    offsets: dict[K, OffsetAndMetadata],
+    pending: dict[int, dict[K, OffsetAndMetadata]],
+    key: K,
+    record_offset: int,
+) -> None:
+    """A tombstone of ``key`` at ``record_offset``: the committed offset and the pending
+    transactional ones written before it go (their marker will find nothing to apply: the
+    cleaner keeps the tombstone over their records); those written after it stay (Kafka's
+    OffsetMetadataManager.replay of a tombstone)."""
+    current = offsets.get(key)
+    if current is not None and supersedes(record_offset, current.record_offset):
+        del offsets[key]
+    for producer_id in list(pending):
+        om = pending[producer_id].get(key)
+        if om is not None and supersedes(record_offset, om.record_offset):
+            del pending[producer_id][key]
+            if not pending[producer_id]:
+                del pending[producer_id]
+
+
+def complete_txn(
+    offsets: dict[K, OffsetAndMetadata],
+    pending: dict[int, dict[K, OffsetAndMetadata]],
+    producer_id: int,
+    committed: bool,
+) -> int:
+    """The transaction of ``producer_id`` ended: on COMMIT each of its pending offsets becomes
+    the committed one unless a newer record committed or deleted that key (``commit_offset``;
+    a tombstone dropped it already), on ABORT they are dropped. Returns how many were pending."""
+    done = pending.pop(producer_id, {})
+    if committed:
+        for key, om in done.items():
+            commit_offset(offsets, key, om)
+    return len(done)
 
 
 @dataclass
@@ -190,11 +252,9 @@ class Group:
 
     def complete_txn_offsets(self, producer_id: int, committed: bool) -> int:
         """The transaction of ``producer_id`` ended: its offsets become the committed ones
-        (COMMIT) or are dropped (ABORT). Returns how many were pending."""
-        pending = self.pending_txn_offsets.pop(producer_id, {})
-        if committed:
-            self.offsets.update(pending)
-        return len(pending)
+        unless newer records committed or deleted them (COMMIT) or are dropped (ABORT). Returns
+        how many were pending."""
+        return complete_txn(self.offsets, self.pending_txn_offsets, producer_id, committed)
 
     def all_members_joined(self) -> bool:
         return all(m.awaiting_join for m in self.members.values())

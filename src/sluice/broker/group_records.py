@@ -3,7 +3,8 @@
 Keys and values are JSON (sorted keys), versioned. A key names a group (``{"v":1,"k":"g",
 "g":...}``) or a committed offset (``{"v":1,"k":"o","g":...,"t":...,"p":...}``); a null value
 is a tombstone. Replaying a partition from its start and keeping the last value per key
-rebuilds every group and offset of that partition. Pure.
+rebuilds every group and offset of that partition (a transactional offset counts at its COMMIT
+marker, and only if no newer record of its key came first: ``group.complete_txn``). Pure.
 """
 
 from __future__ import annotations
