@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from sluice import test_switches
 from sluice.security.secrets import Secret
 from sluice.sync.changes import CHANGE_SCHEMA
-from sluice.sync.envelope import MAX_POS, SCHEMA, TRUNCATE, BadEventError, key_text
+from sluice.sync.envelope import MAX_POS, SCHEMA, TRUNCATE, key_text
 from sluice.sync.schema import DROP_COLUMN, DROP_TABLE, RENAME_COLUMN, Recorded
 from sluice.sync.targets.base import (
     POS_COLUMN,
@@ -39,6 +39,7 @@ from sluice.sync.targets.base import (
     quote,
 )
 from sluice.sync.targets.evolution import history_from_rows
+from sluice.sync.targets.pg_copy import NUL_ESCAPE, copy_payloads, nul_key_error, strip_nul
 from sluice.sync.targets.staging import (
     STAGED_DDL,
     next_offsets,
@@ -268,7 +269,8 @@ class PostgresTarget(Target):
                 binary.update(orjson.loads(text))
             tx.execute("TRUNCATE _sluice_stage")
             with tx.cursor() as cur, cur.copy("COPY _sluice_stage (key, pos, op, after) FROM STDIN") as copy:
-                copy.write(copy_text(rows, ["key", "pos", "op", "after"]))
+                for payload in copy_payloads(rows, ["key", "pos", "op", "after"]):
+                    copy.write(payload)
             deletes = pc.sum(pc.equal(rows["op"], "d")).as_py() or 0
             written += self._write_table(
                 tx, table, guard, upserts=rows.num_rows - deletes, deletes=deletes, binary=binary,
@@ -853,72 +855,3 @@ def _staged_value(expr: str, column: str, cols: Mapping[str, str], casts: Mappin
         # array value (a source without types) as its own JSON text: either reads as the document
         return f"CAST({expr} AS jsonb)"
     return expr
-
-
-def strip_nul(rows: pa.Table, *, check_keys: bool = True) -> tuple[pa.Table, int]:
-    """`rows` with U+0000 removed from every string in `after` (PostgreSQL's text and jsonb
-    cannot hold it), and how many rows had one. Such rows are rare: only they are re-encoded, in
-    Python. A key holding U+0000 is refused instead: without it, 'a\\0b' and 'ab' would be one
-    row in the target, and one of two source rows would be lost. (Staged rows keep the key's
-    JSON escape, which text holds; the driver refuses it before merging: `check_keys=False`.)"""
-    if check_keys:
-        in_key = pc.fill_null(pc.match_substring(rows["key"], NUL_ESCAPE), False)
-        if pc.any(in_key).as_py():
-            raise nul_key_error(rows.filter(in_key).slice(0, 1).to_pylist()[0])
-    hit = pc.fill_null(pc.match_substring(rows["after"], NUL_ESCAPE), False)
-    count = int(pc.sum(hit).as_py() or 0)
-    if not count:
-        return rows, 0
-    flags = hit.to_pylist()
-    for col in ("after",):
-        values = rows[col].to_pylist()
-        fixed = [
-            orjson.dumps(_without_nul(orjson.loads(v))).decode() if f and v is not None else v
-            for v, f in zip(values, flags, strict=True)
-        ]
-        rows = rows.set_column(rows.column_names.index(col), col, pa.array(fixed, pa.string()))
-    return rows, count
-
-
-#: U+0000 as JSON text writes it (a key's canonical text, `envelope.key_text`).
-NUL_ESCAPE = "\\u0000"
-
-
-def nul_key_error(first: Mapping[str, Any]) -> BadEventError:
-    return BadEventError(
-        f"record at {first['topic']}[{first['partition']}]@{first['offset']} has U+0000 in its "
-        f"primary key {first['key']} (table {first['table']!r}): PostgreSQL text cannot hold it, "
-        "and without it two different keys would become one row. Nothing of the batch was "
-        "written; change the key at the source, or apply this table to a target that keeps U+0000"
-    )
-
-
-def _without_nul(value: Any) -> Any:
-    if isinstance(value, str):
-        return value.replace("\x00", "")
-    if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without_nul(v) for v in value]
-    return value
-
-
-def _escape(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """COPY text format: backslash, newline, carriage return and tab escaped; nulls kept null."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not pa.types.is_string(arr.type) and not pa.types.is_large_string(arr.type):
-        return pc.cast(arr, pa.string())
-    for raw, esc in (("\\", "\\\\"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
-        arr = pc.replace_substring(arr, raw, esc)
-    return arr
-
-
-def copy_text(table: pa.Table, columns: list[str]) -> memoryview:
-    """The rows of `columns` as one COPY FROM STDIN (text format) payload, built in Arrow."""
-    parts = [_escape(table.column(c)) for c in columns]
-    lines = pc.binary_join_element_wise(
-        *parts, pa.scalar("\t"), null_handling="replace", null_replacement="\\N"
-    )
-    lines = pc.binary_join_element_wise(lines, pa.scalar("\n"), pa.scalar(""))
-    size = pc.sum(pc.binary_length(lines)).as_py() or 0
-    return memoryview(lines.buffers()[2])[:size]

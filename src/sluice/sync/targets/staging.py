@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.sync.envelope import MARKER
+from sluice.sync.targets.pg_copy import copy_payloads, strip_nul
 
 #: What each task returns to the driver (Spark DDL): one row per topic-partition it read.
 #: `staged` and `nul_stripped` are the task's totals, on each of its rows; the freshness
@@ -156,7 +157,6 @@ def stage_changes(spec: StageSpec) -> Callable[[Iterable[pa.RecordBatch]], Itera
     """What a task runs after its parse and collapse: changes (`sync.changes.CHANGE_SCHEMA`) in,
     the task's summary rows (`SUMMARY_DDL`) out, its rows COPYed into `spec.table` under its
     token."""
-    from sluice.sync.targets.postgres import copy_text, strip_nul
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task = _Task(secrets.randbits(63))
@@ -169,8 +169,7 @@ def stage_changes(spec: StageSpec) -> Callable[[Iterable[pa.RecordBatch]], Itera
                 cur.copy(f'COPY "{spec.table}" ({columns}) FROM STDIN') as copy,
             ):
                 for batch in batches:
-                    payload = task.add(batch, strip_nul, copy_text)
-                    if payload is not None:
+                    for payload in task.add(batch):
                         copy.write(payload)
         except BaseException:
             _forget(spec)
@@ -204,15 +203,15 @@ class _Task:
     staged: int = 0
     stripped: int = 0
 
-    def add(self, batch: pa.RecordBatch, strip_nul: Any, copy_text: Any) -> memoryview | None:
-        """Count a batch of changes and return its rows' COPY payload (None: nothing to stage)."""
+    def add(self, batch: pa.RecordBatch) -> Iterator[memoryview]:
+        """Count a batch of changes and return its rows' COPY payloads (none: nothing to stage)."""
         if not batch.num_rows:
-            return None
+            return iter(())
         rows = pa.Table.from_batches([batch])
         _count_offsets(rows, self.ends, self.counts)
         rows = rows.filter(pc.not_equal(rows["op"], MARKER))  # position markers: offsets only
         if not rows.num_rows:
-            return None
+            return iter(())
         rows, n = strip_nul(rows, check_keys=False)
         self.stripped += n
         ms = pc.cast(pc.cast(rows["timestamp"], pa.timestamp("ms", tz="UTC")), pa.int64()).combine_chunks()
@@ -221,7 +220,7 @@ class _Task:
         rows = rows.append_column("ts", ms)
         rows = rows.rename_columns(["tbl" if c == "table" else c for c in rows.column_names])
         self.staged += rows.num_rows
-        return copy_text(rows, STAGED_COLUMNS)
+        return copy_payloads(rows, STAGED_COLUMNS)
 
 
 def _count_offsets(
