@@ -257,3 +257,8 @@ def test_a_plan_is_compiled_again_when_the_table_changes_under_the_same_id() -> 
     same = SimpleNamespace(table_id=1, columns=list(narrow.columns), table="t")
     assert decoder.plan(narrow) is decoder.plan(same)
     assert decoder.plan(wide).image(b"\x00\x01\x00x", 0) == ({"s": "x"}, 4)  # 2 length bytes
+
+
+def test_equal_float32s_print_the_same_whatever_double_came_in() -> None:
+    # both are the float32 0x00800000 (FLT_MIN): one text for both
+    assert mv.float32(1.17549435e-38) == mv.float32(1.1754943508222875e-38) == 1.1754944e-38

@@ -15,7 +15,7 @@ applies the truncate first (see targets/base.py).
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,8 +38,11 @@ CHANGE_SCHEMA = pa.schema(
         pa.field("after", pa.string()),  # JSON object text; null for deletes
         pa.field("records", pa.int32()),  # log records this row stands for (1 until collapsed)
         pa.field("binary", pa.string()),  # JSON list of the columns holding base64 bytes, or null
-        # JSON object of the table's column types (the envelope's `types`, sync/types.py), the
-        # newest of the batch's changes of that table; null when the source names none
+        # The column types (the envelope's `types`, sync/types.py) of the row's table in this
+        # batch: JSON [[pos, {column: type}], ...], each distinct set of types its changes
+        # named with the highest position it was named at, oldest first (a schema change in
+        # the batch makes two); null when the source names none. Targets merge them
+        # (targets/evolution.py `table_types`).
         pa.field("types", pa.string()),
     ]
 )
@@ -58,8 +61,8 @@ class ChangeBuilder:
         self.rows: list[tuple[Any, ...]] = []
         self.newest: dict[tuple[str, str], int] = {}
         self.count: dict[tuple[str, str], int] = {}
-        # per table, the `types` of its change at the highest position (pos, types)
-        self.types: dict[str, tuple[int, dict[str, Any]]] = {}
+        # per table, each distinct `types` its changes named: [highest pos, types]
+        self.types: dict[str, list[list[Any]]] = {}
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -102,9 +105,17 @@ class ChangeBuilder:
                 key, after = {"schema": pos}, ev.schema
         kt = _dumps(key, option=_SORT).decode()
         if types is not None:
-            held = self.types.get(table)
-            if held is None or pos >= held[0]:
-                self.types[table] = (pos, types)
+            variants = self.types.get(table)
+            if variants is None:
+                self.types[table] = [[pos, types]]
+            else:
+                for variant in reversed(variants):  # the last one, nearly always
+                    if variant[1] == types:
+                        if pos > variant[0]:
+                            variant[0] = pos
+                        break
+                else:
+                    variants.append([pos, types])
         rows = self.rows
         if self.collapse:
             row = (table, kt)
@@ -132,7 +143,7 @@ class ChangeBuilder:
             picked = [rows[i] for i in order]
             counts = [chosen[i] for i in order]
         cols = list(zip(*picked, strict=True)) if picked else [()] * 10
-        types = {table: _dumps(t).decode() for table, (_, t) in self.types.items()}
+        types = {table: _dumps(sorted(v, key=_first)).decode() for table, v in self.types.items()}
         return pa.RecordBatch.from_arrays(
             [
                 pa.array(cols[0], pa.string()),
@@ -153,6 +164,31 @@ class ChangeBuilder:
 
 
 _loads, _dumps, _SORT = orjson.loads, orjson.dumps, orjson.OPT_SORT_KEYS
+
+
+def _first(variant: list[Any]) -> Any:
+    return variant[0]
+
+
+#: A table's column types as a batch named them: (highest position, {column: type}), oldest first.
+TypesVariants = Sequence[tuple[int, dict[str, str]]]
+
+
+def types_variants(texts: Iterable[str | None]) -> list[tuple[int, dict[str, str]]]:
+    """The (position, column types) variants of a table's `types` texts (several batches' or
+    tasks'), oldest first, equal ones kept once at their highest position."""
+    best: dict[bytes, tuple[int, dict[str, str]]] = {}
+    for text in texts:
+        if text is None:
+            continue
+        for pos, types in _loads(text):
+            key = _dumps(types, option=_SORT)
+            held = best.get(key)
+            if held is None or pos > held[0]:
+                best[key] = (int(pos), dict(types))
+    return sorted(best.values(), key=lambda v: v[0])
+
+
 _TS = CHANGE_SCHEMA.field("timestamp").type
 
 

@@ -75,6 +75,7 @@ def float32(x: float) -> float:
     """The shortest decimal (as a float) that reads back as the same float32 as `x`. Reading
     back is monotonic in the digits kept (p digits read back, so do p + 1), and 9 always do:
     a binary search over 1..9."""
+    x = _F32.unpack(_F32.pack(x))[0]  # the float32 itself: equal float32s print the same
     want = _F32.pack(x)
     lo, hi = 1, 9
     while lo < hi:

@@ -27,6 +27,7 @@ applied, is translated (sync/schema.py), so each row lands in the columns its va
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -141,8 +142,8 @@ def _evolve(target: Target, tx: Any, table: str, change: SchemaChange) -> None:
 
 
 def translate_rows(target: Target, tx: Any, changes: pa.Table) -> pa.Table:
-    """`changes` with each image (and key, and the `binary` and `types` names) in the target's
-    column names."""
+    """`changes` with each image (and key, and `binary` names) in the target's column names (the
+    `types` stay as the source named them: `target_types` translates them)."""
     tables = sorted(pc.unique(changes["table"]).to_pylist())
     history = target._read_schema_history(tx, tables)
     if not history:
@@ -162,7 +163,7 @@ def translate_rows(target: Target, tx: Any, changes: pa.Table) -> pa.Table:
         if (drops := [r.pos for r in recs if r.applied and r.change.kind == DROP_TABLE])
     }
     names, poss = changes["table"].to_pylist(), changes["pos"].to_pylist()
-    keys, afters, binaries, types = (changes[c].to_pylist() for c in ("key", "after", "binary", "types"))
+    keys, afters, binaries = (changes[c].to_pylist() for c in ("key", "after", "binary"))
     wanted = [pos >= dropped.get(table, -1) for table, pos in zip(names, poss, strict=True)]
     touched = not all(wanted)
     for i, (table, pos) in enumerate(zip(names, poss, strict=True)):
@@ -184,30 +185,51 @@ def translate_rows(target: Target, tx: Any, changes: pa.Table) -> pa.Table:
         if binaries[i] is not None:
             named = [n for c in orjson.loads(binaries[i]) if (n := now.get(c, c))]
             binaries[i] = orjson.dumps(named).decode()
-    # A table's `types` are those of its newest change in the batch: named as at that position.
-    newest: dict[str, int] = {}
-    for table, pos, typed in zip(names, poss, types, strict=True):
-        if typed is not None and history.get(table):
-            newest[table] = max(pos, newest.get(table, pos))
-    named_as: dict[str, str] = {}
-    for i, table in enumerate(names):
-        if table not in newest or types[i] is None:
-            continue
-        if table not in named_as:
-            typed = orjson.loads(types[i])
-            now = translate_columns(typed, newest[table], history[table])
-            keep = keep_only.get(table)
-            named_as[table] = orjson.dumps({
-                n: typed[c] for c, n in now.items()
-                if n is not None and (keep is None or target.mapping.target_column(table, n) in keep)
-            }).decode()  # fmt: skip
-        touched = touched or named_as[table] != types[i]
-        types[i] = named_as[table]
     if not touched:
         return changes
-    for col, values in (("key", keys), ("after", afters), ("binary", binaries), ("types", types)):
+    for col, values in (("key", keys), ("after", afters), ("binary", binaries)):
         changes = changes.set_column(changes.column_names.index(col), col, pa.array(values, pa.string()))
     return changes.filter(pa.array(wanted, pa.bool_()))
+
+
+def merged_types(
+    variants: Iterable[tuple[int, Mapping[str, str]]], history: Iterable[Recorded] = ()
+) -> dict[str, str]:
+    """The column types a table has after a batch, from the batch's `types` variants (oldest
+    first, `changes.types_variants`): each variant's columns in the target's names as of its
+    position (renamed, dropped: `translate_columns`), the newer variant's type winning; then
+    every type change the target recorded after the newest variant (a change that came before
+    the table existed there, whose rows came later or never)."""
+    recs = sorted(history, key=lambda r: r.pos)
+    merged: dict[str, str] = {}
+    newest = -1
+    for pos, types in variants:
+        names = translate_columns(types, pos, recs) if recs else {c: c for c in types}
+        for column, source_type in types.items():
+            if (name := names[column]) is not None:
+                merged[name] = source_type
+        newest = max(newest, pos)
+    for r in recs:
+        ch = r.change
+        if r.applied and r.pos > newest and ch.kind == CHANGE_TYPE and ch.type and ch.column in merged:
+            merged[str(ch.column)] = ch.type
+    return merged
+
+
+def target_types(
+    target: Target, tx: Any, table: str, variants: Iterable[tuple[int, Mapping[str, str]]]
+) -> dict[str, str]:
+    """`merged_types` with the target's recorded schema changes of `table`; under `ignore`, once
+    the target kept its columns through a change, only the columns it has (as `translate_rows`
+    keeps the rows' values)."""
+    history = target._read_schema_history(tx, [table]).get(table, [])
+    merged = merged_types(variants, history)
+    if target.schema_change_policy == "ignore" and any(not r.applied for r in history):
+        m = target.mapping
+        have = set(target._existing_columns(tx, m.target_table(table)))
+        if have:
+            merged = {c: t for c, t in merged.items() if m.target_column(table, c) in have}
+    return merged
 
 
 def history_from_rows(rows: list[tuple[str, int, Any, Any]]) -> dict[str, list[Recorded]]:

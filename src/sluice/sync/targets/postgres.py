@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from sluice import test_switches
 from sluice.security.secrets import Secret
-from sluice.sync.changes import CHANGE_SCHEMA
+from sluice.sync.changes import CHANGE_SCHEMA, TypesVariants, types_variants
 from sluice.sync.envelope import MAX_POS, SCHEMA, TRUNCATE, key_text
 from sluice.sync.schema import DROP_COLUMN, DROP_TABLE, RENAME_COLUMN, Recorded
 from sluice.sync.targets.base import (
@@ -38,7 +38,7 @@ from sluice.sync.targets.base import (
     nested_offsets,
     quote,
 )
-from sluice.sync.targets.evolution import history_from_rows
+from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
 from sluice.sync.targets.pg_copy import NUL_ESCAPE, copy_payloads, nul_key_error, strip_nul
 from sluice.sync.targets.staging import (
     STAGED_DDL,
@@ -128,16 +128,6 @@ class _BatchRows:
         arrays = [pa.array(c, t) for c, t in zip(cols, types, strict=True)]
         arrays[3] = arrays[3].cast(pa.timestamp("ms")).cast(CHANGE_SCHEMA.field("timestamp").type)
         return pa.Table.from_arrays(arrays, schema=CHANGE_SCHEMA)
-
-
-def newest_types(changes: pa.Table) -> dict[str, str]:
-    """The column types of a table's changes: those of its change at the highest position that
-    names them (a source names them all the same within a schema), or {} when none does."""
-    named = changes.filter(pc.is_valid(changes["types"]))
-    if not named.num_rows:
-        return {}
-    at = pc.index(named["pos"], pc.max(named["pos"])).as_py()
-    return dict(orjson.loads(named["types"][at].as_py()))
 
 
 def _binary_columns(texts: list[str] | None) -> set[str]:
@@ -274,7 +264,7 @@ class PostgresTarget(Target):
             deletes = pc.sum(pc.equal(rows["op"], "d")).as_py() or 0
             written += self._write_table(
                 tx, table, guard, upserts=rows.num_rows - deletes, deletes=deletes, binary=binary,
-                types=newest_types(rows),
+                types=types_variants(pc.unique(rows["types"]).to_pylist()),
             )  # fmt: skip
         return written
 
@@ -367,7 +357,7 @@ class PostgresTarget(Target):
         return cols
 
     def _ensure_table(
-        self, tx: Any, table: str, binary: Collection[str] = (), types: Mapping[str, str] | None = None
+        self, tx: Any, table: str, binary: Collection[str] = (), types: TypesVariants = ()
     ) -> str:
         """Create the target table, or add the columns this batch brings.
 
@@ -383,7 +373,12 @@ class PostgresTarget(Target):
         name = m.target_table(table)
         existing = self._load_table(tx, name)
         known = set(_reverse(m, table, existing).values()) | set(tm.drop)
-        typed = {src: postgres_type(t) for src, t in (types or {}).items()}
+        typed = {src: postgres_type(t) for src, t in merged_types(types).items()}
+        if typed and (not existing or self._differs(table, existing, typed, known)):
+            # a new table, a new column or a type to report: the same types, now through the
+            # schema changes the target recorded (renames, drops, a type change made before
+            # the table existed here)
+            typed = {src: postgres_type(t) for src, t in target_types(self, tx, table, types).items()}
         if typed:
             self._report_types(tx, table, name, existing, typed)
             new = [c for c in typed if c not in known and m.target_column(table, c) is not None]
@@ -461,6 +456,21 @@ class PostgresTarget(Target):
                 out.append((src, _TYPES.get(kind, "text")))
         return out
 
+    def _differs(
+        self, table: str, existing: Mapping[str, str], typed: Mapping[str, str], known: Collection[str]
+    ) -> bool:
+        """Whether a column of `typed` is new to the target, or of another type there and not
+        reported yet."""
+        m = self.mapping
+        name, casts = m.target_table(table), m.for_table(table).casts
+        for src, want in typed.items():
+            dst = m.target_column(table, src)
+            if dst is None or dst in casts:
+                continue
+            if src not in known or (existing.get(dst, want) != want and (name, dst) not in self._reported):
+                return True
+        return False
+
     def _report_types(
         self, tx: Any, table: str, name: str, existing: Mapping[str, str], typed: Mapping[str, str]
     ) -> None:
@@ -492,7 +502,7 @@ class PostgresTarget(Target):
         upserts: int,
         deletes: int,
         binary: Collection[str],
-        types: Mapping[str, str] | None = None,
+        types: TypesVariants = (),
     ) -> int:
         """Apply the staged changes of one table: guarded upserts, guarded deletes, tombstones."""
         m = self.mapping
@@ -673,7 +683,7 @@ class PostgresTarget(Target):
             "SELECT s.tbl, max(s.pos) FILTER (WHERE s.op = %(truncate)s), bool_or(s.op = %(schema)s), "
             "bool_or(strpos(s.key, %(nul)s) > 0), "
             'array_agg(DISTINCT s."binary") FILTER (WHERE s."binary" IS NOT NULL), '
-            "(array_agg(s.types ORDER BY s.pos DESC) FILTER (WHERE s.types IS NOT NULL))[1] "
+            "array_agg(DISTINCT s.types) FILTER (WHERE s.types IS NOT NULL) "
             f"{rows.fresh} GROUP BY s.tbl ORDER BY s.tbl",
             {**rows.params, "truncate": TRUNCATE, "schema": SCHEMA, "nul": NUL_ESCAPE},
         ).fetchall()
@@ -686,7 +696,7 @@ class PostgresTarget(Target):
         guard = not self.switches.disable_version_guard
         truncates = {table: pos for table, pos, *_ in shape if pos is not None}
         tables_of = {
-            table: (_binary_columns(texts), orjson.loads(types) if types else {})
+            table: (_binary_columns(texts), types_variants(types or []))
             for table, _, _, _, texts, types in shape
         }
         if on_refused is None:
@@ -718,7 +728,7 @@ class PostgresTarget(Target):
         tx: Any,
         rows: _BatchRows,
         truncates: Mapping[str, int],
-        tables: Mapping[str, tuple[set[str], dict[str, str]]],
+        tables: Mapping[str, tuple[set[str], TypesVariants]],
         guard: bool,
         result: ApplyResult,
     ) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from sluice.sync.changes import TypesVariants, types_variants
 from sluice.sync.envelope import key_text
 from sluice.sync.schema import Recorded
 from sluice.sync.targets.base import (
@@ -29,7 +30,7 @@ from sluice.sync.targets.base import (
     infer_type,
     quote,
 )
-from sluice.sync.targets.evolution import history_from_rows
+from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
 from sluice.sync.types import sqlite_type
 from sluice.test_switches import OFF, Switches
 
@@ -74,7 +75,7 @@ class SqliteTarget(Target):
         self.conn.execute("PRAGMA synchronous=FULL")
         self.conn.executescript(META)
         self._columns: dict[str, list[str]] = {}
-        self._reported: set[tuple[str, str]] = set()  # columns whose type was reported wrong
+        self._checked: set[str] = set()  # tables whose column types were compared with the mapping
 
     def close(self) -> None:
         self.conn.close()
@@ -152,7 +153,7 @@ class SqliteTarget(Target):
     # --- rows ------------------------------------------------------------------------------------
     def _apply_changes(self, tx: sqlite3.Connection, changes: pa.Table, guard: bool) -> int:
         by_table: dict[str, list[_Change]] = {}
-        types: dict[str, tuple[int, str]] = {}  # per table, the types of its newest change naming them
+        types: dict[str, set[str]] = {}  # per table, the `types` texts of its changes
         for table, kt, pos, after, binary, typed in zip(
             changes.column("table").to_pylist(),
             changes.column("key").to_pylist(),
@@ -162,8 +163,8 @@ class SqliteTarget(Target):
             changes.column("types").to_pylist(),
             strict=True,
         ):
-            if typed is not None and pos >= types.get(table, (pos, ""))[0]:
-                types[table] = (pos, typed)
+            if typed is not None:
+                types.setdefault(table, set()).add(typed)
             key = orjson.loads(kt)
             image = None if after is None else orjson.loads(after)
             if binary is not None:  # base64 text back to bytes, stored as BLOB
@@ -173,7 +174,7 @@ class SqliteTarget(Target):
                             part[col] = base64.b64decode(part[col])
             by_table.setdefault(table, []).append(_Change(kt, key, pos, image))
         return sum(
-            self._write_table(tx, table, rows, guard, orjson.loads(types[table][1]) if table in types else {})
+            self._write_table(tx, table, rows, guard, types_variants(types.get(table, ())))
             for table, rows in by_table.items()
         )
 
@@ -256,7 +257,7 @@ class SqliteTarget(Target):
         return cols
 
     def _ensure_table(
-        self, tx: sqlite3.Connection, table: str, events: list[_Change], types: Mapping[str, str]
+        self, tx: sqlite3.Connection, table: str, events: list[_Change], types: TypesVariants
     ) -> str:
         """Create the target table, or add the columns this batch brings: typed by the source's
         column `types` through the mapping (sync/types.py), or, for a source that names none,
@@ -265,8 +266,13 @@ class SqliteTarget(Target):
         tm = m.for_table(table)
         name = m.target_table(table)
         wanted: dict[str, str] = {}  # target column -> its type
-        if types:
-            for src, source_type in types.items():
+        existing = self._table_columns(tx, name)
+        typed = merged_types(types)
+        if typed and (not existing or any(m.target_column(table, c) not in existing for c in typed)):
+            # a new table or column: the types through the schema changes the target recorded
+            typed = target_types(self, tx, table, types)
+        if typed:
+            for src, source_type in typed.items():
                 dst = m.target_column(table, src)
                 if dst is not None:
                     wanted[dst] = tm.casts.get(dst) or sqlite_type(source_type)
@@ -284,7 +290,6 @@ class SqliteTarget(Target):
                     or dst in _key_targets(m, table, events)
                 ):
                     wanted[dst] = tm.casts.get(dst) or infer_type(vals, "sqlite")
-        existing = self._table_columns(tx, name)
         if not existing:
             key_cols = [m.target_column(table, c) for c in events[0].key]
             if any(c is None for c in key_cols):
@@ -295,7 +300,8 @@ class SqliteTarget(Target):
             tx.execute(f"CREATE TABLE IF NOT EXISTS {quote(name)} ({', '.join(defs)}, PRIMARY KEY ({pk}))")
             self._columns.pop(name, None)
         else:
-            if types:
+            if typed and name not in self._checked:
+                self._checked.add(name)
                 self._report_types(tx, name, wanted, tm.casts)
             for c, typ in wanted.items():
                 if c not in existing:
@@ -308,15 +314,12 @@ class SqliteTarget(Target):
     def _report_types(
         self, tx: sqlite3.Connection, name: str, wanted: Mapping[str, str], casts: Mapping[str, str]
     ) -> None:
-        """Say (once per column) where an existing column's affinity is not the mapping's (made
-        by an earlier version from one batch's values): values are converted to it."""
+        """Say where an existing column's affinity is not the mapping's (made by an earlier
+        version from one batch's values): values are converted to it."""
         declared = {r[1]: r[2] for r in tx.execute(f"PRAGMA table_info({quote(name)})")}
         for column, want in wanted.items():
             have = declared.get(column)
-            if have is None or column in casts or (name, column) in self._reported:
-                continue
-            if _affinity(have) != _affinity(want):
-                self._reported.add((name, column))
+            if have is not None and column not in casts and _affinity(have) != _affinity(want):
                 log.warning(
                     "event=target_column_type_mismatch table=%s column=%s have=%r want=%r detail=%r",
                     name, column, have, want,
@@ -326,7 +329,7 @@ class SqliteTarget(Target):
                 )  # fmt: skip
 
     def _write_table(
-        self, tx: sqlite3.Connection, table: str, events: list[_Change], guard: bool, types: Mapping[str, str]
+        self, tx: sqlite3.Connection, table: str, events: list[_Change], guard: bool, types: TypesVariants
     ) -> int:
         m = self.mapping
         tm = m.for_table(table)
