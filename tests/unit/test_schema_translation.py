@@ -139,3 +139,31 @@ def test_stop_commits_nothing_of_the_batch_and_names_the_change(tmp_path: Path) 
         assert list(t.read_rows("t")) == ['{"id":1}']
     # the operator chose evolve: the same batch goes through, once
     assert rows_of(url, "evolve", [changes, changes])['{"id":4}'] == {"id": 4, "b": 4, "c": 4}
+
+
+def test_a_batchs_column_types_merge_through_the_recorded_changes() -> None:
+    """A table's types as a batch named them (oldest first), in the target's names now: a
+    renamed column under its new name, a dropped one gone (when the drop was applied), the
+    newer variant's type winning, and a type change recorded after every variant applied."""
+    from sluice.sync.changes import ChangeBuilder, types_variants
+    from sluice.sync.targets.evolution import merged_types
+
+    old = {"id": "int(11)", "a": "int(11)", "c": "int(11)", "w": "int(11)"}
+    new = {"id": "int(11)", "b": "int(11)", "w": "int(11)"}
+    history = [
+        rec(10, "rename_column", "a", "b"),
+        rec(20, "drop_column", "c"),
+        Recorded(40, SchemaChange("change_type", "w", type="bigint"), True),
+    ]
+    assert merged_types([(5, old), (30, new)], history) == {"id": "int(11)", "b": "int(11)", "w": "bigint"}
+    ignored = [rec(10, "rename_column", "a", "b", applied=False), rec(20, "drop_column", "c", applied=False)]
+    assert merged_types([(5, old)], ignored) == old  # the target kept its columns
+    assert merged_types([(5, old), (30, new)]) == {**old, **new}
+    # what a builder hands over: each distinct set of types once, at its highest position
+    builder = ChangeBuilder(collapse=True)
+    for pos, types in ((1, old), (2, old), (7, new), (5, old)):
+        doc = {"op": "u", "table": "t", "key": {"id": pos}, "before": None, "after": {"id": pos},
+               "types": types, "source": {"pos": pos, "ts_ms": 1}}  # fmt: skip
+        builder.add(orjson.dumps(doc), "topic", 0, pos, 1)
+    texts = set(builder.batch().column("types").to_pylist())
+    assert len(texts) == 1 and types_variants(texts) == [(5, old), (7, new)]
