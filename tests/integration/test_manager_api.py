@@ -299,12 +299,12 @@ def test_an_invalid_task_definition_answers_422_naming_the_field(operator: httpx
 def test_tasks_create_control_update_and_delete_with_an_audit_trail(
     manager: ManagerHandle, operator: httpx.Client, viewer: httpx.Client, admin: httpx.Client
 ) -> None:
-    target = {"url": "postgresql://app@127.0.0.1:1/db", "password": {"env": "API_ORDERS_PW"}}
+    target = {"url": "postgresql://app@127.0.0.1:1/db", "password": {"env": "SLUICE_SECRET_API_ORDERS"}}
     task = {**GOOD_TASK, "id": "api-orders", "target": target}
     plain = {**task, "target": "postgresql://app:s3cret@127.0.0.1:1/db"}
     r = operator.post("/api/v1/tasks", json=plain)
     assert r.status_code == 422 and r.json()["field"] == "task.target", r.text
-    assert "{env: SHOP_PG_PASSWORD}" in r.json()["detail"] and "s3cret" not in r.text
+    assert "{env: SLUICE_SECRET_SHOP_PG}" in r.json()["detail"] and "s3cret" not in r.text
     r = operator.post("/api/v1/tasks", json=task)
     assert r.status_code == 201, r.text
     summary = r.json()
@@ -327,7 +327,9 @@ def test_tasks_create_control_update_and_delete_with_an_audit_trail(
     shown = viewer.get("/api/v1/tasks/api-orders").json()["definition"]
     assert operator.put("/api/v1/tasks/api-orders", json=shown).status_code == 200
     stored = manager.state.services.tasks.get("api-orders")
-    assert stored.target == target["url"] and stored.target_password == SecretRef("env", "API_ORDERS_PW")
+    assert stored.target == target["url"] and stored.target_password == SecretRef(
+        "env", "SLUICE_SECRET_API_ORDERS"
+    )
     r = operator.put("/api/v1/tasks/api-orders", json={**shown, "target": {**target, "password": "s3cret"}})
     assert r.status_code == 422 and r.json()["field"] == "task.target.password", r.text
     assert "s3cret" not in r.text

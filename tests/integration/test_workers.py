@@ -42,12 +42,15 @@ def start_worker(
     workdir: Path,
     env: dict[str, str] | None = None,
     client_config: Path | None = None,
+    overrides: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """A worker process logging to workdir/NAME.log; `env` adds to its environment (the variables
     its tasks' secret references name). `client_config`: a worker.properties with Kafka's client
-    keys (security on), the worker then in the default group its user's ACLs name."""
+    keys (security on), the worker then in the default group its user's ACLs name. `overrides`:
+    more worker settings (`secrets.dir` ...)."""
     log = (workdir / f"{name}.log").open("ab")
     config = ["--config", str(client_config)] if client_config is not None else ["--group", "g"]
+    config += [arg for k, v in (overrides or {}).items() for arg in ("--override", f"{k}={v}")]
     return subprocess.Popen(
         [sys.executable, "-m", "sluice.ops.cli", "worker", "start", *config, "--name", name,
          "--session-timeout", "6", "-b", bootstrap, "--zookeeper", zk, "--dir", str(workdir)],
@@ -349,13 +352,15 @@ def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commi
     items_database(mariadb, "wf")
     good_url, fixed_url = f"sqlite:///{tmp_path / 'good.db'}", f"sqlite:///{tmp_path / 'fixed.db'}"
     bad_port = free_port()
-    bad_target = f"{{url: 'postgresql://sync@127.0.0.1:{bad_port}/nowhere', password: {{env: WF_BAD_PW}}}}"
+    bad_target = (
+        f"{{url: 'postgresql://sync@127.0.0.1:{bad_port}/nowhere', password: {{env: SLUICE_SECRET_WF_BAD}}}}"
+    )
     good_yaml = ITEMS_TASK.format(id="good", port=mariadb.port, db="wf", target=good_url)
     zk, store = create_task(good_yaml, tmp_path, zk_address)
     create_task(
         ITEMS_TASK.format(id="bad", port=mariadb.port, db="wf", target=bad_target), tmp_path, zk_address
     )[0].stop()
-    worker = start_worker("wf1", bootstrap, zk_address, tmp_path, env={"WF_BAD_PW": "hunter2"})
+    worker = start_worker("wf1", bootstrap, zk_address, tmp_path, env={"SLUICE_SECRET_WF_BAD": "hunter2"})
 
     rows = items_in_target
 

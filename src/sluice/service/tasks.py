@@ -11,7 +11,15 @@ from typing import Any
 
 from sluice.service.context import Services
 from sluice.service.errors import ConflictError, InvalidError, NotFoundError
-from sluice.sync.tasks import Control, TaskNotFoundError, TaskSpec, TaskSpecError, parse_spec, redact
+from sluice.sync.tasks import (
+    Control,
+    TaskNotFoundError,
+    TaskSpec,
+    TaskSpecError,
+    check_scope,
+    parse_spec,
+    redact,
+)
 
 #: a task whose last failure is this recent, and that has no running execution, is "failing"
 FAILING_WINDOW_S = 120.0
@@ -46,7 +54,7 @@ def parse_definition_text(text: str, what: str = "task definition") -> TaskSpec:
 
 def redacted_definition(spec: TaskSpec) -> dict[str, Any]:
     """The definition as the API and the CLI show it: secrets as their references
-    (`{"env": "SHOP_DB_PASSWORD"}`), plain text of a definition stored before references as ***.
+    (`{"env": "SLUICE_SECRET_SHOP_DB"}`), plain text of a definition stored before references as ***.
     Saved back as it is, it is accepted, unless it holds *** (refused, naming the field)."""
     return spec.to_doc(shown=True)
 
@@ -58,7 +66,18 @@ def _spec(svc: Services, task_id: str) -> TaskSpec:
         raise NotFoundError(f"no task {task_id!r}") from None
 
 
+def check_secret_scope(svc: Services, spec: TaskSpec) -> None:
+    """InvalidError naming the field and the rule unless every secret reference of `spec` is in
+    the cluster's secret scope (`TaskStore.secret_scope`): a `{file:}` under its directory, an
+    `{env:}` with its prefix. Each worker checks its own scope again when it resolves them."""
+    try:
+        check_scope(spec, svc.tasks.secret_scope())
+    except TaskSpecError as exc:
+        raise InvalidError(str(exc), field=_field_of(str(exc))) from None
+
+
 def create_task(svc: Services, spec: TaskSpec) -> dict[str, Any]:
+    check_secret_scope(svc, spec)
     try:
         svc.tasks.create(spec)
     except TaskSpecError as exc:
@@ -81,6 +100,7 @@ def update_task(svc: Services, spec: TaskSpec, task_id: str | None = None) -> di
     from sluice.sync.sources.resnapshot import new_request
 
     check_same_id(spec, task_id)
+    check_secret_scope(svc, spec)
     try:
         before = svc.tasks.get(spec.id)
         added = [t for t in spec.tables if t not in before.tables] if _captures_binlog(spec) else []

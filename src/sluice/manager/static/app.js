@@ -744,7 +744,7 @@
     const body = h("div");
     const workers = h("div");
     const yaml = h("textarea", { testid: "task-create-yaml", spellcheck: "false",
-      placeholder: "id: shop-to-pg\nsource: {kind: mariadb, host: 127.0.0.1, port: 3306, user: sluice, database: shop,\n         password: {env: SHOP_DB_PASSWORD}}\ntables: [customers, orders]\ntarget: postgresql://sluice@127.0.0.1:5432/shop" });
+      placeholder: "id: shop-to-pg\nsource: {kind: mariadb, host: 127.0.0.1, port: 3306, user: sluice, database: shop,\n         password: {env: SLUICE_SECRET_SHOP_DB}}\ntables: [customers, orders]\ntarget: postgresql://sluice@127.0.0.1:5432/shop" });
     const formError = h("p", { class: "form-error", testid: "task-create-error", hidden: true });
     const form = h("form", { testid: "task-create" }, yaml,
       h("div", { class: "actions" },
