@@ -44,7 +44,9 @@ class ConnectionAuth:
         self._exchange: SaslExchange | None = None
         if listener.sasl:
             store = CredentialStore(broker.store.client)
-            self._exchange = SaslExchange(broker.config.sasl_mechanisms, store.credential)
+            self._exchange = SaslExchange(
+                broker.config.sasl_mechanisms, store.credential, store.fake_credential
+            )
 
     def allows(self, api_key: int) -> bool:
         """May this request be handled now? Before authentication only ApiVersions and SASL."""

@@ -54,10 +54,11 @@ ZOOKEEPER_UNREACHABLE: tuple[type[Exception], ...] = (ConnectionLoss, SessionExp
 
 
 #: Znodes no one but Sluice's own processes may read, once ACLs are on: SCRAM credentials,
-#: sync task definitions (they hold database passwords), the manager's users and token key, and
-#: Kafka ACLs. Every other znode is world-readable (as Kafka's ``zookeeper.set.acl=true`` does),
-#: and only Sluice's digest user may change anything.
-SENSITIVE_PATHS = ("/config/users", "/tasks", "/manager", "/acls")
+#: sync task definitions (they hold database passwords), the manager's users and token key,
+#: Kafka ACLs, and the brokers' key for unknown users' SCRAM challenges. Every other znode is
+#: world-readable (as Kafka's ``zookeeper.set.acl=true`` does), and only Sluice's digest user may
+#: change anything.
+SENSITIVE_PATHS = ("/config/users", "/tasks", "/manager", "/acls", "/security")
 
 
 def is_sensitive(path: str) -> bool:
