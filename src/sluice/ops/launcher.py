@@ -32,6 +32,7 @@ import orjson
 from sluice.cluster.zkstore import ZkAuth, close, connect
 from sluice.ops.netns import HostNetwork, namespace_exec_prefix
 from sluice.ops.ports import free_ports
+from sluice.ops.private_files import PRIVATE_UMASK, open_private_log, private_dir
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
 from sluice.security.client import PLAINTEXT, ClientSecurity
@@ -301,7 +302,7 @@ def broker_command(b: BrokerProcess, config_file: Path) -> list[str]:
 
 
 def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
-    Path(b.data_dir).mkdir(parents=True, exist_ok=True)
+    private_dir(Path(b.data_dir))
     config_file = Path(cluster.directory) / f"broker-{b.broker_id}.properties"
     config_file.touch(mode=0o600)  # it may hold the inter-broker password
     config_file.write_text(
@@ -310,13 +311,14 @@ def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
             "SASL_SSL" if cluster.security == "sasl_ssl" else "PLAINTEXT",
         )
     )  # fmt: skip
-    with open(b.log_file, "ab") as logf:
+    with open_private_log(b.log_file) as logf:
         proc = subprocess.Popen(
             broker_command(b, config_file),
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            umask=PRIVATE_UMASK,
         )
     b.pid = proc.pid
 
@@ -383,7 +385,9 @@ def cluster_up(
     ``zookeeper_nodes`` > 1 starts an ensemble instead of a standalone server. On any failure
     everything started so far is stopped and removed."""
     directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    # Everything of the cluster is its owner's (logs, data, credentials): a new directory is made
+    # 0700 (a directory given that exists already keeps its mode; what is in it is private).
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     if (directory / STATE_FILE).exists():
         existing = LocalCluster.load(directory)
         if any(pid_alive(b.pid) for b in existing.brokers):
@@ -630,10 +634,11 @@ def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
         *namespace_prefix(w.namespace), sys.executable, "-m", "sluice.ops.cli", "worker", "start",
         "--config", str(config_file),
     ]  # fmt: skip
-    with open(w.log_file, "ab") as logf:
+    with open_private_log(w.log_file) as logf:
         proc = subprocess.Popen(
-            argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+            argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            umask=PRIVATE_UMASK,
+        )  # fmt: skip
     w.pid = proc.pid
 
 

@@ -233,6 +233,7 @@ def broker_start(
     from sluice.broker.config import BrokerConfig
     from sluice.broker.server import ListenerBindError
     from sluice.cluster.zkstore import BrokerIdInUseError
+    from sluice.ops.private_files import private_umask
     from sluice.properties import ConfigError
 
     try:
@@ -245,6 +246,7 @@ def broker_start(
     except ConfigError as exc:
         raise fail(str(exc)) from None
     configure_logging(log_level)
+    private_umask()  # its data directory, segments and checkpoints are its owner's alone
     try:
         run_broker(config)
     except (BrokerIdInUseError, DataDirInUseError, ListenerBindError, ConnectionError, ValueError) as exc:

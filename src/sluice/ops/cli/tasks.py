@@ -445,6 +445,9 @@ def worker_start(
     REDACTOR.add([security.password or ""])  # no log line of the worker's may show it
     spark_master, session_timeout = config.spark_master, config.session_timeout_s
     configure_logging("info")
+    from sluice.ops.private_files import private_umask
+
+    private_umask()  # its checkpoints and Spark's files are its owner's alone (Spark's JVM inherits it)
     from sluice import test_switches
 
     switches = test_switches.for_process()  # all off unless a test harness armed them
