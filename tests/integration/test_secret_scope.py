@@ -79,6 +79,40 @@ def test_an_operator_cannot_point_a_task_at_a_file_or_variable_outside_the_scope
         assert r.status_code == 422 and "secrets.dir" in r.json()["detail"], r.text
         r = api.put("/api/v1/tasks/shop", json=_task("shop", {"env": f"{DEFAULT_ENV_PREFIX}SHOP_PG"}))
         assert r.status_code == 200, r.text
+
+        # The cluster's scope, set with the CLI (the cluster's ZooKeeper credential), is what the
+        # manager checks from then on; a scope that would open everything is refused.
+        env = {**os.environ, "COLUMNS": "200", "SLUICE_ZOOKEEPER_AUTH_FILE": str(zk_file)}
+
+        def scope(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "sluice.ops.cli", "task", "secret-scope", *args, "--zookeeper",
+                 c.zookeeper],
+                capture_output=True, text=True, timeout=60, env=env,
+            )  # fmt: skip
+
+        shown = scope()
+        assert (
+            shown.stdout.strip()
+            == f"secrets.dir={DEFAULT_SECRETS_DIR} secrets.env.prefix={DEFAULT_ENV_PREFIX}"
+        )
+        refused = scope("--dir", "/")
+        assert refused.returncode == 2 and "--dir" in refused.stderr and "every file" in refused.stderr, (
+            refused
+        )
+        own = tmp_path / "secrets"
+        changed = scope("--dir", str(own), "--env-prefix", "SHOP_")
+        assert changed.stdout.strip() == f"secrets.dir={own} secrets.env.prefix=SHOP_", changed
+        r = api.post("/api/v1/tasks", json=_task("own", {"file": f"{own}/pg"}))
+        assert r.status_code == 201, r.text
+        for ref, says in (
+            ({"file": f"{DEFAULT_SECRETS_DIR}/pg"}, str(own)),
+            ({"env": "SLUICE_SECRET_PG"}, "SHOP_"),
+        ):
+            r = api.post("/api/v1/tasks", json=_task("old-scope", ref))
+            assert r.status_code == 422 and says in r.json()["detail"], r.text
+        r = api.post("/api/v1/tasks", json=_task("own-env", {"env": "SHOP_PG"}))
+        assert r.status_code == 201, r.text
     finally:
         manager.stop()
 
