@@ -28,7 +28,8 @@ CreateTopics         CREATE on the cluster or on each topic
 DeleteTopics         DELETE on each topic
 InitProducerId       IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KIP-679); with a
                      transactional id, WRITE on it
-AddPartitionsToTxn   WRITE on the transactional id, WRITE on each topic
+AddPartitionsToTxn   WRITE on the transactional id, WRITE on each topic; v4+ (brokers: KIP-890's
+                     verification) CLUSTER_ACTION on the cluster
 AddOffsetsToTxn      WRITE on the transactional id, READ on the group
 EndTxn               WRITE on the transactional id
 TxnOffsetCommit      WRITE on the transactional id, READ on the group, READ on each topic
@@ -54,11 +55,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice import metrics
+from sluice.broker.produce_validation import has_transactional_records
 from sluice.broker.replica_access import claimed_replica_id
 from sluice.metrics import api_name
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
-from sluice.protocol.records import HEADER_SIZE, parse_header
 from sluice.security.acl import (
     AclAuthorizer,
     AclSnapshot,
@@ -201,26 +202,13 @@ Guard = Callable[[Handler, "Broker", RequestHeader, Body, Check], Awaitable[Body
 # -- per-API guards ---------------------------------------------------------------------------
 
 
-def _has_transactional_records(req: Body) -> bool:
-    """Does any partition's data start with a transactional batch (a producer's request never
-    mixes them)?"""
-    for t in req["topic_data"]:
-        for p in t["partition_data"]:
-            records = p.get("records")
-            if (
-                records is not None
-                and len(records) >= HEADER_SIZE
-                and parse_header(records, 0).is_transactional
-            ):
-                return True
-    return False
-
-
 async def _produce(
     handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     txn_id = req.get("transactional_id")
-    if _has_transactional_records(req) and (
+    # Kafka's rule, from each partition's first batch: with exactly one batch per partition
+    # (produce_validation.records_refusal, in the handler) that is every batch appended.
+    if has_transactional_records(req) and (
         txn_id is None or not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id)
     ):
         if req["acks"] == 0:
@@ -757,6 +745,14 @@ async def _add_partitions_to_txn(
 ) -> Body | None:
     from sluice.broker.txn_apis import partition_results
 
+    if header.api_version >= 4:  # only brokers send these (KIP-890's verification among them)
+        if check.cluster(Operation.CLUSTER_ACTION):
+            return await handler(broker, header, req)
+        return {
+            "throttle_time_ms": 0,
+            "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            "results_by_transaction": [],
+        }
     topics = list(req["v3_and_below_topics"])
     keys = [(t["name"], p) for t in topics for p in t["partitions"]]
     if not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["v3_and_below_transactional_id"]):

@@ -22,8 +22,10 @@ from sluice.broker import (
     admin_groups,
     admin_partitions,
     admin_records,
+    produce_validation,
     scram_apis,
     txn_apis,
+    txn_verification,
 )
 from sluice.broker.admin import missing_topic_error, validate_topic_name
 from sluice.broker.admin_cluster import authorized_operations
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from sluice.broker.replica_access import ReplicaClaim
     from sluice.broker.replica_manager import FetchResult
     from sluice.cluster.view import PartitionInfo
+    from sluice.storage.producer_state import VerificationGuard
 
 log = logging.getLogger("sluice.handlers")
 
@@ -437,51 +440,88 @@ def _produce_partition_response(index: int, result: ProduceResult) -> Body:
     }
 
 
+def _produce_refusal(index: int, error: ErrorCode, message: str | None = None) -> Body:
+    return _produce_partition_response(index, ProduceResult(error, message=message))
+
+
+def _produce_refused_whole(req: Body, error: ErrorCode) -> Body | None:
+    """Every partition answered ``error``, nothing appended (Kafka's answer to a request it
+    refuses as a whole)."""
+    if req["acks"] == 0:
+        return None
+    return {
+        "responses": [
+            {
+                "name": t["name"],
+                "partition_responses": [_produce_refusal(p["index"], error) for p in t["partition_data"]],
+            }
+            for t in req["topic_data"]
+        ],
+        "throttle_time_ms": 0,
+    }
+
+
 async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | None:
+    """Produce: each partition's one batch checked (``produce_validation``), a transactional
+    batch that would open its transaction verified with the transaction coordinator (KIP-890
+    part 1, ``txn_verification``), then appended; acks=all answers wait for replication."""
     acks = req["acks"]
-    responses: list[Body] = []
-    waits: list[tuple[str, int, int, ProduceResult]] = []
-    appended = 0  # record bytes (sluice_bytes_in_total)
+    txn_id = req.get("transactional_id")
+    if produce_validation.has_transactional_records(req) and txn_id is None:
+        # Kafka refuses transactional records without a transactional id, authorizer or not:
+        # there is no transaction a coordinator could know them by.
+        return _produce_refused_whole(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    producers = produce_validation.transactional_producers(req)
+    if len(producers) > 1:
+        return _produce_refused_whole(req, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    answers: dict[tuple[str, int], Body] = {}
+    accepted: list[tuple[str, int, Any]] = []
     twice = duplicated((t["name"], pd["index"]) for t in req["topic_data"] for pd in t["partition_data"])
     for topic in req["topic_data"]:
         name = topic["name"]
-        parts = []
         for pd in topic["partition_data"]:
-            if (name, pd["index"]) in twice:
-                parts.append(
-                    {
-                        "index": pd["index"],
-                        "error_code": ErrorCode.INVALID_REQUEST,
-                        "base_offset": -1,
-                        "error_message": DUPLICATE_MESSAGE,
-                    }
+            key = (name, pd["index"])
+            if key in twice:
+                answers[key] = _produce_refusal(pd["index"], ErrorCode.INVALID_REQUEST, DUPLICATE_MESSAGE)
+            elif acks not in (0, 1, -1):
+                answers[key] = _produce_refusal(pd["index"], ErrorCode.INVALID_REQUIRED_ACKS)
+            elif name.startswith("__"):
+                answers[key] = _produce_refusal(
+                    pd["index"],
+                    ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    f"{name} is internal: only the broker writes to it",
                 )
-                continue
-            if acks not in (0, 1, -1):
-                parts.append(
-                    {"index": pd["index"], "error_code": ErrorCode.INVALID_REQUIRED_ACKS, "base_offset": -1}
-                )
-                continue
-            if name.startswith("__"):
-                parts.append(
-                    {
-                        "index": pd["index"],
-                        "error_code": ErrorCode.INVALID_TOPIC_EXCEPTION,
-                        "base_offset": -1,
-                        "error_message": f"{name} is internal: only the broker writes to it",
-                    }
-                )
-                continue
-            result = broker.replicas.append(name, pd["index"], pd["records"], required_acks=acks)
-            if result.error is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and broker.metadata.topic(name) is None:
+            elif broker.metadata.topic(name) is None:
                 error, message = missing_topic_error(name)
-                result = ProduceResult(error, message=message)
-            if result.error is ErrorCode.NONE:
-                appended += len(pd["records"])
-                if acks == -1:
-                    waits.append((name, pd["index"], len(parts), result))
-            parts.append(_produce_partition_response(pd["index"], result))
-        responses.append({"name": name, "partition_responses": parts})
+                answers[key] = _produce_refusal(pd["index"], error, message)
+            elif (
+                refusal := produce_validation.records_refusal(pd["records"], header.api_version)
+            ) is not None or (
+                refusal := produce_validation.claims_refusal(
+                    produce_validation.batches(pd["records"])[0], name, pd["index"]
+                )
+            ) is not None:
+                answers[key] = _produce_refusal(pd["index"], ErrorCode.INVALID_RECORD, refusal)
+            else:
+                accepted.append((name, pd["index"], pd["records"]))
+    guards = await _verify_transactional(broker, txn_id, producers, accepted, answers)
+    waits: list[tuple[str, int, ProduceResult]] = []
+    appended = 0  # record bytes (sluice_bytes_in_total)
+    for name, index, records in accepted:
+        key = (name, index)
+        if key in answers:
+            continue  # refused by the transaction's verification
+        result = broker.replicas.append(
+            name, index, records, required_acks=acks, verification=guards.get(key)
+        )
+        if result.error is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and broker.metadata.topic(name) is None:
+            error, message = missing_topic_error(name)  # deleted while it was being verified
+            result = ProduceResult(error, message=message)
+        if result.error is ErrorCode.NONE:
+            appended += len(records)
+            if acks == -1:
+                waits.append((name, index, result))
+        answers[key] = _produce_partition_response(index, result)
     TRAFFIC.bytes_in += appended
     if waits:
         # Every partition was appended first; now wait for all of them to be replicated at once.
@@ -489,15 +529,59 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
         outcomes = await asyncio.gather(
             *(
                 broker.replicas.wait_replicated(name, index, result, timeout_s)
-                for name, index, _, result in waits
+                for name, index, result in waits
             )
         )
-        by_topic = {r["name"]: r["partition_responses"] for r in responses}
-        for (name, index, slot, _), outcome in zip(waits, outcomes, strict=True):
-            by_topic[name][slot] = _produce_partition_response(index, outcome)
+        for (name, index, _), outcome in zip(waits, outcomes, strict=True):
+            answers[(name, index)] = _produce_partition_response(index, outcome)
     if acks == 0:
         return None
-    return {"responses": responses, "throttle_time_ms": 0}
+    return {
+        "responses": [
+            {
+                "name": t["name"],
+                "partition_responses": [answers[(t["name"], pd["index"])] for pd in t["partition_data"]],
+            }
+            for t in req["topic_data"]
+        ],
+        "throttle_time_ms": 0,
+    }
+
+
+async def _verify_transactional(
+    broker: Broker,
+    txn_id: str | None,
+    producers: set[tuple[int, int]],
+    accepted: list[tuple[str, int, Any]],
+    answers: dict[tuple[str, int], Body],
+) -> dict[tuple[str, int], VerificationGuard]:
+    """KIP-890 part 1: for each accepted partition whose transactional batch would open its
+    producer's transaction there, take the partition's verification guard and ask the
+    transaction coordinator whether the transaction has added the partition; a partition it has
+    not (or that cannot be asked about) is answered here. The guards of the others, for their
+    appends."""
+    if not producers or txn_id is None:
+        return {}
+    ((producer_id, producer_epoch),) = producers
+    guards: dict[tuple[str, int], VerificationGuard] = {}
+    for name, index, records in accepted:
+        first = produce_validation.first_batch(records)
+        if first is None or not first.is_transactional or first.producer_id < 0:
+            continue
+        guard, error = broker.replicas.begin_txn_verification(name, index, producer_id)
+        if error is not ErrorCode.NONE:
+            answers[(name, index)] = _produce_refusal(index, error)
+        elif guard is not None:
+            guards[(name, index)] = guard
+    if not guards:
+        return guards
+    verdicts = await broker.txn_verifier.verify(txn_id, producer_id, producer_epoch, list(guards))
+    for key, error in verdicts.items():
+        if error is not ErrorCode.NONE:
+            code, message = txn_verification.produce_answer(error)
+            answers[key] = _produce_refusal(key[1], code, message)
+            guards.pop(key, None)
+    return guards
 
 
 def _fetch_topic_name(broker: Broker, t: Body) -> str:
