@@ -29,13 +29,14 @@ from sluice.broker import (
 )
 from sluice.broker.admin import missing_topic_error, validate_topic_name
 from sluice.broker.admin_cluster import authorized_operations
-from sluice.broker.authz import GUARDS, guard_handlers
+from sluice.broker.authz import GUARDS, fetch_denied_topics, guard_handlers
 from sluice.broker.authz_admin import ADMIN_GUARDS
 from sluice.broker.fetch_sessions import (
     FINAL_EPOCH,
     INVALID_SESSION_ID,
     PartitionRequest,
     PartitionResult,
+    SessionOwner,
 )
 from sluice.broker.fetch_sessions import (
     Kind as FetchKind,
@@ -664,16 +665,31 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         # looped on "batch below the expected offset"). So the request is served without a
         # session and closes the one it names: the next request is a full one, naming all.
         session_epoch = FINAL_EPOCH
+    asker = current_session.get()
     context = broker.fetch_sessions.open(
         session_id,
         session_epoch,
         requested,
         forgotten,
         privileged=claim is not None,
+        owner=SessionOwner(asker.principal, asker.listener, replica_id),
     )
     if context.error is not ErrorCode.NONE:
         return _fetch_response(context.error, INVALID_SESSION_ID, [])
     partitions = context.partitions
+    # A consumer reads only what it may READ now, on every fetch: the partitions it named and,
+    # in a session, every partition the session serves though this request does not name it.
+    # A refused one stays in the session (Kafka's rule): answered TOPIC_AUTHORIZATION_FAILED
+    # while refused, served from the position the consumer sent once READ is granted.
+    # (A follower's fetch is the replication door's: replica_access, per partition read.)
+    denied: dict[tuple[str, int], ErrorCode] = {}
+    if claim is None and partitions:
+        unreadable = fetch_denied_topics(broker, {key[0] for key, _ in partitions})
+        if unreadable:
+            denied = {
+                key: ErrorCode.TOPIC_AUTHORIZATION_FAILED for key, _ in partitions if key[0] in unreadable
+            }
+            partitions = [(key, p) for key, p in partitions if key not in denied]
     read_committed = req.get("isolation_level", 0) == 1
     # A follower's incremental fetch skips the partitions its last read left quiet and that are
     # unchanged since (see Partition.quiet_mark): an idle follower of thousands of partitions
@@ -720,6 +736,8 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                     if result.error is ErrorCode.NONE and size == 0
                     else None,
                 )
+        for key, refusal in denied.items():
+            results[key] = PartitionResult(refusal, -1, -1, -1, False)
         now = loop.time()
         if total >= min_bytes or has_error or now >= deadline or not partitions:
             break
@@ -761,6 +779,11 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         responses.setdefault(key[0], []).append(_fetch_error_partition(key[1], refusal, read_committed))
     sent = 0
     for key in answer.partitions:
+        if key in denied:
+            responses.setdefault(key[0], []).append(
+                _fetch_error_partition(key[1], denied[key], read_committed)
+            )
+            continue
         result = read[key]
         sent += result.size
         responses.setdefault(key[0], []).append(
