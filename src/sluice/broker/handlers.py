@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from sluice.broker.replica_access import ReplicaClaim
     from sluice.broker.replica_manager import FetchResult
     from sluice.cluster.view import PartitionInfo
+    from sluice.protocol.records import BatchHeader
     from sluice.storage.producer_state import VerificationGuard
 
 log = logging.getLogger("sluice.handlers")
@@ -472,15 +473,19 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
         # Kafka refuses transactional records without a transactional id, authorizer or not:
         # there is no transaction a coordinator could know them by.
         return _produce_refused_whole(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-    producers = produce_validation.transactional_producers(req)
+    # Each partition's batch headers, read once (a producer's request: one header each).
+    found = [
+        [produce_validation.batches(pd["records"]) for pd in t["partition_data"]] for t in req["topic_data"]
+    ]
+    producers = produce_validation.transactional_producers(h for per_topic in found for h in per_topic)
     if len(producers) > 1:
         return _produce_refused_whole(req, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
     answers: dict[tuple[str, int], Body] = {}
-    accepted: list[tuple[str, int, Any]] = []
+    accepted: list[tuple[str, int, Any, BatchHeader]] = []
     twice = duplicated((t["name"], pd["index"]) for t in req["topic_data"] for pd in t["partition_data"])
-    for topic in req["topic_data"]:
+    for topic, topic_found in zip(req["topic_data"], found, strict=True):
         name = topic["name"]
-        for pd in topic["partition_data"]:
+        for pd, headers in zip(topic["partition_data"], topic_found, strict=True):
             key = (name, pd["index"])
             if key in twice:
                 answers[key] = _produce_refusal(pd["index"], ErrorCode.INVALID_REQUEST, DUPLICATE_MESSAGE)
@@ -496,19 +501,17 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
                 error, message = missing_topic_error(name)
                 answers[key] = _produce_refusal(pd["index"], error, message)
             elif (
-                refusal := produce_validation.records_refusal(pd["records"], header.api_version)
+                refusal := produce_validation.records_refusal(pd["records"], headers, header.api_version)
             ) is not None or (
-                refusal := produce_validation.claims_refusal(
-                    produce_validation.batches(pd["records"])[0], name, pd["index"]
-                )
+                refusal := produce_validation.claims_refusal(headers[0], name, pd["index"])
             ) is not None:
                 answers[key] = _produce_refusal(pd["index"], ErrorCode.INVALID_RECORD, refusal)
             else:
-                accepted.append((name, pd["index"], pd["records"]))
+                accepted.append((name, pd["index"], pd["records"], headers[0]))
     guards = await _verify_transactional(broker, txn_id, producers, accepted, answers)
     waits: list[tuple[str, int, ProduceResult]] = []
     appended = 0  # record bytes (sluice_bytes_in_total)
-    for name, index, records in accepted:
+    for name, index, records, _batch in accepted:
         key = (name, index)
         if key in answers:
             continue  # refused by the transaction's verification
@@ -553,7 +556,7 @@ async def _verify_transactional(
     broker: Broker,
     txn_id: str | None,
     producers: set[tuple[int, int]],
-    accepted: list[tuple[str, int, Any]],
+    accepted: list[tuple[str, int, Any, BatchHeader]],
     answers: dict[tuple[str, int], Body],
 ) -> dict[tuple[str, int], VerificationGuard]:
     """KIP-890 part 1: for each accepted partition whose transactional batch would open its
@@ -565,9 +568,8 @@ async def _verify_transactional(
         return {}
     ((producer_id, producer_epoch),) = producers
     guards: dict[tuple[str, int], VerificationGuard] = {}
-    for name, index, records in accepted:
-        first = produce_validation.first_batch(records)
-        if first is None or not first.is_transactional or first.producer_id < 0:
+    for name, index, _records, batch in accepted:
+        if not batch.is_transactional or batch.producer_id < 0:
             continue
         guard, error = broker.replicas.begin_txn_verification(name, index, producer_id)
         if error is not ErrorCode.NONE:

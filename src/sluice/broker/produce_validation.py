@@ -13,6 +13,7 @@ client with WRITE and no transactional-id ACL opened a transaction no coordinato
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from sluice.protocol.records import HEADER_SIZE, LOG_OVERHEAD, MAGIC, MAGIC_OFFSET, BatchHeader, parse_header
@@ -52,22 +53,17 @@ def first_batch(records: bytes | memoryview | None) -> BatchHeader | None:
     return parse_header(records, 0)
 
 
-def records_refusal(records: bytes | memoryview | None, version: int) -> str | None:
+def records_refusal(records: bytes | memoryview | None, found: list[BatchHeader], version: int) -> str | None:
     """Kafka's words for records a Produce v3+ partition may not carry (INVALID_RECORD), or
-    None. Kafka answers these with no error message; Sluice sends these words."""
+    None; ``found``: ``batches(records)``. Kafka answers these with no error message; Sluice
+    sends these words."""
     if records is not None and len(records) > MAGIC_OFFSET and records[MAGIC_OFFSET] != MAGIC:
         return (
             f"Produce requests with version {version} are only allowed to contain record batches with "
             f"magic version {MAGIC}"
         )
-    found = batches(records)
     if not found:
         return f"Produce requests with version {version} must have at least one record batch per partition"
-    if found[0].magic != MAGIC:
-        return (
-            f"Produce requests with version {version} are only allowed to contain record batches with "
-            f"magic version {MAGIC}"
-        )
     if len(found) > 1:
         return (
             f"Produce requests with version {version} are only allowed to contain exactly one record batch "
@@ -99,13 +95,12 @@ def has_transactional_records(req: Body) -> bool:
     return False
 
 
-def transactional_producers(req: Body) -> set[tuple[int, int]]:
-    """(producer id, epoch) of every transactional batch with a producer id in the request
-    (each partition's only batch): more than one is INVALID_PRODUCER_ID_MAPPING, as in Kafka."""
-    found: set[tuple[int, int]] = set()
-    for t in req["topic_data"]:
-        for p in t["partition_data"]:
-            for header in batches(p.get("records")):
-                if header.is_transactional and header.producer_id >= 0:
-                    found.add((header.producer_id, header.producer_epoch))
-    return found
+def transactional_producers(found: Iterable[list[BatchHeader]]) -> set[tuple[int, int]]:
+    """(producer id, epoch) of every transactional batch with a producer id among the
+    partitions' ``found`` batches: more than one is INVALID_PRODUCER_ID_MAPPING, as in Kafka."""
+    return {
+        (h.producer_id, h.producer_epoch)
+        for headers in found
+        for h in headers
+        if h.is_transactional and h.producer_id >= 0
+    }
