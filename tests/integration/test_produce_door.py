@@ -22,6 +22,8 @@ transactional id at all, was appended and opened the same hanging transaction. A
     E   assert 2 == <ErrorCode.INVALID_RECORD: 87>   (CORRUPT_MESSAGE for a request with no batch)
     test_a_transaction_that_added_the_partition_writes_and_commits
     E   assert 0 == <ErrorCode.INVALID_TXN_STATE: 48>   (a batch after the commit reopened it)
+    test_a_txn_offset_commit_its_transaction_never_added_is_refused_and_leaves_no_offset_unstable
+    E   assert 0 == <ErrorCode.INVALID_TXN_STATE: 48>   (then UNSTABLE_OFFSET_COMMIT for good)
 
 Every expected answer here is Apache Kafka 3.9.1's to the same request (the peer of `sluice peer
 up kafka`), code and message; Kafka sends no message with INVALID_RECORD, Sluice sends the words
@@ -361,3 +363,62 @@ def test_a_transaction_that_added_the_partition_writes_and_commits(default: Test
         late = produce(default, topic, txn_batch(pid, epoch, b"d", seq=3), txn_id=txn_id)
         assert late["error_code"] == ErrorCode.INVALID_TXN_STATE, late
         assert offsets(default, topic) == (4, 4)
+
+
+def test_a_txn_offset_commit_its_transaction_never_added_is_refused_and_leaves_no_offset_unstable(
+    default: TestCluster,
+) -> None:
+    """KIP-890 part 1 on ``__consumer_offsets``: TxnOffsetCommit without AddOffsetsToTxn. Before,
+    the offsets were appended as a transaction no coordinator knew of, so the group's offsets
+    stayed UNSTABLE_OFFSET_COMMIT for good to every require_stable OffsetFetch (a read_committed
+    consumer of the group never starts). Kafka 3.9 answers INVALID_TXN_STATE; so does Sluice."""
+    topic, group = "offsets-unadded", "group-unadded"
+    wait_until(lambda: create_topic(default, topic), 30, f"topic {topic}")
+    txn_id = "offsets-unadded"
+    pid, epoch = initialised(default, txn_id, acls=False)
+    group_coordinator = coordinator_of_group(default, group)
+    body = {
+        "transactional_id": txn_id,
+        "group_id": group,
+        "producer_id": pid,
+        "producer_epoch": epoch,
+        "generation_id": -1,
+        "member_id": "",
+        "group_instance_id": None,
+        "topics": [
+            {
+                "name": topic,
+                "partitions": [
+                    {
+                        "partition_index": 0,
+                        "committed_offset": 5,
+                        "committed_leader_epoch": -1,
+                        "committed_metadata": "",
+                    }
+                ],
+            }
+        ],
+    }
+    with WireClient.connect(group_coordinator, timeout_s=30) as w:
+        r = w.request(ApiKey.TXN_OFFSET_COMMIT, 3, body)
+        assert r["topics"][0]["partitions"][0]["error_code"] == ErrorCode.INVALID_TXN_STATE, r
+        fetched = w.request(
+            ApiKey.OFFSET_FETCH,
+            7,
+            {
+                "group_id": group,
+                "topics": [{"name": topic, "partition_indexes": [0]}],
+                "require_stable": True,
+            },
+        )
+    part = fetched["topics"][0]["partitions"][0]
+    assert (part["error_code"], part["committed_offset"]) == (ErrorCode.NONE, -1), fetched
+
+
+def coordinator_of_group(cluster: TestCluster, group: str) -> str:
+    def attempt() -> str | None:
+        with wire(cluster) as w:
+            r = w.request(ApiKey.FIND_COORDINATOR, 3, {"key": group, "key_type": 0})
+        return None if r["error_code"] else f"{r['host']}:{r['port']}"
+
+    return wait_until(attempt, 60, f"the coordinator of group {group}")
