@@ -469,14 +469,14 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
     part 1, ``txn_verification``), then appended; acks=all answers wait for replication."""
     acks = req["acks"]
     txn_id = req.get("transactional_id")
-    if produce_validation.has_transactional_records(req) and txn_id is None:
-        # Kafka refuses transactional records without a transactional id, authorizer or not:
-        # there is no transaction a coordinator could know them by.
-        return _produce_refused_whole(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     # Each partition's batch headers, read once (a producer's request: one header each).
     found = [
         [produce_validation.batches(pd["records"]) for pd in t["partition_data"]] for t in req["topic_data"]
     ]
+    if txn_id is None and produce_validation.any_transactional_first(h for per in found for h in per):
+        # Kafka refuses transactional records without a transactional id, authorizer or not:
+        # there is no transaction a coordinator could know them by.
+        return _produce_refused_whole(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     producers = produce_validation.transactional_producers(h for per_topic in found for h in per_topic)
     if len(producers) > 1:
         return _produce_refused_whole(req, ErrorCode.INVALID_PRODUCER_ID_MAPPING)

@@ -21,6 +21,7 @@ from sluice.protocol.records import HEADER_SIZE, LOG_OVERHEAD, MAGIC, MAGIC_OFFS
 Body = dict[str, Any]
 
 __all__ = [
+    "any_transactional_first",
     "batches",
     "claims_refusal",
     "first_batch",
@@ -48,9 +49,13 @@ def batches(records: bytes | memoryview | None) -> list[BatchHeader]:
 
 
 def first_batch(records: bytes | memoryview | None) -> BatchHeader | None:
+    """The first whole batch's header (``batches(records)[0]``), reading no further."""
     if records is None or len(records) < HEADER_SIZE:
         return None
-    return parse_header(records, 0)
+    header = parse_header(records, 0)
+    if header.batch_length <= 0 or header.batch_length + LOG_OVERHEAD > len(records):
+        return None
+    return header
 
 
 def records_refusal(records: bytes | memoryview | None, found: list[BatchHeader], version: int) -> str | None:
@@ -93,6 +98,11 @@ def has_transactional_records(req: Body) -> bool:
             if header is not None and header.is_transactional:
                 return True
     return False
+
+
+def any_transactional_first(found: Iterable[list[BatchHeader]]) -> bool:
+    """``has_transactional_records`` over the partitions' ``batches`` already read."""
+    return any(headers and headers[0].is_transactional for headers in found)
 
 
 def transactional_producers(found: Iterable[list[BatchHeader]]) -> set[tuple[int, int]]:
