@@ -42,6 +42,7 @@ from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.replication import isr_eligible
 from sluice.broker.server import KafkaServer, bind_listener
 from sluice.broker.txn_coordinator import TransactionCoordinator
+from sluice.broker.txn_verification import TxnVerifier
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller, LeaderBalance
 from sluice.cluster.health import OFFLINE, UNDER_REPLICATED, classify_partition
@@ -128,6 +129,8 @@ class Broker:
         self.coordinator = GroupCoordinator(self)
         self.cleaner = LogCleaner(self.replicas, config.cleaner)
         self.txn_coordinator = TransactionCoordinator(self)
+        #: KIP-890: this broker, as a partition's leader, asking a transactional id's coordinator
+        self.txn_verifier = TxnVerifier(self)
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
@@ -288,6 +291,7 @@ class Broker:
         await self.coordinator.stop()
         await self.cleaner.stop()
         await self.txn_coordinator.stop()
+        await self.txn_verifier.close()
         # The rest of the ZooKeeper work (resigning, closing the session) shares one deadline.
         zookeeper_deadline = time.monotonic() + self.config.zk_session_timeout_s
         await asyncio.to_thread(self.controller.stop, zookeeper_deadline - time.monotonic())

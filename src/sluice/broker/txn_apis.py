@@ -73,6 +73,8 @@ def partition_results(topics: list[Body], errors: dict[tuple[str, int], ErrorCod
 
 
 async def add_partitions_to_txn(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    if header.api_version >= 4:
+        return await _add_partitions_for_brokers(broker, req)
     topics = list(req["v3_and_below_topics"])
     partitions = [(t["name"], p) for t in topics for p in t["partitions"]]
     unknown = _unknown_partitions(broker, partitions)
@@ -92,6 +94,37 @@ async def add_partitions_to_txn(broker: Broker, header: RequestHeader, req: Body
         )
         errors = dict.fromkeys(partitions, _fenced_for(error, "add_partitions", header.api_version))
     return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": partition_results(topics, errors)}
+
+
+async def _add_partitions_for_brokers(broker: Broker, req: Body) -> Body:
+    """AddPartitionsToTxn v4+, a broker's (the authorizer asks CLUSTER_ACTION): several
+    transactions at once, each either added to as v3 adds, or, with ``verify_only``, only asked
+    whether its ongoing transaction has added each partition (KIP-890: a partition's leader
+    about to append a transactional batch; ``TransactionCoordinator.verify_partitions``)."""
+    results = []
+    for txn in req["transactions"]:
+        tid = txn["transactional_id"]
+        topics = list(txn["topics"])
+        partitions = [(t["name"], p) for t in topics for p in t["partitions"]]
+        unknown = _unknown_partitions(broker, partitions)
+        if unknown:
+            errors = {
+                key: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                if key in unknown
+                else ErrorCode.OPERATION_NOT_ATTEMPTED
+                for key in partitions
+            }
+        elif txn["verify_only"]:
+            errors = broker.txn_coordinator.verify_partitions(
+                tid, txn["producer_id"], txn["producer_epoch"], partitions
+            )
+        else:
+            error = await broker.txn_coordinator.add_partitions(
+                tid, txn["producer_id"], txn["producer_epoch"], partitions
+            )
+            errors = dict.fromkeys(partitions, error)
+        results.append({"transactional_id": tid, "topic_results": partition_results(topics, errors)})
+    return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "results_by_transaction": results}
 
 
 async def add_offsets_to_txn(broker: Broker, header: RequestHeader, req: Body) -> Body:
