@@ -350,3 +350,45 @@ def test_cluster_up_brokers_replicate_only_on_an_authenticated_listener_of_their
     secured = launcher.broker_properties(b, "127.0.0.1:2181/s", 6.0, settings, "SASL_SSL")
     assert "listener.security.protocol.map=INTERNAL:SASL_SSL\n" in secured
     assert "listeners=SASL_SSL://127.0.0.1:9092,INTERNAL://127.0.0.1:9093\n" in secured
+
+
+def test_write_txn_markers_from_a_client_port_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """WriteTxnMarkers is the brokers' own door, as follower fetches are: a marker ends another
+    producer's transaction (an abort discards its records for every read_committed reader).
+    Without an authorizer nothing checked who sent it. Before the fix, an anonymous client on the
+    client listener aborted producer 7's open transaction: ``{'error_code': 0}`` for t-0 and
+    the last stable offset moved from 0 to 4. Now CLUSTER_AUTHORIZATION_FAILED (Kafka's answer
+    without CLUSTER_ACTION) and nothing is written."""
+    from sluice.broker import txn_apis
+
+    async def run() -> None:
+        config = BrokerConfig(
+            1, tmp_path / "b1", "127.0.0.1:1/unused", listeners=(PLAINTEXT, INTERNAL),
+            inter_broker_listener="INTERNAL", inter_broker_username="broker", inter_broker_password="pw",
+        )  # fmt: skip
+        broker = Broker(config)
+        part = Partition.open(tmp_path / "b1", "t", 0, uuid.uuid4(), {}, 1)
+        broker.replicas.partitions[("t", 0)] = part
+        part.become_leader(0, (1,), (1,), time.monotonic() * 1000)
+        broker.metadata.brokers = lambda: {1: None}  # type: ignore[method-assign,assignment,return-value]
+        batch = build_batch(
+            [(b"k", b"v")] * 3, producer_id=7, producer_epoch=0, base_sequence=0, transactional=True
+        )
+        assert broker.replicas.append("t", 0, batch, required_acks=-1).error is ErrorCode.NONE
+        assert part.high_watermark == 3 and part.last_stable_offset == 0
+        marker = {"producer_id": 7, "producer_epoch": 0, "transaction_result": False, "coordinator_epoch": 0,
+                  "topics": [{"name": "t", "partition_indexes": [0]}]}  # fmt: skip
+        header = RequestHeader(ApiKey.WRITE_TXN_MARKERS, 1, 1, "not-a-broker")
+        current_session.set(Session())  # anonymous, on the client listener
+        answer = await txn_apis.write_txn_markers(broker, header, {"markers": [marker]})
+        p = answer["markers"][0]["topics"][0]["partitions"][0]
+        assert p["error_code"] == ErrorCode.CLUSTER_AUTHORIZATION_FAILED, p
+        assert part.log.log_end_offset == 3 and part.last_stable_offset == 0, "a client ended the transaction"
+        # The coordinator's marker, over the inter-broker listener as the brokers' user (the control).
+        current_session.set(Session("User:broker", "INTERNAL", "SASL_PLAINTEXT"))
+        answer = await txn_apis.write_txn_markers(broker, header, {"markers": [marker]})
+        assert answer["markers"][0]["topics"][0]["partitions"][0]["error_code"] == ErrorCode.NONE
+        assert part.last_stable_offset == 4
+        part.close()
+
+    asyncio.run(run())
