@@ -392,3 +392,34 @@ def test_write_txn_markers_from_a_client_port_is_refused_and_writes_nothing(tmp_
         part.close()
 
     asyncio.run(run())
+
+
+def test_a_broker_whose_inter_broker_listener_authenticates_nobody_says_so_at_start(
+    tmp_path: Path, caplog: Any
+) -> None:
+    """A hand-written configuration with one PLAINTEXT listener believes anyone on it as a
+    follower (as Kafka does): the broker logs one WARNING naming the listener and the remedy; a
+    SASL inter-broker listener (what `cluster up` writes) logs none."""
+    import logging
+
+    open_one = Broker(BrokerConfig(1, tmp_path / "a", "127.0.0.1:1/unused"))
+    closed = Broker(
+        BrokerConfig(
+            1,
+            tmp_path / "b",
+            "127.0.0.1:1/unused",
+            listeners=(PLAINTEXT, INTERNAL),
+            inter_broker_listener="INTERNAL",
+            inter_broker_username="broker",
+            inter_broker_password="pw",
+        )
+    )
+    with caplog.at_level(logging.WARNING, logger="sluice.broker"):
+        closed._warn_if_replication_is_open()
+        assert not caplog.records
+        open_one._warn_if_replication_is_open()
+    (record,) = caplog.records
+    assert (
+        "event=inter_broker_listener_unauthenticated listener=PLAINTEXT protocol=PLAINTEXT" in record.message
+    )
+    assert "SASL_PLAINTEXT" in record.message

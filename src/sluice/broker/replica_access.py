@@ -50,7 +50,8 @@ def may_act_as_replica(
       the brokers' user gets it, or is a super user).
     - Without one, on a SASL inter-broker listener only ``broker_principal``, the user this broker
       itself authenticates as to the others (``inter.broker.sasl.username``), whose credential
-      each broker checks against its own configuration, never ZooKeeper (``inter_broker_user``).
+      each broker checks against its own configuration, never ZooKeeper
+      (``security.credentials.with_own_user``).
     - An inter-broker listener that authenticates nobody (PLAINTEXT, or SSL without
       ``ssl.client.auth=required``) believes any connection, as Kafka does; the broker warns at
       start (:func:`inter_broker_authenticates`), and ``cluster up`` never configures one."""
