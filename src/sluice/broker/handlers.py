@@ -621,6 +621,8 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     # refused one is answered with its error and joins no session), and every session partition
     # again where it is read.
     claim = broker.replicas.replica_claim(replica_id) if replica_id >= 0 else None
+    if claim is not None and not claim.may_replicate:
+        return _refused_replica_fetch(header, req, claim)
     refused: dict[tuple[str, int], ErrorCode] = {}
     # Fetch v13+ names topics by id (KIP-516): an id this broker does not know is answered
     # UNKNOWN_TOPIC_ID and joins no session (two unknown ids must not become one nameless topic).
@@ -824,6 +826,36 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     )
 
 
+def _refused_replica_fetch(header: RequestHeader, req: Body, claim: ReplicaClaim) -> Body:
+    """A Fetch claiming a replica id from a connection that may not replicate (replica_access):
+    every partition it names is answered TOPIC_AUTHORIZATION_FAILED, as it named it, before any
+    topic is looked up, so the answer is the same whether the topic exists or not; no session
+    is opened or touched."""
+    refused = {
+        (str(t.get("topic") or t.get("topic_id")), int(p["partition"])): ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        for t in req["topics"]
+        for p in t["partitions"]
+    }
+    if refused:
+        _log_refused_claim(claim, refused)
+    read_committed = req.get("isolation_level", 0) == 1
+    denied = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    return _fetch_response(
+        ErrorCode.NONE,
+        INVALID_SESSION_ID,
+        [
+            {
+                "topic": t.get("topic", ""),
+                "topic_id": t.get("topic_id", ZERO_UUID) if header.api_version >= 13 else ZERO_UUID,
+                "partitions": [
+                    _fetch_error_partition(p["partition"], denied, read_committed) for p in t["partitions"]
+                ],
+            }
+            for t in req["topics"]
+        ],
+    )
+
+
 def _topic_id(broker: Broker, name: str, named: Mapping[str, Any]) -> Any:
     """The id of a topic in a Fetch answer: the one the request named it by, else (a partition
     only in the fetch session) the topic's current id."""
@@ -849,10 +881,11 @@ def _log_refused_claim(claim: ReplicaClaim, refused: Mapping[tuple[str, int], Er
     _refusals_logged[claim.replica_id] = now
     (topic, index), error = next(iter(refused.items()))
     log.info(
-        "event=replica_request_refused replica_id=%d host=%s principal=%s live=%s partitions=%d "
-        "first=%s-%d error=%s",
+        "event=replica_request_refused replica_id=%d host=%s listener=%s principal=%s live=%s "
+        "partitions=%d first=%s-%d error=%s",
         claim.replica_id,
         claim.session.host,
+        claim.session.listener,
         claim.session.principal,
         claim.replica_id in claim.live_brokers,
         len(refused),
@@ -913,8 +946,32 @@ async def offset_for_leader_epoch(broker: Broker, header: RequestHeader, req: Bo
     """KIP-101/KIP-279: the end offset of a leader epoch, which a follower (or a consumer after
     a leader change) truncates to before fetching, so replicas never diverge (I2)."""
     replica_id = req.get("replica_id", -1)
-    # A follower's question is judged by the replication door like its fetches (replica_access).
+    # A follower's question is judged by the replication door like its fetches (replica_access):
+    # from a connection that may not replicate, every partition is refused alike, found or not.
     claim = broker.replicas.replica_claim(replica_id) if replica_id >= 0 else None
+    if claim is not None and not claim.may_replicate:
+        denied = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        named = {(t["topic"], p["partition"]): denied for t in req["topics"] for p in t["partitions"]}
+        if named:
+            _log_refused_claim(claim, named)
+        return {
+            "throttle_time_ms": 0,
+            "topics": [
+                {
+                    "topic": t["topic"],
+                    "partitions": [
+                        {
+                            "error_code": denied,
+                            "partition": i["partition"],
+                            "leader_epoch": -1,
+                            "end_offset": -1,
+                        }
+                        for i in t["partitions"]
+                    ],
+                }
+                for t in req["topics"]
+            ],
+        }
     topics = []
     for t in req["topics"]:
         parts = []

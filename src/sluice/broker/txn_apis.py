@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.broker import txn_markers
 from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
+from sluice.security.session import current_session
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
@@ -150,8 +151,18 @@ async def end_txn(broker: Broker, header: RequestHeader, req: Body) -> Body:
 
 
 async def write_txn_markers(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    """A coordinator's markers for partitions this broker leads (authorized as CLUSTER_ACTION:
-    only brokers write markers)."""
+    """A coordinator's markers for partitions this broker leads. Only brokers write markers
+    (an abort discards another producer's records for every read_committed reader), so the
+    request is the replication door's, like a follower's fetch: only on the inter-broker
+    listener, from a broker (replica_access.may_act_as_replica, which with an authorizer is
+    Kafka's CLUSTER_ACTION); anyone else gets CLUSTER_AUTHORIZATION_FAILED on every partition."""
+    session = current_session.get()
+    if not broker.replicas.may_replicate(session):
+        log.info(
+            "event=txn_markers_refused host=%s listener=%s principal=%s markers=%d",
+            session.host, session.listener, session.principal, len(req["markers"]),
+        )  # fmt: skip
+        return _markers_answer(req, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
     markers = []
     for m in req["markers"]:
         partitions = [(t["name"], p) for t in m["topics"] for p in t["partition_indexes"]]
@@ -179,6 +190,27 @@ async def write_txn_markers(broker: Broker, header: RequestHeader, req: Body) ->
             }
         )
     return {"markers": markers}
+
+
+def _markers_answer(req: Body, error: ErrorCode) -> Body:
+    """``error`` for every partition of every marker of a WriteTxnMarkers request."""
+    return {
+        "markers": [
+            {
+                "producer_id": m["producer_id"],
+                "topics": [
+                    {
+                        "name": t["name"],
+                        "partitions": [
+                            {"partition_index": p, "error_code": error} for p in t["partition_indexes"]
+                        ],
+                    }
+                    for t in m["topics"]
+                ],
+            }
+            for m in req["markers"]
+        ]
+    }
 
 
 async def txn_offset_commit(broker: Broker, header: RequestHeader, req: Body) -> Body:
