@@ -374,7 +374,11 @@ def test_write_txn_markers_from_a_client_port_is_refused_and_writes_nothing(tmp_
         batch = build_batch(
             [(b"k", b"v")] * 3, producer_id=7, producer_epoch=0, base_sequence=0, transactional=True
         )
-        assert broker.replicas.append("t", 0, batch, required_acks=-1).error is ErrorCode.NONE
+        guard, _ = broker.replicas.begin_txn_verification("t", 0, 7)  # as if the coordinator said yes
+        assert (
+            broker.replicas.append("t", 0, batch, required_acks=-1, verification=guard).error
+            is ErrorCode.NONE
+        )
         assert part.high_watermark == 3 and part.last_stable_offset == 0
         marker = {"producer_id": 7, "producer_epoch": 0, "transaction_result": False, "coordinator_epoch": 0,
                   "topics": [{"name": "t", "partition_indexes": [0]}]}  # fmt: skip
