@@ -15,7 +15,7 @@ An apply query that fails (under CPU starvation, Spark's Python worker for the q
 may not connect back within Spark's fixed 10 s) is started again from its checkpoint after the
 workers' backoff (pipeline/restarting.py), and the report lists each failure and restart. One
 that a restart would only meet again ends the demo, FAILED with the reason. Whatever ends it
-(that, a step that raised, SIGTERM or Ctrl-C: cli/demo.py turns both into an exception), the
+(that, a step that raised, SIGTERM or Ctrl-C, which `stop_on_signals` turns into Stopped), the
 generator, the query, Spark, the manager and the cluster are stopped before it exits.
 """
 
@@ -257,7 +257,7 @@ def _apply(
 ) -> bool:  # fmt: skip
     """Steps 2 to 6. Each thing started (Spark, the query, the generator, the watchers) is pushed
     on `started`, which stops them in reverse order when the demo ends, fails or is stopped by a
-    signal (the CLI turns SIGTERM into an exception, cli/demo.py)."""
+    signal (Stopped)."""
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
