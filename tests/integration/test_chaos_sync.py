@@ -5,7 +5,6 @@ targets equal the source (invariant I8)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from sluice.chaos.sync_run import run_sync_chaos
 from sluice.chaos.sync_workload import STATEMENT_KINDS, VALUE_KINDS, SyncWorkload, parse_kinds
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.ops.postgres import LocalPostgres
+from tests.support.processes import run_command
 
 PASS = "chaos-sync verdict=pass missing=0 extra=0 different=0"
 
@@ -86,10 +86,10 @@ def test_short_chaos_sync_run_targets_equal_the_source(
 @pytest.mark.timeout(7200)
 def test_long_chaos_sync_runs_from_the_cli(tmp_path: Path) -> None:
     """`sluice chaos sync --duration 120 --seed 1..10`, standalone: it starts its own servers."""
-    done = subprocess.run(
+    done = run_command(
         [sys.executable, "-m", "sluice.ops.cli", "chaos", "sync", "--duration", "120", "--seed", "1..10",
          "--dir", str(tmp_path / "chaos-sync")],
-        capture_output=True, text=True, timeout=7000, env={**os.environ, "COLUMNS": "200"},
+        7000, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     assert done.returncode == 0 and last == PASS, done.stdout[-6000:] + done.stderr[-2000:]

@@ -58,11 +58,11 @@ from sluice.clients import close_within
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.ops.ports import free_port
 from sluice.ops.postgres import LocalPostgres
+from sluice.sync.backoff import RETRY_MAX_S
 from sluice.sync.compare import TableSchema, TargetComparison, compare_table, table_schema
 from sluice.sync.sources.mysql import BinlogPosition, column_types
 from sluice.sync.targets import open_target
 from sluice.sync.tasks import SourceSpec, TaskStore, parse_spec
-from sluice.sync.worker import RETRY_MAX_S
 
 log = logging.getLogger("sluice.chaos.sync")
 
@@ -74,7 +74,7 @@ SPARK_MASTER = "local[1]"
 TRIGGER = "500ms"
 START_TIMEOUT_S = 240.0
 #: No progress at all for this long is a stall: longer than a failing task's longest backoff
-#: before the worker starts it again (sync.worker.RETRY_MAX_S), so a task that is retrying is
+#: before the worker starts it again (sync.backoff.RETRY_MAX_S), so a task that is retrying is
 #: never given up on. While the tasks start (Spark, the snapshot, a first attempt that failed
 #: because a topic was still being created) only START_TIMEOUT_S counts.
 STALL_S = RETRY_MAX_S + 15.0
