@@ -19,7 +19,7 @@ import pytest
 from sluice.cluster.zkstore import ZkStore
 from sluice.ops import launcher
 from sluice.ops.mariadb import LocalMariaDB
-from sluice.sync.sources.mysql import BinlogPosition
+from sluice.sync.sources.mysql_base import BinlogPosition
 from sluice.sync.targets import open_target
 from sluice.sync.tasks import TaskStore
 from sluice.sync.truth import Truth, compare

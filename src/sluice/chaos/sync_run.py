@@ -70,7 +70,7 @@ from sluice.ops.ports import free_port
 from sluice.ops.postgres import LocalPostgres
 from sluice.sync.backoff import RETRY_MAX_S
 from sluice.sync.compare import TableSchema, TargetComparison, compare_table, table_schema
-from sluice.sync.sources.mysql import BinlogPosition, column_types
+from sluice.sync.sources.mysql_base import BinlogPosition, column_types
 from sluice.sync.targets import open_target
 from sluice.sync.targets.base import POS_COLUMN
 from sluice.sync.tasks import SourceSpec, TaskStore, parse_spec

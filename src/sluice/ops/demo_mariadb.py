@@ -319,7 +319,7 @@ def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 def _caught_up(svc: Any, db: LocalMariaDB) -> bool:
     """The task has captured up to the source's binlog end and applied everything in its log."""
-    from sluice.sync.sources.mysql import BinlogPosition
+    from sluice.sync.sources.mysql_base import BinlogPosition
 
     status = svc.tasks.status(TASK) or {}
     captured = status.get("captured_position")

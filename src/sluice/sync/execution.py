@@ -523,13 +523,8 @@ class TaskExecution:
         if now - self._binlog_checked < BINLOG_CHECK_S:
             return self._binlog
         self._binlog_checked = now
-        from sluice.sync.sources.mysql import (
-            SNAPSHOT,
-            BinlogPosition,
-            binary_logs,
-            purge_risk,
-            recover_position,
-        )
+        from sluice.sync.sources.mysql import binary_logs, purge_risk, recover_position
+        from sluice.sync.sources.mysql_base import SNAPSHOT, BinlogPosition
 
         try:
             if self.capture is not None:

@@ -274,7 +274,7 @@ def task_verify(
     from sluice.pipeline.session import spark_session
     from sluice.security.secrets import SecretError
     from sluice.service.tasks import request_snapshot
-    from sluice.sync.sources.mysql import CaptureError
+    from sluice.sync.sources.mysql_base import CaptureError
     from sluice.sync.tasks import TaskNotFoundError, resolved
 
     svc = services(zookeeper)
