@@ -73,7 +73,7 @@ def apply(
 
     from sluice.security.secrets import url_has_password
     from sluice.sync.targets import StaleEpochError
-    from sluice.sync.targets.base import ColumnMapping, MappingError
+    from sluice.sync.targets.mapping import ColumnMapping, MappingError
 
     if bool(topics) == bool(pattern):
         raise fail("give exactly one of --topics and --pattern", 2)
