@@ -19,7 +19,7 @@ chaos_app = typer.Typer(no_args_is_help=True, help="Random faults under a verifi
 
 
 def _print_result(result: object) -> bool:
-    from sluice.chaos.incidents import IncidentResult
+    from sluice.chaos.results import IncidentResult
 
     assert isinstance(result, IncidentResult)
     if result.timeline and not result.rows:
@@ -173,7 +173,7 @@ def figure_lines(result: object) -> list[str]:
     printed by --against kafka before the tables so a script or the README can take them."""
     import shlex
 
-    from sluice.chaos.incidents import IncidentResult
+    from sluice.chaos.results import IncidentResult
 
     assert isinstance(result, IncidentResult)
     lines = [
