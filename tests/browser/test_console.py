@@ -321,7 +321,7 @@ def _lag(console: Console) -> float:
 def start_worker(name: str, cluster: TestCluster, workdir: Path) -> subprocess.Popen[bytes]:
     log = (workdir / f"{name}.log").open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--name", name, "--session-timeout", "6",
+        [sys.executable, "-m", "sluice.cli", "worker", "start", "--name", name, "--session-timeout", "6",
          "-b", cluster.bootstrap, "--zookeeper", cluster.zookeeper, "--dir", str(workdir / name)],
         stdout=log, stderr=log, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

@@ -62,7 +62,7 @@ def grant(cluster: TestCluster, rtype: acl.ResourceType, name: str, *ops: acl.Op
 
 def sluice_acl(cluster: TestCluster, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "acl", *args, "--zookeeper", cluster.zookeeper],
+        [sys.executable, "-m", "sluice.cli", "acl", *args, "--zookeeper", cluster.zookeeper],
         capture_output=True,
         text=True,
         timeout=60,

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def broker_start(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "broker", "start", *args],
+        [sys.executable, "-m", "sluice.cli", "broker", "start", *args],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
 
@@ -139,7 +139,7 @@ def test_a_broker_from_a_config_file_serves_clients_at_its_advertised_address(
     )
     with open(tmp_path / "broker.log", "wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.ops.cli", "broker", "start", "--config", str(path),
+            [sys.executable, "-m", "sluice.cli", "broker", "start", "--config", str(path),
              "--override", "min.insync.replicas=2"],
             stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True,
         )  # fmt: skip
@@ -182,7 +182,7 @@ def test_a_worker_with_a_bad_config_file_stops_before_it_connects(
         "group.id=g\nspark.mastr=local[1]\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--config", str(path)],
+        [sys.executable, "-m", "sluice.cli", "worker", "start", "--config", str(path)],
         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     message = " ".join(done.stderr.split())

@@ -120,7 +120,7 @@ def test_short_chaos_sync_run_targets_equal_the_source(
 def test_long_chaos_sync_runs_from_the_cli(tmp_path: Path) -> None:
     """`sluice chaos sync --duration 120 --seed 1..10`, standalone: it starts its own servers."""
     done = run_command(
-        [sys.executable, "-m", "sluice.ops.cli", "chaos", "sync", "--duration", "120", "--seed", "1..10",
+        [sys.executable, "-m", "sluice.cli", "chaos", "sync", "--duration", "120", "--seed", "1..10",
          "--dir", str(tmp_path / "chaos-sync")],
         7000, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

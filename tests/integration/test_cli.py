@@ -23,7 +23,7 @@ def sluice(
     *args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 90
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args],
+        [sys.executable, "-m", "sluice.cli", *args],
         input=stdin,
         capture_output=True,
         text=True,

@@ -15,7 +15,7 @@ from tests.support.cluster import TestCluster
 
 def sluice(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args],
+        [sys.executable, "-m", "sluice.cli", *args],
         input=stdin, capture_output=True, text=True, timeout=90, cwd=cwd,
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

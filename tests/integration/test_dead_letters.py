@@ -328,7 +328,7 @@ def test_the_manager_raises_a_dead_letters_alarm_from_the_event() -> None:
 
 def sluice(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "dlq", *args, "--zookeeper", cluster.zookeeper,
+        [sys.executable, "-m", "sluice.cli", "dlq", *args, "--zookeeper", cluster.zookeeper,
          "--bootstrap-server", cluster.bootstrap],
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

@@ -27,7 +27,7 @@ Output = queue.Queue[str]
 def start_demo(args: list[str], env: dict[str, str]) -> tuple[CommandTree, Output, threading.Thread]:
     """`sluice demo ARGS`; its output, line by line, on the queue, put there by the thread."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice.ops.cli", "demo", *args],
+        [sys.executable, "-m", "sluice.cli", "demo", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env},
     )  # fmt: skip
     lines: Output = queue.Queue()
@@ -137,7 +137,7 @@ def test_sigterm_stops_the_demo_and_all_it_started_while_its_query_keeps_failing
     text = "".join(lines.get() for _ in range(lines.qsize()))
     assert demo.proc.returncode == 128 + signal.SIGTERM, text[-3000:]
     assert "demo stopped by SIGTERM: everything it started is stopped" in text, text[-3000:]
-    assert any("sluice.ops.cli broker start" in p for p in cluster_processes), cluster_processes
+    assert any("sluice.cli broker start" in p for p in cluster_processes), cluster_processes
     assert not killed, f"the demo left these running: {killed}\n{text[-3000:]}"
 
 
@@ -148,7 +148,7 @@ def test_demo_with_a_mariadb_source_ends_verified_with_the_refused_row_dead_lett
     exits 0 only when `sluice task verify` finds source and target equal and the refused row is
     in the dead-letter topic."""
     done = run_command(
-        [sys.executable, "-m", "sluice.ops.cli", "demo", "--source", "mariadb",
+        [sys.executable, "-m", "sluice.cli", "demo", "--source", "mariadb",
          "--dir", str(tmp_path / "demo"), "--duration", "24"],
         440,
     )  # fmt: skip

@@ -26,7 +26,7 @@ TOPIC = "single"
 
 def sluice(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args],
+        [sys.executable, "-m", "sluice.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

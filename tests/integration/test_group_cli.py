@@ -23,7 +23,7 @@ PER_PARTITION = 50
 
 def sluice(*args: str, bootstrap: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args, "--bootstrap-server", bootstrap],
+        [sys.executable, "-m", "sluice.cli", *args, "--bootstrap-server", bootstrap],
         capture_output=True,
         text=True,
         timeout=60,

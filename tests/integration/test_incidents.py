@@ -93,7 +93,7 @@ def test_zombie_task_passes_from_the_cli(tmp_path: Path) -> None:
     from tests.support.processes import run_command
 
     done = run_command(
-        [sys.executable, "-m", "sluice.ops.cli", "incident", "run", "zombie-task", "--local",
+        [sys.executable, "-m", "sluice.cli", "incident", "run", "zombie-task", "--local",
          "--dir", str(tmp_path)],
         380, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip

@@ -52,7 +52,7 @@ def _processes_under(directory: Path) -> list[str]:
 
 def _drill(name: str, directory: Path) -> tuple[subprocess.CompletedProcess[str], list[dict[str, str]]]:
     done = run_command(
-        [sys.executable, "-m", "sluice.ops.cli", "incident", "run", name, "--against", "kafka", "--dir",
+        [sys.executable, "-m", "sluice.cli", "incident", "run", name, "--against", "kafka", "--dir",
          str(directory)],
         280,
     )  # fmt: skip

@@ -32,7 +32,7 @@ pytestmark = [
 
 def sluice(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args],
+        [sys.executable, "-m", "sluice.cli", *args],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
 

@@ -30,7 +30,7 @@ def _libs_or_skip() -> None:
 
 def _sluice(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args], capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True, timeout=180
     )
 
 
@@ -120,7 +120,7 @@ def test_peer_up_refuses_a_heap_that_is_no_jvm_size(tmp_path: Path) -> None:
 def test_peer_up_without_the_jars_says_how_to_fetch_them(tmp_path: Path) -> None:
     env = {**os.environ, "SLUICE_PEERS_DIR": str(tmp_path / "none")}
     done = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "peer", "up", "kafka", "--dir", str(tmp_path / "p")],
+        [sys.executable, "-m", "sluice.cli", "peer", "up", "kafka", "--dir", str(tmp_path / "p")],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert done.returncode != 0 and "run scripts/peers.sh" in done.stderr, done.stderr

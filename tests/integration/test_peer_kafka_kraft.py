@@ -70,7 +70,7 @@ def test_cluster_ids_are_kafka_uuids_no_command_line_reads_as_an_option() -> Non
 def test_peer_up_kraft_without_the_jars_says_how_to_fetch_them(tmp_path: Path) -> None:
     env = {**os.environ, "SLUICE_PEERS_DIR": str(tmp_path / "none")}
     done = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "peer", "up", "kafka", "--kraft",
+        [sys.executable, "-m", "sluice.cli", "peer", "up", "kafka", "--kraft",
          "--dir", str(tmp_path / "p")],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip

@@ -277,7 +277,7 @@ def start_apply(
     or any other variables to add to its environment (a Spark fault's: tests/support/spark_faults.py)."""
     env = {**os.environ, **(armed or {})}
     return subprocess.Popen(
-        [sys.executable, "-m", "sluice.ops.cli", "apply", "-b", bootstrap, "--topics", "crash.changes",
+        [sys.executable, "-m", "sluice.cli", "apply", "-b", bootstrap, "--topics", "crash.changes",
          "--target", url, "--pipeline", "crash", "--checkpoint", str(ckpt), "--trigger", "1s",
          # Batches of at most 5,000 records: the crash points (3rd and 2nd commit) are reached
          # however far the generator got while Spark started (one slow start read 41,129 records
@@ -392,7 +392,7 @@ def test_apply_restarts_its_failed_query_from_the_checkpoint_with_a_doubling_bac
     log = tmp_path / "apply.log"
     fault = ConnectBackFault.arm(tmp_path / "fault", times=2, after=1, hang_up=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice.ops.cli", "apply", "-b", bootstrap, "--topics", "crash.changes",
+        [sys.executable, "-m", "sluice.cli", "apply", "-b", bootstrap, "--topics", "crash.changes",
          "--target", url, "--pipeline", "crash", "--checkpoint", str(tmp_path / "checkpoint"),
          "--trigger", "500ms", "--max-records-per-trigger", "1000"],
         stdout=subprocess.DEVNULL, stderr=log.open("ab"), env={**os.environ, **fault.env()},

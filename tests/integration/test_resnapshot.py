@@ -348,7 +348,7 @@ def test_a_table_added_to_a_running_task_is_snapshotted_alone(
         spec = tmp_path / "added.yaml"
         spec.write_text(ADD_TASK.format(id=db, port=mariadb.port, db=db, tables="items, ticks", target=url))
         updated = subprocess.run(
-            [sys.executable, "-m", "sluice.ops.cli", "task", "update", "--file", str(spec),
+            [sys.executable, "-m", "sluice.cli", "task", "update", "--file", str(spec),
              "--zookeeper", cluster.zookeeper], capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert updated.returncode == 0, updated.stderr

@@ -86,7 +86,7 @@ def test_an_operator_cannot_point_a_task_at_a_file_or_variable_outside_the_scope
 
         def scope(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [sys.executable, "-m", "sluice.ops.cli", "task", "secret-scope", *args, "--zookeeper",
+                [sys.executable, "-m", "sluice.cli", "task", "secret-scope", *args, "--zookeeper",
                  c.zookeeper],
                 capture_output=True, text=True, timeout=60, env=env,
             )  # fmt: skip
@@ -124,14 +124,14 @@ def test_an_operator_cannot_point_a_task_at_a_file_or_variable_outside_the_scope
     )
     env = {**os.environ, "COLUMNS": "200", "SLUICE_ZOOKEEPER_AUTH_FILE": str(zk_file)}
     done = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "task", "create", "--file", str(definition),
+        [sys.executable, "-m", "sluice.cli", "task", "create", "--file", str(definition),
          "--zookeeper", c.zookeeper],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert done.returncode == 2, done
     assert "task.target.password.file" in done.stderr and "secrets.dir" in done.stderr, done.stderr
     listed = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "task", "list", "--zookeeper", c.zookeeper],
+        [sys.executable, "-m", "sluice.cli", "task", "list", "--zookeeper", c.zookeeper],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert listed.returncode == 0 and "exfil" not in listed.stdout, listed

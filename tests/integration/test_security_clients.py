@@ -65,7 +65,7 @@ class SecureCluster:
 
 def sluice(*args: str, env: dict[str, str] | None = None, timeout_s: float = 180) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args],
+        [sys.executable, "-m", "sluice.cli", *args],
         capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert done.returncode == 0, (
@@ -87,7 +87,7 @@ def secure(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         assert len(printed) == 1, f"cluster up printed no client.properties= line:\n{out}"
         yield SecureCluster(LocalCluster.load(directory), out, Path(printed[0]))
     finally:
-        subprocess.run([sys.executable, "-m", "sluice.ops.cli", "cluster", "down", "--dir", str(directory)],
+        subprocess.run([sys.executable, "-m", "sluice.cli", "cluster", "down", "--dir", str(directory)],
                        capture_output=True, timeout=120)  # fmt: skip
 
 

@@ -225,7 +225,7 @@ def start_apply(
 ) -> subprocess.Popen[bytes]:
     env = {**os.environ, **(armed or {})}
     return subprocess.Popen(
-        [sys.executable, "-m", "sluice.ops.cli", "apply", "-b", bootstrap, "--topics", "kcrash.changes",
+        [sys.executable, "-m", "sluice.cli", "apply", "-b", bootstrap, "--topics", "kcrash.changes",
          "--target", url, "--pipeline", "kcrash", "--checkpoint", str(ckpt), "--trigger", "1s",
          "--max-records-per-trigger", "3000", "--source-format", "kafka"],
         stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env,

@@ -99,7 +99,7 @@ def start_apply(
     env.update(env_extra)
     with (tmp_path / "apply.log").open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "sluice.ops.cli", "apply", "-b", bootstrap, "--topics", TOPIC,
+            [sys.executable, "-m", "sluice.cli", "apply", "-b", bootstrap, "--topics", TOPIC,
              "--target", url, "--pipeline", PIPELINE, "--checkpoint", str(tmp_path / "checkpoint"),
              "--trigger", "500ms", "--max-records-per-trigger", str(PER_TRIGGER), "--spark-master", master],
             stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=tmp_path, start_new_session=True,
@@ -415,7 +415,7 @@ def test_a_tasks_spark_master_option_runs_it_on_the_standalone_cluster(
     zk, _ = create_task(task, tmp_path, cluster.zookeeper)
     with (tmp_path / "sm-worker.log").open("ab") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--group", "sm", "--name", "sm1",
+            [sys.executable, "-m", "sluice.cli", "worker", "start", "--group", "sm", "--name", "sm1",
              "--session-timeout", "6", "-b", cluster.bootstrap, "--zookeeper", cluster.zookeeper,
              "--dir", str(tmp_path)],
             stdout=log, stderr=log, env={**os.environ, **standalone.driver_env(), "COLUMNS": "200"},

@@ -88,7 +88,7 @@ def test_cluster_down_stops_every_broker_within_the_bound_with_zookeeper_gone(cl
     cluster.kill_zookeeper()
     started = time.monotonic()
     down = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "cluster", "down", "--dir", cluster.cluster.directory],
+        [sys.executable, "-m", "sluice.cli", "cluster", "down", "--dir", cluster.cluster.directory],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     took_s = time.monotonic() - started

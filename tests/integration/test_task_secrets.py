@@ -139,7 +139,7 @@ def test_a_task_runs_with_secret_references_and_no_secret_is_shown_anywhere(
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [sys.executable, "-m", "sluice.ops.cli", *args, "--zookeeper", zk_address],
+            [sys.executable, "-m", "sluice.cli", *args, "--zookeeper", zk_address],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         outputs[" ".join(args) + f" #{len(outputs)}"] = done.stdout + done.stderr

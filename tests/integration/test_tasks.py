@@ -32,7 +32,7 @@ def zk_address(zookeeper: str) -> str:
 
 def sluice(*args: str, zk: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args, "--zookeeper", zk],
+        [sys.executable, "-m", "sluice.cli", *args, "--zookeeper", zk],
         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
 

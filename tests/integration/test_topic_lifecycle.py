@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def sluice(*args: str, bootstrap: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", *args],
+        [sys.executable, "-m", "sluice.cli", *args],
         capture_output=True,
         text=True,
         timeout=90,

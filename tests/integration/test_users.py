@@ -29,7 +29,7 @@ def cli(cluster: TestCluster, *args: str, password: str | None = None) -> subpro
     # the cluster's ZooKeeper credential: /config/users is readable and writable with it only
     env["SLUICE_ZOOKEEPER_AUTH_FILE"] = str(cluster.zookeeper_auth_file)
     return subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "user", *args, "--zookeeper", cluster.zookeeper],
+        [sys.executable, "-m", "sluice.cli", "user", *args, "--zookeeper", cluster.zookeeper],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
 

@@ -196,7 +196,7 @@ def test_verify_finds_rows_changed_behind_the_pipelines_back_and_repair_fixes_th
 
     def cli_verify(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "sluice.ops.cli", "task", "verify", "vfy", "--chunk-rows", "300",
+            [sys.executable, "-m", "sluice.cli", "task", "verify", "vfy", "--chunk-rows", "300",
              "--zookeeper", cluster.zookeeper, "-b", cluster.bootstrap, *extra],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip

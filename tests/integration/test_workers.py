@@ -56,7 +56,7 @@ def start_worker(
     config = ["--config", str(client_config)] if client_config is not None else ["--group", "g"]
     config += [arg for k, v in (overrides or {}).items() for arg in ("--override", f"{k}={v}")]
     return subprocess.Popen(
-        [sys.executable, "-m", "sluice.ops.cli", "worker", "start", *config, "--name", name,
+        [sys.executable, "-m", "sluice.cli", "worker", "start", *config, "--name", name,
          "--session-timeout", "6", "-b", bootstrap, "--zookeeper", zk, "--dir", str(workdir)],
         stdout=log, stderr=log, env={**os.environ, "COLUMNS": "200", **(env or {})},
     )  # fmt: skip
@@ -91,7 +91,7 @@ def create_task(
     spec = tmp_path / "task.yaml"
     spec.write_text(definition)
     created = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "task", "create", "--file", str(spec),
+        [sys.executable, "-m", "sluice.cli", "task", "create", "--file", str(spec),
          "--zookeeper", zk_address],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
@@ -218,7 +218,7 @@ options: {{trigger: 500ms, partitions: 2, replication_factor: 1}}
 
 def task_status_cli(task_id: str, zk_address: str) -> dict[str, str]:
     out = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "task", "status", task_id, "--zookeeper", zk_address],
+        [sys.executable, "-m", "sluice.cli", "task", "status", task_id, "--zookeeper", zk_address],
         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -367,7 +367,7 @@ def test_a_failing_task_leaves_the_worker_running_and_a_task_created_again_commi
         return items_in_source(mariadb, "wf")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sluice.ops.cli", *args, "--zookeeper", zk_address],
+        return subprocess.run([sys.executable, "-m", "sluice.cli", *args, "--zookeeper", zk_address],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
 
     try:
@@ -454,7 +454,7 @@ def task_failures_shown(task_id: str, zk_address: str) -> tuple[list[tuple[int, 
     """`sluice task status`'s failures in a row: (attempt, seconds before its retry) of each,
     and the whole output."""
     out = subprocess.run(
-        [sys.executable, "-m", "sluice.ops.cli", "task", "status", task_id, "--zookeeper", zk_address],
+        [sys.executable, "-m", "sluice.cli", "task", "status", task_id, "--zookeeper", zk_address],
         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "400"},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

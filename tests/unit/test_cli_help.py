@@ -9,7 +9,7 @@ import typer
 import typer.main
 from typer.testing import CliRunner
 
-from sluice.ops.cli import app
+from sluice.cli import app
 
 
 def _command_paths() -> list[list[str]]:

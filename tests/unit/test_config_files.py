@@ -11,7 +11,7 @@ import pytest
 
 from sluice.broker.config import BrokerConfig
 from sluice.broker.partition import Partition
-from sluice.ops.cli.cluster import broker_properties
+from sluice.cli.cluster import broker_properties
 from sluice.properties import ConfigError, read_properties
 from sluice.storage.config import LogConfig
 from sluice.sync.worker_config import WorkerConfig

@@ -11,9 +11,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from sluice.chaos.incidents import Check, IncidentResult, Row
-from sluice.chaos.incidents_kafka import NOT_APPLICABLE, offline_in_metadata
-from sluice.ops.cli import app
-from sluice.ops.cli.drills import figure_lines
+from sluice.cli import app
+from sluice.cli.drills import figure_lines
+from sluice.peers.incidents_kafka import NOT_APPLICABLE, offline_in_metadata
 from sluice.peers.kafka import PeerBroker, broker_properties
 
 

@@ -24,8 +24,8 @@ from sluice.chaos.workload import (
     stale_leader_writes,
 )
 from sluice.cluster.layout import PartitionState
-from sluice.ops.health import partition_health
 from sluice.security.client import PLAINTEXT, ClientSecurity
+from sluice.service.health import partition_health
 
 
 def _create_topic(
@@ -326,7 +326,7 @@ def controller_split_brain(dc: DrillCluster, rng: random.Random) -> IncidentResu
     while the controller keeps running and still reaches the other brokers; its session expires,
     another broker becomes controller, and the old one comes back to a ZooKeeper where its epoch
     is stale."""
-    from sluice.ops.admin_client import AdminClient
+    from sluice.service.admin_client import AdminClient
 
     result = IncidentResult("controller-split-brain")
     topic = "incident-b"

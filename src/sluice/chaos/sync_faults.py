@@ -123,7 +123,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--name", self.name, *self.argv],
+                [sys.executable, "-m", "sluice.cli", "worker", "start", "--name", self.name, *self.argv],
                 stdout=out, stderr=out, start_new_session=True, env={**os.environ, "COLUMNS": "200"},
             )  # fmt: skip
         self.paused = False

@@ -372,7 +372,7 @@ class JavaVerifiableClient:
         self, bootstrap: str, topic: str, partitions: int, directory: Path, *, writer: str, group: str,
         rate_per_s: float = 500.0,
     ):  # fmt: skip
-        from sluice.peers.kafka import kafka_libs
+        from sluice.ops.peer_jars import kafka_libs
 
         self.topic = topic
         self.stats = ProducerStats()

@@ -104,7 +104,7 @@ class _Worker:
         env = self._armed.enter_context(test_switches.armed(replace(switches, pause_dir=str(self.pause_dir))))
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sluice.ops.cli", "worker", "start", "--group", GROUP,
+                [sys.executable, "-m", "sluice.cli", "worker", "start", "--group", GROUP,
                  *(["--config", str(config)] if config is not None else []),
                  "--name", name, "--session-timeout", str(SESSION_S), "-b", bootstrap,
                  "--zookeeper", zookeeper, "--dir", str(directory / "workers")],
@@ -302,7 +302,7 @@ class _Drill:
         return status
 
     def group_has(self, names: set[str]) -> None:
-        from sluice.ops.group_view import describe_group
+        from sluice.service.group_view import describe_group
 
         def members() -> bool:
             view = describe_group(self.dc.bootstrap, GROUP, self.dc.client_security)

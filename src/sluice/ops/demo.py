@@ -217,8 +217,8 @@ class _OffsetMirror:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        from sluice.ops.admin_client import AdminClient
-        from sluice.ops.group_view import commit_offsets
+        from sluice.service.admin_client import AdminClient
+        from sluice.service.group_view import commit_offsets
 
         failures = 0
         while (offsets := self._queue.get()) is not None:

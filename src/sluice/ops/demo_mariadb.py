@@ -371,7 +371,7 @@ def _verify(svc: Any, console: Console) -> bool:
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "sluice.ops.cli", "task", "verify", TASK, "--zookeeper", svc.zookeeper,
+    argv = [sys.executable, "-m", "sluice.cli", "task", "verify", TASK, "--zookeeper", svc.zookeeper,
             "--bootstrap-server", svc.bootstrap]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True)
     for line in done.stdout.splitlines():

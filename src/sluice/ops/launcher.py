@@ -320,7 +320,7 @@ def broker_overrides(items: Iterable[str]) -> dict[str, str]:
 def broker_command(b: BrokerProcess, config_file: Path) -> list[str]:
     return [
         *namespace_prefix(b.namespace),
-        sys.executable, "-m", "sluice.ops.cli", "broker", "start", "--config", str(config_file),
+        sys.executable, "-m", "sluice.cli", "broker", "start", "--config", str(config_file),
     ]  # fmt: skip
 
 
@@ -669,7 +669,7 @@ def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
     config_file.touch(mode=0o600)  # it may hold the workers' and the ZooKeeper passwords
     config_file.write_text(worker_properties(cluster, w))
     argv = [
-        *namespace_prefix(w.namespace), sys.executable, "-m", "sluice.ops.cli", "worker", "start",
+        *namespace_prefix(w.namespace), sys.executable, "-m", "sluice.cli", "worker", "start",
         "--config", str(config_file),
     ]  # fmt: skip
     with open_private_log(w.log_file) as logf:

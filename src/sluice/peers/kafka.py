@@ -36,6 +36,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sluice.ops.peer_jars import KAFKA_VERSION, KRAFT_VERSION, PeerError, kafka_libs
 from sluice.ops.ports import free_ports
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import LocalZooKeeper, find_java
@@ -54,10 +55,6 @@ __all__ = [
 
 log = logging.getLogger("sluice.peers")
 
-#: The pinned Kafka version (``bench/peers/pom.xml``'s ``kafka.version``).
-KAFKA_VERSION = "3.9.1"
-#: The pinned Kafka for KRaft mode (``bench/peers/kafka4/pom.xml``'s ``kafka.version``; Java 17+).
-KRAFT_VERSION = "4.1.1"
 ZOOKEEPER_MODE = "zookeeper"
 KRAFT_MODE = "kraft"
 CHROOT = "/kafka-peer"
@@ -69,27 +66,6 @@ _HEAP_FORM = re.compile(r"[1-9][0-9]*[kKmMgG]")
 _MAIN_CLASS = "kafka.Kafka"
 #: what ``kafka-storage.sh format`` runs (Kafka 4.x keeps it in kafka_2.13's jar)
 _STORAGE_TOOL = "kafka.tools.StorageTool"
-
-
-class PeerError(Exception):
-    """A peer cluster cannot be started or stopped; the message says what to do next."""
-
-
-def _project_root() -> Path:
-    return Path(__file__).resolve().parents[3]
-
-
-def kafka_libs(version: str = KAFKA_VERSION) -> Path:
-    """The directory of Kafka ``version``'s jars. ``SLUICE_PEERS_DIR`` overrides where peers are
-    kept (default: ``.peers`` in the project). Raises PeerError naming the set-up step."""
-    base = Path(os.environ.get("SLUICE_PEERS_DIR") or _project_root() / ".peers")
-    libs = base / f"kafka-{version}" / "libs"
-    if not (libs.parent / ".complete").is_file():
-        raise PeerError(
-            f"Kafka {version} is not fetched (no {libs}): run scripts/peers.sh (needs Maven and "
-            "Maven Central)"
-        )
-    return libs
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.cluster.health import OFFLINE, UNDER_REPLICATED
-from sluice.ops.health import partition_health
 from sluice.service.context import Services
+from sluice.service.health import partition_health
 
 
 def cluster_view(svc: Services) -> dict[str, Any]:

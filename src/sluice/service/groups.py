@@ -7,10 +7,10 @@ from typing import Any
 
 import orjson
 
-from sluice.ops.admin_client import AdminClient, AdminError
-from sluice.ops.group_view import GroupView, describe_group, reset_offsets
+from sluice.service.admin_client import AdminClient, AdminError
 from sluice.service.context import Services
 from sluice.service.errors import ConflictError, InvalidError, NotFoundError, UnavailableError
+from sluice.service.group_view import GroupView, describe_group, reset_offsets
 
 
 def _view_dict(view: GroupView) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def reset_group_offsets(svc: Services, group: str, topic: str, to: Any) -> dict[
 def workers(svc: Services) -> dict[str, Any]:
     """The worker group's members and the tasks each runs now (from their JoinGroup metadata)
     and was assigned (from the leader's assignment)."""
-    from sluice.ops.group_view import _describe
+    from sluice.service.group_view import _describe
 
     group = svc.worker_group
     try:

@@ -12,9 +12,9 @@ from typing import Any
 
 from sluice.cluster.health import OFFLINE, UNDER_REPLICATED
 from sluice.cluster.layout import INTERNAL_TOPICS
-from sluice.ops.health import partition_health
 from sluice.service.context import Services
 from sluice.service.errors import InvalidError, NotFoundError, ServiceError, UnavailableError
+from sluice.service.health import partition_health
 
 _TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 SINGLE_REPLICA_RISK = (
@@ -71,7 +71,7 @@ def topic_settings(svc: Services, name: str) -> dict[str, Any]:
 
 
 def describe_topic(svc: Services, name: str) -> dict[str, Any]:
-    from sluice.ops.admin_client import AdminClient
+    from sluice.service.admin_client import AdminClient
 
     a = svc.zk.topic(name)
     if a is None:

@@ -1,6 +1,6 @@
 """The facts alarms are decided on, read from ZooKeeper and the brokers with the same code the CLI
-uses: partition health (`ops.health`), live brokers (`ZkStore`), tasks' control, status and alarm
-events (`TaskStore` and its znodes), and the worker group's members (`ops.group_view`: a worker's
+uses: partition health (`service.health`), live brokers (`ZkStore`), tasks' control, status and alarm
+events (`TaskStore` and its znodes), and the worker group's members (`service.group_view`: a worker's
 client id is its name, `sync.worker.Membership`).
 
 Never raises for an unreachable ZooKeeper or broker: what could not be read is named in
@@ -20,8 +20,8 @@ from kazoo.exceptions import NoNodeError
 
 from sluice.cluster.zkstore import ZkStore
 from sluice.manager.alarms.rules import Facts, TaskFacts
-from sluice.ops.group_view import describe_group
-from sluice.ops.health import partition_health
+from sluice.service.group_view import describe_group
+from sluice.service.health import partition_health
 from sluice.sync.tasks import TASKS, TaskNotFoundError, TaskStore
 
 log = logging.getLogger("sluice.manager.alarms")
@@ -100,7 +100,7 @@ def _task_facts(tasks: TaskStore, task_id: str, events: EventCache) -> TaskFacts
 def worker_names(bootstrap: str, group: str) -> list[str]:
     """The workers in the group now (a group that does not exist has none); raises when the
     brokers cannot answer."""
-    from sluice.ops.admin_client import AdminError
+    from sluice.service.admin_client import AdminError
 
     try:
         view = describe_group(bootstrap, group)

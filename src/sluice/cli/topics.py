@@ -10,8 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sluice.clients import close_within
-from sluice.ops.cli.common import (
+from sluice.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     CommandConfig,
@@ -20,6 +19,7 @@ from sluice.ops.cli.common import (
     err,
     fail,
 )
+from sluice.clients import close_within
 
 topic_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
 

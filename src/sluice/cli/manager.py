@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sluice.ops.cli.common import (
+from sluice.cli.common import (
     DEFAULT_BOOTSTRAP,
     ZooKeeperOpt,
     console,
@@ -97,8 +97,8 @@ def manager_start(
 
 
 def _users(zookeeper: str | None):  # type: ignore[no-untyped-def]
+    from sluice.cli.common import task_store
     from sluice.manager.auth import UserStore
-    from sluice.ops.cli.common import task_store
 
     zk, _ = task_store(zookeeper)
     return zk, UserStore(zk.client)

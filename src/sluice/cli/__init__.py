@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from sluice.ops.cli.acl import acl_app
-from sluice.ops.cli.apply import apply
-from sluice.ops.cli.cluster import broker_app, cluster_app
-from sluice.ops.cli.demo import demo
-from sluice.ops.cli.dlq import dlq_app
-from sluice.ops.cli.drills import chaos_app, incident_app
-from sluice.ops.cli.groups import group_app
-from sluice.ops.cli.manager import manager_app
-from sluice.ops.cli.peers import peer_app
-from sluice.ops.cli.tasks import task_app, worker_app
-from sluice.ops.cli.topics import consume, produce, topic_app
-from sluice.ops.cli.users import user_app
+from sluice.cli.acl import acl_app
+from sluice.cli.apply import apply
+from sluice.cli.cluster import broker_app, cluster_app
+from sluice.cli.demo import demo
+from sluice.cli.dlq import dlq_app
+from sluice.cli.drills import chaos_app, incident_app
+from sluice.cli.groups import group_app
+from sluice.cli.manager import manager_app
+from sluice.cli.peers import peer_app
+from sluice.cli.tasks import task_app, worker_app
+from sluice.cli.topics import consume, produce, topic_app
+from sluice.cli.users import user_app
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Sluice: change-data sync on a replicated log.",

@@ -9,15 +9,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sluice.cluster.layout import BrokerRegistration
-from sluice.ops import launcher
-from sluice.ops.cli.common import (
+from sluice.cli.common import (
     ClusterDir,
     console,
     err,
     fail,
     zookeeper_auth,
 )
+from sluice.cluster.layout import BrokerRegistration
+from sluice.ops import launcher
 from sluice.ops.logging_setup import configure as configure_logging
 
 cluster_app = typer.Typer(no_args_is_help=True, help="Run a local cluster (ZooKeeper + brokers).")
@@ -119,7 +119,7 @@ def cluster_status(
             raise fail(f"{exc}; or give --zookeeper") from None
         zookeeper = cluster.zookeeper
     auth = cluster.zk_auth() if cluster is not None else zookeeper_auth(zookeeper)
-    from sluice.ops.health import PartitionHealth, partition_health
+    from sluice.service.health import PartitionHealth, partition_health
 
     registered: dict[int, BrokerRegistration] = {}
     controller = -1

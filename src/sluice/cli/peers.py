@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sluice.ops.cli.common import fail
+from sluice.cli.common import fail
 from sluice.peers.kafka import HEAP, PeerError, peer_down, peer_up
 
 peer_app = typer.Typer(

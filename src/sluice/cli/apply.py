@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sluice.ops.cli.common import (
+from sluice.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     err,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sluice.ops.cli.common import (
+from sluice.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     CommandConfig,

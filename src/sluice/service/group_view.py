@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.ops.admin_client import AdminClient, AdminError, decode_consumer_assignment
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.security.client import PLAINTEXT, ClientSecurity
+from sluice.service.admin_client import AdminClient, AdminError, decode_consumer_assignment
 
 EARLIEST = -2
 LATEST = -1

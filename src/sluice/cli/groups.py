@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sluice.ops.cli.common import (
+from sluice.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     CommandConfig,
@@ -22,7 +22,7 @@ group_app = typer.Typer(no_args_is_help=True, help="Consumer groups: list, descr
 @group_app.command("list")
 def group_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, command_config: CommandConfig = None) -> None:
     """Every group any broker coordinates, with its state and protocol type."""
-    from sluice.ops.admin_client import AdminClient
+    from sluice.service.admin_client import AdminClient
 
     with AdminClient(bootstrap, security=client_security(command_config, bootstrap)) as admin:
         groups = admin.list_groups()

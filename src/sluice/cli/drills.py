@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sluice.ops.cli.common import (
+from sluice.cli.common import (
     console,
     fail,
 )
@@ -150,8 +150,8 @@ def incident_run(
 def _run_against_kafka(name: str, directory: Path, seed: int) -> int:
     """Drill ``name`` on Apache Kafka: the checker's rows and verdict as for Sluice (exit 0 or 1);
     for an incident with no Kafka drill, what of it applies to Kafka (exit 0)."""
-    from sluice.chaos.incidents_kafka import AGAINST as KAFKA
-    from sluice.chaos.incidents_kafka import NOT_APPLICABLE, run_incident_kafka
+    from sluice.peers.incidents_kafka import AGAINST as KAFKA
+    from sluice.peers.incidents_kafka import NOT_APPLICABLE, run_incident_kafka
     from sluice.peers.kafka import PeerError
 
     print(f"against={KAFKA}")

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from sluice.ops.cli.common import ZooKeeperOpt, console, fail, local_zookeeper, zookeeper_auth
+from sluice.cli.common import ZooKeeperOpt, console, fail, local_zookeeper, zookeeper_auth
 from sluice.security.acl import (
     CLUSTER_NAME,
     WILDCARD,

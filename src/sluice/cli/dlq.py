@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from sluice.ops.cli.common import (
+from sluice.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     CommandConfig,

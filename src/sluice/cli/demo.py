@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sluice.ops.cli.common import (
+from sluice.cli.common import (
     ClusterDir,
     console,
 )
@@ -41,8 +41,8 @@ def demo(
     Spark query applying them to SQLite, one broker killed with kill -9 in the middle, and a
     comparison of the target with the generator's ground truth. Exits 1 if they differ or a step
     failed; SIGTERM or Ctrl-C stops everything it started and exits 128 + the signal's number."""
-    from sluice.ops.cli.apply import PASSWORD_IN_URL
-    from sluice.ops.cli.common import fail
+    from sluice.cli.apply import PASSWORD_IN_URL
+    from sluice.cli.common import fail
     from sluice.ops.demo import Stopped, run_demo, stop_on_signals
     from sluice.security.secrets import url_has_password
 

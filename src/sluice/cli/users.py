@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from sluice.ops.cli.common import ZooKeeperOpt, console, fail, local_zookeeper, zookeeper_auth
+from sluice.cli.common import ZooKeeperOpt, console, fail, local_zookeeper, zookeeper_auth
 from sluice.security.scram import DEFAULT_ITERATIONS, MECHANISMS, CredentialError
 
 user_app = typer.Typer(

@@ -1,3 +1,0 @@
-from sluice.ops.cli import main
-
-main()
