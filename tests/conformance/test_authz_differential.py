@@ -11,10 +11,13 @@ API") with its reason; the test fails on a difference that is not listed, and on
 that no longer occurs. It prints one ``authz-difference`` line per differing principal and the
 summary ``authz-differential apis=N cases=M differences=D documented=D``.
 
-One one-broker cluster of each for the module; both are set up with the same admin requests
-(AlterUserScramCredentials, CreateTopics, CreateAcls, OffsetCommit) and the cases run on both
-at once, each principal on a connection of its own. Without Kafka's jars (scripts/peers.sh
-could not reach Maven Central) Sluice's side still runs, then the comparison is skipped.
+One one-broker cluster of each for the module, started at once; every principal's SCRAM
+credential written into each one's ZooKeeper (Kafka's before it starts: `systems.write_users`),
+then both set up with the same admin requests (CreateTopics, CreateAcls, OffsetCommit), and the
+cases run on both at once, each principal on a connection of its own. About 80-90 s on a busy
+2-core machine (its ``authz-start``, ``authz-setup`` and ``authz-run`` lines say where it
+went). Without Kafka's jars (scripts/peers.sh could not reach Maven Central) Sluice's side
+still runs, then the comparison is skipped.
 """
 
 from __future__ import annotations
@@ -22,19 +25,21 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import pytest
 
 from sluice.metrics import api_name
 from sluice.ops.ports import free_port
 from sluice.ops.zookeeper import LocalZooKeeper
-from sluice.peers.kafka import PeerError, kafka_libs, peer_down, peer_up
+from sluice.peers.kafka import CHROOT, PeerError, kafka_libs, peer_down, peer_up
 from sluice.protocol.api import ApiKey
 from sluice.security.client import PLAINTEXT, ClientSecurity
 from tests.conformance.authz import documented
 from tests.conformance.authz.answers import Codes, render
 from tests.conformance.authz.cases import CASES, Case, Principal, user_of
-from tests.conformance.authz.systems import Plan, System, answer, set_up
+from tests.conformance.authz.systems import Plan, System, answer, set_up, write_users
 from tests.support.cluster import TestCluster
 
 pytestmark = pytest.mark.timeout(420)
@@ -42,50 +47,81 @@ pytestmark = pytest.mark.timeout(420)
 #: Kafka's defaults where Sluice's differ (docs/COMPATIBILITY.md): topics made on first Metadata
 SLUICE_AS_KAFKA_DEFAULTS = {"auto.create.topics.enable": "true", "default.replication.factor": "1"}
 
+#: one partition per internal topic, as Sluice's test clusters: Kafka's 50 each took 8-22 s to
+#: make and load on the first FindCoordinator, and no case asks which partition holds a group
+KAFKA_SETTINGS = {"offsets.topic.num.partitions": "1", "transaction.state.log.num.partitions": "1"}
+
 Answers = dict[tuple[str, str], Codes]
 #: cases run at once against each system
 CASES_AT_ONCE = 4
 
 
-@pytest.fixture(scope="module")
-def sluice(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    c = TestCluster(
-        zookeeper,
-        tmp_path_factory.mktemp("authz-sluice"),
-        1,
-        broker_settings=SLUICE_AS_KAFKA_DEFAULTS,
-        security="sasl_ssl",
-    )
+@contextmanager
+def sluice_up(zookeeper: str, directory: Path, users: list[str]) -> Iterator[System]:
+    """A one-broker Sluice cluster (SASL_SSL, SCRAM, its ACL authorizer) with ``users``."""
+    started = time.monotonic()
+    c = TestCluster(zookeeper, directory, 1, broker_settings=SLUICE_AS_KAFKA_DEFAULTS, security="sasl_ssl")
     try:
+        # straight into its chroot, with the cluster's ZooKeeper ACLs: a broker reads a user's
+        # znode at each login, so they count from the moment they are written
+        write_users(c.zookeeper, users, auth=c.cluster.zk_auth())
+        print(f"authz-start system=sluice s={time.monotonic() - started:.1f}")
         admin = c.client_security()
         yield System("sluice", c.bootstrap, admin, ClientSecurity("SSL", ca_location=admin.ca_location))
     finally:
         c.down()
 
 
-@pytest.fixture(scope="module")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System | str]:
-    """Kafka 3.9.1 with SASL/SCRAM and its AclAuthorizer, or why there is none."""
-    try:
-        kafka_libs()
-    except PeerError as exc:
-        yield str(exc)
-        return
-    directory = tmp_path_factory.mktemp("authz-kafka")
-    # its own ZooKeeper without fsync on every commit: Kafka writes each SCRAM credential and
-    # its change notice one by one (600 users took 37 s with fsync on a busy disk)
+@contextmanager
+def kafka_up(directory: Path, users: list[str]) -> Iterator[System]:
+    """Kafka 3.9.1 (SASL_PLAINTEXT, SCRAM, its AclAuthorizer) with ``users``."""
+    started = time.monotonic()
+    # its own ZooKeeper without fsync on every commit (the set-up writes some 1,500 znodes)
     zookeeper = LocalZooKeeper(directory / "zookeeper", free_port(), force_sync=False)
     zookeeper.start()
     try:
+        # before the broker starts, which loads them all at once (see write_users)
+        write_users(zookeeper.connect_string, users, chroot=CHROOT)
         cluster = peer_up(
-            directory / "kafka", 1, zookeeper=zookeeper.connect_string, security="sasl_plaintext"
+            directory / "kafka",
+            1,
+            zookeeper=zookeeper.connect_string,
+            security="sasl_plaintext",
+            properties=KAFKA_SETTINGS,
         )
         try:
+            print(f"authz-start system=kafka s={time.monotonic() - started:.1f}")
             yield System("kafka", cluster.bootstrap_servers, cluster.client_security(), PLAINTEXT)
         finally:
             peer_down(directory / "kafka")
     finally:
         zookeeper.stop()
+
+
+@pytest.fixture(scope="module")
+def systems(
+    zookeeper: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[System, System | str]]:
+    """Sluice's cluster, and Kafka's or why there is none; both started at once (each takes
+    10-40 s on a busy machine: a JVM, a ZooKeeper, TLS material)."""
+    users = Plan.of(CASES).users()
+    try:
+        kafka_libs()
+        no_kafka = None
+    except PeerError as exc:
+        no_kafka = str(exc)
+    # the stack is left last: a failure on one side waits for the other to have started (the
+    # pool's exit), then stops both
+    with ExitStack() as stack:
+        with ThreadPoolExecutor(1, thread_name_prefix="authz-kafka-up") as pool:
+            kafka = None
+            if no_kafka is None:
+                kafka = pool.submit(
+                    stack.enter_context, kafka_up(tmp_path_factory.mktemp("authz-kafka"), users)
+                )
+            sluice = stack.enter_context(sluice_up(zookeeper, tmp_path_factory.mktemp("authz-sluice"), users))
+            other: System | str = kafka.result() if kafka is not None else str(no_kafka)
+        yield sluice, other
 
 
 def run(system: System, plan: Plan, cases: list[Case]) -> Answers:
@@ -143,9 +179,10 @@ def roles(p: Principal) -> dict[str, str]:
 
 
 def test_every_api_answers_every_principal_as_kafka_does(
-    sluice: System, kafka: System | str, request: pytest.FixtureRequest
+    systems: tuple[System, System | str], request: pytest.FixtureRequest
 ) -> None:
     """``-vv`` also prints every principal's answers (``authz-same``)."""
+    sluice, kafka = systems
     verbose = request.config.getoption("verbose") > 1
     sluice_versions = sluice.api_versions()
     served = {ApiKey(k) for k in sluice_versions if k in {int(a) for a in ApiKey}}
