@@ -209,6 +209,20 @@ def test_invalid_bindings_are_refused_saying_why(binding: AclBinding, says: str)
     assert problem is not None and says in problem
 
 
+def test_a_prefixed_kafka_cluster_pattern_is_stored_and_grants_as_in_kafka() -> None:
+    """Kafka stores an ACL on the PREFIXED pattern ``kafka-cluster`` (only the name is checked) and
+    it matches the cluster; Sluice refused it as INVALID_REQUEST (the differential authorization
+    suite, case create-acls-prefixed-cluster: kafka="results[0]: NONE" sluice="results[0]:
+    INVALID_REQUEST")."""
+    prefixed = acl(
+        ResourceType.CLUSTER, CLUSTER_NAME, ALICE, Operation.DESCRIBE, pattern=PatternType.PREFIXED
+    )
+    assert validate_binding(prefixed) is None
+    assert allowed(AclSnapshot([prefixed]), ALICE, Operation.DESCRIBE, Resource.cluster())
+    other = acl(ResourceType.CLUSTER, "kafka-", ALICE, Operation.DESCRIBE, pattern=PatternType.PREFIXED)
+    assert CLUSTER_NAME in (validate_binding(other) or "")
+
+
 def test_names_parse_in_kafkas_spellings() -> None:
     assert parse_enum(Operation, "DescribeConfigs") is Operation.DESCRIBE_CONFIGS
     assert parse_enum(Operation, "describe-configs") is Operation.DESCRIBE_CONFIGS

@@ -1,6 +1,7 @@
 """DescribeCluster (KIP-700): the brokers (at the addresses of the listener the request came in
 on, as Metadata gives them), the controller and the cluster id, and, when asked, the operations
-the principal may perform on the cluster."""
+the principal may perform on the cluster. Like Metadata it needs no ACL (Kafka answers it to any
+principal; the operations are 0 without DESCRIBE on the cluster)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
-from sluice.security.acl import SUPPORTED_OPERATIONS, Resource
+from sluice.security.acl import SUPPORTED_OPERATIONS, Operation, Resource
 from sluice.security.session import current_session
 
 if TYPE_CHECKING:
@@ -23,8 +24,11 @@ ENDPOINT_BROKERS = 1
 
 def cluster_operations(broker: Broker) -> int:
     """The bit field of cluster operations the session's principal may perform (every one the
-    cluster supports when no authorizer is configured, as Kafka answers)."""
-    return authorized_operations(broker, Resource.cluster())
+    cluster supports when no authorizer is configured, as Kafka answers); 0 to a principal that
+    may not DESCRIBE the cluster, as Kafka answers DescribeCluster and Metadata v8-10 (KafkaApis:
+    the operations only ``if authorize(DESCRIBE, CLUSTER)``)."""
+    ops = authorized_operations(broker, Resource.cluster())
+    return ops if ops & (1 << Operation.DESCRIBE) else 0
 
 
 def authorized_operations(broker: Broker, resource: Resource) -> int:

@@ -26,7 +26,8 @@ Join/Sync/Heartbeat/LeaveGroup   READ on the group
 DescribeGroups       DESCRIBE on each group
 ListGroups           DESCRIBE on the cluster, else only the groups with DESCRIBE
 DeleteGroups         DELETE on each group
-CreateTopics         CREATE on the cluster or on each topic
+CreateTopics         CREATE on the cluster or on each topic; the created topic's configs shown only
+                     with DESCRIBE_CONFIGS on it (v5+)
 DeleteTopics         DELETE on each topic
 InitProducerId       IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KIP-679); with a
                      transactional id, WRITE on it
@@ -398,12 +399,16 @@ async def _offset_fetch(
         }
 
     if not check.group(Operation.DESCRIBE, req["group_id"]):
+        # Kafka's refusal (OffsetFetchRequest.getErrorResponse): v0-1 have no top-level code and
+        # carry it on every partition asked about; v2+ carry the top-level code alone
         return {
             "throttle_time_ms": 0,
             "error_code": GROUP_DENIED,
             "topics": [
                 refused_topic(t["name"], t["partition_indexes"], GROUP_DENIED) for t in requested or []
-            ],
+            ]
+            if header.api_version < 2
+            else [],
         }
     if requested is None:  # every committed topic: leave out those the principal may not describe
         response = await handler(broker, header, req)
@@ -545,33 +550,50 @@ async def _delete_groups(
 async def _create_topics(
     handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
-    if check.cluster(Operation.CREATE, quiet=True):
-        return await handler(broker, header, req)
     topics = list(req["topics"])
-    denied = check.denied_topics(Operation.CREATE, (t["name"] for t in topics))
+    denied: set[str] = set()
+    if not check.cluster(Operation.CREATE, quiet=True):
+        denied = check.denied_topics(Operation.CREATE, (t["name"] for t in topics))
     if not denied:
-        return await handler(broker, header, req)
-    results: dict[str, Body] = {}
-    if len(denied) < len(topics):
-        response = await handler(
-            broker, header, {**req, "topics": [t for t in topics if t["name"] not in denied]}
-        )
+        response = await handler(broker, header, req)
         assert response is not None
-        results = {r["name"]: r for r in response["topics"]}
-    refusal = {
-        "error_code": TOPIC_DENIED,
-        "error_message": "not authorized to create this topic",
-        "num_partitions": -1,
-        "replication_factor": -1,
-        "configs": [],
-        "topic_id": ZERO_UUID,
-    }
-    return {
-        "throttle_time_ms": 0,
-        "topics": [
-            results[t["name"]] if t["name"] in results else {"name": t["name"], **refusal} for t in topics
-        ],
-    }
+    else:
+        results: dict[str, Body] = {}
+        if len(denied) < len(topics):
+            answered = await handler(
+                broker, header, {**req, "topics": [t for t in topics if t["name"] not in denied]}
+            )
+            assert answered is not None
+            results = {r["name"]: r for r in answered["topics"]}
+        refusal = {
+            "error_code": TOPIC_DENIED,
+            "error_message": "not authorized to create this topic",
+            "num_partitions": -1,
+            "replication_factor": -1,
+            "configs": [],
+            "topic_id": ZERO_UUID,
+        }
+        response = {
+            "throttle_time_ms": 0,
+            "topics": [results.get(t["name"]) or {"name": t["name"], **refusal} for t in topics],
+        }
+    if header.api_version >= 5:
+        _hide_created_configs(response["topics"], denied, check)
+    return response
+
+
+def _hide_created_configs(results: list[Body], denied: set[str], check: Check) -> None:
+    """CreateTopics v5+ shows a topic's configs, partition count and replication factor only to
+    a principal with DESCRIBE_CONFIGS on it; for anyone else ``topic_config_error_code`` is
+    TOPIC_AUTHORIZATION_FAILED, on a topic refused for lack of CREATE as well (Kafka's
+    handleCreateTopicsRequest; a topic that failed otherwise keeps NONE there, as in Kafka)."""
+    for r in results:
+        if (r["name"] in denied or r["error_code"] == ErrorCode.NONE) and not check.topic(
+            Operation.DESCRIBE_CONFIGS, r["name"], quiet=True
+        ):
+            r.update(
+                topic_config_error_code=TOPIC_DENIED, configs=[], num_partitions=-1, replication_factor=-1
+            )
 
 
 async def _delete_topics(

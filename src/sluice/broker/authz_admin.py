@@ -8,7 +8,8 @@ DeleteRecords                DELETE on each topic
 ElectLeaders                 ALTER on the cluster (every partition CLUSTER_AUTHORIZATION_FAILED)
 AlterPartitionReassignments  ALTER on the cluster
 ListPartitionReassignments   DESCRIBE on the cluster
-DescribeCluster              DESCRIBE on the cluster
+DescribeCluster              none, as Kafka (the authorized operations are 0 without DESCRIBE on
+                             the cluster: ``admin_cluster.cluster_operations``)
 DescribeLogDirs              DESCRIBE on the cluster (else an empty answer, v3+ with the error)
 OffsetDelete                 DELETE on the group (GROUP_AUTHORIZATION_FAILED), READ on each topic
 DescribeProducers            READ on each topic
@@ -154,24 +155,53 @@ def _cluster_op(op: Operation, refusal: Body) -> Guard:
     return guard
 
 
-_alter_partition_reassignments = _cluster_op(
-    Operation.ALTER,
-    {"error_code": CLUSTER_DENIED, "error_message": "not authorized to reassign partitions", "responses": []},
-)
-_list_partition_reassignments = _cluster_op(
-    Operation.DESCRIBE,
-    {"error_code": CLUSTER_DENIED, "error_message": "not authorized to describe the cluster", "topics": []},
-)
-_describe_cluster = _cluster_op(
-    Operation.DESCRIBE,
-    {
+async def _alter_partition_reassignments(
+    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+) -> Body | None:
+    if check.cluster(Operation.ALTER):
+        return await handler(broker, header, req)
+    message = "not authorized to reassign partitions: it needs ALTER on the cluster"
+    # Kafka's refusal (AlterPartitionReassignmentsRequest.getErrorResponse) carries the code on
+    # every partition named too, which is where clients read it
+    return {
+        "throttle_time_ms": 0,
+        "error_code": CLUSTER_DENIED,
+        "error_message": message,
+        "responses": [
+            {
+                "name": t["name"],
+                "partitions": [
+                    {
+                        "partition_index": p["partition_index"],
+                        "error_code": CLUSTER_DENIED,
+                        "error_message": message,
+                    }
+                    for p in t["partitions"]
+                ],
+            }
+            for t in req["topics"]
+        ],
+    }
+
+
+async def _list_partition_reassignments(
+    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+) -> Body | None:
+    if check.cluster(Operation.DESCRIBE):
+        return await handler(broker, header, req)
+    # Kafka's refusal (ListPartitionReassignmentsRequest.getErrorResponse) repeats the partitions
+    # asked about, with no replicas: nothing the client did not send
+    return {
+        "throttle_time_ms": 0,
         "error_code": CLUSTER_DENIED,
         "error_message": "not authorized to describe the cluster",
-        "cluster_id": "",
-        "controller_id": -1,
-        "brokers": [],
-    },
-)
+        "topics": [
+            {"name": t["name"], "partitions": [{"partition_index": p} for p in t["partition_indexes"]]}
+            for t in req.get("topics") or []
+        ],
+    }
+
+
 _describe_log_dirs = _cluster_op(Operation.DESCRIBE, {"error_code": CLUSTER_DENIED, "results": []})
 
 
@@ -190,11 +220,8 @@ async def _offset_delete(
         ]
 
     if not check.group(Operation.DELETE, req["group_id"]):
-        return {
-            "error_code": GROUP_DENIED,
-            "throttle_time_ms": 0,
-            "topics": answer(req["topics"], GROUP_DENIED),
-        }
+        # Kafka's refusal (OffsetDeleteRequest.getErrorResponse): the top-level code, no topics
+        return {"error_code": GROUP_DENIED, "throttle_time_ms": 0, "topics": []}
     denied = check.denied_topics(Operation.READ, (t["name"] for t in req["topics"]))
     if not denied:
         return await handler(broker, header, req)
@@ -250,7 +277,6 @@ ADMIN_GUARDS: dict[int, Guard] = {
     ApiKey.ELECT_LEADERS: _elect_leaders,
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: _alter_partition_reassignments,
     ApiKey.LIST_PARTITION_REASSIGNMENTS: _list_partition_reassignments,
-    ApiKey.DESCRIBE_CLUSTER: _describe_cluster,
     ApiKey.DESCRIBE_LOG_DIRS: _describe_log_dirs,
     ApiKey.OFFSET_DELETE: _offset_delete,
     ApiKey.DESCRIBE_PRODUCERS: _describe_producers,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from sluice.cli.common import fail
-from sluice.peers.kafka import HEAP, PeerError, peer_down, peer_up
+from sluice.peers.kafka import HEAP, SECURITY_MODES, PeerError, peer_down, peer_up
 
 peer_app = typer.Typer(
     no_args_is_help=True,
@@ -36,6 +36,14 @@ def up(
             help="Each broker JVM's maximum heap (-Xmx), e.g. 512m, 2g; more for thousands of partitions",
         ),
     ] = HEAP,
+    security: Annotated[
+        str,
+        typer.Option(
+            "--security",
+            help=f"{' or '.join(SECURITY_MODES)}: SASL_PLAINTEXT with SCRAM and Kafka's AclAuthorizer, "
+            "the super user admin (its client properties in DIR/client.properties; ZooKeeper mode)",
+        ),
+    ] = "none",
     directory: PeerDir = DEFAULT_DIR,
 ) -> None:
     """Start a local peer cluster and print its bootstrap.servers, as `sluice cluster up` does."""
@@ -47,7 +55,7 @@ def up(
             "ZooKeeper; leave out --zookeeper, or leave out --kraft for ZooKeeper mode (Kafka 3.9)"
         )
     try:
-        cluster = peer_up(directory, brokers, zookeeper=zookeeper, kraft=kraft, heap=heap)
+        cluster = peer_up(directory, brokers, zookeeper=zookeeper, kraft=kraft, heap=heap, security=security)
     except PeerError as exc:
         raise fail(str(exc)) from None
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
@@ -59,6 +67,9 @@ def up(
     print(f"kafka_version={cluster.version}")
     print(f"mode={cluster.mode}")
     print(f"heap={cluster.heap}")
+    print(f"security={cluster.security}")
+    if cluster.client_properties is not None:
+        print(f"client_properties={cluster.client_properties}")
     print(f"dir={cluster.directory}")
 
 

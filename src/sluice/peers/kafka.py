@@ -20,6 +20,13 @@ the quorum a static ``controller.quorum.voters`` of all nodes; each node's stora
 any starts. Either way the main class is ``kafka.Kafka``, each broker in its own session so that
 it outlives the command that started it; ``down`` sends SIGTERM (Kafka's controlled shutdown),
 then SIGKILL after a grace.
+
+``security="sasl_plaintext"`` (ZooKeeper mode; issue 33's differential authorization suite):
+one SASL_PLAINTEXT listener with SCRAM-SHA-256 and SCRAM-SHA-512, on which the brokers also
+replicate, and Kafka's ``AclAuthorizer`` with the super user ``admin``. Its SCRAM credential is
+written into the peer's chroot (Kafka's ``/config/users`` layout) before any broker starts, with
+a random password kept in the owner-only ``client.properties`` (the admin's Kafka client
+properties), ``peer.json`` and the brokers' ``server.properties``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import subprocess
 import time
@@ -40,11 +48,14 @@ from sluice.ops.peer_jars import KAFKA_VERSION, KRAFT_VERSION, PeerError, kafka_
 from sluice.ops.ports import free_ports
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import LocalZooKeeper, find_java
+from sluice.security.client import PLAINTEXT, ClientSecurity
 
 __all__ = [
+    "ADMIN_USER",
     "CHROOT",
     "KAFKA_VERSION",
     "KRAFT_VERSION",
+    "SECURITY_MODES",
     "PeerCluster",
     "PeerError",
     "kafka_libs",
@@ -66,6 +77,14 @@ _HEAP_FORM = re.compile(r"[1-9][0-9]*[kKmMgG]")
 _MAIN_CLASS = "kafka.Kafka"
 #: what ``kafka-storage.sh format`` runs (Kafka 4.x keeps it in kafka_2.13's jar)
 _STORAGE_TOOL = "kafka.tools.StorageTool"
+#: ``peer_up(security=)``: PLAINTEXT, or SASL_PLAINTEXT with SCRAM and Kafka's ACL authorizer
+SECURITY_MODES = ("none", "sasl_plaintext")
+#: the peer's super user with ``security="sasl_plaintext"`` (the brokers replicate as it too)
+ADMIN_USER = "admin"
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+#: ZooKeeper mode's authorizer (Kafka 3.9; KRaft's is StandardAuthorizer)
+ACL_AUTHORIZER = "kafka.security.authorizer.AclAuthorizer"
+CLIENT_PROPERTIES = "client.properties"
 
 
 @dataclass
@@ -99,10 +118,25 @@ class PeerCluster:
     cluster_id: str | None = None
     #: every broker JVM's maximum heap (``-Xmx``), e.g. ``384m``, ``2g``
     heap: str = HEAP
+    #: one of SECURITY_MODES
+    security: str = "none"
+    #: ``sasl_plaintext``: ADMIN_USER's password (this file is owner-only)
+    admin_password: str | None = field(default=None, repr=False)
 
     @property
     def kraft(self) -> bool:
         return self.mode == KRAFT_MODE
+
+    @property
+    def client_properties(self) -> Path | None:
+        """The admin's Kafka client properties (security on), else None."""
+        return Path(self.directory) / CLIENT_PROPERTIES if self.security != "none" else None
+
+    def client_security(self) -> ClientSecurity:
+        """How a client reaches the brokers as ADMIN_USER (PLAINTEXT with security off)."""
+        if self.security == "none":
+            return PLAINTEXT
+        return ClientSecurity("SASL_PLAINTEXT", "SCRAM-SHA-512", ADMIN_USER, self.admin_password)
 
     @property
     def controller_quorum_voters(self) -> str:
@@ -116,7 +150,7 @@ class PeerCluster:
     def save(self) -> None:
         path = Path(self.directory) / STATE_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
+        _write_private(tmp, json.dumps(asdict(self), indent=2))  # it may hold the admin's password
         os.replace(tmp, path)
 
     @classmethod
@@ -130,18 +164,52 @@ class PeerCluster:
         return cls(**raw)
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by its owner only (it may hold a password)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def sasl_properties(admin_password: str) -> dict[str, str]:
+    """A broker's settings for ``security="sasl_plaintext"``: SCRAM on its SASL_PLAINTEXT
+    listener, the brokers replicating on it as ADMIN_USER (SCRAM-SHA-512), and Kafka's ACL
+    authorizer with ADMIN_USER its super user (``allow.everyone.if.no.acl.found`` stays false)."""
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{ADMIN_USER}" password="{admin_password}";'
+    )
+    return {
+        "sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
+        "security.inter.broker.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+        **{f"listener.name.sasl_plaintext.{m.lower()}.sasl.jaas.config": jaas for m in SCRAM_MECHANISMS},
+        "authorizer.class.name": ACL_AUTHORIZER,
+        "super.users": f"User:{ADMIN_USER}",
+    }
+
+
 def broker_properties(
-    broker: PeerBroker, zookeeper: str, brokers: int, extra: dict[str, str] | None = None
+    broker: PeerBroker,
+    zookeeper: str,
+    brokers: int,
+    extra: dict[str, str] | None = None,
+    *,
+    admin_password: str | None = None,
 ) -> str:
     """A peer broker's ``server.properties``: Kafka's defaults but for what a small local
     cluster needs (internal topics replicated as far as the brokers allow, no initial rebalance
-    delay, ZooKeeper session as Sluice's brokers have it)."""
+    delay, ZooKeeper session as Sluice's brokers have it). With ``admin_password``, a
+    SASL_PLAINTEXT listener and ACLs (`sasl_properties`)."""
     rf = min(3, brokers)
     data = Path(broker.directory) / "data"
+    protocol = "PLAINTEXT" if admin_password is None else "SASL_PLAINTEXT"
     lines: dict[str, object] = {
         "broker.id": broker.broker_id,
-        "listeners": f"PLAINTEXT://127.0.0.1:{broker.port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{broker.port}",
+        "listeners": f"{protocol}://127.0.0.1:{broker.port}",
+        "advertised.listeners": f"{protocol}://127.0.0.1:{broker.port}",
+        **(sasl_properties(admin_password) if admin_password is not None else {}),
         "log.dirs": data,
         "zookeeper.connect": f"{broker.zookeeper or zookeeper}{CHROOT}",
         "zookeeper.session.timeout.ms": 6000,
@@ -219,8 +287,15 @@ def _write_config(cluster: PeerCluster, broker: PeerBroker) -> list[str]:
         (d / "server.properties").write_text(kraft_properties(cluster, broker))
         (d / "log4j2.properties").write_text(_LOG4J2.format(path=d / "server.log"))
         return [f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}"]
-    (d / "server.properties").write_text(
-        broker_properties(broker, cluster.zookeeper, len(cluster.brokers), cluster.properties)
+    _write_private(
+        d / "server.properties",
+        broker_properties(
+            broker,
+            cluster.zookeeper,
+            len(cluster.brokers),
+            cluster.properties,
+            admin_password=cluster.admin_password if cluster.security != "none" else None,
+        ),
     )
     (d / "log4j.properties").write_text(_LOG4J.format(path=d / "server.log"))
     return [f"-Dlog4j.configuration=file:{d / 'log4j.properties'}"]
@@ -295,12 +370,17 @@ def _wait_registered(cluster: PeerCluster, timeout_s: float) -> None:
     want = {b.broker_id for b in cluster.brokers}
     deadline = time.monotonic() + timeout_s
     last = "no answer"
+    config: dict[str, str | int | float | bool] = {
+        "bootstrap.servers": cluster.bootstrap_servers,
+        "log_level": 0,
+        **cluster.client_security().confluent_config(),
+    }
     while time.monotonic() < deadline:
         for b in cluster.brokers:
             if not pid_alive(b.pid):
                 tail = _tail(Path(b.directory) / "server.log") or _tail(Path(b.directory) / "stdout.log")
                 raise PeerError(f"Kafka broker {b.broker_id} exited during start; its log ends:\n{tail}")
-        admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers, "log_level": 0})
+        admin = AdminClient(config)
         try:
             seen = set(admin.list_topics(timeout=2).brokers)
             if seen == want:
@@ -330,17 +410,27 @@ def peer_up(
     properties: dict[str, str] | None = None,
     kraft: bool = False,
     heap: str = HEAP,
+    security: str = "none",
 ) -> PeerCluster:
     """Start ``brokers`` Kafka brokers (and a private ZooKeeper unless ``zookeeper`` names one)
     with their files under ``directory``; returns once every broker is registered.
     ``broker_zookeeper`` gives broker N its own HOST:PORT for ZooKeeper (a drill's proxy);
     ``properties`` are broker settings beyond the defaults (a drill's). ``kraft``: a KRaft
     cluster of Kafka `KRAFT_VERSION` instead (no ZooKeeper; every node broker and controller).
-    ``version`` defaults to the pinned one of the mode; ``heap`` is each broker's ``-Xmx``."""
+    ``version`` defaults to the pinned one of the mode; ``heap`` is each broker's ``-Xmx``.
+    ``security``: one of SECURITY_MODES (``sasl_plaintext``: ZooKeeper mode only; the admin's
+    client properties in ``client.properties``)."""
     if brokers < 1:
         raise PeerError(f"--brokers must be at least 1, got {brokers}")
     if not _HEAP_FORM.fullmatch(heap):
         raise PeerError(f"--heap {heap!r} is not a JVM heap size: give a number and a unit, e.g. 512m or 2g")
+    if security not in SECURITY_MODES:
+        raise PeerError(f"--security must be one of {', '.join(SECURITY_MODES)}, not {security!r}")
+    if kraft and security != "none":
+        raise PeerError(
+            "--security sasl_plaintext is for ZooKeeper mode (Kafka 3.9, its AclAuthorizer): leave out "
+            "--kraft, or leave out --security for a PLAINTEXT KRaft cluster"
+        )
     if kraft:
         if zookeeper is not None or broker_zookeeper:
             raise PeerError(
@@ -376,10 +466,39 @@ def peer_up(
         ],
         dict(properties or {}),
         heap=heap,
+        security=security,
+        admin_password=secrets.token_urlsafe(18) if security != "none" else None,
     )
     cluster.save()  # before any broker starts: `peer down` can always find what it must stop
+    if cluster.security != "none":
+        try:
+            _write_admin_credential(cluster)
+        except BaseException:
+            peer_down(directory)
+            raise
+        cluster.client_security().write(directory / CLIENT_PROPERTIES)
     _start_all(java, libs, cluster, timeout_s)
     return cluster
+
+
+def _write_admin_credential(cluster: PeerCluster) -> None:
+    """ADMIN_USER's SCRAM credentials in the peer's chroot, Kafka's ``/config/users`` layout, before
+    any broker starts (what ``kafka-configs --zookeeper ... --add-config SCRAM-SHA-512=[...]``
+    writes: the brokers need it to replicate, and to let the admin in)."""
+    from sluice.cluster.zkstore import close, connect
+    from sluice.security.credentials import CredentialStore
+
+    assert cluster.admin_password is not None
+    root = connect(cluster.zookeeper, auth=None)
+    try:
+        root.ensure_path(CHROOT)
+    finally:
+        close(root)
+    zk = connect(f"{cluster.zookeeper}{CHROOT}", auth=None)
+    try:
+        CredentialStore(zk).set_password(ADMIN_USER, cluster.admin_password, SCRAM_MECHANISMS)
+    finally:
+        close(zk)
 
 
 def _start_all(java: str, libs: Path, cluster: PeerCluster, timeout_s: float) -> None:

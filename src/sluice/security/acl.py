@@ -265,8 +265,9 @@ def validate_binding(binding: AclBinding) -> str | None:
         return f"an ACL's pattern type is LITERAL or PREFIXED, not {p.pattern_type.name}"
     if not p.name:
         return "the resource name is empty"
-    if p.type == ResourceType.CLUSTER and (p.name != CLUSTER_NAME or p.pattern_type != PatternType.LITERAL):
-        return f"the only CLUSTER resource is the literal {CLUSTER_NAME!r}"
+    if p.type == ResourceType.CLUSTER and p.name != CLUSTER_NAME:
+        # Kafka stores a PREFIXED kafka-cluster too (it matches the cluster), and nothing else
+        return f"the only CLUSTER resource is {CLUSTER_NAME!r}"
     if e.operation in (Operation.ANY, Operation.UNKNOWN):
         return f"an ACL must name one operation, not {e.operation.name}"
     if e.permission not in (Permission.ALLOW, Permission.DENY):

@@ -73,7 +73,8 @@ def _decode(user: str, data: bytes | None) -> UserCredentials:
     )
 
 
-def _encode(creds: dict[str, ScramCredential]) -> bytes:
+def encode_user(creds: Mapping[str, ScramCredential]) -> bytes:
+    """A user's znode: its credentials, one per mechanism, in Kafka's layout (the module's doc)."""
     return orjson.dumps(
         {"version": 1, "config": {m: c.encode() for m, c in sorted(creds.items())}},
         option=orjson.OPT_INDENT_2,
@@ -134,7 +135,7 @@ class CredentialStore:
         def change(data: bytes | None) -> bytes:
             creds = dict(_decode(user, data).scram)
             creds[mechanism] = credential
-            return _encode(creds)
+            return encode_user(creds)
 
         compare_and_set(self.client, user_path(user), change)
 
@@ -158,7 +159,7 @@ class CredentialStore:
             removed = True
             for m in gone:
                 del creds[m]
-            return _encode(creds)
+            return encode_user(creds)
 
         compare_and_set(self.client, user_path(user), change)
         return removed
