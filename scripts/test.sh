@@ -13,4 +13,5 @@ bash scripts/bootstrap.sh
 .venv/bin/ruff check src tests bench
 .venv/bin/ruff format --check src tests bench
 .venv/bin/mypy
+.venv/bin/lint-imports  # the layer contract of pyproject.toml [tool.importlinter]
 exec .venv/bin/pytest -n "${SLUICE_TEST_WORKERS:-3}" --dist loadscope --durations=30 "$@"

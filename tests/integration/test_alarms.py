@@ -16,8 +16,8 @@ from sluice.cluster.zkstore import FencingCounter, ZkStore
 from sluice.manager.alarms import AlarmEvaluator, AlarmStore
 from sluice.manager.alarms.facts import collect_facts
 from sluice.manager.alarms.store import EPOCH
+from sluice.pipeline.worker import Membership
 from sluice.sync.tasks import TaskStore, parse_spec
-from sluice.sync.worker import Membership
 from tests.support.cluster import TestCluster, wait_until
 from tests.unit.test_webhooks import Receiver
 
@@ -196,7 +196,7 @@ def test_a_worker_leaving_and_a_partition_offline_raise_alarms_naming_why(
             evaluator.evaluate_once()
             return {(a["rule"], a["subject"]): a for a in evaluator.store.list("open")}
 
-        # A worker as sync/worker.py joins: its name is its client id.
+        # A worker as pipeline/worker.py joins: its name is its client id.
         member = Membership(cluster.bootstrap, "sluice-workers", "w1", session_timeout_ms=6000)
         member.join(b'{"worker": "w1", "tasks": []}')
         member.sync({member.member_id: b""})

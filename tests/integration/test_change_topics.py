@@ -11,7 +11,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, Topic
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from sluice.clients import close_within
-from sluice.sync.execution import ensure_topics
+from sluice.pipeline.execution import ensure_topics
 from tests.support.cluster import TestCluster
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 import pytest
 
+from sluice.pipeline.execution import ensure_topics
 from sluice.sync import dead_letters
 from sluice.sync.dead_letters import DeadLetterWriter, dedupe, read_entries, replay
-from sluice.sync.execution import ensure_topics
 from sluice.sync.targets import Target, open_target
 from sluice.sync.targets.base import Refusal
 from tests.integration import test_targets
@@ -237,7 +237,7 @@ def test_apply_query_stops_or_dead_letters_and_the_execution_raises_the_alarm(
     from sluice import metrics
     from sluice.cluster.zkstore import ZkStore
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery
-    from sluice.sync.execution import TaskExecution
+    from sluice.pipeline.execution import TaskExecution
     from sluice.sync.tasks import TaskStore, parse_spec
 
     ensure_topics(cluster.bootstrap, ["shop.changes"], 1, 1)

@@ -33,8 +33,8 @@ import pytest
 
 from sluice.cluster.zkstore import ZkStore
 from sluice.ops.mariadb import LocalMariaDB
+from sluice.pipeline.execution import TaskExecution, apply_config
 from sluice.sync.envelope import key_text
-from sluice.sync.execution import TaskExecution, apply_config
 from sluice.sync.schema import SchemaChange
 from sluice.sync.sources.mysql import MySqlCapture, recover_position
 from sluice.sync.targets import open_target

@@ -157,7 +157,7 @@ def test_a_tasks_apply_query_refuses_tables_outside_the_tasks_definition(tmp_pat
     (`apply_config`) opens its target with the task's tables. Without that wiring the target
     would accept any table, and this test fails on the second apply."""
     from sluice.pipeline.apply import ApplyQuery
-    from sluice.sync.execution import apply_config
+    from sluice.pipeline.execution import apply_config
     from sluice.sync.tasks import parse_spec
 
     spec = parse_spec(

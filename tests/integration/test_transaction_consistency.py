@@ -350,8 +350,8 @@ class _Stopped:
 
 
 def test_a_paused_tasks_binlog_is_reported_and_a_purge_risk_alarmed(mariadb: LocalMariaDB) -> None:
+    from sluice.pipeline.execution import TaskExecution
     from sluice.security.client import PLAINTEXT
-    from sluice.sync.execution import TaskExecution
     from sluice.sync.tasks import Control, TaskSpec
 
     for _ in range(3):

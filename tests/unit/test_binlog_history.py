@@ -81,7 +81,7 @@ def test_recovery_resumes_in_the_newest_history_whatever_its_positions(
 def test_a_task_raises_the_history_alarm_saying_what_to_do_when_changes_may_be_missing() -> None:
     from types import SimpleNamespace
 
-    from sluice.sync.execution import TaskExecution
+    from sluice.pipeline.execution import TaskExecution
 
     raised: list[tuple[str, str, dict[str, Any]]] = []
     fake = SimpleNamespace(

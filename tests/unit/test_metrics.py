@@ -26,8 +26,8 @@ from sluice.cluster.layout import PartitionState, TopicAssignment
 from sluice.cluster.view import PartitionInfo
 from sluice.cluster.zkstore import ChunkResult
 from sluice.ops import launcher
+from sluice.pipeline.execution import SUPERSEDED, TaskExecution
 from sluice.properties import ConfigError
-from sluice.sync.execution import SUPERSEDED, TaskExecution
 from sluice.sync.targets import StaleEpochError
 from sluice.sync.tasks import Control, parse_spec
 from sluice.sync.worker_config import WorkerConfig

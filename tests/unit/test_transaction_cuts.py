@@ -165,7 +165,7 @@ def test_a_needed_binlog_among_the_two_oldest_or_gone_is_at_risk() -> None:
 
 
 def test_a_mysql_tasks_apply_reads_its_transactions_topic_and_a_generators_does_not(tmp_path: Any) -> None:
-    from sluice.sync.execution import apply_config
+    from sluice.pipeline.execution import apply_config
     from sluice.sync.tasks import parse_spec
 
     def config(source: dict[str, Any]) -> Any:

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from sluice.pipeline import worker as worker_module
+from sluice.pipeline.execution import SUPERSEDED
+from sluice.pipeline.worker import Worker
 from sluice.service.tasks import failures_in_a_row
-from sluice.sync import worker as worker_module
 from sluice.sync.backoff import RETRY_MAX_S, retry_delay_s
-from sluice.sync.execution import SUPERSEDED
-from sluice.sync.worker import Worker
 
 
 class FakeExecution:

@@ -430,10 +430,10 @@ def worker_start(
     import signal as _signal
     import threading
 
+    from sluice.pipeline.execution import TaskExecution
+    from sluice.pipeline.worker import Membership, Worker, worker_name
     from sluice.properties import ConfigError, layered
-    from sluice.sync.execution import TaskExecution
     from sluice.sync.tasks import scrub
-    from sluice.sync.worker import Membership, Worker, worker_name
     from sluice.sync.worker_config import WorkerConfig
 
     try:

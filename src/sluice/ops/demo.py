@@ -262,9 +262,9 @@ def _apply(
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
+    from sluice.pipeline.execution import CHANGE_TOPIC_CONFIG
     from sluice.pipeline.restarting import QueryFailure, RestartingQuery, describe_failure
     from sluice.pipeline.session import DriverSession
-    from sluice.sync.execution import CHANGE_TOPIC_CONFIG
     from sluice.sync.sources.generator import GeneratorConfig, GeneratorStats, run_generator
     from sluice.sync.targets import open_target
     from sluice.sync.truth import Truth, compare

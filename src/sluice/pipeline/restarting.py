@@ -1,5 +1,5 @@
 """An apply query started again from its checkpoint each time it fails: what `sluice apply` and
-the demo run. A worker's task gets the same from its worker (sync.worker); both wait by the same
+the demo run. A worker's task gets the same from its worker (pipeline.worker); both wait by the same
 rule (sync.backoff): the delay doubles with each failure in a row, from 1 s up to 60 s, and a
 committed batch starts the count again.
 

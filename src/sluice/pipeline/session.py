@@ -108,7 +108,7 @@ def spark_session(
         # failed the batch. A dead peer is still seen at once (its socket closes); this only
         # waits longer for a slow one. Spark's other waits are left as they are: a Python
         # worker's connect-back is a fixed 10 s (no setting; a query that meets it is started
-        # again, pipeline/restarting.py and sync/worker.py), and an executor is declared lost
+        # again, pipeline/restarting.py and pipeline/worker.py), and an executor is declared lost
         # only after spark.network.timeout (120 s) without a heartbeat, far beyond what load
         # delays a 10 s heartbeat by, while a shorter wait for a dead executor matters on a
         # cluster.

@@ -1,4 +1,4 @@
-"""How long to wait before starting a failed thing again: a worker's task (sync.worker), or an
+"""How long to wait before starting a failed thing again: a worker's task (pipeline.worker), or an
 apply query in `sluice apply` and the demo (pipeline.restarting). One rule for all of them.
 
 `attempts` counts the failures in a row: each failure adds one, and only progress (an apply

@@ -51,7 +51,7 @@ class WorkerConfig:
     #: ZooKeeper digest credentials (``zookeeper.set.acl``, ``zookeeper.auth.*``); None: none
     zk_auth: ZkAuth | None = None
     group: str = DEFAULT_GROUP
-    #: None: host name and a random suffix (sync.worker.worker_name)
+    #: None: host name and a random suffix (pipeline.worker.worker_name)
     name: str | None = None
     work_dir: Path = Path(".sluice/worker")
     #: None: local[*]

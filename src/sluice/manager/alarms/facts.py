@@ -1,7 +1,7 @@
 """The facts alarms are decided on, read from ZooKeeper and the brokers with the same code the CLI
 uses: partition health (`service.health`), live brokers (`ZkStore`), tasks' control, status and alarm
 events (`TaskStore` and its znodes), and the worker group's members (`service.group_view`: a worker's
-client id is its name, `sync.worker.Membership`).
+client id is its name, `pipeline.worker.Membership`).
 
 Never raises for an unreachable ZooKeeper or broker: what could not be read is named in
 `Facts.unavailable`, and the rules neither raise nor resolve what depends on it.

@@ -7,7 +7,7 @@ member's JoinGroup metadata says which tasks it runs now. A member that dies or 
 past its session is dropped by the coordinator, and the next generation gives its tasks to the
 others. A change to the set of tasks makes the leader rejoin, which starts a new generation.
 
-Each started task is a `TaskExecution` (sync.execution) under a new fencing epoch. A task that
+Each started task is a `TaskExecution` (pipeline.execution) under a new fencing epoch. A task that
 fails to start, or whose execution fails later (its target refuses connections, its source is
 down, its topic cannot be created during a failover, its Spark query ended), is stopped,
 reported through `on_failure` (an alarm, in production, with the attempt and the delay) and
@@ -31,12 +31,12 @@ from typing import Any
 
 import orjson
 
+from sluice.pipeline.execution import SUPERSEDED
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.sync.assignment import assign
 from sluice.sync.backoff import Backoff
-from sluice.sync.execution import SUPERSEDED
 from sluice.sync.wire_client import WireClient, WireError
 
 log = logging.getLogger("sluice.worker")
