@@ -9,8 +9,9 @@
 #      sluice.chaos.netfaults), chromium and chromium-driver (the manager console's browser tests),
 #      and venv support for the system Python 3.11.
 #      `apt-get update` and `apt-get install` run only when something is missing.
-#   2. <repo>/.venv with Python 3.11, and `pip install -e '.[test]'` in it. The pip step is
-#      skipped while .venv/.bootstrap-pyproject.sha256 matches the sha256 of pyproject.toml.
+#   2. <repo>/.venv with Python 3.11, and `pip install -e '.[test,docs]'` in it (docs: MkDocs,
+#      which builds the user guide's site). The pip step is skipped while
+#      .venv/.bootstrap-pyproject.sha256 matches the sha256 of pyproject.toml.
 #
 # Run as root, or as a user with sudo. Environment: PYTHON=/path/to/python3.11 picks the
 # interpreter; BOOTSTRAP_FORCE_PIP=1 re-runs the pip step.
@@ -143,9 +144,9 @@ fi
 want="$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)"
 have="$(cat "$STAMP" 2>/dev/null || true)"
 if [ "$want" != "$have" ] || [ -n "${BOOTSTRAP_FORCE_PIP:-}" ]; then
-    say "pip install -e '.[test]'"
+    say "pip install -e '.[test,docs]'"
     rm -f "$STAMP"
-    quiet "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e "$REPO[test]"
+    quiet "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e "$REPO[test,docs]"
     printf '%s\n' "$want" >"$STAMP"
 fi
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test suite: set-up (idempotent), lint, types, then pytest. Extra arguments go to pytest,
-# e.g. `scripts/test.sh -m slow` for the slower fault runs or `scripts/test.sh tests/unit`.
+# The test suite: set-up (idempotent), lint, types, the user guide's site, then pytest. Extra
+# arguments go to pytest, e.g. `scripts/test.sh -m slow` for the slower fault runs or
+# `scripts/test.sh tests/unit`.
 #
 # Tests run on SLUICE_TEST_WORKERS pytest-xdist workers side by side (default 3; 0 runs them in
 # this process): most of the suite waits on brokers, timeouts and sessions, not on the CPU
@@ -14,4 +15,8 @@ bash scripts/bootstrap.sh
 .venv/bin/ruff format --check src tests bench
 .venv/bin/mypy
 .venv/bin/lint-imports  # the layer contract of pyproject.toml [tool.importlinter]
+# The user guide as a site, into a temporary directory: a broken link or anchor fails here.
+site="$(mktemp -d)"
+.venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 exec .venv/bin/pytest -n "${SLUICE_TEST_WORKERS:-3}" --dist loadscope --durations=30 "$@"

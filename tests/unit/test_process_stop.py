@@ -15,9 +15,12 @@ from sluice.ops.launcher import BrokerProcess, LocalCluster
 
 
 def test_the_documented_stop_bounds() -> None:
-    """README and docs/ARCHITECTURE.md quote these (the defaults: a 6 s session timeout)."""
+    """docs/guide/operating.md and docs/ARCHITECTURE.md quote these (the defaults: a 6 s session
+    timeout)."""
     assert stop_bound_s(6.0) == 36.0
     assert stop_bound_s(6.0, controlled_shutdown_timeout_s=0.0) == 21.0
+    guide = (Path(__file__).parents[2] / "docs" / "guide" / "operating.md").read_text()
+    assert "36 s by default, 21 s with ZooKeeper already gone" in " ".join(guide.split())
 
 
 def ignoring_sigterm() -> subprocess.Popen[str]:

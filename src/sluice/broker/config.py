@@ -257,7 +257,7 @@ class BrokerConfig:
         elif "log.dir" in rest:
             rest.pop("log.dir")  # Kafka too prefers log.dirs when both are given
         fields_: dict[str, Any] = props.resolve(
-            BROKER_SETTINGS, rest, source=source, required=("broker.id", "log.dirs", "zookeeper.connect")
+            BROKER_SETTINGS, rest, source=source, required=BROKER_REQUIRED
         )
         try:
             _listener_fields(fields_)
@@ -446,6 +446,8 @@ def log_default_keys() -> dict[str, str]:
 
 
 _int = props.integer
+#: The keys a broker cannot start without.
+BROKER_REQUIRED = ("broker.id", "log.dirs", "zookeeper.connect")
 BROKER_SETTINGS: tuple[props.Setting, ...] = (
     props.Setting("broker.id", "broker_id", _int(0, 2**31 - 1), "this broker's id, unique in the cluster"),
     props.Setting(

@@ -170,7 +170,7 @@ def _run_against_kafka(name: str, directory: Path, seed: int) -> int:
 
 def figure_lines(result: object) -> list[str]:
     """The checker's rows and the checks as key=value lines (quoted where a value has spaces),
-    printed by --against kafka before the tables so a script or the README can take them."""
+    printed by --against kafka before the tables so a script or docs/guide/drills.md can take them."""
     import shlex
 
     from sluice.chaos.results import IncidentResult

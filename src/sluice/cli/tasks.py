@@ -395,7 +395,7 @@ def task_secret_scope(
 def worker_start(
     config_file: Annotated[
         Path | None,
-        typer.Option("--config", help="A worker.properties file (keys: README, Deploying on several hosts)"),
+        typer.Option("--config", help="A worker.properties file (keys: docs/reference/configuration.md)"),
     ] = None,
     override: Annotated[
         list[str] | None, typer.Option("--override", help="key=value over the file's, repeatable")

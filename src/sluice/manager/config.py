@@ -47,7 +47,7 @@ class ManagerConfig:
     @classmethod
     def from_properties(cls, values: Mapping[str, str], *, source: str = "manager config") -> ManagerConfig:
         fields: dict[str, Any] = props.resolve(
-            MANAGER_SETTINGS, values, source=source, required=("bootstrap.servers", "zookeeper.connect")
+            MANAGER_SETTINGS, values, source=source, required=MANAGER_REQUIRED
         )
         if "token_ttl_minutes" in fields:
             fields["token_ttl_s"] = fields.pop("token_ttl_minutes") * 60
@@ -56,6 +56,8 @@ class ManagerConfig:
         return cls(**fields)
 
 
+#: The keys a manager cannot start without.
+MANAGER_REQUIRED = ("bootstrap.servers", "zookeeper.connect")
 MANAGER_SETTINGS: tuple[props.Setting, ...] = (
     props.Setting("bootstrap.servers", "bootstrap", host_ports, "host:port[,host:port...] of brokers"),
     props.Setting("zookeeper.connect", "zookeeper", parse_zookeeper_connect, "the cluster's ZooKeeper"),

@@ -70,7 +70,7 @@ class WorkerConfig:
     def from_properties(cls, values: Mapping[str, str], *, source: str = "worker config") -> WorkerConfig:
         """A worker's configuration from ``.properties`` keys; ConfigError names a bad key."""
         fields: dict[str, Any] = props.resolve(
-            WORKER_SETTINGS, values, source=source, required=("bootstrap.servers",)
+            WORKER_SETTINGS, values, source=source, required=WORKER_REQUIRED
         )
         if "session_timeout_ms" in fields:
             fields["session_timeout_s"] = fields.pop("session_timeout_ms") / 1000.0
@@ -83,6 +83,8 @@ class WorkerConfig:
         return cls(**fields)
 
 
+#: The keys a worker cannot start without.
+WORKER_REQUIRED = ("bootstrap.servers",)
 WORKER_SETTINGS: tuple[props.Setting, ...] = (
     props.Setting("bootstrap.servers", "bootstrap", host_ports, "host:port[,host:port...] of brokers"),
     props.Setting("zookeeper.connect", "zookeeper", parse_zookeeper_connect, "where task definitions live"),
