@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import typer
 
-from sluice.ops.cli import app
+from sluice.cli import app
 
 ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
