@@ -38,6 +38,7 @@ from sluice.cluster.zkstore import ZkStore
 from sluice.ops import launcher
 from sluice.ops.netns import HostNetwork
 from sluice.ops.ports import free_port, free_ports
+from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import LocalZooKeeper, ZooKeeperEnsemble
 from sluice.security.client import ClientSecurity
 
@@ -46,7 +47,102 @@ log = logging.getLogger("sluice.chaos")
 CHROOT = "/sluice"
 
 
-class DrillCluster:
+class BrokerSignals:
+    """A drill cluster's timeline and its faults by signal on broker processes, shared by the
+    Sluice drill cluster below and Apache Kafka's (peers/incidents_kafka.py): kill -9 (waiting
+    until the process is gone), SIGSTOP and SIGCONT. A subclass sets ``events`` and ``_t0`` and
+    names each broker's process (``broker(id).pid``)."""
+
+    events: list[tuple[float, str]]
+    _t0: float
+    #: the running cluster (``bootstrap_servers``), None before it starts
+    cluster: Any
+    #: ZooKeeper as the cluster lays it out (``partition_state``, ``controller_id``)
+    store: Any
+    session_timeout_s: float
+
+    def broker(self, broker_id: int) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.cluster is not None
+        return str(self.cluster.bootstrap_servers)
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        """The partition's leader as ZooKeeper holds it (-1: none)."""
+        assert self.store is not None
+        current = self.store.partition_state(topic, partition)
+        return int(current[0].leader) if current else -1
+
+    def controller(self) -> int:
+        assert self.store is not None
+        return int(self.store.controller_id())
+
+    def restart(self, broker_id: int) -> None:
+        raise NotImplementedError
+
+    def shutdown(self, broker_id: int) -> None:
+        """SIGTERM: a controlled shutdown."""
+        raise NotImplementedError
+
+    def wait_quiescent(self, timeout_s: float = 90.0) -> bool:
+        """Every broker registered, every partition led by a live broker with a full ISR."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._quiescent():
+                return True
+            time.sleep(0.25)
+        return False
+
+    def _quiescent(self) -> bool:
+        raise NotImplementedError
+
+    def note(self, what: str) -> None:
+        self.events.append((time.monotonic() - self._t0, what))
+        log.info("event=drill_step t=%.1f %s", time.monotonic() - self._t0, what)
+
+    def kill(self, broker_id: int) -> None:
+        pid = self.broker(broker_id).pid
+        os.kill(pid, signal.SIGKILL)
+        wait_gone(pid, 10.0)
+        self.note(f"kill -9 broker {broker_id}")
+
+    def pause(self, broker_id: int) -> None:
+        os.kill(self.broker(broker_id).pid, signal.SIGSTOP)
+        self.note(f"SIGSTOP broker {broker_id}")
+
+    def resume(self, broker_id: int) -> None:
+        os.kill(self.broker(broker_id).pid, signal.SIGCONT)
+        self.note(f"SIGCONT broker {broker_id}")
+
+
+def reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is a child of this process that has ended."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    """Wait until ``pid`` has ended (reaped when it is our child); False after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reap(pid)
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class DrillCluster(BrokerSignals):
     def __init__(
         self,
         directory: Path,
@@ -151,43 +247,17 @@ class DrillCluster:
     def __enter__(self) -> DrillCluster:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    @property
-    def bootstrap(self) -> str:
-        assert self.cluster is not None
-        return self.cluster.bootstrap_servers
-
     @property
     def client_security(self) -> ClientSecurity:
         """How the drill's own clients authenticate (the admin's; PLAINTEXT with security off)."""
         assert self.cluster is not None
         return self.cluster.client_security()
 
-    def note(self, what: str) -> None:
-        self.events.append((time.monotonic() - self._t0, what))
-        log.info("event=drill_step t=%.1f %s", time.monotonic() - self._t0, what)
-
     def broker(self, broker_id: int) -> launcher.BrokerProcess:
         assert self.cluster is not None
         return self.cluster.broker(broker_id)
 
-    # -- faults ------------------------------------------------------------------------------------
-
-    def kill(self, broker_id: int) -> None:
-        b = self.broker(broker_id)
-        os.kill(b.pid, signal.SIGKILL)
-        self._reap(b.pid)
-        self.note(f"kill -9 broker {broker_id}")
-
-    def pause(self, broker_id: int) -> None:
-        os.kill(self.broker(broker_id).pid, signal.SIGSTOP)
-        self.note(f"SIGSTOP broker {broker_id}")
-
-    def resume(self, broker_id: int) -> None:
-        os.kill(self.broker(broker_id).pid, signal.SIGCONT)
-        self.note(f"SIGCONT broker {broker_id}")
+    # -- faults (kill, pause, resume: BrokerSignals) -------------------------------------------------
 
     def shutdown(self, broker_id: int) -> None:
         launcher.stop_pid(self.broker(broker_id).pid)
@@ -275,23 +345,7 @@ class DrillCluster:
             else:
                 self.restart(b.broker_id)
 
-    @staticmethod
-    def _reap(pid: int) -> None:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-
     # -- targets -----------------------------------------------------------------------------------
-
-    def leader_of(self, topic: str, partition: int) -> int:
-        assert self.store is not None
-        current = self.store.partition_state(topic, partition)
-        return current[0].leader if current else -1
-
-    def controller(self) -> int:
-        assert self.store is not None
-        return self.store.controller_id()
 
     def coordinator_of(self, group: str) -> int:
         return self.leader_of(OFFSETS_TOPIC, partition_for_group(group, 50))
@@ -302,16 +356,6 @@ class DrillCluster:
         return rng.choice(sorted(ids))
 
     # -- waiting -----------------------------------------------------------------------------------
-
-    def wait_quiescent(self, timeout_s: float = 90.0) -> bool:
-        """Every broker registered, every partition led by a live broker with a full ISR."""
-        assert self.store is not None and self.cluster is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._quiescent():
-                return True
-            time.sleep(0.25)
-        return False
 
     def _quiescent(self) -> bool:
         assert self.store is not None and self.cluster is not None

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from sluice import test_switches
 from sluice.chaos.checker import Read, check, parse_value
-from sluice.chaos.harness import DrillCluster, LeaderlessMonitor
+from sluice.chaos.harness import BrokerSignals, DrillCluster, LeaderlessMonitor
 from sluice.chaos.results import Check, IncidentResult, Row
 from sluice.chaos.workload import (
     GroupReader,
@@ -26,6 +26,80 @@ from sluice.chaos.workload import (
 from sluice.cluster.layout import PartitionState
 from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.service.health import partition_health
+
+
+def single_replica_writer(
+    bootstrap: str, topic: str, writer: str, security: ClientSecurity = PLAINTEXT
+) -> VerifiableProducer:
+    """Drill C's writer, on Sluice and on Kafka alike: a new topic of 3 single-replica partitions
+    written at 1,000 records/s, returned once 1,000 records are acknowledged."""
+    _create_topic(bootstrap, topic, 3, 1, {}, security=security)
+    producer = VerifiableProducer(
+        bootstrap, topic, 3, writer=writer, rate_per_s=1000, extra={"message.timeout.ms": 8000},
+        security=security,
+    ).start()  # fmt: skip
+    _wait_acks(producer, 1000, 60)
+    return producer
+
+
+def stopped_case(
+    dc: BrokerSignals,
+    result: IncidentResult,
+    producer: VerifiableProducer,
+    victim: int,
+    label: str,
+    topic: str,
+    security: ClientSecurity = PLAINTEXT,
+) -> ProducerStats:
+    """A drill C case that stops the leader ``victim`` (SIGTERM, a controlled shutdown), on
+    Sluice and on Kafka alike: 1,000 more records acknowledged meanwhile, the broker back, the
+    case's row (``label``) added to ``result``."""
+    dc.shutdown(victim)
+    _wait_acks(producer, 1000, 60)
+    stats = producer.stop()
+    dc.restart(victim)
+    dc.wait_quiescent(90)
+    read = read_everything(dc.bootstrap, topic, 3, security=security)
+    result.rows.append(_row(label, topic, stats, read))
+    return stats
+
+
+def kill_case_recovered(
+    dc: BrokerSignals,
+    result: IncidentResult,
+    producer: VerifiableProducer,
+    topic: str,
+    victim: int,
+    offline_reported: Callable[[], bool],
+    security: ClientSecurity = PLAINTEXT,
+) -> ProducerStats:
+    """Drill C's kill -9 case once the leader is killed, on Sluice and on Kafka alike: the
+    offline partitions reported within a session timeout, the producer failing, then the broker
+    back and 500 more records acknowledged; the case's row added to ``result``."""
+    _wait_for(offline_reported, dc.session_timeout_s + 10)
+    _wait_for(lambda: producer.failed() > 0, 20)
+    dc.restart(victim)
+    dc.wait_quiescent(90)
+    _wait_acks(producer, 500, 60)
+    stats = producer.stop()
+    read = read_everything(dc.bootstrap, topic, 3, security=security)
+    result.rows.append(_row("kill -9, no drain", topic, stats, read))
+    return stats
+
+
+def kill_case_checks(result: IncidentResult, stats: ProducerStats, offline: list[str], reported: str) -> None:
+    """Drill C's verdict on its kill -9 case, on Sluice and on Kafka alike (``result.rows[0]``
+    is that case's row): the producer saw a named error, the offline partitions were reported
+    (``reported`` says how), and no acknowledged record was lost."""
+    named = ", ".join(f"{k} ({stats.first_error.get(k, '')}) x{v}" for k, v in stats.errors.items()) or "none"
+    result.checks.append(
+        Check("without a drain the producer sees a named error", bool(stats.errors), f"errors: {named}")
+    )
+    result.checks.append(
+        Check("the offline partitions are reported with the reason", bool(offline), reported)
+    )
+    lost = result.rows[0].lost
+    result.checks.append(Check("no acknowledged record lost (kill -9 case)", lost == 0, f"{lost} lost"))
 
 
 def _create_topic(
@@ -433,12 +507,7 @@ def single_replica_shutdown(dc: DrillCluster, rng: random.Random) -> IncidentRes
     result = IncidentResult("single-replica-shutdown")
     assert dc.store is not None
     topic = "incident-c-kill"
-    _create_topic(dc.bootstrap, topic, 3, 1, {}, security=dc.client_security)
-    producer = VerifiableProducer(
-        dc.bootstrap, topic, 3, writer="c1", rate_per_s=1000, extra={"message.timeout.ms": 8000},
-        security=dc.client_security,
-    ).start()  # fmt: skip
-    _wait_acks(producer, 1000, 60)
+    producer = single_replica_writer(dc.bootstrap, topic, "c1", dc.client_security)
     victim = dc.leader_of(topic, 0)
     dc.kill(victim)
     offline: list[str] = []
@@ -451,64 +520,17 @@ def single_replica_shutdown(dc: DrillCluster, rng: random.Random) -> IncidentRes
         ]
         return bool(offline)
 
-    _wait_for(offline_reported, dc.session_timeout_s + 10)
-    _wait_for(lambda: producer.failed() > 0, 20)
-    dc.restart(victim)
-    dc.wait_quiescent(90)
-    _wait_acks(producer, 500, 60)
-    stats = producer.stop()
-    result.rows.append(
-        _row(
-            "kill -9, no drain",
-            topic,
-            stats,
-            read_everything(dc.bootstrap, topic, 3, security=dc.client_security),
-        )
-    )
-    named = ", ".join(f"{k} ({stats.first_error.get(k, '')}) x{v}" for k, v in stats.errors.items()) or "none"
-    result.checks.append(
-        Check("without a drain the producer sees a named error", bool(stats.errors), f"errors: {named}")
-    )
-    result.checks.append(
-        Check(
-            "the offline partitions are reported with the reason",
-            bool(offline),
-            "; ".join(offline[:3]) or "nothing reported",
-        )
-    )
-    result.checks.append(
-        Check(
-            "no acknowledged record lost (kill -9 case)",
-            result.rows[0].lost == 0,
-            f"{result.rows[0].lost} lost",
-        )
-    )
+    stats = kill_case_recovered(dc, result, producer, topic, victim, offline_reported, dc.client_security)
+    kill_case_checks(result, stats, offline, "; ".join(offline[:3]) or "nothing reported")
 
     topic2 = "incident-c-drain"
-    _create_topic(dc.bootstrap, topic2, 3, 1, {}, security=dc.client_security)
-    producer = VerifiableProducer(
-        dc.bootstrap, topic2, 3, writer="c2", rate_per_s=1000, extra={"message.timeout.ms": 8000},
-        security=dc.client_security,
-    ).start()  # fmt: skip
-    _wait_acks(producer, 1000, 60)
+    producer = single_replica_writer(dc.bootstrap, topic2, "c2", dc.client_security)
     victim = dc.leader_of(topic2, 0)
     plan = plan_drain(dc.store, victim)
     start_drain(dc.store, plan)
     pending = wait_drained(dc.store, plan, 30)
     dc.note(f"drained broker {victim}: {len(plan.moves)} replica(s) moved, {len(pending)} pending")
-    dc.shutdown(victim)
-    _wait_acks(producer, 1000, 60)
-    stats = producer.stop()
-    dc.restart(victim)
-    dc.wait_quiescent(90)
-    result.rows.append(
-        _row(
-            "drain + stop",
-            topic2,
-            stats,
-            read_everything(dc.bootstrap, topic2, 3, security=dc.client_security),
-        )
-    )
+    stats = stopped_case(dc, result, producer, victim, "drain + stop", topic2, dc.client_security)
     row = result.rows[1]
     result.checks.append(
         Check(

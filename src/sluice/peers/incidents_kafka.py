@@ -34,16 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sluice.chaos.harness import BrokerSignals, reap, wait_gone
 from sluice.chaos.incidents import (
-    _create_topic,
-    _row,
-    _wait_acks,
-    _wait_for,
     acks1_failover,
+    kill_case_checks,
+    kill_case_recovered,
+    single_replica_writer,
+    stopped_case,
 )
 from sluice.chaos.results import Check, IncidentResult
 from sluice.chaos.tcp_proxy import TcpProxy
-from sluice.chaos.workload import VerifiableProducer, read_everything
 from sluice.cluster.layout import PartitionState
 from sluice.ops.ports import free_port, free_ports
 from sluice.ops.processes import pid_alive
@@ -118,7 +118,7 @@ class KafkaZkView:
         return data, stat.version
 
 
-class KafkaDrillCluster:
+class KafkaDrillCluster(BrokerSignals):
     """A 3-broker Kafka cluster for a drill, with the fault methods the drills call on
     `DrillCluster` (same names, same notes in the timeline). Everything lives in ``directory``;
     leaving the ``with`` block stops every process it started."""
@@ -170,7 +170,7 @@ class KafkaDrillCluster:
                     proxy.set_mode("pass")  # nor can one cut from ZooKeeper, in good time
                 peer.peer_down(Path(self.cluster.directory), grace_s=20)
                 for b in self.cluster.brokers:
-                    _reap(b.pid)
+                    reap(b.pid)
         finally:
             if self.store is not None:
                 self.store.stop()
@@ -186,49 +186,24 @@ class KafkaDrillCluster:
             self.stop()
             raise
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def bootstrap(self) -> str:
-        assert self.cluster is not None
-        return self.cluster.bootstrap_servers
-
     @property
     def client_security(self) -> ClientSecurity:
         return PLAINTEXT
-
-    def note(self, what: str) -> None:
-        self.events.append((time.monotonic() - self._t0, what))
 
     def broker(self, broker_id: int) -> KafkaBrokerAddress:
         assert self.cluster is not None
         b = next(b for b in self.cluster.brokers if b.broker_id == broker_id)
         return KafkaBrokerAddress(b.broker_id, "127.0.0.1", b.port, b.pid)
 
-    # -- faults ------------------------------------------------------------------------------------
-
-    def kill(self, broker_id: int) -> None:
-        pid = self.broker(broker_id).pid
-        os.kill(pid, signal.SIGKILL)
-        _wait_gone(pid, 10)
-        self.note(f"kill -9 broker {broker_id}")
-
-    def pause(self, broker_id: int) -> None:
-        os.kill(self.broker(broker_id).pid, signal.SIGSTOP)
-        self.note(f"SIGSTOP broker {broker_id}")
-
-    def resume(self, broker_id: int) -> None:
-        os.kill(self.broker(broker_id).pid, signal.SIGCONT)
-        self.note(f"SIGCONT broker {broker_id}")
+    # -- faults (kill, pause, resume: BrokerSignals) -------------------------------------------------
 
     def shutdown(self, broker_id: int) -> None:
         """SIGTERM: Kafka's controlled shutdown (leadership moved off first where it can be)."""
         pid = self.broker(broker_id).pid
         os.kill(pid, signal.SIGTERM)
-        if not _wait_gone(pid, 30):
+        if not wait_gone(pid, 30):
             os.kill(pid, signal.SIGKILL)
-            _wait_gone(pid, 10)
+            wait_gone(pid, 10)
         self.note(f"controlled shutdown of broker {broker_id}")
 
     def restart(self, broker_id: int) -> None:
@@ -247,24 +222,6 @@ class KafkaDrillCluster:
         self.note(f"reconnected broker {broker_id} to ZooKeeper")
 
     # -- targets and waiting -----------------------------------------------------------------------
-
-    def leader_of(self, topic: str, partition: int) -> int:
-        assert self.store is not None
-        current = self.store.partition_state(topic, partition)
-        return current[0].leader if current else -1
-
-    def controller(self) -> int:
-        assert self.store is not None
-        return self.store.controller_id()
-
-    def wait_quiescent(self, timeout_s: float = 90.0) -> bool:
-        """Every broker registered, every partition led by a live broker with a full ISR."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._quiescent():
-                return True
-            time.sleep(0.25)
-        return False
 
     def _quiescent(self) -> bool:
         assert self.store is not None
@@ -306,24 +263,6 @@ class KafkaDrillCluster:
         return pending()
 
 
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        _reap(pid)
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _reap(pid: int) -> None:
-    """Brokers restarted by a drill are this process's children: collect their exit."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
 # -- C against Kafka ----------------------------------------------------------------------------------
 
 
@@ -350,11 +289,7 @@ def single_replica_shutdown(dc: KafkaDrillCluster, rng: random.Random) -> Incide
     result = IncidentResult("single-replica-shutdown")
     assert dc.store is not None
     topic = "incident-c-kill"
-    _create_topic(dc.bootstrap, topic, 3, 1, {})
-    producer = VerifiableProducer(
-        dc.bootstrap, topic, 3, writer="c1", rate_per_s=1000, extra={"message.timeout.ms": 8000},
-    ).start()  # fmt: skip
-    _wait_acks(producer, 1000, 60)
+    producer = single_replica_writer(dc.bootstrap, topic, "c1")
     victim = dc.leader_of(topic, 0)
     dc.kill(victim)
     offline: list[str] = []
@@ -369,38 +304,12 @@ def single_replica_shutdown(dc: KafkaDrillCluster, rng: random.Random) -> Incide
         offline[:] = [f"{topic} {o}" for o in found]
         return bool(offline)
 
-    _wait_for(offline_reported, dc.session_timeout_s + 10)
-    _wait_for(lambda: producer.failed() > 0, 20)
-    dc.restart(victim)
-    dc.wait_quiescent(90)
-    _wait_acks(producer, 500, 60)
-    stats = producer.stop()
-    result.rows.append(_row("kill -9, no drain", topic, stats, read_everything(dc.bootstrap, topic, 3)))
-    named = ", ".join(f"{k} ({stats.first_error.get(k, '')}) x{v}" for k, v in stats.errors.items()) or "none"
-    result.checks.append(
-        Check("without a drain the producer sees a named error", bool(stats.errors), f"errors: {named}")
-    )
-    result.checks.append(
-        Check(
-            "the offline partitions are reported with the reason",
-            bool(offline),
-            ("Kafka's Metadata: " + "; ".join(offline[:3])) if offline else "nothing reported",
-        )
-    )
-    result.checks.append(
-        Check(
-            "no acknowledged record lost (kill -9 case)",
-            result.rows[0].lost == 0,
-            f"{result.rows[0].lost} lost",
-        )
-    )
+    stats = kill_case_recovered(dc, result, producer, topic, victim, offline_reported)
+    reported = ("Kafka's Metadata: " + "; ".join(offline[:3])) if offline else "nothing reported"
+    kill_case_checks(result, stats, offline, reported)
 
     topic2 = "incident-c-drain"
-    _create_topic(dc.bootstrap, topic2, 3, 1, {})
-    producer = VerifiableProducer(
-        dc.bootstrap, topic2, 3, writer="c2", rate_per_s=1000, extra={"message.timeout.ms": 8000},
-    ).start()  # fmt: skip
-    _wait_acks(producer, 1000, 60)
+    producer = single_replica_writer(dc.bootstrap, topic2, "c2")
     victim = dc.leader_of(topic2, 0)
     others = [b for b in range(1, dc.brokers + 1) if b != victim]
     singles = [
@@ -415,12 +324,7 @@ def single_replica_shutdown(dc: KafkaDrillCluster, rng: random.Random) -> Incide
         f"reassigned broker {victim}'s single replicas (Kafka's drain): "
         f"{len(moves)} moved, {len(pending)} pending"
     )
-    dc.shutdown(victim)
-    _wait_acks(producer, 1000, 60)
-    stats = producer.stop()
-    dc.restart(victim)
-    dc.wait_quiescent(90)
-    result.rows.append(_row("reassign + stop", topic2, stats, read_everything(dc.bootstrap, topic2, 3)))
+    stats = stopped_case(dc, result, producer, victim, "reassign + stop", topic2)
     row = result.rows[1]
     result.checks.append(
         Check(
@@ -434,20 +338,9 @@ def single_replica_shutdown(dc: KafkaDrillCluster, rng: random.Random) -> Incide
 
     # The incident itself: the broker stopped for maintenance, its RF=1 partitions not moved.
     topic3 = "incident-c-maintenance"
-    _create_topic(dc.bootstrap, topic3, 3, 1, {})
-    producer = VerifiableProducer(
-        dc.bootstrap, topic3, 3, writer="c3", rate_per_s=1000, extra={"message.timeout.ms": 8000},
-    ).start()  # fmt: skip
-    _wait_acks(producer, 1000, 60)
+    producer = single_replica_writer(dc.bootstrap, topic3, "c3")
     victim = dc.leader_of(topic3, 0)
-    dc.shutdown(victim)
-    _wait_acks(producer, 1000, 60)
-    stats = producer.stop()
-    dc.restart(victim)
-    dc.wait_quiescent(90)
-    result.rows.append(
-        _row("controlled shutdown, no move", topic3, stats, read_everything(dc.bootstrap, topic3, 3))
-    )
+    stats = stopped_case(dc, result, producer, victim, "controlled shutdown, no move", topic3)
     row = result.rows[2]
     named = ", ".join(f"{k} x{v}" for k, v in stats.errors.items()) or "none"
     result.checks.append(
