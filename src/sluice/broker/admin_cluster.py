@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
-from sluice.security.acl import SUPPORTED_OPERATIONS, Resource
+from sluice.security.acl import SUPPORTED_OPERATIONS, Operation, Resource
 from sluice.security.session import current_session
 
 if TYPE_CHECKING:
@@ -23,7 +23,16 @@ ENDPOINT_BROKERS = 1
 
 def cluster_operations(broker: Broker) -> int:
     """The bit field of cluster operations the session's principal may perform (every one the
-    cluster supports when no authorizer is configured, as Kafka answers)."""
+    cluster supports when no authorizer is configured), or 0 when it may not DESCRIBE the
+    cluster: Kafka's answer in Metadata v8-10 and DescribeCluster, which tells a principal
+    nothing about the cluster it may not describe, even of an operation it may perform."""
+    from sluice.broker.authz import session
+
+    authorizer = broker.authorizer
+    if authorizer is not None and not authorizer.authorize(
+        session(), Operation.DESCRIBE, Resource.cluster(), quiet=True
+    ):
+        return 0
     return authorized_operations(broker, Resource.cluster())
 
 

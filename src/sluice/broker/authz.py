@@ -54,6 +54,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice import metrics
+from sluice.broker.metadata import requested_topics
 from sluice.broker.replica_access import claimed_replica_id
 from sluice.metrics import api_name
 from sluice.protocol.api import ApiKey, RequestHeader
@@ -354,7 +355,7 @@ async def _list_offsets(
 async def _metadata(
     handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
-    requested = req.get("topics")
+    requested = requested_topics(header.api_version, req.get("topics"))
     if requested is None:  # every topic: leave out those the principal may not describe, silently
         response = await handler(broker, header, req)
         assert response is not None

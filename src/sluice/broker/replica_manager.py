@@ -59,6 +59,8 @@ class ProduceResult:
     #: The replica appended to (acks=all waits on this one, never on whatever holds the key
     #: by the time the wait starts).
     partition: Partition | None = field(default=None, repr=False, compare=False)
+    #: The records refused one by one, by their index in the batch (KIP-467's RecordErrors)
+    record_errors: tuple[storage_errors.RecordError, ...] = ()
 
 
 #: A follower's quiet fetch of one partition: the replica read and what it held then.
@@ -467,12 +469,18 @@ class ReplicaManager:
             )
         except storage_errors.InvalidProducerEpochError as exc:
             return ProduceResult(ErrorCode.INVALID_PRODUCER_EPOCH, log_start_offset=start, message=str(exc))
-        except storage_errors.InvalidTimestampError as exc:
+        except storage_errors.RecordValidationError as exc:
+            # KeylessRecordError or InvalidTimestampError: the batch is refused, each refused
+            # record named (Kafka answers INVALID_TIMESTAMP if any was refused for its time)
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
-            return ProduceResult(ErrorCode.INVALID_TIMESTAMP, log_start_offset=start, message=str(exc))
-        except storage_errors.KeylessRecordError as exc:
-            log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
-            return ProduceResult(ErrorCode.INVALID_RECORD, log_start_offset=start, message=str(exc))
+            code = (
+                ErrorCode.INVALID_TIMESTAMP
+                if isinstance(exc, storage_errors.InvalidTimestampError)
+                else ErrorCode.INVALID_RECORD
+            )
+            return ProduceResult(
+                code, log_start_offset=start, message=str(exc), record_errors=exc.record_errors
+            )
         except storage_errors.InvalidTxnStateError as exc:
             return ProduceResult(ErrorCode.INVALID_TXN_STATE, log_start_offset=start, message=str(exc))
         except (storage_errors.CorruptRecordError, storage_errors.InvalidRecordError) as exc:
