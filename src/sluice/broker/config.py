@@ -436,6 +436,21 @@ _LOG_DEFAULT_KEYS: dict[str, str] = {
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
     "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
     "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
+    # Kafka's other broker defaults of topic configs (its LogConfig synonyms), dynamic in Kafka too
+    "compression.type": "compression.type",
+    "compression.gzip.level": "compression.gzip.level",
+    "compression.lz4.level": "compression.lz4.level",
+    "compression.zstd.level": "compression.zstd.level",
+    "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",
+    "log.message.timestamp.after.max.ms": "message.timestamp.after.max.ms",
+    "log.message.timestamp.difference.max.ms": "message.timestamp.difference.max.ms",
+    "log.roll.jitter.ms": "segment.jitter.ms",
+    "log.index.size.max.bytes": "segment.index.bytes",
+    "log.preallocate": "preallocate",
+    "log.message.downconversion.enable": "message.downconversion.enable",
+    "log.segment.delete.delay.ms": "file.delete.delay.ms",
+    "log.local.retention.ms": "local.retention.ms",
+    "log.local.retention.bytes": "local.retention.bytes",
 }
 
 
