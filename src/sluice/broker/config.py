@@ -179,6 +179,11 @@ class BrokerConfig:
     #: A connection on a SASL listener that has not authenticated by then is closed
     #: (``authentication.timeout.ms``).
     authentication_timeout_ms: int = 10_000
+    #: KIP-368: an authenticated SASL session lasts this long (told to the client in
+    #: SaslAuthenticate's session_lifetime_ms); the client re-authenticates on the connection
+    #: before then, and a request after it is closed instead of answered. 0: sessions never end
+    #: (Kafka's ``connections.max.reauth.ms``, 0 by default there too).
+    connections_max_reauth_ms: int = 0
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -517,6 +522,12 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         "authentication_timeout_ms",
         _int(100, 3_600_000),
         "a SASL connection not authenticated by then is closed",
+    ),
+    props.Setting(
+        "connections.max.reauth.ms",
+        "connections_max_reauth_ms",
+        _int(0, 2**62),
+        "KIP-368: a SASL session lasts this long unless the client re-authenticates (0: forever)",
     ),
     props.Setting("log.dirs", "data_dir", _parse_log_dirs, "the broker's data directory"),
     props.Setting(

@@ -159,7 +159,8 @@ def broker_properties(
 ) -> str:
     """A peer broker's ``server.properties``: Kafka's defaults but for what a small local
     cluster needs (internal topics replicated as far as the brokers allow, no initial rebalance
-    delay, ZooKeeper session as Sluice's brokers have it)."""
+    delay, ZooKeeper session as Sluice's brokers have it). ``{port}`` in a value of ``extra``
+    is this broker's own port (a second listener beside its PLAINTEXT one names it)."""
     rf = min(3, brokers)
     data = Path(broker.directory) / "data"
     lines: dict[str, object] = {
@@ -174,7 +175,7 @@ def broker_properties(
         "transaction.state.log.min.isr": min(2, rf),
         "group.initial.rebalance.delay.ms": 0,
         "num.partitions": 1,
-        **(extra or {}),
+        **{k: str(v).replace("{port}", str(broker.port)) for k, v in (extra or {}).items()},
     }
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 
