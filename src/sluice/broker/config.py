@@ -58,6 +58,10 @@ class BrokerConfig:
     advertised_host: str | None = None
     advertised_port: int | None = None
     rack: str | None = None
+    #: KIP-392's ``replica.selector.class``: empty, consumers read from leaders (Kafka's
+    #: default); RACK_AWARE_SELECTOR, a leader points a consumer at an in-sync follower in its
+    #: rack (``client.rack``). Followers serve consumers that fetch from them either way.
+    replica_selector: str = ""
     zk_session_timeout_s: float = 6.0
     #: ZooKeeper digest credentials and ACLs (``zookeeper.set.acl``, ``zookeeper.auth.*``);
     #: None: no credentials, znodes open to every client (a cluster without ACLs).
@@ -424,6 +428,17 @@ def _parse_rack(raw: str) -> str | None:
     return raw.strip() or None
 
 
+#: Kafka's rack-aware replica selector (KIP-392), the one Sluice implements.
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+
+
+def _parse_replica_selector(raw: str) -> str:
+    name = raw.strip()
+    if name not in ("", RACK_AWARE_SELECTOR):
+        raise ValueError(f"Sluice's replica selector is {RACK_AWARE_SELECTOR}, or empty for leaders only")
+    return name
+
+
 #: Broker-level defaults of topic log settings: the broker key and the topic key it stands for.
 _LOG_DEFAULT_KEYS: dict[str, str] = {
     "log.segment.bytes": "segment.bytes",
@@ -543,7 +558,15 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         "ZooKeeper session timeout",
     ),
     *ZK_AUTH_SETTINGS,
-    props.Setting("broker.rack", "rack", _parse_rack, "rack of this broker (replica placement)"),
+    props.Setting(
+        "broker.rack", "rack", _parse_rack, "rack of this broker (Metadata; follower fetching, KIP-392)"
+    ),
+    props.Setting(
+        "replica.selector.class",
+        "replica_selector",
+        _parse_replica_selector,
+        f"empty (consumers read from leaders) or {RACK_AWARE_SELECTOR} (from a replica in their rack)",
+    ),
     props.Setting(
         "num.partitions", "num_partitions", _int(1, 100_000), "partitions of an auto-created topic"
     ),

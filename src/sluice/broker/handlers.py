@@ -602,6 +602,9 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         return _fetch_response(context.error, INVALID_SESSION_ID, [])
     partitions = context.partitions
     read_committed = req.get("isolation_level", 0) == 1
+    # KIP-392: from v11 a consumer says its rack, and may read from a follower replica
+    from_follower = claim is None and header.api_version >= 11
+    client_rack = (req.get("rack_id") or None) if from_follower else None
     # A follower's incremental fetch skips the partitions its last read left quiet and that are
     # unchanged since (see Partition.quiet_mark): an idle follower of thousands of partitions
     # then costs a few attribute reads per partition instead of a read each.
@@ -628,6 +631,8 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 min_one_batch=(total == 0),
                 replica=claim,
                 read_committed=read_committed and claim is None,
+                client_rack=client_rack,
+                from_follower=from_follower,
             )
             size = result.size
             total += size
@@ -704,7 +709,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                     if read_committed
                     else None
                 ),
-                "preferred_read_replica": -1,
+                "preferred_read_replica": result.preferred_read_replica,
                 "records": result.records.records if result.records is not None else b"",
             }
         )

@@ -30,6 +30,7 @@ from sluice.broker.partition import (
 )
 from sluice.broker.replica_access import ReplicaClaim, replica_refusal
 from sluice.broker.replica_fetcher import FetcherManager
+from sluice.broker.replication import ReadReplica, preferred_read_replica
 from sluice.cluster.layout import TopicAssignment
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import iter_batches
@@ -76,6 +77,8 @@ class FetchResult:
     last_stable_offset: int = -1
     #: read_committed only: transactions aborted within what ``records`` holds
     aborted: tuple[AbortedTxn, ...] = ()
+    #: KIP-392: the replica the consumer should fetch from instead (then no records); -1: here
+    preferred_read_replica: int = -1
 
     @property
     def size(self) -> int:
@@ -167,6 +170,9 @@ class ReplicaManager:
         #: may a session act as a follower (replica_access.may_act_as_replica; the broker sets
         #: it from its authorizer and inter-broker listener)
         self.may_replicate: Callable[[Session], bool] = lambda session: True
+        #: KIP-392: a leader points consumers in a rack at an in-sync follower in it
+        #: (``replica.selector.class`` RackAwareReplicaSelector; the broker sets it)
+        self.rack_aware_reads = False
         #: the broker's defaults for log settings a topic does not set itself
         self.log_defaults = log_defaults or LogConfig()
         self.partitions = PartitionTable()
@@ -610,12 +616,24 @@ class ReplicaManager:
         *,
         replica: ReplicaClaim | None = None,
         read_committed: bool = False,
+        client_rack: str | None = None,
+        from_follower: bool = False,
     ) -> FetchResult:
         """Read for a consumer, or, with ``replica``, for the follower it claims to be (judged by
         ``replica_access.replica_refusal`` before any follower state is touched). A
         ``read_committed`` consumer reads below the last stable offset only, and is told which
-        transactions aborted within what it got."""
+        transactions aborted within what it got.
+
+        KIP-392 (Fetch v11+, which carries the consumer's rack): ``from_follower`` lets a
+        consumer read from this broker's follower replica, up to its own high watermark, as
+        Kafka lets it; and a leader with ``rack_aware_reads`` answers a consumer in
+        ``client_rack`` with the in-sync follower of that rack to read from instead
+        (``replication.preferred_read_replica``), reading nothing for it."""
         part, error = self.leader_partition(topic, index)
+        if part is None and from_follower and replica is None:
+            follower = self.partitions.get((topic, index))
+            if follower is not None and not follower.is_leader:
+                part, error = follower, ErrorCode.NONE
         if part is None:
             return FetchResult(error)
         epoch_error = self.check_leader_epoch(part, current_leader_epoch)
@@ -629,6 +647,12 @@ class ReplicaManager:
                 return FetchResult(refusal)
             return self._read_for_follower(part, replica.replica_id, offset, max_bytes)
         hw, lso, log_start = part.high_watermark, part.last_stable_offset, part.log.log_start_offset
+        if self.rack_aware_reads and client_rack and part.is_leader:
+            preferred = self._preferred_read_replica(part, client_rack, offset)
+            if preferred is not None:
+                return FetchResult(
+                    ErrorCode.NONE, hw, log_start, last_stable_offset=lso, preferred_read_replica=preferred
+                )
         limit = lso if read_committed else hw
         if offset > limit and offset <= part.log.log_end_offset:
             # Data past the limit exists but is not committed (or not stable) yet: nothing to return.
@@ -646,6 +670,30 @@ class ReplicaManager:
             # where an aborted transaction lies ahead of the reader at all.
             aborted = tuple(part.log.collect_aborted(offset, _next_offset(result)))
         return FetchResult(ErrorCode.NONE, hw, log_start, result, lso, aborted)
+
+    def _preferred_read_replica(self, part: Partition, client_rack: str, fetch_offset: int) -> int | None:
+        live = self.metadata.brokers()
+        now_ms = time.monotonic() * 1000
+
+        def rack(broker_id: int) -> str | None:
+            reg = live.get(broker_id)
+            return reg.rack if reg is not None else None
+
+        leader = ReadReplica(
+            self.broker_id, rack(self.broker_id), part.log.log_start_offset, part.log.log_end_offset
+        )
+        followers = [
+            ReadReplica(
+                r,
+                rack(r),
+                part.follower_log_starts.get(r, part.log.log_start_offset),
+                part.follower_leos.get(r, -1),
+                now_ms - part.follower_caught_up_ms.get(r, 0.0),
+            )
+            for r in part.replicas
+            if r != self.broker_id and r in live
+        ]
+        return preferred_read_replica(client_rack, leader, followers, part.isr, fetch_offset)
 
     def _read_for_follower(
         self, part: Partition, replica_id: int, offset: int, max_bytes: int

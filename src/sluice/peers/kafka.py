@@ -159,8 +159,9 @@ def broker_properties(
 ) -> str:
     """A peer broker's ``server.properties``: Kafka's defaults but for what a small local
     cluster needs (internal topics replicated as far as the brokers allow, no initial rebalance
-    delay, ZooKeeper session as Sluice's brokers have it). ``{port}`` in a value of ``extra``
-    is this broker's own port (a second listener beside its PLAINTEXT one names it)."""
+    delay, ZooKeeper session as Sluice's brokers have it). ``{port}`` and ``{id}`` in a value of
+    ``extra`` are this broker's own port and id (a second listener beside its PLAINTEXT one, a
+    ``broker.rack`` of its own)."""
     rf = min(3, brokers)
     data = Path(broker.directory) / "data"
     lines: dict[str, object] = {
@@ -175,7 +176,10 @@ def broker_properties(
         "transaction.state.log.min.isr": min(2, rf),
         "group.initial.rebalance.delay.ms": 0,
         "num.partitions": 1,
-        **{k: str(v).replace("{port}", str(broker.port)) for k, v in (extra or {}).items()},
+        **{
+            k: str(v).replace("{port}", str(broker.port)).replace("{id}", str(broker.broker_id))
+            for k, v in (extra or {}).items()
+        },
     }
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 

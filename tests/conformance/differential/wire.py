@@ -387,7 +387,9 @@ def metadata_v0(bootstrap: str, tag: str) -> Steps:
     every = _meta(bootstrap, 0, {"topics": []})
     mine = [t for t in every["topics"] if t["name"] == topic]
     steps.append(("v0-every-topic", {"brokers": len(every["brokers"]), "mine": mine, "keys": sorted(every)}))
-    steps.append(("v0-named", _meta(bootstrap, 0, {"topics": [{"name": topic}, {"name": "bad name!"}]})))
+    named = _meta(bootstrap, 0, {"topics": [{"name": topic}, {"name": "bad name!"}]})
+    named["brokers"] = sorted(named["brokers"], key=lambda b: b["node_id"])  # Kafka's come in any order
+    steps.append(("v0-named", named))
     steps.append(("v1-empty-list", _meta(bootstrap, 1, {"topics": []})["topics"]))
     return steps
 
@@ -427,6 +429,72 @@ def authorized_operations(bootstrap: str, tag: str) -> Steps:
     return steps
 
 
+def _produce_acks_all(address: str, topic: str, records: int) -> int:
+    batch = build_batch([(b"k", b"v%d" % i) for i in range(records)], timestamp_ms=T0)
+    return int(_produce(address, 9, topic, batch)["error_code"])
+
+
+def _fetch_at(address: str, version: int, topic: str, topic_id: Any, rack: str = "") -> dict[str, Any]:
+    """Fetch ``version`` of partition 0 from offset 0 with a rack id (v11+): error, high
+    watermark, preferred read replica and how many records came."""
+    with WireClient.connect(address, timeout_s=15) as w:
+        r = w.request(
+            ApiKey.FETCH,
+            version,
+            {
+                "replica_id": -1,
+                "max_wait_ms": 0,
+                "min_bytes": 0,
+                "max_bytes": 1 << 20,
+                "isolation_level": 0,
+                "session_id": 0,
+                "session_epoch": -1,
+                "topics": [
+                    {
+                        "topic": topic,
+                        "topic_id": topic_id,
+                        "partitions": [
+                            {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
+                             "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 20}
+                        ],
+                    }
+                ],
+                "forgotten_topics_data": [],
+                "rack_id": rack,
+            },
+        )  # fmt: skip
+    (part,) = r["responses"][0]["partitions"]
+    data = bytes(part["records"] or b"")
+    return {
+        "error_code": part["error_code"],
+        "high_watermark": part["high_watermark"],
+        "preferred_read_replica": part.get("preferred_read_replica", -1),
+        "records": sum(h.records_count for _, h in iter_batches(data)),
+    }
+
+
+def follower_fetch(bootstrap: str, tag: str) -> Steps:
+    """KIP-392 without a replica selector (Kafka's default): a consumer's Fetch v11+ is served by
+    a follower replica, up to its high watermark; an older Fetch there is NOT_LEADER_OR_FOLLOWER;
+    a leader names no preferred replica, whatever rack the consumer says. Sluice answered
+    NOT_LEADER_OR_FOLLOWER to every consumer fetch at a follower before."""
+    topic = f"wire-follower-{tag}"
+    steps: Steps = [("create", _create(bootstrap, topic, replicas=[1, 2]))]
+    leader_address, leader, _, topic_id = _leader(bootstrap, topic)
+    steps.append(("produce", _produce_acks_all(leader_address, topic, 3)))
+    meta = _metadata(bootstrap, topic)
+    follower_address = _broker(meta, 2 if leader == 1 else 1)
+    deadline = time.monotonic() + 20
+    while _fetch_at(follower_address, 11, topic, topic_id)["high_watermark"] < 3:  # the follower's HW
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for version in (10, 11, 12, 16):
+        steps.append((f"follower-v{version}", _fetch_at(follower_address, version, topic, topic_id)))
+    steps.append(("leader-v11-rack", _fetch_at(leader_address, 11, topic, topic_id, rack="rack-x")))
+    return steps
+
+
 WIRE_SCENARIOS = {
     "produce_fetch_every_version": produce_fetch_every_version,
     "idempotent_sequences": idempotent_sequences,
@@ -436,4 +504,5 @@ WIRE_SCENARIOS = {
     "record_errors": record_errors,
     "metadata_v0": metadata_v0,
     "authorized_operations": authorized_operations,
+    "follower_fetch": follower_fetch,
 }
