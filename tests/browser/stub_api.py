@@ -226,6 +226,12 @@ def make_app(stub: Stub) -> FastAPI:
         stub.tokens[token] = (user, USERS[user][1])
         return {"token": token, "user": user, "role": USERS[user][1], "expires_at": _now() + 3600}
 
+    @app.post("/api/v1/logout")
+    def logout(authorization: str | None = Header(None)) -> dict[str, Any]:
+        user, _ = stub.who(authorization)
+        stub.tokens.pop((authorization or "").partition(" ")[2], None)
+        return {"user": user, "logged_out": True}
+
     @app.get("/api/v1/me")
     def me(authorization: str | None = Header(None)) -> dict[str, str]:
         user, role = stub.who(authorization)

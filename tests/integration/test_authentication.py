@@ -97,3 +97,51 @@ def test_a_wrong_password_is_answered_late_then_closed(secured: TestCluster) -> 
     counted = [line for line in scraped.splitlines() if line.startswith("sluice_authentications_total{")]
     assert any('result="failed"' in line and not line.endswith(" 0.0") for line in counted), counted
     assert any('result="succeeded"' in line and not line.endswith(" 0.0") for line in counted), counted
+
+
+def _recv_frame(sock: ssl.SSLSocket) -> bytes:
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            assert chunk, "the broker closed the connection"
+            data += chunk
+        return data
+
+    return exactly(struct.unpack(">i", exactly(4))[0])
+
+
+def _scram_first(cluster: TestCluster, user: str) -> dict[str, object]:
+    """SaslHandshake and the SCRAM client-first message for `user` on a raw connection: the
+    broker's answer to the first SaslAuthenticate."""
+    from sluice.protocol.api import decode_response
+
+    for sock in tls_socket(cluster):
+        sock.sendall(encode_request(ApiKey.SASL_HANDSHAKE, 1, 1, "probe", {"mechanism": "SCRAM-SHA-512"}))
+        _, handshake = decode_response(ApiKey.SASL_HANDSHAKE, 1, _recv_frame(sock))
+        assert handshake["error_code"] == 0, handshake
+        first = f"n,,n={user},r=probenonce0123456789".encode()
+        sock.sendall(encode_request(ApiKey.SASL_AUTHENTICATE, 2, 2, "probe", {"auth_bytes": first}))
+        _, answer = decode_response(ApiKey.SASL_AUTHENTICATE, 2, _recv_frame(sock))
+        return answer
+    raise AssertionError("no connection")
+
+
+def test_a_probe_cannot_tell_an_unknown_user_from_a_known_one(secured: TestCluster) -> None:
+    """RFC 5802 section 5.1's advice: an unknown user gets a challenge too, with a salt and an
+    iteration count that are the same at every try. Failing run before the fix: the unknown
+    user was answered SASL_AUTHENTICATION_FAILED (58) before any proof, a known user with a
+    challenge: {'error_code': 58, 'error_message': 'Authentication failed: invalid user name
+    or password', 'auth_bytes': b'', ...}."""
+    known = _scram_first(secured, "admin")
+    unknown = _scram_first(secured, "nosuchuser")
+    assert known["error_code"] == unknown["error_code"] == 0, (known, unknown)
+
+    def fields(answer: dict[str, object]) -> dict[str, str]:
+        raw = answer["auth_bytes"]
+        assert isinstance(raw, (bytes, memoryview))
+        return dict(part.split("=", 1) for part in bytes(raw).decode().split(","))
+
+    k, u = fields(known), fields(unknown)
+    assert set(k) == set(u) == {"r", "s", "i"} and k["i"] == u["i"]
+    assert len(k["s"]) == len(u["s"]) and u["s"] == fields(_scram_first(secured, "nosuchuser"))["s"]

@@ -2,7 +2,9 @@
 are references (`{env: ...}` for the source, `{file: ...}` for the target) runs on a real worker
 process, and neither password is found in the worker's log, any CLI output, `task status`, the
 manager's API answers and logs, the alarms, or anywhere in ZooKeeper. A definition with a
-plain-text password is refused by the CLI and the API, naming the field and how to write it."""
+plain-text password is refused by the CLI and the API, naming the field and how to write it.
+The references are in a secret scope of the cluster's choosing (issue 33): its secrets directory
+set with `sluice task secret-scope --dir` and the worker's `secrets.dir`, alike."""
 
 from __future__ import annotations
 
@@ -115,14 +117,14 @@ def test_a_task_runs_with_secret_references_and_no_secret_is_shown_anywhere(
         "GRANT SELECT, RELOAD, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'shopsync'@'127.0.0.1'",
     )
     good = TASK.format(
-        id="sec", port=mariadb.port, db="sec1", password="{env: SHOP_SYNC_DB_PW}",
+        id="sec", port=mariadb.port, db="sec1", password="{env: SLUICE_SECRET_SHOP_SYNC_DB}",
         target=f"{{url: '{postgres_url}', password: {{file: {pg_file}}}}}",
         # the snapshot as a Spark job: its tasks connect to the source in Spark's Python workers
         more=", snapshot_parallel_rows: 1, snapshot_chunk_rows: 1",
     )  # fmt: skip
     # Its reference names a variable the worker does not have: it fails, naming the variable.
     unset = TASK.format(
-        id="sec-unset", port=mariadb.port, db="sec1", password="{env: SHOP_SYNC_UNSET_PW}",
+        id="sec-unset", port=mariadb.port, db="sec1", password="{env: SLUICE_SECRET_SHOP_SYNC_UNSET}",
         target=f"sqlite:///{tmp_path / 'unset.db'}", more="",
     )  # fmt: skip
     plain = TASK.format(
@@ -130,7 +132,7 @@ def test_a_task_runs_with_secret_references_and_no_secret_is_shown_anywhere(
         target=f"sqlite:///{tmp_path / 'plain.db'}", more="",
     )  # fmt: skip
     plain_url = TASK.format(
-        id="sec-plain-url", port=mariadb.port, db="sec1", password="{env: SHOP_SYNC_DB_PW}",
+        id="sec-plain-url", port=mariadb.port, db="sec1", password="{env: SLUICE_SECRET_SHOP_SYNC_DB}",
         target=postgres_url.replace("postgres@", f"postgres:{pg_secret}@"), more="",
     )  # fmt: skip
     outputs: dict[str, str] = {}
@@ -155,7 +157,13 @@ def test_a_task_runs_with_secret_references_and_no_secret_is_shown_anywhere(
     ]:
         refused = cli("task", "create", "--file", str(define(name, text, secrets_dir)))  # not in tmp_path
         assert refused.returncode == 2, refused
-        assert field in refused.stderr and "{env: SHOP" in refused.stderr, refused.stderr
+        assert field in refused.stderr and "{env: SLUICE_SECRET_SHOP" in refused.stderr, refused.stderr
+    # The cluster's secrets directory is the test's own: the definition naming a file there is
+    # accepted (with the default one it would be refused, naming secrets.dir).
+    refused = cli("task", "create", "--file", str(define("good", good)))
+    assert refused.returncode == 2 and "secrets.dir" in refused.stderr, refused
+    scope = cli("task", "secret-scope", "--dir", str(secrets_dir))
+    assert scope.stdout.strip() == f"secrets.dir={secrets_dir} secrets.env.prefix=SLUICE_SECRET_", outputs
     assert cli("task", "create", "--file", str(define("good", good))).returncode == 0, outputs
     assert cli("task", "create", "--file", str(define("unset", unset))).returncode == 0, outputs
 
@@ -177,7 +185,10 @@ def test_a_task_runs_with_secret_references_and_no_secret_is_shown_anywhere(
         answers[f"GET {path} #{len(answers)}"] = r.text
         return r.json()
 
-    worker = start_worker("ws1", bootstrap, zk_address, tmp_path, env={"SHOP_SYNC_DB_PW": db_secret})
+    worker = start_worker(
+        "ws1", bootstrap, zk_address, tmp_path, env={"SLUICE_SECRET_SHOP_SYNC_DB": db_secret},
+        overrides={"secrets.dir": str(secrets_dir)},
+    )  # fmt: skip
     try:
         # Plain text is refused by the API too (JSON and YAML), naming the field.
         for name, text, field in [
@@ -187,7 +198,7 @@ def test_a_task_runs_with_secret_references_and_no_secret_is_shown_anywhere(
             r = api.post("/api/v1/tasks", content=text, headers={"content-type": "application/yaml"})
             answers[f"POST plain {name}"] = r.text
             assert r.status_code == 422 and r.json()["field"] == field, r.text
-            assert "{file: /run/secrets/shop" in r.json()["detail"], r.text
+            assert "{file: /etc/sluice/secrets/shop" in r.json()["detail"], r.text
         doc = get("/tasks/sec")["definition"]
         r = api.put("/api/v1/tasks/sec", json={**doc, "source": {**doc["source"], "password": db_secret}})
         answers["PUT plain"] = r.text
@@ -205,27 +216,30 @@ def test_a_task_runs_with_secret_references_and_no_secret_is_shown_anywhere(
             "the task whose variable is unset to fail",
         )  # fmt: skip
         error = failed[0]["error"]
-        assert "task sec-unset" in error and "SHOP_SYNC_UNSET_PW" in error and "not set" in error, error
+        assert (
+            "task sec-unset" in error and "SLUICE_SECRET_SHOP_SYNC_UNSET" in error and "not set" in error
+        ), error
         wait_until(lambda: (store.status("sec") or {}).get("lag_records") == 0, 120, "the lag to settle")
         wait_until(lambda: get("/tasks/sec/lag-history")["samples"], 60, "a lag sample")
 
         # Everything a person can read about the task, by every way there is.
         detail = get("/tasks/sec")
-        assert detail["definition"]["source"]["password"] == {"env": "SHOP_SYNC_DB_PW"}, detail
+        assert detail["definition"]["source"]["password"] == {"env": "SLUICE_SECRET_SHOP_SYNC_DB"}, detail
         assert detail["definition"]["target"]["password"] == {"file": str(pg_file)}, detail
         assert detail["executions"] and detail["state"] == "running", detail
         for path in ("/tasks", "/tasks/sec-unset", "/tasks/sec/lag-history", "/alarms", "/overview", "/audit",
                      "/workers"):  # fmt: skip
             get(path)
         assert (
-            "SHOP_SYNC_UNSET_PW" in answers[next(k for k in answers if k.startswith("GET /tasks/sec-unset"))]
+            "SLUICE_SECRET_SHOP_SYNC_UNSET"
+            in answers[next(k for k in answers if k.startswith("GET /tasks/sec-unset"))]
         )
         for args in (("task", "list"), ("task", "status", "sec"), ("task", "status", "sec-unset")):
             assert cli(*args).returncode == 0, outputs
         status = outputs[next(k for k in outputs if k.startswith("task status sec #"))]
         assert "execution" in status and "postgresql://postgres@" in status, status
         znodes = znode_texts(zk.client)
-        assert any("SHOP_SYNC_DB_PW" in z for z in znodes), "the definition holds the reference"
+        assert any("SLUICE_SECRET_SHOP_SYNC_DB" in z for z in znodes), "the definition holds the reference"
     finally:
         stop_worker(worker)
         api.close()

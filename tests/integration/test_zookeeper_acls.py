@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
@@ -16,6 +17,7 @@ from kazoo.security import OPEN_ACL_UNSAFE, Permissions
 
 from sluice.cluster import layout
 from sluice.cluster.zkstore import ZkAuth, ZkStore, connect, make_client
+from sluice.ops import launcher
 from sluice.sync.tasks import TaskStore, parse_spec
 from tests.support.cluster import TestCluster, wait_until
 
@@ -151,3 +153,64 @@ def test_the_password_is_never_in_a_repr() -> None:
     auth = ZkAuth("sluice", "hunter2-secret")
     assert "hunter2" not in repr(auth)
     assert auth.auth_data == [("digest", "sluice:hunter2-secret")]
+
+
+def test_a_chroot_someone_else_created_first_is_refused(zookeeper: str, tmp_path: Path) -> None:
+    """Issue 33, finding 6: a secured cluster whose chroot someone else created first used to
+    start in it, and the chroot kept the squatter's open ACL, so anyone could add znodes beside
+    the cluster's (a task definition, an ACL) and read what it put there. Failing run before the
+    fix: `cluster up` started in it (`ensure_path` of an existing znode changes no ACL):
+
+        with pytest.raises(ValueError) as refused:
+        Failed: DID NOT RAISE <class 'ValueError'>
+    """
+    chroot = f"/t-{uuid.uuid4().hex[:10]}"
+    with anonymous(zookeeper) as squatter:
+        squatter.create(chroot, b"")  # open to the world: anyone may create, change, delete
+    address = f"{zookeeper}{chroot}"
+    directory = tmp_path / "cluster"
+    try:
+        with pytest.raises(ValueError) as refused:
+            launcher.cluster_up(directory, 1, address, security="sasl_ssl")
+    finally:
+        if (directory / launcher.STATE_FILE).exists():
+            launcher.cluster_down(directory)
+    text = str(refused.value)
+    assert chroot in text and "world:anyone" in text and "setAcl" in text, text
+    with anonymous(zookeeper) as squatter:
+        assert squatter.get_children(chroot) == [], "something was written into the chroot"
+    # a broker (any process: ZkStore.start) with the credential refuses it as well
+    with pytest.raises(ValueError, match="not this cluster's"):
+        ZkStore(address, auth=ZkAuth("sluice", "pw-of-another")).start()
+    # a chroot with the cluster's own ACL is accepted, at its creation and every start after
+    own = f"{zookeeper}/t-{uuid.uuid4().hex[:10]}"
+    auth = ZkAuth("sluice", "our-password")
+    for _ in range(2):
+        store = ZkStore(own, auth=auth)
+        store.start()
+        store.stop()
+    # ... and by a process of another cluster's credential, not
+    with pytest.raises(ValueError, match="not this cluster's"):
+        ZkStore(own, auth=ZkAuth("sluice", "their-password")).start()
+
+
+def test_a_chroot_rule_is_a_pure_decision_over_its_acl() -> None:
+    from kazoo.security import make_acl, make_digest_acl
+
+    from sluice.cluster.zkstore import chroot_acl_problem
+
+    auth = ZkAuth("sluice", "pw")
+    ours = make_digest_acl("sluice", "pw", all=True)
+    world_read = make_acl("world", "anyone", read=True)
+    assert chroot_acl_problem([ours, world_read], auth) is None
+    assert chroot_acl_problem([ours], auth) is None
+    assert "world:anyone" in (chroot_acl_problem(list(OPEN_ACL_UNSAFE), auth) or "")
+    assert "digest:mallory" in (
+        chroot_acl_problem([ours, make_digest_acl("mallory", "x", create=True)], auth) or ""
+    )
+    assert "cannot" in (chroot_acl_problem([make_digest_acl("sluice", "other", all=True)], auth) or "")
+    # without credentials (a cluster without ACLs) an open chroot is what every process shares
+    assert chroot_acl_problem(list(OPEN_ACL_UNSAFE), None) is None
+    assert "cannot" in (chroot_acl_problem([ours, world_read], None) or "")
+    # authenticating without setting ACLs (moving a cluster to them): open is expected
+    assert chroot_acl_problem(list(OPEN_ACL_UNSAFE), ZkAuth("sluice", "pw", set_acl=False)) is None

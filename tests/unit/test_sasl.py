@@ -212,3 +212,71 @@ def test_mtls_makes_the_client_certificates_subject_the_principal(tmp_path: obje
     assert oct(cert.stat().st_mode & 0o777) == "0o600"
     assert handshake(client_context(ca.ca_file, cert)) == "User:CN=billing-app"
     assert isinstance(handshake(client_context(ca.ca_file)), ssl.SSLError)  # no certificate: refused
+
+
+def _server_first(exchange: SaslExchange, mechanism: str, user: str) -> dict[str, str]:
+    assert exchange.handshake(mechanism)
+    client = scramp.ScramClient([mechanism], user, "any-password")
+    first = exchange.step(client.get_client_first().encode()).response.decode()
+    return dict(part.split("=", 1) for part in first.split(","))
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_an_unknown_user_gets_a_challenge_like_a_known_one(mechanism: str) -> None:
+    """RFC 5802 section 5.1: a server SHOULD answer an unknown user with a challenge (a salt and
+    an iteration count, the same each time), so a probe cannot tell who exists. Failing run
+    before: the client-first message of an unknown user raised AuthenticationFailed at once
+    (error 58 before any proof), while a known user got its challenge."""
+    import base64
+
+    known = _server_first(SaslExchange(ALL, lookup), mechanism, "alice")
+    unknown = _server_first(SaslExchange(ALL, lookup), mechanism, "nobody")
+    again = _server_first(SaslExchange(ALL, lookup), mechanism, "nobody")
+    other = _server_first(SaslExchange(ALL, lookup), mechanism, "nobody-else")
+    assert set(unknown) == set(known) == {"r", "s", "i"}
+    assert unknown["i"] == known["i"] == "4096"
+    assert len(base64.b64decode(unknown["s"])) == len(base64.b64decode(known["s"]))
+    assert unknown["s"] == again["s"] and unknown["s"] != other["s"], "the fake salt is the user's own"
+    assert unknown["r"] != again["r"], "the nonce stays fresh"
+    # bob has SCRAM-SHA-256 only: for SCRAM-SHA-512 he is unknown, and challenged the same way
+    if mechanism == "SCRAM-SHA-512":
+        assert set(_server_first(SaslExchange(ALL, lookup), mechanism, "bob")) == {"r", "s", "i"}
+    # the proof then fails exactly as a wrong password does
+    with pytest.raises(AuthenticationFailed) as unknown_failed:
+        scram(mechanism, "nobody", "alice-secret")
+    with pytest.raises(AuthenticationFailed) as wrong_failed:
+        scram(mechanism, "alice", "wrong")
+    assert str(unknown_failed.value) == str(wrong_failed.value)
+
+
+def test_a_fake_challenge_is_the_same_on_every_broker_of_a_cluster() -> None:
+    """The fake salt comes from a key the brokers share (in ZooKeeper), so two brokers answer an
+    unknown user alike, as they answer a known one alike."""
+    from sluice.security.sasl import FakeCredentials
+
+    key = b"k" * 32
+    a = SaslExchange(ALL, lookup, fake=FakeCredentials(key))
+    b = SaslExchange(ALL, lookup, fake=FakeCredentials(key))
+    c = SaslExchange(ALL, lookup, fake=FakeCredentials(b"x" * 32))
+    salts = [_server_first(e, "SCRAM-SHA-256", "nobody")["s"] for e in (a, b, c)]
+    assert salts[0] == salts[1] != salts[2]
+
+
+def test_plain_costs_an_unknown_user_the_same_hashing_as_a_known_one() -> None:
+    """PLAIN salts and hashes the password against the credential; for an unknown user it hashes
+    against a fake one, so the answer's timing does not say whether the user exists."""
+    import time
+
+    def cost(message: bytes) -> float:
+        best = float("inf")
+        for _ in range(5):
+            s = SaslExchange(ALL, lookup)
+            s.handshake("PLAIN")
+            started = time.perf_counter()
+            with pytest.raises(AuthenticationFailed):
+                s.step(message)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    known, unknown = cost(b"\0alice\0wrong"), cost(b"\0nobody\0wrong")
+    assert unknown > 0.5 * known, (known, unknown)

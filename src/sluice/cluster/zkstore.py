@@ -20,6 +20,7 @@ from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionLoss,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -27,7 +28,7 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
-from kazoo.security import ACL, make_acl, make_digest_acl
+from kazoo.security import ACL, Permissions, make_acl, make_digest_acl
 
 from sluice import properties as props
 from sluice import test_switches
@@ -54,10 +55,11 @@ ZOOKEEPER_UNREACHABLE: tuple[type[Exception], ...] = (ConnectionLoss, SessionExp
 
 
 #: Znodes no one but Sluice's own processes may read, once ACLs are on: SCRAM credentials,
-#: sync task definitions (they hold database passwords), the manager's users and token key, and
-#: Kafka ACLs. Every other znode is world-readable (as Kafka's ``zookeeper.set.acl=true`` does),
-#: and only Sluice's digest user may change anything.
-SENSITIVE_PATHS = ("/config/users", "/tasks", "/manager", "/acls")
+#: sync task definitions (they hold database passwords), the manager's users and token key,
+#: Kafka ACLs, and the brokers' key for unknown users' SCRAM challenges. Every other znode is
+#: world-readable (as Kafka's ``zookeeper.set.acl=true`` does), and only Sluice's digest user may
+#: change anything.
+SENSITIVE_PATHS = ("/config/users", "/tasks", "/manager", "/acls", "/security")
 
 
 def is_sensitive(path: str) -> bool:
@@ -251,15 +253,75 @@ def close(client: KazooClient) -> None:
         client.close()
 
 
+class ChrootAclError(ValueError):
+    """The cluster's chroot exists with an ACL that is not the cluster's own."""
+
+
+_PERM_LETTERS = (("c", Permissions.CREATE), ("d", Permissions.DELETE), ("r", Permissions.READ),
+                 ("w", Permissions.WRITE), ("a", Permissions.ADMIN))  # fmt: skip
+#: what a process needs on the chroot to create, change and delete the cluster's znodes in it
+_NEEDED = Permissions.READ | Permissions.WRITE | Permissions.CREATE | Permissions.DELETE
+
+
+def _shown(acl: ACL) -> str:
+    """An ACL entry as zkCli shows it (``world:anyone:cdrwa``); a digest's hash left out."""
+    ident = acl.id.id.split(":")[0] if acl.id.scheme == "digest" else acl.id.id
+    return f"{acl.id.scheme}:{ident}:{''.join(c for c, p in _PERM_LETTERS if acl.perms & p)}"
+
+
+def chroot_acl_problem(acls: Iterable[ACL], auth: ZkAuth | None) -> str | None:
+    """Why a chroot with ACL ``acls`` is not the cluster's own, for processes with ``auth``; None
+    when it is. With ACLs on (``auth.set_acl``) nobody but ``auth``'s digest user may do more than
+    read it, or anyone could add znodes beside the cluster's (a task, an ACL, a user) and read
+    them back; in every case this process must be able to create, change and delete in it."""
+    acls = list(acls)
+    ours = [
+        a for a in acls if auth is not None and a.id.scheme == "digest" and a.id == auth.acl_for("/")[0].id
+    ]
+    everyone = [a for a in acls if a.id.scheme == "world" and a.id.id == "anyone"]
+    granted = 0
+    for a in ours + everyone:
+        granted |= a.perms
+    if granted & _NEEDED != _NEEDED:
+        who = (
+            f"zookeeper.auth.username={auth.username}"
+            if auth is not None
+            else "a process without credentials"
+        )
+        return f"{who} cannot create, change and delete znodes in it"
+    if auth is not None and auth.set_acl:
+        others = [a for a in acls if a not in ours and a.perms & ~Permissions.READ]
+        if others:
+            return (f"{', '.join(_shown(a) for a in others)} may change it, not only "
+                    f"zookeeper.auth.username={auth.username}")  # fmt: skip
+    return None
+
+
 def ensure_chroot(zookeeper: str, *, auth: ZkAuth | None, connect_timeout_s: float = 15.0) -> None:
     """Create the cluster's chroot (with ``auth``'s ACL: world READ, writable by Sluice only),
-    so that chrooted sessions can use it."""
+    so that chrooted sessions can use it; ChrootAclError if it exists with an ACL that is not
+    this cluster's (`chroot_acl_problem`: someone else created it first), before anything is
+    written into it."""
     hosts, chroot = split_zookeeper_address(zookeeper)
     root = connect(hosts, auth=auth, connect_timeout_s=connect_timeout_s)
     try:
         root.ensure_path(chroot)
+        try:
+            acls, _ = root.get_acls(chroot)
+        except NoAuthError:  # ZooKeeper shows an ACL only to who may read the znode or administer it
+            acls = []
     finally:
         close(root)
+    problem = chroot_acl_problem(acls, auth)
+    if problem is not None:
+        shown = ",".join(_shown(a) for a in acls) or "not shown to this process"
+        raise ChrootAclError(
+            f"ZooKeeper chroot {chroot} is not this cluster's: its ACL is {shown}, and {problem}. Someone "
+            f"else created it, or it was made without ACLs; nothing was written into it. Use a chroot of "
+            f"your own (zookeeper.connect={hosts}/another), or, if {chroot} and everything under it are "
+            f"this cluster's, give it the cluster's ACL (zkCli.sh: addauth digest USER:PASSWORD, then "
+            f"setAcl {chroot} auth::cdrwa,world:anyone:r)"
+        )
 
 
 class BrokerIdInUseError(RuntimeError):

@@ -1,11 +1,15 @@
 """The manager's HTTP face: the REST API under /api/v1 (documented at /docs and /openapi.json),
 the web console's static files, and /metrics for Prometheus.
 
-Every endpoint but login, health and metrics needs credentials (a bearer token from login, or
-HTTP Basic): without them it answers 401 before reading the request's body, so a request
-without valid credentials changes nothing. Roles: viewer reads, operator acts on tasks, topics,
-groups and alarms, admin manages users, alarm rules and webhooks. Every change is written to
-the audit log with who, what, when, and the state before and after.
+Every endpoint but login and health needs credentials (a bearer token from login, or HTTP
+Basic), /metrics too (a viewer's: it names groups and topics): without them it answers 401
+before reading the request's body, so a request without valid credentials changes nothing.
+Every password check, at login or by Basic credentials, is throttled per user name and per
+address (`manager/throttle.py`): past a few failures each guess must wait, and a guess that must
+wait is answered 429 without a check. Logout ends the token it is sent with. Roles: viewer
+reads, operator acts on tasks, topics, groups and alarms, admin manages users, alarm rules and
+webhooks. Every change is written to the audit log with who, what, when, and the state before
+and after.
 
 Handlers are plain `def`s: FastAPI runs them on its thread pool, and they call the blocking
 service layer (`sluice.service`), the same functions the CLI calls.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +34,7 @@ from pydantic import BaseModel, Field
 from sluice.manager.audit import AuditLog
 from sluice.manager.auth import AuthError, Principal, UserError, UserStore
 from sluice.manager.history import LagHistory
+from sluice.manager.throttle import LoginThrottle, Throttled
 from sluice.service import cluster as cluster_service
 from sluice.service import groups as group_service
 from sluice.service import tasks as task_service
@@ -56,6 +62,8 @@ class ManagerState:
     name: str = "manager"
     started: float = field(default_factory=time.time)
     metrics_registry: Any = None
+    #: failed password checks per user name and per address (this manager's own count)
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -137,6 +145,24 @@ _TASK_BODY = {
 # -- authentication (module level: FastAPI resolves these annotations by name) ---------------------
 
 
+def check_password_throttled(request: Request, user: str, password: str) -> Principal:
+    """`UserStore.authenticate`, if the throttle lets this attempt go ahead (else 429 with
+    Retry-After, and no check made); AuthError for wrong credentials."""
+    state: ManagerState = request.app.state.sluice
+    try:
+        attempt = state.throttle.begin(user, request.client.host if request.client else None)
+    except Throttled as exc:
+        raise ApiError(
+            429,
+            f"too many failed logins for this user name or from this address: {exc} (each failure "
+            "past the first few doubles the wait)",
+            headers={"Retry-After": str(math.ceil(exc.retry_after_s))},
+        ) from None
+    who = state.users.authenticate(user, password)
+    state.throttle.succeeded(attempt)
+    return who
+
+
 def principal(request: Request) -> Principal:
     """Who sends the request: a bearer token from /login, or HTTP Basic; else 401."""
     users: UserStore = request.app.state.sluice.users
@@ -150,7 +176,7 @@ def principal(request: Request) -> Principal:
                 user, _, password = base64.b64decode(value.strip()).decode().partition(":")
             except (binascii.Error, UnicodeDecodeError):
                 raise AuthError("malformed Basic credentials") from None
-            return users.authenticate(user, password)
+            return check_password_throttled(request, user, password)
     except AuthError as exc:
         raise ApiError(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
     raise ApiError(
@@ -213,13 +239,32 @@ def create_app(state: ManagerState) -> FastAPI:
         state.audit.record(who.user, action, target, before, after)
 
     @app.post(f"{API}/login", tags=["auth"])
-    def login(body: Login) -> dict[str, Any]:
+    def login(request: Request, body: Login) -> dict[str, Any]:
+        """A bearer token for the user. Past a few failed checks of a user name or from an address,
+        each attempt must wait (429 with Retry-After until then), the wait doubling per failure."""
         try:
-            who = state.users.authenticate(body.user, body.password)
+            who = check_password_throttled(request, body.user, body.password)
         except AuthError as exc:
             raise ApiError(401, str(exc)) from None
         token, expires = state.users.issue_token(who, state.token_ttl_s)
         return {"token": token, "user": who.user, "role": who.role, "expires_at": expires}
+
+    @app.post(f"{API}/logout", tags=["auth"])
+    def logout(request: Request, who: Viewer) -> dict[str, Any]:
+        """End the bearer token this request carries, on every manager of the cluster."""
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            raise ApiError(
+                400,
+                "logout ends a bearer token, and this request has none (HTTP Basic credentials are sent "
+                "with every request: stop sending them instead)",
+                field="authorization",
+            )
+        try:
+            state.users.revoke_token(value.strip())
+        except AuthError as exc:
+            raise ApiError(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
+        return {"user": who.user, "logged_out": True}
 
     @app.get(f"{API}/me", tags=["auth"])
     def me(who: Viewer) -> dict[str, Any]:
@@ -539,7 +584,9 @@ def create_app(state: ManagerState) -> FastAPI:
 
     # -- metrics and the console --------------------------------------------------------------
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
+    def metrics(_: Viewer) -> Response:
+        """Prometheus's scrape, with a viewer's credentials (Basic, or a token); `metrics.port`
+        serves it without, on `metrics.host` only."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return Response(generate_latest(state.metrics_registry), media_type=CONTENT_TYPE_LATEST)

@@ -4,11 +4,18 @@ ZooKeeper layout (under the cluster's chroot):
 
     /manager/users/{user}   {"user", "role", "password": "scrypt$n$r$p$salt$hash", "created"}
     /manager/token_key      32 random bytes: the HMAC key every manager signs and checks tokens with
+    /manager/revoked_tokens/{expiry}-{token id}
+                            a token ended by logout, until it would have expired anyway
 
 A password is stored only as a salted scrypt hash (hashlib.scrypt, n=2**14, r=8, p=1). A token is
-``base64url(claims).base64url(HMAC-SHA256(key, claims))`` with claims user, role, expiry and
-the user's znode version: changing a user's password or role, or deleting the user, invalidates
-every token issued before, because each request checks the claims against the user's znode.
+``base64url(claims).base64url(HMAC-SHA256(key, claims))`` with claims user, role, expiry, a
+random token id and the user's znode version: changing a user's password or role, or deleting
+the user, invalidates every token issued before, because each request checks the claims against
+the user's znode; logout ends one token (`revoke_token`), on every manager.
+
+A check costs the same whether the user exists or not: an unknown user's password is hashed
+against a stored form of the same cost (`_UNKNOWN_USER_HASH`), so neither the answer nor its time
+says who exists. At most `HASHING_MAX` scrypt computations (16 MiB each) run at once.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import hashlib
 import hmac
 import os
 import re
+import secrets
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +37,20 @@ USERS = "/manager/users"
 TOKEN_KEY = "/manager/token_key"
 ROLES = ("viewer", "operator", "admin")
 _USER = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
+REVOKED = "/manager/revoked_tokens"
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**14, 8, 1
 MIN_PASSWORD = 8
+#: scrypt computations at once (each takes 128 * r * n bytes, 16 MiB): a flood of logins from many
+#: addresses queues here instead of taking the manager's memory
+HASHING_MAX = 4
+_HASHING = threading.BoundedSemaphore(HASHING_MAX)
+#: What an unknown user's password is checked against: a stored form of the current cost whose
+#: hash no password gives (all zeros), so the check fails after the same scrypt a known user costs.
+_UNKNOWN_USER_HASH = (
+    f"scrypt${_SCRYPT_N}${_SCRYPT_R}${_SCRYPT_P}${base64.b64encode(bytes(16)).decode()}$"
+    f"{base64.b64encode(bytes(32)).decode()}"
+)
+_TOKEN_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 
 
 class AuthError(Exception):
@@ -53,9 +74,14 @@ class Principal:
         return ROLES.index(self.role) >= ROLES.index(role)
 
 
+def _scrypt(password: bytes, salt: bytes, n: int, r: int, p: int, dklen: int) -> bytes:
+    with _HASHING:
+        return hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=dklen)
+
+
 def hash_password(password: str, *, salt: bytes | None = None) -> str:
     salt = salt if salt is not None else os.urandom(16)
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P, dklen=32)
+    digest = _scrypt(password.encode(), salt, _SCRYPT_N, _SCRYPT_R, _SCRYPT_P, 32)
     b64 = base64.b64encode
     return f"scrypt${_SCRYPT_N}${_SCRYPT_R}${_SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}"
 
@@ -66,9 +92,7 @@ def check_password(password: str, stored: str) -> bool:
         if scheme != "scrypt":
             return False
         expected = base64.b64decode(digest)
-        got = hashlib.scrypt(
-            password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p), dklen=len(expected)
-        )
+        got = _scrypt(password.encode(), base64.b64decode(salt), int(n), int(r), int(p), len(expected))
     except (ValueError, TypeError):
         return False
     return hmac.compare_digest(got, expected)
@@ -170,8 +194,12 @@ class UserStore:
 
     # -- credentials ---------------------------------------------------------------------------
     def authenticate(self, user: str, password: str) -> Principal:
+        """The user, if `password` is theirs; AuthError otherwise, after the same work whether
+        the user exists or not (an unknown user's password is hashed all the same)."""
         got = self._get(user)
-        if got is None or not isinstance(password, str) or not check_password(password, got[0]["password"]):
+        stored = got[0]["password"] if got is not None else _UNKNOWN_USER_HASH
+        right = check_password(password if isinstance(password, str) else "", stored)
+        if got is None or not isinstance(password, str) or not right:
             raise AuthError("wrong user name or password")
         return Principal(user, got[0]["role"])
 
@@ -191,11 +219,20 @@ class UserStore:
         if got is None:
             raise AuthError("no such user")
         expires = time.time() + ttl_s
-        claims = orjson.dumps({"u": principal.user, "r": principal.role, "x": expires, "v": got[1]})
+        claims = orjson.dumps(
+            {
+                "u": principal.user,
+                "r": principal.role,
+                "x": expires,
+                "v": got[1],
+                "j": secrets.token_urlsafe(16),
+            }
+        )
         sig = hmac.new(self._token_key(), claims, hashlib.sha256).digest()
         return f"{_b64(claims)}.{_b64(sig)}", expires
 
-    def check_token(self, token: str) -> Principal:
+    def _claims(self, token: str) -> dict[str, Any]:
+        """The claims of a token this cluster's managers signed, or AuthError."""
         try:
             body, sig = token.split(".", 1)
             claims_raw = _unb64(body)
@@ -205,9 +242,44 @@ class UserStore:
             claims = orjson.loads(claims_raw)
         except (ValueError, orjson.JSONDecodeError):
             raise AuthError("invalid token") from None
+        if not isinstance(claims, dict) or not _TOKEN_ID.match(str(claims.get("j", ""))):
+            # signed by a manager from before logout (no token id): it could not be ended
+            raise AuthError("token from an older manager: log in again")
+        result: dict[str, Any] = claims
+        return result
+
+    @staticmethod
+    def _revoked_path(claims: dict[str, Any]) -> str:
+        return f"{REVOKED}/{int(float(claims['x']))}-{claims['j']}"
+
+    def check_token(self, token: str) -> Principal:
+        claims = self._claims(token)
         if float(claims["x"]) < time.time():
             raise AuthError("token expired: log in again")
         got = self._get(claims["u"])
         if got is None or got[1] != claims["v"] or got[0]["role"] != claims["r"]:
             raise AuthError("token no longer valid (the user was changed or removed): log in again")
+        if self._call(self.zk.exists, self._revoked_path(claims)):
+            raise AuthError("token no longer valid (logged out): log in again")
         return Principal(claims["u"], claims["r"])
+
+    def revoke_token(self, token: str) -> Principal:
+        """End `token` (logout) on every manager: its id is kept in ZooKeeper until it would
+        have expired anyway, when the next logout removes it. AuthError if it is not valid."""
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+
+        who = self.check_token(token)
+        claims = self._claims(token)
+        try:
+            self._call(self.zk.create, self._revoked_path(claims), b"", makepath=True)
+        except NodeExistsError:  # a second logout of the same token, at the same moment
+            pass
+        now = time.time()
+        for name in self._call(self.zk.get_children, REVOKED):
+            expiry, _, _ = name.partition("-")
+            if expiry.isdigit() and int(expiry) + 1 < now:
+                try:
+                    self._call(self.zk.delete, f"{REVOKED}/{name}")
+                except NoNodeError:  # another manager removed it
+                    pass
+        return who

@@ -31,8 +31,10 @@ class ManagerConfig:
     host: str = "127.0.0.1"
     #: 0: any free port
     port: int = 8090
-    #: None: /metrics on the manager's own port only
+    #: None: /metrics on the manager's own port only (with a viewer's credentials)
     metrics_port: int | None = None
+    #: the address the separate metrics port binds (it asks for no credentials)
+    metrics_host: str = "127.0.0.1"
     worker_group: str = DEFAULT_WORKER_GROUP
     token_ttl_s: int = 12 * 3600
     sample_interval_ms: int = 5000
@@ -60,7 +62,15 @@ MANAGER_SETTINGS: tuple[props.Setting, ...] = (
     *ZK_AUTH_SETTINGS,
     props.Setting("manager.host", "host", props.non_empty, "address the console and API listen on"),
     props.Setting("manager.port", "port", props.integer(0, 65535), "port of the console and API (0: any)"),
-    props.Setting("metrics.port", "metrics_port", props.integer(0, 65535), "a separate Prometheus port"),
+    props.Setting(
+        "metrics.port",
+        "metrics_port",
+        props.integer(0, 65535),
+        "a separate Prometheus port, without credentials",
+    ),
+    props.Setting(
+        "metrics.host", "metrics_host", props.non_empty, "the address metrics.port binds (127.0.0.1)"
+    ),
     props.Setting("worker.group", "worker_group", props.non_empty, "the sync workers' group.id"),
     props.Setting("token.ttl.minutes", "token_ttl_minutes", props.integer(1, 60 * 24 * 30), "login lifetime"),
     props.Setting("sample.interval.ms", "sample_interval_ms", props.integer(500, 600_000), "lag sampling"),

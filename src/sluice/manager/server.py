@@ -187,13 +187,16 @@ def run_manager(
     shown = config.host if config.host not in ("0.0.0.0", "::") else socket.gethostname()
     metrics_url = None
     if config.metrics_port is not None:
+        # Without credentials, so on an address of its own (metrics.host, loopback by default):
+        # the manager's own port serves /metrics to a viewer's credentials only.
         from prometheus_client import start_http_server
 
-        msock = bind_socket(config.host, config.metrics_port)
+        msock = bind_socket(config.metrics_host, config.metrics_port)
         mport = msock.getsockname()[1]
         msock.close()
-        start_http_server(mport, addr=config.host, registry=state.metrics_registry)
-        metrics_url = f"http://{shown}:{mport}/metrics"
+        start_http_server(mport, addr=config.metrics_host, registry=state.metrics_registry)
+        mshown = config.metrics_host if config.metrics_host not in ("0.0.0.0", "::") else socket.gethostname()
+        metrics_url = f"http://{mshown}:{mport}/metrics"
     url = f"http://{shown}:{bound_port}"
     log.info("event=manager_started url=%s identity=%s", url, identity)
     return ManagerHandle(url, state, server, thread, sampler, initial_admin, metrics_url)

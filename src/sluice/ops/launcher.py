@@ -9,6 +9,11 @@ with its own address on a private bridge (``sluice.ops.netns``; ``network.json``
 as on separate hosts, so real network faults (``sluice.chaos.netfaults``) can be put between
 them; brokers then listen on the standard port 9092 of their own address.
 
+Brokers replicate on a listener of their own, ``INTERNAL`` (SASL_PLAINTEXT, or SASL_SSL with
+``--security sasl_ssl``), as the brokers' SCRAM user ``sluice-broker`` with a random password
+made for the cluster: only a broker may fetch as a follower, and only there; the client
+listener never believes a replica id (``sluice.broker.replica_access``).
+
 Every broker and worker serves Prometheus metrics (``metrics.port`` in the properties file the
 launcher writes for it): on a free port of 127.0.0.1, or on port 9404 of its own address in a
 namespace. ``cluster.json`` keeps the ports and :meth:`LocalCluster.metrics_urls` lists them.
@@ -32,6 +37,7 @@ import orjson
 from sluice.cluster.zkstore import ZkAuth, close, connect
 from sluice.ops.netns import HostNetwork, namespace_exec_prefix
 from sluice.ops.ports import free_ports
+from sluice.ops.private_files import PRIVATE_UMASK, open_private_log, private_dir
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
 from sluice.security.client import PLAINTEXT, ClientSecurity
@@ -61,6 +67,10 @@ WORKER_CLIENT_PROPERTIES = "worker-client.properties"
 WORKER_CLIENT_GROUPS = ("sluice-status", "sluice-recover", "sluice-spark-planner", "sluice-spark-reader")
 #: The port brokers listen on in their own namespace (each has its own address).
 NETNS_BROKER_PORT = 9092
+#: The brokers' own listener, the only one they replicate on (inter.broker.listener.name), and
+#: its port in a namespace.
+INTERNAL_LISTENER = "INTERNAL"
+NETNS_INTERNAL_PORT = 9093
 #: The metrics port of a broker or worker in its own namespace.
 NETNS_METRICS_PORT = 9404
 
@@ -81,6 +91,9 @@ class BrokerProcess:
     metrics_port: int | None = None
     #: its ``broker.rack`` (``cluster up --rack ID=RACK``); None: the cluster's settings decide
     rack: str | None = None
+    #: the port of its inter-broker listener (INTERNAL_LISTENER), on ``host``; None: a cluster
+    #: saved before brokers had one (they replicate on ``port``)
+    internal_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -242,22 +255,33 @@ def broker_properties(
     protocol: str = "PLAINTEXT",
 ) -> str:
     """The broker's configuration file (``sluice broker start --config``). A broker in its own
-    namespace binds every address of it and advertises its own."""
-    listener = f"{protocol}://{b.host}:{b.port}"
+    namespace binds every address of it and advertises its own. With an ``internal_port``, a
+    second listener for the brokers alone (INTERNAL_LISTENER), SASL over the client listener's
+    TLS or lack of it, on which they replicate (its user and password are in ``settings``)."""
+    bind = "0.0.0.0" if b.namespace else b.host
+    listeners = [(protocol, b.port)]
+    if b.internal_port is not None:
+        listeners.append((INTERNAL_LISTENER, b.internal_port))
     lines = [
         f"broker.id={b.broker_id}",
-        f"listeners={protocol + '://0.0.0.0:' + str(b.port) if b.namespace else listener}",
-        f"advertised.listeners={listener}",
+        "listeners=" + ",".join(f"{name}://{bind}:{port}" for name, port in listeners),
+        "advertised.listeners=" + ",".join(f"{name}://{b.host}:{port}" for name, port in listeners),
         f"log.dirs={b.data_dir}",
         f"zookeeper.connect={zookeeper}",
         f"zookeeper.session.timeout.ms={round(session_timeout_s * 1000)}",
     ]
+    if b.internal_port is not None:
+        internal = "SASL_SSL" if protocol in ("SSL", "SASL_SSL") else "SASL_PLAINTEXT"
+        lines += [
+            f"listener.security.protocol.map={INTERNAL_LISTENER}:{internal}",
+            f"inter.broker.listener.name={INTERNAL_LISTENER}",
+        ]
     if b.metrics_port is not None:
         lines.append(f"metrics.port={b.metrics_port}")
     own = dict(settings or {})
     if b.rack is not None:
         own["broker.rack"] = b.rack  # this broker's own, over a rack --override gave every broker
-    lines.extend(f"{k}={v}" for k, v in own.items())
+    lines.extend(f"{k}={v}" for k, v in own.items())  # later lines win
     return "# written by `sluice cluster up`\n" + "\n".join(lines) + "\n"
 
 
@@ -324,7 +348,7 @@ def broker_command(b: BrokerProcess, config_file: Path) -> list[str]:
 
 
 def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
-    Path(b.data_dir).mkdir(parents=True, exist_ok=True)
+    private_dir(Path(b.data_dir))
     config_file = Path(cluster.directory) / f"broker-{b.broker_id}.properties"
     config_file.touch(mode=0o600)  # it may hold the inter-broker password
     config_file.write_text(
@@ -333,13 +357,14 @@ def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
             "SASL_SSL" if cluster.security == "sasl_ssl" else "PLAINTEXT",
         )
     )  # fmt: skip
-    with open(b.log_file, "ab") as logf:
+    with open_private_log(b.log_file) as logf:
         proc = subprocess.Popen(
             broker_command(b, config_file),
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            umask=PRIVATE_UMASK,
         )
     b.pid = proc.pid
 
@@ -408,7 +433,9 @@ def cluster_up(
     ``zookeeper_nodes`` > 1 starts an ensemble instead of a standalone server. On any failure
     everything started so far is stopped and removed."""
     directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    # Everything of the cluster is its owner's (logs, data, credentials): a new directory is made
+    # 0700 (a directory given that exists already keeps its mode; what is in it is private).
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     if (directory / STATE_FILE).exists():
         existing = LocalCluster.load(directory)
         if any(pid_alive(b.pid) for b in existing.brokers):
@@ -448,10 +475,12 @@ def cluster_up(
             network = HostNetwork.create(cluster.network_state, owner_pid=None)
         _start_zookeeper(cluster, network, zookeeper_nodes, host)
         if network is None:
-            ports = free_ports(2 * brokers + workers, host=host)  # all held at once: distinct
-            ports, metrics_ports = ports[:brokers], ports[brokers:]
+            ports = free_ports(3 * brokers + workers, host=host)  # all held at once: distinct
+            internal_ports, metrics_ports = ports[brokers : 2 * brokers], ports[2 * brokers :]
+            ports = ports[:brokers]
         else:
             ports = [NETNS_BROKER_PORT] * brokers
+            internal_ports = [NETNS_INTERNAL_PORT] * brokers
             metrics_ports = [NETNS_METRICS_PORT] * (brokers + workers)
         for i in range(brokers):
             bid = i + 1
@@ -467,8 +496,10 @@ def cluster_up(
                     namespace=place.namespace if place else None,
                     metrics_port=metrics_ports[i],
                     rack=racks.get(bid),
+                    internal_port=internal_ports[i],
                 )
             )
+        _inter_broker_user(cluster)
         if security == "sasl_ssl":
             _zookeeper_credential(cluster)
         cluster.save()
@@ -499,12 +530,25 @@ def cluster_up(
     return cluster
 
 
+def _inter_broker_user(cluster: LocalCluster) -> None:
+    """The brokers' own SCRAM user (BROKER_USER) with a random password made for this cluster, in
+    every broker's configuration file (owner-only, as ``cluster.json``). Each broker checks a
+    connection claiming that user against this password, never against ZooKeeper
+    (``security.credentials.with_own_user``), so nothing written to ZooKeeper makes a broker.
+    ``--override`` keys win (they are given first)."""
+    import secrets
+
+    cluster.broker_settings.setdefault("inter.broker.sasl.username", BROKER_USER)
+    cluster.broker_settings.setdefault("inter.broker.sasl.password", secrets.token_urlsafe(24))
+
+
 def _secure(cluster: LocalCluster, host: str) -> None:
     """SASL_SSL for a local cluster: a CA and a certificate for the brokers' addresses, an
-    ``admin`` user and the brokers' own user (random passwords, SCRAM credentials in ZooKeeper),
-    Kafka's ACL authorizer with both as super users, and the admin's client properties; and the
-    workers' ``sluice-worker`` user with only its ACLs (``worker_client_acls``: enough for group
-    membership, capture, apply and status reads) and its client properties."""
+    ``admin`` user (a random password, SCRAM credentials in ZooKeeper), Kafka's ACL authorizer
+    with it and the brokers' own user (``_inter_broker_user``) as super users, and the admin's
+    client properties; and the workers' ``sluice-worker`` user with only its ACLs
+    (``worker_client_acls``: enough for group membership, capture, apply and status reads) and
+    its client properties."""
     import secrets
 
     from sluice.security.credentials import CredentialStore
@@ -514,7 +558,7 @@ def _secure(cluster: LocalCluster, host: str) -> None:
     directory = Path(cluster.directory)
     hosts = sorted({host, "localhost", "127.0.0.1", *(b.host for b in cluster.brokers)})
     ca = local_ca(directory / "tls", hosts)
-    passwords = {user: secrets.token_urlsafe(18) for user in (ADMIN_USER, BROKER_USER, WORKER_USER)}
+    passwords = {user: secrets.token_urlsafe(18) for user in (ADMIN_USER, WORKER_USER)}
     # before any broker starts, and with the cluster's ZooKeeper credential: the credentials'
     # znodes get the ACL that keeps them from everyone else
     zk = connect(cluster.zookeeper, auth=cluster.zk_auth())
@@ -527,10 +571,8 @@ def _secure(cluster: LocalCluster, host: str) -> None:
     cluster.broker_settings.update({
         "ssl.keystore.location": str(ca.keystore),
         "ssl.truststore.location": str(ca.ca_file),
-        "inter.broker.sasl.username": BROKER_USER,
-        "inter.broker.sasl.password": passwords[BROKER_USER],
         "authorizer.class.name": "sluice.security.acl.AclAuthorizer",
-        "super.users": f"User:{ADMIN_USER};User:{BROKER_USER}",
+        "super.users": f"User:{ADMIN_USER};User:{cluster.broker_settings['inter.broker.sasl.username']}",
     })  # fmt: skip
     admin = ClientSecurity("SASL_SSL", "SCRAM-SHA-512", ADMIN_USER, passwords[ADMIN_USER], ca.ca_file)
     admin.write(directory / CLIENT_PROPERTIES)
@@ -663,10 +705,11 @@ def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
         *namespace_prefix(w.namespace), sys.executable, "-m", "sluice.ops.cli", "worker", "start",
         "--config", str(config_file),
     ]  # fmt: skip
-    with open(w.log_file, "ab") as logf:
+    with open_private_log(w.log_file) as logf:
         proc = subprocess.Popen(
-            argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+            argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            umask=PRIVATE_UMASK,
+        )  # fmt: skip
     w.pid = proc.pid
 
 

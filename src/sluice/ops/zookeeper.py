@@ -59,6 +59,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from sluice.ops.private_files import PRIVATE_UMASK, open_private_log, private_dir
+
 __all__ = [
     "JAVA_DIR",
     "MAIN_CLASS",
@@ -361,8 +363,8 @@ class LocalZooKeeper:
             raise RuntimeError(f"ZooKeeper from {self.data_dir} is already running (pid {self.pid})")
         classpath = find_classpath()
         java = find_java()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.snapshot_dir.mkdir(exist_ok=True)
+        private_dir(self.data_dir)  # its snapshots, logs and configuration: its owner's alone
+        private_dir(self.snapshot_dir)
         other = _live_server_pid(self.data_dir)
         if other is not None:
             raise RuntimeError(
@@ -379,7 +381,8 @@ class LocalZooKeeper:
 
         main = self._main_class
         argv = [*self.exec_prefix, java, *self._jvm_options(), "-cp", classpath, main, str(self.config_path)]
-        with self.out_path.open("wb") as out:
+        self.out_path.unlink(missing_ok=True)
+        with open_private_log(self.out_path) as out:
             self._proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -388,6 +391,7 @@ class LocalZooKeeper:
                 cwd=self.data_dir,
                 start_new_session=True,
                 close_fds=True,
+                umask=PRIVATE_UMASK,
             )
         try:
             # `ip netns exec` replaces itself with the JVM, so this is the JVM's pid.

@@ -8,23 +8,35 @@ time: one small read per connection, never a stale credential after a password c
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from sluice.cluster.zkstore import compare_and_set
 from sluice.security.scram import (
     DEFAULT_ITERATIONS,
+    MECHANISMS,
     CredentialError,
     ScramCredential,
     check_mechanism,
     make_credential,
 )
 
+Lookup = Callable[[str, str], ScramCredential | None]
+
 USERS = "/config/users"
+#: 32 random bytes, made by the first broker that needs them: the key of the challenges unknown
+#: users get (``sasl.FakeCredentials``), one per cluster so that every broker answers a name alike
+FAKE_SALT_KEY = "/security/scram_fake_salt_key"
+_FAKE_KEYS: weakref.WeakKeyDictionary[KazooClient, bytes] = weakref.WeakKeyDictionary()
+_FAKE_KEYS_LOCK = threading.Lock()
 #: Kafka's user names are free text; Sluice keeps them to what a znode name and a principal
 #: (``User:<name>``) carry without escaping.
 _USER_NAME = re.compile(r"^[A-Za-z0-9._@-]{1,255}$")
@@ -81,6 +93,25 @@ class CredentialStore:
             data = None
         return _decode(user, data)
 
+    def fake_credential(self, user: str, mechanism: str) -> ScramCredential:
+        """The credential an unknown user is challenged with (RFC 5802 section 5.1), from the
+        cluster's key (read once per ZooKeeper client, made if the cluster has none yet)."""
+        from sluice.security.sasl import FakeCredentials
+
+        return FakeCredentials(self._fake_salt_key())(user, mechanism)
+
+    def _fake_salt_key(self) -> bytes:
+        with _FAKE_KEYS_LOCK:
+            key = _FAKE_KEYS.get(self.client)
+            if key is None:
+                try:
+                    self.client.create(FAKE_SALT_KEY, os.urandom(32), makepath=True)
+                except NodeExistsError:  # made by another broker
+                    pass
+                key = bytes(self.client.get(FAKE_SALT_KEY)[0])
+                _FAKE_KEYS[self.client] = key
+        return key
+
     def credential(self, user: str, mechanism: str) -> ScramCredential | None:
         """What a broker checks a client's proof against; None for an unknown user or a user
         without that mechanism (or a user name no user can have)."""
@@ -131,3 +162,26 @@ class CredentialStore:
 
         compare_and_set(self.client, user_path(user), change)
         return removed
+
+
+def own_credentials(password: str) -> dict[str, ScramCredential]:
+    """A broker's credentials for its own inter-broker user, one per SCRAM mechanism, from the
+    password in its configuration (each broker salts its own; derived once, at start)."""
+    return {m: make_credential(m, password) for m in MECHANISMS}
+
+
+def with_own_user(lookup: Lookup, user: str, credentials: Mapping[str, ScramCredential]) -> Lookup:
+    """``lookup``, except that ``user`` (the brokers' own, ``inter.broker.sasl.username``) is
+    checked against ``credentials`` (:func:`own_credentials`) and never read from ZooKeeper.
+
+    Who may replicate is decided by who can authenticate as that user (replica_access): were its
+    credential read from ``/config/users``, anyone able to write ZooKeeper (an open ensemble, the
+    default) could mint a broker identity and fake a follower. A credential for the same name in
+    ZooKeeper is ignored."""
+
+    def credential(name: str, mechanism: str) -> ScramCredential | None:
+        if name == user:
+            return credentials.get(mechanism)
+        return lookup(name, mechanism)
+
+    return credential

@@ -9,7 +9,14 @@ delay (``connection.failed.authentication.delay.ms``) that slows password guessi
 Mechanisms: PLAIN (RFC 4616) and SCRAM-SHA-256/512 (RFC 5802, RFC 7677; the exchange is
 ``scramp``'s). Both check the user's SCRAM credential in ZooKeeper (``security.credentials``):
 ``lookup(user, mechanism)`` is that read, blocking, so the exchange's steps run on a thread.
-The error a client is told never says whether the user exists.
+
+Nothing a client is told says whether a user exists. An unknown user (or one without the
+mechanism) is answered with a challenge like anyone else's, as RFC 5802 section 5.1 advises:
+a salt and an iteration count made from the name with a key the cluster's brokers share
+(``FakeCredentials``), so the same name gets the same challenge from every broker at every try,
+and the proof then fails as a wrong password's does. PLAIN hashes an unknown user's password
+against such a credential too, so its answer takes as long. (Kafka answers an unknown SCRAM user
+with an error at the first message.)
 """
 
 from __future__ import annotations
@@ -17,12 +24,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import scramp
 
-from sluice.security.scram import MECHANISMS, ScramCredential, password_matches
+from sluice.security.scram import DEFAULT_ITERATIONS, MECHANISMS, ScramCredential, password_matches
 
 _HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 
@@ -34,6 +42,35 @@ PRE_AUTH_APIS = frozenset({17, 18, 36})  # SaslHandshake, ApiVersions, SaslAuthe
 FAILED = "Authentication failed: invalid user name or password"
 
 Lookup = Callable[[str, str], ScramCredential | None]
+Fake = Callable[[str, str], ScramCredential]
+#: the length of the salts Sluice makes (``scram.make_credential``), which a fake one must have
+SALT_BYTES = 32
+
+
+class FakeCredentials:
+    """The credential an unknown user is challenged with: the salt, StoredKey and ServerKey are
+    HMACs of the user name and mechanism under ``key``, so they are the same at every try and,
+    with one key per cluster, on every broker; the iteration count is the default one. No
+    password gives that StoredKey, so the proof fails."""
+
+    def __init__(self, key: bytes) -> None:
+        assert len(key) >= 16, "a key of at least 128 bits"
+        self._key = key
+
+    def __call__(self, user: str, mechanism: str) -> ScramCredential:
+        digest = _HASHES[mechanism]
+
+        def derive(label: str, name: str) -> bytes:
+            return hmac.digest(self._key, f"{label}\0{mechanism}\0{user}".encode(), name)
+
+        return ScramCredential(
+            derive("salt", "sha256")[:SALT_BYTES], derive("stored_key", digest), derive("server_key", digest),
+            DEFAULT_ITERATIONS,
+        )  # fmt: skip
+
+
+#: for exchanges given no cluster key (tests, tools): one key for this process's life
+_PROCESS_FAKES = FakeCredentials(os.urandom(32))
 
 
 class AuthenticationFailed(Exception):
@@ -52,13 +89,17 @@ class SaslExchange:
     """The state of one connection's authentication: no mechanism yet, a mechanism chosen, or
     done. Pure apart from ``lookup``."""
 
-    def __init__(self, enabled: tuple[str, ...], lookup: Lookup):
+    def __init__(self, enabled: tuple[str, ...], lookup: Lookup, fake: Fake | None = None):
         self.enabled = enabled
         self.lookup = lookup
+        #: the credential of a user ``lookup`` does not know (a broker's: the cluster's key)
+        self.fake = fake or _PROCESS_FAKES
         self.mechanism: str | None = None
         self.user: str | None = None
         self._scram: scramp.core.ScramServer | None = None
         self._scram_user: str | None = None
+        #: whether the SCRAM exchange runs on a real credential (False: a fake one, which fails)
+        self._scram_known = False
         #: (GS2 header, client-first-bare, server-first, nonce, credential): what
         #: ``_doubled_nonce_final`` checks a client-final message against
         self._scram_first_messages: tuple[str, str, str, str, ScramCredential] | None = None
@@ -86,12 +127,16 @@ class SaslExchange:
             raise AuthenticationFailed("PLAIN expects authzid NUL user NUL password") from None
         if authzid and authzid != authcid:
             raise AuthenticationFailed("PLAIN: authorization id differs from the user")
-        for mechanism in MECHANISMS:
-            credential = self.lookup(authcid, mechanism)
-            if credential is not None:
-                if password_matches(mechanism, credential, password):
-                    return self._done(authcid, b"")
-                break
+        # Every mechanism looked up and one hash computed, whether the user exists or not: the
+        # answer's time does not tell.
+        found = [(m, c) for m in MECHANISMS if (c := self.lookup(authcid, m)) is not None]
+        if found:
+            mechanism, credential = found[0]
+        else:
+            mechanism = next(iter(MECHANISMS))
+            credential = self.fake(authcid, mechanism)
+        if password_matches(mechanism, credential, password) and found:
+            return self._done(authcid, b"")
         raise AuthenticationFailed(FAILED)
 
     def _scram_step(self, mechanism: str, message: bytes) -> Step:
@@ -108,6 +153,8 @@ class SaslExchange:
         except (UnicodeDecodeError, scramp.ScramException) as exc:
             raise AuthenticationFailed(FAILED) from exc
         assert self._scram_user is not None
+        if not self._scram_known:  # a fake credential's proof cannot match; never let it through
+            raise AuthenticationFailed(FAILED)
         return self._done(self._scram_user, final.encode())
 
     def _scram_first(self, mechanism: str, text: str) -> Step:
@@ -115,8 +162,9 @@ class SaslExchange:
 
         def credential_of(user: str) -> tuple[bytes, bytes, bytes, int]:
             credential = self.lookup(user, mechanism)
+            self._scram_known = credential is not None
             if credential is None:
-                raise scramp.ScramException("unknown user")
+                credential = self.fake(user, mechanism)  # RFC 5802 section 5.1: a challenge all the same
             self._scram_user = user
             found.append(credential)
             return credential.scramp_info()

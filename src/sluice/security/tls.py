@@ -60,18 +60,76 @@ def client_context(
 
 def peer_principal(ssl_object: Any) -> str | None:
     """``User:<subject>`` of a verified client certificate (mTLS), Kafka's default principal
-    builder's form (``CN=alice,OU=...``); None without one."""
+    builder's form (``CN=alice,OU=...``, `principal_of_certificate`); None without one."""
     if ssl_object is None:
         return None
-    cert = ssl_object.getpeercert()
-    if not cert:
+    # The dict form is empty unless the handshake verified the certificate; the DER form is
+    # given even when it did not, so it is read only once the dict says it was verified.
+    if not ssl_object.getpeercert():
         return None
-    parts = [f"{k}={v}" for rdn in reversed(cert.get("subject", ())) for k, v in rdn]
-    names = {"commonName": "CN", "organizationalUnitName": "OU", "organizationName": "O", "countryName": "C",
-             "localityName": "L", "stateOrProvinceName": "ST"}  # fmt: skip
-    for long, short in names.items():
-        parts = [p.replace(f"{long}=", f"{short}=", 1) if p.startswith(f"{long}=") else p for p in parts]
-    return "User:" + ",".join(parts) if parts else None
+    der = ssl_object.getpeercert(binary_form=True)
+    return principal_of_certificate(der) if der else None
+
+
+def principal_of_certificate(der: bytes) -> str | None:
+    """``User:`` and the certificate's subject as RFC 4514 (and RFC 2253) writes it, as Kafka's
+    default principal builder names it (Java's ``X500Principal.getName()``): the RDNs last
+    first, a value's ``, + " \\ < > ; =`` and a leading ``#`` or space or trailing space escaped
+    with a backslash, so that a common name ``alice,O=Admins`` cannot pose as the subject
+    ``O=Admins,CN=alice``. An attribute without a short name (CN, L, ST, O, OU, C, STREET, DC,
+    UID) is its OID and its DER value in hex, ``1.2.840.113549.1.9.1=#1611...``. None for an
+    empty subject."""
+    from cryptography import x509
+
+    subject = x509.load_der_x509_certificate(der).subject
+    rdns = ["+".join(_attribute(a) for a in rdn) for rdn in reversed(subject.rdns)]
+    return "User:" + ",".join(rdns) if rdns else None
+
+
+#: the attribute types RFC 4514 (and Java's RFC 2253 form) write by name
+_SHORT_NAMES = {
+    "2.5.4.3": "CN", "2.5.4.7": "L", "2.5.4.8": "ST", "2.5.4.10": "O", "2.5.4.11": "OU", "2.5.4.6": "C",
+    "2.5.4.9": "STREET", "0.9.2342.19200300.100.1.25": "DC", "0.9.2342.19200300.100.1.1": "UID",
+}  # fmt: skip
+#: how each ASN.1 string type's characters are encoded in its DER value
+_STRING_CODECS = {12: "utf-8", 19: "ascii", 20: "latin-1", 22: "ascii", 26: "ascii", 28: "utf-32-be",
+                  30: "utf-16-be"}  # fmt: skip
+
+
+def _attribute(attribute: Any) -> str:
+    oid = attribute.oid.dotted_string
+    value = attribute.value
+    name = _SHORT_NAMES.get(oid)
+    if name is None or not isinstance(value, str):
+        return f"{oid}=#{_der_value(attribute).hex()}"
+    return f"{name}={_escape(value)}"
+
+
+def _escape(value: str) -> str:
+    """RFC 4514 section 2.4: the characters a value may not hold as they are, backslash-escaped."""
+    out = "".join(f"\\{c}" if c in ',+"\\<>;=' else c for c in value)  # '=' too, as Java does
+    if out.startswith(("#", " ")):
+        out = "\\" + out
+    if out.endswith(" ") and not out.endswith("\\ "):
+        out = out[:-1] + "\\ "
+    return out
+
+
+def _der_value(attribute: Any) -> bytes:
+    """The DER encoding of an attribute's value (its tag, length and bytes)."""
+    value = attribute.value
+    if isinstance(value, bytes):  # a bit string (x500UniqueIdentifier): unused-bits octet first
+        tag, body = 3, b"\0" + value
+    else:
+        tag = int(attribute._type.value)
+        body = value.encode(_STRING_CODECS.get(tag, "utf-8"))
+    length = len(body)
+    if length < 0x80:
+        encoded_length = bytes([length])
+    else:
+        size = length.to_bytes((length.bit_length() + 7) // 8, "big")
+        encoded_length = bytes([0x80 | len(size)]) + size
+    return bytes([tag]) + encoded_length + body
 
 
 # ---------------------------------------------------------------- a local certificate authority

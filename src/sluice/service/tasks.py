@@ -11,7 +11,15 @@ from typing import Any
 
 from sluice.service.context import Services
 from sluice.service.errors import ConflictError, InvalidError, NotFoundError
-from sluice.sync.tasks import Control, TaskNotFoundError, TaskSpec, TaskSpecError, parse_spec, redact
+from sluice.sync.tasks import (
+    Control,
+    TaskNotFoundError,
+    TaskSpec,
+    TaskSpecError,
+    check_scope,
+    parse_spec,
+    redact,
+)
 
 #: a task whose last failure is this recent, and that has no running execution, is "failing"
 FAILING_WINDOW_S = 120.0
@@ -46,7 +54,7 @@ def parse_definition_text(text: str, what: str = "task definition") -> TaskSpec:
 
 def redacted_definition(spec: TaskSpec) -> dict[str, Any]:
     """The definition as the API and the CLI show it: secrets as their references
-    (`{"env": "SHOP_DB_PASSWORD"}`), plain text of a definition stored before references as ***.
+    (`{"env": "SLUICE_SECRET_SHOP_DB"}`), plain text of a definition stored before references as ***.
     Saved back as it is, it is accepted, unless it holds *** (refused, naming the field)."""
     return spec.to_doc(shown=True)
 
@@ -58,7 +66,18 @@ def _spec(svc: Services, task_id: str) -> TaskSpec:
         raise NotFoundError(f"no task {task_id!r}") from None
 
 
+def check_secret_scope(svc: Services, spec: TaskSpec) -> None:
+    """InvalidError naming the field and the rule unless every secret reference of `spec` is in
+    the cluster's secret scope (`TaskStore.secret_scope`): a `{file:}` under its directory, an
+    `{env:}` with its prefix. Each worker checks its own scope again when it resolves them."""
+    try:
+        check_scope(spec, svc.tasks.secret_scope())
+    except TaskSpecError as exc:
+        raise InvalidError(str(exc), field=_field_of(str(exc))) from None
+
+
 def create_task(svc: Services, spec: TaskSpec) -> dict[str, Any]:
+    check_secret_scope(svc, spec)
     try:
         svc.tasks.create(spec)
     except TaskSpecError as exc:
@@ -81,6 +100,7 @@ def update_task(svc: Services, spec: TaskSpec, task_id: str | None = None) -> di
     from sluice.sync.sources.resnapshot import new_request
 
     check_same_id(spec, task_id)
+    check_secret_scope(svc, spec)
     try:
         before = svc.tasks.get(spec.id)
         added = [t for t in spec.tables if t not in before.tables] if _captures_binlog(spec) else []
@@ -141,6 +161,22 @@ def _state(status: dict[str, Any] | None, paused: bool, events: list[dict[str, A
     if failed and now - float(failed[-1].get("at") or 0) < FAILING_WINDOW_S:
         return "failing"
     return "waiting"
+
+
+def failures_in_a_row(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest run of `task-failed` alarms, oldest first: attempts 1, 2, ... n. A worker counts
+    a task's failures in a row, each retry waiting about twice as long as the one before, and
+    counts from 1 again once an execution commits a batch (sync/backoff.py), or when the task
+    moves to another worker; [] when the task never failed."""
+    failed = [e for e in events if e.get("kind") == "task-failed" and isinstance(e.get("attempts"), int)]
+    run: list[dict[str, Any]] = []
+    for alarm in reversed(failed):
+        if run and alarm["attempts"] != run[-1]["attempts"] - 1:
+            break
+        run.append(alarm)
+        if alarm["attempts"] <= 1:
+            break
+    return run[::-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +260,7 @@ def task_detail(svc: Services, task_id: str) -> dict[str, Any]:
         "control": asdict(t.control),
         "executions": svc.tasks.executions(task_id),
         "events": t.events[-50:],
+        "failures_in_a_row": failures_in_a_row(t.events),
     }
 
 

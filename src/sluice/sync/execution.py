@@ -36,7 +36,7 @@ from typing import Any
 from sluice import metrics, test_switches
 from sluice.clients import close_within
 from sluice.security.client import PLAINTEXT, ClientSecurity
-from sluice.security.secrets import resolved_only
+from sluice.security.secrets import DEFAULT_SCOPE, SecretScope, resolved_only
 from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration, resolved, scrub
 
 log = logging.getLogger("sluice.execution")
@@ -89,9 +89,13 @@ class TaskExecution:
         workdir: Path,
         switches: test_switches.Switches = test_switches.OFF,
         security: ClientSecurity = PLAINTEXT,
+        secret_scope: SecretScope = DEFAULT_SCOPE,
     ) -> None:
         self.task_id = task_id
         self.switches = switches
+        #: what the task's secret references may name on this worker (its secrets.dir and
+        #: secrets.env.prefix), checked again at every start whatever the definition was checked with
+        self.secret_scope = secret_scope
         self.store = store
         self.worker = worker
         self.bootstrap = bootstrap
@@ -117,6 +121,9 @@ class TaskExecution:
         self._history_node: str | None = None
         #: the target refused a commit of this execution (a newer epoch holds its fence)
         self._fenced = False
+        #: batches this object's apply queries committed to the target (the batch thread counts
+        #: them): progress, which starts the worker's count of failures in a row again
+        self.batches_committed = 0
         self._consumer: Any = None
         # The binlog report (_binlog_report): when last looked at, what it found, the file last
         # alarmed for, and a paused task's resume position read from the log
@@ -157,7 +164,7 @@ class TaskExecution:
                 "references and still runs as it is; update it with `password: {env: NAME}` or "
                 "`{file: PATH}` (sluice task update --file)", self.task_id, ",".join(plain),
             )  # fmt: skip
-        self.spec = resolved(spec)
+        self.spec = resolved(spec, self.secret_scope)
         self.spark = self.spark_session(self.spec.options.get("spark_master"))
         # Past every epoch the target has seen, too: a task deleted and created again, or a
         # counter lost with its ZooKeeper, must not come back under an epoch the target refuses.
@@ -289,6 +296,7 @@ class TaskExecution:
     def _on_batch(self, report: Any) -> None:
         """On the batch thread, after each micro-batch's commit (never raises: it would fail the
         batch)."""
+        self.batches_committed += 1  # one writer, this thread; the worker only reads it
         try:
             metrics.TASK_APPLY_BATCH_SECONDS.labels(self.task_id).observe(report.commit_s)
         except Exception:

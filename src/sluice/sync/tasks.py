@@ -21,10 +21,15 @@ ZooKeeper layout (under the cluster's chroot):
                              EXECUTIONS_KEPT are kept. Created with the task (a task created
                              before the history gets it at its next execution)
 
+    /config/secret_scope     the cluster's secret scope, {"dir", "env_prefix"}: what a task's
+                             `{file:}` and `{env:}` references may name (absent: the defaults,
+                             /etc/sluice/secrets and SLUICE_SECRET_)
+
 A definition is validated before it is stored; errors name the bad field
 (`task.source.port: must be an integer in 1..65535`). Secrets are references
-(`password: {env: SHOP_DB_PASSWORD}` or `{file: /run/secrets/shop}`, security/secrets.py), resolved
-by the worker when it starts the task (`resolved`); a new definition with a plain-text secret is
+(`password: {env: SLUICE_SECRET_SHOP_DB}` or `{file: /etc/sluice/secrets/shop}`, security/secrets.py),
+resolved by the worker when it starts the task (`resolved`, within the worker's own scope); a new
+definition with a plain-text secret, or a reference outside the cluster's scope (`check_scope`), is
 refused. Definitions stored before references may hold plain text: they are read and run as they
 are, and the worker warns at each start.
 """
@@ -45,6 +50,7 @@ from sluice.security.secrets import (
     Secret,
     SecretRef,
     SecretRefError,
+    SecretScope,
     parse_ref,
     resolve,
     revealed,
@@ -57,6 +63,7 @@ from sluice.sync.targets.base import ColumnMapping, MappingError
 
 TASKS = "/tasks"
 EPOCHS = "/task_epochs"
+SECRET_SCOPE = "/config/secret_scope"
 #: executions kept in a task's history; the oldest go first
 EXECUTIONS_KEPT = 50
 EXECUTION_OUTCOMES = ("running", "stopped", "failed", "superseded", "fenced")
@@ -188,14 +195,30 @@ class TaskSpec:
         return parse_spec(orjson.loads(data), stored=True)
 
 
-def resolved(spec: TaskSpec, environ: Any = None) -> TaskSpec:
-    """A copy of `spec` with its secrets read here, on the worker that runs it (SecretError names
-    the task, the field and the missing variable or file). Old plain text resolves to itself."""
+def check_scope(spec: TaskSpec, scope: SecretScope) -> None:
+    """TaskSpecError naming the field and the rule unless every secret reference of `spec` is in
+    `scope` (the cluster's, when a task is defined)."""
+    try:
+        scope.check(_ref(spec.source.password), "task.source.password")
+        scope.check(_ref(spec.target_password), "task.target.password")
+    except SecretRefError as exc:
+        raise TaskSpecError(str(exc)) from None
+
+
+def _ref(value: SecretRef | Secret | None) -> SecretRef | None:
+    assert not isinstance(value, Secret), "a definition's scope is checked before it is resolved"
+    return value
+
+
+def resolved(spec: TaskSpec, scope: SecretScope, environ: Any = None) -> TaskSpec:
+    """A copy of `spec` with its secrets read here, on the worker that runs it, within this
+    worker's `scope` (SecretError names the task, the field and the missing variable or file, or
+    the rule a reference breaks). Old plain text resolves to itself."""
 
     def one(value: SecretRef | Secret | None, name: str) -> Secret | None:
         if value is None or isinstance(value, Secret):
             return value
-        return resolve(value, task=spec.id, field=name, environ=environ)
+        return resolve(value, task=spec.id, field=name, scope=scope, environ=environ)
 
     source = replace(spec.source, password=one(spec.source.password, "task.source.password"))
     return replace(spec, source=source, target_password=one(spec.target_password, "task.target.password"))
@@ -306,7 +329,7 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
 
 _TARGET_FORMS = (
     "task.target: must be sqlite:///path, postgresql://user@host:port/db, or "
-    "{url: postgresql://user@host:port/db, password: {env: SHOP_PG_PASSWORD}}"
+    "{url: postgresql://user@host:port/db, password: {env: SLUICE_SECRET_SHOP_PG}}"
 )
 
 
@@ -333,8 +356,8 @@ def _parse_target(doc: Any, stored: bool) -> tuple[str, SecretRef | None]:
         raise TaskSpecError(
             "task.target: a password in the URL is refused (it would be stored in ZooKeeper in plain "
             "text): write the URL without it and name the password, `target: {url: "
-            "postgresql://user@host:5432/db, password: {env: SHOP_PG_PASSWORD}}` "
-            "(or {file: /run/secrets/shop-pg})"
+            "postgresql://user@host:5432/db, password: {env: SLUICE_SECRET_SHOP_PG}}` "
+            "(or {file: /etc/sluice/secrets/shop-pg})"
         )
     return doc, password
 
@@ -444,6 +467,22 @@ class TaskStore:
 
     def ids(self) -> list[str]:
         return sorted(self._call(self.zk.get_children, TASKS))
+
+    def secret_scope(self) -> SecretScope:
+        """The cluster's secret scope (`SECRET_SCOPE`), or the defaults when none was set."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, _ = self._call(self.zk.get, SECRET_SCOPE)
+        except NoNodeError:
+            return SecretScope()
+        return SecretScope.from_doc(orjson.loads(data))
+
+    def set_secret_scope(self, scope: SecretScope) -> None:
+        """Set the cluster's secret scope. Definitions stored already are not checked again here:
+        each worker checks every reference against its own scope when it resolves it."""
+        data = orjson.dumps(scope.to_doc())
+        self._call(update_znode, self.zk, SECRET_SCOPE, lambda _: data)
 
     def get(self, task_id: str) -> TaskSpec:
         from kazoo.exceptions import NoNodeError

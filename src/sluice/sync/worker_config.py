@@ -21,6 +21,14 @@ from sluice.cluster.zkstore import (
 )
 from sluice.metrics import METRICS_PORT_DOC, parse_metrics_port
 from sluice.security.client import CLIENT_SETTINGS, PLAINTEXT, ClientSecurity, pop_client_security
+from sluice.security.secrets import (
+    DEFAULT_ENV_PREFIX,
+    DEFAULT_SCOPE,
+    DEFAULT_SECRETS_DIR,
+    SecretScope,
+    check_env_prefix,
+    check_secrets_dir,
+)
 
 DEFAULT_GROUP = "sluice-workers"
 
@@ -55,6 +63,8 @@ class WorkerConfig:
     #: Kafka's client keys: how the worker's group membership, capture producers, apply reads
     #: (driver and executors) and admin calls authenticate to the brokers
     security: ClientSecurity = PLAINTEXT
+    #: what its tasks' secret references may name here (``secrets.dir``, ``secrets.env.prefix``)
+    secret_scope: SecretScope = DEFAULT_SCOPE
 
     @classmethod
     def from_properties(cls, values: Mapping[str, str], *, source: str = "worker config") -> WorkerConfig:
@@ -66,6 +76,10 @@ class WorkerConfig:
             fields["session_timeout_s"] = fields.pop("session_timeout_ms") / 1000.0
         fields["zk_auth"] = pop_zk_auth(fields, source)
         fields["security"] = pop_client_security(fields, source)
+        fields["secret_scope"] = SecretScope(
+            fields.pop("secrets_dir", DEFAULT_SECRETS_DIR),
+            fields.pop("secrets_env_prefix", DEFAULT_ENV_PREFIX),
+        )
         return cls(**fields)
 
 
@@ -85,5 +99,17 @@ WORKER_SETTINGS: tuple[props.Setting, ...] = (
     ),
     props.Setting("metrics.port", "metrics_port", parse_metrics_port, METRICS_PORT_DOC),
     props.Setting("metrics.host", "metrics_host", props.non_empty, "address the metrics endpoint binds"),
+    props.Setting(
+        "secrets.dir",
+        "secrets_dir",
+        check_secrets_dir,
+        f"a task's `{{file: PATH}}` secret must be a file under it (default {DEFAULT_SECRETS_DIR})",
+    ),
+    props.Setting(
+        "secrets.env.prefix",
+        "secrets_env_prefix",
+        check_env_prefix,
+        f"a task's `{{env: NAME}}` secret must be a variable named so (default {DEFAULT_ENV_PREFIX})",
+    ),
     *CLIENT_SETTINGS,
 )

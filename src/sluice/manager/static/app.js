@@ -744,7 +744,7 @@
     const body = h("div");
     const workers = h("div");
     const yaml = h("textarea", { testid: "task-create-yaml", spellcheck: "false",
-      placeholder: "id: shop-to-pg\nsource: {kind: mariadb, host: 127.0.0.1, port: 3306, user: sluice, database: shop,\n         password: {env: SHOP_DB_PASSWORD}}\ntables: [customers, orders]\ntarget: postgresql://sluice@127.0.0.1:5432/shop" });
+      placeholder: "id: shop-to-pg\nsource: {kind: mariadb, host: 127.0.0.1, port: 3306, user: sluice, database: shop,\n         password: {env: SLUICE_SECRET_SHOP_DB}}\ntables: [customers, orders]\ntarget: postgresql://sluice@127.0.0.1:5432/shop" });
     const formError = h("p", { class: "form-error", testid: "task-create-error", hidden: true });
     const form = h("form", { testid: "task-create" }, yaml,
       h("div", { class: "actions" },
@@ -1076,7 +1076,7 @@
       STORE.setItem("sluice.role", r.role);
       showApp();
     } catch (ex) {
-      err.textContent = ex instanceof ApiError && ex.status === 401
+      err.textContent = ex instanceof ApiError && (ex.status === 401 || ex.status === 429)
         ? `${ex.message.charAt(0).toUpperCase()}${ex.message.slice(1)}.` : `Could not log in: ${ex.message}`;
       err.hidden = false;
     } finally {
@@ -1093,6 +1093,12 @@
   document.addEventListener("click", (e) => { if (!menu.contains(e.target)) menu.hidden = true; });
   $("logout").addEventListener("click", () => {
     menu.hidden = true;
+    // End the token on the manager too (every manager refuses it from now on), not only here;
+    // the page logs out whether or not the manager answers.
+    if (state.token) {
+      fetch(API + "/logout", { method: "POST", headers: { Authorization: `Bearer ${state.token}` },
+        keepalive: true, cache: "no-store" }).catch(() => {});
+    }
     STORE.removeItem("sluice.user");
     STORE.removeItem("sluice.role");
     showLogin("");

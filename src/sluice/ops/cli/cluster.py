@@ -167,10 +167,14 @@ def cluster_status(
             )
     else:  # a cluster on other hosts: what the brokers registered is all there is to see
         for broker_id, reg in sorted(registered.items()):
-            table.add_row(
-                str(broker_id), f"{reg.host}:{reg.port}", str(reg.pid), "?", "yes",
-                "*" if broker_id == controller else "", "?",
+            # the listeners clients use: the inter-broker one (reg.host:reg.port) may take none
+            clients = [(n, h, p) for n, _, h, p in reg.endpoints if (h, p) != (reg.host, reg.port)]
+            address = (
+                ",".join(f"{n}://{h}:{p}" for n, h, p in clients) if len(clients) > 1
+                else f"{clients[0][1]}:{clients[0][2]}" if clients else f"{reg.host}:{reg.port}"
             )  # fmt: skip
+            leads = "*" if broker_id == controller else ""
+            table.add_row(str(broker_id), address, str(reg.pid), "?", "yes", leads, "?")
     console.print(table)
     problems = [h for h in health if h.status != "ok"]
     if problems:
@@ -244,6 +248,7 @@ def broker_start(
     from sluice.broker.config import BrokerConfig
     from sluice.broker.server import ListenerBindError
     from sluice.cluster.zkstore import BrokerIdInUseError
+    from sluice.ops.private_files import private_umask
     from sluice.properties import ConfigError
 
     try:
@@ -256,6 +261,7 @@ def broker_start(
     except ConfigError as exc:
         raise fail(str(exc)) from None
     configure_logging(log_level)
+    private_umask()  # its data directory, segments and checkpoints are its owner's alone
     try:
         run_broker(config)
     except (BrokerIdInUseError, DataDirInUseError, ListenerBindError, ConnectionError, ValueError) as exc:

@@ -131,7 +131,8 @@ def dlq_replay(
     with _task(task_id, zookeeper) as (spec, store):
         entries = _entries(spec, bootstrap, command_config, dedupe=True)
         try:
-            spec = resolved(spec)  # the target's password, read here as the worker would
+            # the target's password, read here as a worker would, within the cluster's scope
+            spec = resolved(spec, store.secret_scope())
         except SecretError as exc:
             raise fail(str(exc), 2) from None
         topic = spec.dlq_topic()

@@ -80,7 +80,7 @@ def task_update(
 ) -> None:
     """Replace a task's definition (same id) and restart its execution with it, under a new epoch:
     no delete needed, so the target's fence, offsets and rows carry on."""
-    from sluice.service.errors import NotFoundError
+    from sluice.service.errors import InvalidError, NotFoundError
     from sluice.service.tasks import update_task
 
     spec = _read_spec(file)
@@ -89,6 +89,8 @@ def task_update(
         updated = update_task(svc, spec)
     except NotFoundError:
         raise fail(f"no task {spec.id!r}: create it with `sluice task create --file {file}`", 2) from None
+    except InvalidError as exc:
+        raise fail(f"{file}: {exc}", 2) from None
     finally:
         svc.close()
     console.print(
@@ -130,6 +132,13 @@ def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
                 console.print(f"  {key:<18} {t[key]}")
     if t["error"]:
         console.print(f"  error      {t['error']}", markup=False, highlight=False)
+    run = t.get("failures_in_a_row") or []
+    if run:
+        # the worker's backoff: each retry about twice as long after the one before (up to 60 s)
+        steps = ", ".join(f"{e['attempts']} (retried after {e.get('retry_in_s')} s)" for e in run)
+        newest = run[-1]
+        console.print(f"  failures   in a row, newest at {_clock(newest.get('at'))}: {steps}; "
+                      f"{newest.get('error')}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
     for name in t.get("plain_text_secrets") or []:
         console.print(f"  warning    {name} is stored in plain text (a definition from before secret "
                       "references): update it with `password: {env: NAME}` or `{file: PATH}`",
@@ -282,7 +291,7 @@ def task_verify(
             raise fail(f"--table {', '.join(unknown)}: not among task {task_id}'s tables "
                        f"({', '.join(stored.tables)})", 2)  # fmt: skip
         try:
-            spec = resolved(stored)
+            spec = resolved(stored, svc.tasks.secret_scope())  # read here, within the cluster's scope
         except SecretError as exc:
             raise fail(
                 f"{exc} (verify reads the source and the target with the task's credentials)", 2
@@ -351,6 +360,37 @@ def task_delete(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
     console.print(f"task {task_id} deleted")
 
 
+@task_app.command("secret-scope")
+def task_secret_scope(
+    directory: Annotated[
+        str | None, typer.Option("--dir", help="secrets.dir: a `{file:}` secret must be a file under it")
+    ] = None,
+    env_prefix: Annotated[
+        str | None,
+        typer.Option("--env-prefix", help="secrets.env.prefix: an `{env:}` secret must be named so"),
+    ] = None,
+    zookeeper: ZooKeeperOpt = None,
+) -> None:
+    """Show, or with --dir/--env-prefix set, the cluster's secret scope: what the secret references
+    of tasks defined from now on may name (the manager and `task create/update` refuse the rest).
+    Each worker checks its own secrets.dir and secrets.env.prefix when it starts a task: set them
+    alike."""
+    from sluice.security.secrets import SecretScope
+
+    zk, store = task_store(zookeeper)
+    try:
+        scope = store.secret_scope()
+        if directory is not None or env_prefix is not None:
+            try:
+                scope = SecretScope(directory or scope.directory, env_prefix or scope.env_prefix)
+            except ValueError as exc:
+                raise fail(f"{'--dir' if directory is not None else '--env-prefix'}: {exc}", 2) from None
+            store.set_secret_scope(scope)
+    finally:
+        zk.stop()
+    typer.echo(f"secrets.dir={scope.directory} secrets.env.prefix={scope.env_prefix}")
+
+
 @worker_app.command("start")
 def worker_start(
     config_file: Annotated[
@@ -412,6 +452,9 @@ def worker_start(
     REDACTOR.add([security.password or ""])  # no log line of the worker's may show it
     spark_master, session_timeout = config.spark_master, config.session_timeout_s
     configure_logging("info")
+    from sluice.ops.private_files import private_umask
+
+    private_umask()  # its checkpoints and Spark's files are its owner's alone (Spark's JVM inherits it)
     from sluice import test_switches
 
     switches = test_switches.for_process()  # all off unless a test harness armed them
@@ -426,6 +469,17 @@ def worker_start(
         err.print(f"metrics on http://{config.metrics_host}:{port}/metrics")
     zk, store = task_store(config.zookeeper, config.zk_auth)
     me = config.name or worker_name()
+    cluster_scope = store.secret_scope()
+    if cluster_scope != config.secret_scope:
+        # Tasks are checked against the cluster's scope when defined and against this worker's
+        # when they start here: references the one allows and the other does not fail here.
+        logging.getLogger("sluice.worker").warning(
+            "event=secret_scope_differs worker=%s secrets.dir=%s secrets.env.prefix=%s cluster_dir=%s "
+            "cluster_env_prefix=%s: a task's secret reference is refused here unless it is in this "
+            "worker's scope; set both alike (worker.properties, `sluice task secret-scope`)",
+            me, config.secret_scope.directory, config.secret_scope.env_prefix, cluster_scope.directory,
+            cluster_scope.env_prefix,
+        )  # fmt: skip
     stop = threading.Event()
     changed = threading.Event()
 
@@ -446,7 +500,7 @@ def worker_start(
         REDACTOR.add(store.get(task_id).secrets())  # before anything of the task can be logged
         return TaskExecution(
             task_id, store, worker=me, bootstrap=bootstrap, spark=spark.get, workdir=directory / me,
-            switches=switches, security=security,
+            switches=switches, security=security, secret_scope=config.secret_scope,
         )  # fmt: skip
 
     def describe_error(task_id: str, error: BaseException | str) -> str:
@@ -467,9 +521,16 @@ def worker_start(
     membership = Membership(
         bootstrap, group, me, session_timeout_ms=int(session_timeout * 1000), security=security
     )
+
+    def revision(task_id: str) -> object:
+        """What `sluice task update`, `restart`, `pause` and `resume` change: a failing task whose
+        revision changed is tried again at once, counting its failures from 1."""
+        control = store.control(task_id)
+        return (control.restarts, control.paused)
+
     worker = Worker(
         membership, store.ids, start_task, tasks_changed=changed, stop=stop, on_failure=on_failure,
-        describe_error=describe_error,
+        describe_error=describe_error, revision=revision,
     )  # fmt: skip
     _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
     _signal.signal(_signal.SIGINT, lambda *_: stop.set())
