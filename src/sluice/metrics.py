@@ -148,8 +148,9 @@ CONNECTIONS_REFUSED = Counter(
 )
 CONNECTIONS_CLOSED = Counter(
     "sluice_connections_closed_total",
-    "Connections the broker closed for idling (idle) or for a request that never arrived whole "
-    "(slow_request)",
+    "Connections the broker closed for idling (idle), for a request that never arrived whole "
+    "(slow_request), for not authenticating in time (unauthenticated), or for a request after "
+    "its SASL session's lifetime (session_expired, KIP-368)",
     ["reason"],
     registry=None,
 )

@@ -21,7 +21,11 @@ from typing import Any
 
 import pytest
 
+from sluice.broker import kafka_broker_configs as kb
+from sluice.broker.config import BROKER_SETTINGS, log_default_keys
 from sluice.peers.kafka import PeerError, kafka_libs, peer_down, peer_up
+from sluice.protocol.errors import ErrorCode
+from tests.conformance.differential import answers
 from tests.conformance.differential.drivers import (
     DRIVER_FAULT,
     ConfluentDriver,
@@ -188,3 +192,147 @@ def test_raw_requests_answered_as_kafka_answers_them(
     sluice_steps = WIRE_SCENARIOS[scenario](sluice, "raw")
     kafka_bootstrap = _kafka_or_skip(kafka, sluice_steps)
     assert_same(WIRE_SCENARIOS[scenario](kafka_bootstrap, "raw"), sluice_steps, scenario, "raw")
+
+
+# -- answers compared key by key and value by value (issue 33, item 7) -------------------------------
+
+
+def _kafka(kafka: tuple[str | None, str], what: str) -> str:
+    bootstrap, why = kafka
+    if bootstrap is None:
+        pytest.skip(f"{what} is compared with Kafka only: {why}")
+    return bootstrap
+
+
+def test_librdkafka_fails_only_the_refused_records_as_with_kafka(
+    sluice: str, kafka: tuple[str | None, str]
+) -> None:
+    """KIP-467: Kafka names the refused records of a batch (RecordErrors), and librdkafka fails
+    those with INVALID_RECORD and the others with _INVALID_DIFFERENT_RECORD, which an application
+    may send again. Before, Sluice named none, and librdkafka failed all four records with
+    INVALID_RECORD (keys k0, None, k2, None: every one 'INVALID_RECORD')."""
+    sluice_side = answers.librdkafka_record_failures(sluice, "keyless-batch")
+    kafka_side = answers.librdkafka_record_failures(
+        _kafka(kafka, "librdkafka's record errors"), "keyless-batch"
+    )
+    assert kafka_side == [
+        [b"k0", "_INVALID_DIFFERENT_RECORD"],
+        [None, "INVALID_RECORD"],
+        [b"k2", "_INVALID_DIFFERENT_RECORD"],
+        [None, "INVALID_RECORD"],
+    ]
+    assert sluice_side == kafka_side
+
+
+def test_broker_config_keys_answered_as_kafka_answers_them(
+    sluice: str, kafka: tuple[str | None, str]
+) -> None:
+    """Every config key a Kafka 3.9.1 broker changes while it runs, set (validate only) on one
+    broker and on the cluster's defaults of both clusters, with Kafka's own current value: the
+    same error code for each, but for the keys Sluice refuses by design (it reads them from its
+    configuration file, or cannot do what they ask: docs/COMPATIBILITY.md), which Kafka takes.
+    Then Kafka's table itself (broker/kafka_broker_configs.py) against the peer's
+    DescribeConfigs, and a key set, described and deleted on both.
+
+    librdkafka's and confluent-kafka's integration tests alter
+    sasl.kerberos.min.time.before.relogin: before, Sluice refused it INVALID_CONFIG ("unknown
+    broker config") where Kafka takes it, and refused Kafka's static keys INVALID_CONFIG where
+    Kafka answers INVALID_REQUEST."""
+    kafka_bootstrap = _kafka(kafka, "the broker config keys")
+    described = answers.broker_configs(kafka_bootstrap)
+    dynamic = {k: c["type"] for k, c in described.items() if not c["read_only"]}
+    assert dynamic == {k: e.type for k, e in kb.KAFKA_DYNAMIC.items()}, "the table is Kafka 3.9.1's"
+    assert {k for k, c in described.items() if c["read_only"]} == kb.KAFKA_STATIC
+    values = {k: described[k]["value"] or answers.SAMPLE[t] for k, t in dynamic.items()}
+    # a value of the wrong type, a key neither knows, a key Kafka reads at start only
+    values.update({"background.threads": "many", "no.such.key": "1", "num.partitions": "3"})
+    kafka_side = answers.broker_key_answers(kafka_bootstrap, values)
+    sluice_side = answers.broker_key_answers(sluice, values)
+    live = set(log_default_keys())
+    start = {s.key for s in BROKER_SETTINGS} - live
+    by_design = {
+        k
+        for k in (start & set(kb.KAFKA_DYNAMIC)) | set(kb.SLUICE_REFUSED)
+        if kb.KAFKA_DYNAMIC[k].scope != kb.LISTENER
+    }
+    differ = {
+        key: (kafka_side[key], sluice_side[key]) for key in kafka_side if kafka_side[key] != sluice_side[key]
+    }
+    expected = {
+        (scope, k): (0, ErrorCode.INVALID_REQUEST)
+        for k in by_design
+        for scope in ("broker", "cluster")
+        if kafka_side[(scope, k)] == 0
+    }
+    assert differ == expected, f"answers that differ from Kafka's (kafka, sluice): {differ}"
+    assert kafka_side[("broker", "sasl.kerberos.min.time.before.relogin")] == 0
+    assert kafka_side[("broker", "num.partitions")] == ErrorCode.INVALID_REQUEST
+
+    key = "sasl.kerberos.min.time.before.relogin"
+    steps = []
+    for bootstrap in (kafka_bootstrap, sluice):
+        seen = [
+            answers.alter_broker(
+                bootstrap, answers.BROKER, [(key, answers.SET, "58000")], validate_only=False
+            )[0]
+        ]
+        seen.append(answers.described(bootstrap, key, "58000"))
+        seen.append(
+            answers.alter_broker(
+                bootstrap, answers.BROKER, [(key, answers.DELETE, None)], validate_only=False
+            )[0]
+        )
+        seen.append(answers.described(bootstrap, key, "60000"))
+        steps.append(seen)
+    assert steps[0] == [0, {"value": "58000", "read_only": False, "source": 2}, 0,
+                        {"value": "60000", "read_only": False, "source": 5}]  # fmt: skip
+    assert steps[1] == steps[0]
+
+
+#: Names that are no version of Kafka 3.9, and longer names Kafka reads by their first parts.
+ODD_VERSIONS = ["0.10.0.0", "0.10.0.0.0", "1.1.1", "2.8.2", "3.9.1", "2.9", "4.0", "4.1-IV0", "0.7.0",
+                "garbage", "", "latest", "3.0-IV", "3.0-IV1x", " 3.0 ", "4.0-IV0.1"]  # fmt: skip
+
+
+def test_message_format_version_answered_as_kafka_answers_it(
+    sluice: str, kafka: tuple[str | None, str]
+) -> None:
+    """message.format.version: every name of a Kafka 3.9 version, the next internal version of
+    each release (no version), and odd names, in a validate-only CreateTopics on both clusters:
+    the same answer for each. Then a topic created with 0.10.0.0, altered by AlterConfigs and
+    IncrementalAlterConfigs, described after each. Kafka 3.x takes the deprecated key and ignores
+    it; before, Sluice refused 0.10.0.0 (INVALID_CONFIG: its version pattern took three parts)."""
+    from sluice.storage.topic_configs import _AHEAD, _RELEASES, KAFKA_VERSIONS
+
+    kafka_bootstrap = _kafka(kafka, "message.format.version")
+    values = sorted(KAFKA_VERSIONS) + [f"{r}-IV{n}" for r, n in (_RELEASES | _AHEAD).items()] + ODD_VERSIONS
+    topics = {f"mfv-{i}": {"message.format.version": v} for i, v in enumerate(values)}
+
+    def codes(bootstrap: str) -> dict[str, int]:
+        got = answers.create_topics(bootstrap, topics, validate_only=True)
+        return {topics[name]["message.format.version"]: code for name, (code, _) in got.items()}
+
+    kafka_side, sluice_side = codes(kafka_bootstrap), codes(sluice)
+    assert kafka_side == sluice_side
+    assert kafka_side["0.10.0.0"] == 0 and kafka_side["2.9"] == ErrorCode.INVALID_CONFIG
+    assert all(kafka_side[v] == 0 for v in KAFKA_VERSIONS), "the table holds only Kafka's versions"
+
+    def lifecycle(bootstrap: str) -> list[Any]:
+        topic = "mfv-lifecycle"
+        seen: list[Any] = [answers.create_topics(bootstrap, {topic: {"message.format.version": "0.10.0.0"}},
+                                                 validate_only=False)[topic][0]]  # fmt: skip
+        wait_until(lambda: answers.topic_config(bootstrap, topic, "message.format.version"), 20, "the topic")
+        seen.append(answers.topic_config(bootstrap, topic, "message.format.version"))
+        seen.append(
+            answers.alter_topic(bootstrap, topic, "message.format.version", "0.10.0", incremental=False)
+        )
+        seen.append(answers.topic_config(bootstrap, topic, "message.format.version"))
+        seen.append(answers.alter_topic(bootstrap, topic, "message.format.version", "2.1", incremental=True))
+        seen.append(answers.topic_config(bootstrap, topic, "message.format.version"))
+        seen.append(answers.alter_topic(bootstrap, topic, "message.format.version", "2.9", incremental=True))
+        seen.append(answers.topic_config(bootstrap, topic, "message.format.version"))
+        return seen
+
+    kafka_steps = lifecycle(kafka_bootstrap)
+    assert kafka_steps == [0, [["0.10.0.0", 1]], 0, [["0.10.0", 1]], 0, [["2.1", 1]], 40, [["2.1", 1]]]
+    assert lifecycle(sluice) == kafka_steps

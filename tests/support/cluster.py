@@ -49,6 +49,7 @@ class TestCluster:
         session_timeout_s: float = 6.0,
         broker_settings: dict[str, str] | None = None,
         security: str = "none",
+        racks: dict[int, str] | None = None,
     ):
         self.chroot = f"/t-{uuid.uuid4().hex[:10]}"
         self.directory = directory
@@ -59,6 +60,7 @@ class TestCluster:
             zk_session_timeout_s=session_timeout_s,
             broker_settings=broker_settings,
             security=security,
+            racks=racks,
         )
 
     @property

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.broker import kafka_broker_configs as kb
 from sluice.broker.admin_groups import offset_deletion, subscribed_topics
-from sluice.broker.config import log_default_keys
+from sluice.broker.config import BROKER_SETTINGS, log_default_keys
 from sluice.broker.config_alteration import (
     APPEND,
     DELETE,
@@ -301,19 +302,58 @@ def test_alter_configs_replaces_the_whole_set() -> None:
 
 def test_broker_configs_changed_live_are_the_log_defaults_and_others_are_refused_by_name() -> None:
     dynamic = log_default_keys()
-    static = frozenset({"num.partitions", "broker.id"})
-    assert (
-        broker_config_refusal({"log.retention.ms": "60000", "message.max.bytes": "2000"}, dynamic, static)
-        is None
+    static = frozenset({"num.partitions", "broker.id", "max.connections"})
+
+    def refusal(config: dict[str, str], cluster_default: bool = False) -> str | None:
+        return broker_config_refusal(config, dynamic, static, cluster_default=cluster_default)
+
+    assert refusal({"log.retention.ms": "60000", "message.max.bytes": "2000"}) is None
+    assert "Cannot update these configs dynamically: num.partitions" in str(refusal({"num.partitions": "3"}))
+    assert "read from the brokers' configuration files" in str(refusal({"max.connections": "3"}))
+    bad = refusal({"log.retention.ms": "soon"})
+    assert bad is not None and "log.retention.ms" in bad and "soon" in bad
+
+
+def test_broker_keys_are_answered_as_kafka_3_9_answers_them() -> None:
+    """librdkafka's and confluent-kafka's own integration tests alter
+    sasl.kerberos.min.time.before.relogin on a broker: Kafka 3.9.1 takes it (NONE) and Sluice
+    refused it (INVALID_CONFIG, "unknown broker config"); a key neither knows Kafka keeps too.
+    tests/conformance (wire scenario broker_configs) compares every key with the peer."""
+    dynamic = log_default_keys()
+    static = frozenset(s.key for s in BROKER_SETTINGS) - frozenset(dynamic)
+
+    def refusal(config: dict[str, str], cluster_default: bool = False) -> str | None:
+        return broker_config_refusal(config, dynamic, static, cluster_default=cluster_default)
+
+    assert refusal({"sasl.kerberos.min.time.before.relogin": "58000"}) is None
+    assert refusal({"no.such.key": "1"}) is None  # kept for plugins, as Kafka keeps it
+    assert refusal({"compression.type": "zstd", "log.roll.jitter.ms": "10"}) is None  # live log defaults
+    # Kafka's own refusals, in Kafka's words
+    assert "broker id must be specified: sasl.kerberos.min.time.before.relogin" in str(
+        refusal({"sasl.kerberos.min.time.before.relogin": "58000"}, cluster_default=True)
     )
-    assert "'num.partitions' cannot be changed while brokers run" in str(
-        broker_config_refusal({"num.partitions": "3"}, dynamic, static)
-    )
-    assert "unknown broker config 'no.such.key'" in str(
-        broker_config_refusal({"no.such.key": "1"}, dynamic, static)
-    )
-    bad = broker_config_refusal({"log.retention.ms": "soon"}, dynamic, static)
-    assert bad is not None and "'log.retention.ms'" in bad and "'soon'" in bad
+    assert "Not a number of type LONG" in str(refusal({"sasl.kerberos.min.time.before.relogin": "soon"}))
+    assert "only per-listener" in str(refusal({"ssl.keystore.location": "/k.pem"}))
+    assert "Cannot update these configs dynamically: log.dirs" in str(refusal({"log.dirs": "/d"}))
+    # Kafka takes these; Sluice cannot do what they ask, and says so
+    assert "not supported" in str(refusal({"max.connection.creation.rate": "10"}))
+    assert "read from the brokers' configuration files" in str(refusal({"listeners": "PLAINTEXT://:9"}))
+
+
+def test_every_kafka_dynamic_broker_key_has_one_answer_in_sluice() -> None:
+    live = set(log_default_keys())
+    start = {s.key for s in BROKER_SETTINGS} - live
+    listener = {k for k, e in kb.KAFKA_DYNAMIC.items() if e.scope == kb.LISTENER}
+    groups = [
+        live & set(kb.KAFKA_DYNAMIC),
+        start & set(kb.KAFKA_DYNAMIC),
+        set(kb.INERT),
+        set(kb.SLUICE_REFUSED),
+    ]
+    groups.append(listener - start)
+    assert sum(len(g) for g in groups) == len(kb.KAFKA_DYNAMIC), "each key in exactly one group"
+    assert set().union(*groups) == set(kb.KAFKA_DYNAMIC)
+    assert not set(kb.KAFKA_DYNAMIC) & kb.KAFKA_STATIC
 
 
 # -- OffsetDelete --------------------------------------------------------------------------------
@@ -355,3 +395,10 @@ def test_offset_delete_of_an_unknown_or_busy_foreign_group_is_refused() -> None:
     assert offset_deletion(group, [("a", 0)]).error is ErrorCode.NON_EMPTY_GROUP
     group.members, group.state = {}, GroupState.EMPTY
     assert offset_deletion(group, [("a", 0)]).delete == (("a", 0),)
+
+
+def test_inert_keys_have_kafkas_defaults_and_types() -> None:
+    assert set(kb.INERT_DEFAULTS) == set(kb.INERT)
+    for key, default in kb.INERT_DEFAULTS.items():
+        if default is not None:
+            assert kb.type_refusal(key, default, kb.KAFKA_DYNAMIC[key].type) is None, key

@@ -22,8 +22,8 @@ from sluice.protocol.records import (
     validate_batch,
 )
 from sluice.storage import InvalidRecordError, LogConfig, RecordTooLargeError
-from sluice.storage.errors import InvalidTimestampError
-from sluice.storage.leader_append import check_timestamps, encode_for_topic, timestamp_in_bounds
+from sluice.storage.errors import InvalidTimestampError, KeylessRecordError, RecordError
+from sluice.storage.leader_append import check_records, encode_for_topic, timestamp_in_bounds
 from sluice.storage.segment import roll_jitter_ms
 from tests.unit._storage_helpers import Clock, open_log
 
@@ -61,19 +61,68 @@ def test_a_record_older_than_the_first_of_its_batch_is_found() -> None:
     config = LogConfig(message_timestamp_before_max_ms=HOUR)
     buf = build_batch(records([NOW, NOW - 2 * HOUR, NOW]))
     batches = list(iter_batches(buf))
-    with pytest.raises(InvalidTimestampError, match=r"record 1 of batch 0 has timestamp"):
-        check_timestamps(buf, batches, config, NOW)
-    check_timestamps(buf, batches, LogConfig(message_timestamp_before_max_ms=3 * HOUR), NOW)
+    with pytest.raises(InvalidTimestampError, match=r"1 of the 3 records of batch 0 were refused") as raised:
+        check_records(buf, batches, config, NOW)
+    assert [e.batch_index for e in raised.value.record_errors] == [1]
+    check_records(buf, batches, LogConfig(message_timestamp_before_max_ms=3 * HOUR), NOW)
 
 
 def test_the_deprecated_difference_bounds_each_side_that_is_unset() -> None:
     config = LogConfig(message_timestamp_difference_max_ms=HOUR, message_timestamp_after_max_ms=10 * HOUR)
     assert (config.timestamp_before_max_ms, config.timestamp_after_max_ms) == (HOUR, 10 * HOUR)
     buf = build_batch(records([NOW + 5 * HOUR]))
-    check_timestamps(buf, list(iter_batches(buf)), config, NOW)
+    check_records(buf, list(iter_batches(buf)), config, NOW)
     buf = build_batch(records([NOW - 2 * HOUR]))
     with pytest.raises(InvalidTimestampError):
-        check_timestamps(buf, list(iter_batches(buf)), config, NOW)
+        check_records(buf, list(iter_batches(buf)), config, NOW)
+
+
+# -- refused records, one by one (KIP-467) ---------------------------------------------------------
+
+
+def keyed(keys: list[bytes | None], times: list[int]) -> bytes:
+    return build_batch([Record(0, t, k, b"v") for k, t in zip(keys, times, strict=True)])
+
+
+def test_every_refused_record_is_named_by_its_index_in_the_batch() -> None:
+    """Kafka 3.9.1 answered a batch of four records to a compacted topic, records 1 and 3
+    without keys, INVALID_RECORD with record_errors [1, 3] (tests/conformance: record_errors);
+    before, Sluice stopped at the first keyless record and named none: librdkafka failed all
+    four with INVALID_RECORD where Kafka fails 1 and 3 with it and 0 and 2 with
+    _INVALID_DIFFERENT_RECORD."""
+    buf = keyed([b"k", None, b"k", None], [NOW] * 4)
+    with pytest.raises(KeylessRecordError) as raised:
+        check_records(buf, list(iter_batches(buf)), LogConfig(cleanup_policy="compact"), NOW)
+    assert [e.batch_index for e in raised.value.record_errors] == [1, 3]
+    assert all("has no key" in e.message for e in raised.value.record_errors)
+
+
+def test_a_timestamp_refusal_makes_the_batch_invalid_timestamp_with_keyless_records_named_too() -> None:
+    """Kafka's rule: a record is checked for its key first, then its timestamp; if any record
+    of the batch was refused for its timestamp the batch is INVALID_TIMESTAMP, and every
+    refused record is listed (Kafka: record_errors [0, 1], INVALID_TIMESTAMP)."""
+    config = LogConfig(cleanup_policy="compact", message_timestamp_before_max_ms=HOUR)
+    buf = keyed([None, b"k", b"k"], [NOW, NOW - 2 * HOUR, NOW])
+    with pytest.raises(InvalidTimestampError) as raised:
+        check_records(buf, list(iter_batches(buf)), config, NOW)
+    assert [e.batch_index for e in raised.value.record_errors] == [0, 1]
+
+
+def test_a_batch_the_producer_stamped_log_append_time_is_refused_where_the_broker_would_stamp_it() -> None:
+    buf = build_batch([Record(0, NOW, b"k", b"v")], log_append_time=True)
+    with pytest.raises(InvalidTimestampError) as raised:
+        check_records(buf, list(iter_batches(buf)), LogConfig(message_timestamp_type="LogAppendTime"), NOW)
+    assert raised.value.record_errors == (RecordError(0, raised.value.record_errors[0].message),)
+    # a CreateTime topic keeps the records' own timestamps (Kafka's first branch): accepted
+    check_records(buf, list(iter_batches(buf)), LogConfig(), NOW)
+
+
+def test_only_the_first_batch_with_refused_records_is_reported() -> None:
+    config = LogConfig(cleanup_policy="compact")
+    buf = keyed([b"a"], [NOW]) + keyed([b"b", None], [NOW, NOW]) + keyed([None], [NOW])
+    with pytest.raises(KeylessRecordError, match="of batch 1") as raised:
+        check_records(buf, list(iter_batches(buf)), config, NOW)
+    assert [e.batch_index for e in raised.value.record_errors] == [1]
 
 
 def test_a_log_refuses_the_whole_request_and_appends_nothing(tmp_path: Path) -> None:

@@ -128,10 +128,22 @@ def test_unsupported_key_and_version() -> None:
         encode_response(RequestHeader(ApiKey.PRODUCE, 2, 1, None), {})
 
 
+def test_metadata_v0_reads_an_empty_topic_list_as_every_topic() -> None:
+    """Kafka 2.8/3.x serve Metadata v0 (its topic list cannot be null: empty means every topic);
+    Sluice closed the connection at v0 (UnsupportedVersion)."""
+    from sluice.broker.metadata import requested_topics
+
+    frame = encode_request(ApiKey.METADATA, 0, 5, "c", {"topics": []})
+    header, body = decode_request(frame[4:])
+    assert (header.api_version, body["topics"]) == (0, [])
+    assert requested_topics(0, body["topics"]) is None
+    assert requested_topics(1, []) == [] and requested_topics(0, [{"name": "t"}]) == [{"name": "t"}]
+
+
 def test_supported_table() -> None:
     assert SUPPORTED[ApiKey.PRODUCE] == (3, 10)
     assert SUPPORTED[ApiKey.FETCH] == (4, 16)
-    assert SUPPORTED[ApiKey.METADATA] == (1, 12)
+    assert SUPPORTED[ApiKey.METADATA] == (0, 12)  # v0: librdkafka's broker.version.fallback=0.9.0
     assert SUPPORTED[ApiKey.API_VERSIONS] == (0, 3)
     assert SUPPORTED[ApiKey.DELETE_GROUPS] == (0, 2)
     assert SUPPORTED[ApiKey.SASL_HANDSHAKE] == (0, 1) and SUPPORTED[ApiKey.SASL_AUTHENTICATE] == (0, 2)

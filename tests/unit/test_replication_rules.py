@@ -7,10 +7,12 @@ from hypothesis import strategies as st
 
 from sluice.broker.replication import (
     AskAgain,
+    ReadReplica,
     TruncateTo,
     can_join_isr,
     followers_out_of_sync,
     high_watermark_for,
+    preferred_read_replica,
     truncation_step,
 )
 from sluice.cluster.election import (
@@ -170,3 +172,32 @@ def test_truncation_never_extends_the_log(
         assert 0 <= cut <= leo
     else:
         assert isinstance(step, AskAgain) and step.epoch < asked and step.epoch in epochs
+
+
+# -- KIP-392: the replica a consumer in a rack reads from --------------------------------------------
+
+
+def _replica(
+    broker_id: int, rack: str | None, start: int = 0, end: int = 100, since_ms: float = 0.0
+) -> ReadReplica:
+    return ReadReplica(broker_id, rack, start, end, since_ms)
+
+
+def test_a_consumer_reads_from_the_leader_without_a_rack_or_when_the_leader_shares_it() -> None:
+    leader = _replica(1, "a")
+    followers = [_replica(2, "b"), _replica(3, "c")]
+    assert preferred_read_replica(None, leader, followers, {1, 2, 3}, 10) is None
+    assert preferred_read_replica("", leader, followers, {1, 2, 3}, 10) is None
+    assert preferred_read_replica("a", leader, followers, {1, 2, 3}, 10) is None
+    assert preferred_read_replica("z", leader, followers, {1, 2, 3}, 10) is None  # nobody in its rack
+
+
+def test_a_consumer_is_pointed_at_the_most_caught_up_in_sync_follower_of_its_rack() -> None:
+    leader = _replica(1, "a")
+    followers = [_replica(2, "b", end=90), _replica(3, "b", end=100), _replica(4, "b", end=100, since_ms=50)]
+    assert preferred_read_replica("b", leader, followers, {1, 2, 3, 4}, 10) == 3
+    # out of the ISR, or without the offset asked for (behind it, or already deleted), it is no candidate
+    assert preferred_read_replica("b", leader, followers, {1, 2, 4}, 10) == 4
+    assert preferred_read_replica("b", leader, followers, {1, 2, 3, 4}, 95) == 3
+    assert preferred_read_replica("b", leader, [_replica(2, "b", start=20)], {1, 2}, 10) is None
+    assert preferred_read_replica("b", leader, [_replica(2, "b", end=5)], {1, 2}, 10) is None

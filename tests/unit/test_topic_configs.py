@@ -87,3 +87,17 @@ def test_a_value_sluice_does_not_do_or_a_malformed_one_is_refused_naming_the_key
     with pytest.raises(ValueError) as raised:
         LogConfig.from_topic_config({key: value})
     assert key in str(raised.value) and why in str(raised.value), raised.value
+
+
+def test_message_format_version_takes_the_version_names_kafka_3_9_takes() -> None:
+    """librdkafka's and confluent-kafka's tests create topics with message.format.version
+    0.10.0.0, which Kafka 3.9.1 takes (as 0.10.0); Sluice's pattern refused four parts.
+    tests/conformance/test_differential.py compares every name with the peer."""
+    from sluice.storage.topic_configs import kafka_version_known
+
+    for taken in ("0.10.0.0", "0.10.0", "0.10.0-IV1", "0.10.0.0.0", "1.1.1", "2.8", "3.0-IV1", "3.9-IV0",
+                  "4.0-IV1", " 3.0 ", "0.8.0"):  # fmt: skip
+        assert kafka_version_known(taken), taken
+        LogConfig.from_topic_config({"message.format.version": taken})
+    for refused in ("2.9", "4.0", "4.0-IV2", "3.9-IV1", "0.7.0", "", "latest", "3.0-IV"):
+        assert not kafka_version_known(refused), refused

@@ -12,6 +12,7 @@ import logging
 import re
 import uuid
 import zlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice.cluster.assignment import AssignmentError, assign_replicas
@@ -72,6 +73,18 @@ def missing_topic_error(name: str | None) -> tuple[ErrorCode, str]:
     if problem is not None:
         return ErrorCode.INVALID_TOPIC_EXCEPTION, f"{problem}; no topic can have this name"
     return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+
+
+def warn_deprecated_configs(topic: str, config: Mapping[str, str]) -> None:
+    """Kafka 3.x takes message.format.version and ignores it with a warning (KIP-724: records
+    are always written in the v2 format); Sluice does the same, once per change."""
+    if "message.format.version" in config:
+        log.warning(
+            "event=topic_config_ignored topic=%s key=message.format.version value=%s "
+            "reason='deprecated since Kafka 3.0: records are always stored in the v2 format'",
+            topic,
+            config["message.format.version"],
+        )
 
 
 def validate_topic_config(config: dict[str, str], replication_factor: int) -> str | None:
@@ -292,6 +305,7 @@ class TopicAdmin:
                 rf,
                 config,
             )
+            warn_deprecated_configs(name, config)
         return {
             "name": name,
             "topic_id": assignment.topic_id,

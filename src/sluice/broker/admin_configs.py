@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sluice.broker.admin import validate_topic_config
+from sluice.broker.admin import validate_topic_config, warn_deprecated_configs
 from sluice.broker.config import BROKER_SETTINGS, log_default_keys
 from sluice.broker.config_alteration import (
     SET,
@@ -115,6 +115,7 @@ async def _alter_topic(
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
     if not validate_only:
         log.info("event=topic_config_changed topic=%s config=%s", name, stored.config)
+        warn_deprecated_configs(name, stored.config)
         await _wait(lambda: (t := broker.metadata.topic(name)) is not None and t.config == stored.config)
     return ErrorCode.NONE, None
 
@@ -133,10 +134,11 @@ async def _alter_broker(
         )
     dynamic = log_default_keys()
     static = frozenset(s.key for s in BROKER_SETTINGS) - frozenset(dynamic)
+    cluster_default = entity == layout.DEFAULT_BROKER_ENTITY
 
     def change(current: dict[str, str]) -> dict[str, str] | None:
         new = _new_config(current, ops, incremental)
-        problem = broker_config_refusal(new, dynamic, static)
+        problem = broker_config_refusal(new, dynamic, static, cluster_default=cluster_default)
         if problem is not None:
             raise ConfigRefusal(problem)
         return None if validate_only else new
@@ -144,7 +146,9 @@ async def _alter_broker(
     try:
         stored = await asyncio.to_thread(broker.store.update_dynamic_broker_config, entity, change)
     except ConfigRefusal as exc:
-        return ErrorCode.INVALID_CONFIG, str(exc)
+        # Kafka answers every refused broker config INVALID_REQUEST (its InvalidRequestException
+        # around the ConfigException); a topic's INVALID_CONFIG
+        return ErrorCode.INVALID_REQUEST, str(exc)
     if not validate_only:
         log.info("event=broker_config_changed entity=%s config=%s", entity, stored)
         if entity in (layout.DEFAULT_BROKER_ENTITY, str(broker.config.broker_id)):

@@ -58,6 +58,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice import metrics
+from sluice.broker.metadata import requested_topics
 from sluice.broker.produce_validation import has_transactional_records
 from sluice.metrics import api_name
 from sluice.protocol.api import ApiKey, RequestHeader
@@ -309,7 +310,7 @@ async def _list_offsets(
 async def _metadata(
     handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
-    requested = req.get("topics")
+    requested = requested_topics(header.api_version, req.get("topics"))
     if requested is None:  # every topic: leave out those the principal may not describe, silently
         response = await handler(broker, header, req)
         assert response is not None

@@ -101,6 +101,7 @@ class Broker:
         self.replicas = ReplicaManager(
             config.broker_id, config.data_dir, self.metadata, config.log_defaults, switches=switches
         )
+        self.replicas.rack_aware_reads = bool(config.replica_selector)
         self.fetch_sessions = FetchSessionCache(
             config.fetch_session_cache_slots, config.fetch_session_eviction_ms
         )

@@ -58,6 +58,10 @@ class BrokerConfig:
     advertised_host: str | None = None
     advertised_port: int | None = None
     rack: str | None = None
+    #: KIP-392's ``replica.selector.class``: empty, consumers read from leaders (Kafka's
+    #: default); RACK_AWARE_SELECTOR, a leader points a consumer at an in-sync follower in its
+    #: rack (``client.rack``). Followers serve consumers that fetch from them either way.
+    replica_selector: str = ""
     zk_session_timeout_s: float = 6.0
     #: ZooKeeper digest credentials and ACLs (``zookeeper.set.acl``, ``zookeeper.auth.*``);
     #: None: no credentials, znodes open to every client (a cluster without ACLs).
@@ -179,6 +183,11 @@ class BrokerConfig:
     #: A connection on a SASL listener that has not authenticated by then is closed
     #: (``authentication.timeout.ms``).
     authentication_timeout_ms: int = 10_000
+    #: KIP-368: an authenticated SASL session lasts this long (told to the client in
+    #: SaslAuthenticate's session_lifetime_ms); the client re-authenticates on the connection
+    #: before then, and a request after it is closed instead of answered. 0: sessions never end
+    #: (Kafka's ``connections.max.reauth.ms``, 0 by default there too).
+    connections_max_reauth_ms: int = 0
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -419,6 +428,17 @@ def _parse_rack(raw: str) -> str | None:
     return raw.strip() or None
 
 
+#: Kafka's rack-aware replica selector (KIP-392), the one Sluice implements.
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+
+
+def _parse_replica_selector(raw: str) -> str:
+    name = raw.strip()
+    if name not in ("", RACK_AWARE_SELECTOR):
+        raise ValueError(f"Sluice's replica selector is {RACK_AWARE_SELECTOR}, or empty for leaders only")
+    return name
+
+
 #: Broker-level defaults of topic log settings: the broker key and the topic key it stands for.
 _LOG_DEFAULT_KEYS: dict[str, str] = {
     "log.segment.bytes": "segment.bytes",
@@ -436,6 +456,21 @@ _LOG_DEFAULT_KEYS: dict[str, str] = {
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
     "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
     "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
+    # Kafka's other broker defaults of topic configs (its LogConfig synonyms), dynamic in Kafka too
+    "compression.type": "compression.type",
+    "compression.gzip.level": "compression.gzip.level",
+    "compression.lz4.level": "compression.lz4.level",
+    "compression.zstd.level": "compression.zstd.level",
+    "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",
+    "log.message.timestamp.after.max.ms": "message.timestamp.after.max.ms",
+    "log.message.timestamp.difference.max.ms": "message.timestamp.difference.max.ms",
+    "log.roll.jitter.ms": "segment.jitter.ms",
+    "log.index.size.max.bytes": "segment.index.bytes",
+    "log.preallocate": "preallocate",
+    "log.message.downconversion.enable": "message.downconversion.enable",
+    "log.segment.delete.delay.ms": "file.delete.delay.ms",
+    "log.local.retention.ms": "local.retention.ms",
+    "log.local.retention.bytes": "local.retention.bytes",
 }
 
 
@@ -505,6 +540,12 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         _int(100, 3_600_000),
         "a SASL connection not authenticated by then is closed",
     ),
+    props.Setting(
+        "connections.max.reauth.ms",
+        "connections_max_reauth_ms",
+        _int(0, 2**62),
+        "KIP-368: a SASL session lasts this long unless the client re-authenticates (0: forever)",
+    ),
     props.Setting("log.dirs", "data_dir", _parse_log_dirs, "the broker's data directory"),
     props.Setting(
         "zookeeper.connect",
@@ -519,7 +560,15 @@ BROKER_SETTINGS: tuple[props.Setting, ...] = (
         "ZooKeeper session timeout",
     ),
     *ZK_AUTH_SETTINGS,
-    props.Setting("broker.rack", "rack", _parse_rack, "rack of this broker (replica placement)"),
+    props.Setting(
+        "broker.rack", "rack", _parse_rack, "rack of this broker (Metadata; follower fetching, KIP-392)"
+    ),
+    props.Setting(
+        "replica.selector.class",
+        "replica_selector",
+        _parse_replica_selector,
+        f"empty (consumers read from leaders) or {RACK_AWARE_SELECTOR} (from a replica in their rack)",
+    ),
     props.Setting(
         "num.partitions", "num_partitions", _int(1, 100_000), "partitions of an auto-created topic"
     ),

@@ -5,7 +5,9 @@ refusal whose message names the key.
 Topic configs live in the topic's znode; a broker's dynamic configs in ``/config/brokers/<id>``
 and the cluster's in ``/config/brokers/<default>`` (Kafka's layout). Sluice changes broker
 configs live only for the broker-level defaults of topic log settings (``log.retention.ms``,
-``message.max.bytes``, ``min.insync.replicas`` ...): every other broker key is refused, naming it.
+``message.max.bytes``, ``min.insync.replicas`` ...); for every other key it answers as Kafka 3.9
+does (``kafka_broker_configs``): Kafka's dynamic keys Sluice has nothing to change for are kept
+without effect, the others refused saying why.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sluice.broker import kafka_broker_configs as kb
 from sluice.storage.config import LogConfig
 
 #: IncrementalAlterConfigs' operations (Kafka's AlterConfigOp.OpType codes).
@@ -93,22 +96,58 @@ def _list(raw: str) -> list[str]:
 
 
 def broker_config_refusal(
-    config: Mapping[str, str], dynamic: Mapping[str, str], static_keys: frozenset[str]
+    config: Mapping[str, str],
+    live: Mapping[str, str],
+    start_keys: frozenset[str],
+    *,
+    cluster_default: bool,
 ) -> str | None:
-    """Why ``config`` cannot be a broker's (or the cluster's) dynamic configs, or None.
-    ``dynamic``: the keys Sluice applies live, each to the topic config it is the default of;
-    ``static_keys``: every other key a broker's configuration file accepts."""
+    """Why ``config`` cannot be a broker's dynamic configs (``cluster_default``: the cluster's,
+    ``/config/brokers/<default>``), or None; Kafka's rule (``kafka_broker_configs``), with
+    Sluice's answer for each of Kafka's dynamic keys. ``live``: the keys Sluice applies live,
+    each to the topic config it is the default of; ``start_keys``: every other key a broker's
+    configuration file takes, which Sluice reads at start only. A key neither Kafka nor Sluice
+    knows is kept, as Kafka keeps it (for plugins); it changes nothing."""
     for key, value in sorted(config.items()):
-        if key not in dynamic:
-            if key in static_keys:
-                return (
-                    f"broker config {key!r} cannot be changed while brokers run: set it in the "
-                    "brokers' configuration files (or `sluice cluster up --override`) and restart "
-                    f"them; nothing was changed. Changed live: {', '.join(sorted(dynamic))}"
-                )
-            return f"unknown broker config {key!r}; nothing was changed"
-        try:
-            LogConfig.from_topic_config({dynamic[key]: value})
-        except ValueError as exc:
-            return f"invalid value {value!r} for broker config {key!r}: {exc}; nothing was changed"
+        problem = _broker_key_refusal(key, value, live, start_keys, cluster_default)
+        if problem is not None:
+            return f"{problem}; nothing was changed"
     return None
+
+
+def _broker_key_refusal(
+    key: str, value: str, live: Mapping[str, str], start_keys: frozenset[str], cluster_default: bool
+) -> str | None:
+    restart = (
+        f"broker config {key!r} is read from the brokers' configuration files when they start: set it "
+        "there (or `sluice cluster up --override`) and restart them"
+    )
+    if key in live:
+        try:
+            LogConfig.from_topic_config({live[key]: value})
+        except ValueError as exc:
+            return f"Invalid value {value} for configuration {key}: {exc}"
+        return None
+    if key.startswith("listener.name."):
+        return f"{restart} (Sluice changes no listener's settings while it runs)"
+    entry = kb.KAFKA_DYNAMIC.get(key)
+    if entry is None:
+        if key in kb.KAFKA_STATIC or key in start_keys:
+            return f"Cannot update these configs dynamically: {key} ({restart})"
+        return None  # unknown to Kafka and Sluice: kept, as Kafka keeps it
+    if entry.scope == kb.LISTENER:
+        return (
+            "These security configs can be dynamically updated only per-listener using the listener "
+            f"prefix: {key}"
+        )
+    if cluster_default and entry.scope == kb.BROKER:
+        return f"Cannot update these configs at default cluster level, broker id must be specified: {key}"
+    wrong_type = kb.type_refusal(key, value, entry.type)
+    if wrong_type is not None:
+        return wrong_type
+    if key in start_keys:
+        return restart
+    why = kb.SLUICE_REFUSED.get(key)
+    if why is not None:
+        return f"broker config {key!r} is not supported: {why}"
+    return None  # INERT: taken, without effect (kafka_broker_configs.INERT says why)

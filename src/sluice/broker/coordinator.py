@@ -554,6 +554,7 @@ class GroupCoordinator:
         group.transition(S.PREPARING_REBALANCE)
         group.rebalance_deadline = loop_now + group.max_rebalance_timeout_ms() / 1000.0
         group.initial_delay_until = loop_now + self.initial_rebalance_delay_s if was_empty else 0.0
+        group.initial_join = was_empty
         log.info(
             "event=rebalance_started group=%s generation=%d members=%d reason=%r",
             group.group_id,
@@ -926,14 +927,15 @@ class GroupCoordinator:
             return error, []
         group = self.groups.get(group_id)
         results: list[ErrorCode] = []
-        removed = False
+        removed = forgot = False
         for member_id, instance_id in members:
             if group is None:
                 results.append(ErrorCode.UNKNOWN_MEMBER_ID)
                 continue
             ruling = sm.leave_ruling(group.instance_ids(), set(group.pending_members), member_id, instance_id)
             if ruling.forget_pending is not None:
-                group.pending_members.pop(ruling.forget_pending, None)
+                # a rebalance may have been waiting for it (Group.all_members_joined)
+                forgot = group.pending_members.pop(ruling.forget_pending, None) is not None or forgot
             member = group.members.get(ruling.remove) if ruling.remove is not None else None
             if member is not None:
                 log.info(
@@ -948,6 +950,8 @@ class GroupCoordinator:
         if group is not None and removed:
             if group.state in (S.STABLE, S.COMPLETING_REBALANCE):
                 self._prepare_rebalance(group, "member left")
+            self._maybe_complete_join(group)
+        elif group is not None and forgot:
             self._maybe_complete_join(group)
         return ErrorCode.NONE, results
 

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 from kazoo.protocol.states import ZnodeStat
 
 from sluice.broker.config import log_default_keys
+from sluice.broker.kafka_broker_configs import CONFIG_TYPES, INERT, INERT_DEFAULTS, KAFKA_DYNAMIC
 from sluice.cluster import layout
-from sluice.storage.config import LogConfig
+from sluice.storage.config import LogConfig, known_topic_configs
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
@@ -39,7 +40,8 @@ def effective_log_defaults(
 ) -> tuple[LogConfig, list[str]]:
     """The broker's log defaults: ``static`` (its configuration file's) overlaid with the
     cluster's dynamic values, then its own. A value that does not parse (a hand edit in
-    ZooKeeper) is left out and named in the second element."""
+    ZooKeeper) is left out and named in the second element; keys that are no log default
+    (kept without effect, as Kafka keeps them) are left out silently."""
     keys = log_default_keys()
     result = static
     ignored = []
@@ -47,8 +49,7 @@ def effective_log_defaults(
         for key, value in sorted(source.items()):
             topic_key = keys.get(key)
             if topic_key is None:
-                ignored.append(key)
-                continue
+                continue  # kept without effect (broker/kafka_broker_configs.py: INERT, or unknown)
             try:
                 result = LogConfig.from_topic_config({topic_key: value}, base=result)
             except ValueError:
@@ -95,7 +96,7 @@ class DynamicBrokerConfig:
             self.own = config
         defaults, ignored = effective_log_defaults(self.static, self.cluster, self.own)
         for key in ignored:
-            log.warning("event=dynamic_config_ignored entity=%s key=%s reason=not_applicable", entity, key)
+            log.warning("event=dynamic_config_ignored entity=%s key=%s reason=invalid_value", entity, key)
         log.info("event=dynamic_broker_config_changed entity=%s config=%s", entity, config)
         self.broker.replicas.log_defaults = defaults
         self.broker.replicas.reconfigure()
@@ -105,11 +106,15 @@ class DynamicBrokerConfig:
         return dict(config) == (self.cluster if entity == layout.DEFAULT_BROKER_ENTITY else self.own)
 
     def describe(self, entity: str) -> list[dict[str, Any]]:
-        """DescribeConfigs' entries of the keys changed live: this broker's values and where
-        each comes from (``entity`` ``""``: the cluster's dynamic defaults only, as Kafka)."""
+        """DescribeConfigs' entries of the keys changed live, and of Kafka's dynamic keys Sluice
+        takes without effect: this broker's values and where each comes from (``entity``
+        ``""``: the cluster's dynamic defaults only, as Kafka); then the keys kept that neither
+        Kafka nor Sluice knows, as Kafka shows them (read-only, value hidden)."""
         keys = log_default_keys()
-        kafka_defaults = LogConfig().to_topic_config()
-        static = self.static.to_topic_config()
+        # topic configs Sluice takes without a field of its own (preallocate ...) have their
+        # default only: a broker's file cannot set them to anything else
+        kafka_defaults = {k: default for k, (default, _) in known_topic_configs().items()}
+        static = {**kafka_defaults, **self.static.to_topic_config()}
         entries = []
         for key, topic_key in sorted(keys.items()):
             if entity == "":
@@ -135,6 +140,44 @@ class DynamicBrokerConfig:
                     "synonyms": [],
                     "config_type": 0,
                     "documentation": f"broker default of the topic config {topic_key}; changed live",
+                }
+            )
+        return entries + self._describe_kept(entity)
+
+    def _describe_kept(self, entity: str) -> list[dict[str, Any]]:
+        stored = self.cluster if entity == "" else {**self.cluster, **self.own}
+        entries: list[dict[str, Any]] = []
+        for key in sorted(set(INERT) | set(stored)):
+            if key in log_default_keys():
+                continue
+            value: str | None
+            if entity == "":
+                if key not in self.cluster:
+                    continue
+                value, source = self.cluster[key], SOURCE_DYNAMIC_DEFAULT_BROKER
+            elif key in self.own:
+                value, source = self.own[key], SOURCE_DYNAMIC_BROKER
+            elif key in self.cluster:
+                value, source = self.cluster[key], SOURCE_DYNAMIC_DEFAULT_BROKER
+            else:
+                value, source = INERT_DEFAULTS.get(key), SOURCE_DEFAULT
+            known = KAFKA_DYNAMIC.get(key)
+            entries.append(
+                {
+                    "name": key,
+                    # a key neither knows may hold a secret: Kafka shows it without its value
+                    "value": value if known is not None else None,
+                    "read_only": known is None,
+                    "is_default": source == SOURCE_DEFAULT,
+                    "config_source": source,
+                    "is_sensitive": known is None,
+                    "synonyms": [],
+                    "config_type": CONFIG_TYPES.get(known.type, 0) if known is not None else 0,
+                    "documentation": (
+                        f"accepted, without effect: {INERT[key]}"
+                        if key in INERT
+                        else "kept; Sluice does not read it"
+                    ),
                 }
             )
         return entries

@@ -181,6 +181,8 @@ class Group:
     rebalance_deadline: float = 0.0
     #: no earlier than this, the first rebalance of an empty group completes (initial delay).
     initial_delay_until: float = 0.0
+    #: the rebalance under way is the first of an empty group (it waits for no pending member)
+    initial_join: bool = False
     #: when the group entered its state (wall-clock ms): for an empty group, when it became
     #: empty, which its offsets' expiry counts from (KIP-211; broker/offset_expiry.py)
     state_timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
@@ -257,6 +259,16 @@ class Group:
         return complete_txn(self.offsets, self.pending_txn_offsets, producer_id, committed)
 
     def all_members_joined(self) -> bool:
+        """Every member is waiting in a JoinGroup and, but in the first rebalance of an empty
+        group, no member id handed out is still to join with it (Kafka's
+        ``GroupMetadata.hasAllMembersJoined``; its first rebalance, ``InitialDelayedJoin``,
+        completes once group.initial.rebalance.delay.ms has passed, whoever is pending). A member
+        that was told MEMBER_ID_REQUIRED joins a moment later, and completing the join without it
+        would only start another rebalance, which the members already in the group learn of at
+        their next heartbeat (and with cooperative assignors one more after it). A pending id that
+        is not used expires after its session timeout."""
+        if self.pending_members and not self.initial_join:
+            return False
         return all(m.awaiting_join for m in self.members.values())
 
     def max_rebalance_timeout_ms(self) -> int:

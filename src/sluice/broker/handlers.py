@@ -28,7 +28,7 @@ from sluice.broker import (
     txn_verification,
 )
 from sluice.broker.admin import missing_topic_error, validate_topic_name
-from sluice.broker.admin_cluster import authorized_operations
+from sluice.broker.admin_cluster import authorized_operations, cluster_operations
 from sluice.broker.authz import GUARDS, fetch_denied_topics, guard_handlers
 from sluice.broker.authz_admin import ADMIN_GUARDS
 from sluice.broker.fetch_sessions import (
@@ -41,6 +41,7 @@ from sluice.broker.fetch_sessions import (
 from sluice.broker.fetch_sessions import (
     Kind as FetchKind,
 )
+from sluice.broker.metadata import requested_topics
 from sluice.broker.replica_access import claimed_replica_id
 from sluice.broker.replica_manager import ProduceResult
 from sluice.metrics import TRAFFIC
@@ -374,7 +375,7 @@ def topic_metadata(
 
 async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
     cache = broker.metadata
-    requested = req.get("topics")
+    requested = requested_topics(header.api_version, req.get("topics"))
     all_topics = cache.topics()
     names: list[str | None]
     if requested is None:
@@ -418,7 +419,7 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 t["topic_authorized_operations"] = authorized_operations(
                     broker, Resource(ResourceType.TOPIC, t["name"])
                 )
-    return {
+    answer: Body = {
         "throttle_time_ms": 0,
         "brokers": [  # their addresses on the listener this client came in on (Kafka's rule)
             {"node_id": b.broker_id, "host": a[0], "port": a[1], "rack": b.rack}
@@ -429,6 +430,10 @@ async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
         "controller_id": cache.controller_id,
         "topics": topics,
     }
+    # KIP-430: v8-10 only (v11 moved it to DescribeCluster); the schema's INT32_MIN otherwise
+    if 8 <= header.api_version <= 10 and req.get("include_cluster_authorized_operations"):
+        answer["cluster_authorized_operations"] = cluster_operations(broker)
+    return answer
 
 
 def _produce_partition_response(index: int, result: ProduceResult) -> Body:
@@ -438,6 +443,12 @@ def _produce_partition_response(index: int, result: ProduceResult) -> Body:
         "base_offset": result.base_offset,
         "log_append_time_ms": result.log_append_time,
         "log_start_offset": result.log_start_offset,
+        # KIP-467 (v8+): which records of the batch were refused, so a client fails those and
+        # tells the others apart (librdkafka: _INVALID_DIFFERENT_RECORD, to send again)
+        "record_errors": [
+            {"batch_index": e.batch_index, "batch_index_error_message": e.message}
+            for e in result.record_errors
+        ],
         "error_message": result.message,
     }
 
@@ -695,6 +706,9 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
             }
             partitions = [(key, p) for key, p in partitions if key not in denied]
     read_committed = req.get("isolation_level", 0) == 1
+    # KIP-392: from v11 a consumer says its rack, and may read from a follower replica
+    from_follower = claim is None and header.api_version >= 11
+    client_rack = (req.get("rack_id") or None) if from_follower else None
     # A follower's incremental fetch skips the partitions its last read left quiet and that are
     # unchanged since (see Partition.quiet_mark): an idle follower of thousands of partitions
     # then costs a few attribute reads per partition instead of a read each.
@@ -721,6 +735,8 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                 min_one_batch=(total == 0),
                 replica=claim,
                 read_committed=read_committed and claim is None,
+                client_rack=client_rack,
+                from_follower=from_follower,
             )
             size = result.size
             total += size
@@ -804,7 +820,7 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                     if read_committed
                     else None
                 ),
-                "preferred_read_replica": -1,
+                "preferred_read_replica": result.preferred_read_replica,
                 "records": result.records.records if result.records is not None else b"",
             }
         )

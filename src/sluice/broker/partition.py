@@ -288,6 +288,7 @@ class Partition:
         if hw != self.high_watermark:
             self.high_watermark = hw
             self.log.last_stable_offset(hw)  # forgets transactions whose markers are now below it
+            self._notify()  # consumers reading from this follower (KIP-392) wait on its HW
 
     def truncate_to(self, offset: int) -> None:
         if offset < self.log.log_end_offset:

@@ -30,6 +30,7 @@ from sluice.broker.partition import (
 )
 from sluice.broker.replica_access import ReplicaClaim, replica_refusal
 from sluice.broker.replica_fetcher import FetcherManager
+from sluice.broker.replication import ReadReplica, preferred_read_replica
 from sluice.cluster.layout import TopicAssignment
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import iter_batches
@@ -60,6 +61,8 @@ class ProduceResult:
     #: The replica appended to (acks=all waits on this one, never on whatever holds the key
     #: by the time the wait starts).
     partition: Partition | None = field(default=None, repr=False, compare=False)
+    #: The records refused one by one, by their index in the batch (KIP-467's RecordErrors)
+    record_errors: tuple[storage_errors.RecordError, ...] = ()
 
 
 #: A follower's quiet fetch of one partition: the replica read and what it held then.
@@ -75,6 +78,8 @@ class FetchResult:
     last_stable_offset: int = -1
     #: read_committed only: transactions aborted within what ``records`` holds
     aborted: tuple[AbortedTxn, ...] = ()
+    #: KIP-392: the replica the consumer should fetch from instead (then no records); -1: here
+    preferred_read_replica: int = -1
 
     @property
     def size(self) -> int:
@@ -166,6 +171,9 @@ class ReplicaManager:
         #: may a session act as a follower (replica_access.may_act_as_replica; the broker sets
         #: it from its authorizer and inter-broker listener)
         self.may_replicate: Callable[[Session], bool] = lambda session: True
+        #: KIP-392: a leader points consumers in a rack at an in-sync follower in it
+        #: (``replica.selector.class`` RackAwareReplicaSelector; the broker sets it)
+        self.rack_aware_reads = False
         #: the broker's defaults for log settings a topic does not set itself
         self.log_defaults = log_defaults or LogConfig()
         self.partitions = PartitionTable()
@@ -490,12 +498,18 @@ class ReplicaManager:
             )
         except storage_errors.InvalidProducerEpochError as exc:
             return ProduceResult(ErrorCode.INVALID_PRODUCER_EPOCH, log_start_offset=start, message=str(exc))
-        except storage_errors.InvalidTimestampError as exc:
+        except storage_errors.RecordValidationError as exc:
+            # KeylessRecordError or InvalidTimestampError: the batch is refused, each refused
+            # record named (Kafka answers INVALID_TIMESTAMP if any was refused for its time)
             log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
-            return ProduceResult(ErrorCode.INVALID_TIMESTAMP, log_start_offset=start, message=str(exc))
-        except storage_errors.KeylessRecordError as exc:
-            log.info("event=produce_rejected partition=%s error=%r", part.name, str(exc))
-            return ProduceResult(ErrorCode.INVALID_RECORD, log_start_offset=start, message=str(exc))
+            code = (
+                ErrorCode.INVALID_TIMESTAMP
+                if isinstance(exc, storage_errors.InvalidTimestampError)
+                else ErrorCode.INVALID_RECORD
+            )
+            return ProduceResult(
+                code, log_start_offset=start, message=str(exc), record_errors=exc.record_errors
+            )
         except storage_errors.InvalidTxnStateError as exc:
             return ProduceResult(ErrorCode.INVALID_TXN_STATE, log_start_offset=start, message=str(exc))
         except (storage_errors.CorruptRecordError, storage_errors.InvalidRecordError) as exc:
@@ -625,12 +639,24 @@ class ReplicaManager:
         *,
         replica: ReplicaClaim | None = None,
         read_committed: bool = False,
+        client_rack: str | None = None,
+        from_follower: bool = False,
     ) -> FetchResult:
         """Read for a consumer, or, with ``replica``, for the follower it claims to be (judged by
         ``replica_access.replica_refusal`` before any follower state is touched). A
         ``read_committed`` consumer reads below the last stable offset only, and is told which
-        transactions aborted within what it got."""
+        transactions aborted within what it got.
+
+        KIP-392 (Fetch v11+, which carries the consumer's rack): ``from_follower`` lets a
+        consumer read from this broker's follower replica, up to its own high watermark, as
+        Kafka lets it; and a leader with ``rack_aware_reads`` answers a consumer in
+        ``client_rack`` with the in-sync follower of that rack to read from instead
+        (``replication.preferred_read_replica``), reading nothing for it."""
         part, error = self.leader_partition(topic, index)
+        if part is None and from_follower and replica is None:
+            follower = self.partitions.get((topic, index))
+            if follower is not None and not follower.is_leader:
+                part, error = follower, ErrorCode.NONE
         if part is None:
             return FetchResult(error)
         epoch_error = self.check_leader_epoch(part, current_leader_epoch)
@@ -644,6 +670,12 @@ class ReplicaManager:
                 return FetchResult(refusal)
             return self._read_for_follower(part, replica.replica_id, offset, max_bytes)
         hw, lso, log_start = part.high_watermark, part.last_stable_offset, part.log.log_start_offset
+        if self.rack_aware_reads and client_rack and part.is_leader:
+            preferred = self._preferred_read_replica(part, client_rack, offset)
+            if preferred is not None:
+                return FetchResult(
+                    ErrorCode.NONE, hw, log_start, last_stable_offset=lso, preferred_read_replica=preferred
+                )
         limit = lso if read_committed else hw
         if offset > limit and offset <= part.log.log_end_offset:
             # Data past the limit exists but is not committed (or not stable) yet: nothing to return.
@@ -661,6 +693,30 @@ class ReplicaManager:
             # where an aborted transaction lies ahead of the reader at all.
             aborted = tuple(part.log.collect_aborted(offset, _next_offset(result)))
         return FetchResult(ErrorCode.NONE, hw, log_start, result, lso, aborted)
+
+    def _preferred_read_replica(self, part: Partition, client_rack: str, fetch_offset: int) -> int | None:
+        live = self.metadata.brokers()
+        now_ms = time.monotonic() * 1000
+
+        def rack(broker_id: int) -> str | None:
+            reg = live.get(broker_id)
+            return reg.rack if reg is not None else None
+
+        leader = ReadReplica(
+            self.broker_id, rack(self.broker_id), part.log.log_start_offset, part.log.log_end_offset
+        )
+        followers = [
+            ReadReplica(
+                r,
+                rack(r),
+                part.follower_log_starts.get(r, part.log.log_start_offset),
+                part.follower_leos.get(r, -1),
+                now_ms - part.follower_caught_up_ms.get(r, 0.0),
+            )
+            for r in part.replicas
+            if r != self.broker_id and r in live
+        ]
+        return preferred_read_replica(client_rack, leader, followers, part.isr, fetch_offset)
 
     def _read_for_follower(
         self, part: Partition, replica_id: int, offset: int, max_bytes: int

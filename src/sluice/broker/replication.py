@@ -6,6 +6,7 @@
 - ``isr_eligible``: which brokers may be in an ISR at all (KIP-841).
 - ``truncation_step``: where a new follower cuts its log before fetching, or which epoch it
   asks the leader about next (KIP-101, KIP-279).
+- ``preferred_read_replica``: which replica a consumer in a rack should read from (KIP-392).
 """
 
 from __future__ import annotations
@@ -136,3 +137,36 @@ def truncation_step(
         return TruncateTo(min(leader_reply_end_offset, local_epochs[0][1], local_leo))
     assert own_epoch < asked_epoch, "each question is about a smaller epoch, so the rounds are bounded"
     return AskAgain(own_epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadReplica:
+    """What a leader knows of one replica when a consumer asks it for records (KIP-392)."""
+
+    broker_id: int
+    rack: str | None
+    log_start_offset: int
+    log_end_offset: int
+    #: how long ago the replica last had everything the leader had (0 for the leader)
+    since_caught_up_ms: float = 0.0
+
+
+def preferred_read_replica(
+    client_rack: str | None, leader: ReadReplica, followers: Sequence[ReadReplica], isr: Collection[int],
+    fetch_offset: int,
+) -> int | None:  # fmt: skip
+    """The follower a consumer in ``client_rack`` should fetch from, or None for the leader:
+    Kafka's RackAwareReplicaSelector over the candidates of ReplicaManager.findPreferredReadReplica.
+    Candidates are the leader and the in-sync followers that hold ``fetch_offset``; among those
+    in the consumer's rack the leader is kept if it is one, else the follower with the largest
+    log end, then the most recently caught up, then the largest id."""
+    if not client_rack:
+        return None
+    candidates = [
+        f for f in followers if f.broker_id in isr and f.log_start_offset <= fetch_offset <= f.log_end_offset
+    ]
+    same_rack = [r for r in candidates if r.rack == client_rack]
+    if leader.rack == client_rack or not same_rack:
+        return None
+    best = max(same_rack, key=lambda r: (r.log_end_offset, -r.since_caught_up_ms, r.broker_id))
+    return best.broker_id

@@ -554,6 +554,21 @@ class Connection(asyncio.BufferedProtocol):
             log.warning("event=malformed_request peer=%s size=%d error=%r action=close", peer, size, str(exc))
             return False
         auth = self.auth
+        if auth is not None:
+            # KIP-368: a SaslHandshake may begin a re-authentication; otherwise a request after
+            # the session's lifetime closes the connection instead of being answered (Kafka's
+            # Processor does both, in this order)
+            now = time.monotonic()
+            reauth = header.api_key == ApiKey.SASL_HANDSHAKE and auth.begin_reauthentication(now)
+            if not reauth and auth.session_expired(now):
+                metrics.CONNECTIONS_CLOSED.labels("session_expired").inc()
+                log.info(
+                    "event=session_expired listener=%s peer=%s principal=%s api_key=%d "
+                    "session_lifetime_ms=%d action=close hint='the client must re-authenticate "
+                    "(KIP-368) within connections.max.reauth.ms'",
+                    self.listener.name, peer, auth.session.principal, header.api_key, auth.lifetime_ms,
+                )  # fmt: skip
+                return False
         if auth is not None and header.api_key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
             return await self._authenticate(auth, header, body)
         if auth is not None and not auth.allows(header.api_key):
@@ -600,6 +615,8 @@ class Connection(asyncio.BufferedProtocol):
         assert self.transport is not None
         response, close = await auth.handle(header, body)
         if self._closed:
+            return False
+        if response is None:
             return False
         self.transport.writelines(encode_response(header, response))
         if auth.authenticated:

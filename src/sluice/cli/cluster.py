@@ -65,6 +65,14 @@ def cluster_up(
             "auto.create.topics.enable=true, num.partitions=4) for every broker; repeatable",
         ),
     ] = None,
+    rack: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rack",
+            help="ID=RACK: broker ID's broker.rack (shown in Metadata and DescribeCluster, sent by "
+            "clients with client.rack); repeatable, one per broker, e.g. --rack 1=a --rack 2=b",
+        ),
+    ] = None,
 ) -> None:
     """Start ZooKeeper (unless --zookeeper names one), N brokers and K workers; wait until ready."""
     from sluice.ops.netns import NetnsError
@@ -73,19 +81,22 @@ def cluster_up(
     started = time.monotonic()
     try:
         settings = launcher.broker_overrides(override or [])
+        racks = launcher.broker_racks(rack or [])
     except ConfigError as exc:
         raise fail(str(exc)) from None
     try:
         cluster = launcher.cluster_up(
             directory, brokers, zookeeper, zk_session_timeout_s=zk_session_timeout, hosts=hosts,
             zookeeper_nodes=zookeeper_nodes, workers=workers, security=security.lower(),
-            broker_settings=settings,
+            broker_settings=settings, racks=racks,
         )  # fmt: skip
     except (RuntimeError, TimeoutError, ValueError, FileNotFoundError, NetnsError) as exc:
         raise fail(str(exc)) from None
     print(f"bootstrap.servers={cluster.bootstrap_servers}")
     print(f"metrics={','.join(cluster.metrics_urls())}")
     print(f"zookeeper={cluster.zookeeper}")
+    if racks:
+        print(f"racks={','.join(f'{b.broker_id}={b.rack}' for b in cluster.brokers if b.rack is not None)}")
     if cluster.client_properties is not None:
         print(f"client.properties={cluster.client_properties}")
     took_s = time.monotonic() - started

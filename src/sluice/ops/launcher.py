@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,6 +89,8 @@ class BrokerProcess:
     namespace: str | None = None
     #: the port of its Prometheus endpoint, on ``host`` (None: a cluster saved before metrics)
     metrics_port: int | None = None
+    #: its ``broker.rack`` (``cluster up --rack ID=RACK``); None: the cluster's settings decide
+    rack: str | None = None
     #: the port of its inter-broker listener (INTERNAL_LISTENER), on ``host``; None: a cluster
     #: saved before brokers had one (they replicate on ``port``)
     internal_port: int | None = None
@@ -276,7 +278,10 @@ def broker_properties(
         ]
     if b.metrics_port is not None:
         lines.append(f"metrics.port={b.metrics_port}")
-    lines.extend(f"{k}={v}" for k, v in (settings or {}).items())  # later lines win
+    own = dict(settings or {})
+    if b.rack is not None:
+        own["broker.rack"] = b.rack  # this broker's own, over a rack --override gave every broker
+    lines.extend(f"{k}={v}" for k, v in own.items())  # later lines win
     return "# written by `sluice cluster up`\n" + "\n".join(lines) + "\n"
 
 
@@ -315,6 +320,24 @@ def broker_overrides(items: Iterable[str]) -> dict[str, str]:
     sample = {"broker.id": "1", "log.dirs": "broker-1", "zookeeper.connect": "127.0.0.1:2181"}
     BrokerConfig.from_properties({**sample, **overrides}, source="--override")
     return overrides
+
+
+def broker_racks(items: Iterable[str]) -> dict[int, str]:
+    """``cluster up --rack ID=RACK``s: broker id -> its ``broker.rack``, each broker once.
+    Raises ``properties.ConfigError`` naming the item."""
+    from sluice.properties import ConfigError
+
+    racks: dict[int, str] = {}
+    for item in items:
+        broker_id, sep, rack = item.partition("=")
+        if not sep or not broker_id.strip().isdigit() or not rack.strip():
+            raise ConfigError(
+                f"--rack {item!r}: expected BROKER_ID=RACK, e.g. --rack 1=us-east-1a; nothing was started"
+            )
+        if int(broker_id) in racks:
+            raise ConfigError(f"--rack names broker {int(broker_id)} twice; nothing was started")
+        racks[int(broker_id)] = rack.strip()
+    return racks
 
 
 def broker_command(b: BrokerProcess, config_file: Path) -> list[str]:
@@ -400,9 +423,11 @@ def cluster_up(
     zookeeper_force_sync: bool = True,
     broker_settings: dict[str, str] | None = None,
     security: str = "none",
+    racks: Mapping[int, str] | None = None,
 ) -> LocalCluster:
     """Start ZooKeeper (unless ``zookeeper`` names one), the brokers and the workers; wait until
     every broker is registered, a controller elected and every broker's view complete.
+    ``racks``: broker id -> its ``broker.rack`` (``cluster up --rack``).
 
     ``hosts="netns"`` runs every process in its own network namespace (module docstring);
     ``zookeeper_nodes`` > 1 starts an ensemble instead of a standalone server. On any failure
@@ -432,6 +457,13 @@ def cluster_up(
         raise ValueError("--workers must be 0 or more")
     if security not in SECURITY_MODES:
         raise ValueError(f"--security must be one of {', '.join(SECURITY_MODES)}, not {security!r}")
+    racks = dict(racks or {})
+    strangers = sorted(set(racks) - set(range(1, brokers + 1)))
+    if strangers:
+        raise ValueError(
+            f"--rack names broker(s) {strangers}, but the cluster's brokers are 1..{brokers}; "
+            "nothing was started"
+        )
     cluster = LocalCluster(
         str(directory), zookeeper or "", -1, zookeeper is None, zk_session_timeout_s=zk_session_timeout_s,
         hosts=hosts, zookeeper_force_sync=zookeeper_force_sync, broker_settings=dict(broker_settings or {}),
@@ -463,6 +495,7 @@ def cluster_up(
                     zookeeper=(broker_zookeeper or {}).get(bid),
                     namespace=place.namespace if place else None,
                     metrics_port=metrics_ports[i],
+                    rack=racks.get(bid),
                     internal_port=internal_ports[i],
                 )
             )

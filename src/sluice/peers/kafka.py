@@ -201,7 +201,9 @@ def broker_properties(
     """A peer broker's ``server.properties``: Kafka's defaults but for what a small local
     cluster needs (internal topics replicated as far as the brokers allow, no initial rebalance
     delay, ZooKeeper session as Sluice's brokers have it). With ``admin_password``, a
-    SASL_PLAINTEXT listener and ACLs (`sasl_properties`)."""
+    SASL_PLAINTEXT listener and ACLs (`sasl_properties`). ``{port}`` and ``{id}`` in a value of
+    ``extra`` are this broker's own port and id (a second listener beside its first one, a
+    ``broker.rack`` of its own)."""
     rf = min(3, brokers)
     data = Path(broker.directory) / "data"
     protocol = "PLAINTEXT" if admin_password is None else "SASL_PLAINTEXT"
@@ -218,7 +220,10 @@ def broker_properties(
         "transaction.state.log.min.isr": min(2, rf),
         "group.initial.rebalance.delay.ms": 0,
         "num.partitions": 1,
-        **(extra or {}),
+        **{
+            k: str(v).replace("{port}", str(broker.port)).replace("{id}", str(broker.broker_id))
+            for k, v in (extra or {}).items()
+        },
     }
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 

@@ -407,7 +407,7 @@ LIST_OFFSETS_RESPONSE = Message(
 METADATA_REQUEST = Message(
     "MetadataRequest",
     3,
-    valid="1-12",
+    valid="0-12",
     flexible="9+",
     fields=[
         Field(
@@ -429,7 +429,7 @@ METADATA_REQUEST = Message(
 METADATA_RESPONSE = Message(
     "MetadataResponse",
     3,
-    valid="1-12",
+    valid="0-12",
     flexible="9+",
     fields=[
         Field("ThrottleTimeMs", "int32", "3+", ignorable=True),

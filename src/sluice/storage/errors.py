@@ -6,6 +6,9 @@ re-exported here so callers can catch every storage failure from one module.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from sluice.protocol.records import CorruptRecordError, InvalidRecordError
 
 __all__ = [
@@ -18,7 +21,9 @@ __all__ = [
     "LogClosedError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
+    "RecordError",
     "RecordTooLargeError",
+    "RecordValidationError",
     "StorageError",
     "TransactionCoordinatorFencedError",
     "UnexpectedAppendOffsetError",
@@ -49,7 +54,25 @@ class InvalidProducerEpochError(StorageError):
     INVALID_PRODUCER_EPOCH)."""
 
 
-class KeylessRecordError(StorageError):
+@dataclass(frozen=True, slots=True)
+class RecordError:
+    """One record a leader refused (KIP-467): its index in its batch, and why."""
+
+    batch_index: int
+    message: str
+
+
+class RecordValidationError(StorageError):
+    """Records of a produced batch refused one by one (Kafka's RecordValidationException): the
+    batch is refused whole, and ``record_errors`` names every refused record by its index in
+    the batch, so a client can fail those and tell the others apart (KIP-467's RecordErrors)."""
+
+    def __init__(self, message: str, record_errors: Sequence[RecordError] = ()) -> None:
+        super().__init__(message)
+        self.record_errors = tuple(record_errors)
+
+
+class KeylessRecordError(RecordValidationError):
     """A record without a key was sent to a compacted log (Kafka: INVALID_RECORD)."""
 
 
@@ -74,6 +97,7 @@ class UnexpectedAppendOffsetError(StorageError):
     truncate and refetch)."""
 
 
-class InvalidTimestampError(StorageError):
+class InvalidTimestampError(RecordValidationError):
     """A CreateTime record's timestamp lies outside the topic's message.timestamp.before.max.ms /
-    after.max.ms bounds of the broker's clock (Kafka: INVALID_TIMESTAMP)."""
+    after.max.ms bounds of the broker's clock, or a producer set LogAppendTime itself (Kafka:
+    INVALID_TIMESTAMP; with a keyless record of a compacted log in the same batch too)."""

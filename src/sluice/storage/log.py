@@ -56,7 +56,6 @@ from sluice.protocol.records import (
     CorruptRecordError,
     InvalidRecordError,
     build_control_batch,
-    decode_records,
     parse_header,
     read_control_marker,
     set_base_offset,
@@ -69,14 +68,13 @@ from sluice.storage.cleaner import CLEANED_SUFFIX, SWAP_SUFFIX, CleanJob, CleanR
 from sluice.storage.compaction import CleanableRange, SegmentFacts, clean_due, cleanable_range
 from sluice.storage.config import LONG_MAX, LogConfig
 from sluice.storage.errors import (
-    KeylessRecordError,
     LogClosedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     UnexpectedAppendOffsetError,
 )
 from sluice.storage.fsutil import atomic_write, fsync_dir, fsync_file
-from sluice.storage.leader_append import check_timestamps, encode_for_topic
+from sluice.storage.leader_append import check_records, encode_for_topic
 from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
 from sluice.storage.producer_state import (
     CompletedTxn,
@@ -516,13 +514,6 @@ class PartitionLog:
             validate_batch(data, pos, h, strict_counts=leader)
             if leader and h.is_control and not control_ok:
                 raise InvalidRecordError("clients may not append control batches")
-            if leader and cfg.compact and any(r.key is None for r in decode_records(data, pos, h)):
-                raise KeylessRecordError(
-                    f"a record without a key was sent to the compacted log {self._dir.name} "
-                    f"(cleanup.policy={cfg.cleanup_policy}): compaction keeps the last record per key, so "
-                    "every record needs one; nothing of this request was written; give the records keys, "
-                    "or use a topic with cleanup.policy=delete"
-                )
             out.append((pos, h))
             pos += size
         if end > self.config.segment_bytes:
@@ -601,17 +592,18 @@ class PartitionLog:
         ``verification``: the guard a transactional batch that opens its producer's transaction
         here must carry (``begin_verification``, then the coordinator's yes).
 
-        Raises CorruptRecordError, InvalidRecordError, RecordTooLargeError,
-        OutOfOrderSequenceError, InvalidProducerEpochError or InvalidTxnStateError, having
-        appended nothing.
+        Raises CorruptRecordError, InvalidRecordError, RecordTooLargeError, KeylessRecordError or
+        InvalidTimestampError (naming each refused record), OutOfOrderSequenceError,
+        InvalidProducerEpochError or InvalidTxnStateError, having appended nothing.
         """
         self._check_open()
         if len(records) == 0:
             raise InvalidRecordError("produce request carries no record batches")
         batches = self._parse_batches(records, leader=True)
         now = self._now_ms() if now_ms is None else now_ms
-        # the topic's timestamp bounds and compression.type, before the idempotence check (Kafka's order)
-        check_timestamps(records, batches, self.config, now)
+        # every record's key and timestamp, then compression.type, before the idempotence check
+        # (Kafka's order); refused records are named by their index (KIP-467)
+        check_records(records, batches, self.config, now)
         records, batches = encode_for_topic(records, batches, self.config)
         dup = self._producers.check([h for _, h in batches], verification)
         if dup is not None:

@@ -15,7 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["ACCEPTED_TOPIC_CONFIGS", "AcceptedConfig", "check_accepted"]
+__all__ = [
+    "ACCEPTED_TOPIC_CONFIGS",
+    "KAFKA_VERSIONS",
+    "AcceptedConfig",
+    "check_accepted",
+    "kafka_version_known",
+]
 
 _LONG_MIN: Final = -(2**63)
 _LONG_MAX: Final = 2**63 - 1
@@ -53,8 +59,33 @@ def _long_at_least(lo: int) -> Callable[[str], int]:
     return parse
 
 
-#: Kafka's message format / metadata versions: 0.8.0, 0.10.2-IV0, 2.8, 3.0-IV1, 3.9-IV0 ...
-_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:-IV\d+)?$")
+#: Kafka 3.9's versions (its MetadataVersion): each release with the number of its internal
+#: versions (IV0 ...; 0 for the releases before 0.10, which have none).
+_RELEASES: Final = {
+    "0.8.0": 0, "0.8.1": 0, "0.8.2": 0, "0.9.0": 0, "0.10.0": 2, "0.10.1": 3, "0.10.2": 1, "0.11.0": 3,
+    "1.0": 1, "1.1": 1, "2.0": 2, "2.1": 3, "2.2": 2, "2.3": 2, "2.4": 2, "2.5": 1, "2.6": 1, "2.7": 3,
+    "2.8": 2, "3.0": 2, "3.1": 1, "3.2": 1, "3.3": 4, "3.4": 1, "3.5": 3, "3.6": 3, "3.7": 5, "3.8": 1,
+    "3.9": 1,
+}  # fmt: skip
+#: Internal versions of a release Kafka 3.9 knows ahead of it: named only with their IV.
+_AHEAD: Final = {"4.0": 2}
+#: Every name Kafka 3.9 takes for a version: a release, or a release and one of its IVs.
+KAFKA_VERSIONS: Final = frozenset(_RELEASES) | frozenset(
+    f"{release}-IV{n}" for release, count in (_RELEASES | _AHEAD).items() for n in range(count)
+)
+
+
+def kafka_version_known(raw: str) -> bool:
+    """Kafka's ``MetadataVersion.fromVersionString``: a name of ``KAFKA_VERSIONS``, where a
+    longer dotted name counts by its first three parts (a 0.x release) or two (later ones), so
+    0.10.0.0 is 0.10.0 and 2.8.1 is 2.8, after the spaces around it (Kafka trims a string
+    config); what Kafka 3.9.1 takes, compared with the peer name by name."""
+    raw = raw.strip()
+    parts = raw.split(".")
+    keep = 3 if raw.startswith("0.") else 2
+    return (".".join(parts[:keep]) if len(parts) > keep else raw) in KAFKA_VERSIONS
+
+
 #: Kafka's throttled-replica list: "*", or partition:broker pairs separated by commas.
 _THROTTLED = re.compile(r"^\s*(\*|\d+:\d+(\s*,\s*\d+:\d+)*)?\s*$")
 
@@ -76,9 +107,11 @@ def _preallocate(raw: str) -> str | None:
 
 
 def _message_format_version(raw: str) -> str | None:
-    if not _VERSION.match(raw.strip()):
-        raise ValueError("must be a Kafka version such as 2.8 or 3.0-IV1")
-    return None  # Kafka 3.x writes the v2 format whatever this says, and so does Sluice
+    if not kafka_version_known(raw):
+        raise ValueError("must be a Kafka version such as 0.10.0, 2.8 or 3.0-IV1")
+    # Kafka 3.x ignores it (KIP-724: deprecated, with a warning) and writes the v2 format
+    # whatever it says, and so does Sluice (storage/config.py logs the warning)
+    return None
 
 
 def _throttled_replicas(raw: str) -> str | None:

@@ -310,10 +310,199 @@ def stale_leader_epoch(bootstrap: str, tag: str) -> Steps:
     return steps
 
 
+def _refused_records(part: dict[str, Any]) -> dict[str, Any]:
+    """A Produce answer's error and which records it refused (KIP-467): each refused record's
+    index and whether a message came with it (the messages' words are each broker's own)."""
+    return {
+        "error_code": part["error_code"],
+        "base_offset": part["base_offset"],
+        "log_start_offset": part.get("log_start_offset"),
+        "record_errors": [
+            [e["batch_index"], e["batch_index_error_message"] is not None]
+            for e in part.get("record_errors", [])
+        ],
+        "has_error_message": part.get("error_message") is not None,
+    }
+
+
+def record_errors(bootstrap: str, tag: str) -> Steps:
+    """Records refused one by one (KIP-467): keyless records to a compacted topic, timestamps
+    outside a topic's bounds, both in one batch, and a batch the producer stamped LogAppendTime;
+    at Produce v8-v10, which carry RecordErrors, and v7, which does not. Nothing is stored."""
+    steps: Steps = []
+    now = int(time.time() * 1000)
+    hour = 3_600_000
+    topics = {
+        "compacted": {"cleanup.policy": "compact"},
+        "bounded": {
+            "message.timestamp.before.max.ms": str(hour),
+            "message.timestamp.after.max.ms": str(hour),
+        },
+        "both": {"cleanup.policy": "compact", "message.timestamp.before.max.ms": str(hour)},
+        "appendtime": {"message.timestamp.type": "LogAppendTime"},
+    }
+    for kind, configs in topics.items():
+        topic = f"wire-rec-{kind}-{tag}"
+        steps.append((f"create-{kind}", _create(bootstrap, topic, configs=configs)))
+    address = {kind: _leader(bootstrap, f"wire-rec-{kind}-{tag}")[0] for kind in topics}
+
+    def batch(keys: list[bytes | None], times: list[int], **kw: Any) -> bytes:
+        return build_batch([Record(0, t, k, b"v") for k, t in zip(keys, times, strict=True)], **kw)
+
+    cases = [
+        ("compacted", 8, batch([b"k", None, b"k", None], [now] * 4)),
+        ("compacted", 10, batch([None, b"k"], [now, now])),
+        ("compacted", 7, batch([b"k", None], [now, now])),
+        ("bounded", 9, batch([b"k"] * 4, [now, now - 2 * hour, now + 2 * hour, now])),
+        ("bounded", 3, batch([b"k"] * 2, [now - 2 * hour, now])),
+        ("both", 9, batch([None, b"k", b"k"], [now, now - 2 * hour, now])),
+        ("appendtime", 9, batch([b"k", b"k"], [now, now], log_append_time=True)),
+    ]
+    for kind, version, data in cases:
+        topic = f"wire-rec-{kind}-{tag}"
+        steps.append(
+            (f"produce-{kind}-v{version}", _refused_records(_produce(address[kind], version, topic, data)))
+        )
+    for kind in topics:
+        topic = f"wire-rec-{kind}-{tag}"
+        _, _, _, topic_id = _leader(bootstrap, topic)
+        fetched = _fetch(address[kind], 12, topic, topic_id, 0)
+        steps.append(
+            (f"fetch-{kind}", {"high_watermark": fetched["high_watermark"], "records": fetched["records"]})
+        )
+    return steps
+
+
+def _meta(bootstrap: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+    with WireClient.connect(bootstrap, timeout_s=15) as w:
+        return w.request(ApiKey.METADATA, version, body)
+
+
+def metadata_v0(bootstrap: str, tag: str) -> Steps:
+    """Metadata v0 (clients with broker.version.fallback=0.9.0 send it): an empty topic list
+    means every topic (v1 on: none), a named topic, and a name no topic can have. Sluice closed
+    the connection at v0 before."""
+    topic = f"wire-meta0-{tag}"
+    steps: Steps = [("create", _create(bootstrap, topic))]
+    every = _meta(bootstrap, 0, {"topics": []})
+    mine = [t for t in every["topics"] if t["name"] == topic]
+    steps.append(("v0-every-topic", {"brokers": len(every["brokers"]), "mine": mine, "keys": sorted(every)}))
+    named = _meta(bootstrap, 0, {"topics": [{"name": topic}, {"name": "bad name!"}]})
+    named["brokers"] = sorted(named["brokers"], key=lambda b: b["node_id"])  # Kafka's come in any order
+    steps.append(("v0-named", named))
+    steps.append(("v1-empty-list", _meta(bootstrap, 1, {"topics": []})["topics"]))
+    return steps
+
+
+def authorized_operations(bootstrap: str, tag: str) -> Steps:
+    """KIP-430 without an authorizer: Metadata v8-v10 answer the cluster's operations when asked
+    (every one the cluster supports), v11 on never (DescribeCluster does), and every version from
+    v8 a topic's when asked; DescribeCluster the cluster's. Sluice left the cluster's unset
+    (INT32_MIN, "not asked") in Metadata."""
+    topic = f"wire-authops-{tag}"
+    steps: Steps = [("create", _create(bootstrap, topic))]
+    for version in (8, 9, 10, 11, 12):
+        for asked in (False, True):
+            r = _meta(
+                bootstrap,
+                version,
+                {
+                    "topics": [{"name": topic}, {"name": f"missing-{tag}"}],
+                    "allow_auto_topic_creation": False,
+                    "include_cluster_authorized_operations": asked,
+                    "include_topic_authorized_operations": asked,
+                },
+            )
+            steps.append(
+                (
+                    f"metadata-v{version}-asked-{asked}",
+                    {
+                        "cluster": r.get("cluster_authorized_operations"),
+                        "topics": [[t["error_code"], t["topic_authorized_operations"]] for t in r["topics"]],
+                    },
+                )
+            )
+    with WireClient.connect(bootstrap, timeout_s=15) as w:
+        for asked in (False, True):
+            r = w.request(ApiKey.DESCRIBE_CLUSTER, 0, {"include_cluster_authorized_operations": asked})
+            steps.append((f"describe-cluster-asked-{asked}", r["cluster_authorized_operations"]))
+    return steps
+
+
+def _produce_acks_all(address: str, topic: str, records: int) -> int:
+    batch = build_batch([(b"k", b"v%d" % i) for i in range(records)], timestamp_ms=T0)
+    return int(_produce(address, 9, topic, batch)["error_code"])
+
+
+def _fetch_at(address: str, version: int, topic: str, topic_id: Any, rack: str = "") -> dict[str, Any]:
+    """Fetch ``version`` of partition 0 from offset 0 with a rack id (v11+): error, high
+    watermark, preferred read replica and how many records came."""
+    with WireClient.connect(address, timeout_s=15) as w:
+        r = w.request(
+            ApiKey.FETCH,
+            version,
+            {
+                "replica_id": -1,
+                "max_wait_ms": 0,
+                "min_bytes": 0,
+                "max_bytes": 1 << 20,
+                "isolation_level": 0,
+                "session_id": 0,
+                "session_epoch": -1,
+                "topics": [
+                    {
+                        "topic": topic,
+                        "topic_id": topic_id,
+                        "partitions": [
+                            {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
+                             "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 20}
+                        ],
+                    }
+                ],
+                "forgotten_topics_data": [],
+                "rack_id": rack,
+            },
+        )  # fmt: skip
+    (part,) = r["responses"][0]["partitions"]
+    data = bytes(part["records"] or b"")
+    return {
+        "error_code": part["error_code"],
+        "high_watermark": part["high_watermark"],
+        "preferred_read_replica": part.get("preferred_read_replica", -1),
+        "records": sum(h.records_count for _, h in iter_batches(data)),
+    }
+
+
+def follower_fetch(bootstrap: str, tag: str) -> Steps:
+    """KIP-392 without a replica selector (Kafka's default): a consumer's Fetch v11+ is served by
+    a follower replica, up to its high watermark; an older Fetch there is NOT_LEADER_OR_FOLLOWER;
+    a leader names no preferred replica, whatever rack the consumer says. Sluice answered
+    NOT_LEADER_OR_FOLLOWER to every consumer fetch at a follower before."""
+    topic = f"wire-follower-{tag}"
+    steps: Steps = [("create", _create(bootstrap, topic, replicas=[1, 2]))]
+    leader_address, leader, _, topic_id = _leader(bootstrap, topic)
+    steps.append(("produce", _produce_acks_all(leader_address, topic, 3)))
+    meta = _metadata(bootstrap, topic)
+    follower_address = _broker(meta, 2 if leader == 1 else 1)
+    deadline = time.monotonic() + 20
+    while _fetch_at(follower_address, 11, topic, topic_id)["high_watermark"] < 3:  # the follower's HW
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for version in (10, 11, 12, 16):
+        steps.append((f"follower-v{version}", _fetch_at(follower_address, version, topic, topic_id)))
+    steps.append(("leader-v11-rack", _fetch_at(leader_address, 11, topic, topic_id, rack="rack-x")))
+    return steps
+
+
 WIRE_SCENARIOS = {
     "produce_fetch_every_version": produce_fetch_every_version,
     "idempotent_sequences": idempotent_sequences,
     "corrupt_batch": corrupt_batch,
     "too_large_batch": too_large_batch,
     "stale_leader_epoch": stale_leader_epoch,
+    "record_errors": record_errors,
+    "metadata_v0": metadata_v0,
+    "authorized_operations": authorized_operations,
+    "follower_fetch": follower_fetch,
 }
