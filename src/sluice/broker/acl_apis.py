@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sluice.broker.authz import BrokerAuthorizer, Check, session, wait_for_acls
+from sluice.broker.authorizer import BrokerAuthorizer, Check, session, wait_for_acls
 from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import (

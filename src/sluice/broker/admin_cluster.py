@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sluice.broker.authorizer import session
 from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import SUPPORTED_OPERATIONS, Operation, Resource
@@ -35,8 +36,6 @@ def authorized_operations(broker: Broker, resource: Resource) -> int:
     """The bit field of the operations on ``resource`` the session's principal may perform
     (KIP-430: Metadata's topic, DescribeGroups' group and DescribeCluster's cluster operations);
     with no authorizer configured every operation the resource type supports, as Kafka answers."""
-    from sluice.broker.authz import session
-
     ops = sorted(SUPPORTED_OPERATIONS[resource.type])
     authorizer = broker.authorizer
     if authorizer is not None:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sluice.broker.authz import TOPIC_DENIED, Check, Guard, Handler
+from sluice.broker.authorizer import Check
+from sluice.broker.authz import TOPIC_DENIED, Guard, Handler
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import Operation

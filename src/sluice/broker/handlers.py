@@ -47,7 +47,7 @@ from sluice.metrics import TRAFFIC
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import Resource, ResourceType
-from sluice.security.session import current_session
+from sluice.security.session import current_client_host, current_session
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
@@ -148,8 +148,6 @@ async def find_coordinator(broker: Broker, header: RequestHeader, req: Body) -> 
 
 
 async def join_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    from sluice.broker.server import current_client_host
-
     response = await broker.coordinator.join(
         req, header.api_version, header.client_id or "", current_client_host.get()
     )

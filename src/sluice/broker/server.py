@@ -35,7 +35,6 @@ there once the connection has authenticated.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import logging
 import socket
@@ -64,7 +63,7 @@ from sluice.protocol.api import (
     encode_response,
 )
 from sluice.protocol.primitives import DecodeError
-from sluice.security.session import current_session
+from sluice.security.session import current_client_host, current_session
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
@@ -85,9 +84,6 @@ POOL_HEADROOM_MAX = 8 * 1024 * 1024
 SWEEP_INTERVAL_S = 1.0
 #: Bytes of responses queued to a slow client before the connection waits for them to drain.
 WRITE_HIGH_WATER = 16 * 1024 * 1024
-
-#: The host of the client whose request is being handled (per connection task).
-current_client_host: contextvars.ContextVar[str] = contextvars.ContextVar("current_client_host", default="")
 
 
 class ListenerBindError(OSError):
