@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
 
 from sluice.broker.authorizer import BrokerAuthorizer, Check, session
+from sluice.broker.context import Body, BrokerContext, Handler
 from sluice.broker.produce_validation import has_transactional_records
 from sluice.broker.txn_apis import partition_results
 from sluice.metrics import api_name
@@ -63,11 +63,6 @@ from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import Operation, ResourceType
 
-if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
-
-Body = dict[str, Any]
-Handler = Callable[["Broker", RequestHeader, Body], Awaitable[Body | None]]
 ZERO_UUID = uuid.UUID(int=0)
 TOPIC_DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 GROUP_DENIED = ErrorCode.GROUP_AUTHORIZATION_FAILED
@@ -75,14 +70,14 @@ TXN_DENIED = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 
-Guard = Callable[[Handler, "Broker", RequestHeader, Body, Check], Awaitable[Body | None]]
+Guard = Callable[[Handler, BrokerContext, RequestHeader, Body, Check], Awaitable[Body | None]]
 
 
 # -- per-API guards ---------------------------------------------------------------------------
 
 
 async def _produce(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     txn_id = req.get("transactional_id")
     # Kafka's rule, from each partition's first batch: with exactly one batch per partition
@@ -141,7 +136,7 @@ async def _produce(
     return response
 
 
-def fetch_denied_topics(broker: Broker, topics: Iterable[str]) -> set[str]:
+def fetch_denied_topics(broker: BrokerContext, topics: Iterable[str]) -> set[str]:
     """Of ``topics``, those the session's principal may not READ: a consumer's Fetch, asked by
     ``handlers.fetch`` on every request for every partition it would serve, named in the request
     or only in its fetch session (an incremental fetch names none). Empty while authorization is
@@ -153,7 +148,7 @@ def fetch_denied_topics(broker: Broker, topics: Iterable[str]) -> set[str]:
 
 
 async def _list_offsets(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     denied = check.denied_topics(Operation.DESCRIBE, (t["name"] for t in req["topics"]))
     if not denied:
@@ -184,7 +179,7 @@ async def _list_offsets(
 
 
 async def _metadata(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     requested = req.get("topics")
     if requested is None:  # every topic: leave out those the principal may not describe, silently
@@ -227,7 +222,7 @@ async def _metadata(
 
 
 async def _offset_commit(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     def answer(topics: list[Body], error: ErrorCode) -> list[Body]:
         return [
@@ -256,7 +251,7 @@ async def _offset_commit(
 
 
 async def _offset_fetch(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     requested = req.get("topics")
 
@@ -310,7 +305,7 @@ async def _offset_fetch(
 
 
 async def _find_coordinator(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     def allowed(key: str) -> bool:
         if req.get("key_type", 0) == 1:
@@ -342,7 +337,7 @@ def _group_read(refusal: Callable[[RequestHeader, Body], Body]) -> Guard:
     """A guard for an API acting on one group, refused as a whole without READ on it."""
 
     async def guard(
-        handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+        handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
     ) -> Body | None:
         if check.group(Operation.READ, req["group_id"]):
             return await handler(broker, header, req)
@@ -366,7 +361,7 @@ _leave_group = _group_read(lambda h, r: {"members": []})
 
 
 async def _describe_groups(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     groups = list(req["groups"])
     denied = {g for g in groups if not check.group(Operation.DESCRIBE, g)}
@@ -391,7 +386,7 @@ async def _describe_groups(
 
 
 async def _list_groups(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     response = await handler(broker, header, req)
     if response is None or check.cluster(Operation.DESCRIBE, quiet=True):
@@ -405,7 +400,7 @@ async def _list_groups(
 
 
 async def _delete_groups(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     names = list(req["groups_names"])
     denied = {g for g in names if not check(Operation.DELETE, ResourceType.GROUP, g)}
@@ -425,7 +420,7 @@ async def _delete_groups(
 
 
 async def _create_topics(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     topics = list(req["topics"])
     denied: set[str] = set()
@@ -474,7 +469,7 @@ def _hide_created_configs(results: list[Body], denied: set[str], check: Check) -
 
 
 async def _delete_topics(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     by_name = list(req.get("topic_names") or [])
     by_entry = list(req.get("topics") or [])
@@ -513,7 +508,7 @@ async def _delete_topics(
 
 
 async def _init_producer_id(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     txn_id = req.get("transactional_id")
     if txn_id is not None:
@@ -533,7 +528,7 @@ async def _init_producer_id(
 
 
 async def _offset_for_leader_epoch(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if req.get("replica_id", -1) >= 0 or check.cluster(Operation.CLUSTER_ACTION, quiet=True):
         return await handler(broker, header, req)  # a follower's: the replication door decides
@@ -564,7 +559,7 @@ async def _offset_for_leader_epoch(
 
 
 async def _describe_configs(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     resources = list(req["resources"])
     refusals: dict[int, Body] = {}
@@ -606,7 +601,7 @@ async def _describe_configs(
 
 
 async def _add_partitions_to_txn(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if header.api_version >= 4:  # only brokers send these (KIP-890's verification among them)
         if check.cluster(Operation.CLUSTER_ACTION):
@@ -630,7 +625,7 @@ async def _add_partitions_to_txn(
 
 
 async def _add_offsets_to_txn(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["transactional_id"]):
         return {"throttle_time_ms": 0, "error_code": TXN_DENIED}
@@ -640,7 +635,7 @@ async def _add_offsets_to_txn(
 
 
 async def _end_txn(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["transactional_id"]):
         return await handler(broker, header, req)
@@ -648,7 +643,7 @@ async def _end_txn(
 
 
 async def _txn_offset_commit(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     def answer(topics: list[Body], error: Callable[[str], ErrorCode]) -> list[Body]:
         return [
@@ -681,7 +676,7 @@ async def _txn_offset_commit(
 
 
 async def _write_txn_markers(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if check.cluster(Operation.CLUSTER_ACTION):
         return await handler(broker, header, req)
@@ -738,7 +733,7 @@ authorization (ApiVersions, and the SASL handshake that comes before any princip
 def guarded(key: int, handler: Handler, guard: Guard) -> Handler:
     name = api_name(key)
 
-    async def run(broker: Broker, header: RequestHeader, req: Body) -> Body | None:
+    async def run(broker: BrokerContext, header: RequestHeader, req: Body) -> Body | None:
         authorizer: BrokerAuthorizer | None = getattr(broker, "authorizer", None)  # test stubs have none
         if authorizer is None:
             return await handler(broker, header, req)

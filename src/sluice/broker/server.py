@@ -66,7 +66,7 @@ from sluice.protocol.primitives import DecodeError
 from sluice.security.session import current_client_host, current_session
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
 
 log = logging.getLogger("sluice.server")
 
@@ -118,7 +118,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 class KafkaServer:
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         config = broker.config
         self._server: asyncio.base_events.Server | None = None
