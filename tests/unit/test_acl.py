@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.broker.admin import hidden_config
-from sluice.broker.authz import GUARDS, BrokerAuthorizer, Check
+from sluice.broker.authorizer import BrokerAuthorizer, Check
+from sluice.broker.authz import GUARDS
 from sluice.protocol.api import ApiKey, RequestHeader, request_codec, response_codec
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import (

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sluice.broker.authz import BrokerAuthorizer, Check, session, wait_for_acls
+from sluice.broker.authorizer import BrokerAuthorizer, Check, session, wait_for_acls
 from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import (
@@ -29,7 +29,7 @@ from sluice.security.acl import (
 )
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
 
 log = logging.getLogger("sluice.authz")
 
@@ -56,15 +56,15 @@ def _filter(f: Body, version: int) -> AclBindingFilter:
     )
 
 
-def _authorizer(broker: Broker) -> BrokerAuthorizer | None:
+def _authorizer(broker: BrokerContext) -> BrokerAuthorizer | None:
     return getattr(broker, "authorizer", None)
 
 
-def _check(broker: Broker, authorizer: BrokerAuthorizer, api: str) -> Check:
+def _check(broker: BrokerContext, authorizer: BrokerAuthorizer, api: str) -> Check:
     return Check(authorizer, session(), api)
 
 
-async def describe_acls(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def describe_acls(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     authorizer = _authorizer(broker)
     if authorizer is None:
         return {
@@ -117,7 +117,7 @@ async def describe_acls(broker: Broker, header: RequestHeader, req: Body) -> Bod
     }
 
 
-async def create_acls(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def create_acls(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     creations = list(req["creations"])
 
     def every(error: ErrorCode, message: str) -> Body:
@@ -171,7 +171,7 @@ async def create_acls(broker: Broker, header: RequestHeader, req: Body) -> Body:
     return {"throttle_time_ms": 0, "results": results}
 
 
-async def delete_acls(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def delete_acls(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     filters = [_filter(f, header.api_version) for f in req["filters"]]
 
     def every(error: ErrorCode, message: str) -> Body:

@@ -13,7 +13,7 @@ import re
 import uuid
 import zlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.cluster.assignment import AssignmentError, assign_replicas
 from sluice.cluster.layout import INTERNAL_TOPICS, TopicAssignment
@@ -22,7 +22,10 @@ from sluice.protocol.errors import ErrorCode
 from sluice.storage.config import LogConfig, known_topic_configs
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.config import BrokerConfig
+    from sluice.broker.metadata import MetadataCache
+    from sluice.broker.replica_manager import ReplicaManager
+    from sluice.cluster.zkstore import ZkStore
 
 log = logging.getLogger("sluice.admin")
 
@@ -182,8 +185,25 @@ TOPIC_CONFIG_TYPES = {
 }
 
 
+class AdminHost(Protocol):
+    """What TopicAdmin needs of the broker: its configuration, ZooKeeper to write topics to, the
+    view to wait on, and the replicas to tell whether this broker leads a partition yet."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def store(self) -> ZkStore: ...
+
+    @property
+    def metadata(self) -> MetadataCache: ...
+
+    @property
+    def replicas(self) -> ReplicaManager: ...
+
+
 class TopicAdmin:
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: AdminHost):
         self.broker = broker
 
     def default_replication_factor(self, live: int) -> int:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sluice.broker.authorizer import session
 from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import SUPPORTED_OPERATIONS, Operation, Resource
 from sluice.security.session import current_session
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
 
 Body = dict[str, Any]
 #: ``ClusterAuthorizedOperations`` when they were not asked for (Kafka's INT32_MIN).
@@ -22,7 +23,7 @@ NOT_ASKED = -(2**31)
 ENDPOINT_BROKERS = 1
 
 
-def cluster_operations(broker: Broker) -> int:
+def cluster_operations(broker: BrokerContext) -> int:
     """The bit field of cluster operations the session's principal may perform (every one the
     cluster supports when no authorizer is configured, as Kafka answers); 0 to a principal that
     may not DESCRIBE the cluster, as Kafka answers DescribeCluster and Metadata v8-10 (KafkaApis:
@@ -31,12 +32,10 @@ def cluster_operations(broker: Broker) -> int:
     return ops if ops & (1 << Operation.DESCRIBE) else 0
 
 
-def authorized_operations(broker: Broker, resource: Resource) -> int:
+def authorized_operations(broker: BrokerContext, resource: Resource) -> int:
     """The bit field of the operations on ``resource`` the session's principal may perform
     (KIP-430: Metadata's topic, DescribeGroups' group and DescribeCluster's cluster operations);
     with no authorizer configured every operation the resource type supports, as Kafka answers."""
-    from sluice.broker.authz import session
-
     ops = sorted(SUPPORTED_OPERATIONS[resource.type])
     authorizer = broker.authorizer
     if authorizer is not None:
@@ -48,7 +47,7 @@ def authorized_operations(broker: Broker, resource: Resource) -> int:
     return bits
 
 
-async def describe_cluster(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def describe_cluster(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     if header.api_version >= 1 and req.get("endpoint_type", ENDPOINT_BROKERS) != ENDPOINT_BROKERS:
         return {
             "throttle_time_ms": 0,

@@ -37,7 +37,7 @@ from sluice.protocol.errors import ErrorCode
 from sluice.storage.config import known_topic_configs
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
 
 log = logging.getLogger("sluice.admin")
 
@@ -48,15 +48,15 @@ RESOURCE_BROKER = 4
 APPLIED_WAIT_S = 10.0
 
 
-async def alter_configs(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def alter_configs(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     return await _alter(broker, req, incremental=False)
 
 
-async def incremental_alter_configs(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def incremental_alter_configs(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     return await _alter(broker, req, incremental=True)
 
 
-async def _alter(broker: Broker, req: Body, *, incremental: bool) -> Body:
+async def _alter(broker: BrokerContext, req: Body, *, incremental: bool) -> Body:
     validate_only = bool(req.get("validate_only"))
     keys = [(r["resource_type"], r["resource_name"]) for r in req["resources"]]
     twice = {k for k in keys if keys.count(k) > 1}
@@ -94,7 +94,7 @@ def _new_config(current: dict[str, str], ops: list[ConfigOp], incremental: bool)
 
 
 async def _alter_topic(
-    broker: Broker, name: str, ops: list[ConfigOp], incremental: bool, validate_only: bool
+    broker: BrokerContext, name: str, ops: list[ConfigOp], incremental: bool, validate_only: bool
 ) -> tuple[ErrorCode, str | None]:
     if broker.metadata.topic(name) is None:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
@@ -121,7 +121,7 @@ async def _alter_topic(
 
 
 async def _alter_broker(
-    broker: Broker, name: str, ops: list[ConfigOp], incremental: bool, validate_only: bool
+    broker: BrokerContext, name: str, ops: list[ConfigOp], incremental: bool, validate_only: bool
 ) -> tuple[ErrorCode, str | None]:
     if name == "":
         entity = layout.DEFAULT_BROKER_ENTITY
@@ -165,7 +165,7 @@ async def _wait(condition: Callable[[], bool]) -> bool:
     return True
 
 
-def describe_broker_config(broker: Broker, name: str) -> tuple[list[Body], ErrorCode, str | None]:
+def describe_broker_config(broker: BrokerContext, name: str) -> tuple[list[Body], ErrorCode, str | None]:
     """DescribeConfigs of a broker: its static settings (read-only) and the log defaults Sluice
     changes live, with where each value comes from; ``""``: the cluster's dynamic defaults."""
     if name == "":

@@ -19,7 +19,7 @@ from sluice.protocol.errors import ErrorCode
 from sluice.protocol.primitives import DecodeError, Reader
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
 
 Body = dict[str, Any]
 Key = tuple[str, int]
@@ -74,7 +74,7 @@ def offset_deletion(group: Group | None, requested: Iterable[Key]) -> OffsetDele
     return OffsetDeletion(ErrorCode.NONE, answers, tuple(k for k in keys if answers[k] is ErrorCode.NONE))
 
 
-async def offset_delete(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def offset_delete(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     group_id = req["group_id"]
     requested = [(t["name"], p["partition_index"]) for t in req["topics"] for p in t["partitions"]]
     coordinator = broker.coordinator

@@ -26,7 +26,7 @@ from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
 
 log = logging.getLogger("sluice.admin")
 
@@ -45,7 +45,7 @@ class _Refused(Exception):
 
 
 async def _on_controller(
-    broker: Broker, job: Callable[[Controller, ControllerTerm], Any], timeout_ms: int
+    broker: BrokerContext, job: Callable[[Controller, ControllerTerm], Any], timeout_ms: int
 ) -> Any:
     """Run ``job`` on the controller's thread; _Refused with NOT_CONTROLLER or REQUEST_TIMED_OUT."""
     if not broker.controller.is_active:
@@ -86,7 +86,7 @@ def _duplicates(names: Iterable[Any]) -> set[Any]:
 # -- CreatePartitions --------------------------------------------------------------------------
 
 
-def _has_leaders(broker: Broker, topic: str, count: int) -> bool:
+def _has_leaders(broker: BrokerContext, topic: str, count: int) -> bool:
     """The view holds ``count`` partitions of ``topic``, each with a leader (and the ones this
     broker leads are led here already)."""
     parts = broker.metadata.partitions(topic)
@@ -99,7 +99,7 @@ def _has_leaders(broker: Broker, topic: str, count: int) -> bool:
     )
 
 
-async def create_partitions(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def create_partitions(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     timeout_ms = _timeout_ms(req)
     deadline = time.monotonic() + timeout_ms / 1000.0
     validate_only = bool(req.get("validate_only"))
@@ -147,7 +147,7 @@ def _topic_result(name: str, error: ErrorCode, message: str | None) -> Body:
 # -- ElectLeaders --------------------------------------------------------------------------------
 
 
-async def elect_leaders(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def elect_leaders(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     election_type = int(req.get("election_type", PREFERRED)) if header.api_version >= 1 else PREFERRED
     requested = req.get("topic_partitions")
     wanted: list[Key] | None = (
@@ -194,7 +194,7 @@ def _elect_answer(
 # -- AlterPartitionReassignments, ListPartitionReassignments --------------------------------------
 
 
-async def alter_partition_reassignments(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def alter_partition_reassignments(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     requests = [
         ReassignmentRequest(
             t["name"], int(p["partition_index"]), None if p["replicas"] is None else tuple(p["replicas"])
@@ -238,7 +238,7 @@ async def alter_partition_reassignments(broker: Broker, header: RequestHeader, r
     }
 
 
-async def list_partition_reassignments(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def list_partition_reassignments(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     """Answered by any broker from ``/admin/reassign_partitions`` and its view of the topics."""
     found = await asyncio.to_thread(broker.store.reassignment_request)
     pending = found[0] if found is not None else []

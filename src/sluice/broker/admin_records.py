@@ -20,7 +20,7 @@ from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
     from sluice.broker.partition import Partition
 
 Body = dict[str, Any]
@@ -47,7 +47,7 @@ def deletion_refusal(part: Partition, offset: int) -> tuple[ErrorCode, str] | No
     return None
 
 
-async def delete_records(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def delete_records(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     timeout_ms = int(req.get("timeout_ms", DEFAULT_TIMEOUT_MS)) or DEFAULT_TIMEOUT_MS
     deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
     named = [(t["name"], p["partition_index"]) for t in req["topics"] for p in t["partitions"]]
@@ -105,7 +105,7 @@ async def delete_records(broker: Broker, header: RequestHeader, req: Body) -> Bo
     }
 
 
-async def describe_log_dirs(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def describe_log_dirs(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     """This broker's one data directory: each replica's size in bytes, and how far its log end
     is below the high watermark (Kafka's offset lag; 0 for a replica that has everything)."""
     requested = req.get("topics")
@@ -139,7 +139,7 @@ async def describe_log_dirs(broker: Broker, header: RequestHeader, req: Body) ->
     }
 
 
-async def describe_producers(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def describe_producers(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     """The idempotent producers the leader's log knows for each partition (its producer state,
     ``storage/producer_state.py``), with their epoch, last sequence and last timestamp."""
     topics = []

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice import metrics
 from sluice.protocol.api import ApiKey, RequestHeader
@@ -33,8 +33,12 @@ from sluice.security.session import ANONYMOUS, Session
 from sluice.security.tls import peer_principal
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from collections.abc import Mapping
+
+    from sluice.broker.config import BrokerConfig
     from sluice.broker.listeners import Listener
+    from sluice.cluster.zkstore import ZkStore
+    from sluice.security.scram import ScramCredential
 
 log = logging.getLogger("sluice.auth")
 
@@ -46,8 +50,22 @@ Body = dict[str, Any]
 MIN_REAUTH_INTERVAL_S = 1.0
 
 
+class AuthenticationHost(Protocol):
+    """What a connection's authentication needs of the broker: its SASL settings, ZooKeeper's
+    credentials, and the brokers' own user's credentials (from the configuration only)."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def store(self) -> ZkStore: ...
+
+    @property
+    def own_credentials(self) -> Mapping[str, ScramCredential]: ...
+
+
 class ConnectionAuth:
-    def __init__(self, broker: Broker, listener: Listener, host: str, ssl_object: Any = None):
+    def __init__(self, broker: AuthenticationHost, listener: Listener, host: str, ssl_object: Any = None):
         self.broker = broker
         self.listener = listener
         self.host = host

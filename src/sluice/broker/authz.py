@@ -1,8 +1,9 @@
 """Authorization of every Kafka API on the broker, with Kafka's rules and error codes.
 
 Off unless the broker's ``authorizer.class.name`` names :class:`sluice.security.acl.AclAuthorizer`;
-then :class:`BrokerAuthorizer` holds the ACL cache (``security.acl_store``) and decides for the
-session of the connection being served (``security.session.current_session``).
+then :class:`sluice.broker.authorizer.BrokerAuthorizer` holds the ACL cache
+(``security.acl_store``) and decides for the session of the connection being served
+(``security.session.current_session``).
 
 Each API's check is a *guard* here, wrapped around its handler by :func:`guard_handlers`, so the
 handlers themselves stay as they are: a guard answers a request that is refused as a whole
@@ -50,163 +51,34 @@ per principal, operation and resource, and counted in ``sluice_authorization_den
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
 
-from sluice import metrics
+from sluice.broker.authorizer import BrokerAuthorizer, Check, session
+from sluice.broker.context import Body, BrokerContext, Handler
 from sluice.broker.metadata import requested_topics
 from sluice.broker.produce_validation import has_transactional_records
+from sluice.broker.txn_apis import partition_results
 from sluice.metrics import api_name
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
-from sluice.security.acl import (
-    AclAuthorizer,
-    AclSnapshot,
-    AuthorizerConfig,
-    Operation,
-    Resource,
-    ResourceType,
-)
-from sluice.security.acl_store import AclCache, AclStore
-from sluice.security.session import Session, current_session
+from sluice.security.acl import Operation, ResourceType
 
-if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
-    from sluice.broker.config import BrokerConfig
-    from sluice.cluster.zkstore import ZkStore
-
-log = logging.getLogger("sluice.authz")
-
-Body = dict[str, Any]
-Handler = Callable[["Broker", RequestHeader, Body], Awaitable[Body | None]]
 ZERO_UUID = uuid.UUID(int=0)
 TOPIC_DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 GROUP_DENIED = ErrorCode.GROUP_AUTHORIZATION_FAILED
 TXN_DENIED = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-#: At most one INFO line per (principal, operation, resource) this often; DEBUG has every one.
-DENIAL_INFO_INTERVAL_S = 60.0
-DENIAL_LOG_KEYS_MAX = 1000
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 
-
-class BrokerAuthorizer:
-    """The broker's authorizer: the ACL cache, the decision, and the record of refusals.
-
-    ``authorize(session, op, resource)`` is what any request path calls (the replication door
-    calls it for follower fetches with CLUSTER_ACTION on the cluster)."""
-
-    def __init__(self, config: AuthorizerConfig, store: ZkStore) -> None:
-        self.acls = AclStore(store)
-        self.cache = AclCache(self.acls)
-        self.acl = AclAuthorizer(config, self.cache.snapshot)
-        self._last_info: dict[tuple[str, Operation, ResourceType, str], float] = {}
-
-    def start(self) -> None:
-        """Load the ACLs and follow their changes (blocking: before the listener serves)."""
-        self.cache.start()
-
-    def snapshot(self) -> AclSnapshot:
-        return self.cache.snapshot()
-
-    def authorize(
-        self, session: Session, op: Operation, resource: Resource, *, api: str = "", quiet: bool = False
-    ) -> bool:
-        """May the session's principal do ``op`` on ``resource``? A refusal is logged and
-        counted unless ``quiet`` (a listing leaving out what the principal may not see)."""
-        decision = self.acl.decide(session, op, resource)
-        if not decision.allowed and not quiet:
-            self._denied(session, op, resource, decision.reason, api)
-        return decision.allowed
-
-    def authorize_by_resource_type(
-        self, session: Session, op: Operation, rtype: ResourceType, *, api: str = ""
-    ) -> bool:
-        allowed = self.acl.authorize_by_resource_type(session, op, rtype)
-        if not allowed:
-            self._denied(session, op, Resource(rtype, "*any*"), "no_resource_of_type_allowed", api)
-        return allowed
-
-    def _denied(self, session: Session, op: Operation, resource: Resource, reason: str, api: str) -> None:
-        metrics.AUTHORIZATION_DENIED.labels(api or "unknown", resource.type.name.lower()).inc()
-        args = (session.principal, session.host, api, op.name, resource.type.name, resource.name, reason)
-        template = (
-            "event=authorization_denied principal=%s host=%s api=%s operation=%s resource_type=%s "
-            "resource=%s reason=%s"
-        )
-        key = (session.principal, op, resource.type, resource.name)
-        now = time.monotonic()
-        last = self._last_info.get(key)
-        if last is not None and now - last < DENIAL_INFO_INTERVAL_S:
-            log.debug(template, *args)
-            return
-        if len(self._last_info) >= DENIAL_LOG_KEYS_MAX:
-            self._last_info.clear()
-        self._last_info[key] = now
-        log.info(template, *args)
-
-
-def make_authorizer(config: BrokerConfig, store: ZkStore) -> BrokerAuthorizer | None:
-    """The broker's authorizer, or None when ``authorizer.class.name`` is empty."""
-    if not config.authorizer:
-        return None
-    assert config.authorizer == AclAuthorizer.CLASS_NAME, config.authorizer
-    return BrokerAuthorizer(
-        AuthorizerConfig(frozenset(config.super_users), config.allow_everyone_if_no_acl_found), store
-    )
-
-
-def session() -> Session:
-    """The session being served, with the client's address when the network layer gave none."""
-    s = current_session.get()
-    if s.host:
-        return s
-    from sluice.broker.server import current_client_host
-
-    host = current_client_host.get()
-    if not host:
-        return s
-    return Session(s.principal, s.listener, s.protocol, host)
-
-
-class Check:
-    """The checks of one request: its session and API name bound once."""
-
-    __slots__ = ("api", "authorizer", "session")
-
-    def __init__(self, authorizer: BrokerAuthorizer, session: Session, api: str) -> None:
-        self.authorizer = authorizer
-        self.session = session
-        self.api = api
-
-    def __call__(self, op: Operation, rtype: ResourceType, name: str, *, quiet: bool = False) -> bool:
-        return self.authorizer.authorize(self.session, op, Resource(rtype, name), api=self.api, quiet=quiet)
-
-    def cluster(self, op: Operation, *, quiet: bool = False) -> bool:
-        return self.authorizer.authorize(self.session, op, Resource.cluster(), api=self.api, quiet=quiet)
-
-    def topic(self, op: Operation, name: str, *, quiet: bool = False) -> bool:
-        return self(op, ResourceType.TOPIC, name, quiet=quiet)
-
-    def group(self, op: Operation, name: str) -> bool:
-        return self(op, ResourceType.GROUP, name)
-
-    def denied_topics(self, op: Operation, names: Iterable[str]) -> set[str]:
-        return {n for n in set(names) if not self.topic(op, n)}
-
-
-Guard = Callable[[Handler, "Broker", RequestHeader, Body, Check], Awaitable[Body | None]]
+Guard = Callable[[Handler, BrokerContext, RequestHeader, Body, Check], Awaitable[Body | None]]
 
 
 # -- per-API guards ---------------------------------------------------------------------------
 
 
 async def _produce(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     txn_id = req.get("transactional_id")
     # Kafka's rule, from each partition's first batch: with exactly one batch per partition
@@ -265,7 +137,7 @@ async def _produce(
     return response
 
 
-def fetch_denied_topics(broker: Broker, topics: Iterable[str]) -> set[str]:
+def fetch_denied_topics(broker: BrokerContext, topics: Iterable[str]) -> set[str]:
     """Of ``topics``, those the session's principal may not READ: a consumer's Fetch, asked by
     ``handlers.fetch`` on every request for every partition it would serve, named in the request
     or only in its fetch session (an incremental fetch names none). Empty while authorization is
@@ -277,7 +149,7 @@ def fetch_denied_topics(broker: Broker, topics: Iterable[str]) -> set[str]:
 
 
 async def _list_offsets(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     denied = check.denied_topics(Operation.DESCRIBE, (t["name"] for t in req["topics"]))
     if not denied:
@@ -308,7 +180,7 @@ async def _list_offsets(
 
 
 async def _metadata(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     requested = requested_topics(header.api_version, req.get("topics"))
     if requested is None:  # every topic: leave out those the principal may not describe, silently
@@ -351,7 +223,7 @@ async def _metadata(
 
 
 async def _offset_commit(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     def answer(topics: list[Body], error: ErrorCode) -> list[Body]:
         return [
@@ -380,7 +252,7 @@ async def _offset_commit(
 
 
 async def _offset_fetch(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     requested = req.get("topics")
 
@@ -434,7 +306,7 @@ async def _offset_fetch(
 
 
 async def _find_coordinator(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     def allowed(key: str) -> bool:
         if req.get("key_type", 0) == 1:
@@ -466,7 +338,7 @@ def _group_read(refusal: Callable[[RequestHeader, Body], Body]) -> Guard:
     """A guard for an API acting on one group, refused as a whole without READ on it."""
 
     async def guard(
-        handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+        handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
     ) -> Body | None:
         if check.group(Operation.READ, req["group_id"]):
             return await handler(broker, header, req)
@@ -490,7 +362,7 @@ _leave_group = _group_read(lambda h, r: {"members": []})
 
 
 async def _describe_groups(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     groups = list(req["groups"])
     denied = {g for g in groups if not check.group(Operation.DESCRIBE, g)}
@@ -515,7 +387,7 @@ async def _describe_groups(
 
 
 async def _list_groups(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     response = await handler(broker, header, req)
     if response is None or check.cluster(Operation.DESCRIBE, quiet=True):
@@ -529,7 +401,7 @@ async def _list_groups(
 
 
 async def _delete_groups(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     names = list(req["groups_names"])
     denied = {g for g in names if not check(Operation.DELETE, ResourceType.GROUP, g)}
@@ -549,7 +421,7 @@ async def _delete_groups(
 
 
 async def _create_topics(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     topics = list(req["topics"])
     denied: set[str] = set()
@@ -598,7 +470,7 @@ def _hide_created_configs(results: list[Body], denied: set[str], check: Check) -
 
 
 async def _delete_topics(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     by_name = list(req.get("topic_names") or [])
     by_entry = list(req.get("topics") or [])
@@ -637,7 +509,7 @@ async def _delete_topics(
 
 
 async def _init_producer_id(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     txn_id = req.get("transactional_id")
     if txn_id is not None:
@@ -657,7 +529,7 @@ async def _init_producer_id(
 
 
 async def _offset_for_leader_epoch(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if req.get("replica_id", -1) >= 0 or check.cluster(Operation.CLUSTER_ACTION, quiet=True):
         return await handler(broker, header, req)  # a follower's: the replication door decides
@@ -688,7 +560,7 @@ async def _offset_for_leader_epoch(
 
 
 async def _describe_configs(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     resources = list(req["resources"])
     refusals: dict[int, Body] = {}
@@ -730,10 +602,8 @@ async def _describe_configs(
 
 
 async def _add_partitions_to_txn(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
-    from sluice.broker.txn_apis import partition_results
-
     if header.api_version >= 4:  # only brokers send these (KIP-890's verification among them)
         if check.cluster(Operation.CLUSTER_ACTION):
             return await handler(broker, header, req)
@@ -756,7 +626,7 @@ async def _add_partitions_to_txn(
 
 
 async def _add_offsets_to_txn(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["transactional_id"]):
         return {"throttle_time_ms": 0, "error_code": TXN_DENIED}
@@ -766,7 +636,7 @@ async def _add_offsets_to_txn(
 
 
 async def _end_txn(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["transactional_id"]):
         return await handler(broker, header, req)
@@ -774,7 +644,7 @@ async def _end_txn(
 
 
 async def _txn_offset_commit(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     def answer(topics: list[Body], error: Callable[[str], ErrorCode]) -> list[Body]:
         return [
@@ -807,7 +677,7 @@ async def _txn_offset_commit(
 
 
 async def _write_txn_markers(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if check.cluster(Operation.CLUSTER_ACTION):
         return await handler(broker, header, req)
@@ -864,7 +734,7 @@ authorization (ApiVersions, and the SASL handshake that comes before any princip
 def guarded(key: int, handler: Handler, guard: Guard) -> Handler:
     name = api_name(key)
 
-    async def run(broker: Broker, header: RequestHeader, req: Body) -> Body | None:
+    async def run(broker: BrokerContext, header: RequestHeader, req: Body) -> Body | None:
         authorizer: BrokerAuthorizer | None = getattr(broker, "authorizer", None)  # test stubs have none
         if authorizer is None:
             return await handler(broker, header, req)
@@ -882,10 +752,3 @@ def guard_handlers(
     a guard costs one attribute read while authorization is off)."""
     table = GUARDS if guards is None else guards
     return {key: guarded(key, h, table[key]) if key in table else h for key, h in handlers.items()}
-
-
-async def wait_for_acls(authorizer: BrokerAuthorizer, version: int, timeout_s: float = 5.0) -> None:
-    """Let this broker's cache catch up with an ACL write it just made (its answer then agrees
-    with its next DescribeAcls)."""
-    if version >= 0:
-        await asyncio.to_thread(authorizer.cache.wait_for, version, timeout_s)

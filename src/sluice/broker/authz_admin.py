@@ -21,17 +21,13 @@ principal may not touch and adds the refusals to the answer (``broker/authz.py``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from sluice.broker.authz import TOPIC_DENIED, Check, Guard, Handler
+from sluice.broker.authorizer import Check
+from sluice.broker.authz import TOPIC_DENIED, Guard
+from sluice.broker.context import Body, BrokerContext, Handler
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import Operation
 
-if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
-
-Body = dict[str, Any]
 CLUSTER_DENIED = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 GROUP_DENIED = ErrorCode.GROUP_AUTHORIZATION_FAILED
 RESOURCE_TOPIC = 2
@@ -39,7 +35,7 @@ RESOURCE_BROKER = 4
 
 
 async def _create_partitions(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     topics = list(req["topics"])
     denied = check.denied_topics(Operation.ALTER, (t["name"] for t in topics))
@@ -59,7 +55,7 @@ async def _create_partitions(
 
 
 async def _alter_configs(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     resources = list(req["resources"])
     refusals: dict[int, Body] = {}
@@ -93,7 +89,7 @@ async def _alter_configs(
 
 
 async def _delete_records(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     denied = check.denied_topics(Operation.DELETE, (t["name"] for t in req["topics"]))
     if not denied:
@@ -122,7 +118,7 @@ async def _delete_records(
 
 
 async def _elect_leaders(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if check.cluster(Operation.ALTER):
         return await handler(broker, header, req)
@@ -146,7 +142,7 @@ def _cluster_op(op: Operation, refusal: Body) -> Guard:
     """A guard for an API refused as a whole without ``op`` on the cluster."""
 
     async def guard(
-        handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+        handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
     ) -> Body | None:
         if check.cluster(op):
             return await handler(broker, header, req)
@@ -156,7 +152,7 @@ def _cluster_op(op: Operation, refusal: Body) -> Guard:
 
 
 async def _alter_partition_reassignments(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if check.cluster(Operation.ALTER):
         return await handler(broker, header, req)
@@ -185,7 +181,7 @@ async def _alter_partition_reassignments(
 
 
 async def _list_partition_reassignments(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     if check.cluster(Operation.DESCRIBE):
         return await handler(broker, header, req)
@@ -206,7 +202,7 @@ _describe_log_dirs = _cluster_op(Operation.DESCRIBE, {"error_code": CLUSTER_DENI
 
 
 async def _offset_delete(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     def answer(topics: list[Body], error: ErrorCode) -> list[Body]:
         return [
@@ -236,7 +232,7 @@ async def _offset_delete(
 
 
 async def _describe_producers(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
+    handler: Handler, broker: BrokerContext, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     denied = check.denied_topics(Operation.READ, (t["name"] for t in req["topics"]))
     if not denied:

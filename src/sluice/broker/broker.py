@@ -26,7 +26,7 @@ from kazoo.exceptions import BadVersionError
 from sluice import metrics, test_switches
 from sluice.broker import log_cleaner
 from sluice.broker.admin import TopicAdmin
-from sluice.broker.authz import make_authorizer
+from sluice.broker.authorizer import make_authorizer
 from sluice.broker.config import CONTROLLED_SHUTDOWN_TIMEOUT_S, BrokerConfig
 from sluice.broker.coordinator import GroupCoordinator
 from sluice.broker.dynamic_config import DynamicBrokerConfig

@@ -23,8 +23,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.broker import group_records as gr
 from sluice.broker import offset_expiry, txn_verification
@@ -44,7 +44,11 @@ from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import build_batch, decode_records, iter_batches, read_control_marker
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.admin import TopicAdmin
+    from sluice.broker.config import BrokerConfig
+    from sluice.broker.metadata import MetadataCache
+    from sluice.broker.replica_manager import ReplicaManager
+    from sluice.broker.txn_verification import TxnVerifier
     from sluice.storage.producer_state import VerificationGuard
 
 log = logging.getLogger("sluice.coordinator")
@@ -92,8 +96,31 @@ class CoordinatorError(Exception):
         self.code = code
 
 
+class CoordinatorHost(Protocol):
+    """What the group coordinator needs of the broker: the ``__consumer_offsets`` partitions led
+    here, the admin to create the topic, the verifier of transactional offset commits (KIP-890),
+    and a place to run a group's write in the background."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def metadata(self) -> MetadataCache: ...
+
+    @property
+    def replicas(self) -> ReplicaManager: ...
+
+    @property
+    def admin(self) -> TopicAdmin: ...
+
+    @property
+    def txn_verifier(self) -> TxnVerifier: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, object]) -> None: ...
+
+
 class GroupCoordinator:
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: CoordinatorHost):
         self.broker = broker
         self.partitions = broker.config.offsets_topic_partitions
         self.initial_rebalance_delay_s = broker.config.group_initial_rebalance_delay_ms / 1000.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kazoo.protocol.states import ZnodeStat
 
@@ -23,7 +23,9 @@ from sluice.cluster import layout
 from sluice.storage.config import LogConfig, known_topic_configs
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.config import BrokerConfig
+    from sluice.broker.replica_manager import ReplicaManager
+    from sluice.cluster.zkstore import ZkStore
 
 log = logging.getLogger("sluice.config")
 
@@ -57,8 +59,22 @@ def effective_log_defaults(
     return result, ignored
 
 
+class DynamicConfigHost(Protocol):
+    """What DynamicBrokerConfig needs of the broker: its static configuration, ZooKeeper to
+    watch, and the replicas the log defaults are applied to."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def store(self) -> ZkStore: ...
+
+    @property
+    def replicas(self) -> ReplicaManager: ...
+
+
 class DynamicBrokerConfig:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: DynamicConfigHost) -> None:
         self.broker = broker
         self.static = broker.config.log_defaults
         self.cluster: dict[str, str] = {}

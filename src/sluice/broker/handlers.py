@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker import (
@@ -31,6 +31,7 @@ from sluice.broker.admin import missing_topic_error, validate_topic_name
 from sluice.broker.admin_cluster import authorized_operations, cluster_operations
 from sluice.broker.authz import GUARDS, fetch_denied_topics, guard_handlers
 from sluice.broker.authz_admin import ADMIN_GUARDS
+from sluice.broker.context import Body, BrokerContext, Handler
 from sluice.broker.fetch_sessions import (
     FINAL_EPOCH,
     INVALID_SESSION_ID,
@@ -48,10 +49,9 @@ from sluice.metrics import TRAFFIC
 from sluice.protocol.api import SUPPORTED, ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import Resource, ResourceType
-from sluice.security.session import current_session
+from sluice.security.session import current_client_host, current_session
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
     from sluice.broker.replica_access import ReplicaClaim
     from sluice.broker.replica_manager import FetchResult
     from sluice.cluster.view import PartitionInfo
@@ -59,9 +59,6 @@ if TYPE_CHECKING:
     from sluice.storage.producer_state import VerificationGuard
 
 log = logging.getLogger("sluice.handlers")
-
-Body = dict[str, Any]
-Handler = Callable[["Broker", RequestHeader, Body], Awaitable[Body | None]]
 
 ZERO_UUID = uuid.UUID(int=0)
 RESOURCE_TOPIC = 2
@@ -86,7 +83,7 @@ def duplicated(keys: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
 CONNECTION_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
-async def api_versions(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def api_versions(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     # Advertise only what this broker handles, so clients never pick an API it would refuse.
     return {
         "error_code": ErrorCode.NONE,
@@ -99,7 +96,7 @@ async def api_versions(broker: Broker, header: RequestHeader, req: Body) -> Body
     }
 
 
-async def find_coordinator(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def find_coordinator(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     keys = req.get("coordinator_keys") or []
     single = header.api_version < 4
     if single:
@@ -148,9 +145,7 @@ async def find_coordinator(broker: Broker, header: RequestHeader, req: Body) -> 
     }
 
 
-async def join_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    from sluice.broker.server import current_client_host
-
+async def join_group(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     response = await broker.coordinator.join(
         req, header.api_version, header.client_id or "", current_client_host.get()
     )
@@ -165,18 +160,18 @@ async def join_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
     return response
 
 
-async def sync_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def sync_group(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     response = await broker.coordinator.sync(req)
     response.setdefault("assignment", b"")
     response["throttle_time_ms"] = 0
     return response
 
 
-async def heartbeat(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def heartbeat(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     return {"throttle_time_ms": 0, "error_code": broker.coordinator.heartbeat(req)}
 
 
-async def leave_group(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def leave_group(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     if header.api_version < 3:
         members = [{"member_id": req["member_id"], "group_instance_id": None}]
     else:
@@ -215,7 +210,7 @@ def refused_commits(
     return refused
 
 
-async def offset_commit(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def offset_commit(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     names = {t["name"] for t in req["topics"]}
     counts = {n: a.partition_count for n in names if (a := broker.metadata.topic(n)) is not None}
     refused = refused_commits(
@@ -254,7 +249,7 @@ async def offset_commit(broker: Broker, header: RequestHeader, req: Body) -> Bod
     }
 
 
-async def offset_fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def offset_fetch(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     requested = req.get("topics")
     topics = None if requested is None else [(t["name"], list(t["partition_indexes"])) for t in requested]
     error, found = broker.coordinator.fetch_offsets(req["group_id"], topics)
@@ -302,7 +297,7 @@ async def offset_fetch(broker: Broker, header: RequestHeader, req: Body) -> Body
     return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "topics": out}
 
 
-async def describe_groups(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def describe_groups(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     groups = [broker.coordinator.describe(g) for g in req["groups"]]
     if req.get("include_authorized_operations"):
         for g in groups:
@@ -312,12 +307,12 @@ async def describe_groups(broker: Broker, header: RequestHeader, req: Body) -> B
     return {"throttle_time_ms": 0, "groups": groups}
 
 
-async def list_groups(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def list_groups(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     groups = broker.coordinator.list_groups(list(req.get("states_filter") or []))
     return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "groups": groups}
 
 
-async def delete_groups(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def delete_groups(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     results = []
     for group_id in req["groups_names"]:
         results.append({"group_id": group_id, "error_code": await broker.coordinator.delete_group(group_id)})
@@ -373,7 +368,7 @@ def topic_metadata(
     }
 
 
-async def metadata(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def metadata(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     cache = broker.metadata
     requested = requested_topics(header.api_version, req.get("topics"))
     all_topics = cache.topics()
@@ -474,7 +469,7 @@ def _produce_refused_whole(req: Body, error: ErrorCode) -> Body | None:
     }
 
 
-async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | None:
+async def produce(broker: BrokerContext, header: RequestHeader, req: Body) -> Body | None:
     """Produce: each partition's one batch checked (``produce_validation``), a transactional
     batch that would open its transaction verified with the transaction coordinator (KIP-890
     part 1, ``txn_verification``), then appended; acks=all answers wait for replication."""
@@ -564,7 +559,7 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
 
 
 async def _verify_transactional(
-    broker: Broker,
+    broker: BrokerContext,
     txn_id: str | None,
     producers: set[tuple[int, int]],
     accepted: list[tuple[str, int, Any, BatchHeader]],
@@ -598,7 +593,7 @@ async def _verify_transactional(
     return guards
 
 
-def _fetch_topic_name(broker: Broker, t: Body) -> str:
+def _fetch_topic_name(broker: BrokerContext, t: Body) -> str:
     name = t.get("topic") or ""
     if not name and t.get("topic_id") not in (None, ZERO_UUID):
         found = broker.metadata.topic_by_id(t["topic_id"])
@@ -606,7 +601,7 @@ def _fetch_topic_name(broker: Broker, t: Body) -> str:
     return str(name)
 
 
-async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def fetch(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     """Long-poll fetch, in or out of an incremental fetch session (KIP-227, ``fetch_sessions``).
 
     Every partition of the session is read, named in this request or not: a follower's position
@@ -872,7 +867,7 @@ def _refused_replica_fetch(header: RequestHeader, req: Body, claim: ReplicaClaim
     )
 
 
-def _topic_id(broker: Broker, name: str, named: Mapping[str, Any]) -> Any:
+def _topic_id(broker: BrokerContext, name: str, named: Mapping[str, Any]) -> Any:
     """The id of a topic in a Fetch answer: the one the request named it by, else (a partition
     only in the fetch session) the topic's current id."""
     given = named.get(name, ZERO_UUID)
@@ -928,7 +923,7 @@ def _fetch_response(error: ErrorCode, session_id: int, responses: list[Body]) ->
     return {"throttle_time_ms": 0, "error_code": error, "session_id": session_id, "responses": responses}
 
 
-async def list_offsets(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def list_offsets(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     topics = []
     twice = duplicated((t["name"], p["partition_index"]) for t in req["topics"] for p in t["partitions"])
     for t in req["topics"]:
@@ -958,7 +953,7 @@ async def list_offsets(broker: Broker, header: RequestHeader, req: Body) -> Body
     return {"throttle_time_ms": 0, "topics": topics}
 
 
-async def offset_for_leader_epoch(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def offset_for_leader_epoch(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     """KIP-101/KIP-279: the end offset of a leader epoch, which a follower (or a consumer after
     a leader change) truncates to before fetching, so replicas never diverge (I2)."""
     replica_id = req.get("replica_id", -1)
@@ -1011,14 +1006,14 @@ async def offset_for_leader_epoch(broker: Broker, header: RequestHeader, req: Bo
     return {"throttle_time_ms": 0, "topics": topics}
 
 
-async def create_topics(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def create_topics(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     results = await broker.admin.create_topics(
         req["topics"], req.get("timeout_ms", 30000), req.get("validate_only", False)
     )
     return {"throttle_time_ms": 0, "topics": results}
 
 
-async def delete_topics(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def delete_topics(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     names: list[str] = list(req.get("topic_names") or [])
     for t in req.get("topics") or []:
         name = t.get("name")
@@ -1031,7 +1026,7 @@ async def delete_topics(broker: Broker, header: RequestHeader, req: Body) -> Bod
     return {"throttle_time_ms": 0, "responses": results}
 
 
-async def init_producer_id(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def init_producer_id(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     if req.get("transactional_id") is not None:
         return await txn_apis.init_transactional_producer_id(broker, header, req)
     pid = req.get("producer_id", -1)
@@ -1047,7 +1042,7 @@ async def init_producer_id(broker: Broker, header: RequestHeader, req: Body) -> 
     return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "producer_id": pid, "producer_epoch": epoch}
 
 
-async def describe_configs(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def describe_configs(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     results = []
     for res in req["resources"]:
         rtype, rname = res["resource_type"], res["resource_name"]

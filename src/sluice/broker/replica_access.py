@@ -27,15 +27,22 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.protocol.errors import ErrorCode
 from sluice.security.acl import Operation, Resource
 from sluice.security.session import Session
 
 if TYPE_CHECKING:
-    from sluice.broker.authz import BrokerAuthorizer as Authorizer
     from sluice.broker.listeners import Listener
+
+
+class Authorizer(Protocol):
+    """The one question the door asks the broker's authorizer (``broker/authorizer.py``): may
+    this session do this on that resource? Named here so the door, below the replica manager,
+    needs nothing else of the authorizer."""
+
+    def authorize(self, session: Session, op: Operation, resource: Resource) -> bool: ...
 
 
 def may_act_as_replica(

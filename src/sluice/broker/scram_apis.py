@@ -23,22 +23,22 @@ from sluice.security.scram import MECHANISM_NAMES, CredentialError, from_salted_
 from sluice.security.session import current_session
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
 
 log = logging.getLogger("sluice.auth")
 Body = dict[str, Any]
 
 
-def _allowed(broker: Broker, op: Operation) -> bool:
+def _allowed(broker: BrokerContext, op: Operation) -> bool:
     authorizer = getattr(broker, "authorizer", None)
     return authorizer is None or bool(authorizer.authorize(current_session.get(), op, Resource.cluster()))
 
 
-def _store(broker: Broker) -> CredentialStore:
+def _store(broker: BrokerContext) -> CredentialStore:
     return CredentialStore(broker.store.client)
 
 
-async def describe_user_scram_credentials(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def describe_user_scram_credentials(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     if not _allowed(broker, Operation.DESCRIBE):
         return {"throttle_time_ms": 0, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                 "error_message": "not authorized to describe users", "results": []}  # fmt: skip
@@ -80,7 +80,7 @@ def _error(user: str, code: ErrorCode, message: str) -> Body:
     return {"user": user, "error_code": code, "error_message": message, "credential_infos": []}
 
 
-async def alter_user_scram_credentials(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def alter_user_scram_credentials(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     changes = [("delete", d) for d in req.get("deletions") or []]
     changes += [("upsert", u) for u in req.get("upsertions") or []]
     if not _allowed(broker, Operation.ALTER):

@@ -35,7 +35,6 @@ there once the connection has authenticated.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import logging
 import socket
@@ -64,10 +63,10 @@ from sluice.protocol.api import (
     encode_response,
 )
 from sluice.protocol.primitives import DecodeError
-from sluice.security.session import current_session
+from sluice.security.session import current_client_host, current_session
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
 
 log = logging.getLogger("sluice.server")
 
@@ -85,9 +84,6 @@ POOL_HEADROOM_MAX = 8 * 1024 * 1024
 SWEEP_INTERVAL_S = 1.0
 #: Bytes of responses queued to a slow client before the connection waits for them to drain.
 WRITE_HIGH_WATER = 16 * 1024 * 1024
-
-#: The host of the client whose request is being handled (per connection task).
-current_client_host: contextvars.ContextVar[str] = contextvars.ContextVar("current_client_host", default="")
 
 
 class ListenerBindError(OSError):
@@ -122,7 +118,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 class KafkaServer:
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         config = broker.config
         self._server: asyncio.base_events.Server | None = None

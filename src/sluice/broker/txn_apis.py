@@ -19,7 +19,7 @@ from sluice.protocol.errors import ErrorCode
 from sluice.security.session import current_session
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.context import BrokerContext
 
 log = logging.getLogger("sluice.txn_apis")
 
@@ -35,7 +35,7 @@ def _fenced_for(error: ErrorCode, api: str, version: int) -> ErrorCode:
     return error
 
 
-async def init_transactional_producer_id(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def init_transactional_producer_id(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     """InitProducerId naming a transactional id (handlers.init_producer_id sends it here)."""
     pid, epoch = req.get("producer_id", -1), req.get("producer_epoch", -1)
     expected = (pid, epoch) if pid is not None and pid >= 0 else None
@@ -50,7 +50,7 @@ async def init_transactional_producer_id(broker: Broker, header: RequestHeader, 
     }
 
 
-def _unknown_partitions(broker: Broker, partitions: list[tuple[str, int]]) -> set[tuple[str, int]]:
+def _unknown_partitions(broker: BrokerContext, partitions: list[tuple[str, int]]) -> set[tuple[str, int]]:
     unknown = set()
     for topic, index in partitions:
         assignment = broker.metadata.topic(topic)
@@ -73,7 +73,7 @@ def partition_results(topics: list[Body], errors: dict[tuple[str, int], ErrorCod
     ]
 
 
-async def add_partitions_to_txn(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def add_partitions_to_txn(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     if header.api_version >= 4:
         return await _add_partitions_for_brokers(broker, req)
     topics = list(req["v3_and_below_topics"])
@@ -97,7 +97,7 @@ async def add_partitions_to_txn(broker: Broker, header: RequestHeader, req: Body
     return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": partition_results(topics, errors)}
 
 
-async def _add_partitions_for_brokers(broker: Broker, req: Body) -> Body:
+async def _add_partitions_for_brokers(broker: BrokerContext, req: Body) -> Body:
     """AddPartitionsToTxn v4+, a broker's (the authorizer asks CLUSTER_ACTION): several
     transactions at once, each either added to as v3 adds, or, with ``verify_only``, only asked
     whether its ongoing transaction has added each partition (KIP-890: a partition's leader
@@ -128,7 +128,7 @@ async def _add_partitions_for_brokers(broker: Broker, req: Body) -> Body:
     return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "results_by_transaction": results}
 
 
-async def add_offsets_to_txn(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def add_offsets_to_txn(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     """The group's ``__consumer_offsets`` partition joins the transaction: its TxnOffsetCommits
     are committed or dropped by the transaction's marker there."""
     if not req["group_id"]:
@@ -143,14 +143,14 @@ async def add_offsets_to_txn(broker: Broker, header: RequestHeader, req: Body) -
     return {"throttle_time_ms": 0, "error_code": _fenced_for(error, "add_offsets", header.api_version)}
 
 
-async def end_txn(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def end_txn(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     error = await broker.txn_coordinator.end_txn(
         req["transactional_id"], req["producer_id"], req["producer_epoch"], bool(req["committed"])
     )
     return {"throttle_time_ms": 0, "error_code": _fenced_for(error, "end_txn", header.api_version)}
 
 
-async def write_txn_markers(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def write_txn_markers(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     """A coordinator's markers for partitions this broker leads. Only brokers write markers
     (an abort discards another producer's records for every read_committed reader), so the
     request is the replication door's, like a follower's fetch: only on the inter-broker
@@ -213,7 +213,7 @@ def _markers_answer(req: Body, error: ErrorCode) -> Body:
     }
 
 
-async def txn_offset_commit(broker: Broker, header: RequestHeader, req: Body) -> Body:
+async def txn_offset_commit(broker: BrokerContext, header: RequestHeader, req: Body) -> Body:
     """Offsets committed in a transaction: held by the group coordinator until the
     transaction's marker reaches the group's partition (committed: applied; aborted: dropped)."""
     results = await broker.coordinator.commit_txn_offsets(req)

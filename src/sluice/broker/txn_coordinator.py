@@ -28,19 +28,20 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sluice import test_switches
 from sluice.broker import txn_records
 from sluice.broker import txn_state as ts
 from sluice.broker.group_placement import partition_for_group
-from sluice.broker.txn_markers import MarkerSender
+from sluice.broker.txn_markers import MarkerHost, MarkerListener, MarkerSender
 from sluice.cluster.layout import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import build_batch, decode_records, iter_batches
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.admin import TopicAdmin
+    from sluice.broker.producer_ids import ProducerIdManager
 
 log = logging.getLogger("sluice.txn_coordinator")
 
@@ -54,6 +55,27 @@ LOAD_WAIT_S = 1.0
 COMPLETE_RETRY_S = 0.5
 
 
+class GroupPlacement(MarkerListener, Protocol):
+    """The group coordinator as a transaction's coordinator sees it: where a group's offsets
+    live (AddOffsetsToTxn), and told of the markers written there."""
+
+    def partition_for(self, group_id: str) -> int: ...
+
+
+class TxnCoordinatorHost(MarkerHost, Protocol):
+    """What the transaction coordinator needs of the broker besides writing markers: producer
+    ids, the admin to create ``__transaction_state``, and the group coordinator's placement."""
+
+    @property
+    def producer_ids(self) -> ProducerIdManager: ...
+
+    @property
+    def admin(self) -> TopicAdmin: ...
+
+    @property
+    def coordinator(self) -> GroupPlacement: ...
+
+
 @dataclass(slots=True)
 class TxnEntry:
     meta: ts.TxnMetadata
@@ -63,7 +85,7 @@ class TxnEntry:
 
 
 class TransactionCoordinator:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: TxnCoordinatorHost) -> None:
         self.broker = broker
         config = broker.config
         self.partitions = config.transaction_state_partitions

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.broker.peer_client import PeerConnection, PeerConnectionError
 from sluice.cluster.layout import OFFSETS_TOPIC
@@ -27,7 +27,9 @@ from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.config import BrokerConfig
+    from sluice.broker.metadata import MetadataCache
+    from sluice.broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("sluice.txn_markers")
 
@@ -43,8 +45,35 @@ FENCED = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTION_COOR
 Partitions = Iterable[tuple[str, int]]
 
 
+class MarkerListener(Protocol):
+    """The group coordinator, told of each marker committed on a ``__consumer_offsets``
+    partition (it completes the transactional offset commits there)."""
+
+    def on_txn_marker(self, p: int, producer_id: int, committed: bool) -> None: ...
+
+
+class MarkerHost(Protocol):
+    """What writing markers needs of the broker: the partitions led here to append them to, the
+    view to find the others' leaders, and the group coordinator to tell."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def metadata(self) -> MetadataCache: ...
+
+    @property
+    def replicas(self) -> ReplicaManager: ...
+
+    @property
+    def coordinator(self) -> MarkerListener: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+
 async def write_local(
-    broker: Broker,
+    broker: MarkerHost,
     producer_id: int,
     producer_epoch: int,
     committed: bool,
@@ -76,7 +105,7 @@ async def write_local(
 class MarkerSender:
     """The coordinator's side: every partition's marker, local or over the inter-broker listener."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: MarkerHost) -> None:
         self.broker = broker
         self._peers: dict[int, tuple[PeerConnection, asyncio.Lock]] = {}
 

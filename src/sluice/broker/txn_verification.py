@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.broker.peer_client import PeerConnection, PeerConnectionError
 from sluice.cluster.layout import TRANSACTION_STATE_TOPIC
@@ -29,7 +29,9 @@ from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from sluice.broker.broker import Broker
+    from sluice.broker.config import BrokerConfig
+    from sluice.broker.metadata import MetadataCache
+    from sluice.broker.txn_coordinator import TransactionCoordinator
 
 log = logging.getLogger("sluice.txn_verification")
 
@@ -90,10 +92,24 @@ def txn_offset_commit_answer(error: ErrorCode) -> ErrorCode:
     return error
 
 
+class VerifierHost(Protocol):
+    """What verification needs of the broker: the view to find a transactional id's
+    coordinator, and this broker's own transaction coordinator to answer in process."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def metadata(self) -> MetadataCache: ...
+
+    @property
+    def txn_coordinator(self) -> TransactionCoordinator: ...
+
+
 class TxnVerifier:
     """Asks the coordinator of a transactional id; one connection per coordinator broker."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: VerifierHost) -> None:
         self.broker = broker
         self._peers: dict[int, tuple[PeerConnection, asyncio.Lock]] = {}
 

@@ -34,3 +34,8 @@ current_session: contextvars.ContextVar[Session] = contextvars.ContextVar(
     "current_session",
     default=Session(),  # noqa: B039 (frozen: a shared default cannot be changed)
 )
+
+#: The address of the client whose request this task is handling, ``/host`` as Kafka prints it
+#: (empty when the transport has none): the group coordinator records it per member, and the
+#: authorizer puts it into a session the authentication left without one.
+current_client_host: contextvars.ContextVar[str] = contextvars.ContextVar("current_client_host", default="")
