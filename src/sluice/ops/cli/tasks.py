@@ -422,11 +422,12 @@ def worker_start(
     import logging
     import signal as _signal
     import threading
+    import time
 
     from sluice.properties import ConfigError, layered
     from sluice.sync.execution import TaskExecution
     from sluice.sync.tasks import scrub
-    from sluice.sync.worker import Membership, Worker, worker_name
+    from sluice.sync.worker import SPARK_STOP_S, Membership, Worker, worker_name
     from sluice.sync.worker_config import WorkerConfig
 
     try:
@@ -516,7 +517,7 @@ def worker_start(
     )
     worker = Worker(
         membership, store.ids, start_task, tasks_changed=changed, stop=stop, on_failure=on_failure,
-        describe_error=describe_error,
+        describe_error=describe_error, zookeeper=zk,
     )  # fmt: skip
     _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
     _signal.signal(_signal.SIGINT, lambda *_: stop.set())
@@ -524,6 +525,13 @@ def worker_start(
     try:
         worker.run()
     finally:
-        spark.stop()
-        zk.stop()
+        # The rest of the stop's bound (sync.worker.stop_bound_s): the driver, then the session
+        # (closed already if ZooKeeper went away; ZooKeeper expires one left closing).
+        spark.stop(timeout_s=SPARK_STOP_S)
+        zk.stop_by(time.monotonic())
+        began = worker.stop_began
+        logging.getLogger("sluice.worker").info(
+            "event=worker_stopped worker=%s took_ms=%s", me,
+            "-" if began is None else f"{(time.monotonic() - began) * 1000:.0f}",
+        )  # fmt: skip
     err.print(f"worker {me} stopped")
