@@ -117,6 +117,8 @@ WORKER = "worker-1"
 WORKER_BOUND_S = worker.stop_bound_s()
 #: Records the task must have applied before ZooKeeper goes: its query and capture are running.
 APPLIED_FIRST = 200
+#: How often the worker's loop checks its tasks: a quarter of its group session (10 s by default).
+LOOP_PASS_S = 2.5
 
 
 @pytest.fixture
@@ -181,14 +183,21 @@ def test_a_worker_stops_within_its_bound_with_zookeeper_gone(worker_cluster: Tes
     c = worker_cluster
     c.kill_zookeeper()
     w = c.worker(WORKER)
-    # Three reconnections refused (kazoo tries about once a second) outlast a pass of the worker's
-    # loop (2.5 s): the stop then finds the loop inside a ZooKeeper call, waiting for good as it
-    # was (cluster down, in the next test, stops it at once, with the loop between calls).
+    # The loop checks its task's status every LOOP_PASS_S; once it has made a pass since
+    # ZooKeeper went, it is inside a ZooKeeper call that kazoo holds until it reconnects (for good),
+    # and the stop must end that call (cluster down, in the next test, stops it at once, with the
+    # loop anywhere).
     refused = "Connection dropped: socket connection error: Connection refused"
-    wait_until(lambda: Path(w.log_file).read_text(errors="replace").count(refused) >= 3, 30, "reconnections")
+    wait_until(lambda: refused in Path(w.log_file).read_text(errors="replace"), 30, "a reconnection refused")
+    time.sleep(2 * LOOP_PASS_S + 1.0)
     os.kill(w.pid, signal.SIGTERM)
     exit = wait_exits({w.pid: WORKER}, WORKER_BOUND_S).get(WORKER)
     assert_worker_stopped_cleanly(c, exit)
+    text = Path(w.log_file).read_text(errors="replace")
+    # the stop found the loop inside a ZooKeeper call, and ended it
+    assert "event=task_check_ended_at_stop task=gen" in text or "event=worker_loop_left_at_stop" in text, (
+        text[-4000:]
+    )
 
 
 @pytest.mark.timeout(400)

@@ -393,9 +393,11 @@ class Worker:
             try:
                 execution.tick()
             except Exception as exc:  # ZooKeeper or the log unreachable for now
-                if not self.stop.is_set():  # (at stop, the session may have been closed under it)
-                    log.warning("task %s: status check failed, will retry: %s", task_id,
-                                self.describe_error(task_id, exc))  # fmt: skip
+                if self.stop.is_set():  # the stop may have closed the session under it: expected
+                    log.info("event=task_check_ended_at_stop task=%s error=%r", task_id, exc)
+                    continue
+                log.warning("task %s: status check failed, will retry: %s", task_id,
+                            self.describe_error(task_id, exc))  # fmt: skip
             error = getattr(execution, "error", None)
             if error is None:
                 continue
