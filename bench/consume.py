@@ -21,8 +21,13 @@ jars), fills a topic on each, and reads them in ``--rounds`` rounds (2 by defaul
 first system alternating from round to round; each figure is the median of the rounds, printed
 as ``consume_mb_s sluice=X kafka=Y`` then ``consume_mb_s ratio sluice/kafka=R``.
 
+``--security sasl_ssl`` makes Sluice's cluster SASL_SSL (``cluster up --security sasl_ssl``; the
+benchmark's clients are its admin user); ``--security both`` runs a plaintext and a SASL_SSL
+Sluice cluster in the same rounds and prints ``consume_mb_s ratio sasl_ssl/plaintext=R``. Kafka's
+peer is plaintext and is compared with the plaintext Sluice cluster.
+
 Usage: .venv/bin/python bench/consume.py [--against sluice,kafka] [--records 500000]
-           [--brokers 3] [--replication-factor 3] [--json]
+           [--brokers 3] [--replication-factor 3] [--security none|sasl_ssl|both] [--json]
 Prints figures; asserts nothing.
 """
 
@@ -71,7 +76,7 @@ class ReadRun:
 def fill(args: argparse.Namespace, system: sysmod.System) -> float:
     """Create the topic and write ``--records`` records into it; seconds it took."""
     bootstrap = system.bootstrap_servers
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **system.client_config()})
     admin.create_topics([NewTopic(TOPIC, args.partitions, args.replication_factor)], operation_timeout=30)[
         TOPIC
     ].result(timeout=30)
@@ -83,6 +88,7 @@ def fill(args: argparse.Namespace, system: sysmod.System) -> float:
 
     producer = Producer(
         {
+            **system.client_config(),
             "bootstrap.servers": bootstrap,
             "acks": "all",
             "enable.idempotence": True,
@@ -117,7 +123,7 @@ def fill(args: argparse.Namespace, system: sysmod.System) -> float:
 def read_all(args: argparse.Namespace, system: sysmod.System, rnd: int) -> ReadRun:
     """One new group reads the whole topic."""
     run = ReadRun(system.name, rnd)
-    consumer = sysmod.group_consumer(system.bootstrap_servers, "consume-bench")
+    consumer = sysmod.group_consumer(system.bootstrap_servers, "consume-bench", system.client_config())
     try:
         subscribed = time.monotonic()
         consumer.subscribe([TOPIC])
@@ -160,6 +166,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an unmeasured read first (auto: on with --against kafka)",
     )
     ap.add_argument("--timeout", type=float, default=120.0, help="bound on each read (s)")
+    ap.add_argument(
+        "--security",
+        choices=("none", "sasl_ssl", "both"),
+        default="none",
+        help="Sluice's cluster (cluster up --security); both: a plaintext and a SASL_SSL cluster",
+    )
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args(argv)
     try:
@@ -180,6 +192,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names, skipped = sysmod.usable(args.systems)
+    if "sluice" in names and args.security != "none":
+        at = names.index("sluice")
+        sides = ["sluice", "sluice_sasl_ssl"] if args.security == "both" else ["sluice_sasl_ssl"]
+        names[at : at + 1] = sides
     if skipped:
         print(skipped, flush=True)
     if not names:
@@ -224,9 +240,18 @@ def main(argv: list[str] | None = None) -> int:
         "consume_join_s": lambda r: r.join_s,
     }
     figures: list[tuple[str, float, float]] = []
+    compared = [n for n in names if n in versus.SYSTEMS]  # Kafka is compared with plaintext Sluice
     for figure, read in reads.items():
         per = {n: versus.median(read(r) for r in runs if r.system == n) for n in names}
-        versus.add_figure(figures, figure, per, names)
+        if compared:
+            versus.add_figure(figures, figure, per, compared)
+        if "sluice_sasl_ssl" in per:
+            secure = per["sluice_sasl_ssl"]
+            print(f"{figure} sluice_sasl_ssl={secure:.2f}", flush=True)
+            if "sluice" in per:
+                print(
+                    f"{figure} ratio sasl_ssl/plaintext={versus.ratio(secure, per['sluice']):.2f}", flush=True
+                )
     versus.print_figures(figures, digits=2)
     if args.json:
         print(

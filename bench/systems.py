@@ -37,7 +37,7 @@ def kafka_settings(session_timeout_s: float = 6.0, heap: str = HEAP) -> str:
 
 
 #: how the output names each system
-LABELS = {"sluice": "Sluice", "kafka": "Apache Kafka"}
+LABELS = {"sluice": "Sluice", "sluice_sasl_ssl": "Sluice (SASL_SSL)", "kafka": "Apache Kafka"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +68,15 @@ def usable(systems: list[str]) -> tuple[list[str], str | None]:
 
 
 class System:
-    """One running local cluster; ``name`` is "sluice" or "kafka"."""
+    """One running local cluster; ``name`` is "sluice", "sluice_sasl_ssl" or "kafka"."""
 
     name: str
     label: str
     directory: Path
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka settings a client of this cluster needs beyond ``bootstrap.servers``."""
+        return {}
 
     @property
     def bootstrap_servers(self) -> str:
@@ -115,11 +119,21 @@ class SluiceSystem(System):
         brokers: int,
         session_timeout_s: float,
         settings: dict[str, str] | None = None,
+        security: str = "none",
     ) -> None:
-        self.name, self.label, self.directory = "sluice", "Sluice", directory
+        self.name = "sluice" if security == "none" else f"sluice_{security}"
+        self.label = "Sluice" if security == "none" else f"Sluice ({security.upper()})"
+        self.directory = directory
         self.cluster = launcher.cluster_up(
-            directory, brokers, zk_session_timeout_s=session_timeout_s, broker_settings=settings
+            directory,
+            brokers,
+            zk_session_timeout_s=session_timeout_s,
+            broker_settings=settings,
+            security=security,
         )
+
+    def client_config(self) -> dict[str, str]:
+        return dict(self.cluster.client_security().confluent_config())
 
     @property
     def bootstrap_servers(self) -> str:
@@ -189,6 +203,8 @@ def start(
     broker's ``-Xmx``."""
     if name == "sluice":
         return SluiceSystem(directory, brokers, session_timeout_s, sluice_settings)
+    if name == "sluice_sasl_ssl":  # cluster up --security sasl_ssl; clients as its admin user
+        return SluiceSystem(directory, brokers, session_timeout_s, sluice_settings, security="sasl_ssl")
     return KafkaSystem(directory, brokers, session_timeout_s, kafka_heap)
 
 
@@ -218,8 +234,9 @@ def clusters(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def group_consumer(bootstrap: str, prefix: str) -> Consumer:
-    """A consumer in a new group of its own, reading from the earliest offset."""
+def group_consumer(bootstrap: str, prefix: str, client_config: dict[str, str] | None = None) -> Consumer:
+    """A consumer in a new group of its own, reading from the earliest offset; ``client_config``:
+    the cluster's client settings (``System.client_config()``)."""
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -227,5 +244,6 @@ def group_consumer(bootstrap: str, prefix: str) -> Consumer:
             "auto.offset.reset": "earliest",
             "enable.auto.commit": True,
             "log_level": 0,
+            **(client_config or {}),
         }
     )

@@ -5,7 +5,6 @@ alarm while its target is locked; pause and resume in the audit log; a viewer ca
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from sluice.manager.config import ManagerConfig
 from sluice.manager.server import ManagerHandle, run_manager
 from tests.support.browser import Console, WebhookReceiver
 from tests.support.cluster import TestCluster, wait_until
+from tests.support.processes import CommandTree
 
 USERS = {
     "alice": ("alice-password", "operator"),
@@ -328,9 +328,4 @@ def start_worker(name: str, cluster: TestCluster, workdir: Path) -> subprocess.P
 
 
 def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    CommandTree(proc).stop(60)  # SIGTERM; after a minute, kill -9 of it and its Spark processes

@@ -20,7 +20,8 @@ import pytest
 
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.sync.sources import binlog_history, mysql
-from sluice.sync.sources.mysql import MySqlCapture, primary_keys, recover_history, recover_position
+from sluice.sync.sources.mysql import MySqlCapture, recover_history, recover_position
+from sluice.sync.sources.mysql_base import primary_keys
 from sluice.sync.tasks import SourceSpec
 from sluice.sync.truth import Truth, compare
 from tests.integration.test_capture_statements import apply_to, source_rows

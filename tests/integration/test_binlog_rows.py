@@ -17,7 +17,7 @@ import pytest
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.sync.compare import compare_table, table_schema
 from sluice.sync.sources.binlog_rows import RowDecoder
-from sluice.sync.sources.mysql import column_types
+from sluice.sync.sources.mysql_base import column_types
 from sluice.sync.tasks import SourceSpec
 
 COLUMNS: dict[str, tuple[str, Callable[[random.Random], Any]]] = {

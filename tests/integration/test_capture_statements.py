@@ -17,7 +17,8 @@ import pytest
 
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.sync.envelope import key_text
-from sluice.sync.sources.mysql import CaptureError, MySqlCapture, check_source, primary_keys
+from sluice.sync.sources.mysql import MySqlCapture, check_source
+from sluice.sync.sources.mysql_base import CaptureError, primary_keys
 from sluice.sync.targets import open_target
 from sluice.sync.tasks import SourceSpec
 from sluice.sync.truth import Truth, compare

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from sluice.chaos.checker import Ack, Read
-from sluice.chaos.incidents import IncidentResult
 from sluice.chaos.random_run import _java_checks, run_chaos
+from sluice.chaos.results import IncidentResult
 from sluice.chaos.workload import ProducerStats
 from sluice.peers.kafka import PeerError, kafka_libs
 

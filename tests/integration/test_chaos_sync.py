@@ -5,7 +5,6 @@ targets equal the source (invariant I8)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,8 +14,11 @@ import pytest
 from sluice.chaos.sync_faults import SYNC_FAULT_KINDS, make_sync_schedule
 from sluice.chaos.sync_run import run_sync_chaos
 from sluice.chaos.sync_workload import STATEMENT_KINDS, VALUE_KINDS, SyncWorkload, parse_kinds
+from sluice.chaos.type_catalog import CATALOG
+from sluice.chaos.workload_values import RANDOM, TYPE_NAMES, literal_bytes
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.ops.postgres import LocalPostgres
+from tests.support.processes import run_command
 
 PASS = "chaos-sync verdict=pass missing=0 extra=0 different=0"
 
@@ -49,6 +51,35 @@ def test_statement_and_value_kinds_can_be_left_out() -> None:
         make_sync_schedule(1, 30, ("meteor",))
     plain = SyncWorkload(1, STATEMENT_KINDS, parse_kinds("-nul-text", VALUE_KINDS, "value kind"))
     assert not any("\\0" in sql for step in plain.first(2000) for sql in step.statements)
+    assert not any("\\0" in sql for sql in plain.initial())
+    utf8 = SyncWorkload(1, STATEMENT_KINDS, ("nul-text",))
+    binary = {t.column.removeprefix("c_"): t for t in CATALOG if "BINARY" in t.ddl or "BLOB" in t.ddl}
+    for name, index in utf8.edge_values():
+        raw = literal_bytes(CATALOG[TYPE_NAMES.index(name)].values[index])
+        if name in binary and raw is not None:
+            raw.decode("utf-8")  # no edge value that is not UTF-8 is drawn
+    assert len(utf8.edge_values()) < len(SyncWorkload(1).edge_values())
+
+
+def test_the_workload_meets_every_column_type_and_edge_value_and_types_can_be_left_out() -> None:
+    """Two tables hold a column of every catalog type; a few thousand steps write every type's
+    every edge value, random values and NULLs; a type left out has no column at all."""
+    w = SyncWorkload(5)
+    schema = " ".join(w.schema())
+    assert all(f"`{t.column}` {t.ddl}" in schema for t in CATALOG)
+    assert "PRIMARY KEY (`at`, tag)" in schema
+    met = {m for step in w.first(3000) for ms in step.met for m in ms}
+    assert {t for t, _ in met} == set(TYPE_NAMES)
+    assert {m for m in met if m[1] != RANDOM} == w.edge_values()
+    assert len(w.edge_values()) == sum(len(t.values) for t in CATALOG)
+    assert {t for t, i in met if i == RANDOM} == set(TYPE_NAMES)
+    assert w.initial_met() and {t for t, _ in w.initial_met()} == set(TYPE_NAMES)
+    assert any("NULL" in sql for step in w.first(50) if step.table == "typed" for sql in step.statements)
+    narrow = SyncWorkload(5, types=parse_kinds("-geometry,-point", TYPE_NAMES, "column type"))
+    assert "c_geometry" not in " ".join(narrow.initial()) and "c_point" not in " ".join(narrow.initial())
+    assert not any("ST_GeomFromText" in sql for step in narrow.first(500) for sql in step.statements)
+    with pytest.raises(ValueError, match="unknown column type 'uuid'"):
+        parse_kinds("uuid", TYPE_NAMES, "column type")
 
 
 # --- runs ---------------------------------------------------------------------------------------
@@ -58,7 +89,8 @@ def test_statement_and_value_kinds_can_be_left_out() -> None:
 def test_short_chaos_sync_run_targets_equal_the_source(
     tmp_path: Path, mariadb: LocalMariaDB, postgres: LocalPostgres
 ) -> None:
-    """One seed, 60 s, every statement kind, on the suite's MariaDB and PostgreSQL servers.
+    """One seed, 60 s, every statement kind and column type, on the suite's MariaDB and PostgreSQL
+    servers (the writer's session is in the catalog's time zone, +02:00, the server in UTC).
     Seed 123's 60 s schedule deals seven of the eight fault kinds (all but worker-pause, which
     the zombie drill and the worker tests cover), one after another in one run; the long run in
     the slow suite meets every kind many times. (It was seeds 1 and 11, 30 s each, which dealt
@@ -80,16 +112,17 @@ def test_short_chaos_sync_run_targets_equal_the_source(
     assert lines[-1] == PASS, "\n".join(line for line in lines if "problem" in line or "  " in line)
     assert all(r.workload is not None and sum(r.workload.steps.values()) > 0 for r in reports)
     assert all(r.injected for r in reports), "a seed injected no fault"
+    assert all(r.types_met() == set(TYPE_NAMES) for r in reports), lines[-2]  # every type, under faults
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_long_chaos_sync_runs_from_the_cli(tmp_path: Path) -> None:
     """`sluice chaos sync --duration 120 --seed 1..10`, standalone: it starts its own servers."""
-    done = subprocess.run(
+    done = run_command(
         [sys.executable, "-m", "sluice.ops.cli", "chaos", "sync", "--duration", "120", "--seed", "1..10",
          "--dir", str(tmp_path / "chaos-sync")],
-        capture_output=True, text=True, timeout=7000, env={**os.environ, "COLUMNS": "200"},
+        7000, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     assert done.returncode == 0 and last == PASS, done.stdout[-6000:] + done.stderr[-2000:]

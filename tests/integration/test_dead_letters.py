@@ -119,7 +119,7 @@ def test_errors_that_are_not_refusals_still_fail_the_batch(target: Target) -> No
 
 def test_mapping_errors_are_refusals(target_url: str) -> None:
     """A column name the mapping cannot use, and (PostgreSQL) a cast that fails, refuse that row."""
-    from sluice.sync.targets.base import ColumnMapping
+    from sluice.sync.targets.mapping import ColumnMapping
 
     mapping = ColumnMapping.from_config({"acct": {"casts": {"qty": "integer"}}})
     with open_target(target_url, mapping) as t:

@@ -65,7 +65,8 @@ from sluice.chaos.type_catalog import CatalogType
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.peers.connect import ConnectError, ConnectWorker, connect_home, debezium_mysql_config
 from sluice.sync.compare import Check, normalise, show, table_schema, target_value, values_equal
-from sluice.sync.sources.mysql import MySqlCapture, column_types
+from sluice.sync.sources.mysql import MySqlCapture
+from sluice.sync.sources.mysql_base import column_types
 from sluice.sync.sources.mysql_values import (
     bit_text,
     datetime_text,

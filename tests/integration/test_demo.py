@@ -1,9 +1,13 @@
 """The README's main command, shortened: `sluice demo` ends with the target equal to the truth,
-and serves the manager's console while it runs, with the demo's cluster, topic and apply lag."""
+and serves the manager's console while it runs, with the demo's cluster, topic and apply lag. Its
+apply query is started again when Spark's Python worker does not connect back, and SIGTERM stops
+everything the demo started."""
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -12,6 +16,30 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.cluster import wait_until
+from tests.support.processes import CommandTree, run_command
+from tests.support.spark_faults import CONNECT_BACK_FAILED, ConnectBackFault
+
+Output = queue.Queue[str]
+
+
+def start_demo(args: list[str], env: dict[str, str]) -> tuple[CommandTree, Output, threading.Thread]:
+    """`sluice demo ARGS`; its output, line by line, on the queue, put there by the thread."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sluice.ops.cli", "demo", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env},
+    )  # fmt: skip
+    lines: Output = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+
+    pumping = threading.Thread(target=pump, daemon=True)
+    pumping.start()
+    return CommandTree(proc), lines, pumping
 
 
 @pytest.mark.parametrize(
@@ -22,20 +50,19 @@ import pytest
     ["none", pytest.param("sasl_ssl", marks=pytest.mark.slow)],
 )
 def test_demo_ends_with_the_target_equal_to_the_source(tmp_path: Path, security: str) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice.ops.cli", "demo", "--dir", str(tmp_path / "demo"),
-         "--duration", "14", "--rate", "1000", "--security", security],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    lines: queue.Queue[str] = queue.Queue()
+    """Through a kill -9 of a broker, and (issue 32) through the first two starts of its apply
+    query failing as they did on a starved machine: Spark's Python worker for the query's source
+    does not connect back within Spark's 10 s. The demo starts the query again from its
+    checkpoint each time, after 1 s then 2 s. Before the fix it did not notice the query had
+    ended, waited out its 180 s for the target to catch up, and was killed at this test's
+    deadline, leaving ZooKeeper and three brokers running."""
+    fault = ConnectBackFault.arm(tmp_path / "fault", times=2)
+    demo, lines, _ = start_demo(
+        ["--dir", str(tmp_path / "demo"), "--duration", "14", "--rate", "1000", "--security", security],
+        fault.env(),
+    )
+    proc = demo.proc
     seen: list[str] = []
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line)
-
-    threading.Thread(target=pump, daemon=True).start()
     printed: dict[str, str] = {}
     apply_lag_seen: list[int] = []
     demo_topic_seen = False
@@ -43,6 +70,7 @@ def test_demo_ends_with_the_target_equal_to_the_source(tmp_path: Path, security:
         deadline = time.monotonic() + 280
         while proc.poll() is None or not lines.empty():
             assert time.monotonic() < deadline, "".join(seen)[-4000:]
+            demo.note()
             try:
                 line = lines.get(timeout=1)
             except queue.Empty:
@@ -67,19 +95,50 @@ def test_demo_ends_with_the_target_equal_to_the_source(tmp_path: Path, security:
                 except httpx.HTTPError:
                     pass  # the demo ended between two lines
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
+        killed = demo.stop()
     text = "".join(seen)
+    assert not killed, f"the demo left these running: {killed}\n{text[-3000:]}"
     assert proc.returncode == 0, text[-4000:]
     assert "OK: the target equals the source" in text
     assert "kill -9 of broker" in text and "restarted" in text
     assert "missing" in text and "different" in text  # the comparison table was printed
     assert "cluster stopped" in text
+    assert fault.injected() == 2
+    failed = [line for line in seen if "the apply query failed (attempt" in line]
+    assert [line.split("(attempt ")[1].split(")")[0] for line in failed] == ["1", "2"], text[-4000:]
+    assert all(CONNECT_BACK_FAILED in line for line in failed), failed
+    assert text.count("the apply query started again under fencing epoch") == 2, text[-4000:]
     assert printed.get("manager", "").startswith("http://"), text[-2000:]
     assert demo_topic_seen, "the console never listed the demo's topic"
     warnings = [line for line in seen if "event=" in line]
     assert apply_lag_seen, f"the console never showed the demo's apply lag; the demo logged: {warnings[-20:]}"
+
+
+def test_sigterm_stops_the_demo_and_all_it_started_while_its_query_keeps_failing(tmp_path: Path) -> None:
+    """Every start of the apply query fails (its Python worker hangs up on Spark): the demo keeps
+    starting it again, with the doubling backoff, and never hangs. SIGTERM then ends the demo:
+    exit 128 + 15, saying so, with the generator, Spark, the manager, ZooKeeper and the brokers
+    stopped by the demo itself (nothing left for the test to kill).
+
+    Before the fix SIGTERM ended the demo at once (Python's default), its cluster left running."""
+    fault = ConnectBackFault.arm(tmp_path / "fault", times=1000, hang_up=True)
+    args = ["--dir", str(tmp_path / "demo"), "--duration", "60", "--rate", "200"]
+    demo, lines, pumping = start_demo(args, fault.env())
+    try:
+        wait_until(lambda: fault.injected() >= 3, 180, "the query to fail three times", interval_s=0.5)
+        demo.note()
+        assert demo.proc.poll() is None
+        cluster_processes = demo.left_running()
+        demo.proc.send_signal(signal.SIGTERM)
+        demo.proc.wait(timeout=120)
+    finally:
+        killed = demo.stop()
+    pumping.join(timeout=30)
+    text = "".join(lines.get() for _ in range(lines.qsize()))
+    assert demo.proc.returncode == 128 + signal.SIGTERM, text[-3000:]
+    assert "demo stopped by SIGTERM: everything it started is stopped" in text, text[-3000:]
+    assert any("sluice.ops.cli broker start" in p for p in cluster_processes), cluster_processes
+    assert not killed, f"the demo left these running: {killed}\n{text[-3000:]}"
 
 
 @pytest.mark.timeout(480)  # under the full suite's load its steps took 146 s; its own waits are bounded
@@ -88,10 +147,10 @@ def test_demo_with_a_mariadb_source_ends_verified_with_the_refused_row_dead_lett
     renamed and a widened column, a re-snapshot, an added table and a row the target refuses; it
     exits 0 only when `sluice task verify` finds source and target equal and the refused row is
     in the dead-letter topic."""
-    done = subprocess.run(
+    done = run_command(
         [sys.executable, "-m", "sluice.ops.cli", "demo", "--source", "mariadb",
          "--dir", str(tmp_path / "demo"), "--duration", "24"],
-        capture_output=True, text=True, timeout=440,
+        440,
     )  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]

@@ -88,13 +88,14 @@ def test_single_replica_shutdown_fails_when_drain_cannot_move_replicas(tmp_path:
 
 def test_zombie_task_passes_from_the_cli(tmp_path: Path) -> None:
     """`sluice incident run zombie-task --local`, as an operator runs it."""
-    import subprocess
     import sys
 
-    done = subprocess.run(
+    from tests.support.processes import run_command
+
+    done = run_command(
         [sys.executable, "-m", "sluice.ops.cli", "incident", "run", "zombie-task", "--local",
          "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=380, env={**os.environ, "COLUMNS": "200"},
+        380, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     assert done.returncode == 0 and "verdict=pass" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
     assert "the zombie's stale commit was refused by the target" in done.stdout

@@ -22,6 +22,7 @@ import pytest
 
 from sluice.chaos.incidents import STALE_RECORDS
 from sluice.peers.kafka import PeerError, kafka_libs
+from tests.support.processes import run_command
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,10 +51,10 @@ def _processes_under(directory: Path) -> list[str]:
 
 
 def _drill(name: str, directory: Path) -> tuple[subprocess.CompletedProcess[str], list[dict[str, str]]]:
-    done = subprocess.run(
+    done = run_command(
         [sys.executable, "-m", "sluice.ops.cli", "incident", "run", name, "--against", "kafka", "--dir",
          str(directory)],
-        capture_output=True, text=True, timeout=280,
+        280,
     )  # fmt: skip
     lines = []
     for line in done.stdout.splitlines():

@@ -4,6 +4,7 @@ with nothing applied twice."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -25,6 +26,8 @@ from sluice.sync.sources.generator import GeneratorConfig, GeneratorStats, run_g
 from sluice.sync.targets import open_target
 from sluice.sync.truth import Truth, compare
 from tests.support.cluster import TestCluster, wait_until
+from tests.support.processes import CommandTree
+from tests.support.spark_faults import CONNECT_BACK_FAILED, ConnectBackFault, source_runners
 from tests.support.staging import staged
 
 
@@ -270,7 +273,8 @@ def assert_equals_truth(url: str, truth: Truth) -> None:
 def start_apply(
     bootstrap: str, url: str, ckpt: Path, log: Path, armed: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """`sluice apply` of crash.changes; `armed`: the test switches it runs with (test_switches.armed)."""
+    """`sluice apply` of crash.changes; `armed`: the test switches it runs with (test_switches.armed),
+    or any other variables to add to its environment (a Spark fault's: tests/support/spark_faults.py)."""
     env = {**os.environ, **(armed or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "sluice.ops.cli", "apply", "-b", bootstrap, "--topics", "crash.changes",
@@ -334,8 +338,7 @@ def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestClu
         assert "stats" in gen, f"the generator failed: {gen_error or 'still running after 120 s'}"
         wait_applied(url, "crash", end_offsets(bootstrap, "crash.changes"))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        CommandTree(proc).stop(60)  # SIGTERM; after a minute, kill -9 of it and its driver JVM
 
     truth = Truth.load(truth_path)
     assert_equals_truth(url, truth)
@@ -357,6 +360,69 @@ def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestClu
     log_text = final_log.read_text()
     replayed = [int(m.replace(",", "")) for m in re.findall(r"\(([\d,]+) already applied\)", log_text)]
     assert any(n > 0 for n in replayed), "no batch was replayed after the after-commit crash"
+
+
+def restart_delays(text: str) -> list[tuple[int, float]]:
+    """(attempt, delay) of each "the apply query failed (attempt N): ...; starting it again from
+    its checkpoint in X s" a command printed."""
+    found = re.findall(r"the apply query failed \(attempt (\d+)\): .*?checkpoint in ([\d.]+) s", text)
+    return [(int(n), float(d)) for n, d in found]
+
+
+def test_apply_restarts_its_failed_query_from_the_checkpoint_with_a_doubling_backoff(
+    make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """Issue 32: a query of `sluice apply` whose Spark Python worker cannot connect back is
+    started again from its checkpoint, after 1 s, 2 s, 4 s: the attempts count up until a batch
+    commits. Here the query commits batches, its source's Python runner dies (kill -9), and the
+    next two runners Spark starts do not connect back (they hang up at once: the same failure as
+    Spark's 10 s wait on the starved machine, which the demo's test waits out). The target ends
+    equal to the source, its offsets never going back.
+
+    Before the fix the command exited 1 at the first failure ("the apply query failed")."""
+    bootstrap = make_cluster(1).bootstrap
+    create_topic(bootstrap, "crash.changes", rf=1)
+    truth_path = tmp_path / "truth.json"
+    stats, _ = run_generator(
+        bootstrap,
+        GeneratorConfig(topic="crash.changes", rate=0, duration_s=None, max_events=6_000, seed=32),
+        truth_path=truth_path,
+    )
+    url = audited_target(tmp_path / "target.db")
+    log = tmp_path / "apply.log"
+    fault = ConnectBackFault.arm(tmp_path / "fault", times=2, after=1, hang_up=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sluice.ops.cli", "apply", "-b", bootstrap, "--topics", "crash.changes",
+         "--target", url, "--pipeline", "crash", "--checkpoint", str(tmp_path / "checkpoint"),
+         "--trigger", "500ms", "--max-records-per-trigger", "1000"],
+        stdout=subprocess.DEVNULL, stderr=log.open("ab"), env={**os.environ, **fault.env()},
+    )  # fmt: skip
+    apply = CommandTree(proc)
+    try:
+        wait_until(lambda: "batch 1:" in log.read_text(), 120, "the query to commit two batches")
+        (runner,) = wait_until(lambda: source_runners(apply.proc.pid), 30, "the source's Python runner")
+        os.kill(runner, signal.SIGKILL)
+        ends = end_offsets(bootstrap, "crash.changes")
+
+        def caught_up_or_ended() -> bool:
+            with open_target(url) as t:
+                return t.applied_offsets("crash") == ends or apply.proc.poll() is not None
+
+        wait_until(caught_up_or_ended, 150, "the target to reach the end of the log")
+        text = log.read_text()
+        assert apply.proc.poll() is None, text[-3000:]  # before the fix: exit 1, at the first failure
+    finally:
+        apply.stop()
+    assert fault.injected() == 2, text[-3000:]
+    assert text.count(CONNECT_BACK_FAILED) >= 2, text[-3000:]
+    delays = restart_delays(text)
+    assert [n for n, _ in delays] == [1, 2, 3], text[-3000:]
+    assert all(later >= 1.5 * earlier for (_, earlier), (_, later) in itertools.pairwise(delays)), delays
+    assert "the apply query started again under fencing epoch" in text, text[-3000:]
+    assert_equals_truth(url, Truth.load(truth_path))
+    assert Truth.load(truth_path).events == stats.events
+    db = sqlite3.connect(tmp_path / "target.db")
+    assert db.execute("SELECT * FROM audit_offsets WHERE new < old").fetchall() == []
 
 
 def test_the_sources_client_password_is_redacted_in_query_plans(spark: Any) -> None:
@@ -413,8 +479,7 @@ def test_driver_killed_between_the_executors_staging_and_the_commit(
     try:
         wait_applied(url, "crash", ends)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        CommandTree(proc).stop(60)  # SIGTERM; after a minute, kill -9 of it and its driver JVM
     truth = Truth.load(truth_path)
     assert truth.events == stats.events
     assert_equals_truth(url, truth)

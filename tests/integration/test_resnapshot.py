@@ -375,7 +375,8 @@ def test_a_resnapshot_cut_short_is_served_again_and_the_restart_streams_on(
     stream reads on), not a cut-short initial snapshot, which would read every table again.
     The next capture serves the request from its start; rows deleted in between stay deleted.
     (Chunk groups resuming at `snapshot`: recovered `snapshot`, seen.)"""
-    from sluice.sync.sources.mysql import BinlogPosition, recover_position
+    from sluice.sync.sources.mysql import recover_position
+    from sluice.sync.sources.mysql_base import BinlogPosition
 
     cluster = make_cluster(1)
     db, topic = "rscut", "rscut.changes"

@@ -37,6 +37,7 @@ from tests.integration.test_pipeline import (
     wait_applied,
 )
 from tests.support.cluster import TestCluster, wait_until
+from tests.support.processes import CommandTree
 
 PER_PARTITION = 100
 PARTITIONS = 3
@@ -285,8 +286,7 @@ def test_apply_on_the_kafka_source_through_kill_9_of_driver_and_broker(
     try:
         wait_until(lambda: "batch " in replay_log.read_text(), 120, "the restarted query to commit a batch")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        CommandTree(proc).stop(60)  # SIGTERM; after a minute, kill -9 of it and its driver JVM
     replayed = [
         int(m.replace(",", "")) for m in re.findall(r"\(([\d,]+) already applied\)", replay_log.read_text())
     ]
@@ -307,8 +307,7 @@ def test_apply_on_the_kafka_source_through_kill_9_of_driver_and_broker(
         assert "stats" in gen, f"the generator failed: {gen_error or 'still running after 120 s'}"
         wait_applied(url, "kcrash", end_offsets(bootstrap, "kcrash.changes"))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        CommandTree(proc).stop(60)  # SIGTERM; after a minute, kill -9 of it and its driver JVM
 
     truth = Truth.load(truth_path)
     assert_equals_truth(url, truth)

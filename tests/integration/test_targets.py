@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sluice.sync.envelope import BadEventError, ChangeEvent
 from sluice.sync.targets import StaleEpochError, Target, open_target
-from sluice.sync.targets.base import ColumnMapping, MappingError
+from sluice.sync.targets.mapping import ColumnMapping, MappingError
 from sluice.test_switches import Switches
 from tests.support.changes import event, records
 

@@ -25,7 +25,8 @@ import pymysql
 import pytest
 
 from sluice.ops.mariadb import LocalMariaDB
-from sluice.sync.sources.mysql import BinlogPosition, MySqlCapture, recover_position
+from sluice.sync.sources.mysql import MySqlCapture, recover_position
+from sluice.sync.sources.mysql_base import BinlogPosition
 from sluice.sync.tasks import SourceSpec
 from tests.integration.test_mysql_capture import read_all, running
 from tests.integration.test_pipeline import create_topic

@@ -28,7 +28,8 @@ import pytest
 from sluice.chaos import type_catalog as cat
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.sync.compare import TableSchema, compare_table, table_schema
-from sluice.sync.sources.mysql import MySqlCapture, column_types
+from sluice.sync.sources.mysql import MySqlCapture
+from sluice.sync.sources.mysql_base import column_types
 from sluice.sync.targets import open_target
 from sluice.sync.targets.base import Target
 from sluice.sync.tasks import SourceSpec

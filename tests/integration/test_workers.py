@@ -3,7 +3,9 @@ session: at the end the target equals the source and the applied offsets never w
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,13 +19,15 @@ import pytest
 from sluice.cluster.zkstore import ZkStore
 from sluice.ops import launcher
 from sluice.ops.mariadb import LocalMariaDB
-from sluice.sync.sources.mysql import BinlogPosition
+from sluice.sync.sources.mysql_base import BinlogPosition
 from sluice.sync.targets import open_target
 from sluice.sync.tasks import TaskStore
 from sluice.sync.truth import Truth, compare
 from tests.integration.test_pipeline import end_offsets
 from tests.support.cluster import TestCluster, wait_until
 from tests.support.mysql_source import KEYS, Writer, create_database, master_position, source_rows
+from tests.support.processes import CommandTree
+from tests.support.spark_faults import CONNECT_BACK_FAILED, ConnectBackFault
 
 TASK = """
 id: shopw
@@ -70,12 +74,9 @@ def worker_client_config(cluster: TestCluster, directory: Path) -> Path | None:
 
 
 def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (a clean stop), or kill -9 after a minute."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    """SIGTERM (a clean stop), or, after a minute, kill -9 of it and of what it started (its Spark
+    driver JVM and Python workers)."""
+    CommandTree(proc).stop(60)
 
 
 def create_task(
@@ -185,13 +186,11 @@ def test_two_workers_share_a_task_through_kills_and_a_pause(
 
         wait_until(caught_up, 240, "the target to catch up with the source")
     finally:
+        trees = [CommandTree(proc) for proc in workers.values()]
         for proc in workers.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in workers.values():
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            proc.send_signal(signal.SIGTERM)  # side by side: each has a minute to stop
+        for tree in trees:
+            tree.stop(60)
         zk.stop()
 
     with open_target(postgres_url) as t:
@@ -449,3 +448,57 @@ def test_a_worker_whose_spark_driver_was_killed_runs_its_task_on_a_new_one(
         stop_worker(worker)
         zk.stop()
     assert "event=spark_driver_lost" in (tmp_path / "wd1.log").read_text()
+
+
+def task_failures_shown(task_id: str, zk_address: str) -> tuple[list[tuple[int, float]], str]:
+    """`sluice task status`'s failures in a row: (attempt, seconds before its retry) of each,
+    and the whole output."""
+    out = subprocess.run(
+        [sys.executable, "-m", "sluice.ops.cli", "task", "status", task_id, "--zookeeper", zk_address],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (line,) = [line for line in out.stdout.splitlines() if line.strip().startswith("failures ")] or [""]
+    shown = re.findall(r"(\d+) \(retried after ([\d.]+) s\)", line)
+    return [(int(n), float(d)) for n, d in shown], out.stdout
+
+
+@pytest.mark.timeout(420)  # a worker's first start took 60 s under load 14 (other suites beside it)
+def test_a_task_whose_spark_python_worker_does_not_connect_back_is_retried_counting_up(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """Issue 32: under CPU starvation the apply query's Python source runner did not connect back
+    within Spark's fixed 10 s; the task failed and was retried every second as `attempts=1`, on a
+    machine its retries kept loaded. Here the first three runners the worker's Spark starts do not
+    connect back (tests/support/spark_faults.py): `sluice task status` shows the task-failed
+    failures in a row counting up, 1, 2, 3, each retry waiting about twice as long as the one
+    before; the fourth start runs, and the target ends equal to the source.
+
+    Failing run with the worker's old count (reset by every start that succeeded): attempts
+    [1, 1, 1], each retry_in_s under 1 s."""
+    cluster = make_cluster(1)
+    bootstrap, zk_address = cluster.bootstrap, cluster.zookeeper
+    items_database(mariadb, "wcb")
+    url = f"sqlite:///{tmp_path / 'cb.db'}"
+    zk, _ = create_task(
+        ITEMS_TASK.format(id="cb", port=mariadb.port, db="wcb", target=url), tmp_path, zk_address
+    )
+    # Hanging up at once, not after Spark's 10 s: the same failure, 30 s sooner.
+    fault = ConnectBackFault.arm(tmp_path / "fault", times=3, hang_up=True)
+    worker = start_worker("wcb1", bootstrap, zk_address, tmp_path, env=fault.env())
+    try:
+        mariadb.execute(
+            "UPDATE items SET v = 20 WHERE id = 2", "INSERT INTO items VALUES (3, 3)", database="wcb"
+        )
+        wait_until(lambda: items_in_target(url) == items_in_source(mariadb, "wcb"), 360,
+                   "the task to apply the source once its runners connect back")  # fmt: skip
+        assert worker.poll() is None, "the worker exited"
+        shown, status = task_failures_shown("cb", zk_address)
+    finally:
+        stop_worker(worker)
+        zk.stop()
+    assert fault.injected() == 3
+    # A loaded machine may add failures of its own (the same one, after Spark's 10 s): they count on.
+    assert [n for n, _ in shown][:3] == [1, 2, 3] and [n for n, _ in shown] == list(range(1, len(shown) + 1))
+    assert all(later >= 1.5 * earlier for (_, earlier), (_, later) in itertools.pairwise(shown[:3])), status
+    assert CONNECT_BACK_FAILED in status, status

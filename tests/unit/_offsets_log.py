@@ -29,11 +29,22 @@ class Replicas:
         #: an error to refuse appends with, before they reach the log (as ReplicaManager's)
         self.refuse: ErrorCode | None = None
 
-    def append(self, topic: str, index: int, records: bytes) -> Any:
+    def begin_txn_verification(self, topic: str, index: int, producer_id: int) -> tuple[Any, ErrorCode]:
+        return self.partitions[(topic, index)].log.begin_verification(producer_id), ErrorCode.NONE
+
+    def append(self, topic: str, index: int, records: bytes, *, verification: Any = None) -> Any:
         if self.refuse is not None:
             return SimpleNamespace(error=self.refuse, base_offset=-1)
-        info = self.partitions[(topic, index)].append(records)
+        info = self.partitions[(topic, index)].append(records, verification)
         return SimpleNamespace(error=ErrorCode.NONE, base_offset=info.first_offset)
+
+
+class AddedEverywhere:
+    """A transaction coordinator's answer to every verification (KIP-890): the transaction
+    added the partition. These tests are about what the offsets do, not who may write them."""
+
+    async def verify(self, tid: str, pid: int, epoch: int, partitions: list[Any]) -> dict[Any, ErrorCode]:
+        return dict.fromkeys(partitions, ErrorCode.NONE)
 
 
 def new_coordinator(part: Partition) -> GroupCoordinator:
@@ -45,6 +56,7 @@ def new_coordinator(part: Partition) -> GroupCoordinator:
             offsets_retention_check_interval_ms=60_000,
         ),
         replicas=Replicas(part),
+        txn_verifier=AddedEverywhere(),
     )
     return GroupCoordinator(broker)  # type: ignore[arg-type]
 
@@ -101,6 +113,7 @@ def txn_commit(group: str, offset: int, producer_id: int) -> dict[str, Any]:
     """A TxnOffsetCommit of ``group``'s orders-0 from outside the group protocol."""
     return {
         "group_id": group,
+        "transactional_id": f"txn-{producer_id}",
         "producer_id": producer_id,
         "producer_epoch": 0,
         "topics": [{"name": "orders", "partitions": [{"partition_index": 0, "committed_offset": offset}]}],

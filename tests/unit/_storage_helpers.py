@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sluice.protocol.records import build_batch, decode_records, iter_batches
-from sluice.storage import LogConfig, PartitionLog
+from sluice.protocol.records import build_batch, decode_records, iter_batches, parse_header
+from sluice.storage import AppendInfo, LogConfig, PartitionLog
 from sluice.storage.cleaner import CleanResult, Throttler, run_clean
 from sluice.storage.segment import TimestampOffset
 
@@ -22,6 +22,14 @@ class Clock:
 
 def batch(n: int = 1, *, ts: int = 1000, value: bytes = b"v" * 40, **kw: int) -> bytes:
     return build_batch([(f"k{i}".encode(), value) for i in range(n)], timestamp_ms=ts, **kw)  # type: ignore[arg-type]
+
+
+def append_verified(log: PartitionLog, records: bytes, *, leader_epoch: int = 0) -> AppendInfo:
+    """Append a producer's transactional batch as a leader does once the transaction
+    coordinator said its transaction added the partition (KIP-890): with the guard the log gave
+    before the question (``PartitionLog.begin_verification``)."""
+    guard = log.begin_verification(parse_header(records, 0).producer_id)
+    return log.append_as_leader(records, leader_epoch=leader_epoch, verification=guard)
 
 
 def offsets_in(data: bytes) -> list[int]:

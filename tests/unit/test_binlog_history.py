@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sluice.sync.sources import binlog_history as bh
-from sluice.sync.sources import mysql
+from sluice.sync.sources import mysql, mysql_base
 
 
 def test_gtid_states_compare_whatever_their_order() -> None:
@@ -44,8 +44,8 @@ def test_the_trail_holds_the_state_at_each_boundary_and_forgets_what_is_behind_t
 
 
 def test_a_new_history_starts_above_every_position_emitted() -> None:
-    high = mysql.encode_position(7, 123_456)
-    assert bh.next_base(high) + mysql.encode_position(1, 4) > high
+    high = mysql_base.encode_position(7, 123_456)
+    assert bh.next_base(high) + mysql_base.encode_position(1, 4) > high
 
 
 def envelopes(*sources: dict[str, Any]) -> list[dict[str, Any]]:

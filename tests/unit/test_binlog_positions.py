@@ -7,14 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.sync.sources.mysql import (
+from sluice.sync.sources.mysql import _unwrap, row_changes
+from sluice.sync.sources.mysql_base import (
     FILE_BITS,
     OFFSET_BITS,
     BinlogPosition,
     CaptureError,
-    _unwrap,
     encode_position,
-    row_changes,
 )
 
 files = st.integers(0, 2**FILE_BITS - 1)

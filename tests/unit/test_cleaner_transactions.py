@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sluice.protocol.records import build_batch, decode_records, iter_batches, read_control_marker
 from sluice.storage import LogConfig, PartitionLog
 from sluice.storage.cleaner import CLEANED_SUFFIX, Throttler, run_clean
-from tests.unit._storage_helpers import Clock, clean_now, crash_clean_at
+from tests.unit._storage_helpers import Clock, append_verified, clean_now, crash_clean_at
 
 T0 = 1_000_000
 COMPACT = {"cleanup_policy": "compact", "delete_retention_ms": 1_000, "min_cleanable_dirty_ratio": 0.0}
@@ -44,7 +44,7 @@ class Writer:
         data = build_batch(
             records, producer_id=pid, producer_epoch=0, base_sequence=seq, transactional=True, timestamp_ms=T0
         )
-        return self.log.append_as_leader(data, leader_epoch=0).first_offset
+        return append_verified(self.log, data).first_offset
 
     def end(self, pid: int, committed: bool) -> int:
         return self.log.append_marker(

@@ -150,8 +150,16 @@ def test_a_worker_file_sets_every_key_and_refuses_unknown_ones(tmp_path: Path) -
 
 def test_the_deploy_guides_example_files_are_valid() -> None:
     deploy = Path(__file__).resolve().parents[2] / "deploy" / "config"
-    broker = BrokerConfig.from_properties(read_properties(deploy / "broker.properties"))
-    assert broker.advertised == ("h2.example.internal", 9092) and broker.log_defaults.min_insync_replicas == 2
+    # the guide appends the brokers' password (deploy/README.md, section 3); without it, no start
+    values = read_properties(deploy / "broker.properties")
+    with pytest.raises(ConfigError, match=r"inter\.broker\.sasl\.password"):
+        BrokerConfig.from_properties(values)
+    broker = BrokerConfig.from_properties({**values, "inter.broker.sasl.password": "pw"})
+    assert broker.advertised_endpoints()["PLAINTEXT"] == ("PLAINTEXT", "h2.example.internal", 9092)
+    assert broker.log_defaults.min_insync_replicas == 2
+    # the brokers replicate on a listener of their own that authenticates (issue 33)
+    assert (broker.inter_broker.name, broker.inter_broker.protocol) == ("INTERNAL", "SASL_PLAINTEXT")
+    assert broker.advertised == ("h2.example.internal", 9093)
     worker = WorkerConfig.from_properties(read_properties(deploy / "worker.properties"))
     assert worker.spark_master == "spark://h1.example.internal:7077"
 

@@ -27,7 +27,9 @@ class FakeSpark:
 def started(monkeypatch: pytest.MonkeyPatch) -> list[FakeSpark]:
     made: list[FakeSpark] = []
 
-    def fake_session(master: str | None, app: str = "", conf: Any = None) -> FakeSpark:
+    def fake_session(
+        master: str | None, app: str = "", conf: Any = None, *, kafka_connector: bool = False
+    ) -> FakeSpark:
         made.append(FakeSpark(master))
         return made[-1]
 

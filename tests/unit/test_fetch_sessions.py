@@ -8,6 +8,7 @@ with nothing new for the fetcher. Where a test says what fails without a rule of
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from sluice.broker.fetch_sessions import (
     Kind,
     PartitionRequest,
     PartitionResult,
+    SessionOwner,
     next_epoch,
 )
 from sluice.protocol.errors import ErrorCode
@@ -211,6 +213,61 @@ def test_unknown_session_is_fetch_session_id_not_found() -> None:
     c = cache()
     ctx = c.open(12345, 1, {A0: req()}, [], privileged=True)
     assert ctx.kind is Kind.ERROR and ctx.error is ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
+ALICE = SessionOwner("User:alice", "SASL_SSL")
+BOB = SessionOwner("User:bob", "SASL_SSL")
+
+
+def test_a_session_answers_only_its_owner_and_anyone_else_is_told_it_does_not_exist() -> None:
+    """Issue 33, finding 3: a session stored no owner, so bob, sending alice's session id at the
+    epoch it expected, was served her session's partitions (and moved its epoch, so her own next
+    request failed). Now anyone but the principal, listener and replica that opened it is told
+    FETCH_SESSION_ID_NOT_FOUND, and the session is as it was."""
+    c = cache()
+    ctx = c.open(INVALID_SESSION_ID, INITIAL_EPOCH, {A0: req()}, [], privileged=False, owner=ALICE)
+    sid = ctx.answer({A0: res()}).session_id
+    for stranger in (
+        BOB,
+        SessionOwner("User:alice", "PLAINTEXT"),  # the same name on another listener
+        SessionOwner("User:alice", "SASL_SSL", replica_id=2),  # her session, claimed as a follower's
+    ):
+        hijack = c.open(sid, 1, {}, [], privileged=False, owner=stranger)
+        assert (hijack.kind, hijack.error) == (Kind.ERROR, ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
+    assert c.stats.foreign_session_requests == 3
+    own = c.open(sid, 1, {}, [], privileged=False, owner=ALICE)
+    assert own.kind is Kind.INCREMENTAL and own.partitions == [(A0, req())]
+
+
+def test_a_full_request_of_another_principal_does_not_close_a_session() -> None:
+    c = cache()
+    ctx = c.open(INVALID_SESSION_ID, INITIAL_EPOCH, {A0: req()}, [], privileged=False, owner=ALICE)
+    sid = ctx.answer({A0: res()}).session_id
+    for epoch in (INITIAL_EPOCH, FINAL_EPOCH):
+        other = c.open(sid, epoch, {B0: req()}, [], privileged=False, owner=BOB)
+        assert other.kind in (Kind.FULL, Kind.SESSIONLESS)
+        assert other.answer({B0: res()}).session_id != sid
+    assert c.get(sid) is not None and c.get(sid).owner == ALICE  # type: ignore[union-attr]
+    c.open(sid, FINAL_EPOCH, {}, [], privileged=False, owner=ALICE)  # her own closes it
+    assert c.get(sid) is None
+
+
+def test_session_ids_come_from_the_secrets_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids are unpredictable (they were ``random.Random``'s, whose next values follow from the
+    ones a client sees): the cache's default id source is ``secrets``."""
+    import sluice.broker.fetch_sessions as fs
+
+    drawn: list[int] = []
+
+    def randbelow(n: int) -> int:
+        assert n == MAX_EPOCH
+        drawn.append(41)
+        return 41
+
+    monkeypatch.setattr(fs.secrets, "randbelow", randbelow)
+    c = FetchSessionCache(10, 1000)
+    ctx = c.open(INVALID_SESSION_ID, INITIAL_EPOCH, {A0: req()}, [], privileged=False)
+    assert ctx.answer({A0: res()}).session_id == 42 and drawn == [41]
 
 
 def test_request_accepted_while_another_waited_makes_the_waiting_one_an_epoch_error() -> None:

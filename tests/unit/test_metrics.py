@@ -85,7 +85,9 @@ def test_broker_and_worker_configs_take_metrics_port_and_refuse_a_bad_one() -> N
 def test_the_deploy_configs_enable_metrics() -> None:
     from sluice.properties import read_properties
 
-    broker = BrokerConfig.from_properties(read_properties(REPO / "deploy/config/broker.properties"))
+    # the guide appends the brokers' password (deploy/README.md, section 3)
+    values = {**read_properties(REPO / "deploy/config/broker.properties"), "inter.broker.sasl.password": "pw"}
+    broker = BrokerConfig.from_properties(values)
     worker = WorkerConfig.from_properties(read_properties(REPO / "deploy/config/worker.properties"))
     assert (broker.metrics_port, worker.metrics_port) == (9404, 9405)  # one host runs both
 

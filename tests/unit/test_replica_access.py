@@ -18,6 +18,7 @@ from typing import Any
 from sluice.broker import handlers, replica_access
 from sluice.broker.broker import Broker
 from sluice.broker.config import BrokerConfig
+from sluice.broker.listeners import Listener
 from sluice.broker.partition import Partition
 from sluice.broker.replica_access import ReplicaClaim, replica_refusal
 from sluice.cluster import layout
@@ -25,7 +26,7 @@ from sluice.cluster.layout import PartitionState, StateWrite
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.records import build_batch
-from sluice.security.session import Session
+from sluice.security.session import Session, current_session
 
 LIVE = frozenset({1, 2, 3})
 
@@ -64,17 +65,40 @@ class _Acls:
         )
 
 
+PLAINTEXT = Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)
+INTERNAL = Listener("INTERNAL", "SASL_PLAINTEXT", "127.0.0.1", 9093)
+
+
 def test_only_the_authenticated_inter_broker_principal_may_replicate_on_a_secured_cluster() -> None:
-    anonymous, broker = Session(), Session("User:broker", "SASL_SSL", "SASL_SSL")
+    sasl_ssl = Listener("SASL_SSL", "SASL_SSL", "127.0.0.1", 9093)
+    anonymous, broker = Session(listener="SASL_SSL"), Session("User:broker", "SASL_SSL", "SASL_SSL")
     alice = Session("User:alice", "SASL_SSL", "SASL_SSL")
     may = replica_access.may_act_as_replica
-    assert may(anonymous, None, inter_broker_sasl=False)  # a plaintext cluster: the other checks decide
-    assert not may(anonymous, None, inter_broker_sasl=True)  # brokers authenticate: anonymous never
-    assert may(alice, None, inter_broker_sasl=True)  # authenticated, no authorizer: as Kafka
+    assert not may(anonymous, None, sasl_ssl, "User:broker")  # brokers authenticate: anonymous never
+    assert not may(alice, None, sasl_ssl, "User:broker"), "without an authorizer: the brokers' user only"
+    assert may(broker, None, sasl_ssl, "User:broker")
     acls: Any = _Acls()
-    assert may(broker, acls, inter_broker_sasl=True)
-    assert not may(alice, acls, inter_broker_sasl=True)
-    assert not may(anonymous, acls, inter_broker_sasl=False)
+    assert may(broker, acls, sasl_ssl, None)
+    assert not may(alice, acls, sasl_ssl, "User:alice"), "with an authorizer: CLUSTER_ACTION decides"
+    assert not may(anonymous, acls, PLAINTEXT, None)
+
+
+def test_a_client_listener_never_believes_a_replica_id_whoever_asks() -> None:
+    """Kafka believes a follower's fetch on every listener (with no authorizer, from anyone):
+    Sluice only on the inter-broker listener. Even the brokers' own user, or a principal with
+    CLUSTER_ACTION, is refused as a follower on a client listener."""
+    may = replica_access.may_act_as_replica
+    broker_on_client_port = Session("User:broker", "PLAINTEXT", "PLAINTEXT")
+    assert not may(Session(), None, INTERNAL, "User:broker")
+    assert not may(broker_on_client_port, None, INTERNAL, "User:broker")
+    assert not may(broker_on_client_port, _Acls(), INTERNAL, "User:broker")  # type: ignore[arg-type]
+    assert may(Session("User:broker", "INTERNAL", "SASL_PLAINTEXT"), None, INTERNAL, "User:broker")
+    # an inter-broker listener that authenticates nobody believes anyone on it (warned at start)
+    assert may(Session(), None, PLAINTEXT, None)
+    assert not replica_access.inter_broker_authenticates(PLAINTEXT, "none")
+    assert replica_access.inter_broker_authenticates(INTERNAL, "none")
+    assert replica_access.inter_broker_authenticates(Listener("TLS", "SSL", "h", 1), "required")
+    assert not replica_access.inter_broker_authenticates(Listener("TLS", "SSL", "h", 1), "requested")
 
 
 def _fetch_body(replica: int, offset: int) -> dict[str, Any]:
@@ -220,3 +244,186 @@ def test_an_isr_expansion_is_not_written_for_a_broker_no_longer_registered(tmp_p
         part.close()
 
     asyncio.run(run())
+
+
+def _fetch_named(replica: int, names: list[tuple[str, int]]) -> dict[str, Any]:
+    body = _fetch_body(replica, 0)
+    body["topics"] = [
+        {"topic": t, "partitions": [{**body["topics"][0]["partitions"][0], "partition": i}]} for t, i in names
+    ]
+    return body
+
+
+def _epoch_request(replica: int, names: list[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "replica_id": replica,
+        "topics": [
+            {"topic": t, "partitions": [{"partition": i, "current_leader_epoch": 0, "leader_epoch": 0}]}
+            for t, i in names
+        ],
+    }
+
+
+def test_a_replica_id_claim_that_may_not_replicate_says_nothing_of_which_topics_exist(tmp_path: Path) -> None:
+    """Finding 6 of issue 33: a claim skipped the topic check, so its answers told a partition led
+    here (the door's TOPIC_AUTHORIZATION_FAILED or UNKNOWN_LEADER_EPOCH) from one that does not
+    exist (UNKNOWN_TOPIC_OR_PARTITION) or is led elsewhere (NOT_LEADER_OR_FOLLOWER).
+    Before the fix (80e17d7), anonymous on a client listener while the brokers replicate on a
+    SASL one: ``{('t', 0): TOPIC_AUTHORIZATION_FAILED, ('t', 7): UNKNOWN_TOPIC_OR_PARTITION,
+    ('secret-or-not', 0): UNKNOWN_TOPIC_OR_PARTITION}``.
+    Now every partition is answered TOPIC_AUTHORIZATION_FAILED, before any lookup."""
+
+    async def run() -> None:
+        config = BrokerConfig(
+            1, tmp_path / "b1", "127.0.0.1:1/unused", listeners=(PLAINTEXT, INTERNAL),
+            inter_broker_listener="INTERNAL", inter_broker_username="broker", inter_broker_password="pw",
+        )  # fmt: skip
+        broker = Broker(config)
+        part = Partition.open(tmp_path / "b1", "t", 0, uuid.uuid4(), {}, 1)
+        broker.replicas.partitions[("t", 0)] = part
+        part.become_leader(0, (1, 2, 3), (1, 2, 3), time.monotonic() * 1000)
+        broker.metadata.brokers = lambda: dict.fromkeys(LIVE)  # type: ignore[method-assign,assignment,return-value]
+        broker.metadata.topic = lambda t: None  # type: ignore[method-assign]
+        names = [("t", 0), ("t", 7), ("secret-or-not", 0)]
+        for session in (Session(), Session("User:broker", "PLAINTEXT", "PLAINTEXT")):
+            current_session.set(session)
+            answer = await handlers.fetch(
+                broker, RequestHeader(ApiKey.FETCH, 12, 1, "x"), _fetch_named(2, names)
+            )
+            codes = {(t["topic"], p["partition_index"]): p["error_code"] for t in answer["responses"]
+                     for p in t["partitions"]}  # fmt: skip
+            assert codes == dict.fromkeys(names, ErrorCode.TOPIC_AUTHORIZATION_FAILED), codes
+            assert answer["session_id"] == 0
+            oe = await handlers.offset_for_leader_epoch(
+                broker, RequestHeader(ApiKey.OFFSET_FOR_LEADER_EPOCH, 4, 2, "x"), _epoch_request(2, names)
+            )
+            codes = {
+                (t["topic"], p["partition"]): p["error_code"] for t in oe["topics"] for p in t["partitions"]
+            }
+            assert codes == dict.fromkeys(names, ErrorCode.TOPIC_AUTHORIZATION_FAILED), codes
+        assert part.follower_leos == {} and part.high_watermark == 0
+        # The brokers' user on the inter-broker listener is a follower (the control).
+        current_session.set(Session("User:broker", "INTERNAL", "SASL_PLAINTEXT"))
+        answer = await handlers.fetch(
+            broker, RequestHeader(ApiKey.FETCH, 12, 3, "x"), _fetch_named(2, names[:1])
+        )
+        assert answer["responses"][0]["partitions"][0]["error_code"] == ErrorCode.NONE
+        part.close()
+
+    asyncio.run(run())
+
+
+def test_the_brokers_user_is_checked_against_the_configuration_never_zookeeper() -> None:
+    """Whoever can write ZooKeeper (open on a default cluster) could otherwise give the brokers'
+    user a password of their own, authenticate on the inter-broker listener and fake a follower."""
+    from sluice.security.credentials import own_credentials, with_own_user
+    from sluice.security.scram import make_credential, password_matches
+
+    planted = make_credential("SCRAM-SHA-512", "attacker")
+    in_zookeeper = {("broker", "SCRAM-SHA-512"): planted, ("alice", "SCRAM-SHA-512"): planted}
+    lookup = with_own_user(lambda u, m: in_zookeeper.get((u, m)), "broker", own_credentials("configured"))
+    own = lookup("broker", "SCRAM-SHA-512")
+    assert own is not None and password_matches("SCRAM-SHA-512", own, "configured")
+    assert not password_matches("SCRAM-SHA-512", own, "attacker")
+    assert lookup("broker", "SCRAM-SHA-256") is not None
+    assert lookup("alice", "SCRAM-SHA-512") is planted, "other users stay ZooKeeper's"
+
+
+def test_cluster_up_brokers_replicate_only_on_an_authenticated_listener_of_their_own() -> None:
+    """What `cluster up` writes for a broker: the client listener, and INTERNAL (SASL over the
+    client listener's TLS or lack of it) as the inter-broker listener with the brokers' user."""
+    from sluice.ops import launcher
+
+    b = launcher.BrokerProcess(1, "127.0.0.1", 9092, "/tmp/b1", "/tmp/b1.log", internal_port=9093)
+    settings = {"inter.broker.sasl.username": "sluice-broker", "inter.broker.sasl.password": "pw"}
+    text = launcher.broker_properties(b, "127.0.0.1:2181/s", 6.0, settings)
+    config = BrokerConfig.from_properties(
+        dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    )
+    assert [(lst.name, lst.protocol, lst.port) for lst in config.bound_listeners] == [
+        ("PLAINTEXT", "PLAINTEXT", 9092),
+        ("INTERNAL", "SASL_PLAINTEXT", 9093),
+    ]
+    assert config.inter_broker.name == "INTERNAL"
+    assert replica_access.inter_broker_authenticates(config.inter_broker, "none")
+    assert config.inter_broker_client().username == "sluice-broker"
+    secured = launcher.broker_properties(b, "127.0.0.1:2181/s", 6.0, settings, "SASL_SSL")
+    assert "listener.security.protocol.map=INTERNAL:SASL_SSL\n" in secured
+    assert "listeners=SASL_SSL://127.0.0.1:9092,INTERNAL://127.0.0.1:9093\n" in secured
+
+
+def test_write_txn_markers_from_a_client_port_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """WriteTxnMarkers is the brokers' own door, as follower fetches are: a marker ends another
+    producer's transaction (an abort discards its records for every read_committed reader).
+    Without an authorizer nothing checked who sent it. Before the fix, an anonymous client on the
+    client listener aborted producer 7's open transaction: ``{'error_code': 0}`` for t-0 and
+    the last stable offset moved from 0 to 4. Now CLUSTER_AUTHORIZATION_FAILED (Kafka's answer
+    without CLUSTER_ACTION) and nothing is written."""
+    from sluice.broker import txn_apis
+
+    async def run() -> None:
+        config = BrokerConfig(
+            1, tmp_path / "b1", "127.0.0.1:1/unused", listeners=(PLAINTEXT, INTERNAL),
+            inter_broker_listener="INTERNAL", inter_broker_username="broker", inter_broker_password="pw",
+        )  # fmt: skip
+        broker = Broker(config)
+        part = Partition.open(tmp_path / "b1", "t", 0, uuid.uuid4(), {}, 1)
+        broker.replicas.partitions[("t", 0)] = part
+        part.become_leader(0, (1,), (1,), time.monotonic() * 1000)
+        broker.metadata.brokers = lambda: {1: None}  # type: ignore[method-assign,assignment,return-value]
+        batch = build_batch(
+            [(b"k", b"v")] * 3, producer_id=7, producer_epoch=0, base_sequence=0, transactional=True
+        )
+        guard, _ = broker.replicas.begin_txn_verification("t", 0, 7)  # as if the coordinator said yes
+        assert (
+            broker.replicas.append("t", 0, batch, required_acks=-1, verification=guard).error
+            is ErrorCode.NONE
+        )
+        assert part.high_watermark == 3 and part.last_stable_offset == 0
+        marker = {"producer_id": 7, "producer_epoch": 0, "transaction_result": False, "coordinator_epoch": 0,
+                  "topics": [{"name": "t", "partition_indexes": [0]}]}  # fmt: skip
+        header = RequestHeader(ApiKey.WRITE_TXN_MARKERS, 1, 1, "not-a-broker")
+        current_session.set(Session())  # anonymous, on the client listener
+        answer = await txn_apis.write_txn_markers(broker, header, {"markers": [marker]})
+        p = answer["markers"][0]["topics"][0]["partitions"][0]
+        assert p["error_code"] == ErrorCode.CLUSTER_AUTHORIZATION_FAILED, p
+        assert part.log.log_end_offset == 3 and part.last_stable_offset == 0, "a client ended the transaction"
+        # The coordinator's marker, over the inter-broker listener as the brokers' user (the control).
+        current_session.set(Session("User:broker", "INTERNAL", "SASL_PLAINTEXT"))
+        answer = await txn_apis.write_txn_markers(broker, header, {"markers": [marker]})
+        assert answer["markers"][0]["topics"][0]["partitions"][0]["error_code"] == ErrorCode.NONE
+        assert part.last_stable_offset == 4
+        part.close()
+
+    asyncio.run(run())
+
+
+def test_a_broker_whose_inter_broker_listener_authenticates_nobody_says_so_at_start(
+    tmp_path: Path, caplog: Any
+) -> None:
+    """A hand-written configuration with one PLAINTEXT listener believes anyone on it as a
+    follower (as Kafka does): the broker logs one WARNING naming the listener and the remedy; a
+    SASL inter-broker listener (what `cluster up` writes) logs none."""
+    import logging
+
+    open_one = Broker(BrokerConfig(1, tmp_path / "a", "127.0.0.1:1/unused"))
+    closed = Broker(
+        BrokerConfig(
+            1,
+            tmp_path / "b",
+            "127.0.0.1:1/unused",
+            listeners=(PLAINTEXT, INTERNAL),
+            inter_broker_listener="INTERNAL",
+            inter_broker_username="broker",
+            inter_broker_password="pw",
+        )
+    )
+    with caplog.at_level(logging.WARNING, logger="sluice.broker"):
+        closed._warn_if_replication_is_open()
+        assert not caplog.records
+        open_one._warn_if_replication_is_open()
+    (record,) = caplog.records
+    assert (
+        "event=inter_broker_listener_unauthenticated listener=PLAINTEXT protocol=PLAINTEXT" in record.message
+    )
+    assert "SASL_PLAINTEXT" in record.message

@@ -16,7 +16,7 @@ from sluice.protocol.records import build_batch, decode_records, iter_batches, r
 from sluice.storage import InvalidProducerEpochError, PartitionLog
 from sluice.storage.errors import InvalidTxnStateError, TransactionCoordinatorFencedError
 from sluice.storage.txn_index import AbortedTxn, TransactionIndex, collect_aborted
-from tests.unit._storage_helpers import Clock, open_log
+from tests.unit._storage_helpers import Clock, append_verified, open_log
 
 
 def _txn(pid: int, seq: int, n: int = 1, *, epoch: int = 0, tag: str = "") -> bytes:
@@ -84,7 +84,7 @@ def committed_values(log: PartitionLog, high_watermark: int) -> list[str]:
 def test_an_open_transaction_holds_the_last_stable_offset_at_its_first_offset(tmp_path: Path) -> None:
     log = open_log(tmp_path / "p")
     log.append_as_leader(_plain("a"), leader_epoch=0)
-    log.append_as_leader(_txn(7, 0), leader_epoch=0)
+    append_verified(log, _txn(7, 0))
     log.append_as_leader(_plain("b"), leader_epoch=0)
     assert log.open_transactions == {7: 1}
     assert log.last_stable_offset(3) == 1
@@ -100,9 +100,9 @@ def test_an_open_transaction_holds_the_last_stable_offset_at_its_first_offset(tm
 
 def test_an_aborted_transaction_is_indexed_and_hidden_from_read_committed(tmp_path: Path) -> None:
     log = open_log(tmp_path / "p")
-    log.append_as_leader(_txn(1, 0, 2), leader_epoch=0)  # 0-1
-    log.append_as_leader(_txn(2, 0), leader_epoch=0)  # 2
-    log.append_as_leader(_txn(1, 2), leader_epoch=0)  # 3
+    append_verified(log, _txn(1, 0, 2))  # 0-1
+    append_verified(log, _txn(2, 0))  # 2
+    append_verified(log, _txn(1, 2))  # 3
     abort = _marker(log, 1, committed=False)  # 4
     assert log.collect_aborted(0, 5) == [AbortedTxn(1, 0, 4, 2)]  # producer 2 still open at 2
     commit = _marker(log, 2, committed=True)  # 5
@@ -116,7 +116,7 @@ def test_an_aborted_transaction_is_indexed_and_hidden_from_read_committed(tmp_pa
 
 def test_a_producer_with_an_open_transaction_may_not_write_outside_it(tmp_path: Path) -> None:
     log = open_log(tmp_path / "p")
-    log.append_as_leader(_txn(3, 0), leader_epoch=0)
+    append_verified(log, _txn(3, 0))
     with pytest.raises(InvalidTxnStateError):
         log.append_as_leader(
             build_batch([(None, b"x")], producer_id=3, producer_epoch=0, base_sequence=1), leader_epoch=0
@@ -127,12 +127,72 @@ def test_a_producer_with_an_open_transaction_may_not_write_outside_it(tmp_path: 
     )
 
 
+def test_a_transactional_batch_opens_a_transaction_only_with_its_verification_guard(tmp_path: Path) -> None:
+    """KIP-890 part 1 at the log: before, any transactional batch a leader was handed opened a
+    transaction (issue 33 finding 2: one no coordinator knew, the last stable offset stuck at its
+    first offset for good). Now the batch that opens its producer's transaction needs the guard
+    the log gave before the coordinator was asked; the transaction's later batches need none."""
+    log = open_log(tmp_path / "p")
+    with pytest.raises(InvalidTxnStateError, match="not part of an ongoing transaction"):
+        log.append_as_leader(_txn(7, 0), leader_epoch=0)
+    assert (log.log_end_offset, log.open_transactions) == (0, {})
+    other = log.begin_verification(8)
+    with pytest.raises(InvalidTxnStateError):  # another producer's guard opens nothing
+        log.append_as_leader(_txn(7, 0), leader_epoch=0, verification=other)
+    guard = log.begin_verification(7)
+    assert guard is not None and log.begin_verification(7) is guard  # one per producer, shared
+    log.append_as_leader(_txn(7, 0), leader_epoch=0, verification=guard)
+    assert log.open_transactions == {7: 0}
+    assert log.begin_verification(7) is None  # open here: nothing to verify
+    log.append_as_leader(_txn(7, 1), leader_epoch=0)
+    assert log.last_stable_offset(2) == 0
+    _marker(log, 7, committed=True)
+    # A retry of an appended batch is still recognised as the duplicate it is.
+    assert log.append_as_leader(_txn(7, 1), leader_epoch=0).duplicate
+    with pytest.raises(InvalidTxnStateError):  # the next transaction is verified again
+        log.append_as_leader(_txn(7, 2), leader_epoch=0, verification=guard)
+    assert log.last_stable_offset(log.log_end_offset) == log.log_end_offset
+
+
+def test_a_marker_between_the_question_and_the_append_voids_the_answer(tmp_path: Path) -> None:
+    """The ABA case: the leader took a guard and asked; meanwhile the transaction's batch (from
+    a retry) and its ABORT marker were appended. The coordinator's yes was about the transaction
+    that ended; appended now, the batch would open one nobody knows. Refused."""
+    log = open_log(tmp_path / "p")
+    asked = log.begin_verification(7)
+    append_verified(log, _txn(7, 0))  # the retry, verified with the same (shared) guard
+    _marker(log, 7, committed=False)
+    with pytest.raises(InvalidTxnStateError, match="ended, or another began"):
+        log.append_as_leader(_txn(7, 1), leader_epoch=0, verification=asked)
+    end = log.log_end_offset
+    assert log.open_transactions == {} and log.last_stable_offset(end) == end
+    # a marker for a transaction that never wrote here voids a guard just the same
+    asked = log.begin_verification(9)
+    _marker(log, 9, committed=False)
+    with pytest.raises(InvalidTxnStateError):
+        log.append_as_leader(_txn(9, 0), leader_epoch=0, verification=asked)
+
+
+def test_verification_guards_are_bounded_and_a_lost_one_refuses(tmp_path: Path) -> None:
+    """Producers with a question in flight are bounded per partition; the oldest guard goes
+    first, and its append is then refused (the producer retries), never accepted unverified."""
+    from sluice.storage.producer_state import VERIFICATIONS_MAX
+
+    log = open_log(tmp_path / "p")
+    first = log.begin_verification(0)
+    for pid in range(1, VERIFICATIONS_MAX + 1):
+        log.begin_verification(pid)
+    with pytest.raises(InvalidTxnStateError):
+        log.append_as_leader(_txn(0, 0), leader_epoch=0, verification=first)
+    append_verified(log, _txn(VERIFICATIONS_MAX, 0))
+
+
 def test_markers_from_a_fenced_epoch_or_an_older_coordinator_are_refused(tmp_path: Path) -> None:
     log = open_log(tmp_path / "p")
-    log.append_as_leader(_txn(5, 0, epoch=3), leader_epoch=0)
+    append_verified(log, _txn(5, 0, epoch=3))
     _marker(log, 5, committed=False, epoch=4, coordinator_epoch=2)  # a fence: the epoch bumped
     with pytest.raises(InvalidProducerEpochError):
-        log.append_as_leader(_txn(5, 1, epoch=3), leader_epoch=0)  # the zombie's late write
+        append_verified(log, _txn(5, 1, epoch=3))  # the zombie's late write
     with pytest.raises(InvalidProducerEpochError):
         _marker(log, 5, committed=True, epoch=3, coordinator_epoch=2)
     with pytest.raises(TransactionCoordinatorFencedError):
@@ -143,13 +203,13 @@ def test_markers_from_a_fenced_epoch_or_an_older_coordinator_are_refused(tmp_pat
 def test_state_and_index_survive_reopen_crash_truncation_and_replication(tmp_path: Path) -> None:
     clock = Clock()
     log = open_log(tmp_path / "p", clock, segment_bytes=200)
-    log.append_as_leader(_txn(1, 0), leader_epoch=0)  # 0
-    log.append_as_leader(_txn(2, 0), leader_epoch=0)  # 1
+    append_verified(log, _txn(1, 0))  # 0
+    append_verified(log, _txn(2, 0))  # 1
     log.append_as_leader(_plain("p"), leader_epoch=0)  # 2
     _marker(log, 1, committed=False)  # 3
-    log.append_as_leader(_txn(3, 0), leader_epoch=0)  # 4
+    append_verified(log, _txn(3, 0))  # 4
     _marker(log, 2, committed=True)  # 5
-    log.append_as_leader(_txn(1, 1, tag="x"), leader_epoch=0)  # 6: a new transaction of 1
+    append_verified(log, _txn(1, 1, tag="x"))  # 6: a new transaction of 1
     assert log.segment_count > 2
     end = log.log_end_offset
     expected = (log.open_transactions, log.collect_aborted(0, end), log.last_stable_offset(end))
@@ -294,7 +354,7 @@ def test_last_stable_offset_and_committed_reads_match_the_model(
         if op == "txn":
             assert isinstance(arg, int)
             seq = seqs.get(arg, 0)
-            log.append_as_leader(_txn(arg, seq), leader_epoch=0)
+            append_verified(log, _txn(arg, seq))
             seqs[arg] = seq + 1
             model.entries.append((model.end(), "txn", arg, f"{arg}:{seq}"))
         elif op in ("commit", "abort"):

@@ -21,9 +21,11 @@ from sluice.protocol.records import build_batch
 def _commit(part: Partition, partition: int, offset: int, producer_id: int = -1) -> None:
     key = gr.encode_key(gr.OffsetKey("g", "orders", partition))
     value = gr.encode_value(gr.offset_value(offset, -1, None, 0))
-    part.append(
-        build_batch([(key, value)], producer_id=producer_id, producer_epoch=0, transactional=producer_id >= 0)
+    batch = build_batch(
+        [(key, value)], producer_id=producer_id, producer_epoch=0, transactional=producer_id >= 0
     )
+    # as a leader appends once the coordinator verified the transaction (KIP-890)
+    part.append(batch, part.log.begin_verification(producer_id) if producer_id >= 0 else None)
 
 
 def test_transactional_offsets_apply_at_their_commit_marker_only(tmp_path: Path) -> None:

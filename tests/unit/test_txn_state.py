@@ -178,6 +178,37 @@ def test_requests_check_the_producer_and_the_state() -> None:
     assert ts.end_txn(done, 10, 1, False, pending=False, now_ms=NOW).error is ErrorCode.INVALID_TXN_STATE
 
 
+def test_verification_answers_each_partition_of_the_ongoing_transaction_only() -> None:
+    """KIP-890 part 1, the coordinator's side of a leader's question (Kafka 3.9's answers): a
+    partition the ongoing transaction added is NONE; any other TRANSACTION_ABORTABLE; no such
+    id, another producer id INVALID_PRODUCER_ID_MAPPING; another epoch PRODUCER_FENCED; a
+    transaction being ended CONCURRENT_TRANSACTIONS; ended and forgotten: nothing is added."""
+    a, b = ("a", 0), ("b", 1)
+    ready = _ready()
+    pid, epoch = ready.producer_id, ready.producer_epoch
+
+    def verify(
+        meta: TxnMetadata | None, *, producer: int = pid, at: int = epoch
+    ) -> dict[tuple[str, int], ErrorCode]:
+        return ts.verify_partitions(meta, producer, at, [a, b])
+
+    E = ErrorCode
+    assert verify(None) == {a: E.INVALID_PRODUCER_ID_MAPPING, b: E.INVALID_PRODUCER_ID_MAPPING}
+    assert verify(ready) == {a: E.TRANSACTION_ABORTABLE, b: E.TRANSACTION_ABORTABLE}  # Empty: none open
+    ongoing = _ongoing(ready, a)
+    assert verify(ongoing) == {a: E.NONE, b: E.TRANSACTION_ABORTABLE}
+    assert verify(ongoing, producer=pid + 1) == dict.fromkeys([a, b], E.INVALID_PRODUCER_ID_MAPPING)
+    assert verify(ongoing, at=epoch + 1) == dict.fromkeys([a, b], E.PRODUCER_FENCED)
+    assert verify(ongoing, at=epoch - 1) == dict.fromkeys([a, b], E.PRODUCER_FENCED)
+    ending = ts.end_txn(ongoing, pid, epoch, False, pending=False, now_ms=NOW).write
+    assert ending is not None and ending.state is S.PREPARE_ABORT
+    assert verify(ending) == dict.fromkeys([a, b], E.CONCURRENT_TRANSACTIONS)
+    ended = ts.complete(ending, now_ms=NOW)
+    assert verify(ended) == dict.fromkeys([a, b], E.TRANSACTION_ABORTABLE)
+    fenced = ts.fence(ongoing, now_ms=NOW)  # a new producer took the id: the old epoch is fenced
+    assert verify(fenced) == dict.fromkeys([a, b], E.PRODUCER_FENCED)
+
+
 def test_timeouts_expiry_and_what_a_new_coordinator_owes() -> None:
     ongoing = _ongoing(_ready())
     assert not ts.timed_out(ongoing, NOW + 60_000)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sluice import metrics
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
-from sluice.security.credentials import CredentialStore
+from sluice.security.credentials import CredentialStore, Lookup, with_own_user
 from sluice.security.sasl import FAILED, PRE_AUTH_APIS, AuthenticationFailed, SaslExchange
 from sluice.security.session import ANONYMOUS, Session
 from sluice.security.tls import peer_principal
@@ -44,9 +44,11 @@ class ConnectionAuth:
         self._exchange: SaslExchange | None = None
         if listener.sasl:
             store = CredentialStore(broker.store.client)
-            self._exchange = SaslExchange(
-                broker.config.sasl_mechanisms, store.credential, store.fake_credential
-            )
+            lookup: Lookup = store.credential
+            own = broker.config.inter_broker_username
+            if own and broker.own_credentials:  # the brokers' user: from the configuration only
+                lookup = with_own_user(lookup, own, broker.own_credentials)
+            self._exchange = SaslExchange(broker.config.sasl_mechanisms, lookup, store.fake_credential)
 
     def allows(self, api_key: int) -> bool:
         """May this request be handled now? Before authentication only ApiVersions and SASL."""

@@ -12,7 +12,9 @@ the answer. What each API needs follows Kafka's KafkaApis:
 
 ===================  ===========================================================================
 Produce              WRITE on each topic; with transactional records, WRITE on the transactional id
-Fetch (consumer)     READ on each topic (a follower's fetch is the replication door's: CLUSTER_ACTION)
+Fetch (consumer)     READ on the topic of every partition served, named or only in the fetch session,
+                     on every fetch: ``fetch_denied_topics``, asked by handlers.fetch once the
+                     session is known (a follower's fetch is the replication door's: CLUSTER_ACTION)
 ListOffsets          DESCRIBE on each topic
 Metadata             DESCRIBE on each topic; topics without it are left out of an all-topics answer
                      and answered TOPIC_AUTHORIZATION_FAILED when named; auto-creation needs CREATE
@@ -28,7 +30,8 @@ CreateTopics         CREATE on the cluster or on each topic
 DeleteTopics         DELETE on each topic
 InitProducerId       IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KIP-679); with a
                      transactional id, WRITE on it
-AddPartitionsToTxn   WRITE on the transactional id, WRITE on each topic
+AddPartitionsToTxn   WRITE on the transactional id, WRITE on each topic; v4+ (brokers: KIP-890's
+                     verification) CLUSTER_ACTION on the cluster
 AddOffsetsToTxn      WRITE on the transactional id, READ on the group
 EndTxn               WRITE on the transactional id
 TxnOffsetCommit      WRITE on the transactional id, READ on the group, READ on each topic
@@ -54,11 +57,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice import metrics
-from sluice.broker.replica_access import claimed_replica_id
+from sluice.broker.produce_validation import has_transactional_records
 from sluice.metrics import api_name
 from sluice.protocol.api import ApiKey, RequestHeader
 from sluice.protocol.errors import ErrorCode
-from sluice.protocol.records import HEADER_SIZE, parse_header
 from sluice.security.acl import (
     AclAuthorizer,
     AclSnapshot,
@@ -201,26 +203,13 @@ Guard = Callable[[Handler, "Broker", RequestHeader, Body, Check], Awaitable[Body
 # -- per-API guards ---------------------------------------------------------------------------
 
 
-def _has_transactional_records(req: Body) -> bool:
-    """Does any partition's data start with a transactional batch (a producer's request never
-    mixes them)?"""
-    for t in req["topic_data"]:
-        for p in t["partition_data"]:
-            records = p.get("records")
-            if (
-                records is not None
-                and len(records) >= HEADER_SIZE
-                and parse_header(records, 0).is_transactional
-            ):
-                return True
-    return False
-
-
 async def _produce(
     handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
 ) -> Body | None:
     txn_id = req.get("transactional_id")
-    if _has_transactional_records(req) and (
+    # Kafka's rule, from each partition's first batch: with exactly one batch per partition
+    # (produce_validation.records_refusal, in the handler) that is every batch appended.
+    if has_transactional_records(req) and (
         txn_id is None or not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id)
     ):
         if req["acks"] == 0:
@@ -274,50 +263,15 @@ async def _produce(
     return response
 
 
-async def _fetch(
-    handler: Handler, broker: Broker, header: RequestHeader, req: Body, check: Check
-) -> Body | None:
-    if claimed_replica_id(header.api_version, req) >= 0:
-        return await handler(broker, header, req)  # a follower's: the replication door decides
-
-    def name_of(t: Body) -> str | None:
-        """The topic's name, also when Fetch v13+ names it by id (an unknown id has none, and
-        the handler answers it UNKNOWN_TOPIC_ID)."""
-        if t.get("topic"):
-            return str(t["topic"])
-        found = broker.metadata.topic_by_id(t.get("topic_id"))
-        return found.name if found is not None else None
-
-    denied = check.denied_topics(Operation.READ, (n for t in req["topics"] if (n := name_of(t))))
-    if not denied:
-        return await handler(broker, header, req)
-    refused = [t for t in req["topics"] if name_of(t) in denied]
-    response = await handler(
-        broker, header, {**req, "topics": [t for t in req["topics"] if name_of(t) not in denied]}
-    )
-    if response is None or response.get("error_code", 0) != ErrorCode.NONE:
-        return response
-    response["responses"] = list(response["responses"]) + [
-        {
-            "topic": t["topic"],
-            "topic_id": t.get("topic_id", ZERO_UUID),
-            "partitions": [
-                {
-                    "partition_index": p["partition"],
-                    "error_code": TOPIC_DENIED,
-                    "high_watermark": -1,
-                    "last_stable_offset": -1,
-                    "log_start_offset": -1,
-                    "aborted_transactions": None,
-                    "preferred_read_replica": -1,
-                    "records": b"",
-                }
-                for p in t["partitions"]
-            ],
-        }
-        for t in refused
-    ]
-    return response
+def fetch_denied_topics(broker: Broker, topics: Iterable[str]) -> set[str]:
+    """Of ``topics``, those the session's principal may not READ: a consumer's Fetch, asked by
+    ``handlers.fetch`` on every request for every partition it would serve, named in the request
+    or only in its fetch session (an incremental fetch names none). Empty while authorization is
+    off. A follower's fetch is the replication door's (``replica_access``)."""
+    authorizer: BrokerAuthorizer | None = getattr(broker, "authorizer", None)  # test stubs have none
+    if authorizer is None:
+        return set()
+    return Check(authorizer, session(), api_name(ApiKey.FETCH)).denied_topics(Operation.READ, topics)
 
 
 async def _list_offsets(
@@ -757,6 +711,14 @@ async def _add_partitions_to_txn(
 ) -> Body | None:
     from sluice.broker.txn_apis import partition_results
 
+    if header.api_version >= 4:  # only brokers send these (KIP-890's verification among them)
+        if check.cluster(Operation.CLUSTER_ACTION):
+            return await handler(broker, header, req)
+        return {
+            "throttle_time_ms": 0,
+            "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            "results_by_transaction": [],
+        }
     topics = list(req["v3_and_below_topics"])
     keys = [(t["name"], p) for t in topics for p in t["partitions"]]
     if not check(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req["v3_and_below_transactional_id"]):
@@ -848,7 +810,6 @@ async def _write_txn_markers(
 
 GUARDS: dict[int, Guard] = {
     ApiKey.PRODUCE: _produce,
-    ApiKey.FETCH: _fetch,
     ApiKey.LIST_OFFSETS: _list_offsets,
     ApiKey.METADATA: _metadata,
     ApiKey.OFFSET_COMMIT: _offset_commit,
@@ -872,7 +833,8 @@ GUARDS: dict[int, Guard] = {
     ApiKey.TXN_OFFSET_COMMIT: _txn_offset_commit,
     ApiKey.WRITE_TXN_MARKERS: _write_txn_markers,
 }
-"""The guard of each API; APIs without one check for themselves (the ACL APIs) or need no
+"""The guard of each API; APIs without one check for themselves (the ACL APIs, and Fetch, whose
+partitions are known only once its fetch session is: ``fetch_denied_topics``) or need no
 authorization (ApiVersions, and the SASL handshake that comes before any principal)."""
 
 

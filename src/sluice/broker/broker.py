@@ -37,16 +37,19 @@ from sluice.broker.log_cleaner import LogCleaner
 from sluice.broker.metadata import VERIFY_INTERVAL_S, MetadataCache
 from sluice.broker.partition import Partition
 from sluice.broker.producer_ids import ProducerIdManager
-from sluice.broker.replica_access import may_act_as_replica
+from sluice.broker.replica_access import inter_broker_authenticates, may_act_as_replica
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.replication import isr_eligible
 from sluice.broker.server import KafkaServer, bind_listener
 from sluice.broker.txn_coordinator import TransactionCoordinator
+from sluice.broker.txn_verification import TxnVerifier
 from sluice.cluster import layout
 from sluice.cluster.controller import Controller, LeaderBalance
 from sluice.cluster.health import OFFLINE, UNDER_REPLICATED, classify_partition
 from sluice.cluster.layout import BrokerRegistration, PartitionState, StateWrite
 from sluice.cluster.zkstore import ZOOKEEPER_UNREACHABLE, BrokerIdInUseError, ZkStore
+from sluice.security.credentials import own_credentials
+from sluice.security.scram import ScramCredential
 from sluice.storage.fsutil import atomic_write, fsync_dir
 
 log = logging.getLogger("sluice.broker")
@@ -116,8 +119,17 @@ class Broker:
         #: ACL authorization (broker/authz.py), or None when authorizer.class.name is empty
         self.authorizer = make_authorizer(config, self.store)
         # The replication door's principal check, and how this broker's followers connect.
+        own_user = config.inter_broker_username
         self.replicas.may_replicate = functools.partial(
-            may_act_as_replica, authorizer=self.authorizer, inter_broker_sasl=config.inter_broker.sasl
+            may_act_as_replica,
+            authorizer=self.authorizer,
+            inter_broker=config.inter_broker,
+            broker_principal=f"User:{own_user}" if own_user else None,
+        )
+        #: the brokers' own SASL user's credentials, from this broker's configuration (never
+        #: from ZooKeeper: security.credentials.with_own_user); empty without a password
+        self.own_credentials: dict[str, ScramCredential] = (
+            own_credentials(config.inter_broker_password) if config.inter_broker_password else {}
         )
         self.replicas.fetchers.security = config.inter_broker_client()
         #: /config/brokers/<default> and /config/brokers/<id>, applied live
@@ -126,6 +138,8 @@ class Broker:
         self.coordinator = GroupCoordinator(self)
         self.cleaner = LogCleaner(self.replicas, config.cleaner)
         self.txn_coordinator = TransactionCoordinator(self)
+        #: KIP-890: this broker, as a partition's leader, asking a transactional id's coordinator
+        self.txn_verifier = TxnVerifier(self)
         self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.isr_listeners.append(self._on_isr_may_grow)
         self._isr_writes: set[tuple[str, int]] = set()
@@ -202,9 +216,27 @@ class Broker:
                 os.getpid(),
                 self.metrics_port if self.metrics_port is not None else "off",
             )
+            self._warn_if_replication_is_open()
             await self._housekeeping_until_stopped()
         finally:
             await self._shutdown()
+
+    def _warn_if_replication_is_open(self) -> None:
+        """One WARNING at start when the inter-broker listener authenticates nobody: there any
+        connection may fetch as a follower (replica_access), as on every Kafka listener."""
+        config = self.config
+        client_auth = config.tls.client_auth if config.tls is not None else "none"
+        if inter_broker_authenticates(config.inter_broker, client_auth):
+            return
+        log.warning(
+            "event=inter_broker_listener_unauthenticated listener=%s protocol=%s "
+            "risk='a client that reaches it can fetch as a follower: acks=all records acknowledged "
+            "with one copy' action='make the inter-broker listener SASL_PLAINTEXT or SASL_SSL with "
+            "inter.broker.sasl.username and .password (as sluice cluster up does), or SSL with "
+            "ssl.client.auth=required, on a listener of its own'",
+            config.inter_broker.name,
+            config.inter_broker.protocol,
+        )
 
     def _serve_metrics(self) -> None:
         """The Prometheus endpoint, on the listener's host, before the data directory or
@@ -286,6 +318,7 @@ class Broker:
         await self.coordinator.stop()
         await self.cleaner.stop()
         await self.txn_coordinator.stop()
+        await self.txn_verifier.close()
         # The rest of the ZooKeeper work (resigning, closing the session) shares one deadline.
         zookeeper_deadline = time.monotonic() + self.config.zk_session_timeout_s
         await asyncio.to_thread(self.controller.stop, zookeeper_deadline - time.monotonic())

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sluice.broker import group_records as gr
-from sluice.broker import offset_expiry
+from sluice.broker import offset_expiry, txn_verification
 from sluice.broker import static_membership as sm
 from sluice.broker.group import (
     Group,
@@ -45,6 +45,7 @@ from sluice.protocol.records import build_batch, decode_records, iter_batches, r
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
+    from sluice.storage.producer_state import VerificationGuard
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -366,6 +367,7 @@ class GroupCoordinator:
         *,
         producer_id: int = -1,
         producer_epoch: int = -1,
+        verification: VerificationGuard | None = None,
     ) -> tuple[ErrorCode, list[int]]:
         """``_write``'s append, in one step of the event loop: the error, and the offset in the
         log of each record of ``items`` appended, in order (all of them unless refused; a write
@@ -388,7 +390,7 @@ class GroupCoordinator:
                 producer_epoch=producer_epoch,
                 transactional=producer_id >= 0,
             )
-            result = self.broker.replicas.append(OFFSETS_TOPIC, p, batch)
+            result = self.broker.replicas.append(OFFSETS_TOPIC, p, batch, verification=verification)
             if result.error is not ErrorCode.NONE:
                 log.warning("event=coordinator_write_failed group=%s error=%s", group_id, result.error.name)
                 error = (
@@ -998,6 +1000,13 @@ class GroupCoordinator:
         group_id = req["group_id"]
         wanted = [(t["name"], p) for t in req["topics"] for p in t["partitions"]]
         error = self.check(group_id)
+        guard: VerificationGuard | None = None
+        if error is ErrorCode.NONE and wanted:
+            # KIP-890 part 1: the offsets open the producer's transaction on the group's
+            # partition only if its coordinator says the transaction added it (AddOffsetsToTxn):
+            # else they would be a transaction no coordinator ends, holding the partition's last
+            # stable offset and the group's require_stable fetches for good.
+            error, guard = await self._verify_txn_offsets(req)
         group = self.groups.get(group_id)
         if error is ErrorCode.NONE and group is not None:
             member_id, generation = req.get("member_id") or "", req.get("generation_id", -1)
@@ -1026,7 +1035,11 @@ class GroupCoordinator:
         if items:
             producer_id = int(req["producer_id"])
             write_error, at = self._append(
-                group_id, items, producer_id=producer_id, producer_epoch=int(req["producer_epoch"])
+                group_id,
+                items,
+                producer_id=producer_id,
+                producer_epoch=int(req["producer_epoch"]),
+                verification=guard,
             )
             # Pending from the append on, in the same step of the event loop, not from its
             # commit (Kafka's prepareTxnOffsetCommit): an expiry pass deciding while the record
@@ -1045,6 +1058,26 @@ class GroupCoordinator:
             for tp in values:
                 results[tp] = write_error
         return results
+
+    async def _verify_txn_offsets(self, req: Body) -> tuple[ErrorCode, VerificationGuard | None]:
+        """The verification guard of a TxnOffsetCommit's producer on the group's partition (None:
+        its transaction is open there already), once the transaction coordinator confirmed the
+        transaction added the partition; else the error to answer (Kafka's)."""
+        p = self.partition_for(req["group_id"])
+        producer_id, producer_epoch = int(req["producer_id"]), int(req["producer_epoch"])
+        guard, error = self.broker.replicas.begin_txn_verification(OFFSETS_TOPIC, p, producer_id)
+        if error is not ErrorCode.NONE:
+            return txn_verification.txn_offset_commit_answer(error), None
+        if guard is None:
+            return ErrorCode.NONE, None
+        verdict = await self.broker.txn_verifier.verify(
+            req["transactional_id"], producer_id, producer_epoch, [(OFFSETS_TOPIC, p)]
+        )
+        error = verdict[(OFFSETS_TOPIC, p)]
+        if error is not ErrorCode.NONE:
+            return txn_verification.txn_offset_commit_answer(error), None
+        error = self.check(req["group_id"])  # the await may have seen this broker resign
+        return error, guard if error is ErrorCode.NONE else None
 
     def on_txn_marker(self, p: int, producer_id: int, committed: bool) -> None:
         """A transaction's marker is committed on ``__consumer_offsets``-``p``: the offsets it

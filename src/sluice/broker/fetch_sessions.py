@@ -15,6 +15,13 @@ A Fetch request (v7+) carries a session id and an epoch:
   offset or log start offset other than the one last sent, or an error. A partition named in
   the request is always answered, so a fetcher that doubts what it last received can ask again.
 
+A session belongs to whoever opened it (``SessionOwner``: the principal, the listener and the
+replica id of the request that opened it). A request of anyone else naming its id is told
+FETCH_SESSION_ID_NOT_FOUND, as for an id that does not exist, and a full request of anyone else
+naming it does not close it: a session id is no capability (Kafka keys its cache by id alone;
+Sluice also re-authorizes every partition a session serves on every fetch, ``handlers.fetch``).
+Ids are drawn from ``secrets``, so one cannot be predicted from others.
+
 ``FetchSessionCache`` is plain data and logic (no I/O, an injectable clock and id source) run on
 the broker's event loop: ``open`` turns a request into a ``FetchContext``, which says which
 partitions to read, and ``FetchContext.answer`` says which of the read results to send. It is
@@ -25,7 +32,7 @@ sessions idle past ``eviction_ms`` expire, so a fetcher that went away frees its
 from __future__ import annotations
 
 import logging
-import random
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -56,6 +63,20 @@ def next_epoch(epoch: int) -> int:
     """The epoch after ``epoch`` in a session: 1, 2, ... wrapping to 1 (never 0 or -1, which
     mean full requests)."""
     return 1 if epoch >= MAX_EPOCH else epoch + 1
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOwner:
+    """Who may use a session: the principal, the listener and the replica id (-1: a consumer)
+    of the request that opened it."""
+
+    principal: str
+    listener: str
+    replica_id: int = -1
+
+
+#: The owner of sessions opened where no principal is known (tests of the cache alone).
+NOBODY = SessionOwner("", "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +147,8 @@ class FetchSession:
     #: opened by a follower (replica id >= 0): only another follower's session may evict it
     #: before it goes stale.
     privileged: bool
+    #: who opened it: nobody else may use it, or close it.
+    owner: SessionOwner
     #: the epoch the next incremental request must carry.
     epoch: int
     created_ms: float
@@ -155,6 +178,7 @@ class FetchContext:
     partitions: list[tuple[Key, PartitionRequest]]
     error: ErrorCode = ErrorCode.NONE
     privileged: bool = False
+    owner: SessionOwner = NOBODY
     session: FetchSession | None = None
     #: incremental: the session's epoch once this request was accepted.
     epoch_after: int = -1
@@ -191,7 +215,9 @@ class FetchContext:
         if self.kind is Kind.SESSIONLESS:
             return Answer(INVALID_SESSION_ID, list(results))
         if self.kind is Kind.FULL:
-            return Answer(self.cache.create(self.privileged, self.partitions, results), list(results))
+            return Answer(
+                self.cache.create(self.privileged, self.partitions, results, owner=self.owner), list(results)
+            )
         session = self.session
         assert self.kind is Kind.INCREMENTAL and session is not None
         if session.epoch != self.epoch_after:
@@ -231,6 +257,8 @@ class FetchSessionStats:
     sessions_created: int = 0
     sessions_evicted: int = 0
     sessions_expired: int = 0
+    #: requests naming a session another principal, listener or replica opened
+    foreign_session_requests: int = 0
     #: partitions named in incremental requests, and partitions in their answers.
     partitions_named: int = 0
     partitions_answered: int = 0
@@ -250,8 +278,8 @@ class FetchSessionCache:
         self.slots = slots
         self.eviction_ms = eviction_ms
         self._clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
-        self._rng = random.Random()
-        self._new_id = new_id or (lambda: self._rng.randint(1, MAX_EPOCH))
+        # Unpredictable ids: knowing one's own sessions says nothing of anyone else's.
+        self._new_id = new_id or (lambda: secrets.randbelow(MAX_EPOCH) + 1)
         #: least recently used first.
         self._sessions: OrderedDict[int, FetchSession] = OrderedDict()
         self.stats = FetchSessionStats()
@@ -272,20 +300,35 @@ class FetchSessionCache:
         forgotten: Iterable[Key],
         *,
         privileged: bool,
+        owner: SessionOwner = NOBODY,
     ) -> FetchContext:
-        """The context of a request with this session id and epoch, naming ``requested`` (in
-        request order) and forgetting ``forgotten`` (meaningful in incremental requests only)."""
+        """The context of a request of ``owner`` with this session id and epoch, naming
+        ``requested`` (in request order) and forgetting ``forgotten`` (meaningful in incremental
+        requests only). A session of another owner is, to this request, a session that does not
+        exist."""
         now = self._clock_ms()
         self._expire_idle(now)
+        named = self._sessions.get(session_id)
+        if named is not None and named.owner != owner:
+            self.stats.foreign_session_requests += 1
+            log.info(
+                "event=fetch_session_not_owner session_id=%d epoch=%d principal=%s listener=%s replica_id=%d",
+                session_id,
+                epoch,
+                owner.principal,
+                owner.listener,
+                owner.replica_id,
+            )
+            named = None
         if epoch in (INITIAL_EPOCH, FINAL_EPOCH):
-            if session_id != INVALID_SESSION_ID:
-                self._remove(session_id)  # a full request closes the session it names
+            if named is not None:
+                self._remove(session_id)  # a full request closes the session it names (its own)
             if epoch == FINAL_EPOCH:
                 self.stats.sessionless_requests += 1
                 return FetchContext(Kind.SESSIONLESS, self, list(requested.items()))
             self.stats.full_requests += 1
-            return FetchContext(Kind.FULL, self, list(requested.items()), privileged=privileged)
-        session = self._sessions.get(session_id)
+            return FetchContext(Kind.FULL, self, list(requested.items()), privileged=privileged, owner=owner)
+        session = named
         if session is None or epoch < 0:
             self.stats.session_errors += 1
             log.debug("event=fetch_session_not_found session_id=%d epoch=%d", session_id, epoch)
@@ -324,6 +367,7 @@ class FetchSessionCache:
             self,
             partitions,
             privileged=session.privileged,
+            owner=owner,
             session=session,
             epoch_after=session.epoch,
         )
@@ -333,9 +377,12 @@ class FetchSessionCache:
         privileged: bool,
         partitions: list[tuple[Key, PartitionRequest]],
         results: Mapping[Key, PartitionResult],
+        *,
+        owner: SessionOwner = NOBODY,
     ) -> int:
-        """A new session over ``partitions`` whose full answer is ``results``; its id, or
-        ``INVALID_SESSION_ID`` when there is no slot for it (the fetcher stays sessionless)."""
+        """A new session of ``owner`` over ``partitions`` whose full answer is ``results``; its
+        id, or ``INVALID_SESSION_ID`` when there is no slot for it (the fetcher stays
+        sessionless)."""
         if not partitions:
             return INVALID_SESSION_ID
         now = self._clock_ms()
@@ -349,7 +396,7 @@ class FetchSessionCache:
         session_id = self._new_id()
         while session_id in self._sessions or session_id <= INVALID_SESSION_ID:
             session_id = self._new_id()
-        session = FetchSession(session_id, privileged, next_epoch(INITIAL_EPOCH), now, now)
+        session = FetchSession(session_id, privileged, owner, next_epoch(INITIAL_EPOCH), now, now)
         for key, request in partitions:
             cached = CachedPartition(request)
             result = results.get(key)

@@ -22,18 +22,21 @@ from sluice.broker import (
     admin_groups,
     admin_partitions,
     admin_records,
+    produce_validation,
     scram_apis,
     txn_apis,
+    txn_verification,
 )
 from sluice.broker.admin import missing_topic_error, validate_topic_name
 from sluice.broker.admin_cluster import authorized_operations
-from sluice.broker.authz import GUARDS, guard_handlers
+from sluice.broker.authz import GUARDS, fetch_denied_topics, guard_handlers
 from sluice.broker.authz_admin import ADMIN_GUARDS
 from sluice.broker.fetch_sessions import (
     FINAL_EPOCH,
     INVALID_SESSION_ID,
     PartitionRequest,
     PartitionResult,
+    SessionOwner,
 )
 from sluice.broker.fetch_sessions import (
     Kind as FetchKind,
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
     from sluice.broker.replica_access import ReplicaClaim
     from sluice.broker.replica_manager import FetchResult
     from sluice.cluster.view import PartitionInfo
+    from sluice.protocol.records import BatchHeader
+    from sluice.storage.producer_state import VerificationGuard
 
 log = logging.getLogger("sluice.handlers")
 
@@ -437,51 +442,90 @@ def _produce_partition_response(index: int, result: ProduceResult) -> Body:
     }
 
 
+def _produce_refusal(index: int, error: ErrorCode, message: str | None = None) -> Body:
+    return _produce_partition_response(index, ProduceResult(error, message=message))
+
+
+def _produce_refused_whole(req: Body, error: ErrorCode) -> Body | None:
+    """Every partition answered ``error``, nothing appended (Kafka's answer to a request it
+    refuses as a whole)."""
+    if req["acks"] == 0:
+        return None
+    return {
+        "responses": [
+            {
+                "name": t["name"],
+                "partition_responses": [_produce_refusal(p["index"], error) for p in t["partition_data"]],
+            }
+            for t in req["topic_data"]
+        ],
+        "throttle_time_ms": 0,
+    }
+
+
 async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | None:
+    """Produce: each partition's one batch checked (``produce_validation``), a transactional
+    batch that would open its transaction verified with the transaction coordinator (KIP-890
+    part 1, ``txn_verification``), then appended; acks=all answers wait for replication."""
     acks = req["acks"]
-    responses: list[Body] = []
-    waits: list[tuple[str, int, int, ProduceResult]] = []
-    appended = 0  # record bytes (sluice_bytes_in_total)
+    txn_id = req.get("transactional_id")
+    # Each partition's batch headers, read once (a producer's request: one header each).
+    found = [
+        [produce_validation.batches(pd["records"]) for pd in t["partition_data"]] for t in req["topic_data"]
+    ]
+    if txn_id is None and produce_validation.any_transactional_first(h for per in found for h in per):
+        # Kafka refuses transactional records without a transactional id, authorizer or not:
+        # there is no transaction a coordinator could know them by.
+        return _produce_refused_whole(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    producers = produce_validation.transactional_producers(h for per_topic in found for h in per_topic)
+    if len(producers) > 1:
+        return _produce_refused_whole(req, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    answers: dict[tuple[str, int], Body] = {}
+    accepted: list[tuple[str, int, Any, BatchHeader]] = []
     twice = duplicated((t["name"], pd["index"]) for t in req["topic_data"] for pd in t["partition_data"])
-    for topic in req["topic_data"]:
+    for topic, topic_found in zip(req["topic_data"], found, strict=True):
         name = topic["name"]
-        parts = []
-        for pd in topic["partition_data"]:
-            if (name, pd["index"]) in twice:
-                parts.append(
-                    {
-                        "index": pd["index"],
-                        "error_code": ErrorCode.INVALID_REQUEST,
-                        "base_offset": -1,
-                        "error_message": DUPLICATE_MESSAGE,
-                    }
+        for pd, headers in zip(topic["partition_data"], topic_found, strict=True):
+            key = (name, pd["index"])
+            if key in twice:
+                answers[key] = _produce_refusal(pd["index"], ErrorCode.INVALID_REQUEST, DUPLICATE_MESSAGE)
+            elif acks not in (0, 1, -1):
+                answers[key] = _produce_refusal(pd["index"], ErrorCode.INVALID_REQUIRED_ACKS)
+            elif name.startswith("__"):
+                answers[key] = _produce_refusal(
+                    pd["index"],
+                    ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    f"{name} is internal: only the broker writes to it",
                 )
-                continue
-            if acks not in (0, 1, -1):
-                parts.append(
-                    {"index": pd["index"], "error_code": ErrorCode.INVALID_REQUIRED_ACKS, "base_offset": -1}
-                )
-                continue
-            if name.startswith("__"):
-                parts.append(
-                    {
-                        "index": pd["index"],
-                        "error_code": ErrorCode.INVALID_TOPIC_EXCEPTION,
-                        "base_offset": -1,
-                        "error_message": f"{name} is internal: only the broker writes to it",
-                    }
-                )
-                continue
-            result = broker.replicas.append(name, pd["index"], pd["records"], required_acks=acks)
-            if result.error is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and broker.metadata.topic(name) is None:
+            elif broker.metadata.topic(name) is None:
                 error, message = missing_topic_error(name)
-                result = ProduceResult(error, message=message)
-            if result.error is ErrorCode.NONE:
-                appended += len(pd["records"])
-                if acks == -1:
-                    waits.append((name, pd["index"], len(parts), result))
-            parts.append(_produce_partition_response(pd["index"], result))
-        responses.append({"name": name, "partition_responses": parts})
+                answers[key] = _produce_refusal(pd["index"], error, message)
+            elif (
+                refusal := produce_validation.records_refusal(pd["records"], headers, header.api_version)
+            ) is not None or (
+                refusal := produce_validation.claims_refusal(headers[0], name, pd["index"])
+            ) is not None:
+                answers[key] = _produce_refusal(pd["index"], ErrorCode.INVALID_RECORD, refusal)
+            else:
+                accepted.append((name, pd["index"], pd["records"], headers[0]))
+    guards = await _verify_transactional(broker, txn_id, producers, accepted, answers)
+    waits: list[tuple[str, int, ProduceResult]] = []
+    appended = 0  # record bytes (sluice_bytes_in_total)
+    for name, index, records, _batch in accepted:
+        key = (name, index)
+        if key in answers:
+            continue  # refused by the transaction's verification
+        result = broker.replicas.append(
+            name, index, records, required_acks=acks, verification=guards.get(key)
+        )
+        if result.error is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and broker.metadata.topic(name) is None:
+            error, message = missing_topic_error(name)  # deleted while it was being verified
+            result = ProduceResult(error, message=message)
+        if result.error is ErrorCode.NONE:
+            appended += len(records)
+            if acks == -1:
+                waits.append((name, index, result))
+        answers[key] = _produce_partition_response(index, result)
     TRAFFIC.bytes_in += appended
     if waits:
         # Every partition was appended first; now wait for all of them to be replicated at once.
@@ -489,15 +533,58 @@ async def produce(broker: Broker, header: RequestHeader, req: Body) -> Body | No
         outcomes = await asyncio.gather(
             *(
                 broker.replicas.wait_replicated(name, index, result, timeout_s)
-                for name, index, _, result in waits
+                for name, index, result in waits
             )
         )
-        by_topic = {r["name"]: r["partition_responses"] for r in responses}
-        for (name, index, slot, _), outcome in zip(waits, outcomes, strict=True):
-            by_topic[name][slot] = _produce_partition_response(index, outcome)
+        for (name, index, _), outcome in zip(waits, outcomes, strict=True):
+            answers[(name, index)] = _produce_partition_response(index, outcome)
     if acks == 0:
         return None
-    return {"responses": responses, "throttle_time_ms": 0}
+    return {
+        "responses": [
+            {
+                "name": t["name"],
+                "partition_responses": [answers[(t["name"], pd["index"])] for pd in t["partition_data"]],
+            }
+            for t in req["topic_data"]
+        ],
+        "throttle_time_ms": 0,
+    }
+
+
+async def _verify_transactional(
+    broker: Broker,
+    txn_id: str | None,
+    producers: set[tuple[int, int]],
+    accepted: list[tuple[str, int, Any, BatchHeader]],
+    answers: dict[tuple[str, int], Body],
+) -> dict[tuple[str, int], VerificationGuard]:
+    """KIP-890 part 1: for each accepted partition whose transactional batch would open its
+    producer's transaction there, take the partition's verification guard and ask the
+    transaction coordinator whether the transaction has added the partition; a partition it has
+    not (or that cannot be asked about) is answered here. The guards of the others, for their
+    appends."""
+    if not producers or txn_id is None:
+        return {}
+    ((producer_id, producer_epoch),) = producers
+    guards: dict[tuple[str, int], VerificationGuard] = {}
+    for name, index, _records, batch in accepted:
+        if not batch.is_transactional or batch.producer_id < 0:
+            continue
+        guard, error = broker.replicas.begin_txn_verification(name, index, producer_id)
+        if error is not ErrorCode.NONE:
+            answers[(name, index)] = _produce_refusal(index, error)
+        elif guard is not None:
+            guards[(name, index)] = guard
+    if not guards:
+        return guards
+    verdicts = await broker.txn_verifier.verify(txn_id, producer_id, producer_epoch, list(guards))
+    for key, error in verdicts.items():
+        if error is not ErrorCode.NONE:
+            code, message = txn_verification.produce_answer(error)
+            answers[key] = _produce_refusal(key[1], code, message)
+            guards.pop(key, None)
+    return guards
 
 
 def _fetch_topic_name(broker: Broker, t: Body) -> str:
@@ -534,6 +621,8 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     # refused one is answered with its error and joins no session), and every session partition
     # again where it is read.
     claim = broker.replicas.replica_claim(replica_id) if replica_id >= 0 else None
+    if claim is not None and not claim.may_replicate:
+        return _refused_replica_fetch(header, req, claim)
     refused: dict[tuple[str, int], ErrorCode] = {}
     # Fetch v13+ names topics by id (KIP-516): an id this broker does not know is answered
     # UNKNOWN_TOPIC_ID and joins no session (two unknown ids must not become one nameless topic).
@@ -580,16 +669,31 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         # looped on "batch below the expected offset"). So the request is served without a
         # session and closes the one it names: the next request is a full one, naming all.
         session_epoch = FINAL_EPOCH
+    asker = current_session.get()
     context = broker.fetch_sessions.open(
         session_id,
         session_epoch,
         requested,
         forgotten,
         privileged=claim is not None,
+        owner=SessionOwner(asker.principal, asker.listener, replica_id),
     )
     if context.error is not ErrorCode.NONE:
         return _fetch_response(context.error, INVALID_SESSION_ID, [])
     partitions = context.partitions
+    # A consumer reads only what it may READ now, on every fetch: the partitions it named and,
+    # in a session, every partition the session serves though this request does not name it.
+    # A refused one stays in the session (Kafka's rule): answered TOPIC_AUTHORIZATION_FAILED
+    # while refused, served from the position the consumer sent once READ is granted.
+    # (A follower's fetch is the replication door's: replica_access, per partition read.)
+    denied: dict[tuple[str, int], ErrorCode] = {}
+    if claim is None and partitions:
+        unreadable = fetch_denied_topics(broker, {key[0] for key, _ in partitions})
+        if unreadable:
+            denied = {
+                key: ErrorCode.TOPIC_AUTHORIZATION_FAILED for key, _ in partitions if key[0] in unreadable
+            }
+            partitions = [(key, p) for key, p in partitions if key not in denied]
     read_committed = req.get("isolation_level", 0) == 1
     # A follower's incremental fetch skips the partitions its last read left quiet and that are
     # unchanged since (see Partition.quiet_mark): an idle follower of thousands of partitions
@@ -636,6 +740,8 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
                     if result.error is ErrorCode.NONE and size == 0
                     else None,
                 )
+        for key, refusal in denied.items():
+            results[key] = PartitionResult(refusal, -1, -1, -1, False)
         now = loop.time()
         if total >= min_bytes or has_error or now >= deadline or not partitions:
             break
@@ -677,6 +783,11 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
         responses.setdefault(key[0], []).append(_fetch_error_partition(key[1], refusal, read_committed))
     sent = 0
     for key in answer.partitions:
+        if key in denied:
+            responses.setdefault(key[0], []).append(
+                _fetch_error_partition(key[1], denied[key], read_committed)
+            )
+            continue
         result = read[key]
         sent += result.size
         responses.setdefault(key[0], []).append(
@@ -715,6 +826,36 @@ async def fetch(broker: Broker, header: RequestHeader, req: Body) -> Body:
     )
 
 
+def _refused_replica_fetch(header: RequestHeader, req: Body, claim: ReplicaClaim) -> Body:
+    """A Fetch claiming a replica id from a connection that may not replicate (replica_access):
+    every partition it names is answered TOPIC_AUTHORIZATION_FAILED, as it named it, before any
+    topic is looked up, so the answer is the same whether the topic exists or not; no session
+    is opened or touched."""
+    refused = {
+        (str(t.get("topic") or t.get("topic_id")), int(p["partition"])): ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        for t in req["topics"]
+        for p in t["partitions"]
+    }
+    if refused:
+        _log_refused_claim(claim, refused)
+    read_committed = req.get("isolation_level", 0) == 1
+    denied = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    return _fetch_response(
+        ErrorCode.NONE,
+        INVALID_SESSION_ID,
+        [
+            {
+                "topic": t.get("topic", ""),
+                "topic_id": t.get("topic_id", ZERO_UUID) if header.api_version >= 13 else ZERO_UUID,
+                "partitions": [
+                    _fetch_error_partition(p["partition"], denied, read_committed) for p in t["partitions"]
+                ],
+            }
+            for t in req["topics"]
+        ],
+    )
+
+
 def _topic_id(broker: Broker, name: str, named: Mapping[str, Any]) -> Any:
     """The id of a topic in a Fetch answer: the one the request named it by, else (a partition
     only in the fetch session) the topic's current id."""
@@ -740,10 +881,11 @@ def _log_refused_claim(claim: ReplicaClaim, refused: Mapping[tuple[str, int], Er
     _refusals_logged[claim.replica_id] = now
     (topic, index), error = next(iter(refused.items()))
     log.info(
-        "event=replica_request_refused replica_id=%d host=%s principal=%s live=%s partitions=%d "
-        "first=%s-%d error=%s",
+        "event=replica_request_refused replica_id=%d host=%s listener=%s principal=%s live=%s "
+        "partitions=%d first=%s-%d error=%s",
         claim.replica_id,
         claim.session.host,
+        claim.session.listener,
         claim.session.principal,
         claim.replica_id in claim.live_brokers,
         len(refused),
@@ -804,8 +946,32 @@ async def offset_for_leader_epoch(broker: Broker, header: RequestHeader, req: Bo
     """KIP-101/KIP-279: the end offset of a leader epoch, which a follower (or a consumer after
     a leader change) truncates to before fetching, so replicas never diverge (I2)."""
     replica_id = req.get("replica_id", -1)
-    # A follower's question is judged by the replication door like its fetches (replica_access).
+    # A follower's question is judged by the replication door like its fetches (replica_access):
+    # from a connection that may not replicate, every partition is refused alike, found or not.
     claim = broker.replicas.replica_claim(replica_id) if replica_id >= 0 else None
+    if claim is not None and not claim.may_replicate:
+        denied = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        named = {(t["topic"], p["partition"]): denied for t in req["topics"] for p in t["partitions"]}
+        if named:
+            _log_refused_claim(claim, named)
+        return {
+            "throttle_time_ms": 0,
+            "topics": [
+                {
+                    "topic": t["topic"],
+                    "partitions": [
+                        {
+                            "error_code": denied,
+                            "partition": i["partition"],
+                            "leader_epoch": -1,
+                            "end_offset": -1,
+                        }
+                        for i in t["partitions"]
+                    ],
+                }
+                for t in req["topics"]
+            ],
+        }
     topics = []
     for t in req["topics"]:
         parts = []

@@ -20,6 +20,7 @@ from sluice.broker.replication import can_join_isr, followers_out_of_sync, high_
 from sluice.storage.config import LogConfig
 from sluice.storage.fsutil import atomic_write
 from sluice.storage.log import AppendInfo, PartitionLog, ReadResult
+from sluice.storage.producer_state import VerificationGuard
 
 log = logging.getLogger("sluice.partition")
 
@@ -268,9 +269,11 @@ class Partition:
 
     # -- data path -------------------------------------------------------------------------------
 
-    def append(self, records: bytes | memoryview) -> AppendInfo:
+    def append(
+        self, records: bytes | memoryview, verification: VerificationGuard | None = None
+    ) -> AppendInfo:
         assert self.is_leader
-        info = self.log.append_as_leader(records, leader_epoch=self.leader_epoch)
+        info = self.log.append_as_leader(records, leader_epoch=self.leader_epoch, verification=verification)
         if not info.duplicate:
             self._notify()  # wake followers' fetches
             self._update_high_watermark()

@@ -7,10 +7,19 @@ be believed only from a broker that is allowed to replicate and is a live replic
 partition; any other client asking as replica 2 could otherwise acknowledge acks=all records
 that exist on one copy (lost at the next leader failure) and pull a dead broker back into the ISR.
 
-``replica_refusal`` is the one decision, used by the Fetch handler (a ``replica_id >= 0``) and by
-OffsetForLeaderEpoch from a follower, on every partition whose follower state such a request
-would touch. It reads plain data only: the claim (who asks, as which replica, and the broker's
-view of ``/brokers/ids`` when the request arrived) and the partition's assigned replicas.
+Two gates, both before the request touches anything:
+
+- the connection (``may_act_as_replica``): only the inter-broker listener, and there only a
+  broker, may claim a replica id. A claim that fails is answered TOPIC_AUTHORIZATION_FAILED on
+  every partition it names (Kafka's answer to a follower fetch without ClusterAction), before
+  any topic is looked up, so the answer is the same for a topic that exists and one that does
+  not;
+- each partition (``replica_refusal``), used by the Fetch handler (a ``replica_id >= 0``) and by
+  OffsetForLeaderEpoch from a follower, on every partition whose follower state such a request
+  would touch. It reads plain data only: the claim (who asks, as which replica, and the
+  broker's view of ``/brokers/ids`` when the request arrived) and the partition's assigned
+  replicas.
+
 A refused request touches no follower state and moves no high watermark.
 """
 
@@ -26,22 +35,39 @@ from sluice.security.session import Session
 
 if TYPE_CHECKING:
     from sluice.broker.authz import BrokerAuthorizer as Authorizer
+    from sluice.broker.listeners import Listener
 
 
-def may_act_as_replica(session: Session, authorizer: Authorizer | None, inter_broker_sasl: bool) -> bool:
-    """Whether the connection's principal may replicate (Kafka's ClusterAction on the cluster).
+def may_act_as_replica(
+    session: Session, authorizer: Authorizer | None, inter_broker: Listener, broker_principal: str | None
+) -> bool:
+    """Whether the connection's principal may replicate: follower fetches are believed only on
+    the inter-broker listener, and there only from a broker.
 
-    When the inter-broker listener authenticates (SASL), a connection that did not authenticate
-    never may, whichever listener it came in on; with an authorizer, the principal needs
-    CLUSTER_ACTION on the cluster (the brokers' user gets it, or is a super user). A cluster
-    without either lets every connection claim to be a follower, and the other checks of
-    ``replica_refusal`` (a registered, live, assigned replica that is not this broker) are what
-    stands between a plain client and the follower state."""
-    if inter_broker_sasl and not session.authenticated:
+    - Any other listener never (a client port never believes a replica id, whoever asks: Kafka
+      believes one on every listener, and without an authorizer from anyone).
+    - With an authorizer, the principal needs CLUSTER_ACTION on the cluster (Kafka's ClusterAction:
+      the brokers' user gets it, or is a super user).
+    - Without one, on a SASL inter-broker listener only ``broker_principal``, the user this broker
+      itself authenticates as to the others (``inter.broker.sasl.username``), whose credential
+      each broker checks against its own configuration, never ZooKeeper
+      (``security.credentials.with_own_user``).
+    - An inter-broker listener that authenticates nobody (PLAINTEXT, or SSL without
+      ``ssl.client.auth=required``) believes any connection, as Kafka does; the broker warns at
+      start (:func:`inter_broker_authenticates`), and ``cluster up`` never configures one."""
+    if session.listener != inter_broker.name:
         return False
     if authorizer is not None:
         return authorizer.authorize(session, Operation.CLUSTER_ACTION, Resource.cluster())
+    if inter_broker.sasl:
+        return broker_principal is not None and session.principal == broker_principal
     return True
+
+
+def inter_broker_authenticates(inter_broker: Listener, client_auth: str) -> bool:
+    """Whether every connection to the inter-broker listener proves who it is: SASL, or TLS with
+    a client certificate required (``ssl.client.auth=required``)."""
+    return inter_broker.sasl or (inter_broker.tls and client_auth == "required")
 
 
 def claimed_replica_id(version: int, req: dict[str, Any]) -> int:

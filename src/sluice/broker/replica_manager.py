@@ -37,6 +37,7 @@ from sluice.security.session import Session, current_session
 from sluice.storage import errors as storage_errors
 from sluice.storage.config import LONG_MAX, LogConfig
 from sluice.storage.log import ReadResult
+from sluice.storage.producer_state import VerificationGuard
 from sluice.storage.txn_index import AbortedTxn
 
 log = logging.getLogger("sluice.replica_manager")
@@ -437,9 +438,31 @@ class ReplicaManager:
 
     # -- produce -----------------------------------------------------------------------------------
 
+    def begin_txn_verification(
+        self, topic: str, index: int, producer_id: int
+    ) -> tuple[VerificationGuard | None, ErrorCode]:
+        """Before this leader asks the transaction coordinator whether ``producer_id``'s
+        transaction has added ``topic``-``index`` (KIP-890): the guard its transactional batch is
+        then appended with (None: its transaction is already open here, nothing to verify), or
+        the error of a partition this broker does not lead."""
+        part, error = self.leader_partition(topic, index)
+        if part is None:
+            return None, error
+        return part.log.begin_verification(producer_id), ErrorCode.NONE
+
     def append(
-        self, topic: str, index: int, records: memoryview | bytes | None, *, required_acks: int = 1
+        self,
+        topic: str,
+        index: int,
+        records: memoryview | bytes | None,
+        *,
+        required_acks: int = 1,
+        verification: VerificationGuard | None = None,
     ) -> ProduceResult:
+        """Append ``records`` as this partition's leader. A transactional batch that opens its
+        producer's transaction here is refused INVALID_TXN_STATE unless ``verification`` is the
+        guard ``begin_txn_verification`` gave and nothing of the producer's transaction was
+        appended since (the coordinator confirmed it meanwhile)."""
         part, error = self.leader_partition(topic, index)
         if part is None:
             return ProduceResult(error)
@@ -458,7 +481,7 @@ class ReplicaManager:
         # corrupt batch, refused before, with -1).
         start = part.log.log_start_offset
         try:
-            info = part.append(records)
+            info = part.append(records, verification)
         except storage_errors.RecordTooLargeError as exc:
             return ProduceResult(ErrorCode.MESSAGE_TOO_LARGE, message=str(exc))
         except storage_errors.OutOfOrderSequenceError as exc:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.broker import txn_markers
 from sluice.protocol.api import RequestHeader
 from sluice.protocol.errors import ErrorCode
+from sluice.security.session import current_session
 
 if TYPE_CHECKING:
     from sluice.broker.broker import Broker
@@ -73,6 +74,8 @@ def partition_results(topics: list[Body], errors: dict[tuple[str, int], ErrorCod
 
 
 async def add_partitions_to_txn(broker: Broker, header: RequestHeader, req: Body) -> Body:
+    if header.api_version >= 4:
+        return await _add_partitions_for_brokers(broker, req)
     topics = list(req["v3_and_below_topics"])
     partitions = [(t["name"], p) for t in topics for p in t["partitions"]]
     unknown = _unknown_partitions(broker, partitions)
@@ -92,6 +95,37 @@ async def add_partitions_to_txn(broker: Broker, header: RequestHeader, req: Body
         )
         errors = dict.fromkeys(partitions, _fenced_for(error, "add_partitions", header.api_version))
     return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": partition_results(topics, errors)}
+
+
+async def _add_partitions_for_brokers(broker: Broker, req: Body) -> Body:
+    """AddPartitionsToTxn v4+, a broker's (the authorizer asks CLUSTER_ACTION): several
+    transactions at once, each either added to as v3 adds, or, with ``verify_only``, only asked
+    whether its ongoing transaction has added each partition (KIP-890: a partition's leader
+    about to append a transactional batch; ``TransactionCoordinator.verify_partitions``)."""
+    results = []
+    for txn in req["transactions"]:
+        tid = txn["transactional_id"]
+        topics = list(txn["topics"])
+        partitions = [(t["name"], p) for t in topics for p in t["partitions"]]
+        unknown = _unknown_partitions(broker, partitions)
+        if unknown:
+            errors = {
+                key: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                if key in unknown
+                else ErrorCode.OPERATION_NOT_ATTEMPTED
+                for key in partitions
+            }
+        elif txn["verify_only"]:
+            errors = broker.txn_coordinator.verify_partitions(
+                tid, txn["producer_id"], txn["producer_epoch"], partitions
+            )
+        else:
+            error = await broker.txn_coordinator.add_partitions(
+                tid, txn["producer_id"], txn["producer_epoch"], partitions
+            )
+            errors = dict.fromkeys(partitions, error)
+        results.append({"transactional_id": tid, "topic_results": partition_results(topics, errors)})
+    return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "results_by_transaction": results}
 
 
 async def add_offsets_to_txn(broker: Broker, header: RequestHeader, req: Body) -> Body:
@@ -117,8 +151,18 @@ async def end_txn(broker: Broker, header: RequestHeader, req: Body) -> Body:
 
 
 async def write_txn_markers(broker: Broker, header: RequestHeader, req: Body) -> Body:
-    """A coordinator's markers for partitions this broker leads (authorized as CLUSTER_ACTION:
-    only brokers write markers)."""
+    """A coordinator's markers for partitions this broker leads. Only brokers write markers
+    (an abort discards another producer's records for every read_committed reader), so the
+    request is the replication door's, like a follower's fetch: only on the inter-broker
+    listener, from a broker (replica_access.may_act_as_replica, which with an authorizer is
+    Kafka's CLUSTER_ACTION); anyone else gets CLUSTER_AUTHORIZATION_FAILED on every partition."""
+    session = current_session.get()
+    if not broker.replicas.may_replicate(session):
+        log.info(
+            "event=txn_markers_refused host=%s listener=%s principal=%s markers=%d",
+            session.host, session.listener, session.principal, len(req["markers"]),
+        )  # fmt: skip
+        return _markers_answer(req, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
     markers = []
     for m in req["markers"]:
         partitions = [(t["name"], p) for t in m["topics"] for p in t["partition_indexes"]]
@@ -146,6 +190,27 @@ async def write_txn_markers(broker: Broker, header: RequestHeader, req: Body) ->
             }
         )
     return {"markers": markers}
+
+
+def _markers_answer(req: Body, error: ErrorCode) -> Body:
+    """``error`` for every partition of every marker of a WriteTxnMarkers request."""
+    return {
+        "markers": [
+            {
+                "producer_id": m["producer_id"],
+                "topics": [
+                    {
+                        "name": t["name"],
+                        "partitions": [
+                            {"partition_index": p, "error_code": error} for p in t["partition_indexes"]
+                        ],
+                    }
+                    for t in m["topics"]
+                ],
+            }
+            for m in req["markers"]
+        ]
+    }
 
 
 async def txn_offset_commit(broker: Broker, header: RequestHeader, req: Body) -> Body:

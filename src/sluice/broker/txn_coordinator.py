@@ -389,6 +389,19 @@ class TransactionCoordinator:
             return decision.error
         return await self._persist(tid, entry, decision.write)
 
+    def verify_partitions(
+        self, tid: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], ErrorCode]:
+        """AddPartitionsToTxn with VerifyOnly (KIP-890): has this producer's ongoing transaction
+        added each partition? Decided by ``txn_state.verify_partitions``; nothing is written."""
+        error = self.check(tid)
+        if error is not ErrorCode.NONE:
+            return dict.fromkeys(partitions, error)
+        entry = self.txns.get(tid)
+        return ts.verify_partitions(
+            entry.meta if entry is not None else None, producer_id, producer_epoch, partitions
+        )
+
     def offsets_partition(self, group_id: str) -> tuple[str, int]:
         """The partition a group's transactional offsets go to (AddOffsetsToTxn adds it)."""
         return OFFSETS_TOPIC, self.broker.coordinator.partition_for(group_id)

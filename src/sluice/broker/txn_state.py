@@ -43,6 +43,7 @@ __all__ = [
     "on_load",
     "timed_out",
     "transitions_table",
+    "verify_partitions",
 ]
 
 NO_PRODUCER_ID = -1
@@ -266,6 +267,38 @@ def add_partitions(
     return Decision(
         write=meta.to(S.ONGOING, partitions=meta.partitions | added, start_ms=start, update_ms=now_ms)
     )
+
+
+def verify_partitions(
+    meta: TxnMetadata | None, producer_id: int, producer_epoch: int, partitions: Iterable[tuple[str, int]]
+) -> dict[tuple[str, int], ErrorCode]:
+    """KIP-890 part 1, the coordinator's answer to a partition leader (AddPartitionsToTxn v4
+    with VerifyOnly) about to append a transactional batch of this producer that would open its
+    transaction there: may it? Nothing is written; Kafka's answers, partition by partition:
+
+    - no such transactional id, or another producer id: INVALID_PRODUCER_ID_MAPPING;
+    - another epoch: PRODUCER_FENCED (the leader tells the producer INVALID_PRODUCER_EPOCH);
+    - the transaction being committed or aborted: CONCURRENT_TRANSACTIONS (retriable);
+    - otherwise NONE for each partition the ongoing transaction has added, and
+      TRANSACTION_ABORTABLE for the others (the leader tells Produce v10 and older clients
+      INVALID_TXN_STATE).
+
+    A write in flight (``pending``) is not consulted, as in Kafka: an EndTxn being written
+    finds the partition still in the transaction, and its marker, appended after the batch,
+    ends the batch's transaction too; appended before it, the marker voids the leader's
+    verification guard and the batch is refused (``storage.producer_state``)."""
+    keys = list(partitions)
+    if meta is None or meta.state is S.DEAD or producer_id != meta.producer_id:
+        return dict.fromkeys(keys, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    if producer_epoch != meta.producer_epoch:
+        return dict.fromkeys(keys, ErrorCode.PRODUCER_FENCED)
+    if meta.state in _PREPARED:
+        return dict.fromkeys(keys, ErrorCode.CONCURRENT_TRANSACTIONS)
+    ongoing = meta.state is S.ONGOING
+    return {
+        key: ErrorCode.NONE if ongoing and key in meta.partitions else ErrorCode.TRANSACTION_ABORTABLE
+        for key in keys
+    }
 
 
 def end_txn(

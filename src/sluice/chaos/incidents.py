@@ -9,13 +9,13 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from sluice import test_switches
 from sluice.chaos.checker import Read, check, parse_value
 from sluice.chaos.harness import DrillCluster, LeaderlessMonitor
+from sluice.chaos.results import Check, IncidentResult, Row
 from sluice.chaos.workload import (
     GroupReader,
     ProducerStats,
@@ -26,41 +26,6 @@ from sluice.chaos.workload import (
 from sluice.cluster.layout import PartitionState
 from sluice.ops.health import partition_health
 from sluice.security.client import PLAINTEXT, ClientSecurity
-
-
-@dataclass
-class Row:
-    label: str
-    acknowledged: int
-    read: int
-    lost: int
-    duplicated: int
-    out_of_order: int
-    failed_sends: int
-    errors: dict[str, int] = field(default_factory=dict)
-    lost_examples: list[str] = field(default_factory=list)
-    #: per writer (the ``{writer}`` of the values): a row may mix a workload and a drill's own client
-    acknowledged_by_writer: dict[str, int] = field(default_factory=dict)
-    lost_by_writer: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class Check:
-    guarantee: str
-    passed: bool
-    detail: str
-
-
-@dataclass
-class IncidentResult:
-    name: str
-    rows: list[Row] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
-    timeline: list[tuple[float, str]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(c.passed for c in self.checks)
 
 
 def _create_topic(

@@ -35,14 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from sluice.chaos.incidents import (
-    Check,
-    IncidentResult,
     _create_topic,
     _row,
     _wait_acks,
     _wait_for,
     acks1_failover,
 )
+from sluice.chaos.results import Check, IncidentResult
 from sluice.chaos.tcp_proxy import TcpProxy
 from sluice.chaos.workload import VerifiableProducer, read_everything
 from sluice.cluster.layout import PartitionState

@@ -34,7 +34,8 @@ from pathlib import Path
 from sluice.chaos import netfaults
 from sluice.chaos.checker import Read
 from sluice.chaos.harness import DrillCluster, broker_host
-from sluice.chaos.incidents import Check, IncidentResult, _create_topic, _row, _wait_acks, _writer
+from sluice.chaos.incidents import _create_topic, _row, _wait_acks, _writer
+from sluice.chaos.results import Check, IncidentResult
 from sluice.chaos.workload import (
     GroupReader,
     JavaVerifiableClient,

@@ -4,7 +4,9 @@ quiescence and a full comparison of the source with each target (invariant I8).
 
 One seed's run:
 
-1. a database on the MariaDB server with three tables and their first rows (sync_workload);
+1. a database on the MariaDB server with five tables and their first rows (sync_workload: two
+   of them hold a column of every type of the type catalog); the server's time zone is not UTC
+   (`TIMESTAMP_ZONE`), as in the type-matrix test;
    a PostgreSQL database, reached by its task through a TCP proxy (so it can refuse
    connections), and a SQLite file; a 3-broker drill cluster with its own ZooKeeper;
 2. the two tasks, defined as in a task.yaml (kept in the seed's directory), and two
@@ -17,9 +19,14 @@ One seed's run:
    makes no progress at all for `stall_s` is given up on earlier, with the reason);
 5. every table, every row by primary key, source against each target (sync_compare).
 
-The run's last line is `chaos-sync verdict=pass missing=0 extra=0 different=0`, with the
-counts summed over both targets and every seed; anything else wrong (a task that did not catch
-up, a worker that exited by itself, the workload failing) makes it `verdict=fail` too.
+Each seed's report says which column types the workload met: types with a value (not NULL)
+written by a statement the server ran during the faults (the binlog's path), in the first rows
+(the snapshot's), and left in the source at the end (compared); and how many of the types' edge
+values it wrote. The line before the last, `chaos-sync types=41/41 edge_values=143/143`, gives
+the fewest any seed met by the binlog. The run's last line is
+`chaos-sync verdict=pass missing=0 extra=0 different=0`, with the counts summed over both
+targets and every seed; anything else wrong (a task that did not catch up, a worker that exited
+by itself, the workload failing) makes it `verdict=fail` too.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from sluice.chaos.sync_faults import (
     make_sync_schedule,
 )
 from sluice.chaos.sync_workload import (
+    CATALOG_TABLES,
     KEYS,
     MARKER_TABLE,
     TABLES,
@@ -54,15 +62,18 @@ from sluice.chaos.sync_workload import (
     WorkloadStats,
 )
 from sluice.chaos.tcp_proxy import TcpProxy
+from sluice.chaos.type_catalog import TIMESTAMP_ZONE
+from sluice.chaos.workload_values import RANDOM, TYPE_NAMES
 from sluice.clients import close_within
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.ops.ports import free_port
 from sluice.ops.postgres import LocalPostgres
+from sluice.sync.backoff import RETRY_MAX_S
 from sluice.sync.compare import TableSchema, TargetComparison, compare_table, table_schema
-from sluice.sync.sources.mysql import BinlogPosition, column_types
+from sluice.sync.sources.mysql_base import BinlogPosition, column_types
 from sluice.sync.targets import open_target
+from sluice.sync.targets.base import POS_COLUMN
 from sluice.sync.tasks import SourceSpec, TaskStore, parse_spec
-from sluice.sync.worker import RETRY_MAX_S
 
 log = logging.getLogger("sluice.chaos.sync")
 
@@ -74,7 +85,7 @@ SPARK_MASTER = "local[1]"
 TRIGGER = "500ms"
 START_TIMEOUT_S = 240.0
 #: No progress at all for this long is a stall: longer than a failing task's longest backoff
-#: before the worker starts it again (sync.worker.RETRY_MAX_S), so a task that is retrying is
+#: before the worker starts it again (sync.backoff.RETRY_MAX_S), so a task that is retrying is
 #: never given up on. While the tasks start (Spark, the snapshot, a first attempt that failed
 #: because a topic was still being created) only START_TIMEOUT_S counts.
 STALL_S = RETRY_MAX_S + 15.0
@@ -103,6 +114,17 @@ class SeedReport:
     comparisons: list[TargetComparison] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     alarms: dict[str, int] = field(default_factory=dict)
+    types: tuple[str, ...] = ()  # the catalog types the workload's tables hold
+    edge_values: int = 0  # how many edge values of those types it can draw
+    snapshot_met: set[tuple[str, int]] = field(default_factory=set)  # in the first rows
+    types_at_end: set[str] = field(default_factory=set)  # not NULL in a compared source row
+
+    def types_met(self) -> set[str]:
+        """Catalog types with a value written during the faults (not NULL), by the binlog's path."""
+        return {t for t, _ in self.workload.met} if self.workload is not None else set()
+
+    def edges_met(self) -> set[tuple[str, int]]:
+        return {m for m in self.workload.met if m[1] != RANDOM} if self.workload is not None else set()
 
     @property
     def missing(self) -> int:
@@ -119,6 +141,18 @@ class SeedReport:
     @property
     def ok(self) -> bool:
         return not self.problems and len(self.comparisons) == 2 and all(c.ok for c in self.comparisons)
+
+
+def types_line(reports: list[SeedReport]) -> str:
+    """How many catalog types and edge values the workload met by the binlog: the fewest of any
+    seed, of how many its tables hold."""
+    if not reports:
+        return "chaos-sync types=0/0 edge_values=0/0"
+    fewest = min(reports, key=lambda r: (len(r.types_met()), len(r.edges_met())))
+    return (
+        f"chaos-sync types={len(fewest.types_met())}/{len(fewest.types)} "
+        f"edge_values={len(fewest.edges_met())}/{fewest.edge_values}"
+    )
 
 
 def verdict_line(reports: list[SeedReport]) -> str:
@@ -167,6 +201,28 @@ def source_rows(db: LocalMariaDB, database: str, schema: TableSchema) -> list[di
             return list(cur.fetchall())
     finally:
         conn.close()
+
+
+def target_rows(url: str, table: str) -> list[dict[str, Any]]:
+    """A target table's rows as its driver gives each value; PostgreSQL's jsonb as the
+    document's text. (Target.read_rows gives jsonb parsed, and a document that is a JSON string,
+    `"str"`, then reads as the text `str`, which is no JSON: compare.py cannot tell the two.)"""
+    if not url.startswith("postgres"):
+        with open_target(url) as target:
+            return list(target.read_rows(table).values())
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        cols = conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+            "to_regclass(%s) AND attnum > 0 AND NOT attisdropped AND attname <> %s ORDER BY attnum",
+            (f'"{table}"', POS_COLUMN),
+        ).fetchall()
+        if not cols:
+            return []
+        select = ", ".join(f'"{c}"::text' if t == "jsonb" else f'"{c}"' for c, t in cols)
+        rows = conn.execute(f'SELECT {select} FROM "{table}"').fetchall()
+    return [dict(zip([c for c, _ in cols], r, strict=True)) for r in rows]
 
 
 # --- the log ------------------------------------------------------------------------------------
@@ -238,6 +294,7 @@ class SeedRun:
         mariadb: LocalMariaDB,
         postgres: LocalPostgres,
         out: Out,
+        types: tuple[str, ...] = TYPE_NAMES,
         catch_up_timeout_s: float = 240.0,
         stall_s: float = STALL_S,
     ) -> None:
@@ -245,14 +302,17 @@ class SeedRun:
         self.seed = seed
         self.duration_s = duration_s
         self.fault_kinds = fault_kinds
-        self.workload = SyncWorkload(seed, statement_kinds, value_kinds)
+        self.workload = SyncWorkload(seed, statement_kinds, value_kinds, types)
         self.mariadb = mariadb
         self.postgres = postgres
         self.out = out
         self.catch_up_timeout_s = catch_up_timeout_s
         self.stall_s = stall_s
         self.database = f"chaos_sync_{seed}"
-        self.report = SeedReport(seed, make_sync_schedule(seed, duration_s, fault_kinds))
+        self.report = SeedReport(
+            seed, make_sync_schedule(seed, duration_s, fault_kinds), types=types,
+            edge_values=len(self.workload.edge_values()), snapshot_met=self.workload.initial_met(),
+        )  # fmt: skip
         self.workers: dict[str, WorkerProcess] = {}
 
     def say(self, text: str) -> None:
@@ -407,7 +467,9 @@ class SeedRun:
         for fault in report.schedule:
             self.out(f"  {fault.describe()}")
         values = ",".join(self.workload.value_kinds) or "plain only"
-        self.say(f"statements: {','.join(self.workload.kinds)}; values: {values}")
+        left_out = [t for t in TYPE_NAMES if t not in self.workload.types]
+        types = f"all {len(TYPE_NAMES)}" if not left_out else f"all but {','.join(left_out)}"
+        self.say(f"statements: {','.join(self.workload.kinds)}; values: {values}; column types: {types}")
         if self.directory.exists():
             shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True)
@@ -504,11 +566,17 @@ class SeedRun:
     def _compare(self, tasks: list[_Task]) -> None:
         schemas = source_schema(self.mariadb, self.database)
         source = {s.name: source_rows(self.mariadb, self.database, s) for s in schemas}
+        self.report.types_at_end = {
+            column.removeprefix("c_")
+            for table in CATALOG_TABLES
+            for row in source[table]
+            for column, value in row.items()
+            if column.startswith("c_") and value is not None
+        }
         for task in tasks:
             label = f"{task.dialect} ({task.id})"
             try:
-                with open_target(task.direct_url) as target:
-                    got = {s.name: list(target.read_rows(s.name).values()) for s in schemas}
+                got = {s.name: target_rows(task.direct_url, s.name) for s in schemas}
             except Exception as exc:
                 self.report.problems.append(f"cannot read target {label}: {exc}")
                 continue
@@ -528,6 +596,16 @@ class SeedRun:
                 f"workload: {sum(w.steps.values())} transactions ({kinds}), {w.statements} statements, "
                 f"{w.rejected} rejected (duplicate key), {w.idle_s:.1f}s idle"
             )
+        if r.workload is not None:
+            self.say(
+                f"column types met: {len(r.types_met())} of {len(r.types)} by the binlog during the faults "
+                f"({len(r.edges_met())} of {r.edge_values} edge values), "
+                f"{len({t for t, _ in r.snapshot_met})} in the snapshot's rows, "
+                f"{len(r.types_at_end)} not NULL in the source at the end"
+            )
+            unmet = [t for t in r.types if t not in r.types_met()]
+            if unmet:
+                self.say(f"column types not met by the binlog: {', '.join(unmet)}")
         self.say(f"faults injected: {len(r.injected)} events, {len(r.skipped)} faults skipped")
         for ev in r.injected:
             self.out(f"  {ev.at_s:5.1f}s {ev.what}")
@@ -575,7 +653,10 @@ def servers(
     """The given servers, or private ones under `directory` (removed afterwards)."""
     with ExitStack() as stack:
         if mariadb is None:
-            mariadb = LocalMariaDB(directory / "mariadb")
+            # Off UTC, as in the type-matrix test: TIMESTAMPs must still arrive in UTC.
+            mariadb = LocalMariaDB(
+                directory / "mariadb", extra_args=(f"--default-time-zone={TIMESTAMP_ZONE}",)
+            )
             stack.callback(mariadb.remove)
             mariadb.start()
         if postgres is None:
@@ -593,6 +674,7 @@ def run_sync_chaos(
     fault_kinds: tuple[str, ...],
     statement_kinds: tuple[str, ...],
     value_kinds: tuple[str, ...],
+    types: tuple[str, ...] = TYPE_NAMES,
     mariadb: LocalMariaDB | None = None,
     postgres: LocalPostgres | None = None,
     out: Out = print,
@@ -603,7 +685,7 @@ def run_sync_chaos(
     ending with `verdict_line`. Directories are removed afterwards unless `keep`."""
     for kind in fault_kinds:  # fail before starting anything
         make_sync_schedule(0, 0, (kind,))
-    SyncWorkload(0, statement_kinds, value_kinds)
+    SyncWorkload(0, statement_kinds, value_kinds, types)
     reports: list[SeedReport] = []
     directory = directory.resolve()
     created = not directory.exists()
@@ -614,7 +696,7 @@ def run_sync_chaos(
                 run = SeedRun(
                     directory / f"seed-{seed}", seed, duration_s=duration_s, fault_kinds=fault_kinds,
                     statement_kinds=statement_kinds, value_kinds=value_kinds, mariadb=db, postgres=pg,
-                    out=out, catch_up_timeout_s=catch_up_timeout_s,
+                    out=out, catch_up_timeout_s=catch_up_timeout_s, types=types,
                 )  # fmt: skip
                 try:
                     reports.append(run.run())
@@ -632,8 +714,9 @@ def run_sync_chaos(
                 directory.rmdir()  # only if nothing else was put there
             except OSError:
                 pass
+    out(types_line(reports))
     out(verdict_line(reports))
     return reports
 
 
-__all__ = ["SeedReport", "run_sync_chaos", "verdict_line"]
+__all__ = ["SeedReport", "run_sync_chaos", "types_line", "verdict_line"]

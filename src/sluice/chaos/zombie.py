@@ -40,7 +40,7 @@ import orjson
 
 from sluice import test_switches
 from sluice.chaos.harness import CHROOT, DrillCluster
-from sluice.chaos.incidents import Check, IncidentResult
+from sluice.chaos.results import Check, IncidentResult
 from sluice.clients import close_within
 from sluice.ops.mariadb import LocalMariaDB
 from sluice.sync.envelope import key_text

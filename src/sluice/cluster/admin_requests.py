@@ -14,10 +14,12 @@ check and changes nothing (ControllerDeposedError: the request is answered NOT_C
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+import orjson
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from sluice import metrics
@@ -29,14 +31,15 @@ from sluice.cluster.election import (
     imbalanced_partitions,
     requested_election,
 )
-from sluice.cluster.layout import StateWrite, TopicAssignment
+from sluice.cluster.layout import PartitionState, StateWrite, TopicAssignment
 from sluice.cluster.partition_growth import Growth, growth_start_index, plan_growth
 from sluice.cluster.reassignment import ReassignmentRequest, merge_reassignments
-from sluice.cluster.zkstore import FencedOp
+from sluice.cluster.zkstore import ControllerTerm, FencedOp
 from sluice.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from sluice.cluster.controller import Controller, ControllerTerm
+    from sluice.cluster.view import ClusterView
+    from sluice.cluster.zkstore import ZkStore
 
 log = logging.getLogger("sluice.controller")
 
@@ -44,6 +47,49 @@ Key = tuple[str, int]
 Outcome = tuple[ErrorCode, str | None]
 #: rounds of an election whose conditional write lost to another writer (the state is read again)
 ELECTION_ROUNDS_MAX = 3
+
+
+class Controller(Protocol):
+    """What the admin requests need of the controller (controller.py ``Controller``): its store
+    (the fenced gate), its view of the cluster, and the partitions it keeps out of elections."""
+
+    store: ZkStore
+    view: ClusterView
+    broker_id: int
+    reassigning: bool
+
+    def excluded_from(self, key: tuple[str, int]) -> frozenset[int]: ...
+
+
+def unclean_audit_op(topic: str, p: int, elected: PartitionState, replaced: PartitionState) -> FencedOp:
+    """The audit record of an unclean election, written in the same multi-op as the election.
+
+    Records from the new leader's log end offset on (``lost_from_offset``, filled in by the
+    new leader when it takes over) that the old in-sync replicas had may be lost.
+    """
+    log.warning(
+        "event=unclean_leader_election partition=%s-%d leader=%d leader_epoch=%d isr_was=%s",
+        topic,
+        p,
+        elected.leader,
+        elected.leader_epoch,
+        list(replaced.isr),
+    )
+    record = orjson.dumps(
+        {
+            "version": 1,
+            "topic": topic,
+            "partition": p,
+            "new_leader": elected.leader,
+            "leader_epoch": elected.leader_epoch,
+            "previous_leader": replaced.leader,
+            "previous_isr": list(replaced.isr),
+            "time_ms": int(time.time() * 1000),
+            "lost_from_offset": None,
+            "note": "records at or after lost_from_offset that the previous ISR held may be lost",
+        }
+    )
+    return FencedOp("create", layout.unclean_election_path(topic, p, elected.leader_epoch), record)
 
 
 def _live(controller: Controller) -> set[int]:
@@ -148,7 +194,7 @@ def elect_leaders(
             new = answer.decision.state
             ops = [FencedOp("set", layout.partition_state_path(topic, p), new.encode(), version)]
             if answer.decision.unclean:
-                ops.append(controller.unclean_audit_op(topic, p, new, state))
+                ops.append(unclean_audit_op(topic, p, new, state))
             groups.append((ops, [StateWrite(topic, assignment.topic_id, p, new, version + 1)]))
             kind = (
                 "preferred"

@@ -37,7 +37,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from kazoo.exceptions import NodeExistsError
 from kazoo.protocol.states import KazooState
 
@@ -47,7 +46,13 @@ from sluice.cluster.election import initial_partition_state, next_partition_stat
 from sluice.cluster.layout import PartitionState, StateWrite, TopicAssignment
 from sluice.cluster.state_machine import check_partition_transition, partition_phase
 from sluice.cluster.view import ClusterView
-from sluice.cluster.zkstore import ZOOKEEPER_UNREACHABLE, ControllerDeposedError, FencedOp, ZkStore
+from sluice.cluster.zkstore import (
+    ZOOKEEPER_UNREACHABLE,
+    ControllerDeposedError,
+    ControllerTerm,
+    FencedOp,
+    ZkStore,
+)
 
 log = logging.getLogger("sluice.controller")
 
@@ -73,12 +78,6 @@ class LeaderBalance:
     enabled: bool = True
     check_interval_s: float = 300.0
     imbalance_percentage: int = 10
-
-
-@dataclass(frozen=True, slots=True)
-class ControllerTerm:
-    epoch: int
-    epoch_zk_version: int
 
 
 class Controller:
@@ -437,7 +436,7 @@ class Controller:
             path = layout.partition_state_path(name, p)
             ops = [FencedOp("set", path, new_state.encode(), version)]
             if decision.unclean:
-                ops.append(self._unclean_audit_op(name, p, new_state, state))
+                ops.append(admin_requests.unclean_audit_op(name, p, new_state, state))
             groups.append((ops, [StateWrite(name, assignment.topic_id, p, new_state, version + 1)]))
             if new_state.leader >= 0 and new_state.leader_epoch > state.leader_epoch:
                 elections[key] = decision.unclean
@@ -521,40 +520,6 @@ class Controller:
         results = self.store.commit_fenced_many(term.epoch_zk_version, groups, writer="")
         failed = sum(1 for r in results if r.error is not None)
         log.debug("event=state_change_notices_trimmed count=%d failed_multi_ops=%d", len(old), failed)
-
-    @staticmethod
-    def _unclean_audit_op(topic: str, p: int, elected: PartitionState, replaced: PartitionState) -> FencedOp:
-        """The audit record of an unclean election, written in the same multi-op as the election.
-
-        Records from the new leader's log end offset on (``lost_from_offset``, filled in by the
-        new leader when it takes over) that the old in-sync replicas had may be lost.
-        """
-        log.warning(
-            "event=unclean_leader_election partition=%s-%d leader=%d leader_epoch=%d isr_was=%s",
-            topic,
-            p,
-            elected.leader,
-            elected.leader_epoch,
-            list(replaced.isr),
-        )
-        record = orjson.dumps(
-            {
-                "version": 1,
-                "topic": topic,
-                "partition": p,
-                "new_leader": elected.leader,
-                "leader_epoch": elected.leader_epoch,
-                "previous_leader": replaced.leader,
-                "previous_isr": list(replaced.isr),
-                "time_ms": int(time.time() * 1000),
-                "lost_from_offset": None,
-                "note": "records at or after lost_from_offset that the previous ISR held may be lost",
-            }
-        )
-        return FencedOp("create", layout.unclean_election_path(topic, p, elected.leader_epoch), record)
-
-    #: The audit record's op, for the elections admin requests make (admin_requests.elect_leaders).
-    unclean_audit_op = _unclean_audit_op
 
     # -- reassignment (drain) ----------------------------------------------------------------------
 

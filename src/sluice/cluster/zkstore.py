@@ -493,6 +493,15 @@ def split_zookeeper_address(address: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class ControllerTerm:
+    """The controller epoch a broker won and the version of ``/controller_epoch`` it wrote: every
+    fenced write checks that version (``commit_fenced``)."""
+
+    epoch: int
+    epoch_zk_version: int
+
+
+@dataclass(frozen=True, slots=True)
 class FencedOp:
     """One operation of a controller's fenced multi-op."""
 

@@ -10,6 +10,13 @@
 
 Progress is printed live; the report gives changes produced and applied, lag over time and rows
 equal / missing / extra / different. The cluster is stopped at the end (unless --keep).
+
+An apply query that fails (under CPU starvation, Spark's Python worker for the query's source
+may not connect back within Spark's fixed 10 s) is started again from its checkpoint after the
+workers' backoff (pipeline/restarting.py), and the report lists each failure and restart. One
+that a restart would only meet again ends the demo, FAILED with the reason. Whatever ends it
+(that, a step that raised, SIGTERM or Ctrl-C, which `stop_on_signals` turns into Stopped), the
+generator, the query, Spark, the manager and the cluster are stopped before it exits.
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -69,18 +79,61 @@ def run_demo(
     console.print(f"[bold]1.[/] starting a local cluster of {BROKERS} brokers in {directory}")
     t0 = time.monotonic()
     cluster = launcher.cluster_up(directory / "cluster", brokers=BROKERS, security=security)
-    console.print(
-        f"   bootstrap.servers={cluster.bootstrap_servers}  zookeeper={cluster.zookeeper}  "
-        f"({time.monotonic() - t0:.1f} s)"
-    )
-    manager = _start_manager(cluster, console)
-    try:
+    manager = None
+    try:  # from here on, the cluster is stopped whatever ends the demo
+        console.print(
+            f"   bootstrap.servers={cluster.bootstrap_servers}  zookeeper={cluster.zookeeper}  "
+            f"({time.monotonic() - t0:.1f} s)"
+        )
+        manager = _start_manager(cluster, console)
         return _run(cluster, directory, target, duration_s, rate, spark_master, console)
     finally:
-        if manager is not None:
-            manager.stop()
-        if end_cluster(directory, keep, console):
-            console.print("[bold]7.[/] cluster stopped")
+        with signals_held():
+            if manager is not None:
+                manager.stop()
+            if end_cluster(directory, keep, console):
+                console.print("[bold]7.[/] cluster stopped")
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT reached the demo (`stop_on_signals`). A BaseException, as
+    KeyboardInterrupt is: no `except Exception` on the way (a retry loop, a best-effort read)
+    swallows it, and every `finally` and ExitStack on the way stops what it started."""
+
+    #: the first signal seen (the demo ends with 128 + its number), and whether one raised now
+    #: would cut short the stopping of what the demo started (`signals_held`)
+    _seen: signal.Signals | None = None
+    _held = False
+
+    @classmethod
+    def seen(cls) -> signal.Signals | None:
+        return cls._seen
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGINT raise Stopped in the main thread, once; while the demo stops what it
+    started (`signals_held`) they are only noted, so that a signal at that moment cannot leave a
+    broker or MariaDB running. SIGKILL is still there for a clean-up that hangs."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        if Stopped._seen is not None:
+            return  # the first one is being acted on
+        Stopped._seen = signal.Signals(signum)
+        if not Stopped._held:
+            raise Stopped(Stopped._seen.name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Around stopping what the demo started: a signal is noted, not raised (`stop_on_signals`)."""
+    held, Stopped._held = Stopped._held, True
+    try:
+        yield
+    finally:
+        Stopped._held = held
 
 
 def fresh_directory(directory: Path) -> Path:
@@ -101,7 +154,8 @@ def end_cluster(directory: Path, keep: bool, console: Console) -> bool:
     if keep:
         console.print(f"cluster left running: `sluice cluster down --dir {directory / 'cluster'}` stops it")
         return False
-    launcher.cluster_down(directory / "cluster")
+    with signals_held():
+        launcher.cluster_down(directory / "cluster")
     return True
 
 
@@ -189,11 +243,27 @@ def _run(
     spark_master: str | None,
     console: Console,
 ) -> bool:
+    started = ExitStack()  # what `_apply` starts, stopped whatever ends it
+    try:
+        return _apply(cluster, directory, target, duration_s, rate, spark_master, console, started)
+    finally:
+        with signals_held():
+            started.close()
+
+
+def _apply(
+    cluster: launcher.LocalCluster, directory: Path, target: str, duration_s: float, rate: float,
+    spark_master: str | None, console: Console, started: ExitStack,
+) -> bool:  # fmt: skip
+    """Steps 2 to 6. Each thing started (Spark, the query, the generator, the watchers) is pushed
+    on `started`, which stops them in reverse order when the demo ends, fails or is stopped by a
+    signal (Stopped)."""
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
-    from sluice.pipeline.session import spark_session
+    from sluice.pipeline.restarting import QueryFailure, RestartingQuery, describe_failure
+    from sluice.pipeline.session import DriverSession
     from sluice.sync.execution import CHANGE_TOPIC_CONFIG
     from sluice.sync.sources.generator import GeneratorConfig, GeneratorStats, run_generator
     from sluice.sync.targets import open_target
@@ -213,30 +283,45 @@ def _run(
         f"[bold]3.[/] starting Spark ({spark_master or 'local[*]'}) and the apply query -> {target}"
     )
     t0 = time.monotonic()
-    spark = spark_session(spark_master, app="sluice-demo")
+    # One driver for the demo, started again if its JVM dies (the query's next start then runs
+    # on a new one).
+    spark = DriverSession(spark_master, app="sluice-demo")
+    started.callback(_quietly, spark.stop, "stopping Spark")
     progress = _Progress()
     lock = threading.Lock()
+    start = t0  # from step 4 on, the generator's start: the events' times count from it
 
     def on_batch(b: BatchReport) -> None:
         with lock:
             progress.applied += b.result.records - b.result.skipped
             progress.batches += 1
 
-    query = ApplyQuery(
-        spark,
+    def on_failure(f: QueryFailure) -> None:
+        # A Spark Python worker that did not connect back in time (a starved machine), a lost
+        # executor, a dead driver JVM: the query is started again from its checkpoint, with the
+        # workers' backoff (pipeline/restarting.py).
+        progress.events.append(
+            f"{time.monotonic() - start:5.1f} s  the apply query failed (attempt {f.attempt}): {f.error}; "
+            f"starting it again from its checkpoint in {f.retry_in_s:.1f} s"
+        )
+
+    def on_restart(q: ApplyQuery) -> None:
+        progress.events.append(
+            f"{time.monotonic() - start:5.1f} s  the apply query started again under fencing epoch {q.epoch}"
+        )
+
+    runner = RestartingQuery(
+        spark.get,
         ApplyConfig(
-            bootstrap=bootstrap,
-            target=target,
-            topics=[TOPIC],
-            pipeline=PIPELINE,
-            checkpoint=directory / "checkpoint",
-            trigger_s=1.0,
-            security=security,
+            bootstrap=bootstrap, target=target, topics=[TOPIC], pipeline=PIPELINE,
+            checkpoint=directory / "checkpoint", trigger_s=1.0, security=security,
         ),
-        on_batch=on_batch,
-    )
-    query.start()
-    console.print(f"   query running under fencing epoch {query.epoch} ({time.monotonic() - t0:.1f} s)")
+        on_batch=on_batch, on_failure=on_failure, on_restart=on_restart,
+    )  # fmt: skip
+    query = runner.open()
+    started.callback(runner.stop)
+    runner.start()
+    console.print(f"   query started under fencing epoch {query.epoch} ({time.monotonic() - t0:.1f} s)")
 
     truth_path = directory / "truth.json"
     console.print(
@@ -244,6 +329,7 @@ def _run(
         f"kill -9 of a broker at {duration_s / 2:.0f} s"
     )
     truths: list[Truth] = []
+    stop_generator = threading.Event()
 
     def on_gen(stats: GeneratorStats) -> None:
         with lock:
@@ -255,6 +341,7 @@ def _run(
                 bootstrap,
                 GeneratorConfig(topic=TOPIC, rate=rate, duration_s=duration_s, name="demo"),
                 truth_path=truth_path,
+                stop=stop_generator,
                 on_progress=on_gen,
                 producer_config=client,
             )
@@ -267,8 +354,10 @@ def _run(
     watcher = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "sluice-demo-watch", "log_level": 0, **client}
     )
+    started.callback(_quietly, watcher.close, "closing the lag watcher")
     lag_target = open_target(target)
     mirror = _OffsetMirror(bootstrap, APPLY_GROUP, security)
+    started.callback(_quietly, mirror.stop, "stopping the offset mirror")
 
     def end_offsets() -> int:
         total = 0
@@ -290,6 +379,8 @@ def _run(
     gen_thread = threading.Thread(target=generate, name="generator", daemon=True)
     start = time.monotonic()
     gen_thread.start()
+    started.callback(gen_thread.join, 60)
+    started.callback(stop_generator.set)  # (run before the join: callbacks run last first)
     victim: launcher.BrokerProcess | None = None
     killed_at = restarted = None
     last_sample = 0.0
@@ -319,7 +410,11 @@ def _run(
                         (now, progress.produced, progress.applied, max(0, ends - applied))
                     )
             live.update(_live_table(progress, now))
-            if progress.error or query.error is not None:
+            try:
+                runner.check()  # a failed query is started again after its backoff
+            except Exception as exc:  # one a restart would only meet again (restarting.FATAL)
+                progress.error = f"the apply query failed: {describe_failure(exc)}"
+            if progress.error:
                 break
             if progress.generator_done and restarted is not None:
                 if caught_up_deadline is None:
@@ -333,17 +428,14 @@ def _run(
                     progress.error = "the target did not catch up within 180 s of the generator's end"
                     break
             time.sleep(0.25)
-    gen_thread.join(timeout=60)
-    query.stop()
-    watcher.close()
-    mirror.stop()
-    spark.stop()
+    with signals_held():
+        started.close()  # the generator, the query, Spark and the watchers, now
     console.print(
         f"   {progress.produced:,} changes produced, {progress.applied:,} applied "
         f"in {progress.batches} batches"
     )
-    for line in progress.events:
-        console.print(f"   {line}")
+    for line in progress.events:  # whole lines: scripts and tests read them
+        console.print(f"   {line}", markup=False, highlight=False, soft_wrap=True)
 
     console.print("[bold]5.[/] lag over time (changes in the log not yet applied to the target)")
     lag = Table(show_edge=False)
@@ -357,10 +449,8 @@ def _run(
         lag.add_row(f"{t:.0f}", f"{produced:,}", f"{applied:,}", f"{behind:,}")
     console.print(lag)
 
-    if progress.error or query.error is not None or not truths:
-        console.print(
-            f"[bold red]FAILED[/]: {progress.error or query.error or 'the generator did not finish'}"
-        )
+    if progress.error or not truths:
+        console.print(f"[bold red]FAILED[/]: {progress.error or 'the generator did not finish'}")
         lag_target.close()
         return False
     truth = truths[0]
@@ -383,6 +473,14 @@ def _run(
     else:
         console.print(f"[bold red]MISMATCH[/]: {cmp.summary()}")
     return cmp.ok
+
+
+def _quietly(stop: Any, what: str) -> None:
+    """One step of stopping what the demo started: a failure is logged, and the next step runs."""
+    try:
+        stop()
+    except Exception as exc:
+        _log.warning("event=demo_stop_step_failed step=%r error=%r", what, exc)
 
 
 def _live_table(p: _Progress, now: float) -> Table:

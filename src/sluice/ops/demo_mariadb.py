@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 
 from sluice.ops import launcher
-from sluice.ops.demo import end_cluster, fresh_directory
+from sluice.ops.demo import end_cluster, fresh_directory, signals_held
 from sluice.ops.mariadb import LocalMariaDB
 
 TASK = "shop"
@@ -214,17 +214,19 @@ def run_mariadb_demo(
     target = target or f"sqlite:///{directory / 'target.db'}"
     console.print(f"[bold]1.[/] a local cluster of 3 brokers and 2 sync workers in {directory}")
     cluster = launcher.cluster_up(directory / "cluster", brokers=3, workers=2)
-    console.print(f"   bootstrap.servers={cluster.bootstrap_servers}  zookeeper={cluster.zookeeper}")
-    console.print("[bold]2.[/] a private MariaDB with the shop database")
-    db = LocalMariaDB(directory / "mariadb").start()
-    try:
+    db = LocalMariaDB(directory / "mariadb")
+    try:  # from here on, MariaDB and the cluster are stopped whatever ends the demo (cli/demo.py)
+        console.print(f"   bootstrap.servers={cluster.bootstrap_servers}  zookeeper={cluster.zookeeper}")
+        console.print("[bold]2.[/] a private MariaDB with the shop database")
+        db.start()
         return _run(cluster, db, directory, target, duration_s, console)
     except Exception as exc:  # a step failed outright: say which, then clean up
         console.print(f"[bold red]FAILED[/]: {type(exc).__name__}: {exc}", markup=True, highlight=False)
         return False
     finally:
-        db.remove()
-        end_cluster(directory, keep, console)
+        with signals_held():
+            db.remove()
+            end_cluster(directory, keep, console)
 
 
 def _run(
@@ -317,7 +319,7 @@ def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 def _caught_up(svc: Any, db: LocalMariaDB) -> bool:
     """The task has captured up to the source's binlog end and applied everything in its log."""
-    from sluice.sync.sources.mysql import BinlogPosition
+    from sluice.sync.sources.mysql_base import BinlogPosition
 
     status = svc.tasks.status(TASK) or {}
     captured = status.get("captured_position")

@@ -9,6 +9,11 @@ with its own address on a private bridge (``sluice.ops.netns``; ``network.json``
 as on separate hosts, so real network faults (``sluice.chaos.netfaults``) can be put between
 them; brokers then listen on the standard port 9092 of their own address.
 
+Brokers replicate on a listener of their own, ``INTERNAL`` (SASL_PLAINTEXT, or SASL_SSL with
+``--security sasl_ssl``), as the brokers' SCRAM user ``sluice-broker`` with a random password
+made for the cluster: only a broker may fetch as a follower, and only there; the client
+listener never believes a replica id (``sluice.broker.replica_access``).
+
 Every broker and worker serves Prometheus metrics (``metrics.port`` in the properties file the
 launcher writes for it): on a free port of 127.0.0.1, or on port 9404 of its own address in a
 namespace. ``cluster.json`` keeps the ports and :meth:`LocalCluster.metrics_urls` lists them.
@@ -62,6 +67,10 @@ WORKER_CLIENT_PROPERTIES = "worker-client.properties"
 WORKER_CLIENT_GROUPS = ("sluice-status", "sluice-recover", "sluice-spark-planner", "sluice-spark-reader")
 #: The port brokers listen on in their own namespace (each has its own address).
 NETNS_BROKER_PORT = 9092
+#: The brokers' own listener, the only one they replicate on (inter.broker.listener.name), and
+#: its port in a namespace.
+INTERNAL_LISTENER = "INTERNAL"
+NETNS_INTERNAL_PORT = 9093
 #: The metrics port of a broker or worker in its own namespace.
 NETNS_METRICS_PORT = 9404
 
@@ -80,6 +89,9 @@ class BrokerProcess:
     namespace: str | None = None
     #: the port of its Prometheus endpoint, on ``host`` (None: a cluster saved before metrics)
     metrics_port: int | None = None
+    #: the port of its inter-broker listener (INTERNAL_LISTENER), on ``host``; None: a cluster
+    #: saved before brokers had one (they replicate on ``port``)
+    internal_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -241,19 +253,30 @@ def broker_properties(
     protocol: str = "PLAINTEXT",
 ) -> str:
     """The broker's configuration file (``sluice broker start --config``). A broker in its own
-    namespace binds every address of it and advertises its own."""
-    listener = f"{protocol}://{b.host}:{b.port}"
+    namespace binds every address of it and advertises its own. With an ``internal_port``, a
+    second listener for the brokers alone (INTERNAL_LISTENER), SASL over the client listener's
+    TLS or lack of it, on which they replicate (its user and password are in ``settings``)."""
+    bind = "0.0.0.0" if b.namespace else b.host
+    listeners = [(protocol, b.port)]
+    if b.internal_port is not None:
+        listeners.append((INTERNAL_LISTENER, b.internal_port))
     lines = [
         f"broker.id={b.broker_id}",
-        f"listeners={protocol + '://0.0.0.0:' + str(b.port) if b.namespace else listener}",
-        f"advertised.listeners={listener}",
+        "listeners=" + ",".join(f"{name}://{bind}:{port}" for name, port in listeners),
+        "advertised.listeners=" + ",".join(f"{name}://{b.host}:{port}" for name, port in listeners),
         f"log.dirs={b.data_dir}",
         f"zookeeper.connect={zookeeper}",
         f"zookeeper.session.timeout.ms={round(session_timeout_s * 1000)}",
     ]
+    if b.internal_port is not None:
+        internal = "SASL_SSL" if protocol in ("SSL", "SASL_SSL") else "SASL_PLAINTEXT"
+        lines += [
+            f"listener.security.protocol.map={INTERNAL_LISTENER}:{internal}",
+            f"inter.broker.listener.name={INTERNAL_LISTENER}",
+        ]
     if b.metrics_port is not None:
         lines.append(f"metrics.port={b.metrics_port}")
-    lines.extend(f"{k}={v}" for k, v in (settings or {}).items())
+    lines.extend(f"{k}={v}" for k, v in (settings or {}).items())  # later lines win
     return "# written by `sluice cluster up`\n" + "\n".join(lines) + "\n"
 
 
@@ -420,10 +443,12 @@ def cluster_up(
             network = HostNetwork.create(cluster.network_state, owner_pid=None)
         _start_zookeeper(cluster, network, zookeeper_nodes, host)
         if network is None:
-            ports = free_ports(2 * brokers + workers, host=host)  # all held at once: distinct
-            ports, metrics_ports = ports[:brokers], ports[brokers:]
+            ports = free_ports(3 * brokers + workers, host=host)  # all held at once: distinct
+            internal_ports, metrics_ports = ports[brokers : 2 * brokers], ports[2 * brokers :]
+            ports = ports[:brokers]
         else:
             ports = [NETNS_BROKER_PORT] * brokers
+            internal_ports = [NETNS_INTERNAL_PORT] * brokers
             metrics_ports = [NETNS_METRICS_PORT] * (brokers + workers)
         for i in range(brokers):
             bid = i + 1
@@ -438,8 +463,10 @@ def cluster_up(
                     zookeeper=(broker_zookeeper or {}).get(bid),
                     namespace=place.namespace if place else None,
                     metrics_port=metrics_ports[i],
+                    internal_port=internal_ports[i],
                 )
             )
+        _inter_broker_user(cluster)
         if security == "sasl_ssl":
             _zookeeper_credential(cluster)
         cluster.save()
@@ -470,12 +497,25 @@ def cluster_up(
     return cluster
 
 
+def _inter_broker_user(cluster: LocalCluster) -> None:
+    """The brokers' own SCRAM user (BROKER_USER) with a random password made for this cluster, in
+    every broker's configuration file (owner-only, as ``cluster.json``). Each broker checks a
+    connection claiming that user against this password, never against ZooKeeper
+    (``security.credentials.with_own_user``), so nothing written to ZooKeeper makes a broker.
+    ``--override`` keys win (they are given first)."""
+    import secrets
+
+    cluster.broker_settings.setdefault("inter.broker.sasl.username", BROKER_USER)
+    cluster.broker_settings.setdefault("inter.broker.sasl.password", secrets.token_urlsafe(24))
+
+
 def _secure(cluster: LocalCluster, host: str) -> None:
     """SASL_SSL for a local cluster: a CA and a certificate for the brokers' addresses, an
-    ``admin`` user and the brokers' own user (random passwords, SCRAM credentials in ZooKeeper),
-    Kafka's ACL authorizer with both as super users, and the admin's client properties; and the
-    workers' ``sluice-worker`` user with only its ACLs (``worker_client_acls``: enough for group
-    membership, capture, apply and status reads) and its client properties."""
+    ``admin`` user (a random password, SCRAM credentials in ZooKeeper), Kafka's ACL authorizer
+    with it and the brokers' own user (``_inter_broker_user``) as super users, and the admin's
+    client properties; and the workers' ``sluice-worker`` user with only its ACLs
+    (``worker_client_acls``: enough for group membership, capture, apply and status reads) and
+    its client properties."""
     import secrets
 
     from sluice.security.credentials import CredentialStore
@@ -485,7 +525,7 @@ def _secure(cluster: LocalCluster, host: str) -> None:
     directory = Path(cluster.directory)
     hosts = sorted({host, "localhost", "127.0.0.1", *(b.host for b in cluster.brokers)})
     ca = local_ca(directory / "tls", hosts)
-    passwords = {user: secrets.token_urlsafe(18) for user in (ADMIN_USER, BROKER_USER, WORKER_USER)}
+    passwords = {user: secrets.token_urlsafe(18) for user in (ADMIN_USER, WORKER_USER)}
     # before any broker starts, and with the cluster's ZooKeeper credential: the credentials'
     # znodes get the ACL that keeps them from everyone else
     zk = connect(cluster.zookeeper, auth=cluster.zk_auth())
@@ -498,10 +538,8 @@ def _secure(cluster: LocalCluster, host: str) -> None:
     cluster.broker_settings.update({
         "ssl.keystore.location": str(ca.keystore),
         "ssl.truststore.location": str(ca.ca_file),
-        "inter.broker.sasl.username": BROKER_USER,
-        "inter.broker.sasl.password": passwords[BROKER_USER],
         "authorizer.class.name": "sluice.security.acl.AclAuthorizer",
-        "super.users": f"User:{ADMIN_USER};User:{BROKER_USER}",
+        "super.users": f"User:{ADMIN_USER};User:{cluster.broker_settings['inter.broker.sasl.username']}",
     })  # fmt: skip
     admin = ClientSecurity("SASL_SSL", "SCRAM-SHA-512", ADMIN_USER, passwords[ADMIN_USER], ca.ca_file)
     admin.write(directory / CLIENT_PROPERTIES)

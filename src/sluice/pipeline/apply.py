@@ -391,6 +391,16 @@ class ApplyQuery:
             return raised
         return exc if exc is not None else RuntimeError("the apply query stopped")
 
+    def finished(self) -> bool:
+        """Whether the query ended by itself without an error (an `available_now` query that
+        applied what the log held)."""
+        if self.error is not None or self.query is None:
+            return False
+        try:
+            return not self.query.isActive and self.query.exception() is None
+        except Exception:  # the driver JVM went away
+            return False
+
     def await_termination(self, timeout_s: float | None = None) -> bool:
         """Wait for the query to end (True) or the timeout (False). A failed commit ends the
         query and is raised here as itself (StaleEpochError, BadEventError, ...)."""

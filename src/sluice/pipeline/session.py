@@ -106,6 +106,18 @@ def spark_session(
         # (pipeline/apply.py `reconcile_checkpoint`), so it needs no checksum of its own.
         .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
         .config("spark.hadoop.fs.AbstractFileSystem.file.impl", "org.apache.hadoop.fs.local.RawLocalFs")
+        # A starved machine (load 9-18 on two cores) makes every Python process Spark talks to
+        # slow to answer. The Python side's connect and handshake with a JVM socket, and the
+        # JVM's wait for the driver's Python to fetch a result (foreachBatch's toArrow), give up
+        # after this; at Spark's default of 15 s a starved driver's result socket timed out and
+        # failed the batch. A dead peer is still seen at once (its socket closes); this only
+        # waits longer for a slow one. Spark's other waits are left as they are: a Python
+        # worker's connect-back is a fixed 10 s (no setting; a query that meets it is started
+        # again, pipeline/restarting.py and sync/worker.py), and an executor is declared lost
+        # only after spark.network.timeout (120 s) without a heartbeat, far beyond what load
+        # delays a 10 s heartbeat by, while a shorter wait for a dead executor matters on a
+        # cluster.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.log.level", "ERROR")
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.executor.extraJavaOptions", java_opts)
@@ -163,10 +175,18 @@ class DriverSession:
     new `getOrCreate`. `get()` notices the dead JVM, drops PySpark's handles to it and starts a new
     one, so a worker whose driver died runs its tasks again on their next retry."""
 
-    def __init__(self, master: str | None = None, app: str = "sluice", conf: dict[str, str] | None = None):
+    def __init__(
+        self,
+        master: str | None = None,
+        app: str = "sluice",
+        conf: dict[str, str] | None = None,
+        *,
+        kafka_connector: bool = False,
+    ):
         import threading
 
         self.master, self.app, self.conf = master, app, conf
+        self.kafka_connector = kafka_connector
         self._lock = threading.Lock()
         self._spark: Any = None
         #: the master the running driver was started with (None: local[*])
@@ -180,7 +200,9 @@ class DriverSession:
         may still move it to its first task's master."""
         with self._lock:
             if self._spark is None:
-                self._spark = spark_session(self.master, self.app, self.conf)
+                self._spark = spark_session(
+                    self.master, self.app, self.conf, kafka_connector=self.kafka_connector
+                )
                 self._running_master = self.master
 
     def get(self, master: str | None = None) -> Any:
@@ -211,7 +233,7 @@ class DriverSession:
                     "remove the task's spark_master option"
                 )
             if self._spark is None:
-                self._spark = spark_session(chosen, self.app, self.conf)
+                self._spark = spark_session(chosen, self.app, self.conf, kafka_connector=self.kafka_connector)
                 self._running_master = chosen
             self._handed_out = True
             return self._spark

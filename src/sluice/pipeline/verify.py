@@ -33,7 +33,7 @@ from typing import Any
 
 from sluice.security.secrets import Secret
 from sluice.sync.compare import Check, TableSchema, compare_table, source_value, table_schema, target_value
-from sluice.sync.sources.mysql import BinlogPosition, CaptureError, _connect, column_types, primary_keys
+from sluice.sync.sources.mysql_base import BinlogPosition, CaptureError, column_types, connect, primary_keys
 from sluice.sync.sources.mysql_snapshot import plan_ranges, range_condition
 from sluice.sync.sources.resnapshot import quote as mysql_quote
 from sluice.sync.targets.base import ColumnMapping, quote
@@ -106,7 +106,7 @@ def key_condition(cols: list[str], keys: list[tuple[Any, ...]], mark: str) -> tu
 def source_read(spec: SourceSpec, schema: TableSchema, cond: str, params: list[Any]) -> list[dict[str, Any]]:
     import pymysql.cursors
 
-    conn = _connect(spec, cursorclass=pymysql.cursors.DictCursor)
+    conn = connect(spec, cursorclass=pymysql.cursors.DictCursor)
     try:
         with conn.cursor() as cur:
             cur.execute(f"{schema.reference_select()} WHERE {cond}", params)
@@ -116,7 +116,7 @@ def source_read(spec: SourceSpec, schema: TableSchema, cond: str, params: list[A
 
 
 def source_position(spec: SourceSpec) -> BinlogPosition:
-    conn = _connect(spec)
+    conn = connect(spec)
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW MASTER STATUS")

@@ -1501,12 +1501,27 @@ _ADD_PARTITIONS_TO_TXN_TOPIC = [
     Field("Partitions", "[]int32", "0+"),
 ]
 
+# Versions 0-3 come from producers; 4+ from brokers (KIP-890): a partition's leader asking the
+# transaction coordinator, with VerifyOnly, whether a transaction has added its partition before
+# it appends a transactional batch. Version 5 only adds TRANSACTION_ABORTABLE to the answers.
 ADD_PARTITIONS_TO_TXN_REQUEST = Message(
     "AddPartitionsToTxnRequest",
     24,
-    valid="0-3",
+    valid="0-5",
     flexible="3+",
     fields=[
+        Field(
+            "Transactions",
+            "[]AddPartitionsToTxnTransaction",
+            "4+",
+            fields=[
+                Field("TransactionalId", "string", "4+"),
+                Field("ProducerId", "int64", "4+"),
+                Field("ProducerEpoch", "int16", "4+"),
+                Field("VerifyOnly", "bool", "4+", default="false"),
+                Field("Topics", "[]AddPartitionsToTxnTopic", "4+", fields=_ADD_PARTITIONS_TO_TXN_TOPIC),
+            ],
+        ),
         Field("V3AndBelowTransactionalId", "string", "0-3"),
         Field("V3AndBelowProducerId", "int64", "0-3"),
         Field("V3AndBelowProducerEpoch", "int16", "0-3"),
@@ -1514,29 +1529,46 @@ ADD_PARTITIONS_TO_TXN_REQUEST = Message(
     ],
 )
 
+_ADD_PARTITIONS_TO_TXN_TOPIC_RESULT = [
+    Field("Name", "string", "0+"),
+    Field(
+        "ResultsByPartition",
+        "[]AddPartitionsToTxnPartitionResult",
+        "0+",
+        fields=[
+            Field("PartitionIndex", "int32", "0+"),
+            Field("PartitionErrorCode", "int16", "0+"),
+        ],
+    ),
+]
+
 ADD_PARTITIONS_TO_TXN_RESPONSE = Message(
     "AddPartitionsToTxnResponse",
     24,
-    valid="0-3",
+    valid="0-5",
     flexible="3+",
     fields=[
         Field("ThrottleTimeMs", "int32", "0+"),
+        Field("ErrorCode", "int16", "4+", ignorable=True),
+        Field(
+            "ResultsByTransaction",
+            "[]AddPartitionsToTxnResult",
+            "4+",
+            fields=[
+                Field("TransactionalId", "string", "4+"),
+                Field(
+                    "TopicResults",
+                    "[]AddPartitionsToTxnTopicResult",
+                    "4+",
+                    fields=_ADD_PARTITIONS_TO_TXN_TOPIC_RESULT,
+                ),
+            ],
+        ),
         Field(
             "ResultsByTopicV3AndBelow",
             "[]AddPartitionsToTxnTopicResult",
             "0-3",
-            fields=[
-                Field("Name", "string", "0+"),
-                Field(
-                    "ResultsByPartition",
-                    "[]AddPartitionsToTxnPartitionResult",
-                    "0+",
-                    fields=[
-                        Field("PartitionIndex", "int32", "0+"),
-                        Field("PartitionErrorCode", "int16", "0+"),
-                    ],
-                ),
-            ],
+            fields=_ADD_PARTITIONS_TO_TXN_TOPIC_RESULT,
         ),
     ],
 )

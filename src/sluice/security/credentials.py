@@ -12,6 +12,7 @@ import os
 import re
 import threading
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -21,11 +22,14 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 from sluice.cluster.zkstore import compare_and_set
 from sluice.security.scram import (
     DEFAULT_ITERATIONS,
+    MECHANISMS,
     CredentialError,
     ScramCredential,
     check_mechanism,
     make_credential,
 )
+
+Lookup = Callable[[str, str], ScramCredential | None]
 
 USERS = "/config/users"
 #: 32 random bytes, made by the first broker that needs them: the key of the challenges unknown
@@ -158,3 +162,26 @@ class CredentialStore:
 
         compare_and_set(self.client, user_path(user), change)
         return removed
+
+
+def own_credentials(password: str) -> dict[str, ScramCredential]:
+    """A broker's credentials for its own inter-broker user, one per SCRAM mechanism, from the
+    password in its configuration (each broker salts its own; derived once, at start)."""
+    return {m: make_credential(m, password) for m in MECHANISMS}
+
+
+def with_own_user(lookup: Lookup, user: str, credentials: Mapping[str, ScramCredential]) -> Lookup:
+    """``lookup``, except that ``user`` (the brokers' own, ``inter.broker.sasl.username``) is
+    checked against ``credentials`` (:func:`own_credentials`) and never read from ZooKeeper.
+
+    Who may replicate is decided by who can authenticate as that user (replica_access): were its
+    credential read from ``/config/users``, anyone able to write ZooKeeper (an open ensemble, the
+    default) could mint a broker identity and fake a follower. A credential for the same name in
+    ZooKeeper is ignored."""
+
+    def credential(name: str, mechanism: str) -> ScramCredential | None:
+        if name == user:
+            return credentials.get(mechanism)
+        return lookup(name, mechanism)
+
+    return credential

@@ -21,8 +21,11 @@ def cluster_view(svc: Services) -> dict[str, Any]:
         brokers.append(
             {
                 "id": broker_id,
+                # the inter-broker listener's address (registrations' host and port) ...
                 "host": reg.host if reg else None,
                 "port": reg.port if reg else None,
+                # ... and every listener's, by name: a client uses its own listener's
+                "listeners": [f"{n}://{h}:{p}" for n, _, h, p in reg.endpoints] if reg else [],
                 "rack": reg.rack if reg else None,
                 "alive": reg is not None,
             }

@@ -163,6 +163,22 @@ def _state(status: dict[str, Any] | None, paused: bool, events: list[dict[str, A
     return "waiting"
 
 
+def failures_in_a_row(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest run of `task-failed` alarms, oldest first: attempts 1, 2, ... n. A worker counts
+    a task's failures in a row, each retry waiting about twice as long as the one before, and
+    counts from 1 again once an execution commits a batch (sync/backoff.py), or when the task
+    moves to another worker; [] when the task never failed."""
+    failed = [e for e in events if e.get("kind") == "task-failed" and isinstance(e.get("attempts"), int)]
+    run: list[dict[str, Any]] = []
+    for alarm in reversed(failed):
+        if run and alarm["attempts"] != run[-1]["attempts"] - 1:
+            break
+        run.append(alarm)
+        if alarm["attempts"] <= 1:
+            break
+    return run[::-1]
+
+
 @dataclass(frozen=True, slots=True)
 class _TaskRead:
     """What ZooKeeper holds for one task, read once per call."""
@@ -244,6 +260,7 @@ def task_detail(svc: Services, task_id: str) -> dict[str, Any]:
         "control": asdict(t.control),
         "executions": svc.tasks.executions(task_id),
         "events": t.events[-50:],
+        "failures_in_a_row": failures_in_a_row(t.events),
     }
 
 

@@ -78,7 +78,13 @@ from sluice.storage.errors import (
 from sluice.storage.fsutil import atomic_write, fsync_dir, fsync_file
 from sluice.storage.leader_append import check_timestamps, encode_for_topic
 from sluice.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
-from sluice.storage.producer_state import CompletedTxn, ProducerEntry, ProducerStateManager, list_snapshots
+from sluice.storage.producer_state import (
+    CompletedTxn,
+    ProducerEntry,
+    ProducerStateManager,
+    VerificationGuard,
+    list_snapshots,
+)
 from sluice.storage.segment import LogSegment, TimestampOffset, roll_jitter_ms, segment_file_name
 from sluice.storage.txn_index import AbortedTxn
 
@@ -576,10 +582,24 @@ class PartitionLog:
             batch, self._parse_batches(batch, leader=True, control_ok=True), leader_epoch, now
         )
 
+    def begin_verification(self, producer_id: int) -> VerificationGuard | None:
+        """Before asking the transaction coordinator about ``producer_id``'s transaction: the
+        guard its transactional batch must be appended with, or None if its transaction is
+        already open here (see ``ProducerStateManager.begin_verification``)."""
+        self._check_open()
+        return self._producers.begin_verification(producer_id)
+
     def append_as_leader(
-        self, records: bytes | bytearray | memoryview, *, leader_epoch: int, now_ms: int | None = None
+        self,
+        records: bytes | bytearray | memoryview,
+        *,
+        leader_epoch: int,
+        now_ms: int | None = None,
+        verification: VerificationGuard | None = None,
     ) -> AppendInfo:
         """Validate, assign offsets, stamp and append ``records`` (one or more batches).
+        ``verification``: the guard a transactional batch that opens its producer's transaction
+        here must carry (``begin_verification``, then the coordinator's yes).
 
         Raises CorruptRecordError, InvalidRecordError, RecordTooLargeError,
         OutOfOrderSequenceError, InvalidProducerEpochError or InvalidTxnStateError, having
@@ -593,7 +613,7 @@ class PartitionLog:
         # the topic's timestamp bounds and compression.type, before the idempotence check (Kafka's order)
         check_timestamps(records, batches, self.config, now)
         records, batches = encode_for_topic(records, batches, self.config)
-        dup = self._producers.check([h for _, h in batches])
+        dup = self._producers.check([h for _, h in batches], verification)
         if dup is not None:
             return AppendInfo(
                 dup.first_offset,

@@ -16,6 +16,19 @@ batch with producer id >= 0 and base sequence >= 0:
 
 Replicated and recovered batches update the state without any of these checks.
 
+Transaction verification (KIP-890 part 1, Kafka's answer to its hanging transactions,
+KAFKA-14402): a leader appends a transactional batch that would open a transaction for its
+producer here only with the ``VerificationGuard`` that ``begin_verification`` gave out for that
+producer before the leader asked the transaction coordinator whether the transaction is ongoing
+and has added this partition. Any transactional batch or marker of the producer appended in
+between (the coordinator's ABORT marker, say) drops the guard, so a verification answered before
+the transaction ended cannot open a new one after it (the ABA case). A batch of a transaction
+already open here needs no guard: the coordinator knows it, and its marker will end it. Without
+this, any client with WRITE on a topic could open a transaction no coordinator knows of, which
+nothing ever ends: the last stable offset stays there, and every read_committed reader with it.
+Guards are in memory only and bounded (``VERIFICATIONS_MAX``): a guard lost to a restart, a
+leader change or the bound makes the append refused and the producer retry, never accepted.
+
 Transactions (KIP-98): a producer's first transactional batch on the partition opens its
 transaction there at that batch's base offset; the transaction marker (a control batch the
 coordinator writes) closes it. While open, a non-transactional batch from the same producer is
@@ -38,7 +51,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -65,6 +78,7 @@ __all__ = [
     "CompletedTxn",
     "ProducerEntry",
     "ProducerStateManager",
+    "VerificationGuard",
     "list_snapshots",
     "snapshot_path",
 ]
@@ -74,6 +88,22 @@ _INT32_MAX: Final = 2**31 - 1
 _MAGIC: Final = b"SLPS"
 _PREFIX: Final = struct.Struct(">4sI")
 SNAPSHOT_SUFFIX: Final = ".snapshot"
+#: Producers with a verification in flight on one partition, at most (the oldest guard goes
+#: first: its request is then refused INVALID_TXN_STATE and retried).
+VERIFICATIONS_MAX: Final = 1000
+
+
+class VerificationGuard:
+    """One verification of one producer's transaction on one partition: an identity, nothing
+    more. The append that carries it is accepted only while it is still the producer's guard."""
+
+    __slots__ = ("producer_id",)
+
+    def __init__(self, producer_id: int) -> None:
+        self.producer_id = producer_id
+
+    def __repr__(self) -> str:
+        return f"VerificationGuard(producer_id={self.producer_id}, id={id(self):#x})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,17 +182,47 @@ class ProducerStateManager:
         self._open: dict[int, int] = {}
         #: transactions ended by a marker that may still be above the high watermark
         self._completed: list[CompletedTxn] = []
+        #: producer id -> the guard of its transaction's verification in flight (KIP-890)
+        self._verifications: OrderedDict[int, VerificationGuard] = OrderedDict()
+
+    # --- transaction verification (KIP-890 part 1) ------------------------------------------------
+
+    def has_open_transaction(self, producer_id: int) -> bool:
+        return producer_id in self._open
+
+    def begin_verification(self, producer_id: int) -> VerificationGuard | None:
+        """The guard an append of ``producer_id``'s transactional batch must carry, once the
+        transaction coordinator has said the transaction is ongoing and has added this
+        partition; None when the producer's transaction is already open here (no verification
+        needed). A verification already in flight for the producer shares its guard."""
+        if producer_id in self._open:
+            return None
+        guard = self._verifications.get(producer_id)
+        if guard is None:
+            while len(self._verifications) >= VERIFICATIONS_MAX:
+                self._verifications.popitem(last=False)
+            guard = self._verifications[producer_id] = VerificationGuard(producer_id)
+        return guard
+
+    def verification(self, producer_id: int) -> VerificationGuard | None:
+        return self._verifications.get(producer_id)
 
     # --- leader-side validation -----------------------------------------------------------------
 
-    def check(self, headers: list[BatchHeader]) -> BatchMetadata | None:
-        """Validate the idempotent batches of one append without changing state.
+    def check(
+        self, headers: list[BatchHeader], verification: VerificationGuard | None = None
+    ) -> BatchMetadata | None:
+        """Validate the idempotent and transactional batches of one append without changing
+        state.
 
         Returns the cached metadata if a batch is a duplicate (the caller then appends nothing);
-        raises OutOfOrderSequenceError / InvalidProducerEpochError. Several batches of the same
-        producer in one append are checked against each other.
+        raises OutOfOrderSequenceError / InvalidProducerEpochError, and InvalidTxnStateError for
+        a transactional batch that would open a transaction here without ``verification``, the
+        producer's current guard (``begin_verification``). Several batches of the same producer
+        in one append are checked against each other.
         """
         staged: dict[int, tuple[int, int]] = {}  # pid -> (epoch, last_seq) after earlier batches here
+        opened: set[int] = set()  # pids whose transaction an earlier batch of this append opens
         for h in headers:
             pid = h.producer_id
             if pid < 0:
@@ -179,14 +239,18 @@ class ProducerStateManager:
                         f"producer {pid} has a transaction open here since offset "
                         f"{entry.txn_first_offset}; a non-transactional write is refused until it ends"
                     )
+            if h.base_sequence >= 0 and pid not in staged and entry is not None:
+                dup = entry.find_duplicate(h.producer_epoch, h.base_sequence, h.last_sequence)
+                if dup is not None:
+                    return dup
+            if h.attributes & ATTR_TRANSACTIONAL_MASK and not h.attributes & ATTR_CONTROL_MASK:
+                if pid not in self._open and pid not in opened:
+                    self._check_verified(pid, verification)
+                opened.add(pid)
             if h.base_sequence < 0:
                 continue
             epoch = h.producer_epoch
             first_seq, last_seq = h.base_sequence, h.last_sequence
-            if pid not in staged and entry is not None:
-                dup = entry.find_duplicate(epoch, first_seq, last_seq)
-                if dup is not None:
-                    return dup
             if pid in staged:
                 cur_epoch, cur_last = staged[pid]
             elif entry is not None:
@@ -210,6 +274,21 @@ class ProducerStateManager:
                 )
             staged[pid] = (epoch, last_seq)
         return None
+
+    def _check_verified(self, producer_id: int, verification: VerificationGuard | None) -> None:
+        current = self._verifications.get(producer_id)
+        if verification is None or current is not verification:
+            raise InvalidTxnStateError(
+                f"producer {producer_id}: the transactional batch was not part of an ongoing transaction "
+                "the transaction coordinator has verified for this partition"
+                + (
+                    ""
+                    if verification is None
+                    else " (its transaction ended, or another began, while it was being verified)"
+                )
+                + "; nothing was appended: add the partition to the transaction (AddPartitionsToTxn) "
+                "and send the batch again"
+            )
 
     def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
         """May the coordinator write this producer's transaction marker here? Raises
@@ -248,6 +327,10 @@ class ProducerStateManager:
             entry = new
             self.producers[pid] = entry
         attributes = header.attributes
+        if attributes & (ATTR_CONTROL_MASK | ATTR_TRANSACTIONAL_MASK):
+            # A marker ended the transaction, or a batch opened it: either way the verification
+            # answered before this is spent (Kafka's rule).
+            self._verifications.pop(pid, None)
         if attributes & ATTR_CONTROL_MASK:
             return self._end_txn(entry, header.base_offset, marker) if marker is not None else None
         if attributes & ATTR_TRANSACTIONAL_MASK and entry.txn_first_offset < 0:
@@ -303,6 +386,7 @@ class ProducerStateManager:
         self.producers.clear()
         self._open.clear()
         self._completed.clear()
+        self._verifications.clear()
 
     # --- snapshots ------------------------------------------------------------------------------
 

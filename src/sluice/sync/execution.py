@@ -132,6 +132,9 @@ class TaskExecution:
         self._history_node: str | None = None
         #: the target refused a commit of this execution (a newer epoch holds its fence)
         self._fenced = False
+        #: batches this object's apply queries committed to the target (the batch thread counts
+        #: them): progress, which starts the worker's count of failures in a row again
+        self.batches_committed = 0
         self._consumer: Any = None
         # The binlog report (_binlog_report): when last looked at, what it found, the file last
         # alarmed for, and a paused task's resume position read from the log
@@ -304,6 +307,7 @@ class TaskExecution:
     def _on_batch(self, report: Any) -> None:
         """On the batch thread, after each micro-batch's commit (never raises: it would fail the
         batch)."""
+        self.batches_committed += 1  # one writer, this thread; the worker only reads it
         try:
             metrics.TASK_APPLY_BATCH_SECONDS.labels(self.task_id).observe(report.commit_s)
         except Exception:
@@ -581,13 +585,8 @@ class TaskExecution:
         if now - self._binlog_checked < BINLOG_CHECK_S:
             return self._binlog
         self._binlog_checked = now
-        from sluice.sync.sources.mysql import (
-            SNAPSHOT,
-            BinlogPosition,
-            binary_logs,
-            purge_risk,
-            recover_position,
-        )
+        from sluice.sync.sources.mysql import binary_logs, purge_risk, recover_position
+        from sluice.sync.sources.mysql_base import SNAPSHOT, BinlogPosition
 
         try:
             if self.capture is not None:

@@ -59,7 +59,7 @@ from sluice.security.secrets import (
 from sluice.sync.dead_letters import dead_letter_topic
 from sluice.sync.schema import POLICIES
 from sluice.sync.sources.mysql_values import ZERO_DATE_POLICIES
-from sluice.sync.targets.base import ColumnMapping, MappingError
+from sluice.sync.targets.mapping import ColumnMapping, MappingError
 
 TASKS = "/tasks"
 EPOCHS = "/task_epochs"

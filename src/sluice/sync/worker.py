@@ -9,10 +9,14 @@ others. A change to the set of tasks makes the leader rejoin, which starts a new
 
 Each started task is a `TaskExecution` (sync.execution) under a new fencing epoch. A task that
 fails to start, or whose execution fails later (its target refuses connections, its source is
-down, its topic cannot be created during a failover), is stopped, reported through
-`on_failure` (an alarm, in production) and started again after a backoff that doubles up to
-`RETRY_MAX_S`; the worker and its other tasks go on. A task superseded by a newer execution
-elsewhere is not retried here: the worker rejoins, and the group decides who runs it.
+down, its topic cannot be created during a failover, its Spark query ended), is stopped,
+reported through `on_failure` (an alarm, in production, with the attempt and the delay) and
+started again after a backoff (sync.backoff) that doubles with each failure in a row, up to
+`RETRY_MAX_S`; the count starts again only once an execution of the task commits a batch, or
+an operator changes the task (`sluice task update`, `restart`, `resume`: a failed task waiting
+for its retry is then started at once). The worker and its other tasks go on. A task
+superseded by a newer execution elsewhere is not retried here: the worker rejoins, and the
+group decides who runs it.
 
 A stop (SIGTERM, `cluster down`) ends within :func:`stop_bound_s` whatever ZooKeeper does. kazoo
 holds a call made while it reconnects until the connection is back, and retries the connection
@@ -27,7 +31,6 @@ on a deadline, and leave their status and history to the session when ZooKeeper 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import uuid
@@ -44,6 +47,7 @@ from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
 from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.sync.assignment import assign
+from sluice.sync.backoff import Backoff
 from sluice.sync.execution import SUPERSEDED
 from sluice.sync.wire_client import WireClient, WireError
 
@@ -256,34 +260,35 @@ class Membership:
             self.hb_conn = None
 
 
-RETRY_MIN_S = 1.0
-RETRY_MAX_S = 60.0
-
-
 @dataclass
 class Retry:
     """A task that failed here: when to start it again, and why it failed."""
 
-    attempts: int
+    attempts: int  # its failures in a row (sync.backoff)
     at: float  # time.monotonic()
     error: str
 
 
-def retry_delay_s(attempts: int, rng: random.Random) -> float:
-    """Doubling from RETRY_MIN_S up to RETRY_MAX_S, with a little jitter so that workers do not
-    all retry a shared target at the same moment."""
-    base = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** max(0, attempts - 1))
-    return float(base * rng.uniform(0.8, 1.0))
+@dataclass
+class _Streak:
+    """A task's failures in a row here, and what an operator had last asked of it when they
+    began (`Worker.revision`): once that changes, the count starts again."""
+
+    backoff: Backoff
+    revision: object
 
 
 class Worker:
     """Runs the tasks the group assigns to it until `stop` is set.
 
     `start_task(task_id)` returns an object with `stop()`, `relinquish()` (stop after losing
-    the group session), `alive()`, `tick()` and `error` (a TaskExecution in production; tests
-    may pass their own). `on_failure(task_id, error, attempts, retry_in_s)` hears of every
-    failure (the CLI raises an alarm); it must not raise. `zookeeper`: the session the tasks'
-    ZooKeeper calls use, closed at stop once ZooKeeper is unreachable (module docstring)."""
+    the group session), `alive()`, `tick()`, `error` and, optionally, `batches_committed` (a
+    TaskExecution in production; tests may pass their own). `on_failure(task_id, error,
+    attempts, retry_in_s)` hears of every failure (the CLI raises an alarm); it must not raise.
+    `revision(task_id)`, if given, is what an operator last asked of the task (the CLI: its
+    control's restart count and pause); a change starts its failures in a row again.
+    `zookeeper`: the session the tasks' ZooKeeper calls use, closed at stop once ZooKeeper is
+    unreachable (module docstring)."""
 
     def __init__(
         self,
@@ -295,6 +300,7 @@ class Worker:
         stop: threading.Event | None = None,
         on_failure: Callable[[str, str, int, float], None] | None = None,
         describe_error: Callable[[str, BaseException | str], str] | None = None,
+        revision: Callable[[str], object] | None = None,
         zookeeper: ZkStore | None = None,
     ) -> None:
         self.membership = membership
@@ -307,10 +313,14 @@ class Worker:
         # How an exception or an execution's error is shown (the CLI scrubs the task's passwords).
         self.describe_error = describe_error or _describe
         self.running: dict[str, Any] = {}
+        #: tasks waiting to be started again
         self.failed: dict[str, Retry] = {}
+        #: each task's failures in a row: kept through starts that succeed, dropped once one of
+        #: its executions commits a batch, an operator changes it, or it leaves this worker
+        self.streaks: dict[str, _Streak] = {}
+        self.revision = revision
         self.assigned: list[str] = []
         self.generations = 0
-        self._rng = random.Random()
         self._rejoin_requested = False
         #: when the stop began (time.monotonic()), once it has
         self.stop_began: float | None = None
@@ -345,6 +355,8 @@ class Worker:
             self._stop_quietly(task_id, self.running.pop(task_id))
         for task_id in sorted(set(self.failed) - set(self.assigned)):
             del self.failed[task_id]  # someone else's now
+        for task_id in sorted(set(self.streaks) - set(self.assigned)):
+            del self.streaks[task_id]
         for task_id in self.assigned:
             if task_id not in self.running and task_id not in self.failed:
                 log.info("task %s assigned: starting it", task_id)
@@ -361,15 +373,33 @@ class Worker:
             return
         self.failed.pop(task_id, None)
 
+    def _revision_of(self, task_id: str) -> object:
+        """What an operator last asked of the task, or None (not known: ZooKeeper out of reach)."""
+        if self.revision is None:
+            return None
+        try:
+            return self.revision(task_id)
+        except Exception as exc:
+            log.info("event=task_revision_unread task=%s error=%r", task_id, exc)
+            return None
+
+    def _changed(self, task_id: str, streak: _Streak) -> bool:
+        revision = self._revision_of(task_id)
+        return revision is not None and revision != streak.revision
+
     def _failed(self, task_id: str, error: str) -> None:
         if self.stop.is_set():
             # The stop cut it short (it may have closed the ZooKeeper session under the start):
             # no retry here, and no alarm: the group gives the task to another worker.
             log.info("event=task_start_abandoned task=%s reason=stopping error=%s", task_id, error)
             return
-        previous = self.failed.get(task_id)
-        attempts = previous.attempts + 1 if previous else 1
-        delay = retry_delay_s(attempts, self._rng)
+        # Counted across starts that succeeded: an execution that starts and then fails (its
+        # query's Spark Python worker could not connect back) is the next attempt, not the first.
+        streak = self.streaks.get(task_id)
+        if streak is None or self._changed(task_id, streak):
+            streak = self.streaks[task_id] = _Streak(Backoff(), self._revision_of(task_id))
+        delay = streak.backoff.failed()
+        attempts = streak.backoff.attempts
         self.failed[task_id] = Retry(attempts, time.monotonic() + delay, error)
         log.error(
             "event=task_failed task=%s attempts=%d retry_in_s=%.1f error=%s", task_id, attempts, delay, error
@@ -398,6 +428,9 @@ class Worker:
                     continue
                 log.warning("task %s: status check failed, will retry: %s", task_id,
                             self.describe_error(task_id, exc))  # fmt: skip
+            if getattr(execution, "batches_committed", 0) > 0 and task_id in self.streaks:
+                log.info("event=task_progressed task=%s failures_in_a_row=%d", task_id,
+                         self.streaks.pop(task_id).backoff.attempts)  # fmt: skip
             error = getattr(execution, "error", None)
             if error is None:
                 continue
@@ -407,11 +440,22 @@ class Worker:
                 self._rejoin_requested = True
             else:
                 self._failed(task_id, self.describe_error(task_id, str(error)))
+        if self.stop.is_set():  # leaving: no retry, nor its revision read from ZooKeeper
+            return
         now = time.monotonic()
         for task_id, retry in sorted(self.failed.items()):
-            if retry.at <= now and task_id in self.assigned and task_id not in self.running:
-                log.info("event=task_retry task=%s attempt=%d", task_id, retry.attempts + 1)
-                self._start(task_id)
+            if task_id not in self.assigned or task_id in self.running:
+                continue
+            streak = self.streaks.get(task_id)
+            if retry.at > now and streak is not None and self._changed(task_id, streak):
+                # The operator updated, restarted or resumed it: try the task as it is now, at
+                # once, counting its failures from 1 again.
+                log.info("event=task_changed task=%s: starting it now", task_id)
+                del self.streaks[task_id]
+            elif retry.at > now:
+                continue
+            log.info("event=task_retry task=%s attempt=%d", task_id, retry.attempts + 1)
+            self._start(task_id)
 
     def run(self) -> None:
         """Heartbeats run on their own thread, so that starting or stopping a task (which can
@@ -507,6 +551,7 @@ class Worker:
                                 self.describe_error(task_id, exc))  # fmt: skip
                     self._stop_quietly(task_id, execution)
             self.failed.clear()
+            self.streaks.clear()
             m.member_id = ""
         if self.tasks_changed.is_set() and m.leader == m.member_id:
             rejoin.set()

@@ -65,12 +65,15 @@ def apply(
     """Apply change topics to a target with a Spark Structured Streaming query, in the foreground.
 
     Each micro-batch is one target transaction: newest change per row, guarded by source
-    position, offsets recorded with the rows, fencing epoch checked. Stop with Ctrl-C."""
+    position, offsets recorded with the rows, fencing epoch checked. A query that fails is started
+    again from its checkpoint after 1 s, 2 s, 4 s ... up to 60 s (a committed batch starts the
+    count again); the command exits non-zero if the target holds a newer epoch (3) or refuses
+    what it was given (1). Stop with Ctrl-C."""
     import signal as _signal
 
     from sluice.security.secrets import url_has_password
     from sluice.sync.targets import StaleEpochError
-    from sluice.sync.targets.base import ColumnMapping, MappingError
+    from sluice.sync.targets.mapping import ColumnMapping, MappingError
 
     if bool(topics) == bool(pattern):
         raise fail("give exactly one of --topics and --pattern", 2)
@@ -86,7 +89,8 @@ def apply(
         raise fail(f"bad --mapping: {exc}", 2) from None
     from sluice import test_switches
     from sluice.pipeline.apply import ApplyConfig, ApplyQuery, BatchReport
-    from sluice.pipeline.session import ConnectorMissingError, spark_session
+    from sluice.pipeline.restarting import QueryFailure, RestartingQuery, describe_failure
+    from sluice.pipeline.session import ConnectorMissingError, DriverSession
 
     config = ApplyConfig(
         bootstrap=bootstrap,
@@ -118,16 +122,31 @@ def apply(
             f"{r.changes:,} row changes, {r.written:,} rows written in {b.took_s:.2f} s; next {offsets}"
         )
 
+    def on_failure(f: QueryFailure) -> None:
+        err.print(
+            f"the apply query failed (attempt {f.attempt}): {f.error}; starting it again from its "
+            f"checkpoint in {f.retry_in_s:.1f} s",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+
+    def on_restart(q: ApplyQuery) -> None:
+        err.print(f"the apply query started again under fencing epoch {q.epoch}")
+
+    # The driver JVM is started again if it died: a restart of the query then runs on a new one.
+    spark = DriverSession(spark_master, app=f"sluice-apply {name}", kafka_connector=source_format == "kafka")
+    runner = RestartingQuery(
+        spark.get, config, on_batch=on_batch, on_failure=on_failure, on_restart=on_restart
+    )
     try:
-        spark = spark_session(
-            spark_master, app=f"sluice-apply {name}", kafka_connector=source_format == "kafka"
-        )
-        query = ApplyQuery(spark, config, on_batch=on_batch)
+        query = runner.open()
     except ConnectorMissingError as exc:
+        spark.stop()
         raise fail(str(exc), 2) from None
     except StaleEpochError as exc:
+        spark.stop()
         raise fail(str(exc), 3) from None
     except (ConnectionError, ValueError) as exc:
+        spark.stop()
         raise fail(str(exc), 2) from None
     err.print(
         f"applying {name} to {target} under fencing epoch {query.epoch} (source {source_format}); "
@@ -142,19 +161,21 @@ def apply(
 
     _signal.signal(_signal.SIGTERM, on_signal)
     _signal.signal(_signal.SIGINT, on_signal)
-    query.start()
-    for note in query.notes:
-        err.print(note)
     try:
-        while not stopping and not query.await_termination(0.5):
-            pass
+        runner.start()
+        for note in query.notes:
+            err.print(note)
+        # A failed query is started again after the backoff (pipeline/restarting.py), until a
+        # signal stops the command; one that a restart would only meet again ends it.
+        while not stopping and not runner.check():
+            runner.wait(0.5)
     except StaleEpochError as exc:
         raise fail(str(exc), 3) from None
     except Exception as exc:
         if not stopping:
-            raise fail(f"the apply query failed: {_query_error_text(exc)}") from None
+            raise fail(f"the apply query failed: {describe_failure(exc)}") from None
     finally:
-        query.stop()
+        runner.stop()
         spark.stop()
     err.print("stopped" if stopping else "done")
 
@@ -176,12 +197,3 @@ def _load_mapping(path: Path) -> dict[str, object]:
     if not isinstance(doc, dict):
         raise ValueError(f"{path} must hold a mapping of table name -> table/rename/drop/casts")
     return doc
-
-
-def _query_error_text(exc: BaseException) -> str:
-    text = str(exc)
-    # Spark wraps a Python error from the batch function in a long JVM trace; keep the Python part.
-    for marker in ("BadEventError: ", "SluiceSourceError: ", "ValueError: ", "Error: "):
-        if marker in text:
-            return text[text.index(marker) :].splitlines()[0]
-    return text.splitlines()[0] if text else type(exc).__name__

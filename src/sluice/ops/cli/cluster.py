@@ -156,10 +156,14 @@ def cluster_status(
             )
     else:  # a cluster on other hosts: what the brokers registered is all there is to see
         for broker_id, reg in sorted(registered.items()):
-            table.add_row(
-                str(broker_id), f"{reg.host}:{reg.port}", str(reg.pid), "?", "yes",
-                "*" if broker_id == controller else "", "?",
+            # the listeners clients use: the inter-broker one (reg.host:reg.port) may take none
+            clients = [(n, h, p) for n, _, h, p in reg.endpoints if (h, p) != (reg.host, reg.port)]
+            address = (
+                ",".join(f"{n}://{h}:{p}" for n, h, p in clients) if len(clients) > 1
+                else f"{clients[0][1]}:{clients[0][2]}" if clients else f"{reg.host}:{reg.port}"
             )  # fmt: skip
+            leads = "*" if broker_id == controller else ""
+            table.add_row(str(broker_id), address, str(reg.pid), "?", "yes", leads, "?")
     console.print(table)
     problems = [h for h in health if h.status != "ok"]
     if problems:

@@ -39,10 +39,11 @@ def demo(
 ) -> None:
     """The whole platform on this machine: a 3-broker cluster, the generator writing changes, a
     Spark query applying them to SQLite, one broker killed with kill -9 in the middle, and a
-    comparison of the target with the generator's ground truth. Exits 1 if they differ."""
+    comparison of the target with the generator's ground truth. Exits 1 if they differ or a step
+    failed; SIGTERM or Ctrl-C stops everything it started and exits 128 + the signal's number."""
     from sluice.ops.cli.apply import PASSWORD_IN_URL
     from sluice.ops.cli.common import fail
-    from sluice.ops.demo import run_demo
+    from sluice.ops.demo import Stopped, run_demo, stop_on_signals
     from sluice.security.secrets import url_has_password
 
     if target and url_has_password(target):
@@ -53,17 +54,26 @@ def demo(
         raise fail(f"--security must be one of {', '.join(SECURITY_MODES)}, not {security!r}", 2)
     if source not in ("generator", "mariadb"):
         raise fail(f"--source must be generator or mariadb, not {source!r}", 2)
-    if source == "mariadb":
-        if security != "none" or spark_master:
-            raise fail(
-                "--source mariadb runs without --security and --spark-master (its workers use local Spark)", 2
-            )
-        from sluice.ops.demo_mariadb import run_mariadb_demo
+    if source == "mariadb" and (security != "none" or spark_master):
+        raise fail(
+            "--source mariadb runs without --security and --spark-master (its workers use local Spark)", 2
+        )
+    stop_on_signals()
+    try:
+        if source == "mariadb":
+            from sluice.ops.demo_mariadb import run_mariadb_demo
 
-        ok = run_mariadb_demo(directory, duration_s=duration, target=target, keep=keep, console=console)
-        raise typer.Exit(0 if ok else 1)
-    ok = run_demo(
-        directory, duration_s=duration, rate=rate, target=target, spark_master=spark_master,
-        keep=keep, console=console, security=security,
-    )  # fmt: skip
+            ok = run_mariadb_demo(directory, duration_s=duration, target=target, keep=keep, console=console)
+        else:
+            ok = run_demo(
+                directory, duration_s=duration, rate=rate, target=target, spark_master=spark_master,
+                keep=keep, console=console, security=security,
+            )  # fmt: skip
+    except Stopped:
+        ok = False
+    stopped = Stopped.seen()
+    if stopped is not None:  # raised, or noted while the demo was stopping what it started
+        what = "the cluster left running (--keep)" if keep else "everything it started is stopped"
+        console.print(f"demo stopped by {stopped.name}: {what}", markup=False, highlight=False)
+        raise typer.Exit(128 + stopped.value)
     raise typer.Exit(0 if ok else 1)

@@ -19,7 +19,7 @@ chaos_app = typer.Typer(no_args_is_help=True, help="Random faults under a verifi
 
 
 def _print_result(result: object) -> bool:
-    from sluice.chaos.incidents import IncidentResult
+    from sluice.chaos.results import IncidentResult
 
     assert isinstance(result, IncidentResult)
     if result.timeline and not result.rows:
@@ -173,7 +173,7 @@ def figure_lines(result: object) -> list[str]:
     printed by --against kafka before the tables so a script or the README can take them."""
     import shlex
 
-    from sluice.chaos.incidents import IncidentResult
+    from sluice.chaos.results import IncidentResult
 
     assert isinstance(result, IncidentResult)
     lines = [
@@ -311,6 +311,15 @@ def chaos_sync(
     values: Annotated[
         str, typer.Option(help="Value kinds that can be left out: nul-text, non-utf8-binary ('all' or -KIND)")
     ] = "all",
+    types: Annotated[
+        str,
+        typer.Option(
+            help="Column types of the tables that hold every type: 'all', a comma-separated list, or -TYPE "
+            "to leave one out (e.g. -geometry,-point); names are the type catalog's columns without c_: "
+            "tinyint, bigint_u, dec65, float, bit64, date, timestamp6, time6, year, char, latin1, "
+            "binary, blob, enum, set, json, geometry, ... (chaos/type_catalog.py)"
+        ),
+    ] = "all",
     directory: Annotated[Path, typer.Option("--dir", help="Working directory (removed afterwards)")] = Path(
         ".sluice/chaos-sync"
     ),
@@ -327,18 +336,20 @@ def chaos_sync(
     from sluice.chaos.sync_faults import SYNC_FAULT_KINDS
     from sluice.chaos.sync_run import run_sync_chaos
     from sluice.chaos.sync_workload import STATEMENT_KINDS, VALUE_KINDS, parse_kinds
+    from sluice.chaos.workload_values import TYPE_NAMES
 
     seeds = _seed_range(seed)
     try:
         fault_kinds = () if faults.strip() == "none" else parse_kinds(faults, SYNC_FAULT_KINDS, "fault")
         statement_kinds = parse_kinds(statements, STATEMENT_KINDS, "statement kind")
         value_kinds = () if values.strip() == "none" else parse_kinds(values, VALUE_KINDS, "value kind")
+        type_names = parse_kinds(types, TYPE_NAMES, "column type")
     except ValueError as exc:
         raise fail(str(exc), 2) from None
     _drill_logging()
     reports = run_sync_chaos(
         directory, seeds, duration_s=duration, fault_kinds=fault_kinds, statement_kinds=statement_kinds,
-        value_kinds=value_kinds, keep=keep, catch_up_timeout_s=catch_up_timeout,
+        value_kinds=value_kinds, types=type_names, keep=keep, catch_up_timeout_s=catch_up_timeout,
         out=lambda line: print(line, flush=True),
     )  # fmt: skip
     raise typer.Exit(0 if reports and all(r.ok for r in reports) else 1)

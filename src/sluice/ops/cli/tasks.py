@@ -132,6 +132,13 @@ def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
                 console.print(f"  {key:<18} {t[key]}")
     if t["error"]:
         console.print(f"  error      {t['error']}", markup=False, highlight=False)
+    run = t.get("failures_in_a_row") or []
+    if run:
+        # the worker's backoff: each retry about twice as long after the one before (up to 60 s)
+        steps = ", ".join(f"{e['attempts']} (retried after {e.get('retry_in_s')} s)" for e in run)
+        newest = run[-1]
+        console.print(f"  failures   in a row, newest at {_clock(newest.get('at'))}: {steps}; "
+                      f"{newest.get('error')}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
     for name in t.get("plain_text_secrets") or []:
         console.print(f"  warning    {name} is stored in plain text (a definition from before secret "
                       "references): update it with `password: {env: NAME}` or `{file: PATH}`",
@@ -267,7 +274,7 @@ def task_verify(
     from sluice.pipeline.session import spark_session
     from sluice.security.secrets import SecretError
     from sluice.service.tasks import request_snapshot
-    from sluice.sync.sources.mysql import CaptureError
+    from sluice.sync.sources.mysql_base import CaptureError
     from sluice.sync.tasks import TaskNotFoundError, resolved
 
     svc = services(zookeeper)
@@ -515,9 +522,16 @@ def worker_start(
     membership = Membership(
         bootstrap, group, me, session_timeout_ms=int(session_timeout * 1000), security=security
     )
+
+    def revision(task_id: str) -> object:
+        """What `sluice task update`, `restart`, `pause` and `resume` change: a failing task whose
+        revision changed is tried again at once, counting its failures from 1."""
+        control = store.control(task_id)
+        return (control.restarts, control.paused)
+
     worker = Worker(
         membership, store.ids, start_task, tasks_changed=changed, stop=stop, on_failure=on_failure,
-        describe_error=describe_error, zookeeper=zk,
+        describe_error=describe_error, revision=revision, zookeeper=zk,
     )  # fmt: skip
     _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
     _signal.signal(_signal.SIGINT, lambda *_: stop.set())

@@ -62,19 +62,29 @@ from sluice.sync.sources.binlog_history import (
     server_state_at,
 )
 from sluice.sync.sources.binlog_rows import RowDecodeError, RowDecoder
+from sluice.sync.sources.mysql_base import (
+    SNAPSHOT,
+    BinlogPosition,
+    CaptureError,
+    as_text,
+    column_types,
+    connect,
+    connect_snapshot,
+    encode_position,
+    primary_keys,
+    producer_config,
+    snapshot_row,
+    types_fragment,
+)
 from sluice.sync.sources.mysql_ddl import ddl_effect
 from sluice.sync.sources.mysql_values import (
     ZeroDateError,
     ZeroDates,
     row_converter,
     select_list,
-    snapshot_connect_args,
 )
 from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
 from sluice.sync.tasks import SourceSpec
-from sluice.sync.types import parse_type
-
-SNAPSHOT = "snapshot"
 
 log = logging.getLogger("sluice.capture")
 
@@ -85,15 +95,6 @@ SNAPSHOT_CHUNK_ROWS = 50_000
 HEARTBEAT_S = 10.0
 
 
-def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
-    """How captured changes are produced, by the capture and by snapshot range tasks alike:
-    idempotent and acks=all (a retry is never appended twice, an acknowledgement is durable)."""
-    return {
-        "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-        "compression.type": "lz4", "message.timeout.ms": 300_000, "log_level": 0, **overrides,
-    }  # fmt: skip
-
-
 #: How many times a snapshot reads its binlog position again when the binlog has already lost it.
 _STATE_TRIES = 5
 _HISTORY_UNSTEADY = (
@@ -102,88 +103,11 @@ _HISTORY_UNSTEADY = (
 )
 
 
-class CaptureError(RuntimeError):
-    """A source that cannot be captured as configured; the message says what to change."""
-
-
-#: Bits of the byte offset in an encoded position; the file number takes the 23 above them.
-OFFSET_BITS = 40
-FILE_BITS = 63 - OFFSET_BITS
-
-
-def encode_position(file_number: int, offset: int) -> int:
-    """`file_number << 40 | offset`, refused rather than wrapped when either is out of range."""
-    if not 0 <= offset < 1 << OFFSET_BITS:
-        raise CaptureError(f"binlog offset {offset} does not fit in {OFFSET_BITS} bits")
-    if not 0 <= file_number < 1 << FILE_BITS:
-        raise CaptureError(f"binlog file number {file_number} does not fit in {FILE_BITS} bits")
-    return file_number << OFFSET_BITS | offset
-
-
-@dataclass(frozen=True, order=True)
-class BinlogPosition:
-    file: str
-    pos: int
-
-    @property
-    def number(self) -> int:
-        return int(self.file.rsplit(".", 1)[1])
-
-    def encode(self) -> int:
-        return encode_position(self.number, self.pos)
-
-    def text(self) -> str:
-        return f"{self.file}:{self.pos}"
-
-    @classmethod
-    def parse(cls, text: str) -> BinlogPosition:
-        name, _, pos = text.rpartition(":")
-        if not name or not pos.isdigit() or not name.rsplit(".", 1)[-1].isdigit():
-            raise CaptureError(f"{text!r} is not a binlog position like mysql-bin.000003:1234")
-        return cls(name, int(pos))
-
-
-def _connect(spec: SourceSpec, **extra: Any) -> Any:
-    import pymysql
-
-    try:
-        return pymysql.connect(
-            host=spec.host, port=spec.port, user=spec.user, password=reveal(spec.password),
-            database=spec.database, autocommit=True, **extra,
-        )  # fmt: skip
-    except pymysql.err.OperationalError as exc:
-        raise CaptureError(
-            f"cannot connect to {spec.user}@{spec.host}:{spec.port}/{spec.database}: {exc}"
-        ) from None
-
-
-def connect_snapshot(spec: SourceSpec) -> Any:
-    """A connection for snapshot reads: an unbuffered dict cursor, the server's text for every
-    value but numbers, TIMESTAMPs in UTC (mysql_values.snapshot_connect_args)."""
-    import pymysql.cursors
-
-    return _connect(spec, cursorclass=pymysql.cursors.SSDictCursor, **snapshot_connect_args())
-
-
-def types_fragment(types: dict[str, str]) -> orjson.Fragment:
-    """A table's column types as the envelope's `types`, encoded once for all its rows."""
-    return orjson.Fragment(orjson.dumps(types))
-
-
-def snapshot_row(convert: Callable[[dict[str, Any]], dict[str, Any]], row: dict[str, Any], table: str) -> Any:
-    """A snapshot row in its canonical values; a zero date under zero_dates: stop is a
-    CaptureError naming the table."""
-    try:
-        return convert(row)
-    except ZeroDateError as exc:
-        raise CaptureError(f"snapshot of {table}: {exc}") from None
-
-
 def check_source(spec: SourceSpec) -> dict[str, str]:
     """The server's binlog settings, or a CaptureError saying what is wrong."""
     import pymysql
 
-    conn = _connect(spec)
+    conn = connect(spec)
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT @@log_bin, @@GLOBAL.binlog_format, @@GLOBAL.binlog_row_image, VERSION()")
@@ -234,7 +158,7 @@ def check_source(spec: SourceSpec) -> dict[str, str]:
 
 def binary_logs(spec: SourceSpec) -> list[str]:
     """The server's binlog files, oldest first."""
-    conn = _connect(spec)
+    conn = connect(spec)
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
@@ -260,83 +184,6 @@ def check_position(spec: SourceSpec, position: BinlogPosition) -> None:
             f"(the oldest on the server is {logs[0] if logs else 'none'}); restart the task from a new "
             f"snapshot with `sluice task restart ID --from-position snapshot`"
         )
-
-
-def primary_keys(spec: SourceSpec, tables: list[str], *, allow_missing: bool = False) -> dict[str, list[str]]:
-    """The primary key columns of each table. A table without a primary key is an error; a table
-    that does not exist is one too, unless `allow_missing` (the capture's tables may appear
-    later, by CREATE TABLE or RENAME TABLE): then it is left out."""
-    conn = _connect(spec)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE "
-                "WHERE TABLE_SCHEMA = %s AND CONSTRAINT_NAME = 'PRIMARY' "
-                "ORDER BY TABLE_NAME, ORDINAL_POSITION",
-                (spec.database,),
-            )
-            keys: dict[str, list[str]] = {}
-            for table, column in cur.fetchall():
-                keys.setdefault(table, []).append(column)
-            cur.execute("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s",
-                        (spec.database,))  # fmt: skip
-            present = {r[0] for r in cur.fetchall()}
-    finally:
-        conn.close()
-    keyless = [t for t in tables if t in present and t not in keys]
-    missing = [t for t in tables if t not in present]
-    if keyless or (missing and not allow_missing):
-        raise CaptureError(
-            f"table(s) without a primary key or not found in {spec.database}: {', '.join(keyless + missing)}"
-        )
-    return {t: keys[t] for t in tables if t in keys}
-
-
-def column_types(spec: SourceSpec, tables: list[str]) -> dict[str, dict[str, str]]:
-    """table -> column -> its type text (`int(11)`, `varchar(32)`), in table order, for the tables
-    that exist. MariaDB's JSON is LONGTEXT with a `json_valid(col)` check constraint: such a
-    column's type is `json` (sync/types.py)."""
-    conn = _connect(spec)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS "
-                "WHERE TABLE_SCHEMA = %s ORDER BY TABLE_NAME, ORDINAL_POSITION",
-                (spec.database,),
-            )
-            out: dict[str, dict[str, str]] = {}
-            for table, column, typ in cur.fetchall():
-                if table in tables:
-                    out.setdefault(table, {})[column] = _text(typ).lower()
-            for table, column in _json_checked(cur, spec.database):
-                if column in out.get(table, {}) and parse_type(out[table][column]).name == "longtext":
-                    out[table][column] = "json"
-    finally:
-        conn.close()
-    return out
-
-
-_JSON_CHECK = re.compile(r"^\s*json_valid\(\s*`((?:[^`]|``)+)`\s*\)\s*$", re.IGNORECASE)
-
-
-def _json_checked(cur: Any, database: str) -> list[tuple[str, str]]:
-    """(table, column) of MariaDB's JSON columns: a column check `json_valid(`col`)`. MySQL has
-    a JSON type of its own, and no TABLE_NAME in CHECK_CONSTRAINTS (nothing found there)."""
-    import pymysql
-
-    try:
-        cur.execute(
-            "SELECT TABLE_NAME, CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS "
-            "WHERE CONSTRAINT_SCHEMA = %s",
-            (database,),
-        )
-    except (pymysql.err.OperationalError, pymysql.err.ProgrammingError):
-        return []
-    return [
-        (_text(table), m.group(1).replace("``", "`"))
-        for table, clause in cur.fetchall()
-        if (m := _JSON_CHECK.match(_text(clause)))
-    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -853,7 +700,7 @@ class MySqlCapture:
         is acknowledged the resume position stays at the statement, so a crash here reads it
         (and does this) again."""
         query = str(getattr(event, "query", ""))
-        effect = ddl_effect(query, _text(getattr(event, "schema", b"")), self.spec.database)
+        effect = ddl_effect(query, as_text(getattr(event, "schema", b"")), self.spec.database)
         captured = set(self.tables)
         truncate = sorted(effect.truncate & captured)
         reload = sorted(effect.reload_keys & captured)
@@ -942,7 +789,7 @@ class MySqlCapture:
         log.info("event=table_read_again table=%s position=%s", table, position.text())
 
     def _master_position(self) -> BinlogPosition:
-        conn = _connect(self.spec)
+        conn = connect(self.spec)
         try:
             with conn.cursor() as cur:
                 cur.execute("SHOW MASTER STATUS")
@@ -1021,7 +868,7 @@ class MySqlCapture:
         not in the server's binlog)."""
         if not self.is_mariadb:
             return None
-        conn = _connect(self.spec)
+        conn = connect(self.spec)
         try:
             return server_state_at(conn, position.file, position.pos)
         finally:
@@ -1281,10 +1128,6 @@ def _unwrap(log_pos: int, offset: int) -> int:
     offset read in the file so far: files past 4 GiB wrap `log_pos`, never our positions."""
     candidate = (offset & ~0xFFFFFFFF) | (log_pos & 0xFFFFFFFF)
     return candidate + (1 << 32) if candidate < offset else candidate
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value or "")
 
 
 def _is_commit(event: Any) -> bool:

@@ -27,11 +27,11 @@ from typing import Any
 import orjson
 
 from sluice.sync.envelope import binary_columns, encode_value, record_key
-from sluice.sync.sources.mysql import (
+from sluice.sync.sources.mysql_base import (
     SNAPSHOT,
     BinlogPosition,
     CaptureError,
-    _connect,
+    connect,
     connect_snapshot,
     producer_config,
     snapshot_row,
@@ -87,7 +87,7 @@ def plan_chunks(
     """Key ranges (lo, hi] for each table worth splitting: at least `min_rows` rows by the
     server's estimate. Tables not in the result are read whole."""
     assert min_rows > 0 and chunk_rows > 0
-    conn = _connect(spec)
+    conn = connect(spec)
     plans: dict[str, list[tuple[Any, Any]]] = {}
     keyset: list[str] = []
     try:
@@ -144,7 +144,7 @@ def plan_ranges(spec: SourceSpec, table: str, key: list[str], chunk_rows: int) -
     keys = [f"`{k}`" for k in key]
     ranges: list[tuple[Any, Any]] = []
     last: tuple[Any, ...] | None = None
-    conn = _connect(spec)
+    conn = connect(spec)
     try:
         with conn.cursor() as cur:
             while True:

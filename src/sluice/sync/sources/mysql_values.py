@@ -183,7 +183,7 @@ SNAPSHOT_SESSION = "SET time_zone = '+00:00'"  # TIMESTAMPs in UTC, as the binlo
 
 
 def snapshot_connect_args() -> dict[str, Any]:
-    """What every snapshot connection (`mysql._connect`) adds: the converters and UTC."""
+    """What every snapshot connection (`mysql_base.connect`) adds: the converters and UTC."""
     return {"conv": _snapshot_conversions(), "init_command": SNAPSHOT_SESSION}
 
 

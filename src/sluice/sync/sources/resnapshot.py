@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.sync.envelope import key_text
-from sluice.sync.sources.mysql import (
+from sluice.sync.sources.mysql_base import (
     BinlogPosition,
     CaptureError,
     column_types,

@@ -13,10 +13,10 @@ from sluice.security.secrets import Secret
 from sluice.sync.targets.base import (
     ApplyResult,
     BadTargetUrlError,
-    ColumnMapping,
     StaleEpochError,
     Target,
 )
+from sluice.sync.targets.mapping import ColumnMapping
 
 
 def open_target(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 import pyarrow as pa
@@ -46,9 +46,32 @@ from sluice.sync.schema import (
     needs_translation,
     translate_columns,
 )
+from sluice.sync.targets.mapping import ColumnMapping
 
-if TYPE_CHECKING:
-    from sluice.sync.targets.base import Target
+
+class SchemaTarget(Protocol):
+    """What the schema steps need of a target: its policy and mapping, the recorded history and
+    its own DDL (targets/base.py `Target` declares all of it; its subclasses supply the SQL)."""
+
+    schema_change_policy: str
+    mapping: ColumnMapping
+
+    def _read_schema_history(self, tx: Any, tables: list[str]) -> dict[str, list[Recorded]]: ...
+
+    def _record_schema_change(
+        self, tx: Any, table: str, pos: int, doc: Mapping[str, Any], applied: bool
+    ) -> bool: ...
+
+    def _existing_columns(self, tx: Any, name: str) -> list[str]: ...
+
+    def _drop_column(self, tx: Any, name: str, column: str) -> None: ...
+
+    def _rename_column(self, tx: Any, name: str, old: str, new: str) -> None: ...
+
+    def _change_column_type(self, tx: Any, name: str, column: str, source_type: str) -> None: ...
+
+    def _drop_table(self, tx: Any, name: str) -> None: ...
+
 
 log = logging.getLogger("sluice.target")
 
@@ -84,7 +107,7 @@ def check_policy(policy: str) -> str:
     return policy
 
 
-def schema_step(target: Target, tx: Any, pipeline: str, changes: pa.Table) -> pa.Table:
+def schema_step(target: SchemaTarget, tx: Any, pipeline: str, changes: pa.Table) -> pa.Table:
     """Apply the batch's schema changes (collapsed changes, `sync.changes` columns) and return its
     rows, translated to the target's columns."""
     is_schema = pc.equal(changes["op"], SCHEMA)
@@ -100,7 +123,9 @@ def schema_step(target: Target, tx: Any, pipeline: str, changes: pa.Table) -> pa
     return translate_rows(target, tx, changes)
 
 
-def _apply_one(target: Target, tx: Any, pipeline: str, table: str, pos: int, doc: dict[str, Any]) -> None:
+def _apply_one(
+    target: SchemaTarget, tx: Any, pipeline: str, table: str, pos: int, doc: dict[str, Any]
+) -> None:
     """Record one schema change and apply it by the policy (nothing when recorded already)."""
     change = SchemaChange.from_doc(doc)
     policy = target.schema_change_policy
@@ -116,7 +141,7 @@ def _apply_one(target: Target, tx: Any, pipeline: str, table: str, pos: int, doc
              table, pos, change.kind, change.column, policy, applied, ddl)  # fmt: skip
 
 
-def _evolve(target: Target, tx: Any, table: str, change: SchemaChange) -> None:
+def _evolve(target: SchemaTarget, tx: Any, table: str, change: SchemaChange) -> None:
     """Make the target's table follow `change` (what is not there to change is left alone)."""
     m = target.mapping
     name = m.target_table(table)
@@ -141,7 +166,7 @@ def _evolve(target: Target, tx: Any, table: str, change: SchemaChange) -> None:
         target._change_column_type(tx, name, column, change.type)
 
 
-def translate_rows(target: Target, tx: Any, changes: pa.Table) -> pa.Table:
+def translate_rows(target: SchemaTarget, tx: Any, changes: pa.Table) -> pa.Table:
     """`changes` with each image (and key, and `binary` names) in the target's column names (the
     `types` stay as the source named them: `target_types` translates them)."""
     tables = sorted(pc.unique(changes["table"]).to_pylist())
@@ -217,7 +242,7 @@ def merged_types(
 
 
 def target_types(
-    target: Target, tx: Any, table: str, variants: Iterable[tuple[int, Mapping[str, str]]]
+    target: SchemaTarget, tx: Any, table: str, variants: Iterable[tuple[int, Mapping[str, str]]]
 ) -> dict[str, str]:
     """`merged_types` with the target's recorded schema changes of `table`; under `ignore`, once
     the target kept its columns through a change, only the columns it has (as `translate_rows`

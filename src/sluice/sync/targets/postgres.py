@@ -31,14 +31,13 @@ from sluice.sync.schema import DROP_COLUMN, DROP_TABLE, RENAME_COLUMN, Recorded
 from sluice.sync.targets.base import (
     POS_COLUMN,
     ApplyResult,
-    ColumnMapping,
-    MappingError,
     RefusalSink,
     Target,
     nested_offsets,
     quote,
 )
 from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
+from sluice.sync.targets.mapping import ColumnMapping, MappingError
 from sluice.sync.targets.pg_copy import NUL_ESCAPE, copy_payloads, nul_key_error, strip_nul
 from sluice.sync.targets.staging import (
     STAGED_DDL,

@@ -24,13 +24,12 @@ from sluice.sync.schema import Recorded
 from sluice.sync.targets.base import (
     POS_COLUMN,
     BadTargetUrlError,
-    ColumnMapping,
-    MappingError,
     Target,
     infer_type,
     quote,
 )
 from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
+from sluice.sync.targets.mapping import ColumnMapping, MappingError
 from sluice.sync.types import sqlite_type
 from sluice.test_switches import OFF, Switches
 
