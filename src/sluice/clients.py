@@ -11,8 +11,9 @@ daemon thread, and after `timeout_s` the caller goes on and says so in the log.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
+
+from sluice.bounded import run_within
 
 log = logging.getLogger("sluice.clients")
 
@@ -24,18 +25,14 @@ DEFAULT_CLOSE_TIMEOUT_S = 30.0
 def close_within(client: Any, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S, *, what: str = "consumer") -> bool:
     """Closes `client` (anything with a `close()`), waiting at most `timeout_s`. Returns whether
     the close finished; one that did not is left to finish on its thread."""
-    done = threading.Event()
 
-    def run() -> None:
+    def close() -> None:
         try:
             client.close()
         except Exception as exc:  # a close that fails has still released what it could
             log.warning("event=client_close_failed what=%s error=%r", what, exc)
-        finally:
-            done.set()
 
-    threading.Thread(target=run, name=f"close-{what}", daemon=True).start()
-    if done.wait(timeout_s):
+    if run_within(close, timeout_s, name=f"close-{what}"):
         return True
     log.warning(
         "event=client_close_timed_out what=%s timeout_s=%.0f: the %s is left closing in the background "

@@ -9,12 +9,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sluice.ops import launcher
-from sluice.ops.launcher import BrokerProcess, LocalCluster
+from sluice.ops.launcher import BrokerProcess, LocalCluster, WorkerProcess
 from sluice.ops.zookeeper import LocalZooKeeper
 from sluice.security.client import ClientSecurity
+
+K = TypeVar("K")
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
@@ -50,6 +52,7 @@ class TestCluster:
         broker_settings: dict[str, str] | None = None,
         security: str = "none",
         racks: dict[int, str] | None = None,
+        workers: int = 0,
     ):
         self.chroot = f"/t-{uuid.uuid4().hex[:10]}"
         self.directory = directory
@@ -61,6 +64,7 @@ class TestCluster:
             broker_settings=broker_settings,
             security=security,
             racks=racks,
+            workers=workers,
         )
 
     @property
@@ -117,17 +121,11 @@ class TestCluster:
         """Wait up to ``timeout_s`` for these brokers (children of this process) to exit; for
         each that did: its exit code (negative: the signal that ended it) and the seconds it took
         from this call. Brokers still running are missing from the answer."""
-        started = time.monotonic()
-        pids = {self.broker(b).pid: b for b in broker_ids}
-        exits: dict[int, tuple[int, float]] = {}
-        while pids and time.monotonic() - started < timeout_s:
-            for pid, broker_id in list(pids.items()):
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    exits[broker_id] = (os.waitstatus_to_exitcode(status), time.monotonic() - started)
-                    del pids[pid]
-            time.sleep(0.02)
-        return exits
+        return wait_exits({self.broker(b).pid: b for b in broker_ids}, timeout_s)
+
+    def worker(self, name: str) -> WorkerProcess:
+        (w,) = [w for w in self.cluster.workers if w.name == name]
+        return w
 
     def log_text(self, broker_id: int) -> str:
         return Path(self.broker(broker_id).log_file).read_text(errors="replace")
@@ -136,6 +134,50 @@ class TestCluster:
         launcher.cluster_down(self.directory)
         for b in self.cluster.brokers:
             _reap(b.pid)
+        for w in self.cluster.workers:
+            _reap(w.pid)
+            # What a worker killed past its bound may leave: its Spark driver JVM, in the process
+            # group `cluster up` started the worker in (exits on its own once its stdin closes).
+            group_left(w.pid, kill=True)
+
+
+def group_left(pgid: int, kill: bool = False) -> list[int]:
+    """The processes still in process group ``pgid`` (a worker's: it and its Spark driver JVM);
+    with ``kill``, SIGKILL them."""
+    left = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            left.append(int(entry.name))
+    if kill and left and pgid > 0:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def wait_exits(pids: dict[int, K], timeout_s: float) -> dict[K, tuple[int, float]]:
+    """Wait up to ``timeout_s`` for these processes (children of this process; each pid's name
+    for the answer) to exit; for each that did: its exit code (negative: the signal that ended
+    it) and the seconds it took from this call. Processes still running are missing."""
+    started = time.monotonic()
+    waiting = dict(pids)
+    exits: dict[K, tuple[int, float]] = {}
+    while waiting and time.monotonic() - started < timeout_s:
+        for pid, name in list(waiting.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                exits[name] = (os.waitstatus_to_exitcode(status), time.monotonic() - started)
+                del waiting[pid]
+        time.sleep(0.02)
+    return exits
 
 
 def _reap(pid: int) -> bool:

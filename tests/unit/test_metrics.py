@@ -266,6 +266,8 @@ def test_the_controller_counts_elections_and_unclean_ones_but_not_an_isr_shrink(
 class FakeTaskStore:
     """TaskStore's calls an execution makes, in memory; `history_fails` breaks the history."""
 
+    connected = True
+
     def __init__(self, history_fails: bool = False) -> None:
         self.spec = parse_spec({"id": "t1", "source": {"kind": "generator"}, "target": "sqlite:///t.db"})
         self.alarms: list[tuple[str, dict[str, Any]]] = []

@@ -1,4 +1,5 @@
-"""How a stop ends: the bound a broker's stop keeps, and the launcher's SIGKILL past it, said."""
+"""How a stop ends: the bounds a broker's and a worker's stop keep, and the launcher's SIGKILL
+past them, said."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 from sluice.broker.broker import stop_bound_s
 from sluice.ops import launcher
-from sluice.ops.launcher import BrokerProcess, LocalCluster
+from sluice.ops.launcher import BrokerProcess, LocalCluster, WorkerProcess
+from sluice.pipeline import worker
 
 
 def test_the_documented_stop_bounds() -> None:
@@ -21,6 +23,7 @@ def test_the_documented_stop_bounds() -> None:
     assert stop_bound_s(6.0, controlled_shutdown_timeout_s=0.0) == 21.0
     guide = (Path(__file__).parents[2] / "docs" / "guide" / "operating.md").read_text()
     assert "36 s by default, 21 s with ZooKeeper already gone" in " ".join(guide.split())
+    assert worker.stop_bound_s() == 43.0  # a worker's ZooKeeper session: ZkStore's 6 s
 
 
 def ignoring_sigterm() -> subprocess.Popen[str]:
@@ -57,3 +60,27 @@ def test_cluster_down_names_a_broker_it_had_to_kill(tmp_path: Path, monkeypatch:
         proc.kill()
     assert stopped.startswith(f"broker 1 (pid {proc.pid}, killed: still running"), stopped
     assert log_file in stopped, stopped
+
+
+def test_cluster_down_stops_the_workers_at_once_and_names_one_it_had_to_kill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers: one stops on SIGTERM, one ignores it; both get SIGTERM at once and one
+    deadline (the worker's stop bound), and only the one that ignored it is killed, and named."""
+    stuck = ignoring_sigterm()
+    stopping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        workers = [
+            WorkerProcess("worker-1", str(tmp_path / "worker-1.log"), pid=stuck.pid),
+            WorkerProcess("worker-2", str(tmp_path / "worker-2.log"), pid=stopping.pid),
+        ]
+        LocalCluster(str(tmp_path), "127.0.0.1:1/sluice", 1, False, workers=workers).save()
+        monkeypatch.setattr(launcher, "worker_stop_bound_s", lambda cluster: 0.5)
+        killed, stopped = launcher.cluster_down(tmp_path)
+        assert stuck.wait(5) == -signal.SIGKILL and stopping.wait(5) == -signal.SIGTERM
+    finally:
+        stuck.kill()
+        stopping.kill()
+    assert killed.startswith(f"worker worker-1 (pid {stuck.pid}, killed: still running"), killed
+    assert workers[0].log_file in killed, killed
+    assert stopped == f"worker worker-2 (pid {stopping.pid})"

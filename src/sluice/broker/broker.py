@@ -64,8 +64,6 @@ ISR_BATCH_S = 0.05
 #: What a stop may take besides the controlled shutdown and ZooKeeper: letting cleans in progress
 #: stop (the log cleaner's STOP_WAIT_S at most), then closing connections and every log.
 STOP_SLACK_S = log_cleaner.STOP_WAIT_S + 5.0
-#: The session's close gets at least this long, even once the ZooKeeper budget is spent.
-ZOOKEEPER_CLOSE_MIN_S = 1.0
 
 
 def stop_bound_s(
@@ -328,12 +326,7 @@ class Broker:
         if self.replicas.close_all():
             # Every log is flushed and closed: the next start may trust them without recovery.
             atomic_write(self.config.data_dir / CLEAN_SHUTDOWN_MARKER, b"", durable=True)
-        close_s = max(ZOOKEEPER_CLOSE_MIN_S, zookeeper_deadline - time.monotonic())
-        if not await asyncio.to_thread(self.store.stop, close_s):
-            log.warning(
-                "event=zookeeper_close_timed_out id=%d waited_s=%.1f action=%r",
-                me, close_s, "exiting; the session expires on ZooKeeper's side",
-            )  # fmt: skip
+        await asyncio.to_thread(self.store.stop_by, zookeeper_deadline)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         log.info("event=broker_stopped id=%d took_ms=%d", me, (time.monotonic() - started) * 1000)

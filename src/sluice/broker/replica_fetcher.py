@@ -94,12 +94,17 @@ class LeaderFetcher:
         self.session = FetchSessionClient(leader_id, enabled=manager.fetch_sessions)
         self._wakeup = asyncio.Event()
         self._conn: PeerConnection | None = None
+        self._stopped = False
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def wake(self) -> None:
         self._wakeup.set()
 
     def stop(self) -> None:
+        # The flag too: a cancel can be lost. Python 3.11's wait_for, cancelled as the connect it
+        # waits for fails (a leader stopping at the same time refuses it), raises that failure
+        # instead, and the loop took it for a refused connection and went on for good.
+        self._stopped = True
         self._task.cancel()
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -107,7 +112,7 @@ class LeaderFetcher:
 
     async def _run(self) -> None:
         backoff = BACKOFF_MIN_S
-        while True:
+        while not self._stopped:
             if not self.partitions:
                 self._wakeup.clear()
                 await self._wakeup.wait()

@@ -429,9 +429,10 @@ def worker_start(
     import logging
     import signal as _signal
     import threading
+    import time
 
     from sluice.pipeline.execution import TaskExecution
-    from sluice.pipeline.worker import Membership, Worker, worker_name
+    from sluice.pipeline.worker import SPARK_STOP_S, Membership, Worker, worker_name
     from sluice.properties import ConfigError, layered
     from sluice.sync.tasks import scrub
     from sluice.sync.worker_config import WorkerConfig
@@ -530,7 +531,7 @@ def worker_start(
 
     worker = Worker(
         membership, store.ids, start_task, tasks_changed=changed, stop=stop, on_failure=on_failure,
-        describe_error=describe_error, revision=revision,
+        describe_error=describe_error, revision=revision, zookeeper=zk,
     )  # fmt: skip
     _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
     _signal.signal(_signal.SIGINT, lambda *_: stop.set())
@@ -538,6 +539,13 @@ def worker_start(
     try:
         worker.run()
     finally:
-        spark.stop()
-        zk.stop()
+        # The rest of the stop's bound (pipeline.worker.stop_bound_s): the driver, then the session
+        # (closed already if ZooKeeper went away; ZooKeeper expires one left closing).
+        spark.stop(timeout_s=SPARK_STOP_S)
+        zk.stop_by(time.monotonic())
+        began = worker.stop_began
+        logging.getLogger("sluice.worker").info(
+            "event=worker_stopped worker=%s took_ms=%s", me,
+            "-" if began is None else f"{(time.monotonic() - began) * 1000:.0f}",
+        )  # fmt: skip
     err.print(f"worker {me} stopped")

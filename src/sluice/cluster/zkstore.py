@@ -27,11 +27,12 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.states import ZnodeStat
+from kazoo.protocol.states import KazooState, ZnodeStat
 from kazoo.security import ACL, Permissions, make_acl, make_digest_acl
 
 from sluice import properties as props
 from sluice import test_switches
+from sluice.bounded import in_background
 from sluice.cluster import layout
 from sluice.cluster.layout import (
     BrokerRegistration,
@@ -46,6 +47,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHROOT = "/sluice"
 PRODUCER_ID_BLOCK_SIZE = 1000
+#: A ZkStore's session timeout unless it is given one (a broker's is zookeeper.session.timeout.ms;
+#: a worker's and the CLI's are this).
+SESSION_TIMEOUT_S = 6.0
+#: A stopping process waits at least this long for its session's close, even once the ZooKeeper
+#: share of its stop is spent (:meth:`ZkStore.stop_by`).
+ZOOKEEPER_CLOSE_MIN_S = 1.0
 
 #: What a call raises when ZooKeeper does not answer: the connection dropped with the call in
 #: flight (its outcome unknown), the session expired or was closed (ConnectionClosedError is a
@@ -525,12 +532,13 @@ class ZkStore:
         self,
         address: str,
         *,
-        session_timeout_s: float = 6.0,
+        session_timeout_s: float = SESSION_TIMEOUT_S,
         connect_timeout_s: float = 15.0,
         switches: test_switches.Switches = test_switches.OFF,
         auth: ZkAuth | None = None,
     ):
         hosts, chroot = split_zookeeper_address(address)
+        self.session_timeout_s = session_timeout_s
         self.address = f"{hosts}{chroot}"
         self.hosts = hosts
         self.chroot = chroot
@@ -543,6 +551,9 @@ class ZkStore:
             session_timeout_s=session_timeout_s,
             connection_retry={"max_tries": -1, "max_delay": 1},
         )
+        self._close_lock = threading.Lock()
+        #: set once the session's close (:meth:`stop`) has ended; None until one began
+        self._closed: threading.Event | None = None
 
     # -- session -----------------------------------------------------------------------------
 
@@ -557,27 +568,67 @@ class ZkStore:
         """Close the session (its ephemeral znodes go at once while ZooKeeper answers). With
         ``timeout_s``, wait at most that long, and return whether the close finished: kazoo's
         stop waits for its connection thread, which may be in a connection attempt to a server
-        that does not answer. Its threads are daemons, so a close left running never keeps the
-        process. Calls still waiting on ZooKeeper end (ConnectionLoss) once the close is done."""
-        if timeout_s is None:
-            try:
-                self.client.stop()
-            finally:
-                self.client.close()
+        that does not answer. The close runs once, on a daemon thread, so a close left running
+        never keeps the process, and a later call waits for the same close. Calls still waiting
+        on ZooKeeper end (ConnectionLoss) once the close is done, and later ones fail at once
+        (ConnectionClosedError)."""
+        with self._close_lock:
+            if self._closed is None:
+                self._closed = in_background(self._close, name="zookeeper-close")
+            closed = self._closed
+        return closed.wait(timeout_s)
+
+    def _close(self) -> None:
+        try:
+            self.client.stop()
+            self.client.close()
+        except Exception as exc:  # the session is gone either way: this process is leaving
+            log.warning("event=zookeeper_close_failed error=%r", exc)
+
+    def stop_by(self, deadline: float) -> bool:
+        """:meth:`stop`, waiting until ``deadline`` (``time.monotonic()``), and at least
+        ZOOKEEPER_CLOSE_MIN_S: the end of a stop's ZooKeeper share. A close not finished by then
+        is logged and left to finish on its thread: the process may exit, and ZooKeeper expires
+        the session (its ephemeral znodes go then)."""
+        waited_s = max(ZOOKEEPER_CLOSE_MIN_S, deadline - time.monotonic())
+        if self.stop(waited_s):
             return True
-        finished = threading.Event()
+        log.warning(
+            "event=zookeeper_close_timed_out zookeeper=%s waited_s=%.1f action=%r",
+            self.address, waited_s, "exiting; the session expires on ZooKeeper's side",
+        )  # fmt: skip
+        return False
+
+    def close_when_unreachable(self, on_close: Callable[[], None] | None = None) -> None:
+        """For a process that is stopping: close the session now if ZooKeeper is unreachable,
+        else as soon as it becomes so (a dropped connection); ``on_close`` is called once then,
+        on whichever thread noticed (kazoo's event thread, or the caller's). While ZooKeeper
+        answers, nothing changes.
+
+        kazoo holds a call made while it reconnects until the connection is back, and this
+        session retries the connection forever, so without ZooKeeper a call waits for good,
+        whichever thread made it. The close (:meth:`stop`, not waited for here) ends every call
+        waiting on the session and fails every later one at once, so no thread of a stop waits
+        on a ZooKeeper that is gone; the session's ephemeral znodes go when ZooKeeper expires
+        it."""
+        once = threading.Lock()
 
         def close() -> None:
-            try:
-                self.client.stop()
-                self.client.close()
-            except Exception as exc:  # the session is gone either way: this process is leaving
-                log.warning("event=zookeeper_close_failed error=%r", exc)
-            finally:
-                finished.set()
+            if not once.acquire(blocking=False):
+                return
+            self.stop(timeout_s=0)
+            if on_close is not None:
+                on_close()
 
-        threading.Thread(target=close, name="zookeeper-close", daemon=True).start()
-        return finished.wait(timeout_s)
+        def on_state(state: KazooState) -> bool:
+            if state == KazooState.CONNECTED:
+                return False
+            close()
+            return True  # (kazoo then removes the listener)
+
+        self.client.add_listener(on_state)
+        if not self.connected:  # after adding the listener: a drop in between is seen by one of the two
+            close()
 
     @property
     def session_id(self) -> int:

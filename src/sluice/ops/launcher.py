@@ -783,26 +783,45 @@ class Stopped:
 
 def stop_process(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> Stopped:
     """Signal a process and wait for it to go; SIGKILL after the timeout."""
-    if not pid_alive(pid):
-        return Stopped(False)
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return Stopped(False)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    return stop_processes([pid], timeout_s, sig)[pid]
+
+
+def stop_processes(pids: list[int], timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> dict[int, Stopped]:
+    """Signal every process at once and wait for them to go, on one deadline; SIGKILL those
+    still running after it."""
+    outcome: dict[int, Stopped] = {}
+    waiting = []
+    for pid in pids:
         if not pid_alive(pid):
-            return Stopped(True)
+            outcome[pid] = Stopped(False)
+            continue
         try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return Stopped(True)
-    return Stopped(True, killed=True)
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            outcome[pid] = Stopped(False)
+            continue
+        waiting.append(pid)
+    deadline = time.monotonic() + timeout_s
+    while waiting and time.monotonic() < deadline:
+        for pid in list(waiting):
+            if not pid_alive(pid):
+                outcome[pid] = Stopped(True)
+                waiting.remove(pid)
+                continue
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if waiting:
+            time.sleep(0.05)
+    for pid in waiting:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            outcome[pid] = Stopped(True)
+            continue
+        outcome[pid] = Stopped(True, killed=True)
+    return outcome
 
 
 def stop_pid(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> bool:
@@ -818,22 +837,49 @@ def broker_stop_bound_s(cluster: LocalCluster) -> float:
     return stop_bound_s(cluster.zk_session_timeout_s)
 
 
+def worker_stop_bound_s(cluster: LocalCluster) -> float:
+    """How long a worker of ``cluster`` may take to stop after SIGTERM, whatever ZooKeeper does
+    (``sluice.pipeline.worker.stop_bound_s``, for the worker's ZooKeeper session, ZkStore's default);
+    past it, `cluster down` kills it."""
+    from sluice.pipeline.worker import stop_bound_s
+
+    return stop_bound_s()
+
+
+def _resume(pid: int) -> None:
+    """SIGCONT: a paused process cannot stop."""
+    if pid_alive(pid):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def cluster_down(directory: Path) -> list[str]:
     """Stop everything the cluster in ``directory`` started (workers, brokers with a controlled
-    shutdown, its ZooKeeper) and remove its network namespaces; returns what was stopped."""
+    shutdown, its ZooKeeper) and remove its network namespaces; returns what was stopped, naming
+    a worker or broker that had to be killed (SIGKILL) past its stop bound."""
     directory = directory.resolve()
     cluster = LocalCluster.load(directory)
     stopped = []
+    # All workers at once: stopped one after another, each one's leaving would hand its tasks to
+    # the next, which would start them only to stop them.
+    bound_s = worker_stop_bound_s(cluster)
     for w in cluster.workers:
-        if stop_pid(w.pid):
+        _resume(w.pid)
+    outcomes = stop_processes([w.pid for w in cluster.workers], timeout_s=bound_s)
+    for w in cluster.workers:
+        if outcomes[w.pid].killed:
+            stopped.append(
+                f"worker {w.name} (pid {w.pid}, killed: still running {bound_s:.0f} s after SIGTERM, its "
+                "stop bound; its tasks' status znodes go when its ZooKeeper session expires; "
+                f"see {w.log_file})"
+            )
+        elif outcomes[w.pid].was_running:
             stopped.append(f"worker {w.name} (pid {w.pid})")
     bound_s = broker_stop_bound_s(cluster)
     for b in cluster.brokers:  # one at a time: each one's controlled shutdown moves leadership
-        if pid_alive(b.pid):
-            try:
-                os.kill(b.pid, signal.SIGCONT)  # a paused broker cannot stop
-            except ProcessLookupError:
-                pass
+        _resume(b.pid)
         outcome = stop_process(b.pid, timeout_s=bound_s)
         if outcome.killed:
             stopped.append(

@@ -115,7 +115,8 @@ class BatchReport:
 
 class ApplyQuery:
     """One apply query. `start()` starts the stream; `stop()` ends it (waiting for the commit in
-    flight). The pipeline is claimed, under a new or given fencing epoch, when it is built."""
+    flight, and with `batch_wait_s` for the micro-batch in flight). The pipeline is claimed,
+    under a new or given fencing epoch, when it is built."""
 
     def __init__(
         self,
@@ -159,6 +160,10 @@ class ApplyQuery:
         self.applied_records = 0
         self.notes: list[str] = []
         self._lock = threading.Lock()
+        #: under _lock: whether a micro-batch is in `_apply_batch`, and whether `stop` began
+        self._batch_state = threading.Condition(self._lock)
+        self._in_batch = False
+        self._stopping = False
 
     def _starting_offsets(self) -> str:
         if self.config.starting_offsets:
@@ -218,7 +223,21 @@ class ApplyQuery:
     def _apply_batch(self, df: Any, batch_id: int) -> None:
         """foreachBatch: commit one micro-batch to the target in one transaction. A target the
         executors can stage in (PostgreSQL) gets the rows from them and the driver only their
-        summaries (`_stage_and_commit`); any other target gets the batch from the driver."""
+        summaries (`_stage_and_commit`); any other target gets the batch from the driver. Once
+        `stop` has begun, a batch commits nothing (`stop`)."""
+        with self._batch_state:
+            if self._stopping:
+                log.info("event=batch_not_applied_at_stop pipeline=%s batch=%d", self.pipeline, batch_id)
+                return
+            self._in_batch = True
+        try:
+            self._apply_one(df, batch_id)
+        finally:
+            with self._batch_state:
+                self._in_batch = False
+                self._batch_state.notify_all()
+
+    def _apply_one(self, df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
         sink = None
         if self.dead_letters is not None:
@@ -395,7 +414,16 @@ class ApplyQuery:
                 raise self.error from None
             raise
 
-    def stop(self) -> None:
+    def stop(self, batch_wait_s: float = 0.0) -> None:
+        """Stop the query, waiting for the commit in flight. A micro-batch that begins from now
+        on commits nothing: the next start reads its records again, from the target's offsets
+        (the checkpoint ahead of them is removed then: `reconcile_checkpoint`). With
+        ``batch_wait_s``, the batch in flight gets that long to end first: stopping the query
+        cancels its Spark job otherwise, which fails the batch (py4j logs its traceback, Spark
+        the query's error)."""
+        with self._batch_state:
+            self._stopping = True
+            self._batch_state.wait_for(lambda: not self._in_batch, timeout=batch_wait_s)
         if self.query is not None:
             try:
                 self.query.stop()

@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from sluice import metrics, test_switches
+from sluice.bounded import run_within
 from sluice.clients import close_within
+from sluice.cluster.zkstore import ZOOKEEPER_UNREACHABLE
 from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.security.secrets import DEFAULT_SCOPE, SecretScope, resolved_only
 from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration, resolved, scrub
@@ -45,6 +47,15 @@ log = logging.getLogger("sluice.execution")
 SUPERSEDED = "superseded by a newer execution"
 #: How often a MySQL/MariaDB task's needed and oldest binlog files are looked at (seconds).
 BINLOG_CHECK_S = 30.0
+#: A stopping execution waits this long, on one deadline, for its apply query (the micro-batch in
+#: flight) and its capture thread; past it they are left to end on their own threads (daemons),
+#: and a commit they still make is refused by the target once a newer epoch claims it.
+HALT_S = 10.0
+#: Of HALT_S, the micro-batch in flight gets this long to commit before the query's stop cancels
+#: its Spark job (`ApplyQuery.stop`).
+BATCH_WAIT_S = 5.0
+#: ... and this long for its status reads' consumer to close (librdkafka may wait on a broker).
+STATUS_CONSUMER_CLOSE_S = 3.0
 
 
 #: Change topics: records carry the source's commit time, so the broker stamps its append time
@@ -306,8 +317,8 @@ class TaskExecution:
         """On the batch thread, after a commit that dead-lettered changes: the alarm and metric."""
         metrics.TASK_DEAD_LETTERS.labels(self.task_id).inc(len(letters))
         first = letters[0]
-        self.store.raise_alarm(
-            self.task_id, "dead-letters",
+        self._alarm_from_batch(
+            "dead-letters",
             {
                 "count": len(letters), "table": first.table, "error": first.error,
                 "execution": self.execution, "topic": self.spec.dlq_topic(),
@@ -315,6 +326,16 @@ class TaskExecution:
                 f"fix the target or the data, then `sluice dlq replay {self.task_id}`",
             },
         )  # fmt: skip
+
+    def _alarm_from_batch(self, kind: str, detail: dict[str, Any]) -> None:
+        """An alarm raised on the batch thread, whose commit is done (or refused) already:
+        ZooKeeper out of reach is one line, never a traceback (the worker may be stopping, its
+        session closed under the call)."""
+        try:
+            self.store.raise_alarm(self.task_id, kind, detail)
+        except ZOOKEEPER_UNREACHABLE as exc:
+            log.warning("task %s: event=alarm_not_recorded kind=%s execution=%s reason=zookeeper_unreachable "
+                        "error=%r", self.task_id, kind, self.execution, exc)  # fmt: skip
 
     def _on_history_change(self, info: dict[str, Any]) -> None:
         """On the capture's thread: the source's binlog history changed under the task (RESET
@@ -348,8 +369,7 @@ class TaskExecution:
             return
         self._fenced = True
         metrics.TASK_COMMITS_REFUSED.labels(self.task_id).inc()
-        self.store.raise_alarm(
-            self.task_id,
+        self._alarm_from_batch(
             "stale-commit-refused",
             {
                 "execution": self.execution, "worker": self.worker, "epoch": exc.epoch,
@@ -376,25 +396,67 @@ class TaskExecution:
         metrics.forget_task(self.task_id)
 
     def _halt(self) -> None:
-        """Stop this execution (a restart starts the next one on the same object)."""
-        self.stop_event.set()
+        """Stop this execution (a restart starts the next one on the same object): its apply
+        query and capture within HALT_S, then its status and history in ZooKeeper (bounded
+        calls, and none without a connection)."""
+        deadline = time.monotonic() + HALT_S
+        self.stop_event.set()  # the capture stops too while the query does
         if self.query is not None:
-            self.query.stop()
-            self.query = None
+            query, self.query = self.query, None
+            if not run_within(lambda: self._stop_query(query), HALT_S, name=f"stop-apply-{self.task_id}"):
+                log.warning(
+                    "task %s: event=apply_query_stop_timed_out execution=%s waited_s=%.0f action=%r",
+                    self.task_id, self.execution, HALT_S,
+                    "left to end on its own thread; a commit it still makes is refused once a newer "
+                    "epoch claims the target",
+                )  # fmt: skip
         if self.capture_thread is not None:
-            self.capture_thread.join(timeout=60)
+            self.capture_thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if self.capture_thread.is_alive():
+                log.warning(
+                    "task %s: event=capture_stop_timed_out execution=%s waited_s=%.0f action=%r",
+                    self.task_id, self.execution, HALT_S,
+                    "left to end on its own thread; what it still produces is under this epoch",
+                )  # fmt: skip
             self.capture_thread = None
         if self._consumer is not None:
-            close_within(self._consumer)
+            close_within(self._consumer, STATUS_CONSUMER_CLOSE_S)
             self._consumer = None
         if self._status_target is not None:
             self._status_target.close()
             self._status_target = None
-        if self.execution and self.error != SUPERSEDED:
+        self._end_in_zookeeper()
+
+    def _stop_query(self, query: Any) -> None:
+        try:
+            query.stop(batch_wait_s=BATCH_WAIT_S)
+        except Exception as exc:  # it is stopped as far as it goes; the next start begins anew
+            log.warning("task %s: event=apply_query_stop_failed execution=%s error=%r",
+                        self.task_id, self.execution, exc)  # fmt: skip
+
+    def _end_in_zookeeper(self) -> None:
+        """Clear this execution's status (unless it was superseded: the status is the newer
+        one's then) and complete its history entry. Only while ZooKeeper answers, each call
+        waited on at most tasks.BEST_EFFORT_CALL_S: kazoo would hold them until it reconnects.
+        Without ZooKeeper both are left: the status znode goes with the worker's session, and the
+        entry still says running."""
+        clear = bool(self.execution) and self.error != SUPERSEDED
+        if not clear and self._history_node is None:
+            return
+        if not self.store.connected:
+            self._history_node = None
+            log.info(
+                "task %s: event=execution_end_not_recorded execution=%s outcome=%s "
+                "reason=zookeeper_unreachable detail=%r", self.task_id, self.execution, self._outcome(),
+                "its status znode goes when the worker's ZooKeeper session does; its history entry "
+                "says running",
+            )  # fmt: skip
+            return
+        if clear:
             try:
                 self.store.clear_status(self.task_id, self.execution)
             except Exception as exc:  # ZooKeeper out of reach: the znode goes with the session
-                log.info("task %s: status left for its session to remove: %s", self.task_id, exc)
+                log.info("task %s: status left for its session to remove: %r", self.task_id, exc)
         self._record_end()
 
     def alive(self) -> bool:

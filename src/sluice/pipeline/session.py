@@ -7,11 +7,16 @@ copied into ``.peers/spark-kafka-<pyspark version>/jars``: nothing is fetched at
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from sluice.bounded import run_within
+
+log = logging.getLogger("sluice.spark")
 
 DEFAULT_MASTER = "local[*]"
 #: Spark's Kafka source and sink, for pyspark's Scala version
@@ -202,11 +207,9 @@ class DriverSession:
 
     def get(self, master: str | None = None) -> Any:
         """The session, on ``master`` if given (a task's option), else on the worker's own."""
-        import logging
-
         with self._lock:
             if self._spark is not None and not driver_alive(self._spark):
-                logging.getLogger("sluice.spark").warning(
+                log.warning(
                     "event=spark_driver_lost pid=%s exit=%s: starting a new one",
                     driver_pid(self._spark), self._spark.sparkContext._gateway.proc.poll(),
                 )  # fmt: skip
@@ -239,15 +242,35 @@ class DriverSession:
         with self._lock:
             return None if self._spark is None else driver_pid(self._spark)
 
-    def stop(self) -> None:
-        with self._lock:
-            if self._spark is None:
-                return
-            if driver_alive(self._spark):
-                self._spark.stop()
-            else:
-                _forget_driver(self._spark)
-            self._spark = None
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the driver; with ``timeout_s``, wait that long at most (a driver busy with a query
+        that does not end, or a JVM that does not answer) and return whether it stopped. A stop
+        left running ends with this process: PySpark's gateway JVM exits when its stdin, a pipe
+        from this process, closes."""
+
+        def stop() -> None:
+            with self._lock:
+                if self._spark is None:
+                    return
+                try:
+                    if driver_alive(self._spark):
+                        self._spark.stop()
+                    else:
+                        _forget_driver(self._spark)
+                except Exception as exc:  # a driver that fails to stop is left to exit with us
+                    log.warning("event=spark_stop_failed error=%r", exc)
+                self._spark = None
+
+        if timeout_s is None:
+            stop()
+            return True
+        if run_within(stop, timeout_s, name="spark-stop"):
+            return True
+        log.warning(
+            "event=spark_stop_timed_out waited_s=%.0f action=%r", timeout_s,
+            "exiting; the driver JVM exits with this process",
+        )  # fmt: skip
+        return False
 
 
 def _forget_driver(spark: Any) -> None:

@@ -17,6 +17,15 @@ an operator changes the task (`sluice task update`, `restart`, `resume`: a faile
 for its retry is then started at once). The worker and its other tasks go on. A task
 superseded by a newer execution elsewhere is not retried here: the worker rejoins, and the
 group decides who runs it.
+
+A stop (SIGTERM, `cluster down`) ends within :func:`stop_bound_s` whatever ZooKeeper does. kazoo
+holds a call made while it reconnects until the connection is back, and retries the connection
+forever: without ZooKeeper, the worker's loop waited for good in a task's status check and never
+saw the stop (issue 32). At stop, the worker's session is closed once ZooKeeper is unreachable
+(`ZkStore.close_when_unreachable`), which ends the call in progress and fails the later ones at
+once; a loop still in a call after LOOP_EXIT_SESSIONS session timeouts (whatever it waits on) is
+left there, on its own thread. The tasks then stop all at once, their apply queries and captures
+on a deadline, and leave their status and history to the session when ZooKeeper does not answer.
 """
 
 from __future__ import annotations
@@ -27,10 +36,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
 
+from sluice.bounded import in_background, run_within
+from sluice.cluster.zkstore import SESSION_TIMEOUT_S, ZOOKEEPER_CLOSE_MIN_S, ZOOKEEPER_UNREACHABLE, ZkStore
 from sluice.pipeline.execution import SUPERSEDED
 from sluice.protocol.api import ApiKey
 from sluice.protocol.errors import ErrorCode
@@ -50,6 +62,43 @@ RETRIABLE = {
     ErrorCode.NOT_COORDINATOR,
     ErrorCode.REBALANCE_IN_PROGRESS,
 }
+
+#: A stop's shares of time (:func:`stop_bound_s`). The loop gets this many ZooKeeper session
+#: timeouts to see the stop and leave the call it is in (kazoo notices a server gone silent
+#: within 2/3 of the session timeout, and the session's close, `ZkStore.close_when_unreachable`,
+#: then waits out a connection attempt in progress, one session timeout at most; with ZooKeeper
+#: refusing connections, at once); a loop still in its call then is left there on its thread.
+LOOP_EXIT_SESSIONS = 2.0
+#: Every running task stops at once, within
+#: TASKS_STOP_S: its apply query and capture thread (execution.HALT_S, on one deadline), then its
+#: status reads' close and its status and history in ZooKeeper (bounded calls, made only while
+#: ZooKeeper answers); a task still stopping then is left to its thread.
+TASKS_STOP_S = 15.0
+#: LeaveGroup (the group then moves the tasks at once, not after this worker's session) and the
+#: heartbeat thread's end.
+LEAVE_GROUP_S = 5.0
+#: The Spark driver's stop (`DriverSession.stop`, by the CLI once the worker's run has ended).
+SPARK_STOP_S = 10.0
+
+
+def stop_bound_s(zk_session_timeout_s: float = SESSION_TIMEOUT_S) -> float:
+    """The longest a worker's stop takes, from SIGTERM to exit, whatever ZooKeeper does:
+
+    - LOOP_EXIT_SESSIONS session timeouts for the loop to leave the call it is in (a ZooKeeper
+      call, a task's start); past them the stop goes on without it;
+    - TASKS_STOP_S, LEAVE_GROUP_S and SPARK_STOP_S;
+    - ZOOKEEPER_CLOSE_MIN_S for the session's close (ZooKeeper expires one left closing).
+
+    Each share is a deadline the stop keeps (what has not ended by then is left on a daemon
+    thread), so the sum holds whatever the calls wait on. 43 s with the worker's 6 s ZooKeeper
+    session. `cluster down` SIGKILLs a worker only past it."""
+    return (
+        LOOP_EXIT_SESSIONS * zk_session_timeout_s
+        + TASKS_STOP_S
+        + LEAVE_GROUP_S
+        + SPARK_STOP_S
+        + ZOOKEEPER_CLOSE_MIN_S
+    )
 
 
 class Membership:
@@ -181,7 +230,19 @@ class Membership:
             return int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         return int(r["error_code"])
 
-    def leave(self) -> None:
+    def leave(self, timeout_s: float | None = None) -> None:
+        """LeaveGroup, so that the group moves this member's tasks at once (otherwise after its
+        session); with ``timeout_s``, waited on that long at most (a coordinator that does not
+        answer, or none to find), then the member is left for its session to end."""
+        if timeout_s is None:
+            self._leave()
+        elif not run_within(self._leave, timeout_s, name="leave-group"):
+            log.warning(
+                "event=leave_group_timed_out group=%s member=%s waited_s=%.0f action=%r", self.group,
+                self.member_id, timeout_s, "the coordinator drops this member when its session ends",
+            )  # fmt: skip
+
+    def _leave(self) -> None:
         if not self.member_id:
             return
         try:
@@ -225,7 +286,9 @@ class Worker:
     TaskExecution in production; tests may pass their own). `on_failure(task_id, error,
     attempts, retry_in_s)` hears of every failure (the CLI raises an alarm); it must not raise.
     `revision(task_id)`, if given, is what an operator last asked of the task (the CLI: its
-    control's restart count and pause); a change starts its failures in a row again."""
+    control's restart count and pause); a change starts its failures in a row again.
+    `zookeeper`: the session the tasks' ZooKeeper calls use, closed at stop once ZooKeeper is
+    unreachable (module docstring)."""
 
     def __init__(
         self,
@@ -238,8 +301,10 @@ class Worker:
         on_failure: Callable[[str, str, int, float], None] | None = None,
         describe_error: Callable[[str, BaseException | str], str] | None = None,
         revision: Callable[[str], object] | None = None,
+        zookeeper: ZkStore | None = None,
     ) -> None:
         self.membership = membership
+        self.zookeeper = zookeeper
         self.list_tasks = list_tasks
         self.start_task = start_task
         self.tasks_changed = tasks_changed or threading.Event()
@@ -257,6 +322,8 @@ class Worker:
         self.assigned: list[str] = []
         self.generations = 0
         self._rejoin_requested = False
+        #: when the stop began (time.monotonic()), once it has
+        self.stop_began: float | None = None
 
     def _metadata(self) -> bytes:
         return orjson.dumps({"worker": self.membership.name, "tasks": sorted(self.running)})
@@ -297,6 +364,8 @@ class Worker:
 
     def _start(self, task_id: str) -> None:
         """Start a task; a failure is reported and retried later, never raised."""
+        if self.stop.is_set():  # leaving: the group gives the task to another worker
+            return
         try:
             self.running[task_id] = self.start_task(task_id)
         except Exception as exc:
@@ -319,6 +388,11 @@ class Worker:
         return revision is not None and revision != streak.revision
 
     def _failed(self, task_id: str, error: str) -> None:
+        if self.stop.is_set():
+            # The stop cut it short (it may have closed the ZooKeeper session under the start):
+            # no retry here, and no alarm: the group gives the task to another worker.
+            log.info("event=task_start_abandoned task=%s reason=stopping error=%s", task_id, error)
+            return
         # Counted across starts that succeeded: an execution that starts and then fails (its
         # query's Spark Python worker could not connect back) is the next attempt, not the first.
         streak = self.streaks.get(task_id)
@@ -349,6 +423,9 @@ class Worker:
             try:
                 execution.tick()
             except Exception as exc:  # ZooKeeper or the log unreachable for now
+                if self.stop.is_set():  # the stop may have closed the session under it: expected
+                    log.info("event=task_check_ended_at_stop task=%s error=%r", task_id, exc)
+                    continue
                 log.warning("task %s: status check failed, will retry: %s", task_id,
                             self.describe_error(task_id, exc))  # fmt: skip
             if getattr(execution, "batches_committed", 0) > 0 and task_id in self.streaks:
@@ -363,6 +440,8 @@ class Worker:
                 self._rejoin_requested = True
             else:
                 self._failed(task_id, self.describe_error(task_id, str(error)))
+        if self.stop.is_set():  # leaving: no retry, nor its revision read from ZooKeeper
+            return
         now = time.monotonic()
         for task_id, retry in sorted(self.failed.items()):
             if task_id not in self.assigned or task_id in self.running:
@@ -380,7 +459,11 @@ class Worker:
 
     def run(self) -> None:
         """Heartbeats run on their own thread, so that starting or stopping a task (which can
-        take seconds: Spark) never costs the worker its session."""
+        take seconds: Spark) never costs the worker its session, and the loop on its own too, so
+        that the stop waits for it at most `loop_exit_s`. Returns once `stop` is set, the loop
+        has left or been left, the tasks are stopped and the group left: within `loop_exit_s` +
+        TASKS_STOP_S + LEAVE_GROUP_S of the stop (module docstring). An exception that ended the
+        loop is raised then."""
         m = self.membership
         interval = m.session_timeout_ms / 1000 / 4
         rejoin = threading.Event()
@@ -401,38 +484,121 @@ class Worker:
 
         heart = threading.Thread(target=beat, name="heartbeat", daemon=True)
         heart.start()
+        in_background(self._watch_stop, name="stop-watch")
+        failure: list[BaseException] = []
+
+        def loop() -> None:
+            try:
+                self._loop(rejoin, expired, interval)
+            except BaseException as exc:  # raised by run(), once the tasks are stopped
+                failure.append(exc)
+            finally:
+                self.stop.set()  # an exception ends the run too: the heartbeats and the watch end with it
+
+        # The loop runs on a thread of its own, so that the stop never waits on a call the loop is
+        # in for longer than LOOP_EXIT_SESSIONS session timeouts, whatever that call waits on.
+        loop_done = in_background(loop, name="worker-loop")
         try:
-            while not self.stop.is_set():
-                if expired.is_set():
-                    # The session expired (we were paused or cut off): the others run our tasks
-                    # now. Stop ours, then rejoin as a new member.
-                    expired.clear()
-                    for task_id in sorted(self.running):
-                        execution = self.running.pop(task_id)
-                        try:
-                            execution.relinquish()
-                        except Exception as exc:  # it is stopped either way
-                            log.warning("task %s: stepping down failed: %s", task_id,
-                                        self.describe_error(task_id, exc))  # fmt: skip
-                            self._stop_quietly(task_id, execution)
-                    self.failed.clear()
-                    self.streaks.clear()
-                    m.member_id = ""
-                if self.tasks_changed.is_set() and m.leader == m.member_id:
-                    rejoin.set()
-                if self._rejoin_requested:
-                    self._rejoin_requested = False
-                    rejoin.set()
-                if rejoin.is_set():
-                    rejoin.clear()
-                    self._rebalance()
-                self._check_executions()
-                self.stop.wait(interval)
+            while not self.stop.wait(1.0):  # (a timeout: the signal handler runs between waits)
+                pass
+            waited_s = self.loop_exit_s()
+            if not loop_done.wait(waited_s):
+                log.warning(
+                    "event=worker_loop_stop_timed_out worker=%s waited_s=%.1f action=%r", m.name, waited_s,
+                    "the loop is left in its call on its thread; stopping the tasks, leaving the group",
+                )  # fmt: skip
         finally:
+            self.stop.set()
+            self._stop_all_tasks()
+            left_by = time.monotonic() + LEAVE_GROUP_S
+            m.leave(timeout_s=LEAVE_GROUP_S)
+            heart.join(timeout=max(0.0, left_by - time.monotonic()))
+        if failure:
+            raise failure[0]
+
+    def loop_exit_s(self) -> float:
+        """How long the stop waits for the loop to see it (LOOP_EXIT_SESSIONS session timeouts of
+        the ZooKeeper session it may be waiting on)."""
+        session_s = self.zookeeper.session_timeout_s if self.zookeeper is not None else SESSION_TIMEOUT_S
+        return LOOP_EXIT_SESSIONS * session_s
+
+    def _loop(self, rejoin: threading.Event, expired: threading.Event, interval: float) -> None:
+        while not self.stop.is_set():
+            try:
+                self._pass(rejoin, expired)
+            except ZOOKEEPER_UNREACHABLE as exc:
+                if not self.stop.is_set():
+                    raise
+                # The stop closed the session under a call (close_when_unreachable): expected.
+                log.info("event=worker_loop_left_at_stop worker=%s error=%r", self.membership.name, exc)
+                return
+            self.stop.wait(interval)
+
+    def _pass(self, rejoin: threading.Event, expired: threading.Event) -> None:
+        """One pass of the loop: step down after a lost group session, rejoin when asked, tick
+        the running tasks and retry the failed ones."""
+        m = self.membership
+        if expired.is_set():
+            # The session expired (we were paused or cut off): the others run our tasks now. Stop
+            # ours, then rejoin as a new member.
+            expired.clear()
             for task_id in sorted(self.running):
-                self._stop_quietly(task_id, self.running.pop(task_id))
-            m.leave()
-            heart.join(timeout=interval * 2)
+                execution = self.running.pop(task_id)
+                try:
+                    execution.relinquish()
+                except Exception as exc:  # it is stopped either way
+                    log.warning("task %s: stepping down failed: %s", task_id,
+                                self.describe_error(task_id, exc))  # fmt: skip
+                    self._stop_quietly(task_id, execution)
+            self.failed.clear()
+            self.streaks.clear()
+            m.member_id = ""
+        if self.tasks_changed.is_set() and m.leader == m.member_id:
+            rejoin.set()
+        if self._rejoin_requested:
+            self._rejoin_requested = False
+            rejoin.set()
+        if rejoin.is_set():
+            rejoin.clear()
+            self._rebalance()
+        self._check_executions()
+
+    def _watch_stop(self) -> None:
+        """On its own thread: once the stop begins, have the ZooKeeper session closed as soon as
+        ZooKeeper is unreachable, so that no call of the stop (nor the one the loop may be in)
+        waits on it."""
+        self.stop.wait()
+        self.stop_began = time.monotonic()
+        log.info("event=worker_stopping worker=%s", self.membership.name)
+        if self.zookeeper is not None:
+            self.zookeeper.close_when_unreachable(on_close=self._log_zookeeper_unreachable_at_stop)
+
+    def _log_zookeeper_unreachable_at_stop(self) -> None:
+        """The one line for a stop without ZooKeeper: an expected case, never a traceback."""
+        z = self.zookeeper
+        assert z is not None
+        log.warning(
+            "event=zookeeper_unreachable_at_stop worker=%s zookeeper=%s session_timeout_s=%.1f action=%r",
+            self.membership.name, z.address, z.session_timeout_s,
+            "closing the ZooKeeper session so that no call waits on it; the tasks' status znodes go when "
+            "ZooKeeper expires it, their history entries say running; stopping the tasks, leaving the group",
+        )  # fmt: skip
+
+    def _stop_all_tasks(self) -> None:
+        """Stop every running task at once and wait for them TASKS_STOP_S at most; a task still
+        stopping then is left to its thread (a daemon)."""
+        running, self.running = self.running, {}
+        deadline = time.monotonic() + TASKS_STOP_S
+        stopping = {
+            task_id: in_background(partial(self._stop_quietly, task_id, execution), name=f"stop-{task_id}")
+            for task_id, execution in sorted(running.items())
+        }
+        for task_id, stopped in stopping.items():
+            if not stopped.wait(max(0.0, deadline - time.monotonic())):
+                log.warning(
+                    "event=task_stop_timed_out task=%s waited_s=%.0f action=%r", task_id, TASKS_STOP_S,
+                    "left stopping on its thread; the worker goes on leaving",
+                )  # fmt: skip
 
 
 def _describe(_task_id: str, error: BaseException | str) -> str:

@@ -67,6 +67,9 @@ SECRET_SCOPE = "/config/secret_scope"
 #: executions kept in a task's history; the oldest go first
 EXECUTIONS_KEPT = 50
 EXECUTION_OUTCOMES = ("running", "stopped", "failed", "superseded", "fenced")
+#: How long one best-effort ZooKeeper call (a task's history, clearing its status at its stop)
+#: is waited on: kazoo holds a call while it reconnects, for good without ZooKeeper.
+BEST_EFFORT_CALL_S = 2.0
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SOURCE_KINDS = ("mysql", "mariadb", "generator")
 
@@ -427,6 +430,11 @@ class TaskStore:
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return self._retry.copy()(fn, *args, **kwargs)
 
+    @property
+    def connected(self) -> bool:
+        """Whether the session is connected now (a call made otherwise waits for a reconnection)."""
+        return bool(self.zk.connected)
+
     def _path(self, task_id: str, *rest: str) -> str:
         return "/".join([TASKS, task_id, *rest])
 
@@ -581,17 +589,18 @@ class TaskStore:
             self._call(update_znode, self.zk, self._path(task_id, "status"), ours, ephemeral=True) == data
         )
 
-    def clear_status(self, task_id: str, execution: str) -> None:
+    def clear_status(self, task_id: str, execution: str, timeout_s: float = BEST_EFFORT_CALL_S) -> None:
         """Remove the status znode if it is still this execution's (a clean stop), so that the
         next execution does not mistake a stopped one for a live duplicate. Best effort, one
-        try: a znode left behind goes with its session anyway."""
+        try, each call waited on for `timeout_s` at most (KazooTimeoutError): a znode left
+        behind goes with its session anyway."""
         from kazoo.exceptions import BadVersionError, NoNodeError
 
         path = self._path(task_id, "status")
         try:
-            data, stat = self.zk.get(path)
+            data, stat = self.zk.get_async(path).get(timeout=timeout_s)
             if orjson.loads(data).get("execution") == execution:
-                self.zk.delete(path, version=stat.version)
+                self.zk.delete_async(path, version=stat.version).get(timeout=timeout_s)
         except (NoNodeError, BadVersionError):
             pass
 
@@ -621,7 +630,12 @@ class TaskStore:
         return out
 
     def record_execution(
-        self, task_id: str, entry: dict[str, Any], *, node: str | None = None, timeout_s: float = 2.0
+        self,
+        task_id: str,
+        entry: dict[str, Any],
+        *,
+        node: str | None = None,
+        timeout_s: float = BEST_EFFORT_CALL_S,
     ) -> str:
         """Write one execution's entry in the task's history and return its znode's name: a new
         entry (the oldest beyond EXECUTIONS_KEPT removed), or, given `node` (what the first call
