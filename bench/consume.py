@@ -174,16 +174,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args(argv)
-    try:
-        args.systems = versus.parse_against(args.against)
-    except ValueError as exc:
-        ap.error(str(exc))
+    versus.parse_systems(ap, args)
     if args.replication_factor > args.brokers:
         ap.error("--replication-factor cannot exceed --brokers")
-    if args.rounds is None:
-        args.rounds = 2 if "kafka" in args.systems else 1
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
     if args.warmup == "auto":
         args.warmup = "on" if "kafka" in args.systems else "off"
     return args

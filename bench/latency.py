@@ -189,8 +189,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, help="default: 2 with --against kafka, else 1")
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args(argv)
+    versus.parse_systems(ap, args)
     try:
-        args.systems = versus.parse_against(args.against)
         args.rate_list = [int(r) for r in args.rates.split(",") if r.strip()]
     except ValueError as exc:
         ap.error(str(exc))
@@ -198,10 +198,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--rates takes positive records/s, e.g. 1000,5000")
     if args.replication_factor > args.brokers:
         ap.error("--replication-factor cannot exceed --brokers")
-    if args.rounds is None:
-        args.rounds = 2 if "kafka" in args.systems else 1
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
     return args
 
 

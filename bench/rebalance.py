@@ -283,12 +283,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, help="rounds per system (default: 2 with kafka, else 1)")
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args(argv)
-    try:
-        args.systems = versus.parse_against(args.against)
-    except ValueError as exc:
-        ap.error(str(exc))
-    if args.rounds is None:
-        args.rounds = 2 if "kafka" in args.systems else 1
+    versus.parse_systems(ap, args)
     if args.members < 2 or args.partitions < args.members:
         ap.error("--members must be at least 2 and --partitions at least --members")
     return args

@@ -30,6 +30,19 @@ def parse_against(text: str) -> list[str]:
     return systems
 
 
+def parse_systems(ap: Any, args: Any) -> None:
+    """A benchmark's ``--against`` into ``args.systems`` and its ``--rounds`` defaulted (2 with
+    Kafka in the run, else 1); a bad value through ``ap.error`` (argparse's exit)."""
+    try:
+        args.systems = parse_against(args.against)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.rounds is None:
+        args.rounds = 2 if "kafka" in args.systems else 1
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+
+
 def round_orders(systems: list[str], rounds: int) -> list[list[str]]:
     """The order of the systems in each round: rotated by one each round, so that none is always
     first (first meets a machine that another system's run has not yet loaded or cooled)."""

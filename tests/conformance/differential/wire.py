@@ -100,41 +100,50 @@ def _produce(address: str, version: int, topic: str, batch: bytes) -> dict[str, 
     return dict(part)
 
 
+def _fetch_partition0(
+    address: str, version: int, topic: str, topic_id: Any, offset: int, epoch: int = -1, rack: str = ""
+) -> dict[str, Any]:
+    """A consumer's Fetch ``version`` of partition 0 from ``offset`` (no session): the response."""
+    with WireClient.connect(address, timeout_s=15) as w:
+        return dict(
+            w.request(
+                ApiKey.FETCH,
+                version,
+                {
+                    "replica_id": -1,
+                    "max_wait_ms": 0,
+                    "min_bytes": 0,
+                    "max_bytes": 1 << 20,
+                    "isolation_level": 0,
+                    "session_id": 0,
+                    "session_epoch": -1,
+                    "topics": [
+                        {
+                            "topic": topic,
+                            "topic_id": topic_id,
+                            "partitions": [
+                                {
+                                    "partition": 0,
+                                    "current_leader_epoch": epoch,
+                                    "fetch_offset": offset,
+                                    "last_fetched_epoch": -1,
+                                    "log_start_offset": -1,
+                                    "partition_max_bytes": 1 << 20,
+                                }
+                            ],
+                        }
+                    ],
+                    "forgotten_topics_data": [],
+                    "rack_id": rack,
+                },
+            )
+        )
+
+
 def _fetch(
     address: str, version: int, topic: str, topic_id: Any, offset: int, epoch: int = -1
 ) -> dict[str, Any]:
-    with WireClient.connect(address, timeout_s=15) as w:
-        r = w.request(
-            ApiKey.FETCH,
-            version,
-            {
-                "replica_id": -1,
-                "max_wait_ms": 0,
-                "min_bytes": 0,
-                "max_bytes": 1 << 20,
-                "isolation_level": 0,
-                "session_id": 0,
-                "session_epoch": -1,
-                "topics": [
-                    {
-                        "topic": topic,
-                        "topic_id": topic_id,
-                        "partitions": [
-                            {
-                                "partition": 0,
-                                "current_leader_epoch": epoch,
-                                "fetch_offset": offset,
-                                "last_fetched_epoch": -1,
-                                "log_start_offset": -1,
-                                "partition_max_bytes": 1 << 20,
-                            }
-                        ],
-                    }
-                ],
-                "forgotten_topics_data": [],
-                "rack_id": "",
-            },
-        )
+    r = _fetch_partition0(address, version, topic, topic_id, offset, epoch)
     (part,) = r["responses"][0]["partitions"]
     out = {k: v for k, v in part.items() if k != "records"}
     out["top_error_code"] = r.get("error_code", 0)
@@ -437,32 +446,7 @@ def _produce_acks_all(address: str, topic: str, records: int) -> int:
 def _fetch_at(address: str, version: int, topic: str, topic_id: Any, rack: str = "") -> dict[str, Any]:
     """Fetch ``version`` of partition 0 from offset 0 with a rack id (v11+): error, high
     watermark, preferred read replica and how many records came."""
-    with WireClient.connect(address, timeout_s=15) as w:
-        r = w.request(
-            ApiKey.FETCH,
-            version,
-            {
-                "replica_id": -1,
-                "max_wait_ms": 0,
-                "min_bytes": 0,
-                "max_bytes": 1 << 20,
-                "isolation_level": 0,
-                "session_id": 0,
-                "session_epoch": -1,
-                "topics": [
-                    {
-                        "topic": topic,
-                        "topic_id": topic_id,
-                        "partitions": [
-                            {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
-                             "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 20}
-                        ],
-                    }
-                ],
-                "forgotten_topics_data": [],
-                "rack_id": rack,
-            },
-        )  # fmt: skip
+    r = _fetch_partition0(address, version, topic, topic_id, 0, rack=rack)
     (part,) = r["responses"][0]["partitions"]
     data = bytes(part["records"] or b"")
     return {
