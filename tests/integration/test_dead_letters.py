@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -275,6 +276,7 @@ def test_apply_query_stops_or_dead_letters_and_the_execution_raises_the_alarm(
         # The execution's reaction, on a stand-in for the execution (starting a whole one here
         # would start a capture too).
         execution = SimpleNamespace(task_id=TASK, store=store, execution="e1", spec=spec)
+        execution._alarm_from_batch = partial(TaskExecution._alarm_from_batch, execution)
         reported: list[Any] = []
 
         def on_dead_letters(letters: list[Any]) -> None:

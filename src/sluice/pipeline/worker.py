@@ -324,6 +324,7 @@ class Worker:
         self._rejoin_requested = False
         #: when the stop began (time.monotonic()), once it has
         self.stop_began: float | None = None
+        self._stop_seen_lock = threading.Lock()
 
     def _metadata(self) -> bytes:
         return orjson.dumps({"worker": self.membership.name, "tasks": sorted(self.running)})
@@ -501,6 +502,7 @@ class Worker:
         try:
             while not self.stop.wait(1.0):  # (a timeout: the signal handler runs between waits)
                 pass
+            self._stop_seen()
             waited_s = self.loop_exit_s()
             if not loop_done.wait(waited_s):
                 log.warning(
@@ -568,10 +570,17 @@ class Worker:
         ZooKeeper is unreachable, so that no call of the stop (nor the one the loop may be in)
         waits on it."""
         self.stop.wait()
-        self.stop_began = time.monotonic()
+        self._stop_seen()
         log.info("event=worker_stopping worker=%s", self.membership.name)
         if self.zookeeper is not None:
             self.zookeeper.close_when_unreachable(on_close=self._log_zookeeper_unreachable_at_stop)
+
+    def _stop_seen(self) -> None:
+        """Note when the stop began, once: the watch and the run's own thread both see it, in
+        either order (the run may end before the watch's thread has run at all)."""
+        with self._stop_seen_lock:
+            if self.stop_began is None:
+                self.stop_began = time.monotonic()
 
     def _log_zookeeper_unreachable_at_stop(self) -> None:
         """The one line for a stop without ZooKeeper: an expected case, never a traceback."""
