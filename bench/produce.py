@@ -764,16 +764,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--prebuilt-batches", type=int, default=64, help="distinct batches built up front")
     g.add_argument("--prebuilt-batch-bytes", type=int, default=1_000_000, help="payload bytes per batch")
     args = p.parse_args(argv)
-    try:
-        against = versus.parse_against(args.against)
-    except ValueError as exc:
-        p.error(str(exc))
-    if args.rounds is None:
-        args.rounds = 2 if "kafka" in against else 1
-    if args.rounds < 1:
-        p.error("--rounds must be at least 1")
+    versus.parse_systems(p, args)
     if args.warmup == "auto":
-        args.warmup = "on" if "kafka" in against else "off"
+        args.warmup = "on" if "kafka" in args.systems else "off"
     if args.replication_factor > args.brokers and not args.bootstrap:
         p.error("--replication-factor cannot exceed --brokers")
     if args.bootstrap and args.security != "none":
