@@ -27,7 +27,12 @@ from sluice.sync.targets import open_target
 from sluice.sync.truth import Truth, compare
 from tests.support.cluster import TestCluster, wait_until
 from tests.support.processes import CommandTree
-from tests.support.spark_faults import CONNECT_BACK_FAILED, ConnectBackFault, source_runners
+from tests.support.spark_faults import (
+    CONNECT_BACK_FAILED,
+    ConnectBackFault,
+    SlowImportInterpreter,
+    source_runners,
+)
 from tests.support.staging import staged
 
 
@@ -423,6 +428,43 @@ def test_apply_restarts_its_failed_query_from_the_checkpoint_with_a_doubling_bac
     assert Truth.load(truth_path).events == stats.events
     db = sqlite3.connect(tmp_path / "target.db")
     assert db.execute("SELECT * FROM audit_offsets WHERE new < old").fetchall() == []
+
+
+@pytest.mark.parametrize("launcher", [True, False], ids=["sluice-spark-python", "python-m"])
+def test_a_source_runner_slow_to_import_still_connects_back_within_sparks_10_s(
+    make_cluster: Callable[..., TestCluster], tmp_path: Path, launcher: bool
+) -> None:
+    """Issue 32: on a starved machine a query's source runner took more than Spark's fixed 10 s
+    to connect back, because it connects only after its imports; every start of the query then
+    failed the same way. Here every Python process Spark starts imports pyarrow 12 s slower.
+    Started as Sluice starts it (sluice-spark-python: connect back, then import) the query
+    applies the whole topic and never fails; started as `python -m` starts it (the control, and
+    what Sluice did before the fix) every start fails with "Python worker failed to connect back"
+    and nothing is applied."""
+    bootstrap = make_cluster(1).bootstrap
+    create_topic(bootstrap, "crash.changes", rf=1)
+    truth_path = tmp_path / "truth.json"
+    run_generator(
+        bootstrap,
+        GeneratorConfig(topic="crash.changes", rate=0, duration_s=None, max_events=2_000, seed=3210),
+        truth_path=truth_path,
+    )
+    ends = end_offsets(bootstrap, "crash.changes")
+    url = f"sqlite:///{tmp_path / 'target.db'}"
+    log = tmp_path / "apply.log"
+    interpreter = SlowImportInterpreter.write(tmp_path / "interpreter", delay_s=12, launcher=launcher)
+    apply = CommandTree(start_apply(bootstrap, url, tmp_path / "checkpoint", log, interpreter.env()))
+    try:
+        if launcher:
+            wait_applied(url, "crash", ends, 240)
+            assert CONNECT_BACK_FAILED not in log.read_text(), log.read_text()[-3000:]
+            assert_equals_truth(url, Truth.load(truth_path))
+        else:
+            wait_until(lambda: CONNECT_BACK_FAILED in log.read_text(), 120, "the query start to fail")
+            with open_target(url) as t:
+                assert t.applied_offsets("crash") == {}
+    finally:
+        apply.stop()
 
 
 def test_the_sources_client_password_is_redacted_in_query_plans(spark: Any) -> None:

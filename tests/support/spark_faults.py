@@ -106,3 +106,67 @@ def source_runners(pid: int) -> list[int]:
         if SOURCE_RUNNER.encode() in argv:
             found.append(child)
     return found
+
+
+_SLOW_IMPORT = """#!/bin/bash
+# Written by tests/support/spark_faults.py: Python processes whose import of {slowed} takes
+# {delay_s} s more, as the imports of a starved machine do; the source runner is started
+# {how}. Everything else runs as `{python} "$@"` would, with the same delay.
+exec {python} -c '
+import sys, time
+from importlib.abc import MetaPathFinder
+
+class Slow(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "{slowed}":
+            sys.meta_path.remove(self)
+            time.sleep({delay_s})
+        return None
+
+sys.meta_path.insert(0, Slow())
+args = sys.argv[1:]
+if args[:2] == ["-m", "{runner}"] and {launcher}:
+    from sluice.pipeline.spark_python import main
+    main(args)
+else:
+    import runpy
+    sys.argv = [args[1], *args[2:]]
+    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+' "$@"
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SlowImportInterpreter:
+    """The interpreter Spark starts its Python processes with, every import of `slowed` (pyarrow,
+    which every PySpark worker imports) taking `delay_s` longer: the starved machine's slow
+    imports, on any machine. With `launcher` the streaming source's runner is started the way
+    Sluice starts it (pipeline.spark_python: connect back first, import after); without, as
+    `python -m` starts it (import first, then connect back: past Spark's 10 s when `delay_s` is
+    more). Every other process runs its module as `python -m` would."""
+
+    directory: Path
+
+    @classmethod
+    def write(
+        cls, directory: Path, *, delay_s: float, launcher: bool, slowed: str = "pyarrow"
+    ) -> SlowImportInterpreter:
+        directory.mkdir(parents=True, exist_ok=True)
+        script = directory / "python"
+        script.write_text(
+            _SLOW_IMPORT.format(
+                slowed=slowed,
+                delay_s=delay_s,
+                runner=SOURCE_RUNNER,
+                launcher=launcher,
+                how="as Sluice starts it (connect back, then import)"
+                if launcher
+                else "as `python -m` starts it",
+                python=shlex.quote(sys.executable),
+            )
+        )
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        return cls(directory)
+
+    def env(self) -> dict[str, str]:
+        return {"PYSPARK_PYTHON": str(self.directory / "python")}

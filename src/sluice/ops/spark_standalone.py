@@ -35,7 +35,9 @@ pickled by reference to `sluice.pipeline.source`, so they import the package):
 * The Python interpreter executors run is the driver's: PySpark sends the driver process's
   ``PYSPARK_PYTHON`` with every Python function (data source readers, UDFs, RDD functions), and
   the executor starts that path. `sluice.pipeline.session.spark_session` sets it to the
-  driver's own interpreter (``sys.executable``, e.g. ``/opt/sluice/.venv/bin/python``) unless
+  ``sluice-spark-python`` installed beside the driver's own interpreter (e.g.
+  ``/opt/sluice/.venv/bin/sluice-spark-python``, which runs that interpreter:
+  `sluice.pipeline.spark_python`), or to the interpreter itself where there is none, unless
   it is set already. Neither the worker's environment nor ``spark.executorEnv`` is needed for
   it: the daemons here run with every ``PYSPARK_*`` variable removed from their environment,
   and executors still run the driver's interpreter (the integration test checks it).

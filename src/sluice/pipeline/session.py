@@ -71,14 +71,17 @@ def spark_session(
     """A SparkSession with the `sluice` data source registered, and with Spark's own Kafka
     source and sink (`format("kafka")`) when ``kafka_connector`` is set.
 
-    Executors run this interpreter (the venv's), so they import the same Sluice. The jars of a
+    Executors run this interpreter (the venv's), so they import the same Sluice; Spark starts it
+    through `sluice-spark-python` (pipeline.spark_python: a query's source runner connects back
+    before its imports, within Spark's fixed 10 s on a starved machine) unless PYSPARK_PYTHON
+    names another. The jars of a
     session are fixed when its driver starts: a process that already has a session without the
     connector gets it back without one (``getOrCreate``), so ask for it on the first session."""
     from pyspark.sql import SparkSession
 
     from sluice.pipeline.source import SluiceDataSource
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", spark_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     master = master or DEFAULT_MASTER
     if master.startswith("local") or loopback_master(master):
@@ -130,6 +133,14 @@ def spark_session(
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(SluiceDataSource)
     return spark
+
+
+def spark_python() -> str:
+    """The interpreter for Spark's Python processes: this one's `sluice-spark-python` (installed
+    beside it with Sluice), or this interpreter where there is none (Sluice run from a source
+    tree that was not installed)."""
+    launcher = Path(sys.executable).with_name("sluice-spark-python")
+    return str(launcher) if os.access(launcher, os.X_OK) else sys.executable
 
 
 def loopback_master(master: str) -> bool:
