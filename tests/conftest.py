@@ -39,7 +39,7 @@ CHAINS = {
     "test_demo_with_a_mariadb_source_ends_verified_with_the_refused_row_dead_lettered": "chain-3",
     "test_zombie_task_passes_from_the_cli": "chain-2",
     "test_task_status_reports_the_lag_the_test_measures": "chain-3",
-    "test_a_worker_whose_spark_driver_was_killed_runs_its_task_on_a_new_one": "chain-3",
+    "test_a_worker_whose_spark_driver_was_killed_runs_its_task_on_a_new_one": "chain-2",
     "test_a_sync_worker_in_its_own_namespace_runs_a_task": "chain-3",
     "test_brokers_from_config_files_serve_root_namespace_clients_at_their_namespace_addresses": "chain-3",
     # a sync worker (a Spark driver) under a headless Chromium and a PostgreSQL lock

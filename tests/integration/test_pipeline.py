@@ -292,6 +292,9 @@ def start_apply(
     )  # fmt: skip
 
 
+# A long fault run (about 5 minutes): the default suite keeps a driver killed between the
+# executors' staging and the commit (below) and the restarts from the checkpoint (above).
+@pytest.mark.slow
 def test_driver_killed_around_commits_and_a_broker_killed(three_brokers: TestCluster, tmp_path: Path) -> None:
     cluster = three_brokers
     bootstrap = cluster.bootstrap

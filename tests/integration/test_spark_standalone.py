@@ -341,6 +341,8 @@ def run_with_worker_killed(
         db.close()
 
 
+# The default suite keeps the same kill -9 of a worker with executors staging into PostgreSQL.
+@pytest.mark.slow
 def test_apply_on_a_standalone_cluster_survives_kill_9_of_its_worker(
     standalone: StandaloneSpark, make_cluster: Callable[..., TestCluster], tmp_path: Path
 ) -> None:

@@ -105,8 +105,11 @@ def create_task(
     "security",
     # With security on the workers authenticate as their own user with only its ACLs (group
     # membership, capture producers, apply readers in Spark executors, status reads).
-    ["none", pytest.param("sasl_ssl", marks=pytest.mark.slow)],
+    ["none", "sasl_ssl"],
 )
+# A long fault run (about 4.5 minutes): the default suite keeps the zombie drill from the CLI
+# (tests/integration/test_incidents.py), a worker whose Spark driver was killed, and a failing task.
+@pytest.mark.slow
 def test_two_workers_share_a_task_through_kills_and_a_pause(
     mariadb: LocalMariaDB,
     postgres_url: str,
