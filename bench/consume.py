@@ -27,8 +27,10 @@ Sluice cluster in the same rounds and prints ``consume_mb_s ratio sasl_ssl/plain
 peer is plaintext and is compared with the plaintext Sluice cluster.
 
 Usage: .venv/bin/python bench/consume.py [--against sluice,kafka] [--records 500000]
-           [--brokers 3] [--replication-factor 3] [--security none|sasl_ssl|both] [--json]
-Prints figures; asserts nothing.
+           [--brokers 3] [--replication-factor 3] [--security none|sasl_ssl|both]
+           [--profile DIR] [--json]
+``--profile DIR`` samples each Sluice broker with py-spy during the first measured read and
+prints each one's top frames (bench/pyspy.py). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import pyspy
 import systems as sysmod
 import versus
 
@@ -172,6 +175,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="none",
         help="Sluice's cluster (cluster up --security); both: a plaintext and a SASL_SSL cluster",
     )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="py-spy each Sluice broker in the first measured read: raw profiles in DIR, top frames printed",
+    )
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args(argv)
     versus.parse_systems(ap, args)
@@ -220,7 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     with sysmod.clusters(names, "sluice-consume-", start_one) as running:
         for rnd, order in enumerate(versus.round_orders(names, args.rounds)):
             for name in order:
+                profiler = None
+                if args.profile is not None and rnd == 0 and name.startswith("sluice"):
+                    pids = {f"broker-{b.broker_id}": b.pid for b in running[name].brokers()}
+                    profiler = pyspy.Profiler(args.profile / name, pids)
                 r = read_all(args, running[name], rnd)
+                if profiler is not None:
+                    pyspy.print_profiles(f"system={name} read", profiler.stop())
                 runs.append(r)
                 print(
                     f"round={rnd + 1} system={name} records={r.records} seconds={r.seconds:.2f} "
