@@ -167,6 +167,14 @@ AUTHENTICATIONS = Counter(
     registry=None,
 )
 CONNECTION_COUNTERS = (CONNECTIONS_REFUSED, CONNECTIONS_CLOSED, AUTHENTICATIONS)
+FETCH_RECORD_BYTES = Counter(
+    "sluice_fetch_record_bytes_sent_total",
+    "Record bytes of Fetch answers (consumers' and followers'), by how they were sent: from the "
+    "segment files with sendfile (zero_copy), or read and written through the connection (copied: "
+    "TLS connections, answers under 64 KiB)",
+    ["path"],
+    registry=None,
+)
 
 
 class ApiStats:
@@ -311,6 +319,7 @@ def enable_broker(gauges: Callable[[], BrokerGauges]) -> None:
             ISR_EXPANDS,
             AUTHORIZATION_DENIED,
             *CONNECTION_COUNTERS,
+            FETCH_RECORD_BYTES,
             _broker_collector,
         ):
             REGISTRY.register(metric)

@@ -306,3 +306,95 @@ def test_a_compacted_topic_written_in_transactions_reads_committed_after_cleanin
     resource = ConfigResource(ConfigResource.Type.TOPIC, "__transaction_state")
     configs = admin.describe_configs([resource])[resource].result(30)
     assert configs["cleanup.policy"].value == "compact"
+
+
+@pytest.mark.timeout(300)
+def test_readers_through_repeated_cleans_never_miss_a_keys_latest_value(cluster: TestCluster) -> None:
+    """Issue 35: a consumer's record sets are sent from the segment files (sendfile), and the
+    cleaner replaces those files under it. Here a producer keeps writing new versions of 300
+    keys (500-byte values, 1 MiB segments: Fetch answers large enough for the zero-copy path)
+    while consumers read the topic from the beginning again and again, and the cleaner cleans
+    it again and again. Every read must show, for every key, a version at least as new as the
+    last one acknowledged before the read began, each key's versions never going back, offsets
+    in order; at least one clean must end while a read runs, and the answers must have gone
+    out from the files (sluice_fetch_record_bytes_sent_total{path="zero_copy"})."""
+    import threading
+
+    from tests.integration.test_metrics import scrape, value
+
+    topic = "read-while-cleaning"
+    keys = 300
+    _create(
+        cluster,
+        topic,
+        {
+            "cleanup.policy": "compact",
+            "segment.bytes": str(1024 * 1024),
+            "min.cleanable.dirty.ratio": "0.01",
+            "delete.retention.ms": "600000",
+        },
+    )
+    url = cluster.cluster.brokers[0].metrics_url
+    assert url is not None
+    sent_before = value(scrape(url), "sluice_fetch_record_bytes_sent_total", path="zero_copy")
+    acked: dict[bytes, int] = {}
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 20, "log_level": 0})
+
+        def delivered(err: KafkaError | None, msg: object) -> None:
+            if err is not None:
+                errors.append(str(err))
+                return
+            version = int(msg.value().split(b":")[1])  # type: ignore[attr-defined]
+            acked[msg.key()] = max(acked.get(msg.key(), -1), version)  # type: ignore[attr-defined]
+
+        for version in range(400):  # bounded: about 60 MB at most
+            if stop.is_set():
+                break
+            for k in range(keys):
+                value_ = f"{k}:{version}:".encode().ljust(500, b".")
+                while True:
+                    try:
+                        producer.produce(topic, value_, _key(k), on_delivery=delivered)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            producer.poll(0)
+            time.sleep(0.05)
+        producer.flush(60)
+
+    writer = threading.Thread(target=produce, daemon=True)
+    writer.start()
+    reads = overlapped = 0
+    deadline = time.monotonic() + 150
+    try:
+        wait_until(lambda: len(acked) == keys, 60, "every key written once")
+        while time.monotonic() < deadline and (reads < 4 or overlapped < 1):
+            floor = dict(acked)
+            cleans = cluster.log_text(1).count(f"event=log_cleaned partition={topic}-0")
+            records = _read_all(cluster, topic)
+            reads += 1
+            if cluster.log_text(1).count(f"event=log_cleaned partition={topic}-0") > cleans:
+                overlapped += 1
+            offsets = [o for o, _k, _v in records]
+            assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), "offsets out of order"
+            latest: dict[bytes, int] = {}
+            for offset, key, record in records:
+                assert key is not None and record is not None, f"a record without key or value at {offset}"
+                version = int(record.split(b":")[1])
+                assert version >= latest.get(key, -1), f"{key!r} went back to version {version} at {offset}"
+                latest[key] = version
+            missed = {k: (latest.get(k), v) for k, v in floor.items() if latest.get(k, -1) < v}
+            assert not missed, (
+                f"read {reads}: keys behind what was acknowledged before it: {list(missed.items())[:5]}"
+            )
+    finally:
+        stop.set()
+        writer.join(90)
+    assert not errors, errors[:3]
+    assert overlapped >= 1, f"no clean ended during any of {reads} reads"
+    sent = value(scrape(url), "sluice_fetch_record_bytes_sent_total", path="zero_copy") - sent_before
+    assert sent >= 1024 * 1024, f"only {sent:.0f} record bytes were sent from the files"

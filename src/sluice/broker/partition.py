@@ -461,11 +461,15 @@ class Partition:
         committed_only: bool = True,
         read_committed: bool = False,
         min_one_batch: bool = True,
+        zero_copy: bool = False,
     ) -> ReadResult:
         """Whole batches from ``offset``: below the high watermark (``committed_only``), or
-        below the last stable offset (``read_committed``), or anything (a follower's read)."""
+        below the last stable offset (``read_committed``), or anything (a follower's read).
+        ``zero_copy``: as a region of the segment file (Log.read), for a Fetch answer."""
         limit = self.last_stable_offset if read_committed else self.high_watermark if committed_only else None
-        return self.log.read(offset, max_bytes=max_bytes, max_offset=limit, min_one_batch=min_one_batch)
+        return self.log.read(
+            offset, max_bytes=max_bytes, max_offset=limit, min_one_batch=min_one_batch, zero_copy=zero_copy
+        )
 
     def append_marker(
         self, producer_id: int, producer_epoch: int, committed: bool, coordinator_epoch: int

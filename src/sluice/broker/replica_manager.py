@@ -681,7 +681,9 @@ class ReplicaManager:
             # Data past the limit exists but is not committed (or not stable) yet: nothing to return.
             return FetchResult(ErrorCode.NONE, hw, log_start, last_stable_offset=lso)
         try:
-            result = part.read(offset, max_bytes, read_committed=read_committed, min_one_batch=min_one_batch)
+            result = part.read(
+                offset, max_bytes, read_committed=read_committed, min_one_batch=min_one_batch, zero_copy=True
+            )
         except storage_errors.OffsetOutOfRangeError:
             # A consumer is told the error only, as Kafka tells it (high watermark, last stable
             # and log start offsets -1: its client asks ListOffsets where to go). A follower's
@@ -736,7 +738,7 @@ class ReplicaManager:
             return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset)
         try:
             # A follower reads past the high watermark: it is how records get there.
-            result = part.read(offset, max_bytes, committed_only=False, min_one_batch=True)
+            result = part.read(offset, max_bytes, committed_only=False, min_one_batch=True, zero_copy=True)
         except storage_errors.OffsetOutOfRangeError:
             return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, part.high_watermark, part.log.log_start_offset)
         return FetchResult(ErrorCode.NONE, part.high_watermark, part.log.log_start_offset, result)
@@ -954,6 +956,6 @@ class ReplicaManager:
 def _next_offset(result: ReadResult) -> int:
     """The offset after the last batch a read returned (the bound of its aborted transactions)."""
     last = 0
-    for _pos, header in iter_batches(result.records):
+    for _pos, header in iter_batches(result.data()):
         last = header.next_offset
     return last

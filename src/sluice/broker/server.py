@@ -43,6 +43,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
 from sluice import metrics
+from sluice.broker import zero_copy
 from sluice.broker.authentication import ConnectionAuth
 from sluice.broker.connection_quotas import (
     FRAME_CHUNK_BYTES,
@@ -62,7 +63,7 @@ from sluice.protocol.api import (
     encode_api_versions_fallback,
     encode_response,
 )
-from sluice.protocol.primitives import DecodeError
+from sluice.protocol.primitives import Chunk, DecodeError, FileRegion, RegionTruncatedError
 from sluice.security.session import current_client_host, current_session
 
 if TYPE_CHECKING:
@@ -323,6 +324,9 @@ class Connection(asyncio.BufferedProtocol):
         self._drained.set()
         self._handling = False
         self._last_activity = time.monotonic()
+        #: the socket's descriptor, for responses sent from the log's files (broker/zero_copy.py);
+        #: None on TLS, whose bytes must pass through the transport
+        self._zero_copy_fd: int | None = None
 
     # -- asyncio protocol callbacks --------------------------------------------------------------
 
@@ -338,6 +342,8 @@ class Connection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if transport.get_extra_info("ssl_object") is None:
+                self._zero_copy_fd = sock.fileno()
         self.auth = ConnectionAuth(
             self.server.broker, self.listener, f"/{self.ip}", transport.get_extra_info("ssl_object")
         )
@@ -347,8 +353,17 @@ class Connection(asyncio.BufferedProtocol):
         if self._frame is None:
             return memoryview(self._size)[self._pos :]
         if self._pos == len(self._frame):
-            # Grow only for bytes that are arriving: the announcement alone allocates nothing.
-            self._frame += bytes(frame_capacity(self._pos, self._frame_size) - self._pos)
+            if self._frame_reserved == self._frame_size:
+                # The whole frame is reserved in the pool (after its first chunk arrived): one
+                # buffer of the announced size, instead of doubling as bytes arrive (two extra
+                # copies of a 1 MB request). bytearray(n) is calloc'd: its pages are committed
+                # only as bytes are received into them.
+                grown = bytearray(self._frame_size)
+                grown[: self._pos] = self._frame
+                self._frame = grown
+            else:
+                # Grow only for bytes that are arriving: the announcement alone allocates nothing.
+                self._frame += bytes(frame_capacity(self._pos, self._frame_size) - self._pos)
         return memoryview(self._frame)[self._pos :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -536,7 +551,9 @@ class Connection(asyncio.BufferedProtocol):
             h = exc.header
             if h.api_key == ApiKey.API_VERSIONS:
                 # KIP-511: answer in v0 with our ranges so the client can pick a version.
-                self.transport.writelines(encode_api_versions_fallback(h.correlation_id))
+                self.transport.writelines(
+                    cast(list[bytes | memoryview], encode_api_versions_fallback(h.correlation_id))
+                )
                 return True
             log.warning(
                 "event=unsupported_request peer=%s api_key=%d version=%d client=%s action=close",
@@ -597,13 +614,63 @@ class Connection(asyncio.BufferedProtocol):
                 return True
             if self._closed:
                 return False
-            self.transport.writelines(encode_response(header, response))
+            if not await self._write(encode_response(header, response)):
+                return False
         finally:
             # Handled, answered or not (acks=0, a closed connection, a handler's failure).
             stats.observe(time.perf_counter() - started)
         if self._writing_paused or self.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             await self._drained.wait()
         return True
+
+    async def _write(self, chunks: list[Chunk]) -> bool:
+        """Write one response; False when the connection must close. A response with record
+        sets read as file regions (a Fetch answer) is sent from the files on a plaintext
+        connection (broker/zero_copy.py), after the transport has written out what it held;
+        on TLS, or when small, the regions are read and written through the transport."""
+        assert self.transport is not None
+        regions = [c for c in chunks if isinstance(c, FileRegion)]
+        if not regions:
+            self.transport.writelines(cast(list[bytes | memoryview], chunks))
+            return True
+        try:
+            fd = self._zero_copy_fd
+            size = zero_copy.region_bytes(regions)
+            if fd is None or size < zero_copy.ZERO_COPY_MIN_BYTES:
+                self.transport.writelines(zero_copy.materialized(chunks))
+                metrics.FETCH_RECORD_BYTES.labels("copied").inc(size)
+                return True
+            if not await self._flushed():
+                return False
+            await zero_copy.send(fd, chunks)
+            metrics.FETCH_RECORD_BYTES.labels("zero_copy").inc(size)
+            return True
+        except RegionTruncatedError as exc:
+            log.warning("event=response_file_truncated peer=%s error=%r action=close", self.peer, str(exc))
+            return False
+        except OSError as exc:  # the peer went away mid-send (EPIPE, ECONNRESET)
+            log.info("event=response_send_failed peer=%s error=%r action=close", self.peer, str(exc))
+            return False
+        finally:
+            for r in regions:
+                r.close()
+
+    async def _flushed(self) -> bool:
+        """Wait until the transport has written out every byte it holds (with a high water mark
+        of 0 it pauses the protocol while any is left, and resumes it at none); False if the
+        connection closed meanwhile."""
+        assert self.transport is not None
+        if self.transport.get_write_buffer_size() == 0:
+            return not self._closed
+        if self._closed:
+            return False
+        self.transport.set_write_buffer_limits(high=0, low=0)
+        try:
+            await self._drained.wait()
+        finally:
+            if not self._closed and not self.transport.is_closing():
+                self.transport.set_write_buffer_limits()
+        return not self._closed
 
     async def _authenticate(self, auth: ConnectionAuth, header: RequestHeader, body: dict[str, Any]) -> bool:
         """SaslHandshake or SaslAuthenticate: answered by the connection's ConnectionAuth; a
@@ -614,7 +681,7 @@ class Connection(asyncio.BufferedProtocol):
             return False
         if response is None:
             return False
-        self.transport.writelines(encode_response(header, response))
+        self.transport.writelines(cast(list[bytes | memoryview], encode_response(header, response)))
         if auth.authenticated:
             current_session.set(auth.session)
             self.max_bytes = self.server.broker.config.socket_request_max_bytes

@@ -256,7 +256,7 @@ class TransactionCoordinator:
             result = part.read(offset, 4 * 1024 * 1024)
             if not result.records:
                 break
-            buf = result.records
+            buf = result.data()
             for pos, header in iter_batches(buf):
                 if header.base_offset >= end:
                     break

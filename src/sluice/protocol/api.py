@@ -33,7 +33,7 @@ from typing import Any
 
 from sluice.protocol.errors import ErrorCode
 from sluice.protocol.messages import REQUESTS, RESPONSES
-from sluice.protocol.primitives import Buffer, DecodeError, EncodeError, Reader, Writer
+from sluice.protocol.primitives import Buffer, Chunk, DecodeError, EncodeError, Reader, Writer
 from sluice.protocol.schema import Codec
 
 __all__ = [
@@ -246,7 +246,7 @@ def decode_request(frame: Buffer) -> tuple[RequestHeader, dict[str, Any]]:
     return RequestHeader(key, version, correlation_id, client_id), body
 
 
-def _frame(w: Writer) -> list[bytes | memoryview]:
+def _frame(w: Writer) -> list[Chunk]:
     chunks = w.chunks()
     prefix = _I32.pack(w.size)
     first = chunks[0] if chunks else b""
@@ -256,7 +256,7 @@ def _frame(w: Writer) -> list[bytes | memoryview]:
     return [prefix, *chunks]
 
 
-def encode_api_versions_fallback(correlation_id: int) -> list[bytes | memoryview]:
+def encode_api_versions_fallback(correlation_id: int) -> list[Chunk]:
     """The KIP-511 answer to an ApiVersions request of a version we do not support.
 
     A v0 ApiVersions response (header v0) with ``UNSUPPORTED_VERSION`` and our API ranges.
@@ -269,7 +269,7 @@ def encode_api_versions_fallback(correlation_id: int) -> list[bytes | memoryview
     return _frame(w)
 
 
-def encode_response(header: RequestHeader, body: Mapping[str, Any]) -> list[bytes | memoryview]:
+def encode_response(header: RequestHeader, body: Mapping[str, Any]) -> list[Chunk]:
     """Encode a response to ``header``'s request: size prefix, response header, body.
 
     For an ApiVersions request of an unsupported version this returns the KIP-511 fallback (a v0

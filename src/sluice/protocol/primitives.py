@@ -12,10 +12,14 @@ Conventions:
 * ``Writer`` accumulates small writes in a ``bytearray`` and keeps large byte blobs (record
   sets) as separate chunks *by reference*, so a response can be sent with
   ``transport.writelines(writer.chunks())`` without ever copying the blobs.
+* A ``FileRegion`` (bytes of an open file: a Fetch answer's record sets, read from the log's
+  segment files) is a blob the ``Writer`` keeps as its own chunk without reading it: the
+  connection sends it from the file (``sendfile``, broker/zero_copy.py) or reads it then.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import uuid
 from collections.abc import Iterable
@@ -23,15 +27,69 @@ from collections.abc import Iterable
 __all__ = [
     "BIG_CHUNK",
     "Buffer",
+    "Chunk",
     "DecodeError",
     "EncodeError",
+    "FileRegion",
     "Reader",
+    "RegionTruncatedError",
     "Writer",
     "size_of_unsigned_varint",
 ]
 
 Buffer = bytes | bytearray | memoryview
 """Any contiguous bytes-like object accepted by the codec."""
+
+
+class RegionTruncatedError(OSError):
+    """A ``FileRegion``'s file ended before the region did: it was truncated after the region
+    was taken (a log truncated to a leader's epoch). The bytes announced cannot be sent."""
+
+
+class FileRegion:
+    """``size`` bytes of an open file from ``offset``: a record set as it lies in a segment file.
+
+    It owns ``fd``, its own descriptor of the file (``os.dup`` of the segment's), so the bytes
+    stay readable while it exists even when the segment is closed, deleted or replaced by a
+    compacted one meanwhile (Kafka's FileRecords keeps its channel the same way). ``close()``
+    gives the descriptor back; an unclosed region closes it when collected."""
+
+    __slots__ = ("fd", "offset", "size")
+
+    def __init__(self, fd: int, offset: int, size: int) -> None:
+        self.fd = fd
+        self.offset = offset
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self) -> bytes:
+        """The region's bytes (one ``pread``, looped over short reads)."""
+        parts = []
+        got = 0
+        while got < self.size:
+            more = os.pread(self.fd, self.size - got, self.offset + got)
+            if not more:
+                raise RegionTruncatedError(f"file ended {self.size - got} bytes before the region's end")
+            parts.append(more)
+            got += len(more)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"FileRegion(fd={self.fd}, offset={self.offset}, size={self.size})"
+
+
+Chunk = bytes | memoryview | FileRegion
+"""A piece of an encoding: bytes, or a region of a file sent as it is."""
 
 BIG_CHUNK = 512
 """Byte blobs at least this long are appended to a ``Writer`` by reference instead of copied."""
@@ -350,21 +408,22 @@ class Writer:
 
     def __init__(self) -> None:
         self._buf = bytearray()
-        self._chunks: list[bytes | memoryview] = []
+        self._chunks: list[Chunk] = []
         self.size = 0
 
     # -- output --------------------------------------------------------------------------------
 
-    def chunks(self) -> list[bytes | memoryview]:
-        """The encoding as a list of chunks; large blobs appear as the caller's own objects."""
+    def chunks(self) -> list[Chunk]:
+        """The encoding as a list of chunks; large blobs and file regions appear as the
+        caller's own objects."""
         if self._buf:
             self._chunks.append(bytes(self._buf))
             self._buf = bytearray()
         return list(self._chunks)
 
     def getvalue(self) -> bytes:
-        """The encoding as one ``bytes`` object (this copies the blobs)."""
-        return b"".join(self.chunks())
+        """The encoding as one ``bytes`` object (this copies the blobs and reads the regions)."""
+        return b"".join(c.read() if isinstance(c, FileRegion) else c for c in self.chunks())
 
     # -- raw -----------------------------------------------------------------------------------
 
@@ -374,8 +433,16 @@ class Writer:
         self._buf += data
         self.size += n
 
-    def write_blob(self, data: Buffer) -> None:
-        """Append ``data``; large blobs are kept by reference (zero copy), small ones copied."""
+    def write_blob(self, data: Buffer | FileRegion) -> None:
+        """Append ``data``; large blobs and file regions are kept by reference (zero copy),
+        small blobs copied."""
+        if isinstance(data, FileRegion):
+            if self._buf:
+                self._chunks.append(bytes(self._buf))
+                self._buf = bytearray()
+            self._chunks.append(data)
+            self.size += data.size
+            return
         if isinstance(data, memoryview):
             if data.format != "B" or data.ndim != 1:
                 data = data.cast("B")
@@ -391,7 +458,7 @@ class Writer:
             self._buf += data
         self.size += n
 
-    def write_blobs(self, chunks: Iterable[Buffer]) -> None:
+    def write_blobs(self, chunks: Iterable[Buffer | FileRegion]) -> None:
         for c in chunks:
             self.write_blob(c)
 

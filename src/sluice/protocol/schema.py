@@ -321,7 +321,7 @@ def _read_fn(t: str, nullable: bool, flexible: bool) -> ReadFn:
 
 
 def _blob_len(v: Any) -> int:
-    return int(v.nbytes) if isinstance(v, memoryview) else len(v)
+    return int(v.nbytes) if isinstance(v, memoryview) else len(v)  # a FileRegion's len is its size
 
 
 def _records_writer(nullable: bool, flexible: bool) -> WriteFn:

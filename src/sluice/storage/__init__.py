@@ -1,5 +1,6 @@
 """A partition's log on disk: segments, indexes, recovery, retention, leader epochs and
-idempotent-producer state. Imports nothing of Sluice except ``sluice.protocol.records``."""
+idempotent-producer state. Imports nothing of Sluice except ``sluice.protocol.records`` and
+``sluice.protocol.primitives.FileRegion`` (what a zero-copy read returns)."""
 
 from sluice.storage.config import LogConfig, known_topic_configs
 from sluice.storage.errors import (

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from sluice.protocol.primitives import FileRegion
 from sluice.protocol.records import (
     ATTR_CONTROL_MASK,
     HEADER_SIZE,
@@ -126,9 +127,11 @@ class AppendInfo:
 @dataclass(frozen=True, slots=True)
 class ReadResult:
     """Whole batches read from one segment. ``first_offset`` is the base offset of the first
-    batch returned (-1 when ``records`` is empty)."""
+    batch returned (-1 when ``records`` is empty). ``records`` is their bytes, or, from a
+    ``zero_copy`` read, the region of the segment file that holds them (sent from the file by
+    the connection; ``data()`` reads it)."""
 
-    records: bytes
+    records: bytes | FileRegion
     first_offset: int
     log_start_offset: int
     log_end_offset: int
@@ -137,10 +140,9 @@ class ReadResult:
     def size_bytes(self) -> int:
         return len(self.records)
 
-    @property
-    def chunks(self) -> list[bytes]:
-        """The records as a list of chunks, for the wire encoder's zero-copy path."""
-        return [self.records] if self.records else []
+    def data(self) -> bytes:
+        """The records' bytes (read from the file for a region)."""
+        return self.records.read() if isinstance(self.records, FileRegion) else self.records
 
 
 @dataclass(frozen=True, slots=True)
@@ -719,12 +721,21 @@ class PartitionLog:
     # --- reads ------------------------------------------------------------------------------------
 
     def read(
-        self, offset: int, *, max_bytes: int, max_offset: int | None = None, min_one_batch: bool = True
+        self,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_offset: int | None = None,
+        min_one_batch: bool = True,
+        zero_copy: bool = False,
     ) -> ReadResult:
         """Whole batches from the one containing ``offset``, within one segment.
 
         Stops before exceeding ``max_bytes`` (but returns the first batch whole if
-        ``min_one_batch``) and before any batch whose base offset >= ``max_offset``.
+        ``min_one_batch``) and before any batch whose base offset >= ``max_offset``. With
+        ``zero_copy`` the records are not read: ``records`` is the region of the segment file
+        that holds them, on a descriptor of its own (valid after the segment is deleted or
+        replaced), for the connection to send from the file.
         """
         self._check_open()
         leo, lso = self._leo, self.log_start_offset
@@ -754,6 +765,10 @@ class PartitionLog:
                 else:
                     end = seg.boundary_at_or_below(start + max_bytes, start)
             assert end > start
+            if zero_copy:
+                region = seg.region(start, end - start)
+                if region is not None:
+                    return ReadResult(region, header.base_offset, lso, leo)
             data = seg.read(start, end - start)
             assert len(data) == end - start, f"short read of {seg.path.name} at {start}"
             assert parse_header(data, 0).base_offset == header.base_offset

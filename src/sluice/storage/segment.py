@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from sluice.protocol.primitives import FileRegion
 from sluice.protocol.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -291,6 +292,16 @@ class LogSegment:
         if self._fd is None:
             return b""  # a lazy segment, still without its file: empty
         return pread_exact(self._fd, size, position)
+
+    def region(self, position: int, size: int) -> FileRegion | None:
+        """Bytes [position, position + size) of the log file as a region on a descriptor of its
+        own (``os.dup``: the bytes stay readable if this segment is closed, deleted or replaced
+        by a compacted one before the region is sent); None for a lazy segment without a file."""
+        assert not self._closed, f"{self.path} is closed"
+        assert position >= 0 and size >= 0
+        if self._fd is None:
+            return None
+        return FileRegion(os.dup(self._fd), position, size)
 
     def scan(
         self, start: int = 0, end: int | None = None, *, validate: bool = False, chunk_size: int = _SCAN_CHUNK
