@@ -28,9 +28,12 @@ peer is plaintext and is compared with the plaintext Sluice cluster.
 
 Usage: .venv/bin/python bench/consume.py [--against sluice,kafka] [--records 500000]
            [--brokers 3] [--replication-factor 3] [--security none|sasl_ssl|both]
-           [--profile DIR] [--json]
-``--profile DIR`` samples each Sluice broker with py-spy during the first measured read and
-prints each one's top frames (bench/pyspy.py). Prints figures; asserts nothing.
+           [--producer-mb-s X] [--profile DIR] [--json]
+``--producer-mb-s X`` runs a producer writing X MB/s (acks=all) to a second topic of the same
+partitions and replication factor during each read: the brokers' followers fetch while the
+consumer does (they share the read path). ``--profile DIR`` samples each Sluice broker with
+py-spy during the first measured read and prints each one's top frames (bench/pyspy.py).
+Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import argparse
 import json
 import random
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,6 +56,8 @@ import versus
 
 MB = 1_000_000
 TOPIC = "consume-bench"
+#: what ``--producer-mb-s`` writes to during the reads
+LOAD_TOPIC = "consume-bench-load"
 #: Sluice's brokers wait 500 ms (``group.initial.rebalance.delay.ms``) before a new group's first
 #: rebalance; Kafka's peers are started with 0 (``sluice.peers.kafka``): with Kafka in the run
 #: Sluice gets 0 too, so that the join time compares like with like.
@@ -123,6 +129,68 @@ def fill(args: argparse.Namespace, system: sysmod.System) -> float:
     return time.monotonic() - started
 
 
+class BackgroundProducer:
+    """While a read runs: a producer writing ``mb_s`` MB/s (acks=all) to its own topic of the
+    same partitions and replication factor, so that the brokers' followers fetch while the
+    consumer does (``--producer-mb-s``)."""
+
+    def __init__(self, args: argparse.Namespace, system: sysmod.System) -> None:
+        self.mb_s = args.producer_mb_s
+        self.record_size = args.record_size
+        self.system = system
+        self.stop = threading.Event()
+        self.sent_bytes = 0
+        self.seconds = 0.0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> BackgroundProducer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+
+    def _run(self) -> None:
+        producer = Producer(
+            {
+                **self.system.client_config(),
+                "bootstrap.servers": self.system.bootstrap_servers,
+                "acks": "all",
+                "linger.ms": 5,
+                "log_level": 0,
+            }
+        )
+        value = random.Random(7).randbytes(self.record_size)
+        per_tick = max(1, int(self.mb_s * MB / self.record_size / 100))  # every 10 ms
+        started = time.monotonic()
+        tick = started
+        while not self.stop.is_set():
+            for _ in range(per_tick):
+                try:
+                    producer.produce(LOAD_TOPIC, value)
+                    self.sent_bytes += len(value)
+                except BufferError:
+                    break
+            producer.poll(0)
+            tick += 0.01
+            self.stop.wait(max(0.0, tick - time.monotonic()))
+        self.seconds = time.monotonic() - started
+        producer.flush(30)
+
+    @property
+    def achieved_mb_s(self) -> float:
+        return self.sent_bytes / MB / self.seconds if self.seconds > 0 else 0.0
+
+
+def create_load_topic(args: argparse.Namespace, system: sysmod.System) -> None:
+    admin = AdminClient(
+        {"bootstrap.servers": system.bootstrap_servers, "log_level": 0, **system.client_config()}
+    )
+    new = NewTopic(LOAD_TOPIC, args.partitions, args.replication_factor)
+    admin.create_topics([new], operation_timeout=30)[LOAD_TOPIC].result(timeout=30)
+
+
 def read_all(args: argparse.Namespace, system: sysmod.System, rnd: int) -> ReadRun:
     """One new group reads the whole topic."""
     run = ReadRun(system.name, rnd)
@@ -176,6 +244,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Sluice's cluster (cluster up --security); both: a plaintext and a SASL_SSL cluster",
     )
     ap.add_argument(
+        "--producer-mb-s",
+        type=float,
+        default=0.0,
+        help="a producer writing this many MB/s (acks=all) to another topic during each read",
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -221,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         system = sysmod.start(name, directory, args.brokers, sluice_settings=settings)
         took = fill(args, system)
         print(f"filled {TOPIC} on {system.label} in {took:.1f} s", flush=True)
+        if args.producer_mb_s > 0:
+            create_load_topic(args, system)
         if args.warmup == "on":
             w = read_all(args, system, -1)
             print(f"warm-up read ({system.label}): {w.records:,} records, {w.mb_per_s:.1f} MB/s", flush=True)
@@ -233,7 +309,12 @@ def main(argv: list[str] | None = None) -> int:
                 if args.profile is not None and rnd == 0 and name.startswith("sluice"):
                     pids = {f"broker-{b.broker_id}": b.pid for b in running[name].brokers()}
                     profiler = pyspy.Profiler(args.profile / name, pids)
-                r = read_all(args, running[name], rnd)
+                if args.producer_mb_s > 0:
+                    with BackgroundProducer(args, running[name]) as load:
+                        r = read_all(args, running[name], rnd)
+                    print(f"round={rnd + 1} system={name} producer_mb_s={load.achieved_mb_s:.1f}", flush=True)
+                else:
+                    r = read_all(args, running[name], rnd)
                 if profiler is not None:
                     pyspy.print_profiles(f"system={name} read", profiler.stop())
                 runs.append(r)
