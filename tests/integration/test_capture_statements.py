@@ -6,11 +6,13 @@ to both targets in several batches, and compares every table with the source."""
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pymysql
 import pytest
@@ -307,3 +309,50 @@ def test_bytes_stay_bytes_and_text_with_nul_is_accepted(
             ), (kind, key, row)
         assert {bytes(r["k"]) for r in got["bkey"].values()} == {b"\x00\x01", b"text"}, kind
         assert sorted(r["v"] for r in got["bkey"].values()) == [2, 3], kind
+
+
+def test_a_table_read_again_cut_short_by_the_next_ddl_starts_over(
+    mariadb: LocalMariaDB, make_cluster: Callable[..., TestCluster], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A column type change makes the capture read the table again in a consistent snapshot; a
+    second ALTER landing after that snapshot began (two ALTERs run back to back) makes InnoDB
+    refuse the read (error 1412, "Table definition has changed, please retry transaction").
+    The read starts over in a new snapshot and the capture goes on: it reaches the server's
+    position with every row of the table, in its newest shape, in the log. Before, the error
+    ended the capture (its task was started again)."""
+    db = "read_again_cut"
+    topic = f"{db}.changes"
+    bootstrap = make_cluster(1).bootstrap
+    create_topic(bootstrap, topic, 1, 1)
+    mariadb.execute(f"DROP DATABASE IF EXISTS {db}", f"CREATE DATABASE {db}")
+    mariadb.execute(
+        "CREATE TABLE t (id INT PRIMARY KEY, v INT)",
+        *(f"INSERT INTO t VALUES ({i}, {i})" for i in range(1, 51)),
+        database=db,
+    )
+    spec = SourceSpec(kind="mariadb", port=mariadb.port, user="root", database=db)
+    cap = MySqlCapture(spec, ["t"], lambda _t: topic, bootstrap, name=db, stop=threading.Event())
+    original = cap._begin_consistent_snapshot
+    cut: list[str] = []
+
+    def snapshot_then_alter(cur: Any) -> Any:
+        began = original(cur)
+        if not cut:  # once: the next ALTER lands after this snapshot began
+            cut.append("ALTER TABLE t MODIFY v BIGINT")
+            mariadb.execute(cut[0], database=db)
+        return began
+
+    with running(cap) as running_cap:
+        wait_until(lambda: running_cap.stats.position, 60, "the capture streaming")
+        cap._begin_consistent_snapshot = snapshot_then_alter  # type: ignore[method-assign]
+        with caplog.at_level(logging.INFO, logger="sluice.capture"):
+            mariadb.execute("ALTER TABLE t MODIFY v INT UNSIGNED", database=db)
+            wait_caught_up(running_cap, mariadb, 90)
+    assert not cap.stats.errors, cap.stats.errors
+    assert cut, "the read again never began"
+    assert "event=table_read_again_retry table=t attempt=1" in caplog.text
+    assert caplog.text.count("event=table_read_again table=t") >= 1
+    records = read_all(bootstrap, topic, 1)
+    snapshots = [orjson.loads(v) for v in records.column("value").to_pylist()]
+    reread = {s["key"]["id"] for s in snapshots if s["op"] == "r"}
+    assert reread == set(range(1, 51)), sorted(set(range(1, 51)) - reread)[:10]

@@ -156,6 +156,12 @@ def check_source(spec: SourceSpec) -> dict[str, str]:
         conn.close()
 
 
+#: InnoDB's "Table definition has changed, please retry transaction"
+ER_TABLE_DEF_CHANGED = 1412
+#: reads of a table again (after a DDL statement) cut short by another DDL before one completes
+READ_AGAIN_ATTEMPTS = 10
+
+
 def binary_logs(spec: SourceSpec) -> list[str]:
     """The server's binlog files, oldest first."""
     conn = connect(spec)
@@ -777,15 +783,34 @@ class MySqlCapture:
 
     def _read_table_again(self, producer: Any, table: str, keys: list[str], tx: Group) -> None:
         """Every row of `table` as it is now, in a consistent snapshot labelled with its position
-        (later than the statement that changed the rows without row events)."""
-        conn = connect_snapshot(self.spec)
-        try:
-            with conn.cursor() as cur:
-                position, _ = self._begin_consistent_snapshot(cur)
-                self._emit_table(cur, producer, table, keys, position, tx)
-                cur.execute("COMMIT")
-        finally:
-            conn.close()
+        (later than the statement that changed the rows without row events).
+
+        A DDL statement on the table after the snapshot began (the next ALTER of two run back to
+        back) makes InnoDB refuse the rest of the read (error 1412, "Table definition has
+        changed, please retry transaction"): the read starts over in a new snapshot, up to
+        READ_AGAIN_ATTEMPTS times. The rows the cut read already sent stay in this transaction:
+        each is sent again, labelled with the newer snapshot's later position, so the target
+        keeps the newer; a row deleted between the two snapshots is deleted again by its binlog
+        event, which the stream reads after this statement (its position is above the first
+        snapshot's). Before, the capture failed and its task was started again."""
+        import pymysql
+
+        for attempt in range(1, READ_AGAIN_ATTEMPTS + 1):
+            conn = connect_snapshot(self.spec)
+            try:
+                with conn.cursor() as cur:
+                    position, _ = self._begin_consistent_snapshot(cur)
+                    self._emit_table(cur, producer, table, keys, position, tx)
+                    cur.execute("COMMIT")
+                break
+            except pymysql.err.OperationalError as exc:
+                if exc.args[0] != ER_TABLE_DEF_CHANGED or attempt == READ_AGAIN_ATTEMPTS:
+                    raise
+                log.info(
+                    "event=table_read_again_retry table=%s attempt=%d error=%r", table, attempt, exc.args[1]
+                )
+            finally:
+                conn.close()
         log.info("event=table_read_again table=%s position=%s", table, position.text())
 
     def _master_position(self) -> BinlogPosition:
