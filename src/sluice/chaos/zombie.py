@@ -53,6 +53,10 @@ GROUP = "zombie-workers"
 ROWS = 40
 SESSION_S = 6.0
 STEP_TIMEOUT_S = 120.0
+#: A worker joins its group once its Spark driver is up (cli/tasks.py warms it first, so a task
+#: moved to it starts at once); two drivers starting side by side on a starved machine (two
+#: busy loops beside the test suite, load 10) took more than STEP_TIMEOUT_S.
+WORKERS_START_TIMEOUT_S = 300.0
 
 
 class DrillStepError(RuntimeError):
@@ -308,7 +312,7 @@ class _Drill:
             view = describe_group(self.dc.bootstrap, GROUP, self.dc.client_security)
             return view.state == "Stable" and {m.client_id for m in view.members} == names
 
-        _wait(members, STEP_TIMEOUT_S, f"workers {', '.join(sorted(names))} to form the group")
+        _wait(members, WORKERS_START_TIMEOUT_S, f"workers {', '.join(sorted(names))} to form the group")
 
     def pause_at(self, worker: _Worker, point: str, then: Callable[[], None]) -> None:
         worker.arm(point)
