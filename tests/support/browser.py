@@ -112,9 +112,18 @@ class Console:
         el.send_keys(text)
 
     def click(self, testid: str) -> None:
-        self.wait(
-            lambda: (e := self.find(testid)).is_displayed() and e.is_enabled() and e, f"{testid} enabled"
-        ).click()
+        """Find, then click, in one try: the console re-renders as it polls, and an element
+        found in one render is stale in the next (StaleElementReferenceException); a stale
+        try is retried."""
+
+        def clicked() -> bool:
+            e = self.find(testid)
+            if not (e.is_displayed() and e.is_enabled()):
+                return False
+            e.click()
+            return True
+
+        self.wait(clicked, f"{testid} enabled and clicked")
 
     def wait(self, condition: Callable[[], Any], what: str, timeout_s: float = 20) -> Any:
         """Poll `condition` (stale elements count as not yet) until it is truthy."""
