@@ -660,17 +660,20 @@ class Connection(asyncio.BufferedProtocol):
         of 0 it pauses the protocol while any is left, and resumes it at none); False if the
         connection closed meanwhile."""
         assert self.transport is not None
-        if self.transport.get_write_buffer_size() == 0:
-            return not self._closed
-        if self._closed:
+        if self._closed or self.transport.is_closing():
+            # A transport closed under us (a reset seen by its read side) may have closed its
+            # descriptor already, before connection_lost runs: the number could name another
+            # file by now, so it is not used.
             return False
+        if self.transport.get_write_buffer_size() == 0:
+            return True
         self.transport.set_write_buffer_limits(high=0, low=0)
         try:
             await self._drained.wait()
         finally:
             if not self._closed and not self.transport.is_closing():
                 self.transport.set_write_buffer_limits()
-        return not self._closed
+        return not self._closed and not self.transport.is_closing()
 
     async def _authenticate(self, auth: ConnectionAuth, header: RequestHeader, body: dict[str, Any]) -> bool:
         """SaslHandshake or SaslAuthenticate: answered by the connection's ConnectionAuth; a
