@@ -551,10 +551,7 @@ class Connection(asyncio.BufferedProtocol):
             h = exc.header
             if h.api_key == ApiKey.API_VERSIONS:
                 # KIP-511: answer in v0 with our ranges so the client can pick a version.
-                self.transport.writelines(
-                    cast(list[bytes | memoryview], encode_api_versions_fallback(h.correlation_id))
-                )
-                return True
+                return await self._write(encode_api_versions_fallback(h.correlation_id))
             log.warning(
                 "event=unsupported_request peer=%s api_key=%d version=%d client=%s action=close",
                 peer,
@@ -624,7 +621,8 @@ class Connection(asyncio.BufferedProtocol):
         return True
 
     async def _write(self, chunks: list[Chunk]) -> bool:
-        """Write one response; False when the connection must close. A response with record
+        """Write one response (every answer goes through here); False when the connection must
+        close. A response with record
         sets read as file regions (a Fetch answer) is sent from the files on a plaintext
         connection (broker/zero_copy.py), after the transport has written out what it held;
         on TLS, or when small, the regions are read and written through the transport."""
@@ -684,7 +682,8 @@ class Connection(asyncio.BufferedProtocol):
             return False
         if response is None:
             return False
-        self.transport.writelines(cast(list[bytes | memoryview], encode_response(header, response)))
+        if not await self._write(encode_response(header, response)):
+            return False
         if auth.authenticated:
             current_session.set(auth.session)
             self.max_bytes = self.server.broker.config.socket_request_max_bytes
