@@ -35,9 +35,13 @@ With ``--bootstrap``, ``--client-properties`` gives the existing cluster's clien
 Each mode writes to its own fresh topic (``--partitions``, ``--replication-factor``),
 deleted after the mode unless ``--keep-topics``.
 ``--against sluice,kafka`` also starts a local Apache Kafka 3.9.1 cluster of the same brokers
-(``sluice.peers.kafka``; skipped, saying why, when ``scripts/peers.sh`` has not fetched its jars),
-always plaintext: with ``--security both`` the plaintext Sluice cluster is the one compared with
-Kafka, and the SASL_SSL one with the plaintext one, all in the same rounds.
+(``sluice.peers.kafka``; skipped, saying why, when ``scripts/peers.sh`` has not fetched its jars)
+of the same security: ``--security sasl_ssl`` a SASL_SSL Kafka (``peer up kafka --security
+sasl_ssl``: TLS, SCRAM-SHA-512, ACLs), ``--security both`` a plaintext and a SASL_SSL Kafka beside
+Sluice's two. Then the plaintext clusters are the ones compared figure by figure, and each
+system's SASL_SSL/plaintext ratio prints for both, ``sasl_ssl_over_plaintext_<mode> sluice=X
+kafka=Y`` then its ratio (how much less of its plaintext throughput TLS and SCRAM cost Sluice
+than Kafka), all in the same rounds.
 To be fair to a JVM, each system first runs every mode briefly on a topic of its own
 (``--warmup``: JIT, connections, page cache; figures thrown away); then ``--rounds`` rounds (2 by
 default) run every mode on each system, the first system alternating from round to round. Each
@@ -507,7 +511,14 @@ def warm_up(
 
 
 #: how the report names the ``--security`` values
-SECURITY_LABELS = {"none": "plaintext", "sasl_ssl": "SASL_SSL", "kafka": "Apache Kafka"}
+SECURITY_LABELS = {
+    "none": "plaintext",
+    "sasl_ssl": "SASL_SSL",
+    "kafka": "Apache Kafka",
+    "kafka_sasl_ssl": "Apache Kafka SASL_SSL",
+}
+#: Sluice's side (``--security`` value) -> Kafka's side of the same security
+KAFKA_SIDES = {"none": "kafka", "sasl_ssl": "kafka_sasl_ssl"}
 #: The figures compared with ``--against sluice,kafka``: name -> (mode, how it is read).
 PEER_FIGURES: dict[str, tuple[str, Any]] = {
     "client_mb_s": ("client", lambda r: r.mb_per_s),
@@ -523,10 +534,12 @@ def peer_figures(results: list[ModeResult]) -> list[tuple[str, float, float]]:
     """(figure, Sluice's median over the rounds, Kafka's median) for each figure both were
     measured for."""
     rounds: dict[int, dict[str, dict[str, float]]] = {}
+    sides = {r.security for r in results}
+    compared = next((s for s in KAFKA_SIDES if {s, KAFKA_SIDES[s]} <= sides), "none")
     for r in results:
-        system = {"none": "sluice", "kafka": "kafka"}.get(r.security)
+        system = {compared: "sluice", KAFKA_SIDES[compared]: "kafka"}.get(r.security)
         if system is None:
-            continue  # SASL_SSL is not compared with Kafka
+            continue  # plaintext is compared with plaintext, SASL_SSL only when alone
         for name, (mode, read) in PEER_FIGURES.items():
             if r.mode == mode:
                 rounds.setdefault(r.round, {}).setdefault(name, {})[system] = float(read(r))
@@ -539,13 +552,15 @@ def print_peer_figures(figures: list[tuple[str, float, float]]) -> None:
     versus.print_figures(figures)
 
 
-def security_ratios(results: list[ModeResult]) -> dict[str, float]:
+def security_ratios(
+    results: list[ModeResult], plain_side: str = "none", secure_side: str = "sasl_ssl"
+) -> dict[str, float]:
     """mode -> SASL_SSL MB/s over plaintext MB/s (medians of the rounds), for each mode run both
-    ways."""
+    ways; Sluice's, or Kafka's with ``plain_side="kafka", secure_side="kafka_sasl_ssl"``."""
     out: dict[str, float] = {}
     for mode in ("client", "prebuilt"):
-        plain = versus.median(r.mb_per_s for r in results if (r.mode, r.security) == (mode, "none"))
-        secure = versus.median(r.mb_per_s for r in results if (r.mode, r.security) == (mode, "sasl_ssl"))
+        plain = versus.median(r.mb_per_s for r in results if (r.mode, r.security) == (mode, plain_side))
+        secure = versus.median(r.mb_per_s for r in results if (r.mode, r.security) == (mode, secure_side))
         r = versus.ratio(secure, plain)
         if not math.isnan(r):
             out[mode] = r
@@ -627,14 +642,16 @@ def print_report(
             f"{r.page_cache_probe_mb_per_s:,.0f}",
         )
     console.print(table)
-    for mode, ratio in security_ratios(results).items():
-        plain, secure = (
-            versus.median(r.mb_per_s for r in results if (r.mode, r.security) == (mode, side))
-            for side in ("none", "sasl_ssl")
-        )
-        console.print(
-            f"  {mode}: SASL_SSL / plaintext = {secure:.1f} / {plain:.1f} MB/s (medians) = {ratio:.2f}"
-        )
+    for system, sides in (("Sluice", ("none", "sasl_ssl")), ("Apache Kafka", ("kafka", "kafka_sasl_ssl"))):
+        for mode, ratio in security_ratios(results, *sides).items():
+            plain, secure = (
+                versus.median(r.mb_per_s for r in results if (r.mode, r.security) == (mode, side))
+                for side in sides
+            )
+            console.print(
+                f"  {system} {mode}: SASL_SSL / plaintext = {secure:.1f} / {plain:.1f} MB/s (medians) "
+                f"= {ratio:.2f}"
+            )
     for r in results:
         for note in r.notes:
             console.print(f"  {r.mode} {SECURITY_LABELS.get(r.security, r.security)}: {note}")
@@ -815,16 +832,15 @@ def main(argv: list[str] | None = None) -> int:
                 pids = ", ".join(f"{b.broker_id}:{b.pid}" for b in cluster.brokers)
                 notes.append(f"{label}: local, {args.brokers} broker(s) (id:pid {pids})")
                 console.print(f"{label}: bootstrap.servers={cluster.bootstrap_servers}  broker pids {pids}")
-            if "kafka" in against:
-                console.print(
-                    f"starting a local Apache Kafka cluster of {args.brokers} broker(s) in {tmp / 'kafka'}"
-                )
-                peer = peer_up(tmp / "kafka", args.brokers)
+            for name in (KAFKA_SIDES[s] for s in sluice_sides) if "kafka" in against else ():
+                label = SECURITY_LABELS[name]
+                console.print(f"starting a local {label} cluster of {args.brokers} broker(s) in {tmp / name}")
+                peer = peer_up(tmp / name, args.brokers, security="none" if name == "kafka" else "sasl_ssl")
                 peers.append(peer)
-                targets["kafka"] = (peer.bootstrap_servers, PLAINTEXT)
+                targets[name] = (peer.bootstrap_servers, peer.client_security())
                 pids = ", ".join(f"{b.broker_id}:{b.pid}" for b in peer.brokers)
-                notes.append(f"Apache Kafka {peer.version}: local, {args.brokers} broker(s) (id:pid {pids})")
-                console.print(f"Apache Kafka: bootstrap.servers={peer.bootstrap_servers}  broker pids {pids}")
+                notes.append(f"{label} {peer.version}: local, {args.brokers} broker(s) (id:pid {pids})")
+                console.print(f"{label}: bootstrap.servers={peer.bootstrap_servers}  broker pids {pids}")
             cluster_note = "; ".join(notes)
         run_id = uuid.uuid4().hex[:8]
         modes = ("client", "prebuilt") if args.mode == "both" else (args.mode,)
@@ -880,6 +896,13 @@ def main(argv: list[str] | None = None) -> int:
     print_report(console, args, bootstraps, results, cluster_note)
     figures = peer_figures(results)
     print_peer_figures(figures)
+    security_figures = [
+        (f"sasl_ssl_over_plaintext_{mode}", ours, theirs[mode])
+        for theirs in [security_ratios(results, "kafka", "kafka_sasl_ssl")]
+        for mode, ours in security_ratios(results).items()
+        if mode in theirs
+    ]
+    versus.print_figures(security_figures, digits=3)
     if args.json:
         print(
             json.dumps(  # NaN (no latency figures with acks=0, probe skipped) becomes null
@@ -896,6 +919,10 @@ def main(argv: list[str] | None = None) -> int:
                         "rounds": args.rounds,
                         "warmup": args.warmup,
                         "sluice_over_kafka": versus.ratios_json(figures),
+                        "kafka_sasl_ssl_over_plaintext": {
+                            m: round(v, 3)
+                            for m, v in security_ratios(results, "kafka", "kafka_sasl_ssl").items()
+                        },
                         "sasl_ssl_over_plaintext": {
                             m: round(v, 3) for m, v in security_ratios(results).items()
                         },

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sluice.peers.kafka import PeerError, kafka_libs
+from sluice.peers.kafka import PeerCluster, PeerError, kafka_libs
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -124,3 +124,46 @@ def test_peer_up_without_the_jars_says_how_to_fetch_them(tmp_path: Path) -> None
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert done.returncode != 0 and "run scripts/peers.sh" in done.stderr, done.stderr
+
+
+def test_a_sasl_ssl_peer_takes_its_admin_over_tls_and_refuses_a_plaintext_client(tmp_path: Path) -> None:
+    """`peer up kafka --security sasl_ssl --brokers 2`: the brokers replicate over TLS (an RF 2
+    topic's acks=all writes need both), the admin's client properties (SCRAM, the peer's CA)
+    write and read, and a PLAINTEXT client gets no metadata from the TLS listener."""
+    _libs_or_skip()
+    directory = tmp_path / "peer"
+    up = _sluice("peer", "up", "kafka", "--brokers", "2", "--security", "sasl_ssl", "--dir", str(directory))
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        lines = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
+        assert lines["security"] == "sasl_ssl"
+        props = dict(line.split("=", 1) for line in Path(lines["client_properties"]).read_text().splitlines())
+        assert props["security.protocol"] == "SASL_SSL" and Path(props["ssl.ca.location"]).is_file()
+        cluster = PeerCluster.load(directory)
+        conf = {
+            "bootstrap.servers": lines["bootstrap.servers"],
+            **cluster.client_security().confluent_config(),
+        }
+        admin = AdminClient(conf)  # kept: the futures fail once their client is destroyed
+        admin.create_topics([NewTopic("over-tls", 1, 2)])["over-tls"].result(60)
+        producer = Producer({**conf, "acks": "all", "enable.idempotence": True})
+        for i in range(100):
+            producer.produce("over-tls", b"%d" % i)
+        assert producer.flush(60) == 0
+        consumer = Consumer({**conf, "group.id": "tls-readers", "auto.offset.reset": "earliest"})
+        consumer.subscribe(["over-tls"])
+        got: set[bytes] = set()
+        deadline = time.monotonic() + 60
+        while len(got) < 100 and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                got.add(msg.value())
+        consumer.close()
+        assert got == {b"%d" % i for i in range(100)}
+        plain = AdminClient({"bootstrap.servers": lines["bootstrap.servers"], "log_level": 0})
+        with pytest.raises(Exception):  # noqa: B017 (librdkafka: a transport failure, any kind)
+            plain.list_topics(timeout=5)
+    finally:
+        down = _sluice("peer", "down", "--dir", str(directory))
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert not _kafka_pids(directory)

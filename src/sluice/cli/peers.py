@@ -40,8 +40,9 @@ def up(
         str,
         typer.Option(
             "--security",
-            help=f"{' or '.join(SECURITY_MODES)}: SASL_PLAINTEXT with SCRAM and Kafka's AclAuthorizer, "
-            "the super user admin (its client properties in DIR/client.properties; ZooKeeper mode)",
+            help=f"{' or '.join(SECURITY_MODES)}: a SASL_PLAINTEXT (or SASL_SSL, with a local CA in DIR/tls) "
+            "listener with SCRAM and Kafka's AclAuthorizer, the super user admin (its client properties "
+            "in DIR/client.properties; ZooKeeper mode)",
         ),
     ] = "none",
     directory: PeerDir = DEFAULT_DIR,

@@ -26,7 +26,11 @@ one SASL_PLAINTEXT listener with SCRAM-SHA-256 and SCRAM-SHA-512, on which the b
 replicate, and Kafka's ``AclAuthorizer`` with the super user ``admin``. Its SCRAM credential is
 written into the peer's chroot (Kafka's ``/config/users`` layout) before any broker starts, with
 a random password kept in the owner-only ``client.properties`` (the admin's Kafka client
-properties), ``peer.json`` and the brokers' ``server.properties``.
+properties), ``peer.json`` and the brokers' ``server.properties``. ``security="sasl_ssl"`` is the
+same on a SASL_SSL listener (Sluice's ``cluster up --security sasl_ssl`` beside it: issue 35's
+SASL_SSL/plaintext figures): a local CA and the brokers' certificate (``tls/``, made by
+``sluice.security.tls.local_ca``) as Kafka's PEM key and trust stores, the brokers replicating over
+TLS too.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from sluice.ops.ports import free_ports
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import LocalZooKeeper, find_java
 from sluice.security.client import PLAINTEXT, ClientSecurity
+from sluice.security.tls import local_ca
 
 __all__ = [
     "ADMIN_USER",
@@ -77,8 +82,13 @@ _HEAP_FORM = re.compile(r"[1-9][0-9]*[kKmMgG]")
 _MAIN_CLASS = "kafka.Kafka"
 #: what ``kafka-storage.sh format`` runs (Kafka 4.x keeps it in kafka_2.13's jar)
 _STORAGE_TOOL = "kafka.tools.StorageTool"
-#: ``peer_up(security=)``: PLAINTEXT, or SASL_PLAINTEXT with SCRAM and Kafka's ACL authorizer
-SECURITY_MODES = ("none", "sasl_plaintext")
+#: ``peer_up(security=)``: PLAINTEXT, or SCRAM and Kafka's ACL authorizer on a SASL_PLAINTEXT or
+#: a SASL_SSL listener
+SECURITY_MODES = ("none", "sasl_plaintext", "sasl_ssl")
+#: each security mode's listener (and inter-broker) protocol
+LISTENER_PROTOCOLS = {"none": "PLAINTEXT", "sasl_plaintext": "SASL_PLAINTEXT", "sasl_ssl": "SASL_SSL"}
+#: ``security="sasl_ssl"``: the local CA and the brokers' certificate, under the peer's directory
+TLS_DIR = "tls"
 #: the peer's super user with ``security="sasl_plaintext"`` (the brokers replicate as it too)
 ADMIN_USER = "admin"
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -122,6 +132,10 @@ class PeerCluster:
     security: str = "none"
     #: ``sasl_plaintext``: ADMIN_USER's password (this file is owner-only)
     admin_password: str | None = field(default=None, repr=False)
+    #: ``sasl_ssl``: the CA of the brokers' certificate (a client's ``ssl.ca.location``)
+    ca_file: str | None = None
+    #: ``sasl_ssl``: the brokers' certificate chain and key, one PEM file (owner-only)
+    keystore: str | None = None
 
     @property
     def kraft(self) -> bool:
@@ -136,7 +150,10 @@ class PeerCluster:
         """How a client reaches the brokers as ADMIN_USER (PLAINTEXT with security off)."""
         if self.security == "none":
             return PLAINTEXT
-        return ClientSecurity("SASL_PLAINTEXT", "SCRAM-SHA-512", ADMIN_USER, self.admin_password)
+        ca = Path(self.ca_file) if self.ca_file else None
+        return ClientSecurity(
+            LISTENER_PROTOCOLS[self.security], "SCRAM-SHA-512", ADMIN_USER, self.admin_password, ca
+        )
 
     @property
     def controller_quorum_voters(self) -> str:
@@ -172,8 +189,8 @@ def _write_private(path: Path, text: str) -> None:
         out.write(text)
 
 
-def sasl_properties(admin_password: str) -> dict[str, str]:
-    """A broker's settings for ``security="sasl_plaintext"``: SCRAM on its SASL_PLAINTEXT
+def sasl_properties(admin_password: str, protocol: str = "SASL_PLAINTEXT") -> dict[str, str]:
+    """A broker's settings for a SASL ``protocol`` (SASL_PLAINTEXT or SASL_SSL): SCRAM on its
     listener, the brokers replicating on it as ADMIN_USER (SCRAM-SHA-512), and Kafka's ACL
     authorizer with ADMIN_USER its super user (``allow.everyone.if.no.acl.found`` stays false)."""
     jaas = (
@@ -182,11 +199,24 @@ def sasl_properties(admin_password: str) -> dict[str, str]:
     )
     return {
         "sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
-        "security.inter.broker.protocol": "SASL_PLAINTEXT",
+        "security.inter.broker.protocol": protocol,
         "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
-        **{f"listener.name.sasl_plaintext.{m.lower()}.sasl.jaas.config": jaas for m in SCRAM_MECHANISMS},
+        **{f"listener.name.{protocol.lower()}.{m.lower()}.sasl.jaas.config": jaas for m in SCRAM_MECHANISMS},
         "authorizer.class.name": ACL_AUTHORIZER,
         "super.users": f"User:{ADMIN_USER}",
+    }
+
+
+def tls_properties(keystore: str, ca_file: str) -> dict[str, str]:
+    """A broker's TLS settings (``security="sasl_ssl"``): its certificate chain and key in one
+    PEM file, the CA it trusts (the other brokers' certificates, replicating over TLS) as PEM; no
+    client certificates asked for (clients authenticate with SCRAM)."""
+    return {
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": keystore,
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": ca_file,
+        "ssl.client.auth": "none",
     }
 
 
@@ -197,21 +227,26 @@ def broker_properties(
     extra: dict[str, str] | None = None,
     *,
     admin_password: str | None = None,
+    tls: tuple[str, str] | None = None,
 ) -> str:
     """A peer broker's ``server.properties``: Kafka's defaults but for what a small local
     cluster needs (internal topics replicated as far as the brokers allow, no initial rebalance
     delay, ZooKeeper session as Sluice's brokers have it). With ``admin_password``, a
-    SASL_PLAINTEXT listener and ACLs (`sasl_properties`). ``{port}`` and ``{id}`` in a value of
+    SASL_PLAINTEXT listener and ACLs (`sasl_properties`), SASL_SSL with ``tls`` as well (the
+    keystore and the CA file, `tls_properties`). ``{port}`` and ``{id}`` in a value of
     ``extra`` are this broker's own port and id (a second listener beside its first one, a
     ``broker.rack`` of its own)."""
     rf = min(3, brokers)
     data = Path(broker.directory) / "data"
-    protocol = "PLAINTEXT" if admin_password is None else "SASL_PLAINTEXT"
+    if tls is not None and admin_password is None:
+        raise PeerError("a SASL_SSL peer needs the admin's password as well as its certificates")
+    protocol = "PLAINTEXT" if admin_password is None else "SASL_SSL" if tls else "SASL_PLAINTEXT"
     lines: dict[str, object] = {
         "broker.id": broker.broker_id,
         "listeners": f"{protocol}://127.0.0.1:{broker.port}",
         "advertised.listeners": f"{protocol}://127.0.0.1:{broker.port}",
-        **(sasl_properties(admin_password) if admin_password is not None else {}),
+        **(sasl_properties(admin_password, protocol) if admin_password is not None else {}),
+        **(tls_properties(*tls) if tls is not None else {}),
         "log.dirs": data,
         "zookeeper.connect": f"{broker.zookeeper or zookeeper}{CHROOT}",
         "zookeeper.session.timeout.ms": 6000,
@@ -300,6 +335,7 @@ def _write_config(cluster: PeerCluster, broker: PeerBroker) -> list[str]:
             len(cluster.brokers),
             cluster.properties,
             admin_password=cluster.admin_password if cluster.security != "none" else None,
+            tls=(cluster.keystore, cluster.ca_file) if cluster.keystore and cluster.ca_file else None,
         ),
     )
     (d / "log4j.properties").write_text(_LOG4J.format(path=d / "server.log"))
@@ -423,8 +459,8 @@ def peer_up(
     ``properties`` are broker settings beyond the defaults (a drill's). ``kraft``: a KRaft
     cluster of Kafka `KRAFT_VERSION` instead (no ZooKeeper; every node broker and controller).
     ``version`` defaults to the pinned one of the mode; ``heap`` is each broker's ``-Xmx``.
-    ``security``: one of SECURITY_MODES (``sasl_plaintext``: ZooKeeper mode only; the admin's
-    client properties in ``client.properties``)."""
+    ``security``: one of SECURITY_MODES (``sasl_plaintext``, ``sasl_ssl``: ZooKeeper mode only;
+    the admin's client properties in ``client.properties``)."""
     if brokers < 1:
         raise PeerError(f"--brokers must be at least 1, got {brokers}")
     if not _HEAP_FORM.fullmatch(heap):
@@ -433,7 +469,7 @@ def peer_up(
         raise PeerError(f"--security must be one of {', '.join(SECURITY_MODES)}, not {security!r}")
     if kraft and security != "none":
         raise PeerError(
-            "--security sasl_plaintext is for ZooKeeper mode (Kafka 3.9, its AclAuthorizer): leave out "
+            f"--security {security} is for ZooKeeper mode (Kafka 3.9, its AclAuthorizer): leave out "
             "--kraft, or leave out --security for a PLAINTEXT KRaft cluster"
         )
     if kraft:
@@ -477,6 +513,10 @@ def peer_up(
     cluster.save()  # before any broker starts: `peer down` can always find what it must stop
     if cluster.security != "none":
         try:
+            if cluster.security == "sasl_ssl":
+                ca = local_ca(directory / TLS_DIR, ["127.0.0.1", "localhost"])
+                cluster.ca_file, cluster.keystore = str(ca.ca_file), str(ca.keystore)
+                cluster.save()
             _write_admin_credential(cluster)
         except BaseException:
             peer_down(directory)
