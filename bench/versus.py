@@ -77,11 +77,12 @@ def figure_value(text: str | None) -> float:
     return sum(values) / len(values)
 
 
-def figure_lines(name: str, ours: float, theirs: float, digits: int = 1) -> list[str]:
-    """The two lines of one compared figure."""
+def figure_lines(name: str, ours: float, theirs: float, digits: int = 1, peer: str = "kafka") -> list[str]:
+    """The two lines of one compared figure (``peer``: the other system's name, e.g. debezium for
+    the whole pipeline's stack)."""
     return [
-        f"{name} sluice={ours:.{digits}f} kafka={theirs:.{digits}f}",
-        f"{name} ratio sluice/kafka={ratio(ours, theirs):.2f}",
+        f"{name} sluice={ours:.{digits}f} {peer}={theirs:.{digits}f}",
+        f"{name} ratio sluice/{peer}={ratio(ours, theirs):.2f}",
     ]
 
 
@@ -114,9 +115,9 @@ def add_figure(
         print(f"{name} {systems[0]}={per_system[systems[0]]:.2f}", flush=True)
 
 
-def print_figures(figures: Iterable[tuple[str, float, float]], digits: int = 1) -> None:
+def print_figures(figures: Iterable[tuple[str, float, float]], digits: int = 1, peer: str = "kafka") -> None:
     for name, ours, theirs in figures:
-        for line in figure_lines(name, ours, theirs, digits):
+        for line in figure_lines(name, ours, theirs, digits, peer):
             print(line, flush=True)
 
 
@@ -131,9 +132,10 @@ def ratios_json(figures: Iterable[tuple[str, float, float]]) -> dict[str, float]
 
 
 def finite(obj: Any) -> Any:
-    """``obj`` with every NaN float (a figure not measured) replaced by None, so that the JSON
-    line is strict JSON."""
-    if isinstance(obj, float) and math.isnan(obj):
+    """``obj`` with every NaN float (a figure not measured) and infinity (a figure that never
+    came, e.g. a freshness whose marker was never seen) replaced by None, so that the JSON line
+    is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
         return {k: finite(v) for k, v in obj.items()}

@@ -10,6 +10,9 @@
 #                               Spark fetches nothing at run time
 #   bench/peers/connect/pom.xml Kafka Connect (distributed worker) and Debezium's MySQL connector
 #                               (deploy/debezium/, tests/integration/test_connect_debezium.py)
+#   bench/peers/connect-jdbc/pom.xml Debezium's JDBC sink connector and the PostgreSQL driver, a
+#                               second plugin directory of the same worker: the peer pipeline
+#                               MariaDB -> Debezium -> Kafka -> JDBC sink -> PostgreSQL (bench/e2e.py)
 #
 # Idempotent (a finished copy is marked .complete and kept); when Maven or Maven Central is
 # unreachable it says so and goes on (exit 0), so the set-up goes on and the tests that need a
@@ -60,3 +63,6 @@ fetch bench/peers/spark-kafka/pom.xml spark-kafka "spark-sql-kafka-0-10_2.13" =j
 # directory (the worker's plugin.path)
 fetch bench/peers/connect/pom.xml connect "connect-runtime with Debezium's MySQL connector" \
   worker=libs debezium=plugins/debezium-connector-mysql
+# Debezium's JDBC sink connector, its own plugin directory (the peer pipeline's sink)
+fetch bench/peers/connect-jdbc/pom.xml connect-jdbc "Debezium's JDBC sink connector" \
+  =plugins/debezium-connector-jdbc

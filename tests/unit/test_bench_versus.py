@@ -75,6 +75,20 @@ def test_each_figure_prints_both_values_then_its_ratio_in_the_issues_format() ->
     assert versus.ratios_json([("x", 1.0, 0.0)]) == {}
 
 
+def test_the_whole_pipelines_figures_name_debezium_as_the_peer() -> None:
+    assert versus.figure_lines("backlog_rows_s", 30000.0, 20000.0, digits=0, peer="debezium") == [
+        "backlog_rows_s sluice=30000 debezium=20000",
+        "backlog_rows_s ratio sluice/debezium=1.50",
+    ]
+
+
+def test_the_json_line_has_no_infinity_a_figure_that_never_came_is_null() -> None:
+    assert versus.finite({"p99": float("inf"), "p50": [float("nan"), 1.0]}) == {
+        "p99": None,
+        "p50": [None, 1.0],
+    }
+
+
 def test_a_printed_figure_reads_back_as_a_number_per_broker_values_averaged() -> None:
     assert versus.figure_value("3.20") == 3.2
     assert versus.figure_value("b1:1.0,b2:3.0,b3:2.0") == 2.0

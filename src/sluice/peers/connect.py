@@ -4,7 +4,11 @@ peer that writes into Sluice (issue 20).
 The jars are Apache Kafka's and Debezium's own, fetched by ``scripts/peers.sh`` (versions pinned
 in ``bench/peers/connect/pom.xml``) into ``.peers/connect-<version>/libs`` (the worker) and
 ``.peers/connect-<version>/plugins/debezium-connector-mysql`` (the connector, isolated by
-Connect's plugin class loader); nothing of them is part of Sluice. A worker keeps everything it
+Connect's plugin class loader); nothing of them is part of Sluice. Debezium's JDBC sink connector
+(``bench/peers/connect-jdbc/pom.xml``, ``.peers/connect-jdbc-<version>/plugins``) is a second
+directory on the worker's plugin path when it is fetched: the peer pipeline MariaDB -> Debezium
+-> Kafka -> JDBC sink -> PostgreSQL that issue 36 measures Sluice against
+(`debezium_jdbc_sink_config`). A worker keeps everything it
 writes under one directory::
 
     worker.properties   the distributed worker's configuration (written by ``start``)
@@ -42,8 +46,12 @@ __all__ = [
     "DEBEZIUM_VERSION",
     "ConnectError",
     "ConnectWorker",
+    "JDBC_SINK_VERSION",
     "connect_home",
+    "debezium_jdbc_sink_config",
     "debezium_mysql_config",
+    "jdbc_sink_home",
+    "schema_converters",
 ]
 
 log = logging.getLogger("sluice.peers.connect")
@@ -54,6 +62,11 @@ DEBEZIUM_VERSION = "3.6.1.Final"
 HEAP = "-Xmx512m"
 _MAIN_CLASS = "org.apache.kafka.connect.cli.ConnectDistributed"
 MYSQL_CONNECTOR = "io.debezium.connector.mysql.MySqlConnector"
+#: Pinned in ``bench/peers/connect-jdbc/pom.xml``: Maven Central has no JDBC sink of 3.6.1.Final,
+#: 3.6.0.Final is the newest of the MySQL connector's line
+JDBC_SINK_VERSION = "3.6.0.Final"
+JDBC_SINK_CONNECTOR = "io.debezium.connector.jdbc.JdbcSinkConnector"
+_JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 
 
 class ConnectError(Exception):
@@ -77,10 +90,81 @@ def connect_home(version: str = CONNECT_VERSION) -> Path:
     return home
 
 
+def jdbc_sink_home(version: str = JDBC_SINK_VERSION) -> Path:
+    """``.peers/connect-jdbc-<version>`` (``SLUICE_PEERS_DIR`` overrides ``.peers``), holding
+    ``plugins/debezium-connector-jdbc``. Raises ConnectError naming the set-up step when it is
+    not fetched."""
+    base = Path(os.environ.get("SLUICE_PEERS_DIR") or _project_root() / ".peers")
+    home = base / f"connect-jdbc-{version}"
+    if not (home / ".complete").is_file():
+        raise ConnectError(
+            f"Debezium's JDBC sink connector {version} is not fetched (no {home}): run scripts/peers.sh "
+            "(needs Maven and Maven Central)"
+        )
+    return home
+
+
+def plugin_path(version: str = CONNECT_VERSION) -> str:
+    """The worker's ``plugin.path``: Debezium's MySQL connector, and the JDBC sink's directory
+    when it is fetched."""
+    paths = [str(connect_home(version) / "plugins")]
+    try:
+        paths.append(str(jdbc_sink_home() / "plugins"))
+    except ConnectError:
+        pass
+    return ",".join(paths)
+
+
+def schema_converters() -> dict[str, str]:
+    """A connector's own converters with schemas in every record (JSON with ``schema`` and
+    ``payload``): the JDBC sink builds and evolves its tables from them, so the source connector
+    that feeds it writes them too (a worker's default converters stay schemaless)."""
+    return {
+        "key.converter": _JSON_CONVERTER,
+        "value.converter": _JSON_CONVERTER,
+        "key.converter.schemas.enable": "true",
+        "value.converter.schemas.enable": "true",
+    }
+
+
+def debezium_jdbc_sink_config(
+    *,
+    url: str,
+    user: str,
+    password: str,
+    topics_regex: str,
+    tasks: int = 1,
+    batch_size: int = 500,
+) -> dict[str, str]:
+    """Debezium's JDBC sink connector writing the change events of the topics ``topics_regex``
+    matches into the database of the JDBC ``url`` (e.g. ``jdbc:postgresql://127.0.0.1:5432/db``):
+    upsert on the record key (the source's primary key), deletes and truncates applied, tables
+    created and widened from the records' schemas (``schema.evolution=basic``), each table named
+    as the source's (``${source.table}``). The records carry their schemas
+    (`schema_converters`)."""
+    return {
+        "connector.class": JDBC_SINK_CONNECTOR,
+        "tasks.max": str(tasks),
+        "topics.regex": topics_regex,
+        "connection.url": url,
+        "connection.username": user,
+        "connection.password": password,
+        "insert.mode": "upsert",
+        "primary.key.mode": "record_key",
+        "delete.enabled": "true",
+        "truncate.enabled": "true",
+        "schema.evolution": "basic",
+        "collection.name.format": "${source.table}",
+        "batch.size": str(batch_size),
+        "use.time.zone": "UTC",
+        **schema_converters(),
+    }
+
+
 def worker_properties(
     bootstrap: str,
     port: int,
-    plugin_path: Path,
+    plugin_path: Path | str,
     *,
     group_id: str = "sluice-connect",
     topic_prefix: str = "connect",
@@ -227,7 +311,7 @@ class ConnectWorker:
         props = worker_properties(
             self.bootstrap,
             self.port,
-            home / "plugins",
+            plugin_path(self.version),
             group_id=self.group_id,
             topic_prefix=self.topic_prefix,
             replication_factor=self.replication_factor,
