@@ -33,7 +33,8 @@ A round, for each stack in turn (the first stack alternates from round to round)
 5. the backlog: the stack is paused (``sluice task pause`` / Connect's pause of both
    connectors), ``--backlog`` changes are written as fast as the source takes them, the stack is
    resumed, and ``backlog_rows_s`` is the changes over the time from the resume to the target
-   equal to the source (its row count and the sum of ``seq``);
+   equal to the source (its row count and the sum of ``seq``); ``backlog_first_change_s`` is the
+   part of that time before the target's first change (the stack starting its work again);
 6. the check: every row of ``events``, source against target (missing, extra, different);
 7. the stack's processes: CPU seconds (user + system, the stack's whole process trees: brokers,
    ZooKeeper, workers with their Spark JVMs and Python workers / the Connect JVM) over steps 3 to
@@ -63,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -387,16 +389,20 @@ def target_sums(url: str) -> tuple[int, int] | None:
     return int(row[0]), int(row[1])
 
 
-def wait_equal(db: LocalMariaDB, database: str, url: str, what: str) -> float:
-    """Until the target's count and sum of seq equal the source's; the time it was first seen
-    equal. Raises when nothing moves for STALL_S."""
+def wait_equal(db: LocalMariaDB, database: str, url: str, what: str) -> tuple[float, float]:
+    """Until the target's count and sum of seq equal the source's: (when the target first
+    changed, when it was first seen equal), wall-clock. Raises when nothing moves for
+    STALL_S."""
     want = source_sums(db, database)
-    last, moved = None, time.monotonic()
+    last, moved = target_sums(url), time.monotonic()
+    first = float("nan")
     while True:
         got = target_sums(url)
         if got == want:
-            return time.time()
+            return (time.time() if math.isnan(first) else first), time.time()
         if got != last:
+            if math.isnan(first):  # the first change seen
+                first = time.time()
             last, moved = got, time.monotonic()
         elif time.monotonic() - moved > STALL_S:
             raise RuntimeError(f"{what}: the target stopped at {last} (count, sum of seq) of {want}")
@@ -703,7 +709,7 @@ def run_round(
         meter.start()
         t0 = time.time()
         stack.create_pipeline(database, database)
-        done = wait_equal(db, database, url, "snapshot")
+        _, done = wait_equal(db, database, url, "snapshot")
         result.figures["snapshot_rows_s"] = args.snapshot_rows / (done - t0)
         progress(f"{kind.name}: snapshot applied, {result.figures['snapshot_rows_s']:,.0f} rows/s")
         watcher = Watcher(url).start()
@@ -733,8 +739,9 @@ def run_round(
             writer.backlog(args.backlog)
             t1 = time.time()
             stack.resume()
-            done = wait_equal(db, database, url, "backlog")
+            first, done = wait_equal(db, database, url, "backlog")
             result.figures["backlog_rows_s"] = args.backlog / (done - t1)
+            result.figures["backlog_first_change_s"] = first - t1
             progress(f"{kind.name}: backlog applied, {result.figures['backlog_rows_s']:,.0f} changes/s")
         result.figures["cpu_s"] = meter.cpu_s()
         result.figures["rss_mb"] = meter.peak_pss_mb
@@ -924,7 +931,7 @@ def run_faults(
 
 #: the figures compared, and whether lower is better (printed ratios are sluice/debezium either way)
 def figure_names(rates: list[int]) -> list[str]:
-    names = ["backlog_rows_s", "snapshot_rows_s"]
+    names = ["backlog_rows_s", "backlog_first_change_s", "snapshot_rows_s"]
     for rate in rates:
         names += [f"freshness_p50_s@{rate}", f"freshness_p99_s@{rate}", f"rate_reached@{rate}"]
     return [*names, "cpu_s", "rss_mb", "processes"]

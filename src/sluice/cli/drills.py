@@ -77,7 +77,7 @@ def _print_result(result: object) -> bool:
 
 #: Other names an incident answers to (issue 20 calls C rf1-maintenance).
 ALIASES = {"rf1-maintenance": "single-replica-shutdown"}
-AGAINST = ("sluice", "kafka")
+AGAINST = ("sluice", "kafka", "connect")
 
 
 @incident_app.command("list")
@@ -113,9 +113,17 @@ def incident_run(
         str,
         typer.Option(
             help="sluice, or kafka: the same drill on a local Apache Kafka 3.9.1 cluster it starts and "
-            "stops (A and C; for B and D it prints what of them applies to Kafka and exits 0)"
+            "stops (A and C; for B and D it prints what of them applies to Kafka and exits 0), or "
+            "connect: D on Kafka Connect with Debezium's JDBC sink (zombie-task only; what its "
+            "target holds is reported as observed, exit 0)"
         ),
     ] = "sluice",
+    attempts: Annotated[
+        int,
+        typer.Option(
+            help="--against connect: how many times the drill runs (a stop lands mid-batch by chance)"
+        ),
+    ] = 3,
 ) -> None:
     """Replay an incident and print the checker's rows and the verdict; exits 1 if a guarantee broke."""
     from sluice.chaos.incidents import INCIDENTS, run_incident
@@ -125,6 +133,15 @@ def incident_run(
         raise fail(f"unknown incident {name!r}; `sluice incident list` shows them")
     if against not in AGAINST:
         raise fail(f"--against must be one of {', '.join(AGAINST)}, not {against!r}", 2)
+    if against == "connect":
+        if name != "zombie-task" or hosts != "local" or security != "none" or bootstrap is not None:
+            raise fail(
+                "--against connect runs incident D (zombie-task) on a Kafka Connect stack the drill starts "
+                "itself: name zombie-task, and leave out --hosts, --security and --bootstrap",
+                2,
+            )
+        _drill_logging()
+        raise typer.Exit(_run_against_connect(directory / "zombie-task-connect", seed, attempts))
     if against == "kafka":
         if hosts != "local" or security != "none" or bootstrap is not None:
             raise fail(
@@ -145,6 +162,29 @@ def incident_run(
     except ValueError as exc:
         raise fail(str(exc)) from None
     raise typer.Exit(0 if _print_result(result) else 1)
+
+
+def _run_against_connect(directory: Path, seed: int, attempts: int) -> int:
+    """Incident D on Kafka Connect with Debezium's JDBC sink: each attempt's timeline and what
+    the target held, then the ``zombie_connect`` line (exit 0: an observation, not a guarantee)."""
+    from sluice.peers.connect import ConnectError
+    from sluice.peers.kafka import PeerError
+    from sluice.peers.zombie_connect import run_zombie_connect
+
+    if attempts < 1:
+        raise fail("--attempts must be at least 1", 2)
+    from sluice.peers.connect import CONNECT_VERSION, DEBEZIUM_VERSION, JDBC_SINK_VERSION
+    from sluice.peers.kafka import KAFKA_VERSION
+
+    print(
+        f"against=connect kafka={KAFKA_VERSION} connect={CONNECT_VERSION} debezium_mysql={DEBEZIUM_VERSION} "
+        f"jdbc_sink={JDBC_SINK_VERSION}"
+    )
+    try:
+        results = run_zombie_connect(directory, seed=seed, attempts=attempts)
+    except (ConnectError, PeerError) as exc:
+        raise fail(str(exc)) from None
+    return 0 if any(a.error is None for a in results) else 1
 
 
 def _run_against_kafka(name: str, directory: Path, seed: int) -> int:

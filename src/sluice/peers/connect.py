@@ -44,9 +44,9 @@ from sluice.ops.zookeeper import find_java
 __all__ = [
     "CONNECT_VERSION",
     "DEBEZIUM_VERSION",
+    "JDBC_SINK_VERSION",
     "ConnectError",
     "ConnectWorker",
-    "JDBC_SINK_VERSION",
     "connect_home",
     "debezium_jdbc_sink_config",
     "debezium_mysql_config",
