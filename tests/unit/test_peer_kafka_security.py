@@ -43,7 +43,7 @@ def test_a_sasl_ssl_peer_broker_speaks_scram_over_tls_and_replicates_over_it() -
     assert props["listeners"] == props["advertised.listeners"] == "SASL_SSL://127.0.0.1:9092"
     assert props["security.inter.broker.protocol"] == "SASL_SSL"
     for mechanism in ("scram-sha-256", "scram-sha-512"):
-        assert f'password="s3cret";' in props[f"listener.name.sasl_ssl.{mechanism}.sasl.jaas.config"]
+        assert 'password="s3cret";' in props[f"listener.name.sasl_ssl.{mechanism}.sasl.jaas.config"]
     assert not any(k.startswith("listener.name.sasl_plaintext") for k in props)
     assert (props["ssl.keystore.type"], props["ssl.keystore.location"]) == ("PEM", "/t/server.pem")
     assert (props["ssl.truststore.type"], props["ssl.truststore.location"]) == ("PEM", "/t/ca.pem")
