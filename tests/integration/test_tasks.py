@@ -216,6 +216,32 @@ def test_a_superseded_execution_cannot_overwrite_the_status_of_the_new_one(
         new_zk.stop()
 
 
+def test_a_deleted_tasks_running_execution_cannot_bring_it_back_by_publishing_its_status(
+    zk_address: str,
+) -> None:
+    """`task delete` removes the task's znodes while its worker still runs the execution until
+    the group's rebalance stops it; a status published in between created the status znode with
+    its parents, so the task came back as an empty znode: listed, assigned and run by the worker,
+    never stopped (a default-suite run under two busy loops: `good to stop` timed out). Failing
+    run before the fix: 'shop-to-pg' in ids() after the publish."""
+    import yaml
+
+    zk = ZkStore(zk_address)
+    zk.start()
+    try:
+        store = TaskStore(zk.client)
+        store.create(parse_spec(yaml.safe_load(GOOD)))
+        status = {"execution": "x1", "epoch": 1, "worker": "w1"}
+        assert store.publish_status("shop-to-pg", status)
+        store.delete("shop-to-pg")
+        assert store.publish_status("shop-to-pg", {**status, "lag_records": 3}) is False
+        assert "shop-to-pg" not in store.ids()
+        assert store.status("shop-to-pg") is None
+        assert not zk.client.exists("/tasks/shop-to-pg")
+    finally:
+        zk.stop()
+
+
 def test_task_update_replaces_the_definition_and_restarts_the_execution(
     zk_address: str, tmp_path: Path
 ) -> None:

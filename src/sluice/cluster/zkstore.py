@@ -354,11 +354,14 @@ def compare_and_set(
     *,
     ephemeral: bool = False,
     max_tries: int = 100,
+    makepath: bool = True,
 ) -> tuple[bytes | None, int]:
     """The one compare-and-set recipe: read `path` (None when absent), ask `change` for the new
     data (None: leave it as it is), write it conditionally on the version read (or create it),
     and on a conflict read again, at most `max_tries` times. Returns what is stored afterwards
-    and its znode version (-1 when absent).
+    and its znode version (-1 when absent). ``makepath=False`` creates `path` only under a
+    parent that exists, and raises NoNodeError when it is gone (a task's status must never bring
+    a deleted task back as an empty znode).
 
     Counters (fencing epochs, producer-id blocks), control records and status records all use
     it, so a writer that read an old version can never overwrite a newer one."""
@@ -372,11 +375,15 @@ def compare_and_set(
             return current, (int(stat.version) if stat is not None else -1)
         try:
             if stat is None:
-                client.create(path, new, ephemeral=ephemeral, makepath=True)
+                client.create(path, new, ephemeral=ephemeral, makepath=makepath)
                 return new, 0
             written = client.set(path, new, version=stat.version)
             return new, int(written.version)
-        except (BadVersionError, NodeExistsError, NoNodeError):
+        except NoNodeError:
+            if stat is None and not makepath:
+                raise  # the parent is gone
+            continue
+        except (BadVersionError, NodeExistsError):
             continue
     raise ZnodeContentionError(f"{path}: gave up after {max_tries} conflicting writes")
 
@@ -388,9 +395,12 @@ def update_znode(
     *,
     ephemeral: bool = False,
     max_tries: int = 100,
+    makepath: bool = True,
 ) -> bytes | None:
     """:func:`compare_and_set`, returning only what is stored afterwards."""
-    return compare_and_set(client, path, change, ephemeral=ephemeral, max_tries=max_tries)[0]
+    return compare_and_set(client, path, change, ephemeral=ephemeral, max_tries=max_tries, makepath=makepath)[
+        0
+    ]
 
 
 def compare_and_set_noted(

@@ -573,7 +573,12 @@ class TaskStore:
     def publish_status(self, task_id: str, status: dict[str, Any]) -> bool:
         """Create or update the task's ephemeral status znode for the execution `status` names,
         unless an execution with a newer epoch owns it (then False). Conditional on the version
-        read, so a superseded execution never overwrites the status of the one that replaced it."""
+        read, so a superseded execution never overwrites the status of the one that replaced it.
+        A deleted task's status is not written (False): creating it would bring the task's znode
+        back, empty, and a worker would go on running a task nobody can see or delete (an
+        execution published between `task delete` and its worker stopping it)."""
+        from kazoo.exceptions import NoNodeError
+
         data = orjson.dumps(status)
 
         def ours(current: bytes | None) -> bytes | None:
@@ -585,9 +590,13 @@ class TaskStore:
                     return None
             return data
 
-        return bool(
-            self._call(update_znode, self.zk, self._path(task_id, "status"), ours, ephemeral=True) == data
-        )
+        try:
+            written = self._call(
+                update_znode, self.zk, self._path(task_id, "status"), ours, ephemeral=True, makepath=False
+            )
+        except NoNodeError:
+            return False  # the task was deleted
+        return bool(written == data)
 
     def clear_status(self, task_id: str, execution: str, timeout_s: float = BEST_EFFORT_CALL_S) -> None:
         """Remove the status znode if it is still this execution's (a clean stop), so that the
