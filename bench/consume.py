@@ -33,6 +33,11 @@ Usage: .venv/bin/python bench/consume.py [--against sluice,kafka] [--records 500
 partitions and replication factor during each read: the brokers' followers fetch while the
 consumer does (they share the read path). ``--profile DIR`` samples each Sluice broker with
 py-spy during the first measured read and prints each one's top frames (bench/pyspy.py).
+``--fetch-queue-backoff-ms MS`` sets the consumer's ``fetch.queue.backoff.ms``. With
+librdkafka's default (1000 ms) a consumer whose local queue reached ``queued.max.messages.kbytes``
+(64 MB) fetches nothing for a second: a broker that fills it faster than the application drains
+it then waits out the backoff, and the read is bound by the client (about 64 MB per 1.3 s here,
+75 MB/s whatever the broker). ``--fetch-queue-backoff-ms 10`` measures the brokers instead.
 Prints figures; asserts nothing.
 """
 
@@ -194,7 +199,10 @@ def create_load_topic(args: argparse.Namespace, system: sysmod.System) -> None:
 def read_all(args: argparse.Namespace, system: sysmod.System, rnd: int) -> ReadRun:
     """One new group reads the whole topic."""
     run = ReadRun(system.name, rnd)
-    consumer = sysmod.group_consumer(system.bootstrap_servers, "consume-bench", system.client_config())
+    config = dict(system.client_config())
+    if args.fetch_queue_backoff_ms is not None:
+        config["fetch.queue.backoff.ms"] = str(args.fetch_queue_backoff_ms)
+    consumer = sysmod.group_consumer(system.bootstrap_servers, "consume-bench", config)
     try:
         subscribed = time.monotonic()
         consumer.subscribe([TOPIC])
@@ -254,6 +262,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         metavar="DIR",
         help="py-spy each Sluice broker in the first measured read: raw profiles in DIR, top frames printed",
+    )
+    ap.add_argument(
+        "--fetch-queue-backoff-ms",
+        type=int,
+        metavar="MS",
+        help="the consumer's fetch.queue.backoff.ms (librdkafka's default 1000: once its local queue "
+        "holds queued.max.messages.kbytes, it fetches nothing for that long)",
     )
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args(argv)
