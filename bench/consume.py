@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: {' '.join(sys.argv)}", flush=True)
     print(
         f"cluster: {args.brokers} broker(s), RF={args.replication_factor}, {args.partitions} partitions, "
-        f"{args.records:,} records of {args.record_size} B, warm-up read {args.warmup}, rounds={args.rounds}, "
-        f"consumers' fetch.queue.backoff.ms={args.fetch_queue_backoff_ms}",
+        f"{args.records:,} records of {args.record_size} B, warm-up read {args.warmup}, "
+        f"rounds={args.rounds}, consumers' fetch.queue.backoff.ms={args.fetch_queue_backoff_ms}",
         flush=True,
     )
     settings = MATCH_KAFKA if "kafka" in names else None
