@@ -25,12 +25,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # profile each, into the SUBDIRs given; <version> is the pom's first <kafka.version>,
 # <spark.version>, <connect.version> or <peer.version> property.
 fetch() {
-  local pom=$1 name=$2 label=$3 version dest part profile sub
+  local pom=$1 name=$2 label=$3 version dest part profile sub stamp
   shift 3
   (($#)) || set -- "=libs"
   version=$(sed -n 's:.*<\(kafka\|spark\|connect\|peer\)\.version>\([^<]*\)<.*:\2:p' "$pom" | head -1)
   dest=.peers/$name-$version
-  if [[ -f $dest/.complete ]]; then
+  # a copy made from another version of the pom (its dependencies changed) is fetched again
+  stamp=$(sha256sum "$pom" | cut -d' ' -f1)
+  if [[ -f $dest/.complete && ( ! -s $dest/.complete || $(cat "$dest/.complete") == "$stamp" ) ]]; then
     echo "peers: $label $version already in $dest"
     return 0
   fi
@@ -50,7 +52,7 @@ fetch() {
       return 0
     fi
   done
-  touch "$dest.partial/.complete"
+  echo "$stamp" > "$dest.partial/.complete"
   rm -rf "$dest"
   mv "$dest.partial" "$dest"
   echo "peers: $label $version in $dest ($(find "$dest" -name '*.jar' | wc -l) jars)"
