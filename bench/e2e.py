@@ -105,6 +105,8 @@ EVENTS_DDL = (
 FRESH_DDL = "CREATE TABLE fresh (seq BIGINT PRIMARY KEY)"
 INSERT_SHARE, UPDATE_SHARE = 0.6, 0.3  # the rest deletes
 POLL_S = 0.05
+#: the writer's transactions per second at a fixed rate (each carries rate / TX_PER_S changes)
+TX_PER_S = 50
 #: a stack that shows no progress towards the source for this long has failed the round
 STALL_S = 180.0
 
@@ -297,7 +299,9 @@ class Writer:
     def at_rate(self, rate: float, seconds: float) -> tuple[int, int, float]:
         """Transactions at ``rate`` changes/s for ``seconds``: (first marker, last marker, rate
         reached)."""
-        size = max(2, round(rate / 400))  # at most ~400 transactions/s
+        # At most TX_PER_S transactions a second: the source syncs its redo log and binlog at each
+        # commit (about 10 ms here), so one writer of small transactions reached 185 changes/s.
+        size = max(2, round(rate / TX_PER_S))
         first, start_changes = self.marker + 1, self.changes
         t0 = time.monotonic()
         while (now := time.monotonic()) - t0 < seconds:
@@ -608,6 +612,15 @@ class DebeziumStack(Stack):
         source.update(schema_converters())
         source["topic.creation.default.replication.factor"] = str(rf)
         source["topic.creation.default.min.insync.replicas"] = str(min(2, rf))
+        # The tables' topics exist before the sink subscribes: a topic its pattern matches only
+        # later is found at the consumer's next metadata refresh (metadata.max.age.ms, 5 minutes)
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.peer.bootstrap_servers, "log_level": 0})
+        names = [f"{self.PREFIX}.{database}.{t}" for t in TABLES]
+        config = {"min.insync.replicas": str(min(2, rf))}
+        for future in admin.create_topics([NewTopic(n, 3, rf, config=config) for n in names]).values():
+            future.result(60)
         sink = debezium_jdbc_sink_config(
             url=f"jdbc:postgresql://127.0.0.1:{self.pg.port}/{target_db}", user="postgres", password="",
             topics_regex=rf"{self.PREFIX}\.{database}\.(events|fresh)", tasks=self.args.sink_tasks,

@@ -202,6 +202,13 @@ def run_attempt(
             url=f"jdbc:postgresql://127.0.0.1:{pg.port}/{target_db}", user="postgres", password="",
             topics_regex=rf"{PREFIX}\.{DB}\.accounts", tasks=1,
         )  # fmt: skip
+        # The table's topic exists before the sink subscribes to its pattern: one created later
+        # is found only at the consumer's next metadata refresh (metadata.max.age.ms, 5 minutes).
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": peer.bootstrap_servers, "log_level": 0})
+        topic = f"{PREFIX}.{DB}.accounts"
+        admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "2"})])[topic].result(60)
         workers[0].put_connector(SOURCE, source)
         workers[0].put_connector(SINK, sink)
         _wait(lambda: _target_versions(url) == _source_versions(db), STEP_TIMEOUT_S, "the snapshot applied")
