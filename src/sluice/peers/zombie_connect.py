@@ -217,7 +217,12 @@ def run_attempt(
         workload.thread.start()
         stack.callback(workload.stop.set)
         time.sleep(3 + random.Random(seed).uniform(0, 2))  # the sink is busy writing batches
-        index = _wait(lambda: _sink_worker(workers), STEP_TIMEOUT_S, "the sink task running")
+        found = _wait(
+            lambda: (i,) if (i := _sink_worker(workers)) is not None else None,  # index 0 is an answer
+            STEP_TIMEOUT_S,
+            "the sink task running",
+        )
+        index = found[0]
         attempt.stopped_worker = index + 1
         zombie = workers[index]
         assert zombie.proc is not None
