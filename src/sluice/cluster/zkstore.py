@@ -398,9 +398,10 @@ def update_znode(
     makepath: bool = True,
 ) -> bytes | None:
     """:func:`compare_and_set`, returning only what is stored afterwards."""
-    return compare_and_set(client, path, change, ephemeral=ephemeral, max_tries=max_tries, makepath=makepath)[
-        0
-    ]
+    stored, _ = compare_and_set(
+        client, path, change, ephemeral=ephemeral, max_tries=max_tries, makepath=makepath
+    )
+    return stored
 
 
 def compare_and_set_noted(
