@@ -7,9 +7,10 @@ by PythonStreamingSourceRunner.init). `ConnectBackFault` reproduces that failure
 any machine: the interpreter Spark starts its Python processes with (PYSPARK_PYTHON, which
 `pipeline.session.spark_session` leaves to the environment) is a script that, for chosen starts
 of the streaming source's runner, does not connect back; every other start (the executors'
-workers, the other runners) runs the real interpreter. No switch in Sluice's code: the fault is
-in the interpreter the test hands Spark. `source_runners` finds the runner of a running query,
-for a test to kill (a Python worker that dies under a running query).
+workers, the other runners) runs what Sluice itself hands Spark (`sluice-spark-python`). No
+switch in Sluice's code: the fault is in the interpreter the test hands Spark. `source_runners`
+finds the runner of a running query, for a test to kill (a Python worker that dies under a
+running query).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from sluice.pipeline.session import spark_python
 
 #: the module Spark runs for a Python streaming source (pyspark 4.x)
 SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
@@ -73,7 +76,10 @@ class ConnectBackFault:
                 how="it hangs up" if hang_up else "it exits",
                 hang_up=_HANG_UP if hang_up else "",
                 state=shlex.quote(str(state)),
-                python=shlex.quote(sys.executable),
+                # what Sluice hands Spark itself (`sluice-spark-python`, which connects back before
+                # its imports): with the bare interpreter here, an unfaulted start of the runner
+                # under two busy loops missed Spark's 10 s as it did before the launcher
+                python=shlex.quote(spark_python()),
             )
         )
         script.chmod(script.stat().st_mode | stat.S_IXUSR)
