@@ -77,31 +77,28 @@ def _project_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
-def connect_home(version: str = CONNECT_VERSION) -> Path:
-    """``.peers/connect-<version>`` (``SLUICE_PEERS_DIR`` overrides ``.peers``), holding ``libs``
-    and ``plugins``. Raises ConnectError naming the set-up step when it is not fetched."""
+def _fetched(name: str, what: str) -> Path:
+    """``.peers/<name>`` (``SLUICE_PEERS_DIR`` overrides ``.peers``) once scripts/peers.sh has
+    finished it; else ConnectError naming ``what`` and the set-up step."""
     base = Path(os.environ.get("SLUICE_PEERS_DIR") or _project_root() / ".peers")
-    home = base / f"connect-{version}"
+    home = base / name
     if not (home / ".complete").is_file():
         raise ConnectError(
-            f"Kafka Connect {version} and Debezium are not fetched (no {home}): run scripts/peers.sh "
-            "(needs Maven and Maven Central)"
+            f"{what} not fetched (no {home}): run scripts/peers.sh (needs Maven and Maven Central)"
         )
     return home
+
+
+def connect_home(version: str = CONNECT_VERSION) -> Path:
+    """``.peers/connect-<version>``, holding ``libs`` and ``plugins``; ConnectError naming the
+    set-up step when it is not fetched."""
+    return _fetched(f"connect-{version}", f"Kafka Connect {version} and Debezium are")
 
 
 def jdbc_sink_home(version: str = JDBC_SINK_VERSION) -> Path:
-    """``.peers/connect-jdbc-<version>`` (``SLUICE_PEERS_DIR`` overrides ``.peers``), holding
-    ``plugins/debezium-connector-jdbc``. Raises ConnectError naming the set-up step when it is
-    not fetched."""
-    base = Path(os.environ.get("SLUICE_PEERS_DIR") or _project_root() / ".peers")
-    home = base / f"connect-jdbc-{version}"
-    if not (home / ".complete").is_file():
-        raise ConnectError(
-            f"Debezium's JDBC sink connector {version} is not fetched (no {home}): run scripts/peers.sh "
-            "(needs Maven and Maven Central)"
-        )
-    return home
+    """``.peers/connect-jdbc-<version>``, holding ``plugins/debezium-connector-jdbc``;
+    ConnectError naming the set-up step when it is not fetched."""
+    return _fetched(f"connect-jdbc-{version}", f"Debezium's JDBC sink connector {version} is")
 
 
 def plugin_path(version: str = CONNECT_VERSION) -> str:

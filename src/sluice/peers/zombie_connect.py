@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sluice.chaos.zombie import DrillStepError, _stopped, _wait
 from sluice.ops.mariadb import LocalMariaDB, _binary
 from sluice.ops.postgres import LocalPostgres
 from sluice.peers.connect import (
@@ -61,10 +62,6 @@ STEP_TIMEOUT_S = 180.0
 SOURCE, SINK, PREFIX = "zombie-source", "zombie-sink", "zc"
 
 
-class DrillStepError(RuntimeError):
-    """A step of the drill did not happen in time; the report says which."""
-
-
 @dataclass
 class Attempt:
     number: int
@@ -76,20 +73,6 @@ class Attempt:
     different: int = 0
     timeline: list[str] = field(default_factory=list)
     error: str | None = None
-
-
-def _wait(condition: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-            if value:
-                return value
-        except Exception as exc:  # a worker between rebalances answers errors: look again
-            last = exc
-        time.sleep(0.2)
-    raise DrillStepError(f"{what}: not within {timeout_s:.0f} s" + (f" (last error: {last})" if last else ""))
 
 
 class _Workload:
@@ -151,14 +134,6 @@ def _sink_worker(workers: list[ConnectWorker]) -> int | None:
             if t.get("state") == "RUNNING" and port in ports:
                 return ports.index(port)
     return None
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "T"
-    except OSError:
-        return False
 
 
 def run_attempt(
