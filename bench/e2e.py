@@ -46,16 +46,25 @@ Every figure is the median of the rounds, printed per stack and then as
 ``FIGURE ratio sluice/debezium=R`` (for freshness, CPU and memory below 1 favours Sluice).
 
 ``--faults`` runs the fault comparison instead: for each seed of ``--seeds``, each stack with
-two workers takes the workload at ``--fault-rate`` changes/s for ``--duration`` seconds under the
-same seeded schedule (fault_schedule: kill -9 of a broker, of the worker running the pipeline and
-of its Spark driver, a SIGSTOP of that worker past its group session; killed processes start
-again after 10 s); then everything runs again, the target is given until it stops moving, and
-every row is checked. Per stack: ``faults stack=S seeds=N failed=F missing=M extra=E
-different=D`` (a stack with no Spark driver skips that fault, saying so).
+two workers takes the same workload for ``--duration`` seconds under the same seeded schedule
+(fault_schedule: kill -9 of a broker, of the worker running the pipeline and of its Spark driver,
+a SIGSTOP of that worker past its group session; killed processes start again after 10 s; seed 0
+is the control, no faults); then everything runs again, the target is given until it equals the
+source or stops moving (``--quiet-s``), and every row is checked. The workload is by default
+``sluice chaos sync``'s (``--workload chaos``: its five tables, every statement kind, every
+column type of the catalog with its edge values, seeded; ``--types`` narrows the types), checked
+as ``sluice chaos sync`` checks (sync/compare.py: each value as the source database gives it);
+``--workload events`` is the figures' workload at ``--fault-rate``. Per seed and stack: a
+``faults stack=S round=...`` line with ``missing= extra= different=``, the stack's own word on
+its pipeline at the end (``faults-state``: the task's state / the connectors' and their tasks'
+states and first error line), the columns that differ (``faults-columns``) and a few examples;
+then per stack ``faults stack=S seeds=N failed=F missing=M extra=E different=D`` (a stack with no
+Spark driver skips that fault, saying so). The control tells a stack's type mapping from what the
+faults did.
 
 Usage: .venv/bin/python bench/e2e.py [--against sluice,debezium] [--rates 1000,5000,20000]
        [--rate-s 30] [--backlog 1000000] [--snapshot-rows 100000] [--rounds 3] [--json]
-       .venv/bin/python bench/e2e.py --faults [--seeds 1..3] [--duration 120]
+       .venv/bin/python bench/e2e.py --faults [--seeds 0..3] [--duration 120] [--types ...]
 Needs scripts/peers.sh's Kafka, Connect, Debezium MySQL and JDBC sink jars for the debezium stack.
 Prints figures; asserts nothing but that each stack's target reached the source.
 """
@@ -84,6 +93,9 @@ import pymysql
 import yaml
 
 import versus
+from sluice.chaos import sync_workload as chaos
+from sluice.chaos.sync_run import create_source, source_rows, source_schema, target_rows
+from sluice.chaos.workload_values import TYPE_NAMES
 from sluice.ops import launcher
 from sluice.ops.mariadb import LocalMariaDB, _binary
 from sluice.ops.postgres import LocalPostgres
@@ -95,6 +107,7 @@ from sluice.peers.connect import (
     schema_converters,
 )
 from sluice.peers.kafka import peer_down, peer_up
+from sluice.sync.compare import TargetComparison, compare_table
 
 STACKS = ("sluice", "debezium")
 TABLES = ("events", "fresh")
@@ -450,7 +463,11 @@ class Stack:
     def start(self) -> None:
         raise NotImplementedError
 
-    def create_pipeline(self, database: str, target_db: str) -> None:
+    def create_pipeline(self, database: str, target_db: str, tables: tuple[str, ...] = TABLES) -> None:
+        raise NotImplementedError
+
+    def state(self) -> str:
+        """What the stack says of its pipeline now, one line (its task's or connectors' state)."""
         raise NotImplementedError
 
     def pause(self) -> None:
@@ -514,12 +531,12 @@ class SluiceStack(Stack):
             raise RuntimeError(f"sluice {' '.join(argv)} failed: {out.stderr.strip()[-2000:]}")
         return out.stdout
 
-    def create_pipeline(self, database: str, target_db: str) -> None:
+    def create_pipeline(self, database: str, target_db: str, tables: tuple[str, ...] = TABLES) -> None:
         doc = {
             "id": self.task,
             "source": {"kind": "mariadb", "host": "127.0.0.1", "port": self.db.port, "user": "root",
                        "database": database},
-            "tables": list(TABLES),
+            "tables": list(tables),
             "topic": "{task}.changes",
             "target": self.pg.url(target_db),
             "options": {"partitions": 3},
@@ -530,6 +547,18 @@ class SluiceStack(Stack):
 
     def pause(self) -> None:
         self._sluice("task", "pause", self.task)
+
+    def state(self) -> str:
+        from sluice.cluster.zkstore import close, connect
+        from sluice.sync.tasks import TaskStore
+
+        zk = connect(self.cluster.zookeeper, auth=self.cluster.zk_auth())
+        try:
+            status = TaskStore(zk).status(self.task) or {}
+        finally:
+            close(zk)
+        keys = ("state", "execution", "worker", "attempts", "error")
+        return " ".join(f"{k}={str(status[k])[:300]!r}" for k in keys if status.get(k) not in (None, ""))
 
     def resume(self) -> None:
         self._sluice("task", "resume", self.task)
@@ -601,13 +630,13 @@ class DebeziumStack(Stack):
                 return w
         raise RuntimeError("no Connect worker is running")
 
-    def create_pipeline(self, database: str, target_db: str) -> None:
+    def create_pipeline(self, database: str, target_db: str, tables: tuple[str, ...] = TABLES) -> None:
         rf = min(3, self.args.brokers)
         source = debezium_mysql_config(
             host="127.0.0.1", port=self.db.port, user="root", password="", database=database,
             server_id=5400 + random.randrange(1000), topic_prefix=self.PREFIX,
             bootstrap=self.peer.bootstrap_servers, history_topic=f"{self.PREFIX}.history",
-            tables=list(TABLES), partitions=3,
+            tables=list(tables), partitions=3,
         )  # fmt: skip
         source.update(schema_converters())
         source["topic.creation.default.replication.factor"] = str(rf)
@@ -617,19 +646,36 @@ class DebeziumStack(Stack):
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.peer.bootstrap_servers, "log_level": 0})
-        names = [f"{self.PREFIX}.{database}.{t}" for t in TABLES]
+        names = [f"{self.PREFIX}.{database}.{t}" for t in tables]
         config = {"min.insync.replicas": str(min(2, rf))}
         for future in admin.create_topics([NewTopic(n, 3, rf, config=config) for n in names]).values():
             future.result(60)
         sink = debezium_jdbc_sink_config(
             url=f"jdbc:postgresql://127.0.0.1:{self.pg.port}/{target_db}", user="postgres", password="",
-            topics_regex=rf"{self.PREFIX}\.{database}\.(events|fresh)", tasks=self.args.sink_tasks,
+            topics_regex=rf"{self.PREFIX}\.{database}\.({'|'.join(tables)})", tasks=self.args.sink_tasks,
         )  # fmt: skip
         rest = self._rest()
         rest.put_connector(self.SOURCE, source)
         rest.put_connector(self.SINK, sink)
         rest.wait_running(self.SOURCE)
         rest.wait_running(self.SINK)
+
+    def state(self) -> str:
+        parts = []
+        for name in (self.SOURCE, self.SINK):
+            try:
+                status = self._rest().status(name)
+            except Exception as exc:
+                parts.append(f"{name}=unknown({exc})")
+                continue
+            tasks = status.get("tasks", [])
+            states = ",".join(str(t.get("state")) for t in tasks)
+            parts.append(f"{name}={status.get('connector', {}).get('state')}/{states}")
+            for t in tasks:
+                if t.get("trace"):
+                    first = str(t["trace"]).strip().splitlines()[0][:300]
+                    parts.append(f"{name}.task{t.get('id')}.error={first!r}")
+        return " ".join(parts)
 
     def pause(self) -> None:
         for name in (self.SOURCE, self.SINK):
@@ -687,6 +733,9 @@ class RoundResult:
     figures: dict[str, float] = field(default_factory=dict)
     checked: tuple[int, int, int] | None = None
     error: str | None = None
+    state: str = ""  # what the stack said of its pipeline at the end (fault runs)
+    detail: list[str] = field(default_factory=list)  # the checker's lines (fault runs)
+    columns: dict[str, int] = field(default_factory=dict)  # table.column -> rows different there
 
     def line(self) -> str:
         parts = [f"e2e stack={self.stack} round={self.round + 1}"]
@@ -752,9 +801,9 @@ def run_round(
             writer.backlog(args.backlog)
             t1 = time.time()
             stack.resume()
-            first, done = wait_equal(db, database, url, "backlog")
+            first_change, done = wait_equal(db, database, url, "backlog")
             result.figures["backlog_rows_s"] = args.backlog / (done - t1)
-            result.figures["backlog_first_change_s"] = first - t1
+            result.figures["backlog_first_change_s"] = first_change - t1
             progress(f"{kind.name}: backlog applied, {result.figures['backlog_rows_s']:,.0f} changes/s")
         result.figures["cpu_s"] = meter.cpu_s()
         result.figures["rss_mb"] = meter.peak_pss_mb
@@ -790,7 +839,10 @@ PAUSE_S = 25.0
 def fault_schedule(
     seed: int, duration_s: float, kinds: tuple[str, ...] = FAULT_KINDS
 ) -> list[tuple[float, str]]:
-    """Each kind once, in a seeded order, spread over the run: (seconds from the start, kind)."""
+    """Each kind once, in a seeded order, spread over the run: (seconds from the start, kind).
+    Seed 0 has no faults: the control run (what a stack gets wrong without any)."""
+    if seed == 0:
+        return []
     rng = random.Random(seed)
     order = list(kinds)
     rng.shuffle(order)
@@ -890,48 +942,128 @@ class Injector:
                 self.say(f"worker {index + 1} started again at the end")
 
 
+def compare_chaos(db: LocalMariaDB, database: str, url: str, label: str) -> TargetComparison:
+    """Every row of every table of the chaos workload, source against target, each value as the
+    source database gives it and as `sync/compare.py` normalises it (`sluice chaos sync`'s
+    checker); a table the target does not have counts its rows missing."""
+    comparison = TargetComparison(label)
+    for schema in source_schema(db, database):
+        try:
+            got = target_rows(url, schema.name)
+        except psycopg.Error:
+            got = []
+        comparison.tables.append(compare_table(schema, source_rows(db, database, schema), got, "postgresql"))
+    return comparison
+
+
+def settle(db: LocalMariaDB, database: str, url: str, label: str, quiet_s: float) -> TargetComparison:
+    """Compares until the target equals the source, or until the comparison has not changed for
+    ``quiet_s`` (the stack has stopped moving): the last comparison."""
+    last: tuple[str, ...] = ()
+    since = time.monotonic()
+    while True:
+        comparison = compare_chaos(db, database, url, label)
+        if comparison.ok:
+            return comparison
+        seen = tuple(comparison.lines(examples=10**6))
+        if seen != last:
+            last, since = seen, time.monotonic()
+        elif time.monotonic() - since > quiet_s:
+            return comparison
+        time.sleep(2.0)
+
+
+def different_columns(comparison: TargetComparison) -> dict[str, int]:
+    """table.column -> how many rows differ in that column."""
+    out: dict[str, int] = {}
+    for t in comparison.tables:
+        for _, cols in t.different:
+            for column, _, _ in cols:
+                out[f"{t.table}.{column}"] = out.get(f"{t.table}.{column}", 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def run_faults(
     kind: type[Stack], args: argparse.Namespace, root: Path, db: LocalMariaDB, pg: LocalPostgres, seed: int
 ) -> RoundResult:
-    """One seed's fault run on one stack: two workers, the workload at ``--fault-rate`` for
-    ``--duration`` seconds under the seeded schedule, then every process running again, the
-    target given until it stops moving to equal the source, and every row checked."""
+    """One seed's fault run on one stack: two workers, the workload for ``--duration`` seconds
+    under the seeded schedule (seed 0: no faults, the control), then every process running
+    again, the target given until it stops moving, and every row checked."""
     result = RoundResult(kind.name, seed - 1)
     database = f"e2e_faults_{kind.name}_{seed}"
     directory = root / f"faults-{kind.name}-{seed}"
     directory.mkdir(parents=True)
     stack = kind(directory, args, db, pg, workers=2)
     writer: Writer | None = None
+    runner: chaos.WorkloadRunner | None = None
     schedule = fault_schedule(seed, args.duration)
+    label = f"{kind.name} seed {seed}"
     try:
-        progress(f"{kind.name} faults seed {seed}: " + ", ".join(f"{k}@{at:g}s" for at, k in schedule))
-        fill_source(db, database, args.snapshot_rows)
+        progress(f"{label}: " + (", ".join(f"{k}@{at:g}s" for at, k in schedule) or "no faults (control)"))
         url = pg.create_database(database)
-        stack.start()
-        stack.create_pipeline(database, database)
-        wait_equal(db, database, url, "snapshot")
-        writer = Writer(
-            db, database, args.snapshot_rows + 1, seed=seed, live=list(range(1, args.snapshot_rows + 1))
-        )
-        injector = Injector(stack, schedule, seed).start()
-        _, _, reached = writer.at_rate(args.fault_rate, args.duration)
+        if args.workload == "chaos":
+            workload = chaos.SyncWorkload(seed, types=args.type_list)
+            create_source(db, database, workload)
+            stack.start()
+            stack.create_pipeline(database, database, chaos.TABLES)
+            snap = settle(db, database, url, label, args.quiet_s)
+            result.figures["snapshot_wrong"] = float(snap.missing + snap.extra + snap.different)
+            progress(f"{label}: snapshot {'equal' if snap.ok else 'settled unequal'}: {snap.lines()[0]}")
+            runner = chaos.WorkloadRunner(
+                lambda: pymysql.connect(**db.connect_args(database), charset="utf8mb4"),  # type: ignore[arg-type]
+                workload, rate_per_s=args.chaos_tx_s,
+            )  # fmt: skip
+            injector = Injector(stack, schedule, seed).start()
+            runner.start()
+            runner.stop.wait(args.duration)
+            stats = runner.finish()
+            runner = None
+            if stats.error:
+                raise RuntimeError(stats.error)
+            result.figures["statements"] = float(stats.statements)
+        else:
+            fill_source(db, database, args.snapshot_rows)
+            stack.start()
+            stack.create_pipeline(database, database)
+            wait_equal(db, database, url, "snapshot")
+            writer = Writer(
+                db, database, args.snapshot_rows + 1, seed=seed, live=list(range(1, args.snapshot_rows + 1))
+            )
+            injector = Injector(stack, schedule, seed).start()
+            _, _, reached = writer.at_rate(args.fault_rate, args.duration)
+            result.figures["rate_reached"] = reached
         injector.finish()
-        result.figures["rate_reached"] = reached
         result.figures["faults"] = float(len(injector.events))
         if injector.error:
             result.error = injector.error
         t = time.time()
-        wait_equal(db, database, url, "after the faults")
-        result.figures["caught_up_s"] = time.time() - t
-        result.checked = check(db, database, url)
+        if args.workload == "chaos":
+            comparison = settle(db, database, url, label, args.quiet_s)
+            result.figures["settled_s"] = time.time() - t
+            result.checked = (comparison.missing, comparison.extra, comparison.different)
+            result.detail = comparison.lines(examples=3)
+            result.columns = different_columns(comparison)
+        else:
+            wait_equal(db, database, url, "after the faults")
+            result.figures["caught_up_s"] = time.time() - t
+            result.checked = check(db, database, url)
+        result.state = stack.state()
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:500]
-        progress(f"{kind.name} faults seed {seed} failed: {result.error}")
+        progress(f"{label} failed: {result.error}")
         try:  # what the target holds all the same: the rows wrong when the stack gave up
-            result.checked = check(db, database, f"{pg.url(database)}")
+            if args.workload == "chaos":
+                comparison = compare_chaos(db, database, pg.url(database), label)
+                result.checked = (comparison.missing, comparison.extra, comparison.different)
+                result.detail = comparison.lines(examples=3)
+            else:
+                result.checked = check(db, database, pg.url(database))
+            result.state = stack.state()
         except Exception:
             pass
     finally:
+        if runner is not None:
+            runner.finish()
         if writer is not None:
             writer.close()
         stack.stop()
@@ -939,6 +1071,13 @@ def run_faults(
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
     print("faults " + result.line().removeprefix("e2e "), flush=True)
+    if result.state:
+        print(f"faults-state stack={kind.name} seed={seed} {result.state}", flush=True)
+    if result.columns:
+        cols = ",".join(f"{c}:{n}" for c, n in result.columns.items())
+        print(f"faults-columns stack={kind.name} seed={seed} {cols}", flush=True)
+    for line in result.detail:
+        print(f"# {kind.name} seed {seed} {line}", flush=True)
     return result
 
 
@@ -967,7 +1106,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--faults", action="store_true", help="run the fault comparison instead of the figures")
     g.add_argument("--seeds", default="1", help="fault schedules, e.g. 1..3 or 1,4")
     g.add_argument("--duration", type=float, default=120.0, help="seconds of workload under faults")
-    g.add_argument("--fault-rate", type=int, default=1000, help="changes/s during the faults")
+    g.add_argument(
+        "--workload", choices=("chaos", "events"), default="chaos",
+        help="chaos: sluice chaos sync's randomized workload (every statement kind, every column type "
+        "and edge value); events: the figures' events workload at --fault-rate",
+    )  # fmt: skip
+    g.add_argument("--types", default="all", help="chaos: the catalog column types, comma-separated (all)")
+    g.add_argument("--chaos-tx-s", type=float, default=12.0, help="chaos: transactions per second")
+    g.add_argument("--fault-rate", type=int, default=1000, help="events: changes/s during the faults")
+    g.add_argument(
+        "--quiet-s", type=float, default=90.0,
+        help="chaos: a target unchanged this long and still unequal has stopped moving: checked as it is",
+    )  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the stacks' directories")
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
     args = ap.parse_args(argv)
@@ -990,6 +1140,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.seed_list = [int(x) for x in args.seeds.split(",") if x.strip()]
     except ValueError:
         ap.error("--seeds takes N, N..M or N,M,...")
+    if args.types == "all":
+        args.type_list = TYPE_NAMES
+    else:
+        args.type_list = tuple(t.strip() for t in args.types.split(",") if t.strip())
+        unknown = set(args.type_list) - set(TYPE_NAMES)
+        if unknown or not args.type_list:
+            ap.error(f"--types takes some of {', '.join(TYPE_NAMES)} (unknown: {', '.join(sorted(unknown))})")
     if args.faults and (args.brokers < 3 or not args.seed_list):
         ap.error("--faults needs --brokers 3 or more (a broker is killed) and at least one seed")
     return args

@@ -31,3 +31,33 @@ def test_a_percentile_of_no_values_is_nan_and_p99_of_a_hundred_is_the_largest_bu
     assert e2e.pct([], 0.99) != e2e.pct([], 0.99)  # NaN
     values = [float(v) for v in range(1, 101)]
     assert e2e.pct(values, 0.99) == 100.0 and e2e.pct(values, 0.5) == 51.0
+
+
+def test_seed_zero_is_the_control_without_faults() -> None:
+    assert e2e.fault_schedule(0, 120.0) == []
+
+
+def test_the_columns_that_differ_are_counted_per_table_and_column_most_first() -> None:
+    from sluice.sync.compare import TableComparison, TargetComparison
+
+    comparison = TargetComparison(
+        "t",
+        [
+            TableComparison("typed", different=[("1", [("c_time", "a", "b"), ("c_bit", "1", "0")]),
+                                                ("2", [("c_time", "c", "d")])]),
+            TableComparison("items", missing=["3"]),
+        ],
+    )  # fmt: skip
+    assert e2e.different_columns(comparison) == {"typed.c_time": 2, "typed.c_bit": 1}
+
+
+def test_the_chaos_workloads_types_are_checked_by_name() -> None:
+    args = e2e.parse_args(["--faults", "--types", "bit64,time6"])
+    assert args.type_list == ("bit64", "time6") and args.workload == "chaos"
+    assert e2e.parse_args(["--faults"]).type_list == e2e.TYPE_NAMES
+    try:
+        e2e.parse_args(["--faults", "--types", "nonsense"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("an unknown type was taken")

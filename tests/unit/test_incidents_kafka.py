@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from sluice.chaos.incidents import Check, IncidentResult, Row
@@ -99,3 +100,44 @@ def test_against_takes_sluice_or_kafka_and_kafka_refuses_what_it_cannot_do(tmp_p
     assert netns.exit_code == 2 and "leave out --hosts" in netns.output
     unknown = runner.invoke(app, ["incident", "run", "no-such", "--against", "kafka"])
     assert unknown.exit_code != 0 and "unknown incident" in unknown.output
+
+
+def test_zombie_against_connect_runs_both_stacks_and_prints_a_line_per_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both drills are stood in for (each starts JVMs and databases; tests/integration and the
+    acceptance run them): what is checked is that one command runs Sluice's and Connect's and
+    prints ``missing= extra= different=`` for each, and that Sluice's failing makes it exit 1."""
+    import sluice.chaos.incidents as incidents
+    import sluice.peers.zombie_connect as zombie_connect
+    from sluice.peers.zombie_connect import Attempt
+
+    ran: list[str] = []
+
+    def ours(name: str, directory: Path, **_: object) -> IncidentResult:
+        ran.append(f"sluice:{name}")
+        return IncidentResult(name, checks=[Check("g", held, "")], target_rows_wrong=(0, 0, 0))
+
+    def theirs(directory: Path, seed: int, attempts: int) -> list[Attempt]:
+        ran.append(f"connect:{attempts}")
+        return [Attempt(1, stale=[(3, 9, 7)], different=1), Attempt(2), Attempt(3, error="boom")]
+
+    monkeypatch.setattr(incidents, "run_incident", ours)
+    monkeypatch.setattr(zombie_connect, "run_zombie_connect", theirs)
+    runner = CliRunner()
+    argv = ["incident", "run", "zombie-task", "--against", "connect", "--dir", str(tmp_path)]
+    held = True
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert ran == ["sluice:zombie-task", "connect:3"]
+    lines = [line for line in result.output.splitlines() if line.startswith("zombie stack=")]
+    assert lines == [
+        "zombie stack=sluice verdict=pass missing=0 extra=0 different=0",
+        "zombie stack=connect attempts=3 completed=2 attempts_with_stale_rows=1 stale_rows=1 "
+        "missing=0 extra=0 different=1",
+    ]
+    held = False
+    failed = runner.invoke(app, argv)
+    assert failed.exit_code == 1 and "zombie stack=sluice verdict=fail" in failed.output
+    other = runner.invoke(app, ["incident", "run", "acks1-failover", "--against", "connect"])
+    assert other.exit_code == 2 and "zombie-task" in other.output

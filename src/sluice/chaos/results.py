@@ -37,6 +37,9 @@ class IncidentResult:
     rows: list[Row] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     timeline: list[tuple[float, str]] = field(default_factory=list)
+    #: a drill that compares a target with its source: the last comparison's (missing, extra,
+    #: different) rows
+    target_rows_wrong: tuple[int, int, int] | None = None
 
     @property
     def ok(self) -> bool:

@@ -183,6 +183,21 @@ def _master_position(db: LocalMariaDB) -> BinlogPosition:
     return BinlogPosition(str(rows[0][0]), int(str(rows[0][1])))
 
 
+def create_source(db: LocalMariaDB, database: str, workload: SyncWorkload) -> None:
+    """The workload's database, made again: its tables and first rows (`SyncWorkload.initial`)."""
+    db.execute(
+        f"DROP DATABASE IF EXISTS `{database}`",
+        f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+    )
+    conn = _connect(db, database, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            for sql in workload.initial():
+                cur.execute(sql)
+    finally:
+        conn.close()
+
+
 def source_schema(db: LocalMariaDB, database: str) -> list[TableSchema]:
     """The captured tables' columns and their comparisons, from the source's column types."""
     spec = SourceSpec(kind="mariadb", port=db.port, user="root", database=database)
@@ -320,18 +335,7 @@ class SeedRun:
 
     # -- set-up ----------------------------------------------------------------------------------
     def _create_source(self) -> None:
-        db = self.database
-        self.mariadb.execute(
-            f"DROP DATABASE IF EXISTS `{db}`",
-            f"CREATE DATABASE `{db}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-        )
-        conn = _connect(self.mariadb, db, autocommit=True)
-        try:
-            with conn.cursor() as cur:
-                for sql in self.workload.initial():
-                    cur.execute(sql)
-        finally:
-            conn.close()
+        create_source(self.mariadb, self.database, self.workload)
 
     def _task_doc(self, task_id: str, target: str) -> dict[str, Any]:
         return {

@@ -211,6 +211,8 @@ class _Drill:
         with open_target(self.target_url) as t:
             got = {"accounts": t.read_rows("accounts")}
         cmp = compare(Truth(tables={"accounts": self.source_rows()}, key_columns={"accounts": ["id"]}), got)
+        totals = cmp.totals()
+        self.result.target_rows_wrong = (totals["missing"], totals["extra"], totals["different"])
         return cmp.ok, cmp.summary()
 
     def offsets_went_backwards(self) -> list[tuple[Any, ...]]:

@@ -141,7 +141,7 @@ def incident_run(
                 2,
             )
         _drill_logging()
-        raise typer.Exit(_run_against_connect(directory / "zombie-task-connect", seed, attempts))
+        raise typer.Exit(_run_against_connect(directory, seed, attempts))
     if against == "kafka":
         if hosts != "local" or security != "none" or bootstrap is not None:
             raise fail(
@@ -165,26 +165,40 @@ def incident_run(
 
 
 def _run_against_connect(directory: Path, seed: int, attempts: int) -> int:
-    """Incident D on Kafka Connect with Debezium's JDBC sink: each attempt's timeline and what
-    the target held, then the ``zombie_connect`` line (exit 0: an observation, not a guarantee)."""
-    from sluice.peers.connect import ConnectError
-    from sluice.peers.kafka import PeerError
+    """Incident D on both stacks, one after the other: Sluice's drill (`--local`, its checks and
+    verdict), then Kafka Connect with Debezium's JDBC sink (each attempt's timeline and what its
+    target held, the ``zombie_connect`` line); then a ``zombie stack=S ... missing= extra=
+    different=`` line per stack. Exit 0 when both ran: what Connect's target holds is an
+    observation, not a guarantee; exit 1 when Sluice's drill failed or no Connect attempt ran."""
+    from sluice.chaos.incidents import run_incident
+    from sluice.peers.connect import CONNECT_VERSION, DEBEZIUM_VERSION, JDBC_SINK_VERSION, ConnectError
+    from sluice.peers.kafka import KAFKA_VERSION, PeerError
     from sluice.peers.zombie_connect import run_zombie_connect
 
     if attempts < 1:
         raise fail("--attempts must be at least 1", 2)
-    from sluice.peers.connect import CONNECT_VERSION, DEBEZIUM_VERSION, JDBC_SINK_VERSION
-    from sluice.peers.kafka import KAFKA_VERSION
-
+    print("stack=sluice: sluice incident run zombie-task --local")
+    ours = run_incident("zombie-task", directory / "zombie-task", seed=seed)
+    ours_ok = _print_result(ours)
     print(
-        f"against=connect kafka={KAFKA_VERSION} connect={CONNECT_VERSION} debezium_mysql={DEBEZIUM_VERSION} "
-        f"jdbc_sink={JDBC_SINK_VERSION}"
+        f"stack=connect: against=connect kafka={KAFKA_VERSION} connect={CONNECT_VERSION} "
+        f"debezium_mysql={DEBEZIUM_VERSION} jdbc_sink={JDBC_SINK_VERSION}"
     )
     try:
-        results = run_zombie_connect(directory, seed=seed, attempts=attempts)
+        results = run_zombie_connect(directory / "zombie-task-connect", seed=seed, attempts=attempts)
     except (ConnectError, PeerError) as exc:
         raise fail(str(exc)) from None
-    return 0 if any(a.error is None for a in results) else 1
+    m, e, d = ours.target_rows_wrong if ours.target_rows_wrong is not None else ("?", "?", "?")
+    print(f"zombie stack=sluice verdict={'pass' if ours_ok else 'fail'} missing={m} extra={e} different={d}")
+    done = [a for a in results if a.error is None]
+    stale = sum(len(a.stale) for a in done)
+    print(
+        f"zombie stack=connect attempts={len(results)} completed={len(done)} "
+        f"attempts_with_stale_rows={sum(1 for a in done if a.stale)} stale_rows={stale} "
+        f"missing={sum(a.missing for a in done)} extra={sum(a.extra for a in done)} "
+        f"different={sum(a.different for a in done)}"
+    )
+    return 0 if ours_ok and done else 1
 
 
 def _run_against_kafka(name: str, directory: Path, seed: int) -> int:
