@@ -958,17 +958,20 @@ def compare_chaos(db: LocalMariaDB, database: str, url: str, label: str) -> Targ
 
 def settle(db: LocalMariaDB, database: str, url: str, label: str, quiet_s: float) -> TargetComparison:
     """Compares until the target equals the source, or until the comparison has not changed for
-    ``quiet_s`` (the stack has stopped moving): the last comparison."""
+    ``quiet_s`` (the stack has stopped moving): the last comparison. An empty target (a stack
+    still starting: Spark, Connect's tasks) is given STALL_S more before that counts."""
     last: tuple[str, ...] = ()
-    since = time.monotonic()
+    t0 = since = time.monotonic()
     while True:
         comparison = compare_chaos(db, database, url, label)
         if comparison.ok:
             return comparison
         seen = tuple(comparison.lines(examples=10**6))
+        empty = comparison.compared == comparison.missing and not comparison.extra
+        now = time.monotonic()
         if seen != last:
-            last, since = seen, time.monotonic()
-        elif time.monotonic() - since > quiet_s:
+            last, since = seen, now
+        elif now - since > quiet_s and (not empty or now - t0 > quiet_s + STALL_S):
             return comparison
         time.sleep(2.0)
 
@@ -1115,7 +1118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--chaos-tx-s", type=float, default=12.0, help="chaos: transactions per second")
     g.add_argument("--fault-rate", type=int, default=1000, help="events: changes/s during the faults")
     g.add_argument(
-        "--quiet-s", type=float, default=90.0,
+        "--quiet-s", type=float, default=120.0,
         help="chaos: a target unchanged this long and still unequal has stopped moving: checked as it is",
     )  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the stacks' directories")
