@@ -1005,7 +1005,7 @@ def run_faults(
         progress(f"{label}: " + (", ".join(f"{k}@{at:g}s" for at, k in schedule) or "no faults (control)"))
         url = pg.create_database(database)
         if args.workload == "chaos":
-            workload = chaos.SyncWorkload(seed, types=args.type_list)
+            workload = chaos.SyncWorkload(seed, values=args.value_kinds, types=args.type_list)
             create_source(db, database, workload)
             stack.start()
             stack.create_pipeline(database, database, chaos.TABLES)
@@ -1115,6 +1115,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and edge value); events: the figures' events workload at --fault-rate",
     )  # fmt: skip
     g.add_argument("--types", default="all", help="chaos: the catalog column types, comma-separated (all)")
+    g.add_argument(
+        "--values", default="all",
+        help="chaos: value kinds, as sluice chaos sync --values takes them (all, or e.g. -invalid-date)",
+    )  # fmt: skip
     g.add_argument("--chaos-tx-s", type=float, default=12.0, help="chaos: transactions per second")
     g.add_argument("--fault-rate", type=int, default=1000, help="events: changes/s during the faults")
     g.add_argument(
@@ -1143,6 +1147,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.seed_list = [int(x) for x in args.seeds.split(",") if x.strip()]
     except ValueError:
         ap.error("--seeds takes N, N..M or N,M,...")
+    try:
+        kinds = chaos.VALUE_KINDS
+        args.value_kinds = (
+            () if args.values.strip() == "none" else chaos.parse_kinds(args.values, kinds, "value kind")
+        )
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.types == "all":
         args.type_list = TYPE_NAMES
     else:
@@ -1173,9 +1184,16 @@ def main(argv: list[str] | None = None) -> int:
     pg = LocalPostgres(root / "postgres").start()
     try:
         print(f"command: {' '.join(sys.argv)}", flush=True)
-        print(f"e2e mariadb={reported} brokers={args.brokers} rates={args.rates} rate_s={args.rate_s:g} "
-              f"backlog={args.backlog} snapshot_rows={args.snapshot_rows} rounds={args.rounds} "
-              f"sink_tasks={args.sink_tasks} load={load()}", flush=True)  # fmt: skip
+        if args.faults:
+            print(f"e2e faults mariadb={reported} brokers={args.brokers} seeds={args.seeds} "
+                  f"duration={args.duration:g} workload={args.workload} types={len(args.type_list)} "
+                  f"values={','.join(args.value_kinds) or 'none'} "
+                  f"chaos_tx_s={args.chaos_tx_s:g} quiet_s={args.quiet_s:g} sink_tasks={args.sink_tasks} "
+                  f"load={load()}", flush=True)  # fmt: skip
+        else:
+            print(f"e2e mariadb={reported} brokers={args.brokers} rates={args.rates} rate_s={args.rate_s:g} "
+                  f"backlog={args.backlog} snapshot_rows={args.snapshot_rows} rounds={args.rounds} "
+                  f"sink_tasks={args.sink_tasks} load={load()}", flush=True)  # fmt: skip
         if args.faults:
             for i, seed in enumerate(args.seed_list):
                 for name in versus.round_orders(args.stacks, i + 1)[i]:

@@ -32,7 +32,7 @@ from pymysql.converters import escape_string
 from sluice.chaos.type_catalog import CATALOG, CatalogType
 from sluice.sync.types import SourceType, parse_type
 
-VALUE_KINDS = ("nul-text", "non-utf8-binary")
+VALUE_KINDS = ("nul-text", "non-utf8-binary", "invalid-date")
 
 #: A catalog type's name: its column in the catalog without `c_` (`tinyint_u`, `timestamp6`).
 TYPE_NAMES = tuple(t.column.removeprefix("c_") for t in CATALOG)
@@ -185,13 +185,29 @@ def literal_bytes(sql: str) -> bytes | None:
     return None
 
 
+def _calendar_date(raw: bytes) -> bool:
+    """Whether a DATE/DATETIME/TIMESTAMP literal's date is one of the calendar (not a zero date,
+    a zero in a date, or a day the month does not have)."""
+    try:
+        y, m, d = (int(x) for x in raw[:10].decode("ascii").split("-"))
+        dt.date(y, m, d)
+    except ValueError:
+        return False
+    return True
+
+
 def edge_allowed(t: CatalogType, index: int, value_kinds: tuple[str, ...]) -> bool:
     """Whether the value kinds that are on let a type's edge value be drawn: with `nul-text`
-    off no text value holds U+0000, with `non-utf8-binary` off every binary value is UTF-8."""
-    family = parse_type(t.ddl).family
+    off no text value holds U+0000, with `non-utf8-binary` off every binary value is UTF-8,
+    with `invalid-date` off every date is one of the calendar (no zero dates, no zero in a date,
+    no February 30th: values MariaDB keeps under ALLOW_INVALID_DATES)."""
+    source = parse_type(t.ddl)
+    family = source.family
     raw = literal_bytes(t.values[index])
     if raw is None:
         return True
+    if source.name in ("date", "datetime", "timestamp") and "invalid-date" not in value_kinds:
+        return _calendar_date(raw)
     if family in ("string", "enum", "set") and "nul-text" not in value_kinds:
         return b"\x00" not in raw
     if family == "binary" and "non-utf8-binary" not in value_kinds:

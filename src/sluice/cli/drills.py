@@ -363,7 +363,10 @@ def chaos_sync(
         ),
     ] = "all",
     values: Annotated[
-        str, typer.Option(help="Value kinds that can be left out: nul-text, non-utf8-binary ('all' or -KIND)")
+        str,
+        typer.Option(
+            help="Value kinds that can be left out: nul-text, non-utf8-binary, invalid-date ('all' or -KIND)"
+        ),
     ] = "all",
     types: Annotated[
         str,
