@@ -1117,7 +1117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--types", default="all", help="chaos: the catalog column types, comma-separated (all)")
     g.add_argument(
         "--values", default="all",
-        help="chaos: value kinds, as sluice chaos sync --values takes them (all, or e.g. -invalid-date)",
+        help="chaos: value kinds as sluice chaos sync takes them (all, or e.g. --values=-invalid-date)",
     )  # fmt: skip
     g.add_argument("--chaos-tx-s", type=float, default=12.0, help="chaos: transactions per second")
     g.add_argument("--fault-rate", type=int, default=1000, help="events: changes/s during the faults")
