@@ -114,8 +114,8 @@ def incident_run(
         typer.Option(
             help="sluice, or kafka: the same drill on a local Apache Kafka 3.9.1 cluster it starts and "
             "stops (A and C; for B and D it prints what of them applies to Kafka and exits 0), or "
-            "connect: D on Kafka Connect with Debezium's JDBC sink (zombie-task only; what its "
-            "target holds is reported as observed, exit 0)"
+            "connect: D on Sluice and then on Kafka Connect with Debezium's JDBC sink (zombie-task "
+            "only; a line per stack; what Connect's target holds is reported as observed)"
         ),
     ] = "sluice",
     attempts: Annotated[
@@ -178,7 +178,10 @@ def _run_against_connect(directory: Path, seed: int, attempts: int) -> int:
     if attempts < 1:
         raise fail("--attempts must be at least 1", 2)
     print("stack=sluice: sluice incident run zombie-task --local")
-    ours = run_incident("zombie-task", directory / "zombie-task", seed=seed)
+    try:
+        ours = run_incident("zombie-task", directory / "zombie-task", seed=seed)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     ours_ok = _print_result(ours)
     print(
         f"stack=connect: against=connect kafka={KAFKA_VERSION} connect={CONNECT_VERSION} "
