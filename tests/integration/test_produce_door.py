@@ -376,7 +376,6 @@ def test_a_txn_offset_commit_its_transaction_never_added_is_refused_and_leaves_n
     wait_until(lambda: create_topic(default, topic), 30, f"topic {topic}")
     txn_id = "offsets-unadded"
     pid, epoch = initialised(default, txn_id, acls=False)
-    group_coordinator = coordinator_of_group(default, group)
     body = {
         "transactional_id": txn_id,
         "group_id": group,
@@ -399,18 +398,29 @@ def test_a_txn_offset_commit_its_transaction_never_added_is_refused_and_leaves_n
             }
         ],
     }
-    with WireClient.connect(group_coordinator, timeout_s=30) as w:
-        r = w.request(ApiKey.TXN_OFFSET_COMMIT, 3, body)
-        assert r["topics"][0]["partitions"][0]["error_code"] == ErrorCode.INVALID_TXN_STATE, r
-        fetched = w.request(
-            ApiKey.OFFSET_FETCH,
-            7,
-            {
-                "group_id": group,
-                "topics": [{"name": topic, "partition_indexes": [0]}],
-                "require_stable": True,
-            },
-        )
+    moving = (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+
+    def commit_and_fetch() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Both requests at the group's coordinator; None (find it and ask again, as a client
+        does) while the coordinator moves or loads: a fresh-clone run of the suite got
+        NOT_COORDINATOR from the broker FindCoordinator had named a moment before."""
+        with WireClient.connect(coordinator_of_group(default, group), timeout_s=30) as w:
+            r = w.request(ApiKey.TXN_OFFSET_COMMIT, 3, body)
+            if r["topics"][0]["partitions"][0]["error_code"] in moving:
+                return None
+            fetched = w.request(
+                ApiKey.OFFSET_FETCH,
+                7,
+                {
+                    "group_id": group,
+                    "topics": [{"name": topic, "partition_indexes": [0]}],
+                    "require_stable": True,
+                },
+            )
+        return r, fetched
+
+    r, fetched = wait_until(commit_and_fetch, 60, f"an answer from the coordinator of {group}")
+    assert r["topics"][0]["partitions"][0]["error_code"] == ErrorCode.INVALID_TXN_STATE, r
     part = fetched["topics"][0]["partitions"][0]
     assert (part["error_code"], part["committed_offset"]) == (ErrorCode.NONE, -1), fetched
 
