@@ -173,7 +173,7 @@ def _run_against_connect(directory: Path, seed: int, attempts: int) -> int:
     from sluice.chaos.incidents import run_incident
     from sluice.peers.connect import CONNECT_VERSION, DEBEZIUM_VERSION, JDBC_SINK_VERSION, ConnectError
     from sluice.peers.kafka import KAFKA_VERSION, PeerError
-    from sluice.peers.zombie_connect import run_zombie_connect
+    from sluice.peers.zombie_connect import run_zombie_connect, summary
 
     if attempts < 1:
         raise fail("--attempts must be at least 1", 2)
@@ -193,15 +193,8 @@ def _run_against_connect(directory: Path, seed: int, attempts: int) -> int:
         raise fail(str(exc)) from None
     m, e, d = ours.target_rows_wrong if ours.target_rows_wrong is not None else ("?", "?", "?")
     print(f"zombie stack=sluice verdict={'pass' if ours_ok else 'fail'} missing={m} extra={e} different={d}")
-    done = [a for a in results if a.error is None]
-    stale = sum(len(a.stale) for a in done)
-    print(
-        f"zombie stack=connect attempts={len(results)} completed={len(done)} "
-        f"attempts_with_stale_rows={sum(1 for a in done if a.stale)} stale_rows={stale} "
-        f"missing={sum(a.missing for a in done)} extra={sum(a.extra for a in done)} "
-        f"different={sum(a.different for a in done)}"
-    )
-    return 0 if ours_ok and done else 1
+    print(f"zombie stack=connect {summary(results)}")
+    return 0 if ours_ok and any(a.error is None for a in results) else 1
 
 
 def _run_against_kafka(name: str, directory: Path, seed: int) -> int:

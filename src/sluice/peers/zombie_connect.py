@@ -293,15 +293,20 @@ def run_zombie_connect(directory: Path, seed: int = 1, attempts: int = 3, out: A
                 failed = Attempt(number, error=f"{type(exc).__name__}: {exc}")
                 out(f"attempt {number}: failed: {failed.error}")
                 results.append(failed)
+    out(f"zombie_connect {summary(results)}")
+    return results
+
+
+def summary(results: list[Attempt]) -> str:
+    """The attempts' counts as key=value fields, summed over the attempts that completed."""
     done = [a for a in results if a.error is None]
     stale = sum(len(a.stale) for a in done)
-    out(
-        f"zombie_connect attempts={len(results)} completed={len(done)} "
+    return (
+        f"attempts={len(results)} completed={len(done)} "
         f"attempts_with_stale_rows={sum(1 for a in done if a.stale)} stale_rows={stale} "
         f"missing={sum(a.missing for a in done)} extra={sum(a.extra for a in done)} "
         f"different={sum(a.different for a in done)}"
     )
-    return results
 
 
-__all__ = ["AGAINST", "Attempt", "run_zombie_connect"]
+__all__ = ["AGAINST", "Attempt", "run_zombie_connect", "summary"]
