@@ -104,10 +104,12 @@ def serve(port: int, host: str = "0.0.0.0", *, registry: CollectorRegistry = REG
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
-        raise MetricsBindError(
+        error = MetricsBindError(
             f"metrics endpoint http://{host}:{port}/metrics cannot be bound: {exc.strerror or exc}; "
             "fix metrics.port (0 picks a free port, empty turns the endpoint off)"
-        ) from None
+        )
+        error.errno = exc.errno
+        raise error from None
     bound = int(server.server_port)
     assert bound > 0 and (port == 0 or bound == port), (port, bound)
     return bound

@@ -128,6 +128,12 @@ def produce(bootstrap: str, topic: str, partition: int, values: list[bytes], **c
     return outcome
 
 
+def _partition_count(wire: WireClient, topic: str) -> int:
+    """How many partitions of ``topic`` the broker at the other end of ``wire`` itself knows."""
+    md = wire.request(ApiKey.METADATA, 8, {"topics": [{"name": topic}], "allow_auto_topic_creation": False})
+    return len(md["topics"][0]["partitions"])
+
+
 def earliest(admin: AdminClient, topic: str, partition: int) -> int:
     tp = TopicPartition(topic, partition)
     return int(admin.list_offsets({tp: OffsetSpec.earliest()})[tp].result(30).offset)
@@ -166,6 +172,13 @@ def test_create_partitions_adds_led_partitions_and_refuses_fewer(
     assert {replicas[0] for _, replicas in parts.values()} == {1, 2, 3}, (
         "new partitions spread over the brokers"
     )
+    # The answer comes once the broker that handled the request has the leaders; the others learn
+    # it from ZooKeeper's change notices moments later (Kafka's AdminClient documents the same
+    # "shortly after"). A producer that bootstraps from one of those before then is told of two
+    # partitions and fails partition 3 as unknown, so wait for every broker's own answer.
+    for b in cluster.cluster.brokers:
+        with WireClient.connect(b.address) as direct:
+            wait_until(lambda: _partition_count(direct, "grow") == 4, 10, f"broker {b.broker_id} to know")
     assert produce(cluster.bootstrap, "grow", 3, [b"new"]) == [0]
 
     for count in (3, 4):  # fewer, and as many as today

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from sluice.ops.ports import free_port
+from sluice.ops import launcher
+from sluice.ops.ports import ADDRESS_IN_USE_EXIT, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,7 +108,7 @@ def test_a_listener_that_cannot_bind_stops_the_broker_before_it_touches_anything
         path.write_text(base_config(tmp_path, watched_zookeeper.port, port))
         done = broker_start("--config", str(path))
         message = " ".join(done.stderr.split())
-        assert done.returncode != 0
+        assert done.returncode == ADDRESS_IN_USE_EXIT, "the launcher picks other ports on this status"
         assert f"listener PLAINTEXT://127.0.0.1:{port} cannot be bound" in message, done.stderr
         assert "Address already in use" in message, done.stderr
         # an address that is not this host's
@@ -115,7 +116,7 @@ def test_a_listener_that_cannot_bind_stops_the_broker_before_it_touches_anything
             "PLAINTEXT://127.0.0.1:", "PLAINTEXT://192.0.2.1:"
         ))  # fmt: skip
         done = broker_start("--config", str(path))
-        assert done.returncode != 0
+        assert done.returncode not in (0, ADDRESS_IN_USE_EXIT), "not an address another port mends"
         assert "listener PLAINTEXT://192.0.2.1:" in " ".join(done.stderr.split()), done.stderr
     finally:
         taken.close()
@@ -190,3 +191,35 @@ def test_a_worker_with_a_bad_config_file_stops_before_it_connects(
     assert "unknown key 'spark.mastr'; did you mean 'spark.master'?" in message and str(path) in message
     assert "Traceback" not in done.stderr
     assert watched_zookeeper.accepted == 0
+
+
+def test_cluster_up_starts_a_broker_again_on_new_ports_when_another_server_took_a_picked_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ports are picked free and reserved by nobody (ops.ports): another test's server that picked
+    the same one at random can bind it first. The broker exits ADDRESS_IN_USE_EXIT and the
+    launcher starts it on new ports; the cluster comes up."""
+    taken = socket.create_server(("127.0.0.1", 0))
+    picked: list[list[int]] = []
+    real = launcher.free_ports
+
+    def pick(n: int, host: str = "127.0.0.1") -> list[int]:
+        ports = real(n, host=host)
+        if n == 3 and not any(len(p) == 3 for p in picked):  # the broker's first three
+            ports[0] = taken.getsockname()[1]
+        picked.append(ports)
+        return ports
+
+    monkeypatch.setattr(launcher, "free_ports", pick)
+    try:
+        cluster = launcher.cluster_up(tmp_path / "c", 1)
+        try:
+            (b,) = cluster.brokers
+            assert (
+                b.port != taken.getsockname()[1] and [b.port, b.internal_port, b.metrics_port] == picked[-1]
+            )
+            assert len(picked) == 3, "ZooKeeper's port, the broker's taken three, its next three"
+        finally:
+            launcher.cluster_down(tmp_path / "c")
+    finally:
+        taken.close()

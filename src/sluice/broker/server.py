@@ -111,10 +111,12 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise ListenerBindError(
+        error = ListenerBindError(
             f"listener PLAINTEXT://{host}:{port} cannot be bound: {exc.strerror or exc}; fix listeners "
             "(is another process on that port, or is the address not one of this host's?)"
-        ) from None
+        )
+        error.errno = exc.errno  # EADDRINUSE: the broker exits ADDRESS_IN_USE_EXIT (launcher retries)
+        raise error from None
     return sock
 
 

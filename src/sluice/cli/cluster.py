@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from pathlib import Path
 from typing import Annotated
@@ -248,6 +249,8 @@ def broker_start(
     from sluice.broker.config import BrokerConfig
     from sluice.broker.server import ListenerBindError
     from sluice.cluster.zkstore import BrokerIdInUseError
+    from sluice.metrics import MetricsBindError
+    from sluice.ops.ports import ADDRESS_IN_USE_EXIT
     from sluice.ops.private_files import private_umask
     from sluice.properties import ConfigError
 
@@ -264,7 +267,9 @@ def broker_start(
     private_umask()  # its data directory, segments and checkpoints are its owner's alone
     try:
         run_broker(config)
-    except (BrokerIdInUseError, DataDirInUseError, ListenerBindError, ConnectionError, ValueError) as exc:
+    except (ListenerBindError, MetricsBindError) as exc:
+        raise fail(str(exc), ADDRESS_IN_USE_EXIT if exc.errno == errno.EADDRINUSE else 1) from None
+    except (BrokerIdInUseError, DataDirInUseError, ConnectionError, ValueError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"broker {config.broker_id} could not start: {exc}") from None

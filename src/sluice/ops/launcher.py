@@ -36,7 +36,7 @@ import orjson
 
 from sluice.cluster.zkstore import ZkAuth, close, connect
 from sluice.ops.netns import HostNetwork, namespace_exec_prefix
-from sluice.ops.ports import free_ports
+from sluice.ops.ports import ADDRESS_IN_USE_EXIT, free_ports
 from sluice.ops.private_files import PRIVATE_UMASK, open_private_log, private_dir
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
@@ -382,13 +382,27 @@ def restart_broker(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 6
     wait_broker_ready(cluster, b, timeout_s=timeout_s)
 
 
+class AddressTakenError(RuntimeError):
+    """A broker exited at start-up because one of its addresses was taken (ADDRESS_IN_USE_EXIT)."""
+
+
+def _exit_status(pid: int) -> int | None:
+    """The exit status of ``pid`` if it is an exited child of this process (reaping it)."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return os.waitstatus_to_exitcode(status) if reaped == pid else None
+
+
 def wait_broker_ready(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     zk = connect(cluster.zookeeper, auth=cluster.zk_auth())
     try:
         while time.monotonic() < deadline:
             if not pid_alive(b.pid):
-                raise RuntimeError(
+                error = AddressTakenError if _exit_status(b.pid) == ADDRESS_IN_USE_EXIT else RuntimeError
+                raise error(
                     f"broker {b.broker_id} exited during start-up; see {b.log_file}:\n{tail(b.log_file)}"
                 )
             if zk.exists(f"/brokers/ids/{b.broker_id}") and port_open(b.host, b.port):
@@ -399,6 +413,26 @@ def wait_broker_ready(cluster: LocalCluster, b: BrokerProcess, timeout_s: float 
     raise TimeoutError(
         f"broker {b.broker_id} was not ready after {timeout_s:.0f} s; see {b.log_file}:\n{tail(b.log_file)}"
     )
+
+
+#: Start-ups of one broker on newly picked ports when another server took a picked one first.
+PICKED_PORT_TRIES = 3
+
+
+def _wait_ready_on_picked_ports(cluster: LocalCluster, b: BrokerProcess, host: str) -> None:
+    """Wait for a broker whose ports the launcher picked (ops.ports: free when picked, reserved
+    by nobody); if another server bound one of them first, pick three new ones and start it
+    again. The cluster is new: no client has been told the old port."""
+    for attempt in range(1, PICKED_PORT_TRIES + 1):
+        try:
+            wait_broker_ready(cluster, b)
+            return
+        except AddressTakenError:
+            if attempt == PICKED_PORT_TRIES:
+                raise
+        b.port, b.internal_port, b.metrics_port = free_ports(3, host=host)
+        start_broker_process(cluster, b)
+        cluster.save()
 
 
 def tail(path: str, lines: int = 15) -> str:
@@ -510,7 +544,10 @@ def cluster_up(
             start_broker_process(cluster, b)
         cluster.save()
         for b in cluster.brokers:
-            wait_broker_ready(cluster, b)
+            if network is None:
+                _wait_ready_on_picked_ports(cluster, b, host)
+            else:
+                wait_broker_ready(cluster, b)
         wait_controller(cluster)
         wait_views_complete(cluster)
         for i in range(workers):

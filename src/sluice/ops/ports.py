@@ -6,8 +6,9 @@ range (bind to port 0) was free at that moment only: a client's connection could
 before the server bound it, or while a killed broker was down, and its restart then failed
 with "Address already in use" (seen in the suite: a broker's metrics port taken between its
 kill -9 and its restart). Below the range only another server can take it. A random port is
-tried until one binds; nothing reserves it afterwards, so a server started on it should still
-treat "address in use" at start-up as a (now rare) retryable failure.
+tried until one binds; nothing reserves it afterwards: another test's server that picked the
+same port at random can bind it first (seen once in a suite run of two processes). A server
+started on it exits ADDRESS_IN_USE_EXIT, and the launcher picks new ports and starts it again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ import random
 import socket
 from contextlib import ExitStack
 
-__all__ = ["free_port", "free_ports"]
+__all__ = ["ADDRESS_IN_USE_EXIT", "free_port", "free_ports"]
+
+#: The exit status of a server whose address was taken (errno EADDRINUSE's number on Linux):
+#: ``sluice broker start`` exits with it, and the launcher, which picked the port, picks another.
+ADDRESS_IN_USE_EXIT = 98
 
 
 def _family(host: str) -> socket.AddressFamily:
