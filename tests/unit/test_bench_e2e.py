@@ -61,3 +61,16 @@ def test_the_chaos_workloads_types_are_checked_by_name() -> None:
         assert exc.code == 2
     else:
         raise AssertionError("an unknown type was taken")
+
+
+def test_the_jdbc_sink_runs_with_debeziums_defaults_unless_the_tuned_variant_is_asked_for() -> None:
+    plain = e2e.sink_config(e2e.parse_args([]), 5432, "src", "dst", ("events", "fresh"), "e2e")
+    assert plain["connection.url"] == "jdbc:postgresql://127.0.0.1:5432/dst"
+    assert plain["batch.size"] == "500" and "consumer.override.max.poll.records" not in plain
+    assert plain["topics.regex"] == r"e2e\.src\.(events|fresh)"
+    tuned = e2e.sink_config(
+        e2e.parse_args(["--sink-batch-size", "5000", "--sink-rewrite-batched"]), 5432, "src", "dst",
+        ("events",), "e2e",
+    )  # fmt: skip
+    assert tuned["connection.url"].endswith("/dst?reWriteBatchedInserts=true")
+    assert tuned["batch.size"] == "5000" and tuned["consumer.override.max.poll.records"] == "5000"
