@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ import orjson
 
 from sluice.cluster.zkstore import ZkAuth, close, connect
 from sluice.ops.netns import HostNetwork, namespace_exec_prefix
-from sluice.ops.ports import ADDRESS_IN_USE_EXIT, free_ports
+from sluice.ops.ports import ADDRESS_IN_USE_EXIT, free_ports, port_open
 from sluice.ops.private_files import PRIVATE_UMASK, open_private_log, private_dir
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
@@ -233,14 +232,6 @@ class LocalCluster:
             if b.broker_id == broker_id:
                 return b
         raise KeyError(f"broker {broker_id} is not part of the cluster in {self.directory}")
-
-
-def port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def namespace_prefix(namespace: str | None) -> list[str]:

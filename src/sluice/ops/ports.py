@@ -17,7 +17,7 @@ import random
 import socket
 from contextlib import ExitStack
 
-__all__ = ["ADDRESS_IN_USE_EXIT", "free_port", "free_ports"]
+__all__ = ["ADDRESS_IN_USE_EXIT", "free_port", "free_ports", "port_open"]
 
 #: The exit status of a server whose address was taken (errno EADDRINUSE's number on Linux):
 #: ``sluice broker start`` exits with it, and the launcher, which picked the port, picks another.
@@ -98,3 +98,12 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     with ExitStack() as stack:
         socks = [stack.enter_context(_bind_free(host)) for _ in range(n)]
         return [int(s.getsockname()[1]) for s in socks]
+
+
+def port_open(host: str, port: int) -> bool:
+    """Whether a server accepts connections at ``host:port`` now (a connect within 0.5 s)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False

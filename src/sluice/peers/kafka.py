@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sluice.ops.peer_jars import KAFKA_VERSION, KRAFT_VERSION, PeerError, kafka_libs
-from sluice.ops.ports import free_ports
+from sluice.ops.ports import free_ports, port_open
 from sluice.ops.processes import pid_alive
 from sluice.ops.zookeeper import LocalZooKeeper, find_java
 from sluice.security.client import PLAINTEXT, ClientSecurity
@@ -404,8 +404,11 @@ def _start_broker(java: str, libs: Path, cluster: PeerCluster, broker: PeerBroke
 
 
 def _wait_registered(cluster: PeerCluster, timeout_s: float) -> None:
-    """Until every broker answers Metadata naming all of them (each registered in ZooKeeper, or
-    with the KRaft controller and unfenced)."""
+    """Until the brokers' Metadata names all of them (each registered in ZooKeeper, or with the
+    KRaft controller and unfenced) and every broker's own listener accepts connections: a Kafka
+    broker registers in ZooKeeper a second or two before it enables request processing, so one
+    broker's answer naming another says nothing of whether that one can be reached yet (a suite
+    run connected to it in that gap and was refused)."""
     from confluent_kafka.admin import AdminClient
 
     want = {b.broker_id for b in cluster.brokers}
@@ -424,9 +427,10 @@ def _wait_registered(cluster: PeerCluster, timeout_s: float) -> None:
         admin = AdminClient(config)
         try:
             seen = set(admin.list_topics(timeout=2).brokers)
-            if seen == want:
+            closed = [b.broker_id for b in cluster.brokers if not port_open("127.0.0.1", b.port)]
+            if seen == want and not closed:
                 return
-            last = f"brokers {sorted(seen)} registered"
+            last = f"brokers {sorted(seen)} registered, {closed} not yet accepting connections"
         except Exception as exc:  # not up yet
             last = str(exc)
         time.sleep(0.5)
