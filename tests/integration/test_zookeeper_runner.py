@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, RolledBackError
 from kazoo.protocol.serialization import Connect
 
-from sluice.ops.ports import free_port, free_ports
+from sluice.ops.ports import free_port, free_ports, port_open
 from sluice.ops.zookeeper import LocalZooKeeper, find_classpath
 
 try:
@@ -77,15 +77,6 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def _port_open(host: str, port: int) -> bool:
-    """Return whether something accepts TCP connections on ``host:port``."""
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 def test_session_ephemeral_transaction_and_stop(zk: LocalZooKeeper) -> None:
     """A 6 s kazoo session, an ephemeral znode, all-or-nothing transactions, then stop."""
     assert zk.is_running()
@@ -145,7 +136,7 @@ def test_session_ephemeral_transaction_and_stop(zk: LocalZooKeeper) -> None:
     zk.stop()
     assert not zk.is_running()
     assert not zk.pid_path.exists()
-    assert not _port_open(zk.host, zk.port)
+    assert not port_open(zk.host, zk.port)
     zk.stop()  # stopping again is harmless
 
 
@@ -193,13 +184,13 @@ def test_two_servers_at_once_and_stop_from_pidfile(tmp_path: Path) -> None:
         # Another process would stop a server through its pid file.
         assert LocalZooKeeper.stop_from_pidfile(servers[0].data_dir) is True
         assert not servers[0].is_running()
-        assert not _port_open(servers[0].host, servers[0].port)
+        assert not port_open(servers[0].host, servers[0].port)
         assert servers[1].is_running()
         assert LocalZooKeeper.stop_from_pidfile(servers[0].data_dir) is False
     finally:
         for server in servers:
             server.stop()
-    assert not _port_open(servers[1].host, servers[1].port)
+    assert not port_open(servers[1].host, servers[1].port)
 
 
 def test_start_fails_clearly_when_port_is_taken(tmp_path: Path) -> None:
