@@ -206,8 +206,9 @@ def cluster(make_cluster: Callable[..., TestCluster]) -> TestCluster:
 
 @pytest.fixture(scope="session")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
-    """One real PostgreSQL (Debian's server binaries) for the whole run; tests make databases."""
-    server = LocalPostgres(tmp_path_factory.mktemp("postgres"))
+    """One real PostgreSQL (Debian's server binaries) for the whole run, a target and (wal_level
+    logical) a source; tests make databases."""
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres"), logical=True)  # a source too
     server.start()
     try:
         yield server

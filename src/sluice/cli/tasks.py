@@ -356,8 +356,10 @@ def task_verify(
 def task_delete(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
     from sluice.service.tasks import delete_task
 
-    _call(zookeeper, delete_task, task_id)
+    result = _call(zookeeper, delete_task, task_id)
     console.print(f"task {task_id} deleted")
+    for line in (result or {}).get("source_objects", []):
+        console.print(f"source_object {line}", markup=False, highlight=False)
 
 
 @task_app.command("secret-scope")

@@ -44,8 +44,10 @@ def find_bin_dir() -> Path:
 
 
 class LocalPostgres:
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(self, directory: Path, port: int | None = None, *, logical: bool = False) -> None:
         self.directory = directory.resolve()
+        # wal_level=logical and room for replication slots: a server a PostgreSQL source reads
+        self.logical = logical
         self.port = port or free_port()
         self.bin = find_bin_dir()
         self._as_user: list[str] = []
@@ -89,6 +91,9 @@ class LocalPostgres:
             f"-p {self.port} -k {self.server_dir} -c listen_addresses=127.0.0.1 "
             "-c shared_buffers=256MB -c max_wal_size=2GB -c checkpoint_timeout=15min"
         )
+        if self.logical:
+            options += " -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20"
+
         result = self._run(
             str(self.bin / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_path), "-o", options,
             "-w", "-t", str(int(timeout_s)), "start", check=False,

@@ -39,7 +39,7 @@ from sluice.clients import close_within
 from sluice.cluster.zkstore import ZOOKEEPER_UNREACHABLE
 from sluice.security.client import PLAINTEXT, ClientSecurity
 from sluice.security.secrets import DEFAULT_SCOPE, SecretScope, resolved_only
-from sluice.sync.tasks import TaskSpec, TaskStore, parse_duration, resolved, scrub
+from sluice.sync.tasks import DATABASE_SOURCES, TaskSpec, TaskStore, parse_duration, resolved, scrub
 
 log = logging.getLogger("sluice.execution")
 
@@ -218,7 +218,7 @@ class TaskExecution:
                 self.bootstrap, [spec.dlq_topic()], DEAD_LETTER_PARTITIONS, opts.get("replication_factor"),
                 self.security, DEAD_LETTER_TOPIC_CONFIG,
             )  # fmt: skip
-        if spec.source.kind in ("mysql", "mariadb"):  # small: one partition, replicated like the rest
+        if spec.source.kind in DATABASE_SOURCES:  # small: one partition, replicated like the rest
             ensure_topics(self.bootstrap, [spec.transactions_topic()], 1, opts.get("replication_factor"),
                           self.security)  # fmt: skip
         self._start_capture()
@@ -259,6 +259,24 @@ class TaskExecution:
                 snapshot_requests=lambda: self.store.control(self.task_id).snapshots,
                 snapshot_done=lambda request: self.store.snapshot_done(self.task_id, request),
                 on_history_change=self._on_history_change, zero_dates=opts.get("zero_dates", "null"),
+            )  # fmt: skip
+            target = self.capture.run
+        elif spec.source.kind == "postgresql":
+            from sluice.sync.sources.postgresql import HEARTBEAT_S as PG_HEARTBEAT_S
+            from sluice.sync.sources.postgresql import PgCapture
+            from sluice.sync.sources.postgresql import recover_position as pg_recover
+
+            client = self.security.confluent_config()
+            start = self.control.from_position or pg_recover(self.bootstrap, spec.topics(), client)
+            task_id = self.task_id
+            self.capture = PgCapture(
+                spec.source, spec.tables, spec.topic_for, self.bootstrap, name=spec.id, epoch=self.epoch,
+                execution=self.execution, start=start, stop=self.stop_event, still_owner=self._still_owner,
+                switches=self.switches, producer_config=client, transactions_topic=spec.transactions_topic(),
+                transaction_metadata=opts.get("transaction_metadata", "false") == "true",
+                heartbeat_s=parse_duration(str(opts.get("heartbeat_interval", PG_HEARTBEAT_S))),
+                on_created=lambda objects: self.store.record_source_objects(task_id, objects),
+                created=lambda: self.store.source_objects(task_id),
             )  # fmt: skip
             target = self.capture.run
         else:
@@ -690,7 +708,7 @@ def apply_config(
         on_refused=spec.options.get("on_refused", "stop"), dead_letter_topic=spec.dlq_topic(),
         execution=execution,
         schema_change_policy=str(spec.options.get("schema_change_policy", "evolve")),
-        transaction_topic=spec.transactions_topic() if spec.source.kind in ("mysql", "mariadb") else None,
+        transaction_topic=spec.transactions_topic() if spec.source.kind in DATABASE_SOURCES else None,
     )  # fmt: skip
 
 

@@ -292,8 +292,29 @@ def restart_task(svc: Services, task_id: str, from_position: str | None = None) 
 
 
 def delete_task(svc: Services, task_id: str) -> dict[str, Any]:
+    """Remove the task; a PostgreSQL source's slot and publication go with it when the task
+    created them (`source_objects`), never ones it did not."""
     try:
+        spec = svc.tasks.get(task_id)
+        created = svc.tasks.source_objects(task_id) if spec.source.kind == "postgresql" else {}
         svc.tasks.delete(task_id)
     except TaskNotFoundError:
         raise NotFoundError(f"no task {task_id!r}") from None
-    return {"deleted": task_id}
+    out: dict[str, Any] = {"deleted": task_id}
+    if spec.source.kind == "postgresql":
+        out["source_objects"] = _drop_source_objects(svc, spec, created)
+    return out
+
+
+def _drop_source_objects(svc: Services, spec: TaskSpec, created: dict[str, str]) -> list[str]:
+    from sluice.security.secrets import SecretError
+    from sluice.sync.sources.mysql_base import CaptureError
+    from sluice.sync.sources.postgresql import drop_objects
+    from sluice.sync.tasks import resolved
+
+    try:
+        source = resolved(spec, svc.tasks.secret_scope()).source
+        return drop_objects(source, spec.id, created)
+    except (SecretError, CaptureError) as exc:
+        names = ", ".join(f"{k} {v}" for k, v in sorted(created.items())) or "none"
+        return [f"action=left error={exc!r} created={names!r} (drop them on the source by hand)"]

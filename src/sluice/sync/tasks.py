@@ -71,7 +71,10 @@ EXECUTION_OUTCOMES = ("running", "stopped", "failed", "superseded", "fenced")
 #: is waited on: kazoo holds a call while it reconnects, for good without ZooKeeper.
 BEST_EFFORT_CALL_S = 2.0
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-SOURCE_KINDS = ("mysql", "mariadb", "generator")
+_PG_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+SOURCE_KINDS = ("mysql", "mariadb", "postgresql", "generator")
+#: sources that capture a database's changes (a transactions topic, tables named)
+DATABASE_SOURCES = ("mysql", "mariadb", "postgresql")
 
 
 def parse_duration(text: str) -> float:
@@ -115,6 +118,11 @@ class SourceSpec:
     password: SecretRef | Secret | None = None
     database: str = ""
     server_id: int | None = None
+    # postgresql: the publication and logical replication slot (default `sluice_<task>`, created
+    # when missing), and the schema of table names given without one (default public)
+    publication: str = ""
+    slot: str = ""
+    schema: str = ""
     # generator
     rate: float = 1000.0
     skew: float = 2.0
@@ -291,8 +299,8 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
     tables = doc.get("tables", [])
     if not isinstance(tables, list) or not all(isinstance(t, str) and t for t in tables):
         raise TaskSpecError("task.tables: must be a list of table names")
-    if source.kind in ("mysql", "mariadb") and not tables:
-        raise TaskSpecError("task.tables: a mysql/mariadb source needs the tables to capture")
+    if source.kind in DATABASE_SOURCES and not tables:
+        raise TaskSpecError(f"task.tables: a {source.kind} source needs the tables to capture")
     topic = doc.get("topic", "{task}.changes")
     if not isinstance(topic, str) or not topic:
         raise TaskSpecError("task.topic: must be a topic name, with optional {task} and {table}")
@@ -379,14 +387,23 @@ def _parse_source(doc: Any, stored: bool) -> SourceSpec:
         password = parse_ref(doc.get("password"), "task.source.password", stored=stored)
     except SecretRefError as exc:
         raise TaskSpecError(str(exc)) from None
+    if kind == "postgresql":  # PostgreSQL's own defaults where the definition is silent
+        doc = {"port": 5432, "user": "postgres", **doc}
     spec = SourceSpec(**{**doc, "password": password})
     if not isinstance(spec.port, int) or isinstance(spec.port, bool) or not 1 <= spec.port <= 65535:
         raise TaskSpecError("task.source.port: must be an integer in 1..65535")
     for name in ("host", "user", "database"):
         if not isinstance(getattr(spec, name), str):
             raise TaskSpecError(f"task.source.{name}: must be a string")
-    if kind in ("mysql", "mariadb") and not spec.database:
-        raise TaskSpecError("task.source.database: a mysql/mariadb source needs the database name")
+    if kind in DATABASE_SOURCES and not spec.database:
+        raise TaskSpecError(f"task.source.database: a {kind} source needs the database name")
+    for name in ("publication", "slot", "schema"):
+        value = getattr(spec, name)
+        if value and (kind != "postgresql" or not isinstance(value, str) or not _PG_NAME.match(value)):
+            raise TaskSpecError(
+                f"task.source.{name}: only a postgresql source has one, and it must be 1-63 lower-case "
+                "letters, digits and _, not starting with a digit"
+            )
     sid = spec.server_id
     if sid is not None and (not isinstance(sid, int) or not 1 <= sid < 2**32):
         raise TaskSpecError("task.source.server_id: must be an integer in 1..4294967295")
@@ -622,6 +639,22 @@ class TaskStore:
             return None
         result: dict[str, Any] = orjson.loads(data)
         return result
+
+    def record_source_objects(self, task_id: str, objects: dict[str, str]) -> None:
+        """The source objects the task created (a PostgreSQL slot and publication): `sluice task
+        delete` drops these and no others."""
+        self._call(self.zk.ensure_path, self._path(task_id, "source_objects"))
+        self._call(self.zk.set, self._path(task_id, "source_objects"), orjson.dumps(objects))
+
+    def source_objects(self, task_id: str) -> dict[str, str]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, _ = self._call(self.zk.get, self._path(task_id, "source_objects"))
+        except NoNodeError:
+            return {}
+        doc = orjson.loads(data) if data else {}
+        return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
 
     def raise_alarm(self, task_id: str, kind: str, detail: dict[str, Any]) -> None:
         self._call(

@@ -49,10 +49,71 @@ class SourceType:
     unsigned: bool = False
     name: str = ""
     members: tuple[str, ...] = ()  # ENUM and SET labels, in definition order
+    #: "mysql" (MySQL and MariaDB), or "pg": a PostgreSQL column type (`pg:` + format_type)
+    dialect: str = "mysql"
+    #: PostgreSQL: the column type as the source names it (format_type), without `pg:`
+    text: str = ""
+
+
+#: the prefix of a PostgreSQL source's column types (sync/sources/pg_values.py)
+PG_PREFIX = "pg:"
+_PG_INT = {"smallint": 2, "integer": 4, "bigint": 8, "oid": 8}
+_PG_STRING = {"text", "character varying", "character", "name", '"char"', "citext"}
+_PG_TEMPORAL = {
+    "date": "date", "time without time zone": "time", "time with time zone": "timetz",
+    "timestamp without time zone": "timestamp", "timestamp with time zone": "timestamptz",
+    "interval": "interval",
+}  # fmt: skip
+#: built-in types a PostgreSQL target gives the same type (its text output is their input)
+_PG_NATIVE = frozenset(
+    {"uuid", "inet", "cidr", "macaddr", "macaddr8", "bit", "bit varying", "int4range", "int8range",
+     "numrange", "tsrange", "tstzrange", "daterange", "int4multirange", "int8multirange",
+     "nummultirange", "tsmultirange", "tstzmultirange", "datemultirange", "point", "line", "lseg",
+     "box", "path", "polygon", "circle", "xml", "tsvector", "tsquery", "pg_lsn"}
+)  # fmt: skip
+_PG_TYPMOD = re.compile(r"\((\d+)(?:,(\d+))?\)")
+
+
+def parse_pg_type(text: str) -> SourceType:
+    """The family of a PostgreSQL column type, as format_type() names it."""
+    full = text.strip()
+    if full.endswith("[]"):
+        return SourceType("array", name="array", dialect="pg", text=full)
+    m = _PG_TYPMOD.search(full)
+    n = int(m.group(1)) if m else None
+    d = int(m.group(2)) if m and m.group(2) else 0
+    base = " ".join(_PG_TYPMOD.sub("", full).split())  # `timestamp(3) with time zone` -> without (3)
+    if base in _PG_INT:
+        return SourceType("int", _PG_INT[base], name=base, dialect="pg", text=full)
+    if base in ("real", "double precision"):
+        return SourceType("float", 4 if base == "real" else 8, name=base, dialect="pg", text=full)
+    if base == "numeric":
+        return SourceType("decimal", n or 0, d, name=base, dialect="pg", text=full)
+    if base == "money":
+        return SourceType("money", 19, 2, name=base, dialect="pg", text=full)
+    if base == "boolean":
+        return SourceType("bool", 1, name=base, dialect="pg", text=full)
+    if base in _PG_STRING:
+        return SourceType("string", n or 0, name=base, dialect="pg", text=full)
+    if base == "bytea":
+        return SourceType("binary", name=base, dialect="pg", text=full)
+    if base in ("json", "jsonb"):
+        return SourceType("json", name=base, dialect="pg", text=full)
+    if base in _PG_TEMPORAL or base.startswith("interval"):
+        name = _PG_TEMPORAL.get(base, "interval")
+        return SourceType("temporal", scale=6 if n is None else n, name=name, dialect="pg", text=full)
+    if base == "enum":
+        return SourceType("enum", name=base, dialect="pg", text=full)
+    if base in _PG_NATIVE:
+        return SourceType("native", n or 0, name=base, dialect="pg", text=full)
+    return SourceType("other", name=base, dialect="pg", text=full)
 
 
 def parse_type(text: str) -> SourceType:
-    """The family, size and details of a MySQL column type text."""
+    """The family, size and details of a MySQL column type text (or, with the `pg:` prefix, a
+    PostgreSQL one: `parse_pg_type`)."""
+    if (text or "").startswith(PG_PREFIX):
+        return parse_pg_type(text[len(PG_PREFIX) :])
     m = _TYPE.match(text or "")
     if not m:
         return SourceType("other", name=(text or "").lower())
@@ -130,7 +191,103 @@ def _pg_timestamp(zone: str) -> Callable[[SourceType], str]:
     return lambda t: f"timestamp({t.scale}) {zone} time zone"
 
 
+def _pg(family: str, *names: str) -> Callable[[SourceType], bool]:
+    return lambda t: t.dialect == "pg" and t.family == family and (not names or t.name in names)
+
+
+def _pg_same(t: SourceType) -> str:
+    return t.text
+
+
+def _mysql(rule: Callable[[SourceType], bool]) -> Callable[[SourceType], bool]:
+    return lambda t: t.dialect == "mysql" and rule(t)
+
+
 # fmt: off
+#: PostgreSQL sources (sync/sources/pg_values.py): a PostgreSQL target gets the source's own type
+#: wherever PostgreSQL has it built in, and the value as PostgreSQL prints it, so PostgreSQL to
+#: PostgreSQL keeps every value.
+PG_MAPPINGS: tuple[TypeMapping, ...] = (
+    TypeMapping(
+        "PostgreSQL smallint, integer, bigint, oid", _pg("int"), "JSON integer",
+        _pg_same, "the same type", _const("INTEGER"), "INTEGER",
+    ),
+    TypeMapping(
+        "PostgreSQL real, double precision", _pg("float"),
+        "JSON number (shortest exact: extra_float_digits=3); `NaN`, `Infinity`, `-Infinity` as "
+        "JSON strings (JSON has no such numbers)",
+        _pg_same, "the same type", _const("REAL"), "REAL (the three specials as TEXT)",
+    ),
+    TypeMapping(
+        "PostgreSQL numeric(p,s), numeric", _pg("decimal"),
+        "JSON string: the exact value as PostgreSQL prints it, `NaN`, `Infinity`, `-Infinity` included",
+        _pg_same, "the same type", _const("TEXT"), "TEXT (the exact text)",
+    ),
+    TypeMapping(
+        "PostgreSQL money", _pg("money"),
+        "JSON string: the amount with 2 decimals, no currency sign or separators (`-1234.56`; "
+        "read with lc_monetary=C)",
+        _const("numeric(19,2)"), "numeric(19,2) (money's range, free of the target's locale)",
+        _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "PostgreSQL boolean", _pg("bool"), "JSON true / false",
+        _const("boolean"), "boolean", _const("INTEGER"), "INTEGER (1 / 0)",
+    ),
+    TypeMapping(
+        "PostgreSQL text, varchar(n), char(n), name", _pg("string"),
+        "JSON string (char(n) padded to n, as PostgreSQL prints it)",
+        _pg_same, "the same type", _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "PostgreSQL bytea", _pg("binary"), "base64 JSON string of every byte (listed in `binary`)",
+        _const("bytea"), "bytea", _const("BLOB"), "BLOB",
+    ),
+    TypeMapping(
+        "PostgreSQL json, jsonb", _pg("json"),
+        "JSON string: the document's text (json: as written; jsonb: normalised)",
+        _pg_same, "the same type", _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "PostgreSQL timestamp(p)", _pg("temporal", "timestamp"),
+        "JSON string `YYYY-MM-DDTHH:MM:SS[.ffffff]` (` BC` after a year before 1), or `infinity`, "
+        "`-infinity`",
+        _pg_same, "the same type", _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "PostgreSQL timestamptz(p)", _pg("temporal", "timestamptz"),
+        "JSON string in UTC `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`, or `infinity`, `-infinity`",
+        _pg_same, "the same type", _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "PostgreSQL date, time, timetz, interval", _pg("temporal"),
+        "JSON string as PostgreSQL prints it (DateStyle ISO, IntervalStyle postgres: `1 year 2 mons "
+        "3 days 04:05:06`), date `infinity` included",
+        _pg_same, "the same type", _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "PostgreSQL enum types", _pg("enum"), "JSON string: the label",
+        _const("text"), "text", _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "PostgreSQL arrays", _pg("array"),
+        "JSON string: PostgreSQL's array literal (`{1,2,NULL}`, `{{1,2},{3,4}}`)",
+        lambda t: "text[]" if t.text == "enum[]" else t.text, "the same array type (an enum's: text[])",
+        _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "PostgreSQL uuid, inet, cidr, macaddr(8), bit(n), varbit, ranges and multiranges, point, "
+        "line, lseg, box, path, polygon, circle, xml, tsvector, tsquery, pg_lsn",
+        _pg("native"), "JSON string as PostgreSQL prints it",
+        _pg_same, "the same type", _const("TEXT"), "TEXT",
+    ),
+    TypeMapping(
+        "PostgreSQL: anything else (hstore, citext, an extension's or a composite type)",
+        lambda t: t.dialect == "pg", "JSON string as PostgreSQL prints it",
+        _const("text"), "text", _const("TEXT"), "TEXT",
+    ),
+)
+
 MAPPINGS: tuple[TypeMapping, ...] = (
     TypeMapping(
         "TINYINT, SMALLINT, MEDIUMINT, INT, BIGINT (signed); BOOL (TINYINT(1))",
@@ -270,6 +427,22 @@ MAPPINGS: tuple[TypeMapping, ...] = (
     ),
 )
 # fmt: on
+MAPPINGS = (
+    tuple(
+        TypeMapping(
+            m.source,
+            _mysql(m.matches),
+            m.envelope,
+            m.postgresql,
+            m.postgresql_doc,
+            m.sqlite,
+            m.sqlite_doc,
+            m.note,
+        )
+        for m in MAPPINGS
+    )
+    + PG_MAPPINGS
+)  # fmt: skip
 
 #: Types no row covers (MariaDB's UUID, INET4, INET6 among them): text in both targets.
 _OTHER = TypeMapping(
@@ -299,7 +472,7 @@ def sqlite_type(source_type: str) -> str:
 def markdown_table() -> str:
     """The mapping as the Markdown table docs/TYPES.md shows."""
     lines = [
-        "| MySQL / MariaDB | envelope value | PostgreSQL | SQLite | note |",
+        "| source type | envelope value | PostgreSQL | SQLite | note |",
         "|---|---|---|---|---|",
     ]
     for row in MAPPINGS:

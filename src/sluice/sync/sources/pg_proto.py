@@ -1,0 +1,254 @@
+"""pgoutput, PostgreSQL's logical replication output: its messages decoded from their bytes.
+
+The layouts are PostgreSQL's ("Logical Replication Message Formats" in the protocol chapter of
+its documentation), for protocol version 1 with `messages` on, which the PostgreSQL source asks
+for (sync/sources/postgresql.py): one message per XLogData payload, big-endian integers,
+NUL-terminated strings, LSNs as 64-bit integers, times as microseconds since 2000-01-01 UTC.
+
+Only what the source needs is kept of each message. A message this module does not know (a
+newer protocol's) is an error, never skipped: a skipped message could be a change.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+#: pgoutput's epoch (2000-01-01 00:00 UTC) in Unix milliseconds
+PG_EPOCH_MS = 946_684_800_000
+
+#: a TupleData column: (kind, text). kind "n" null, "u" an unchanged TOASTed value (not sent),
+#: "t" text, "b" binary (never asked for here).
+Column = tuple[str, bytes | None]
+
+
+class ProtocolError(ValueError):
+    """Bytes that are not a pgoutput message of the version asked for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    final_lsn: int  # the LSN of the transaction's commit record
+    commit_ms: int
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    commit_lsn: int
+    end_lsn: int  # the end of the commit record: where a restart after this transaction begins
+    commit_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RelationColumn:
+    name: str
+    type_oid: int
+    typmod: int
+    key: bool  # part of the replica identity
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    oid: int
+    namespace: str  # "" is pg_catalog
+    name: str
+    identity: str  # "d" default, "n" nothing, "f" full, "i" index
+    columns: tuple[RelationColumn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TypeInfo:
+    oid: int
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    relation: int
+    new: tuple[Column, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    relation: int
+    old: tuple[Column, ...] | None  # the old key (K) or the whole old row (O), when sent
+    old_is_key: bool
+    new: tuple[Column, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    relation: int
+    old: tuple[Column, ...]
+    old_is_key: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    relations: tuple[int, ...]
+    cascade: bool
+    restart_identity: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    transactional: bool
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    lsn: int
+    name: str
+
+
+Decoded = Begin | Commit | Relation | TypeInfo | Insert | Update | Delete | Truncate | Message | Origin
+
+
+class _Reader:
+    __slots__ = ("at", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.at + n
+        if end > len(self.data):
+            raise ProtocolError(f"message ends after {len(self.data)} bytes, {end} needed")
+        out = self.data[self.at : end]
+        self.at = end
+        return out
+
+    def unpack(self, fmt: str) -> tuple[int, ...]:
+        size = struct.calcsize(fmt)
+        return struct.unpack(fmt, self.take(size))
+
+    def int8(self) -> int:
+        return self.unpack(">b")[0]
+
+    def byte(self) -> str:
+        return chr(self.take(1)[0])
+
+    def int16(self) -> int:
+        return self.unpack(">h")[0]
+
+    def int32(self) -> int:
+        return self.unpack(">i")[0]
+
+    def uint32(self) -> int:
+        return self.unpack(">I")[0]
+
+    def int64(self) -> int:
+        return self.unpack(">q")[0]
+
+    def uint64(self) -> int:
+        return self.unpack(">Q")[0]
+
+    def string(self) -> str:
+        end = self.data.find(b"\x00", self.at)
+        if end < 0:
+            raise ProtocolError("a string without its terminating NUL")
+        out = self.data[self.at : end].decode("utf-8")
+        self.at = end + 1
+        return out
+
+    def tuple_data(self) -> tuple[Column, ...]:
+        out: list[Column] = []
+        for _ in range(self.int16()):
+            kind = self.byte()
+            if kind in ("n", "u"):
+                out.append((kind, None))
+            elif kind in ("t", "b"):
+                out.append((kind, self.take(self.int32())))
+            else:
+                raise ProtocolError(f"a tuple column of unknown kind {kind!r}")
+        return tuple(out)
+
+    def end(self, what: str) -> None:
+        if self.at != len(self.data):
+            raise ProtocolError(f"{len(self.data) - self.at} bytes left after a {what} message")
+
+
+def to_unix_ms(pg_us: int) -> int:
+    return PG_EPOCH_MS + pg_us // 1000
+
+
+def decode(payload: bytes) -> Decoded:
+    """One pgoutput message (protocol version 1)."""
+    if not payload:
+        raise ProtocolError("an empty message")
+    r = _Reader(bytes(payload))
+    kind = r.byte()
+    out: Decoded
+    if kind == "B":
+        final_lsn, ts = r.uint64(), r.int64()
+        out = Begin(final_lsn, to_unix_ms(ts), r.uint32())
+    elif kind == "C":
+        r.int8()  # flags, unused
+        commit_lsn, end_lsn, ts = r.uint64(), r.uint64(), r.int64()
+        out = Commit(commit_lsn, end_lsn, to_unix_ms(ts))
+    elif kind == "R":
+        oid, namespace, name = r.uint32(), r.string(), r.string()
+        identity = r.byte()
+        cols = []
+        for _ in range(r.int16()):
+            flags = r.int8()
+            col_name = r.string()
+            cols.append(RelationColumn(col_name, r.uint32(), r.int32(), bool(flags & 1)))
+        out = Relation(oid, namespace, name, identity, tuple(cols))
+    elif kind == "Y":
+        out = TypeInfo(r.uint32(), r.string(), r.string())
+    elif kind == "I":
+        rel = r.uint32()
+        if r.byte() != "N":
+            raise ProtocolError("an Insert without its new tuple")
+        out = Insert(rel, r.tuple_data())
+    elif kind == "U":
+        rel = r.uint32()
+        marker = r.byte()
+        old: tuple[Column, ...] | None = None
+        old_is_key = False
+        if marker in ("K", "O"):
+            old, old_is_key = r.tuple_data(), marker == "K"
+            marker = r.byte()
+        if marker != "N":
+            raise ProtocolError(f"an Update with {marker!r} where its new tuple begins")
+        out = Update(rel, old, old_is_key, r.tuple_data())
+    elif kind == "D":
+        rel = r.uint32()
+        marker = r.byte()
+        if marker not in ("K", "O"):
+            raise ProtocolError(f"a Delete with {marker!r} where its old tuple begins")
+        out = Delete(rel, r.tuple_data(), marker == "K")
+    elif kind == "T":
+        count = r.int32()
+        options = r.int8()
+        rels = tuple(r.uint32() for _ in range(count))
+        out = Truncate(rels, bool(options & 1), bool(options & 2))
+    elif kind == "M":
+        flags = r.int8()
+        lsn, prefix = r.uint64(), r.string()
+        out = Message(bool(flags & 1), lsn, prefix, r.take(r.int32()))
+    elif kind == "O":
+        out = Origin(r.uint64(), r.string())
+    else:
+        raise ProtocolError(f"message type {kind!r} is not one of protocol version 1's")
+    r.end(type(out).__name__)
+    return out
+
+
+def lsn_text(lsn: int) -> str:
+    """An LSN as PostgreSQL prints it (`16/B374D848`)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    hi, sep, lo = str(text).partition("/")
+    if not sep:
+        raise ValueError(f"not an LSN: {text!r} (expected X/Y, as pg_current_wal_lsn() prints it)")
+    return int(hi, 16) << 32 | int(lo, 16)

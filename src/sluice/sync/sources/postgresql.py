@@ -1,0 +1,988 @@
+"""PostgreSQL capture: a consistent snapshot, then a logical replication slot's changes (pgoutput).
+
+The slot and its snapshot. A new task creates a logical replication slot with the `pgoutput`
+plugin on a replication connection, which exports a snapshot consistent with the slot's start:
+every transaction that committed before the slot's consistent point is in the snapshot, and
+every one after it comes through the slot. The snapshot is read under that exported snapshot
+(`SET TRANSACTION SNAPSHOT`), then the slot is streamed from where it was created. The slot and
+publication are created when missing (the task's own, recorded in ZooKeeper so `sluice task
+delete` drops those and only those), or used as the user made them.
+
+Positions. PostgreSQL gives each transaction's commit an LSN, and the slot sends transactions
+in commit order. Every change of a transaction carries its commit LSN as `source.pos`, so the
+target's version guard orders changes as the server committed them (a change to a row waits
+for the commit of any transaction that changed the row before it, so two transactions that
+changed one row commit in that order). Changes of one transaction share the position: the log
+keeps them in order, and the apply reads a transaction whole (transactions.py), so the last of
+them wins. Snapshot rows carry the consistent point minus one, below every streamed commit.
+An LSN is 64 bits; `source.pos` holds 63 of them (8 EiB of WAL).
+
+Acknowledgement. The slot is told a transaction is done (`flush_lsn`) only once every record of
+it and of every transaction before it is acknowledged by the log (acks=all): a crash at any
+point replays from the slot what the log may lack, and replays carry the same positions, so the
+target keeps one copy. When the capture has nothing in flight it acknowledges the server's end
+of WAL as the keepalives report it, and at each heartbeat it writes a non-transactional logical
+message in the captured database: a slot on a database nobody writes to moves with the server's
+WAL instead of holding it (the retained WAL is `pg_wal_retained_bytes` in the task's status).
+
+Statements. INSERT, UPDATE and DELETE under REPLICA IDENTITY DEFAULT, FULL and USING INDEX; an
+UPDATE that changes the key is a delete of the old key and an insert of the new; TRUNCATE is a
+truncate event in every partition of the table's topic. A column whose TOASTed value an UPDATE
+left untouched is not sent by PostgreSQL (`u`): it is taken from the old row under REPLICA
+IDENTITY FULL, and otherwise read from the table by key (the value committed now, at least as
+new as the change; a later change to it comes after in the stream). It is never written as a
+placeholder. Schema changes arrive as a new Relation message before the table's next change:
+added, dropped and retyped columns become schema change events (op `s`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import select
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from sluice import test_switches
+from sluice.security.secrets import reveal
+from sluice.sync import schema as sc
+from sluice.sync.envelope import (
+    MARKER,
+    MARKER_TABLE,
+    SCHEMA,
+    TRUNCATE,
+    binary_columns,
+    encode_value,
+    record_key,
+)
+from sluice.sync.sources import LogTailError, last_envelopes
+from sluice.sync.sources import pg_proto as proto
+from sluice.sync.sources.mysql_base import SNAPSHOT, CaptureError, producer_config, types_fragment
+from sluice.sync.sources.pg_values import SESSION_OPTIONS, RowReader, describe, table_columns
+from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
+from sluice.sync.tasks import SourceSpec
+
+log = logging.getLogger("sluice.capture")
+
+#: Default of the task option heartbeat_interval
+HEARTBEAT_S = 10.0
+#: the prefix of the capture's own logical messages (heartbeats)
+MESSAGE_PREFIX = "sluice"
+#: how long `sluice task delete` waits for the task's walsender to let go of its slot
+DROP_WAIT_S = 30.0
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def default_object_name(task_id: str) -> str:
+    """`sluice_<task>`: the slot and publication a task creates unless told their names."""
+    name = "sluice_" + re.sub(r"[^a-z0-9_]", "_", task_id.lower())
+    return name[:63]
+
+
+def slot_name(spec: SourceSpec, task_id: str) -> str:
+    return spec.slot or default_object_name(task_id)
+
+
+def publication_name(spec: SourceSpec, task_id: str) -> str:
+    return spec.publication or default_object_name(task_id)
+
+
+def dsn(spec: SourceSpec, *, application: str = "sluice") -> str:
+    from psycopg2.extensions import make_dsn
+
+    password = reveal(spec.password) if spec.password is not None else None
+    return make_dsn(
+        host=spec.host, port=spec.port, user=spec.user, dbname=spec.database, password=password,
+        options=SESSION_OPTIONS, application_name=application, connect_timeout=15,
+    )  # fmt: skip
+
+
+def connect(spec: SourceSpec, *, application: str = "sluice") -> Any:
+    import psycopg2
+
+    try:
+        conn = psycopg2.connect(dsn(spec, application=application))
+    except psycopg2.OperationalError as exc:
+        raise CaptureError(
+            f"cannot connect to PostgreSQL at {spec.host}:{spec.port}: {str(exc).strip()}"
+        ) from None
+    conn.autocommit = True
+    return conn
+
+
+def wait(conn: Any, timeout_s: float = 60.0) -> None:
+    """Until an asynchronous connection's command (or connection) is done."""
+    import psycopg2.extensions as ext
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = conn.poll()
+        if state == ext.POLL_OK:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CaptureError(f"PostgreSQL did not answer within {timeout_s:.0f} s")
+        if state == ext.POLL_READ:
+            select.select([conn.fileno()], [], [], min(left, 1.0))
+        elif state == ext.POLL_WRITE:
+            select.select([], [conn.fileno()], [], min(left, 1.0))
+
+
+def connect_replication(spec: SourceSpec, *, application: str) -> Any:
+    """An asynchronous replication connection (psycopg2 reads the stream without blocking only
+    on those)."""
+    import psycopg2
+    from psycopg2.extras import LogicalReplicationConnection
+
+    try:
+        conn = psycopg2.connect(
+            dsn(spec, application=application), connection_factory=LogicalReplicationConnection, async_=True
+        )
+        wait(conn)
+        return conn
+    except psycopg2.OperationalError as exc:
+        text = str(exc).strip()
+        if "permission denied to start WAL sender" in text or "REPLICATION attribute" in text:
+            raise CaptureError(
+                f"user {spec.user} may not stream changes (PostgreSQL: {text.splitlines()[0]}): "
+                f"ALTER ROLE {spec.user} REPLICATION, then restart the task"
+            ) from None
+        raise CaptureError(
+            f"cannot open a replication connection to {spec.host}:{spec.port}: {text}"
+        ) from None
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def split_table(spec: SourceSpec, table: str) -> tuple[str, str]:
+    """(schema, table) of a captured table name (`orders` in the source's schema, or `s.orders`)."""
+    if "." in table:
+        schema, name = table.split(".", 1)
+        return schema, name
+    return spec.schema or "public", table
+
+
+def check_source(spec: SourceSpec) -> dict[str, str]:
+    """The server's settings a capture needs, or a CaptureError saying what is wrong."""
+    conn = connect(spec)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT current_setting('wal_level'), current_setting('server_version_num')::int, "
+                "r.rolreplication OR r.rolsuper FROM pg_roles r WHERE r.rolname = current_user"
+            )
+            wal_level, version, replication = cur.fetchone()
+    finally:
+        conn.close()
+    if wal_level != "logical":
+        raise CaptureError(
+            f"the server's wal_level is {wal_level}; logical decoding needs wal_level = logical: "
+            "ALTER SYSTEM SET wal_level = logical (or set it in postgresql.conf), restart the server, "
+            "then restart the task"
+        )
+    if not replication:
+        raise CaptureError(
+            f"user {spec.user} lacks the REPLICATION attribute a logical replication slot needs: "
+            f"ALTER ROLE {spec.user} REPLICATION (as a superuser), then restart the task"
+        )
+    if version < 140000:
+        raise CaptureError(
+            f"PostgreSQL {version // 10000} is too old: the PostgreSQL source needs 14 or newer"
+        )
+    return {"version": str(version)}
+
+
+def primary_keys(cur: Any, spec: SourceSpec, tables: list[str]) -> dict[str, list[str]]:
+    """Each table's key: its primary key, else its REPLICA IDENTITY USING INDEX index's columns.
+    A table with neither is refused (the target upserts by key); a missing table is left out."""
+    out: dict[str, list[str]] = {}
+    for table in tables:
+        schema, name = split_table(spec, table)
+        cur.execute(
+            "SELECT c.oid, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+            (schema, name),
+        )
+        row = cur.fetchone()
+        if row is None:
+            continue
+        oid, identity = row
+        cur.execute(
+            "SELECT a.attname FROM pg_index i JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) "
+            "ON true JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "WHERE i.indrelid = %s AND (i.indisprimary OR (%s AND i.indisreplident)) "
+            "ORDER BY i.indisprimary DESC, k.n",
+            (oid, identity == "i"),
+        )
+        cols = [str(r[0]) for r in cur.fetchall()]
+        if not cols:
+            raise CaptureError(
+                f"table {schema}.{name} has no primary key (and no REPLICA IDENTITY USING INDEX): the "
+                "target writes rows by key. Add a primary key, or ALTER TABLE ... REPLICA IDENTITY USING "
+                "INDEX on a unique index of NOT NULL columns"
+            )
+        if identity == "n":
+            raise CaptureError(
+                f"table {schema}.{name} has REPLICA IDENTITY NOTHING: PostgreSQL logs no old key for its "
+                f"UPDATEs and DELETEs. ALTER TABLE {schema}.{name} REPLICA IDENTITY DEFAULT"
+            )
+        # a unique index may list a column twice in theory; keep the first
+        out[table] = list(dict.fromkeys(cols))
+    return out
+
+
+@dataclass
+class CaptureStats:
+    snapshot_rows: int = 0
+    changes: int = 0
+    transactions: int = 0
+    position: str = ""
+    position_ts_ms: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Relation:
+    """A captured table as pgoutput described it last."""
+
+    table: str
+    columns: list[str]
+    types: dict[str, str]
+    keys: list[str]
+    identity: str
+    reader: RowReader
+    fragment: Any
+
+
+class PgCapture:
+    """Captures `tables` of a PostgreSQL database into Sluice topics. `start`: None or "snapshot"
+    for a new slot and a snapshot first, anything else to go on from the slot. Runs until `stop`."""
+
+    def __init__(
+        self,
+        spec: SourceSpec,
+        tables: list[str],
+        topic_for: Callable[[str], str],
+        bootstrap: str,
+        *,
+        name: str,
+        epoch: int = 0,
+        execution: str | None = None,
+        start: str | None = None,
+        stop: threading.Event | None = None,
+        producer_config: dict[str, Any] | None = None,
+        still_owner: Callable[[], bool] | None = None,
+        switches: test_switches.Switches = test_switches.OFF,
+        transactions_topic: str | None = None,
+        transaction_metadata: bool = False,
+        heartbeat_s: float = HEARTBEAT_S,
+        on_created: Callable[[dict[str, str]], Any] | None = None,
+        created: Callable[[], dict[str, str]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.tables = tables
+        self.topic_for = topic_for
+        self.bootstrap = bootstrap
+        self.name = name
+        self.epoch = epoch
+        self.execution = execution or uuid.uuid4().hex[:12]
+        self.start_at = start
+        self.stop = stop or threading.Event()
+        self.still_owner = still_owner
+        self.switches = switches
+        self.stats = CaptureStats()
+        self.slot = slot_name(spec, name)
+        self.publication = publication_name(spec, name)
+        self._producer_config = producer_config or {}
+        self._txs = Transactions(SNAPSHOT)
+        self._lock = threading.Lock()
+        self._txlog = (
+            TransactionLog(transactions_topic, metadata=transaction_metadata) if transactions_topic else None
+        )
+        self._hold: int | None = None  # no cut published before the capture passed this LSN
+        self._snapshot_cut: dict[tuple[str, int], int] = {}
+        self.heartbeat_s = heartbeat_s
+        self._last_heartbeat = time.monotonic()
+        self.on_created = on_created or (lambda _doc: None)
+        self.created = created or (lambda: {})
+        self._relations: dict[int, _Relation] = {}
+        self._keys: dict[str, list[str]] = {}
+        self._by_name: dict[tuple[str, str], str] = {}
+        self._schema_pos: dict[str, int] = {}
+        self._sql: Any = None  # a plain connection: catalog reads, unchanged TOAST values, heartbeats
+        self._confirmed = 0  # the highest LSN acknowledged to the server
+        self._tx: Group | None = None
+        self._tx_pos = 0
+        self._tx_ms = 0
+        self.retained_bytes: int | None = None
+
+    # --- producing (as the MySQL source does) ----------------------------------------------------
+    def _make_producer(self) -> Any:
+        from confluent_kafka import Producer
+
+        def on_error(err: Any) -> None:
+            if err.fatal():
+                self.stats.errors.append(f"fatal producer error: {err}")
+
+        return Producer(producer_config(self.bootstrap, **{"error_cb": on_error, **self._producer_config}))
+
+    def _emit(
+        self, producer: Any, table: str, env: dict[str, Any], tx: Group, partition: int | None = None,
+        topic: str | None = None,
+    ) -> None:  # fmt: skip
+        test_switches.pause_point(self.switches, "capture-produce")
+        key = record_key(table, env["key"])
+        value = orjson.dumps(env, default=encode_value)
+        with self._lock:
+            self._txs.produced(tx)
+
+        def acked(err: Any, msg: Any) -> None:
+            if err is not None:
+                self.stats.errors.append(f"delivery failed: {err}")
+                return
+            with self._lock:
+                self._txs.acked(tx, msg.topic(), msg.partition(), msg.offset())
+
+        where = {} if partition is None else {"partition": partition}
+        while True:
+            try:
+                producer.produce(topic or self.topic_for(table), value, key, on_delivery=acked,
+                                 timestamp=env["source"]["ts_ms"], **where)  # fmt: skip
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    def _begin_tx(self, start: str) -> Group:
+        with self._lock:
+            return self._txs.begin(start)
+
+    def _end_tx(self, tx: Group, end: str) -> None:
+        with self._lock:
+            self._txs.finish(tx, end)
+
+    def _publish_cut(self, producer: Any, *, force: bool = False) -> None:
+        if self._txlog is None or not (force or self._txlog.due()):
+            return
+        with self._lock:
+            if self._hold is not None:
+                if not self._txs.position or self._txs.position == SNAPSHOT:
+                    return
+                if proto.parse_lsn(self._txs.position) < self._hold:
+                    return
+                self._hold = None
+            taken = self._txs.take()
+        if taken is not None:
+            self._txlog.write_cut(producer, *taken)
+
+    def _envelope(self, op: str, table: str, key: dict[str, Any], before: Any, after: Any, pos: int,
+                  ts_ms: int, position: str, types: Any = None) -> dict[str, Any]:  # fmt: skip
+        with self._lock:
+            resume = self._txs.resume
+        source = {
+            "connector": "postgresql", "name": self.name, "db": self.spec.database, "pos": pos,
+            "position": position, "resume": resume, "ts_ms": ts_ms, "epoch": self.epoch,
+            "execution": self.execution, "schema": self._schema_pos.get(table, 0), "slot": self.slot,
+        }  # fmt: skip
+        env: dict[str, Any] = {"op": op, "table": table, "key": key, "before": before, "after": after}
+        binary = binary_columns(key, before, after)
+        if binary:
+            env["binary"] = binary
+        if op in ("c", "u", "d", "r") and types is not None:
+            env["types"] = types
+        env["source"] = source
+        env["ts_ms"] = int(time.time() * 1000)
+        return env
+
+    def resume_position(self) -> str:
+        with self._lock:
+            return self._txs.resume
+
+    def _topics(self) -> list[str]:
+        return sorted({self.topic_for(t) for t in self.tables})
+
+    # --- run -------------------------------------------------------------------------------------
+    def run(self) -> CaptureStats:
+        check_source(self.spec)
+        self._sql = connect(self.spec, application=f"sluice-{self.name}")
+        producer = self._make_producer()
+        repl = None
+        try:
+            with self._sql.cursor() as cur:
+                self._keys = primary_keys(cur, self.spec, self.tables)
+            for table in self.tables:
+                if table not in self._keys:
+                    raise CaptureError(
+                        f"table {'.'.join(split_table(self.spec, table))} is not in database "
+                        f"{self.spec.database}: create it (or remove it from the task), then restart the task"
+                    )
+                self._by_name[split_table(self.spec, table)] = table
+            self._ensure_publication()
+            start = str(self.start_at or SNAPSHOT)
+            fresh = start == SNAPSHOT or start.startswith(SNAPSHOT + "@")
+            self._start_cut(fresh)
+            repl = connect_replication(self.spec, application=f"sluice-{self.name}")
+            if fresh:
+                self._snapshot(producer, repl)
+            else:
+                self._check_slot()
+            self._stream(producer, repl)
+        finally:
+            remaining = producer.flush(60)
+            if remaining:
+                self.stats.errors.append(f"{remaining} changes undelivered at stop")
+            elif self._txlog is not None:
+                self._publish_cut(producer, force=True)
+                producer.flush(30)
+            for conn in (repl, self._sql):
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:
+                        pass
+        if self.stats.errors:
+            raise CaptureError(self.stats.errors[0])
+        return self.stats
+
+    def _start_cut(self, fresh: bool) -> None:
+        """As the MySQL source's: the cut starts at the log's end; after a crash inside a
+        transaction no cut is published until the capture passed the newest record there."""
+        if self._txlog is None:
+            return
+        ends = high_watermarks(self.bootstrap, self._topics(), self._producer_config)
+        with self._lock:
+            self._txs.cut = dict(ends)
+        if fresh:
+            self._snapshot_cut = ends
+            return
+        newest = max(
+            (
+                proto.parse_lsn(doc["source"]["position"])
+                for doc in last_envelopes(self.bootstrap, self._topics(), self._producer_config)
+                if isinstance(doc.get("source"), dict) and "/" in str(doc["source"].get("position", ""))
+            ),
+            default=None,
+        )
+        confirmed = self._slot_row().get("confirmed_flush_lsn")
+        at = proto.parse_lsn(confirmed) if confirmed else 0
+        with self._lock:
+            if newest is None or newest <= at:
+                self._txs.raise_to(ends, proto.lsn_text(at))
+            else:
+                self._hold = newest
+
+    # --- the publication and the slot ------------------------------------------------------------
+    def _ensure_publication(self) -> None:
+        import psycopg2
+
+        wanted = [split_table(self.spec, t) for t in self.tables]
+        with self._sql.cursor() as cur:
+            cur.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication,))
+            row = cur.fetchone()
+            names = ", ".join(f"{quote(s)}.{quote(t)}" for s, t in wanted)
+            if row is None:
+                try:
+                    cur.execute(f"CREATE PUBLICATION {quote(self.publication)} FOR TABLE {names}")
+                except psycopg2.Error as exc:
+                    raise CaptureError(
+                        f"cannot create publication {self.publication} ({exc.pgerror or exc}): create it as "
+                        f"the tables' owner, CREATE PUBLICATION {self.publication} FOR TABLE {names}, and "
+                        "name it in the task (source.publication)"
+                    ) from None
+                self._record_created(publication=self.publication)
+                log.info("event=publication_created publication=%s tables=%s", self.publication, names)
+                return
+            if row[0]:
+                return
+            cur.execute(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                (self.publication,),
+            )
+            have = {(str(s), str(t)) for s, t in cur.fetchall()}
+            missing = [w for w in wanted if w not in have]
+            if not missing:
+                return
+            listed = ", ".join(f"{quote(s)}.{quote(t)}" for s, t in missing)
+            if self.created().get("publication") != self.publication:
+                raise CaptureError(
+                    f"publication {self.publication} does not publish {listed}: ALTER PUBLICATION "
+                    f"{self.publication} ADD TABLE {listed}, then restart the task"
+                )
+            cur.execute(f"ALTER PUBLICATION {quote(self.publication)} ADD TABLE {listed}")
+            log.info("event=publication_extended publication=%s added=%s", self.publication, listed)
+
+    def _record_created(self, **objects: str) -> None:
+        self.on_created({**self.created(), **objects})
+
+    def _slot_row(self) -> dict[str, Any]:
+        with self._sql.cursor() as cur:
+            cur.execute(
+                "SELECT slot_name, plugin, slot_type, database, active, active_pid, "
+                "restart_lsn::text, confirmed_flush_lsn::text, wal_status, "
+                "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 FROM pg_replication_slots "
+                "WHERE slot_name = %s",
+                (self.slot,),
+            )
+            row = cur.fetchone()
+            if row is None:
+                return {}
+            names = ("slot_name", "plugin", "slot_type", "database", "active", "active_pid", "restart_lsn",
+                     "confirmed_flush_lsn", "wal_status", "retained_bytes")  # fmt: skip
+            return dict(zip(names, row, strict=True))
+
+    def _check_slot(self) -> dict[str, Any]:
+        """The slot to go on from, checked: it exists, is this database's pgoutput slot, is not
+        lost, and nobody else streams from it."""
+        slot = self._slot_row()
+        if not slot:
+            raise CaptureError(
+                f"replication slot {self.slot} is gone (dropped, or not carried over to a promoted "
+                "standby), so the changes since the task's position cannot be read: restart the task from "
+                f"a new snapshot, `sluice task restart {self.name} --from-position snapshot` (then `sluice "
+                f"task verify {self.name}`)"
+            )
+        if (
+            slot["slot_type"] != "logical"
+            or slot["plugin"] != "pgoutput"
+            or slot["database"] != self.spec.database
+        ):
+            raise CaptureError(
+                f"replication slot {self.slot} is a {slot['slot_type']} slot of plugin {slot['plugin']} on "
+                f"database {slot['database']}, not a pgoutput slot of {self.spec.database}: name another "
+                "slot in the task (source.slot)"
+            )
+        if slot["wal_status"] == "lost":
+            raise CaptureError(
+                f"replication slot {self.slot} is lost (the server removed WAL it needed, "
+                "max_slot_wal_keep_size): restart the task from a new snapshot, "
+                f"`sluice task restart {self.name} --from-position snapshot`"
+            )
+        self._refuse_active(slot)
+        return slot
+
+    def _refuse_active(self, slot: dict[str, Any]) -> None:
+        if not slot.get("active"):
+            return
+        with self._sql.cursor() as cur:
+            cur.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s", (slot["active_pid"],))
+            row = cur.fetchone()
+        app = row[0] if row else ""
+        if app == f"sluice-{self.name}":
+            # an earlier execution of this task whose connection the server has not noticed gone yet
+            with self._sql.cursor() as cur:
+                cur.execute("SELECT pg_terminate_backend(%s)", (slot["active_pid"],))
+            deadline = time.monotonic() + 10
+            while self._slot_row().get("active") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not self._slot_row().get("active"):
+                return
+        raise CaptureError(
+            f"replication slot {self.slot} is in use by another consumer (PID {slot['active_pid']}, "
+            f"application {app!r}): stop it, or name another slot in the task (source.slot)"
+        )
+
+    def _create_slot(self, repl: Any) -> tuple[int, str]:
+        """A new slot, its consistent point and exported snapshot (dropping a slot this task made
+        earlier, whose snapshot was cut short)."""
+        import psycopg2
+
+        existing = self._slot_row()
+        if existing:
+            if self.created().get("slot") != self.slot:
+                raise CaptureError(
+                    f"replication slot {self.slot} already exists and this task did not create it: a new "
+                    "snapshot needs a new slot. Drop it (SELECT pg_drop_replication_slot(...)) or name "
+                    "another slot in the task (source.slot)"
+                )
+            self._refuse_active(existing)
+            with self._sql.cursor() as cur:
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
+            log.info("event=slot_dropped slot=%s reason=new_snapshot", self.slot)
+        cur = repl.cursor()
+        try:
+            cur.execute(f"CREATE_REPLICATION_SLOT {quote(self.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT")
+            wait(repl, 600)  # waits for transactions running on the server to end
+            _name, consistent, snapshot, _plugin = cur.fetchone()
+        except psycopg2.Error as exc:
+            raise CaptureError(
+                f"cannot create replication slot {self.slot}: {(exc.pgerror or str(exc)).strip()}"
+            ) from None
+        self._record_created(slot=self.slot)
+        log.info("event=slot_created slot=%s consistent_point=%s", self.slot, consistent)
+        return proto.parse_lsn(consistent), str(snapshot)
+
+    # --- the snapshot ----------------------------------------------------------------------------
+    def _snapshot(self, producer: Any, repl: Any) -> None:
+        consistent, snapshot = self._create_slot(repl)
+        pos = consistent - 1  # below every transaction the slot sends (they commit at or after it)
+        text = proto.lsn_text(consistent)
+        conn = connect(self.spec, application=f"sluice-{self.name}-snapshot")
+        try:
+            conn.autocommit = False
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
+                tx = self._begin_tx(SNAPSHOT)
+                for table in self.tables:
+                    self._emit_table(conn, producer, table, pos, text, tx)
+            conn.rollback()
+        finally:
+            conn.close()
+        self._end_tx(tx, text)
+        self.stats.position = text
+        if producer.flush(120):
+            raise CaptureError("snapshot rows not acknowledged within 120 s")
+        if self._txlog is not None:
+            ends = high_watermarks(self.bootstrap, self._topics(), self._producer_config)
+            for cut in steps(self._snapshot_cut, ends, 50_000):
+                self._txlog.write_cut(producer, cut, SNAPSHOT)
+            with self._lock:
+                self._txs.raise_to(ends, text)
+        self._mark(producer, consistent)
+
+    def _emit_table(self, conn: Any, producer: Any, table: str, pos: int, text: str, tx: Group) -> None:
+        schema, name = split_table(self.spec, table)
+        with conn.cursor() as cur:
+            cols = table_columns(cur, schema, name)
+            types = describe(cur, cols)
+        reader = RowReader(types)
+        fragment = types_fragment(types)
+        keys = self._keys[table]
+        select_list = ", ".join(f"{quote(c)}::text" for c, _, _ in cols)
+        now = int(time.time() * 1000)
+        with conn.cursor(name=f"snapshot_{len(self.stats.errors)}_{abs(hash(table))}") as cur:
+            cur.itersize = 5000
+            cur.execute(f"SELECT {select_list} FROM {quote(schema)}.{quote(name)}")
+            for raw in cur:
+                if self.stop.is_set():
+                    raise CaptureError("stopped during the snapshot; it will start over")
+                row = reader.image(raw)
+                env = self._envelope(
+                    "r", table, {k: row[k] for k in keys}, None, row, pos, now, text, fragment
+                )
+                self._emit(producer, table, env, tx)
+                self.stats.snapshot_rows += 1
+                if self.stats.snapshot_rows % 5000 == 0:
+                    producer.poll(0)
+
+    def _mark(self, producer: Any, lsn: int) -> None:
+        """A position marker in every partition (a restart knows the snapshot is whole)."""
+        meta = producer.list_topics(timeout=15)
+        now = int(time.time() * 1000)
+        text = proto.lsn_text(lsn)
+        tx = self._begin_tx(text)
+        for topic in self._topics():
+            t = meta.topics.get(topic)
+            for p in sorted(t.partitions) if t else []:
+                env = self._envelope(MARKER, MARKER_TABLE, {"partition": p}, None, None, lsn, now, text)
+                self._emit(producer, MARKER_TABLE, env, tx, partition=p, topic=topic)
+        self._end_tx(tx, text)
+        if producer.flush(60):
+            raise CaptureError("position markers not acknowledged within 60 s")
+        self._publish_cut(producer, force=True)
+
+    # --- the stream ------------------------------------------------------------------------------
+    def _stream(self, producer: Any, repl: Any) -> None:
+        import psycopg2
+
+        cur = repl.cursor()
+        options = {"proto_version": "1", "publication_names": self.publication, "messages": "true"}
+        try:
+            cur.start_replication(slot_name=self.slot, decode=False, options=options, status_interval=1)
+            wait(repl)
+        except psycopg2.Error as exc:
+            text = (exc.pgerror or str(exc)).strip()
+            if getattr(exc, "pgcode", None) == "55006":
+                raise CaptureError(
+                    f"replication slot {self.slot} is in use by another consumer ({text}): stop it, or name "
+                    "another slot in the task (source.slot)"
+                ) from None
+            raise CaptureError(f"cannot stream from replication slot {self.slot}: {text}") from None
+        log.info("event=stream_started slot=%s publication=%s", self.slot, self.publication)
+        while not self.stop.is_set():
+            if self.still_owner is not None and not self.still_owner():
+                log.warning("event=capture_superseded task=%s slot=%s", self.name, self.slot)
+                return
+            handled = 0
+            while handled < 10_000:
+                msg = cur.read_message()
+                if msg is None:
+                    break
+                handled += 1
+                self._handle(producer, msg)
+            producer.poll(0)
+            self._acknowledge(cur)
+            self._publish_cut(producer)
+            self._heartbeat(producer, cur)
+            if self.stats.errors:
+                return
+            if handled == 0:
+                select.select([cur], [], [], 0.2)
+
+    def _acknowledge(self, cur: Any) -> None:
+        """Tell the slot how far the log holds everything: the end of the last transaction whose
+        records (and all before them) are acknowledged; with nothing in flight, the server's end
+        of WAL as last reported."""
+        with self._lock:
+            position = self._txs.position
+            idle = not self._txs.pending
+        lsn = proto.parse_lsn(position) if position and position != SNAPSHOT else 0
+        if idle and self._tx is None and cur.wal_end:
+            lsn = max(lsn, int(cur.wal_end))
+        if lsn > self._confirmed:
+            cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn)
+            self._confirmed = lsn
+
+    def _heartbeat(self, producer: Any, cur: Any) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat < self.heartbeat_s:
+            return
+        self._last_heartbeat = now
+        import psycopg2
+
+        try:
+            with self._sql.cursor() as c:
+                # WAL in the captured database: the slot gets something to confirm even when nothing
+                # it publishes changes
+                c.execute("SELECT pg_logical_emit_message(false, %s, '')", (MESSAGE_PREFIX + "-heartbeat",))
+                slot = self._slot_row()
+        except psycopg2.Error as exc:
+            log.warning("event=heartbeat_failed slot=%s error=%r", self.slot, str(exc).strip())
+            return
+        self.retained_bytes = slot.get("retained_bytes")
+        log.debug("event=heartbeat slot=%s confirmed=%s retained_bytes=%s", self.slot,
+                  slot.get("confirmed_flush_lsn"), self.retained_bytes)  # fmt: skip
+
+    def _handle(self, producer: Any, msg: Any) -> None:
+        m = proto.decode(msg.payload)
+        if isinstance(m, proto.Begin):
+            self._tx = self._begin_tx(proto.lsn_text(m.final_lsn))
+            self._tx_pos, self._tx_ms = m.final_lsn, m.commit_ms
+        elif isinstance(m, proto.Commit):
+            if self._tx is not None:
+                self._end_tx(self._tx, proto.lsn_text(m.end_lsn))
+                self.stats.transactions += 1
+            self._tx = None
+            self.stats.position = proto.lsn_text(m.end_lsn)
+            self.stats.position_ts_ms = m.commit_ms
+        elif isinstance(m, proto.Relation):
+            self._relation(producer, m)
+        elif isinstance(m, (proto.Insert, proto.Update, proto.Delete)):
+            self._change(producer, m)
+        elif isinstance(m, proto.Truncate):
+            for oid in m.relations:
+                rel = self._relations.get(oid)
+                if rel is not None:
+                    self._emit_to_all(producer, rel.table, TRUNCATE, self._tx_pos, None)
+        # Type (non-built-in types are resolved from the catalog), Origin and the capture's own
+        # heartbeat messages need nothing
+
+    def _relation(self, producer: Any, m: proto.Relation) -> None:
+        table = self._by_name.get((m.namespace or "pg_catalog", m.name))
+        if table is None:
+            return
+        with self._sql.cursor() as cur:
+            types = describe(cur, [(c.name, c.type_oid, c.typmod) for c in m.columns])
+        keys = self._keys[table]
+        before = self._relations.get(m.oid)
+        if before is None:
+            before = next((r for r in self._relations.values() if r.table == table), None)
+        rel = _Relation(table, [c.name for c in m.columns], types, keys, m.identity, RowReader(types),
+                        types_fragment(types))  # fmt: skip
+        self._relations[m.oid] = rel
+        if before is None or self._tx is None:
+            return
+        changes: list[sc.SchemaChange] = []
+        for col in before.columns:
+            if col not in types:
+                changes.append(sc.SchemaChange(sc.DROP_COLUMN, col))
+        for col, t in types.items():
+            old = before.types.get(col)
+            if old is None:
+                changes.append(sc.SchemaChange(sc.ADD_COLUMN, col, type=t))
+            elif old != t:
+                changes.append(sc.SchemaChange(sc.CHANGE_TYPE, col, type=t, widening=sc.is_widening(old, t)))
+        # The ALTER committed after the table's previous change and before this transaction: its
+        # events go just below this transaction's position.
+        for i, change in enumerate(changes):
+            pos = self._tx_pos - len(changes) + i
+            self._schema_pos[table] = pos
+            doc = change.to_doc(f"(from pgoutput's Relation message for {m.namespace}.{m.name})")
+            self._emit_to_all(producer, table, SCHEMA, pos, doc)
+        if changes:
+            log.info(
+                "event=schema_changed table=%s changes=%s", table, [f"{c.kind}:{c.column}" for c in changes]
+            )
+
+    def _emit_to_all(
+        self, producer: Any, table: str, op: str, pos: int, schema: dict[str, Any] | None
+    ) -> None:
+        topic = self.topic_for(table)
+        meta = producer.list_topics(topic, timeout=15).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise CaptureError(f"topic {topic} is not available to write the {op} event of {table} to")
+        assert self._tx is not None
+        for p in sorted(meta.partitions):
+            env = self._envelope(op, table, {}, None, None, pos, self._tx_ms, proto.lsn_text(self._tx_pos))
+            if schema is not None:
+                env["schema"] = schema
+            self._emit(producer, table, env, self._tx, partition=p)
+
+    def _change(self, producer: Any, m: proto.Insert | proto.Update | proto.Delete) -> None:
+        rel = self._relations.get(m.relation)
+        if rel is None or self._tx is None:
+            return
+        pos, text, ts = self._tx_pos, proto.lsn_text(self._tx_pos), self._tx_ms
+        emit: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
+        if isinstance(m, proto.Insert):
+            after = self._image(rel, m.new, None)
+            emit.append(("c", None, after))
+        elif isinstance(m, proto.Delete):
+            before = self._image(rel, m.old, None, key_only=m.old_is_key)
+            emit.append(("d", before, None))
+        else:
+            old = None if m.old is None else self._image(rel, m.old, None, key_only=m.old_is_key)
+            full_old = old if (m.old is not None and not m.old_is_key) else None
+            after = self._image(rel, m.new, full_old)
+            if old is not None and any(old[k] != after[k] for k in rel.keys):
+                emit.append(("d", old, None))
+                emit.append(("c", None, after))
+            else:
+                emit.append(("u", full_old, after))
+        for op, old_image, new_image in emit:
+            image = new_image if new_image is not None else old_image
+            assert image is not None
+            key = {k: image[k] for k in rel.keys}
+            env = self._envelope(op, rel.table, key, old_image, new_image, pos, ts, text, rel.fragment)
+            self._emit(producer, rel.table, env, self._tx)
+            self.stats.changes += 1
+
+    def _image(
+        self,
+        rel: _Relation,
+        cols: tuple[proto.Column, ...],
+        old: dict[str, Any] | None,
+        *,
+        key_only: bool = False,
+    ) -> dict[str, Any]:
+        if len(cols) != len(rel.columns):
+            raise CaptureError(
+                f"a change of {rel.table} has {len(cols)} columns, its Relation message {len(rel.columns)}"
+            )
+        texts: list[str | None] = []
+        unchanged: list[str] = []
+        for name, (kind, data) in zip(rel.columns, cols, strict=True):
+            if kind == "u":
+                unchanged.append(name)
+                texts.append(None)
+            else:
+                texts.append(None if data is None else data.decode("utf-8"))
+        image = rel.reader.image(texts)
+        if key_only:
+            return {k: image[k] for k in rel.keys}
+        if unchanged:
+            image.update(self._unchanged(rel, image, unchanged, old))
+        return image
+
+    def _unchanged(
+        self, rel: _Relation, image: dict[str, Any], columns: list[str], old: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """Values of TOASTed columns an UPDATE left untouched: the old row's (REPLICA IDENTITY
+        FULL), else the table's now, by key (a row gone since: NULL; its delete comes later)."""
+        if old is not None and all(c in old for c in columns):
+            return {c: old[c] for c in columns}
+        schema, name = split_table(self.spec, rel.table)
+        where = " AND ".join(f"{quote(k)}::text = %s" for k in rel.keys)
+        sel = ", ".join(f"{quote(c)}::text" for c in columns)
+        with self._sql.cursor() as cur:
+            cur.execute(f"SELECT {sel} FROM {quote(schema)}.{quote(name)} WHERE {where}",
+                        [_key_text(image[k]) for k in rel.keys])  # fmt: skip
+            row = cur.fetchone()
+        if row is None:
+            log.info("event=toast_row_gone table=%s key=%s", rel.table, {k: image[k] for k in rel.keys})
+            return dict.fromkeys(columns)
+        return rel.reader.image(list(row), columns)
+
+
+def _key_text(value: Any) -> str:
+    """A key value back as PostgreSQL's text (compared with `col::text`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    return str(value)
+
+
+def recover_position(bootstrap: str, topics: list[str], client: dict[str, str] | None = None) -> str | None:
+    """None (nothing captured yet: a snapshot first), "snapshot" (one was cut short: again), or
+    the newest `source.resume` (the slot says where to go on from; this only says it may)."""
+    best: str | None = None
+    try:
+        for doc in last_envelopes(bootstrap, topics, client):
+            resume = doc.get("source", {}).get("resume")
+            if resume is None or resume == SNAPSHOT:
+                return SNAPSHOT
+            if best is None or proto.parse_lsn(resume) > proto.parse_lsn(best):
+                best = str(resume)
+    except LogTailError as exc:
+        raise CaptureError(str(exc)) from None
+    return best
+
+
+def drop_objects(spec: SourceSpec, task_id: str, created: dict[str, str]) -> list[str]:
+    """Drop the slot and publication the task created (never others); what was done, as lines."""
+    import psycopg2
+
+    done: list[str] = []
+    slot, publication = slot_name(spec, task_id), publication_name(spec, task_id)
+    conn = connect(spec)
+    try:
+        with conn.cursor() as cur:
+            if created.get("slot") == slot:
+                deadline = time.monotonic() + DROP_WAIT_S
+                while True:
+                    cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+                    row = cur.fetchone()
+                    if row is None:
+                        done.append(f"slot={slot} action=gone_already")
+                        break
+                    if row[0] is None:
+                        try:
+                            cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                            done.append(f"slot={slot} action=dropped")
+                            break
+                        except psycopg2.errors.ObjectInUse:
+                            pass
+                    elif time.monotonic() > deadline:
+                        cur.execute(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s "
+                            "AND application_name = %s", (row[0], f"sluice-{task_id}"),
+                        )  # fmt: skip
+                    time.sleep(0.2)
+            elif slot:
+                done.append(f"slot={slot} action=kept reason=not_created_by_task")
+            if created.get("publication") == publication:
+                cur.execute(f"DROP PUBLICATION IF EXISTS {quote(publication)}")
+                done.append(f"publication={publication} action=dropped")
+            else:
+                done.append(f"publication={publication} action=kept reason=not_created_by_task")
+    finally:
+        conn.close()
+    return done
+
+
+def check_names(spec: SourceSpec) -> None:
+    for what in ("slot", "publication"):
+        value = getattr(spec, what)
+        if value and not _NAME.match(value):
+            raise CaptureError(
+                f"task.source.{what}: {value!r} is not a valid name (lower-case letters, digits and _, "
+                "at most 63, not starting with a digit)"
+            )

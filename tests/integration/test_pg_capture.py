@@ -1,0 +1,162 @@
+"""PostgreSQL capture: a snapshot joined to the slot's stream under concurrent writes of every
+statement kind, a restart from the slot, TOASTed columns an UPDATE left alone, and the errors a
+user meets first. The target is compared with the source's own text of every value."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from sluice.ops.postgres import LocalPostgres
+from sluice.sync.sources.mysql_base import CaptureError
+from sluice.sync.sources.postgresql import PgCapture, check_source, drop_objects, recover_position
+from sluice.sync.sources.postgresql import connect as source_connect
+from sluice.sync.targets import open_target
+from sluice.sync.tasks import SourceSpec
+from tests.integration.test_mysql_capture import read_all
+from tests.integration.test_pipeline import create_topic
+from tests.support.cluster import TestCluster, wait_until
+from tests.support.pg_source import KEYS, Writer, connect, create_source, text_rows
+
+COLUMNS = {
+    "items": ["id", "name", "big", "amount", "ratio", "tags", "seen", "feel", "doc", "raw"],
+    "ledger": ["account", "seq", "note", "big", "at"],
+}
+
+
+def source_spec(postgres: LocalPostgres, database: str, **extra: str) -> SourceSpec:
+    return SourceSpec(kind="postgresql", port=postgres.port, user="postgres", database=database, **extra)
+
+
+def start(cap: PgCapture) -> threading.Thread:
+    th = threading.Thread(target=cap.run, daemon=True)
+    th.start()
+    return th
+
+
+def server_lsn(url: str) -> int:
+    from sluice.sync.sources.pg_proto import parse_lsn
+
+    with connect(url) as conn:
+        return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+
+def caught_up(cap: PgCapture, lsn: int) -> bool:
+    from sluice.sync.sources.pg_proto import parse_lsn
+
+    return bool(cap.stats.position) and parse_lsn(cap.stats.position) >= lsn
+
+
+def apply_all(bootstrap: str, target_url: str) -> None:
+    records = read_all(bootstrap, "shop.changes")
+    with open_target(target_url) as t:
+        e = t.claim("shop")
+        for batch in records.to_batches(max_chunksize=500):
+            t.apply("shop", e, pa.Table.from_batches([batch]))
+
+
+def assert_same(source_url: str, target_url: str) -> None:
+    for table, cols in COLUMNS.items():
+        want = text_rows(source_url, table, cols, KEYS[table])
+        got = text_rows(target_url, table, cols, KEYS[table])
+        missing = sorted(set(want) - set(got))[:5]
+        extra = sorted(set(got) - set(want))[:5]
+        different = [k for k in want if k in got and want[k] != got[k]][:3]
+        assert not (missing or extra or different), (
+            f"{table}: missing={missing} extra={extra} different={[(want[k], got[k]) for k in different]}"
+        )
+        assert want, f"{table} is empty at the source: the test checks nothing"
+
+
+def test_snapshot_and_stream_with_a_restart_equal_the_source_value_for_value(
+    postgres: LocalPostgres, make_cluster: Callable[..., TestCluster], postgres_url: str, tmp_path: Path
+) -> None:
+    cluster = make_cluster(1)
+    create_topic(cluster.bootstrap, "shop.changes", 3, 1)
+    source_url = postgres.create_database("pgsrc1")
+    create_source(source_url, rows=300)
+    spec = source_spec(postgres, "pgsrc1")
+    writer = Writer(source_url, transactions=600, truncate_every=150)
+    writer.start()  # the snapshot is taken while transactions commit
+
+    def capture(at: str | None) -> tuple[threading.Thread, PgCapture]:
+        created: dict[str, str] = {}
+        cap = PgCapture(
+            spec, list(KEYS), lambda _t: "shop.changes", cluster.bootstrap, name="shop", start=at,
+            heartbeat_s=1.0, on_created=created.update, created=lambda: dict(objects),
+        )  # fmt: skip
+        return start(cap), cap
+
+    objects: dict[str, str] = {}
+    t1, cap1 = capture(None)
+    wait_until(lambda: writer.done >= 200 and cap1.stats.changes > 100, 120, "capture under way")
+    objects.update({"slot": cap1.slot, "publication": cap1.publication})
+    cap1.stop.set()
+    t1.join(60)
+    assert not t1.is_alive()
+    assert cap1.stats.snapshot_rows >= 400, cap1.stats
+
+    resume = recover_position(cluster.bootstrap, ["shop.changes"])
+    assert resume is not None and resume != "snapshot"
+    t2, cap2 = capture(resume)
+    writer.join(180)
+    assert writer.error is None, writer.error
+    end = server_lsn(source_url)
+    wait_until(lambda: caught_up(cap2, end) or bool(cap2.stats.errors), 120, "catch up")
+    cap2.stop.set()
+    t2.join(60)
+    assert not cap2.stats.errors
+
+    apply_all(cluster.bootstrap, postgres_url)
+    assert_same(source_url, postgres_url)
+
+    done = drop_objects(spec, "shop", objects)
+    assert done == ["slot=sluice_shop action=dropped", "publication=sluice_shop action=dropped"], done
+    with connect(source_url) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'sluice_shop'"
+        ).fetchone() == (0,)
+
+
+def test_clear_errors_for_wal_level_replication_privilege_and_a_taken_slot(postgres: LocalPostgres) -> None:
+    url = postgres.create_database("pgsrc2")
+    create_source(url, rows=1)
+    with connect(url) as conn:
+        conn.execute("DROP ROLE IF EXISTS reader")
+        conn.execute("CREATE ROLE reader LOGIN")
+        conn.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader")
+    weak = SourceSpec(kind="postgresql", port=postgres.port, user="reader", database="pgsrc2")
+    with pytest.raises(CaptureError, match=r"lacks the REPLICATION attribute.*ALTER ROLE reader REPLICATION"):
+        check_source(weak)
+
+    with connect(url) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('someone_elses', 'pgoutput')")
+    try:
+        spec = source_spec(postgres, "pgsrc2", slot="someone_elses")
+        cap = PgCapture(spec, list(KEYS), lambda _t: "x", "127.0.0.1:1", name="t2", start=None)
+        cap._sql = source_connect(spec)
+        with pytest.raises(CaptureError, match="already exists and this task did not create it"):
+            cap._create_slot(None)
+        assert drop_objects(spec, "t2", {}) == [
+            "slot=someone_elses action=kept reason=not_created_by_task",
+            "publication=sluice_t2 action=kept reason=not_created_by_task",
+        ]
+    finally:
+        with connect(url) as conn:
+            conn.execute("SELECT pg_drop_replication_slot('someone_elses')")
+
+
+def test_a_server_without_logical_wal_is_refused_with_what_to_set(tmp_path: Path) -> None:
+    server = LocalPostgres(tmp_path / "replica-level").start()
+    try:
+        spec = SourceSpec(kind="postgresql", port=server.port, user="postgres", database="postgres")
+        with pytest.raises(
+            CaptureError, match="wal_level is replica; logical decoding needs wal_level = logical"
+        ):
+            check_source(spec)
+    finally:
+        server.remove()
