@@ -58,7 +58,7 @@ class SourceType:
 #: the prefix of a PostgreSQL source's column types (sync/sources/pg_values.py)
 PG_PREFIX = "pg:"
 _PG_INT = {"smallint": 2, "integer": 4, "bigint": 8, "oid": 8}
-_PG_STRING = {"text", "character varying", "character", "name", '"char"', "citext"}
+_PG_STRING = {"text", "character varying", "character", "name", '"char"'}
 _PG_TEMPORAL = {
     "date": "date", "time without time zone": "time", "time with time zone": "timetz",
     "timestamp without time zone": "timestamp", "timestamp with time zone": "timestamptz",
@@ -214,8 +214,9 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
     ),
     TypeMapping(
         "PostgreSQL real, double precision", _pg("float"),
-        "JSON number (shortest exact: extra_float_digits=3); `NaN`, `Infinity`, `-Infinity` as "
-        "JSON strings (JSON has no such numbers)",
+        "JSON number (shortest exact: extra_float_digits=3); `NaN`, `Infinity`, `-Infinity` and "
+        "`-0` as JSON strings (JSON has no such numbers; a target reading JSON numbers as numeric "
+        "would make -0 zero)",
         _pg_same, "the same type", _const("REAL"), "REAL (the three specials as TEXT)",
     ),
     TypeMapping(

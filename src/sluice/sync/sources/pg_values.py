@@ -88,8 +88,9 @@ def _int(text: str) -> int:
 
 
 def _float(text: str) -> float | str:
-    # NaN and the infinities have no JSON number: they stay text, as PostgreSQL spells them
-    if text in ("NaN", "Infinity", "-Infinity"):
+    # NaN and the infinities have no JSON number: they stay text, as PostgreSQL spells them; so
+    # does negative zero, which a target reading JSON through numeric (jsonb) would make 0
+    if text in ("NaN", "Infinity", "-Infinity", "-0"):
         return text
     return float(text)
 

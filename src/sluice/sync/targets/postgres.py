@@ -849,7 +849,7 @@ def _reverse(m: ColumnMapping, table: str, cols: Mapping[str, str]) -> dict[str,
 
 def _staged_type(column: str, cols: Mapping[str, str], casts: Mapping[str, str]) -> str:
     """The type a target column's value has in the stage's JSON (before any cast)."""
-    if column in casts or cols[column] in ("bytea", "jsonb"):
+    if column in casts or cols[column] in ("bytea", "jsonb", "json"):
         return "text"  # cast in SQL; bytes are base64 text there, a JSON document its text
     return cols[column]
 
@@ -859,8 +859,9 @@ def _staged_value(expr: str, column: str, cols: Mapping[str, str], casts: Mappin
         return f"CAST({expr} AS {casts[column]})"
     if cols[column] == "bytea":
         return f"decode({expr}, 'base64')"
-    if cols[column] == "jsonb":
+    if cols[column] in ("jsonb", "json"):
         # a source's JSON column arrives as the document's text (a JSON string); an object or
         # array value (a source without types) as its own JSON text: either reads as the document
-        return f"CAST({expr} AS jsonb)"
+        # (json keeps that text as it is: spacing, key order, duplicate keys)
+        return f"CAST({expr} AS {cols[column]})"
     return expr
