@@ -16,7 +16,8 @@ from sluice.sync.sources.mysql_base import CaptureError
 from sluice.sync.sources.postgresql import PgCapture, check_source, drop_objects, recover_position
 from sluice.sync.sources.postgresql import connect as source_connect
 from sluice.sync.targets import open_target
-from sluice.sync.tasks import SourceSpec
+from sluice.pipeline.verify_pg import verify_postgres
+from sluice.sync.tasks import SourceSpec, TaskSpec
 from tests.integration.test_mysql_capture import read_all
 from tests.integration.test_pipeline import create_topic
 from tests.support.cluster import TestCluster, wait_until
@@ -113,6 +114,23 @@ def test_snapshot_and_stream_with_a_restart_equal_the_source_value_for_value(
 
     apply_all(cluster.bootstrap, postgres_url)
     assert_same(source_url, postgres_url)
+
+    # `sluice task verify` of a postgresql source: equal now; a target row changed behind the
+    # task's back (and one removed) is reported by key
+    task = TaskSpec(id="shop", source=spec, target=postgres_url, tables=list(KEYS))
+    found = verify_postgres(task, wait_s=1)
+    assert found.ok, [t.line() for t in found.tables]
+    assert [t.line() for t in found.tables] == [
+        f"verify table={t} rows={len(text_rows(source_url, t, COLUMNS[t], KEYS[t]))} missing=0 extra=0 different=0"
+        for t in KEYS
+    ]
+    with connect(postgres_url) as conn:
+        first, second = (r[0] for r in conn.execute("SELECT id FROM items ORDER BY id LIMIT 2"))
+        conn.execute("UPDATE items SET tags = '{42}' WHERE id = %s", [first])
+        conn.execute("DELETE FROM items WHERE id = %s", [second])
+    found = verify_postgres(task, wait_s=1)
+    items = found.tables[0]
+    assert (items.missing, items.different, items.extra) == ([{"id": str(second)}], [{"id": str(first)}], [])
 
     done = drop_objects(spec, "shop", objects)
     assert done == ["slot=sluice_shop action=dropped", "publication=sluice_shop action=dropped"], done

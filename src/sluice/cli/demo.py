@@ -32,8 +32,10 @@ def demo(
     source: Annotated[
         str,
         typer.Option(
-            help="generator (the built-in generator), or mariadb: a private MariaDB captured by two "
-            "workers through schema changes, a re-snapshot, an added table and a refused row, then verified"
+            help="generator (the built-in generator); mariadb: a private MariaDB captured by two "
+            "workers through schema changes, a re-snapshot, an added table and a refused row, then verified; "
+            "postgresql: a private PostgreSQL captured from a logical slot through a key change, an ALTER "
+            "TABLE, a TRUNCATE and a TOASTed column left alone, then verified"
         ),
     ] = "generator",
 ) -> None:
@@ -52,11 +54,11 @@ def demo(
 
     if security not in SECURITY_MODES:
         raise fail(f"--security must be one of {', '.join(SECURITY_MODES)}, not {security!r}", 2)
-    if source not in ("generator", "mariadb"):
-        raise fail(f"--source must be generator or mariadb, not {source!r}", 2)
-    if source == "mariadb" and (security != "none" or spark_master):
+    if source not in ("generator", "mariadb", "postgresql"):
+        raise fail(f"--source must be generator, mariadb or postgresql, not {source!r}", 2)
+    if source != "generator" and (security != "none" or spark_master):
         raise fail(
-            "--source mariadb runs without --security and --spark-master (its workers use local Spark)", 2
+            f"--source {source} runs without --security and --spark-master (its workers use local Spark)", 2
         )
     stop_on_signals()
     try:
@@ -64,6 +66,10 @@ def demo(
             from sluice.ops.demo_mariadb import run_mariadb_demo
 
             ok = run_mariadb_demo(directory, duration_s=duration, target=target, keep=keep, console=console)
+        elif source == "postgresql":
+            from sluice.ops.demo_postgres import run_postgres_demo
+
+            ok = run_postgres_demo(directory, duration_s=duration, target=target, keep=keep, console=console)
         else:
             ok = run_demo(
                 directory, duration_s=duration, rate=rate, target=target, spark_master=spark_master,

@@ -283,9 +283,12 @@ def task_verify(
             stored = svc.tasks.get(task_id)
         except TaskNotFoundError:
             raise fail(f"no task {task_id!r}", 2) from None
-        if stored.source.kind not in ("mysql", "mariadb"):
-            raise fail(f"task {task_id} has a {stored.source.kind} source: verify compares mysql/mariadb "
-                       "sources with their targets", 2)  # fmt: skip
+        if stored.source.kind not in ("mysql", "mariadb", "postgresql"):
+            raise fail(f"task {task_id} has a {stored.source.kind} source: verify compares mysql, mariadb "
+                       "and postgresql sources with their targets", 2)  # fmt: skip
+        if stored.source.kind == "postgresql" and repair:
+            raise fail("--repair: not yet for a postgresql source (restart the task from a new snapshot, "
+                       f"`sluice task restart {task_id} --from-position snapshot`)", 2)  # fmt: skip
         unknown = [t for t in table or [] if t not in stored.tables]
         if unknown:
             raise fail(f"--table {', '.join(unknown)}: not among task {task_id}'s tables "
@@ -306,11 +309,16 @@ def task_verify(
         def ends() -> dict[str, int]:
             return v.log_ends(bootstrap, spec.topics(), client)
 
-        spark = spark_session(spec.options.get("spark_master"), app=f"sluice-verify {task_id}")
         try:
-            result = v.verify(
-                spark, spec, tables=table, chunk_rows=chunk_rows, status=status, ends=ends, wait_s=wait
-            )
+            if spec.source.kind == "postgresql":
+                from sluice.pipeline.verify_pg import verify_postgres
+
+                result = verify_postgres(spec, tables=table, status=status, ends=ends, wait_s=wait)
+            else:
+                spark = spark_session(spec.options.get("spark_master"), app=f"sluice-verify {task_id}")
+                result = v.verify(
+                    spark, spec, tables=table, chunk_rows=chunk_rows, status=status, ends=ends, wait_s=wait
+                )
         except CaptureError as exc:
             raise fail(str(exc), 1) from None
         for line in v.report_lines(result):

@@ -323,6 +323,7 @@ class PgCapture:
         self._tx_pos = 0
         self._tx_ms = 0
         self.retained_bytes: int | None = None
+        self._seen = 0  # the LSN of the newest message outside a transaction (a heartbeat)
 
     # --- producing (as the MySQL source does) ----------------------------------------------------
     def _make_producer(self) -> Any:
@@ -734,8 +735,12 @@ class PgCapture:
             position = self._txs.position
             idle = not self._txs.pending
         lsn = proto.parse_lsn(position) if position and position != SNAPSHOT else 0
-        if idle and self._tx is None and cur.wal_end:
-            lsn = max(lsn, int(cur.wal_end))
+        if idle and self._tx is None and position != SNAPSHOT:
+            # Everything the server sent up to its last report was read (the stream is in order)
+            # and is in the log: the capture has passed it, captured or not.
+            lsn = max(lsn, int(cur.wal_end or 0), self._seen)
+            if lsn and (not self.stats.position or lsn > proto.parse_lsn(self.stats.position)):
+                self.stats.position = proto.lsn_text(lsn)
         if lsn > self._confirmed:
             cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn)
             self._confirmed = lsn
@@ -781,8 +786,9 @@ class PgCapture:
                 rel = self._relations.get(oid)
                 if rel is not None:
                     self._emit_to_all(producer, rel.table, TRUNCATE, self._tx_pos, None)
-        # Type (non-built-in types are resolved from the catalog), Origin and the capture's own
-        # heartbeat messages need nothing
+        elif isinstance(m, proto.Message) and not m.transactional:
+            self._seen = max(self._seen, m.lsn)
+        # Type (non-built-in types are resolved from the catalog) and Origin need nothing
 
     def _relation(self, producer: Any, m: proto.Relation) -> None:
         table = self._by_name.get((m.namespace or "pg_catalog", m.name))
