@@ -21,6 +21,8 @@ Fault kinds (`SYNC_FAULT_KINDS`):
     target-pg-down      the PostgreSQL target refuses connections: the task reaches it through
                         a TCP proxy that drops every connection and refuses new ones.
     target-sqlite-lock  another process holds an exclusive lock on the SQLite target's file.
+    source-walsender-kill  kill -9 of a PostgreSQL source's walsender (`--source postgresql`):
+                        the server ends every session and recovers from its WAL.
 
 Broker faults come one at a time and the cluster is let to heal after each, so two of three
 replicas stay in sync (min.insync.replicas=2). The schedule depends only on the seed, the
@@ -50,7 +52,7 @@ log = logging.getLogger("sluice.chaos.sync")
 
 SYNC_FAULT_KINDS = (
     "worker-kill", "worker-pause", "driver-kill", "driver-pause", "broker-kill", "broker-pause",
-    "target-pg-down", "target-sqlite-lock",
+    "target-pg-down", "target-sqlite-lock", "source-walsender-kill",
 )  # fmt: skip
 WORKER_ROLES = ("pg-task-owner", "sqlite-task-owner", "any")
 BROKER_ROLES = ("leader", "controller", "coordinator", "any")
@@ -93,7 +95,7 @@ def make_sync_schedule(seed: int, duration_s: float, kinds: tuple[str, ...]) -> 
         elif kind.startswith("broker"):
             role = rng.choice(BROKER_ROLES)
         else:
-            role = "target"
+            role = "source" if kind.startswith("source") else "target"
         if kind in ("worker-pause", "driver-pause"):
             length = WORKER_SESSION_S + rng.uniform(2.0, 6.0)
         elif kind == "worker-kill":
@@ -258,6 +260,8 @@ class SyncFaultInjector:
     error: str | None = None
     #: workers found dead that no fault had killed (a worker process that exited by itself)
     exited: list[str] = field(default_factory=list)
+    #: the source's own faults (`source-*`): carries one out, says what it did (None: skipped)
+    source_fault: Callable[[SyncFault], str | None] | None = None
 
     def start(self, schedule: list[SyncFault]) -> SyncFaultInjector:
         self._t0 = time.monotonic()
@@ -355,6 +359,13 @@ class SyncFaultInjector:
                 self._note(f"SIGCONT broker {broker}")
             # Let it rejoin the ISR before the next fault: two of three replicas must stay in sync.
             self.dc.wait_quiescent(60)
+        elif fault.kind.startswith("source"):
+            done = self.source_fault(fault) if self.source_fault is not None else None
+            if done is None:
+                self.skipped.append(Injected(fault.at_s, f"{fault.kind}: not this run's source's fault"))
+                return
+            self._note(done)
+            self._hold(fault.duration_s)
         elif fault.kind == "target-pg-down":
             self.pg_proxy.set_mode("drop")
             self._note(f"PostgreSQL target refuses connections for {fault.duration_s:.1f}s")

@@ -470,10 +470,7 @@ class SeedRun:
         )
         for fault in report.schedule:
             self.out(f"  {fault.describe()}")
-        values = ",".join(self.workload.value_kinds) or "plain only"
-        left_out = [t for t in TYPE_NAMES if t not in self.workload.types]
-        types = f"all {len(TYPE_NAMES)}" if not left_out else f"all but {','.join(left_out)}"
-        self.say(f"statements: {','.join(self.workload.kinds)}; values: {values}; column types: {types}")
+        self.say(self._workload_line())
         if self.directory.exists():
             shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True)
@@ -485,9 +482,8 @@ class SeedRun:
             proxy = TcpProxy("127.0.0.1", free_port(), "127.0.0.1", self.postgres.port).start()
             stack.callback(proxy.stop)
             sqlite_path = self.directory / "target.db"
-            sqlite_url = f"sqlite:///{sqlite_path}"
             tasks = [
-                _Task(SQLITE_TASK, sqlite_url, sqlite_url, "sqlite"),
+                self._second_task(sqlite_path),
                 _Task(
                     PG_TASK, f"postgresql://postgres@{proxy.address}/{self.database}", pg_direct, "postgresql"
                 ),
@@ -508,13 +504,13 @@ class SeedRun:
             stack.callback(ends.close)
             injector = SyncFaultInjector(
                 dc, self.workers, proxy, sqlite_path, lambda t: (store.status(t) or {}).get("worker"),
-                PG_TASK, SQLITE_TASK, [f"{t.id}.changes" for t in tasks], GROUP, self.seed,
+                PG_TASK, tasks[0].id, [f"{t.id}.changes" for t in tasks], GROUP, self.seed,
             )  # fmt: skip
             stack.callback(injector.heal_all)
 
             t0 = time.monotonic()
             started = self._wait_caught_up(
-                store, tasks, _master_position(self.mariadb), START_TIMEOUT_S, ends, stall_s=START_TIMEOUT_S
+                store, tasks, self._source_position(), START_TIMEOUT_S, ends, stall_s=START_TIMEOUT_S
             )
             if all(s.caught_up for s in started):
                 self.say(f"both tasks running, snapshot applied ({time.monotonic() - t0:.0f}s)")
@@ -532,6 +528,20 @@ class SeedRun:
             self._compare(tasks)
         self._summarise()
         return report
+
+    def _workload_line(self) -> str:
+        values = ",".join(self.workload.value_kinds) or "plain only"
+        left_out = [t for t in TYPE_NAMES if t not in self.workload.types]
+        types = f"all {len(TYPE_NAMES)}" if not left_out else f"all but {','.join(left_out)}"
+        return f"statements: {','.join(self.workload.kinds)}; values: {values}; column types: {types}"
+
+    def _second_task(self, sqlite_path: Path) -> _Task:
+        """The task beside the PostgreSQL one: into SQLite."""
+        sqlite_url = f"sqlite:///{sqlite_path}"
+        return _Task(SQLITE_TASK, sqlite_url, sqlite_url, "sqlite")
+
+    def _source_position(self) -> Any:
+        return _master_position(self.mariadb)
 
     def _workload_and_faults(self, injector: SyncFaultInjector) -> None:
         runner = WorkloadRunner(lambda: _connect(self.mariadb, self.database), self.workload).start()

@@ -382,6 +382,15 @@ def chaos_sync(
     catch_up_timeout: Annotated[
         float, typer.Option(help="Seconds allowed for the targets to catch up")
     ] = 240.0,
+    source: Annotated[
+        str,
+        typer.Option(
+            help="mariadb, or postgresql: a PostgreSQL source captured by two tasks (two slots) into two "
+            "PostgreSQL targets, with its own workload (--statements: insert, multi-insert, update, "
+            "update-key, update-toast, update-other, delete, truncate, alter, rollback) and its own fault, "
+            "source-walsender-kill"
+        ),
+    ] = "mariadb",
 ) -> None:
     """MariaDB under a seeded workload, captured by two tasks (SQLite and PostgreSQL targets) on two
     workers through seeded faults; then quiescence and a row-by-row comparison of the source with
@@ -392,8 +401,28 @@ def chaos_sync(
     from sluice.chaos.workload_values import TYPE_NAMES
 
     seeds = _seed_range(seed)
+    if source == "postgresql":
+        from sluice.chaos.pg_workload import PG_STATEMENT_KINDS
+        from sluice.chaos.sync_pg import PG_SOURCE_FAULT_KINDS, run_pg_sync_chaos
+
+        try:
+            pg_faults = (
+                () if faults.strip() == "none" else parse_kinds(faults, PG_SOURCE_FAULT_KINDS, "fault")
+            )
+            pg_statements = parse_kinds(statements, PG_STATEMENT_KINDS, "statement kind")
+        except ValueError as exc:
+            raise fail(str(exc), 2) from None
+        _drill_logging()
+        reports = run_pg_sync_chaos(
+            directory, seeds, duration_s=duration, fault_kinds=pg_faults, statement_kinds=pg_statements,
+            keep=keep, catch_up_timeout_s=catch_up_timeout, out=lambda line: print(line, flush=True),
+        )  # fmt: skip
+        raise typer.Exit(0 if reports and all(r.ok for r in reports) else 1)
+    if source != "mariadb":
+        raise fail(f"--source must be mariadb or postgresql, not {source!r}", 2)
+    mysql_faults = tuple(k for k in SYNC_FAULT_KINDS if not k.startswith("source"))
     try:
-        fault_kinds = () if faults.strip() == "none" else parse_kinds(faults, SYNC_FAULT_KINDS, "fault")
+        fault_kinds = () if faults.strip() == "none" else parse_kinds(faults, mysql_faults, "fault")
         statement_kinds = parse_kinds(statements, STATEMENT_KINDS, "statement kind")
         value_kinds = () if values.strip() == "none" else parse_kinds(values, VALUE_KINDS, "value kind")
         type_names = parse_kinds(types, TYPE_NAMES, "column type")

@@ -141,6 +141,22 @@ def _wait_passed(
     return False
 
 
+def compare_texts(
+    source_url: str, target_url: str, table: str, *, schema: str = "public"
+) -> tuple[Rows, Rows, list[str]]:
+    """Every row of `table` in a PostgreSQL source and target (no column mapping), each value as
+    the databases print it; and the columns, in order (the chaos run's checker)."""
+    from sluice.sync.tasks import SourceSpec
+
+    spec = TaskSpec(id="compare", source=SourceSpec(kind="postgresql", schema=schema), target=target_url)
+    with _connect(source_url) as src, _connect(target_url) as dst:
+        with src.cursor() as cur:
+            t = _Table(spec, table, ColumnMapping.from_config({}), cur)
+        want = _read(src, f"SELECT {t.source_select} FROM {t.source_name}", t, None, t.keys)
+        got = _read(dst, f"SELECT {t.target_select} FROM {t.target_name}", t, None, t.keys)
+    return want, got, t.columns
+
+
 def verify_postgres(
     spec: TaskSpec,
     *,

@@ -12,10 +12,13 @@ Positions. PostgreSQL gives each transaction's commit an LSN, and the slot sends
 in commit order. Every change of a transaction carries its commit LSN as `source.pos`, so the
 target's version guard orders changes as the server committed them (a change to a row waits
 for the commit of any transaction that changed the row before it, so two transactions that
-changed one row commit in that order). Changes of one transaction share the position: the log
+changed one row commit in that order). Row changes of one transaction share a position: the log
 keeps them in order, and the apply reads a transaction whole (transactions.py), so the last of
-them wins. Snapshot rows carry the consistent point minus one, below every streamed commit.
-An LSN is 64 bits; `source.pos` holds 63 of them (8 EiB of WAL).
+them wins. A TRUNCATE or a schema change inside a transaction takes the next position above it
+(`_bump`: the commit LSN plus a few, below any other commit record's LSN), and the rows after it
+the one after that, so the target truncates the rows before it and keeps those after. Snapshot
+rows carry the consistent point minus one, below every streamed commit. An LSN is 64 bits;
+`source.pos` holds 63 of them (8 EiB of WAL).
 
 Acknowledgement. The slot is told a transaction is done (`flush_lsn`) only once every record of
 it and of every transaction before it is acknowledged by the log (acks=all): a crash at any
@@ -72,6 +75,9 @@ log = logging.getLogger("sluice.capture")
 
 #: Default of the task option heartbeat_interval
 HEARTBEAT_S = 10.0
+#: positions a transaction may take above its commit LSN: fewer than a commit record's bytes
+#: (its record header alone is 24 bytes, its body at least 8 more, 8-byte aligned)
+SUB_POSITIONS = 32
 #: the prefix of the capture's own logical messages (heartbeats)
 MESSAGE_PREFIX = "sluice"
 #: how long `sluice task delete` waits for the task's walsender to let go of its slot
@@ -156,6 +162,22 @@ def connect_replication(spec: SourceSpec, *, application: str) -> Any:
         raise CaptureError(
             f"cannot open a replication connection to {spec.host}:{spec.port}: {text}"
         ) from None
+
+
+def text_cursor(conn: Any, name: str | None = None) -> Any:
+    """A cursor whose values are the server's text output of them, as pgoutput sends them (not
+    `col::text`: a few casts to text differ from the output function, e.g. boolean's `true` for
+    `t`, inet's always-shown netmask, char(n)'s trimmed padding)."""
+    import psycopg2.extensions as ext
+
+    oids = getattr(conn, "_sluice_oids", None)
+    if oids is None:
+        with conn.cursor() as cur:
+            cur.execute("SELECT oid FROM pg_type")
+            oids = tuple(r[0] for r in cur.fetchall())
+    cur = conn.cursor(name) if name else conn.cursor()
+    ext.register_type(ext.new_type(oids, "SLUICE_TEXT", lambda value, _cur: value), cur)
+    return cur
 
 
 def quote(name: str) -> str:
@@ -321,6 +343,7 @@ class PgCapture:
         self._confirmed = 0  # the highest LSN acknowledged to the server
         self._tx: Group | None = None
         self._tx_pos = 0
+        self._sub = 0  # the transaction's events that ordered its later rows after them (see _bump)
         self._tx_ms = 0
         self.retained_bytes: int | None = None
         self._seen = 0  # the LSN of the newest message outside a transaction (a heartbeat)
@@ -656,9 +679,9 @@ class PgCapture:
         reader = RowReader(types)
         fragment = types_fragment(types)
         keys = self._keys[table]
-        select_list = ", ".join(f"{quote(c)}::text" for c, _, _ in cols)
+        select_list = ", ".join(quote(c) for c, _, _ in cols)
         now = int(time.time() * 1000)
-        with conn.cursor(name=f"snapshot_{len(self.stats.errors)}_{abs(hash(table))}") as cur:
+        with text_cursor(conn, f"snapshot_{abs(hash(table))}") as cur:
             cur.itersize = 5000
             cur.execute(f"SELECT {select_list} FROM {quote(schema)}.{quote(name)}")
             for raw in cur:
@@ -769,7 +792,7 @@ class PgCapture:
         m = proto.decode(msg.payload)
         if isinstance(m, proto.Begin):
             self._tx = self._begin_tx(proto.lsn_text(m.final_lsn))
-            self._tx_pos, self._tx_ms = m.final_lsn, m.commit_ms
+            self._tx_pos, self._tx_ms, self._sub = m.final_lsn, m.commit_ms, 0
         elif isinstance(m, proto.Commit):
             if self._tx is not None:
                 self._end_tx(self._tx, proto.lsn_text(m.end_lsn))
@@ -785,7 +808,8 @@ class PgCapture:
             for oid in m.relations:
                 rel = self._relations.get(oid)
                 if rel is not None:
-                    self._emit_to_all(producer, rel.table, TRUNCATE, self._tx_pos, None)
+                    self._emit_to_all(producer, rel.table, TRUNCATE, self._bump(), None)
+            self._bump()  # rows after it in the transaction are newer than the truncate
         elif isinstance(m, proto.Message) and not m.transactional:
             self._seen = max(self._seen, m.lsn)
         # Type (non-built-in types are resolved from the catalog) and Origin need nothing
@@ -815,17 +839,32 @@ class PgCapture:
                 changes.append(sc.SchemaChange(sc.ADD_COLUMN, col, type=t))
             elif old != t:
                 changes.append(sc.SchemaChange(sc.CHANGE_TYPE, col, type=t, widening=sc.is_widening(old, t)))
-        # The ALTER committed after the table's previous change and before this transaction: its
-        # events go just below this transaction's position.
-        for i, change in enumerate(changes):
-            pos = self._tx_pos - len(changes) + i
+        # The ALTER committed before this change of the table and after its previous one: its
+        # events go between the two.
+        for change in changes:
+            pos = self._bump()
             self._schema_pos[table] = pos
             doc = change.to_doc(f"(from pgoutput's Relation message for {m.namespace}.{m.name})")
             self._emit_to_all(producer, table, SCHEMA, pos, doc)
         if changes:
+            self._bump()
             log.info(
                 "event=schema_changed table=%s changes=%s", table, [f"{c.kind}:{c.column}" for c in changes]
             )
+
+    def _bump(self) -> int:
+        """The next position inside the transaction: for a truncate or schema change, and then
+        for the rows after it, so the target orders them after it and the rows before it before.
+
+        A transaction's positions are its commit record's LSN plus up to SUB_POSITIONS - 1: no
+        other transaction's commit record starts there (a commit record is longer), so they stay
+        below the next transaction's. Past that many events in one transaction the position
+        stays (logged): such a transaction's later truncates and rows share one."""
+        if self._sub < SUB_POSITIONS - 1:
+            self._sub += 1
+        else:
+            log.warning("event=sub_positions_exhausted position=%s", proto.lsn_text(self._tx_pos))
+        return self._tx_pos + self._sub
 
     def _emit_to_all(
         self, producer: Any, table: str, op: str, pos: int, schema: dict[str, Any] | None
@@ -845,7 +884,7 @@ class PgCapture:
         rel = self._relations.get(m.relation)
         if rel is None or self._tx is None:
             return
-        pos, text, ts = self._tx_pos, proto.lsn_text(self._tx_pos), self._tx_ms
+        pos, text, ts = self._tx_pos + self._sub, proto.lsn_text(self._tx_pos), self._tx_ms
         emit: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
         if isinstance(m, proto.Insert):
             after = self._image(rel, m.new, None)
@@ -856,7 +895,8 @@ class PgCapture:
         else:
             old = None if m.old is None else self._image(rel, m.old, None, key_only=m.old_is_key)
             full_old = old if (m.old is not None and not m.old_is_key) else None
-            after = self._image(rel, m.new, full_old)
+            old_key = old if (m.old is not None and m.old_is_key) else None
+            after = self._image(rel, m.new, full_old, old_key=old_key)
             if old is not None and any(old[k] != after[k] for k in rel.keys):
                 emit.append(("d", old, None))
                 emit.append(("c", None, after))
@@ -877,6 +917,7 @@ class PgCapture:
         old: dict[str, Any] | None,
         *,
         key_only: bool = False,
+        old_key: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         if len(cols) != len(rel.columns):
             raise CaptureError(
@@ -894,36 +935,40 @@ class PgCapture:
         if key_only:
             return {k: image[k] for k in rel.keys}
         if unchanged:
-            image.update(self._unchanged(rel, image, unchanged, old))
+            image.update(self._unchanged(rel, image, unchanged, old, old_key))
         return image
 
     def _unchanged(
-        self, rel: _Relation, image: dict[str, Any], columns: list[str], old: dict[str, Any] | None
-    ) -> dict[str, Any]:
+        self, rel: _Relation, image: dict[str, Any], columns: list[str], old: dict[str, Any] | None,
+        old_key: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Values of TOASTed columns an UPDATE left untouched: the old row's (REPLICA IDENTITY
-        FULL), else the table's now, by key (a row gone since: NULL; its delete comes later)."""
+        FULL), else the table's now, by key (a row gone since: NULL; its delete comes later).
+
+        The slot may send a transaction a moment before other sessions see it committed. The
+        untouched value is the same before the change as after it, so reading the row before it
+        is as good, but an UPDATE that also changed the key has it under the old key then: the row
+        is read under the new key, or else under the old one."""
         if old is not None and all(c in old for c in columns):
             return {c: old[c] for c in columns}
         schema, name = split_table(self.spec, rel.table)
-        where = " AND ".join(f"{quote(k)}::text = %s" for k in rel.keys)
-        sel = ", ".join(f"{quote(c)}::text" for c in columns)
-        with self._sql.cursor() as cur:
-            cur.execute(f"SELECT {sel} FROM {quote(schema)}.{quote(name)} WHERE {where}",
-                        [_key_text(image[k]) for k in rel.keys])  # fmt: skip
+        # a key value as the envelope holds it reads back as the column's type (a literal of
+        # unknown type takes the column's), bytes as bytea
+        match = "(" + " AND ".join(f"{quote(k)} = %s" for k in rel.keys) + ")"
+        sel = ", ".join(quote(c) for c in columns)
+        keys = [image[k] for k in rel.keys]
+        sql = f"SELECT {sel} FROM {quote(schema)}.{quote(name)} WHERE {match}"
+        params = list(keys)
+        if old_key is not None:
+            sql += f" OR {match} ORDER BY {match} DESC LIMIT 1"
+            params += [old_key[k] for k in rel.keys] + keys
+        with text_cursor(self._sql) as cur:
+            cur.execute(sql, params)
             row = cur.fetchone()
         if row is None:
             log.info("event=toast_row_gone table=%s key=%s", rel.table, {k: image[k] for k in rel.keys})
             return dict.fromkeys(columns)
         return rel.reader.image(list(row), columns)
-
-
-def _key_text(value: Any) -> str:
-    """A key value back as PostgreSQL's text (compared with `col::text`)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, bytes):
-        return "\\x" + value.hex()
-    return str(value)
 
 
 def recover_position(bootstrap: str, topics: list[str], client: dict[str, str] | None = None) -> str | None:
