@@ -102,7 +102,11 @@ class Writer(threading.Thread):
                 for n in range(self.transactions):
                     with conn.transaction():
                         if self.truncate_every and n and n % self.truncate_every == 0:
+                            # a row before the TRUNCATE in its transaction: it must go with it
+                            conn.execute(*_insert_ledger(rng, "before-truncate", n))
                             conn.execute("TRUNCATE ledger")
+                            # a row after the TRUNCATE in its transaction: it must survive it
+                            conn.execute(*_insert_ledger(rng, "after-truncate", n))
                         for _ in range(rng.randint(1, 4)):
                             next_id += 1
                             self._statement(conn, rng, next_id)
