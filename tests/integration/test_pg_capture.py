@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 
 from sluice.ops.postgres import LocalPostgres
+from sluice.pipeline.verify_pg import verify_postgres
 from sluice.sync.sources.mysql_base import CaptureError
 from sluice.sync.sources.postgresql import PgCapture, check_source, drop_objects, recover_position
 from sluice.sync.sources.postgresql import connect as source_connect
 from sluice.sync.targets import open_target
-from sluice.pipeline.verify_pg import verify_postgres
 from sluice.sync.tasks import SourceSpec, TaskSpec
 from tests.integration.test_mysql_capture import read_all
 from tests.integration.test_pipeline import create_topic
@@ -121,7 +121,8 @@ def test_snapshot_and_stream_with_a_restart_equal_the_source_value_for_value(
     found = verify_postgres(task, wait_s=1)
     assert found.ok, [t.line() for t in found.tables]
     assert [t.line() for t in found.tables] == [
-        f"verify table={t} rows={len(text_rows(source_url, t, COLUMNS[t], KEYS[t]))} missing=0 extra=0 different=0"
+        f"verify table={t} rows={len(text_rows(source_url, t, COLUMNS[t], KEYS[t]))} "
+        "missing=0 extra=0 different=0"
         for t in KEYS
     ]
     with connect(postgres_url) as conn:
@@ -178,3 +179,53 @@ def test_a_server_without_logical_wal_is_refused_with_what_to_set(tmp_path: Path
             check_source(spec)
     finally:
         server.remove()
+
+
+def test_an_idle_databases_slot_follows_the_servers_wal_while_other_databases_write(
+    postgres: LocalPostgres, make_cluster: Callable[..., TestCluster]
+) -> None:
+    """The captured database is idle while another one writes: the task's slot retains a
+    bounded amount of WAL, while a slot nobody confirms (a consumer that acknowledges only the
+    changes it receives gets none from here) retains all of it. bench/pg_slot_idle.py is the
+    same, for 10 minutes."""
+    import os
+    import time
+
+    cluster = make_cluster(1)
+    create_topic(cluster.bootstrap, "idle.changes", 1, 1)
+    idle_url = postgres.create_database("pgidle")
+    busy_url = postgres.create_database("pgbusy")
+    with connect(idle_url) as conn:
+        conn.execute("CREATE TABLE quiet (id int PRIMARY KEY)")
+        conn.execute("SELECT pg_create_logical_replication_slot('idle_control', 'pgoutput')")
+    with connect(busy_url) as conn:
+        conn.execute("CREATE TABLE noise (id bigserial PRIMARY KEY, v text)")
+    spec = source_spec(postgres, "pgidle")
+    cap = PgCapture(spec, ["quiet"], lambda _t: "idle.changes", cluster.bootstrap, name="idle", heartbeat_s=1)
+    th = start(cap)
+    try:
+        payload = os.urandom(2048).hex()
+        with connect(busy_url) as conn, connect(idle_url) as idle:
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:  # ~2 MB of WAL a second, in another database
+                with conn.transaction():
+                    for _ in range(400):
+                        conn.execute("INSERT INTO noise (v) VALUES (%s)", [payload])
+                conn.execute("DELETE FROM noise")
+                time.sleep(0.5)
+            retained = dict(
+                idle.execute(
+                    "SELECT slot_name, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 "
+                    "FROM pg_replication_slots WHERE slot_name IN ('sluice_idle', 'idle_control')"
+                ).fetchall()
+            )
+            idle.execute("SELECT pg_drop_replication_slot('idle_control')")
+    finally:
+        cap.stop.set()
+        th.join(60)
+    print(
+        f"pg_wal_retained_bytes={retained['sluice_idle']} control_retained_bytes={retained['idle_control']}"
+    )
+    assert not cap.stats.errors, cap.stats.errors
+    assert retained["idle_control"] > 40_000_000  # the WAL the other database wrote
+    assert retained["sluice_idle"] < retained["idle_control"] / 2, retained

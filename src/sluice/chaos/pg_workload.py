@@ -44,7 +44,8 @@ PG_CATALOG: dict[str, tuple[str, list[str]]] = {
     "c_date": ("date", ["'infinity'", "'-infinity'", "'4713-01-01 BC'", "'5874897-12-31'"]),
     "c_time": ("time(6)", ["'24:00:00'", "'00:00:00.000001'"]),
     "c_timetz": ("timetz", ["'23:59:59.999999+15:59'"]),
-    "c_timestamp": ("timestamp", ["'infinity'", "'294276-12-31 23:59:59.999999'", "'4713-01-01 00:00:00 BC'"]),
+    "c_timestamp": ("timestamp", ["'infinity'", "'294276-12-31 23:59:59.999999'",
+                                  "'4713-01-01 00:00:00 BC'"]),
     "c_timestamptz": ("timestamptz", ["'-infinity'", "'2024-03-31 02:30:00 Europe/Berlin'"]),
     "c_interval": ("interval", ["'-178000000 years'", "'1 mon -1 day -00:00:00.000001'"]),
     "c_int_array": ("integer[]", ["'{}'", "'{{1,2},{3,NULL}}'"]),
@@ -132,7 +133,8 @@ class PgWorkload:
                 for _ in range(1 if kind == "insert" else rng.randint(2, 20)):
                     self.next_id += 1
                     conn.execute("INSERT INTO accounts (id, name, balance, big) VALUES (%s, %s, %s, %s)",
-                                 [self.next_id, f"n{self.next_id}", rng.randrange(10**6) / 100, _big(rng)])  # fmt: skip
+                                 [self.next_id, f"n{self.next_id}", rng.randrange(10**6) / 100,
+                                  _big(rng)])  # fmt: skip
                     conn.execute("INSERT INTO entries VALUES (%s, %s, %s, %s, %s)",
                                  [rng.randrange(17), self.next_id, "1.5", None, _big(rng)])  # fmt: skip
                     statements += 2
@@ -144,7 +146,8 @@ class PgWorkload:
                     met.add((col, n))
                 self.next_id += 1
                 conn.execute(
-                    f"INSERT INTO catalog (id, {', '.join(cols)}) VALUES ({self.next_id}, {', '.join(values)})"
+                    f"INSERT INTO catalog (id, {', '.join(cols)}) "
+                    f"VALUES ({self.next_id}, {', '.join(values)})"
                 )
                 statements += 1
             elif kind == "update":
@@ -153,7 +156,8 @@ class PgWorkload:
                 conn.execute(f"UPDATE catalog SET {col} = {PG_CATALOG[col][1][n]} WHERE id IN "
                              "(SELECT id FROM catalog ORDER BY random() LIMIT 3)")  # fmt: skip
                 met.add((col, n))
-                conn.execute("UPDATE entries SET note = %s WHERE seq IN (SELECT seq FROM entries ORDER BY random() "
+                conn.execute("UPDATE entries SET note = %s WHERE seq IN "
+                             "(SELECT seq FROM entries ORDER BY random() "
                              "LIMIT 2)", [f"u{number}"])  # fmt: skip
                 statements += 2
             elif kind == "update-key":
@@ -268,4 +272,4 @@ def _connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError)
 
 
-__all__ = ["PG_CATALOG", "PG_KEYS", "PG_STATEMENT_KINDS", "PgWorkload", "PgWorkloadRunner", "RANDOM"]
+__all__ = ["PG_CATALOG", "PG_KEYS", "PG_STATEMENT_KINDS", "RANDOM", "PgWorkload", "PgWorkloadRunner"]

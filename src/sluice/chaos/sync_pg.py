@@ -121,7 +121,7 @@ class PgSeedRun(sync_run.SeedRun):
         with _connect(self.postgres, self.source_db) as conn:
             conn.execute(f"INSERT INTO {PG_MARKER_TABLE} (note) VALUES ('heartbeat')")
 
-    def _mark_end(self) -> Lsn:
+    def _mark_end(self) -> Any:  # an Lsn where the base run has a binlog position
         self._wait_source_up()
         with _connect(self.postgres, self.source_db) as conn:
             conn.execute(f"INSERT INTO {PG_MARKER_TABLE} (note) VALUES ('end')")
@@ -172,7 +172,8 @@ class PgSeedRun(sync_run.SeedRun):
         """kill -9 of a task's walsender; what was done, or None when no walsender runs."""
         with _connect(self.postgres, "postgres") as conn:
             rows = conn.execute(
-                "SELECT pid, application_name FROM pg_stat_replication WHERE application_name LIKE 'sluice-%' "
+                "SELECT pid, application_name FROM pg_stat_replication "
+                "WHERE application_name LIKE 'sluice-%' "
                 "ORDER BY application_name"
             ).fetchall()
         if not rows:
@@ -206,8 +207,8 @@ class PgSeedRun(sync_run.SeedRun):
                         if want[key] == got[key]:
                             t.equal += 1
                             continue
-                        cols = [(c, str(a)[:60], str(b)[:60])
-                                for c, a, b in zip(columns, want[key], got[key], strict=True) if a != b]  # fmt: skip
+                        pairs = zip(columns, want[key], got[key], strict=True)
+                        cols = [(c, str(a)[:60], str(b)[:60]) for c, a, b in pairs if a != b]
                         t.different.append((repr(key), cols))
                     comparison.tables.append(t)
             except Exception as exc:
@@ -221,7 +222,7 @@ class PgSeedRun(sync_run.SeedRun):
         for name in (self.database, f"{self.database}_direct"):
             try:
                 with psycopg.connect(self.postgres.url(), autocommit=True) as conn:
-                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             except Exception as exc:
                 sync_run.log.warning("event=drop_target_failed database=%s error=%r", name, exc)
 
@@ -258,7 +259,8 @@ def run_pg_sync_chaos(
             source.start()
         for seed in seeds:
             run = PgSeedRun(
-                directory / f"seed-{seed}", seed, source=source, duration_s=duration_s, fault_kinds=fault_kinds,
+                directory / f"seed-{seed}", seed, source=source, duration_s=duration_s,
+                fault_kinds=fault_kinds,
                 statement_kinds=(), value_kinds=(), out=out, catch_up_timeout_s=catch_up_timeout_s,
             )  # fmt: skip
             run.pg_workload = PgWorkload(seed, statement_kinds)
