@@ -397,9 +397,28 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the snapshot table")
     ap.add_argument("--changes", type=int, default=1_000_000, help="row changes of the binlog phase")
     ap.add_argument("--only", choices=("sluice", "debezium"), help="run one tool")
+    ap.add_argument("--against", default="sluice,debezium", help="the tools, comma-separated, in order")
+    ap.add_argument(
+        "--source",
+        choices=("mariadb", "postgresql"),
+        default="mariadb",
+        help="postgresql: bench/capture_pg.py (Debezium's PostgreSQL connector beside Sluice's)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the directory (logs, data) and say where")
     args = ap.parse_args()
-    tools = [args.only] if args.only else ["sluice", "debezium"]
+    tools = [args.only] if args.only else [t for t in args.against.split(",") if t]
+    if any(t not in ("sluice", "debezium") for t in tools):
+        raise SystemExit(f"--against: sluice and/or debezium, not {args.against!r}")
+    if args.source == "postgresql":
+        import capture_pg
+
+        try:
+            code = capture_pg.main(args.rows, args.changes, tools, args.keep)
+        except (Exception, SystemExit) as exc:
+            progress(f"failed: {exc!r}")
+            code = 1
+        sys.stdout.flush()
+        os._exit(code)  # the JVM would wait for Debezium's non-daemon threads at exit
 
     def on_sigterm(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
