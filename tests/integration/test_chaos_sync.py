@@ -202,3 +202,22 @@ def test_the_random_workload_ends_unequal_with_shared_event_positions(
         assert differences(found, shared=False) == 0
     finally:
         cluster.down()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_chaos_sync_with_a_postgresql_source_targets_equal_the_source(tmp_path: Path) -> None:
+    """`sluice chaos sync --source postgresql`, two seeds of 120 s with every fault kind of that
+    source (the walsender killed among them) and every statement kind."""
+    from sluice.chaos.pg_workload import PG_STATEMENT_KINDS
+    from sluice.chaos.sync_pg import PG_SOURCE_FAULT_KINDS, run_pg_sync_chaos
+
+    lines: list[str] = []
+    reports = run_pg_sync_chaos(
+        tmp_path / "chaos-sync-pg", [1, 2], duration_s=120, fault_kinds=PG_SOURCE_FAULT_KINDS,
+        statement_kinds=PG_STATEMENT_KINDS, out=lines.append,
+    )  # fmt: skip
+    print("\n".join(lines))
+    assert lines[-1] == PASS, "\n".join(line for line in lines if "problem" in line or "  " in line)
+    assert all(r.injected for r in reports), "a seed injected no fault"
+    assert all(r.workload is not None and len(r.workload.steps) == len(PG_STATEMENT_KINDS) for r in reports)

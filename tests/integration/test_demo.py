@@ -173,3 +173,24 @@ def test_demo_with_a_mariadb_source_ends_verified_with_the_refused_row_dead_lett
     for table, fields in verified.items():
         assert int(fields["rows"]) > 0, table
         assert (fields["missing"], fields["extra"], fields["different"]) == ("0", "0", "0"), fields
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_demo_with_a_postgresql_source_ends_verified_with_the_toasted_column_kept(tmp_path: Path) -> None:
+    """`sluice demo --source postgresql`: two workers capture a PostgreSQL through a logical slot
+    through a key change, an ALTER TABLE, a TRUNCATE and an UPDATE that leaves a TOASTed column
+    alone; it exits 0 only when verify finds source and target equal and the TOASTed value is
+    the source's; deleting the task drops the slot and publication it made."""
+    done = run_command(
+        [sys.executable, "-m", "sluice.cli", "demo", "--source", "postgresql",
+         "--dir", str(tmp_path / "demo"), "--duration", "24"],
+        440,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    for step in ("a primary-key change", "ALTER TABLE customers ADD COLUMN tier", "TRUNCATE orders",
+                 "TOASTed profile untouched", "verified=true", "toast_kept=true",
+                 "source_object slot=sluice_shop action=dropped",
+                 "source_object publication=sluice_shop action=dropped"):  # fmt: skip
+        assert step in out, f"{step!r} not in the demo's output:\n{out[-4000:]}"

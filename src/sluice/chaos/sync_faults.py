@@ -52,8 +52,10 @@ log = logging.getLogger("sluice.chaos.sync")
 
 SYNC_FAULT_KINDS = (
     "worker-kill", "worker-pause", "driver-kill", "driver-pause", "broker-kill", "broker-pause",
-    "target-pg-down", "target-sqlite-lock", "source-walsender-kill",
+    "target-pg-down", "target-sqlite-lock",
 )  # fmt: skip
+#: faults of a source's own, for the runs of that source (`--source postgresql`)
+SOURCE_FAULT_KINDS = ("source-walsender-kill",)
 WORKER_ROLES = ("pg-task-owner", "sqlite-task-owner", "any")
 BROKER_ROLES = ("leader", "controller", "coordinator", "any")
 
@@ -77,8 +79,10 @@ def make_sync_schedule(seed: int, duration_s: float, kinds: tuple[str, ...]) -> 
     Kinds are dealt from a shuffled deck: every kind comes once before any comes again, so even a
     short run meets as many different faults as it has room for."""
     for kind in kinds:
-        if kind not in SYNC_FAULT_KINDS:
-            raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(SYNC_FAULT_KINDS)}")
+        if kind not in SYNC_FAULT_KINDS + SOURCE_FAULT_KINDS:
+            raise ValueError(
+                f"unknown fault {kind!r}; choose from {', '.join(SYNC_FAULT_KINDS + SOURCE_FAULT_KINDS)}"
+            )
     if not kinds:
         return []
     rng = random.Random(f"sync-faults/{seed}")

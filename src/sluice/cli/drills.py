@@ -420,9 +420,8 @@ def chaos_sync(
         raise typer.Exit(0 if reports and all(r.ok for r in reports) else 1)
     if source != "mariadb":
         raise fail(f"--source must be mariadb or postgresql, not {source!r}", 2)
-    mysql_faults = tuple(k for k in SYNC_FAULT_KINDS if not k.startswith("source"))
     try:
-        fault_kinds = () if faults.strip() == "none" else parse_kinds(faults, mysql_faults, "fault")
+        fault_kinds = () if faults.strip() == "none" else parse_kinds(faults, SYNC_FAULT_KINDS, "fault")
         statement_kinds = parse_kinds(statements, STATEMENT_KINDS, "statement kind")
         value_kinds = () if values.strip() == "none" else parse_kinds(values, VALUE_KINDS, "value kind")
         type_names = parse_kinds(types, TYPE_NAMES, "column type")
