@@ -138,3 +138,14 @@ def test_pgoutput_messages_decode_and_a_truncated_one_is_refused() -> None:
         pg_proto.decode(b"S\x00\x00\x00\x01\x01")  # Stream Start: never asked for
     assert pg_proto.parse_lsn(pg_proto.lsn_text(0x16B374D848)) == 0x16B374D848
     assert pg_proto.lsn_text(0x16B374D848) == "16/B374D848"
+
+
+def test_the_slot_alarm_is_raised_once_past_its_limit_and_again_only_after_it_fell_below_half() -> None:
+    from sluice.pipeline.execution import slot_alarm
+
+    assert slot_alarm(10, "reserved", 100, False) == (False, False)
+    assert slot_alarm(101, "reserved", 100, False) == (True, True)
+    assert slot_alarm(150, "extended", 100, True) == (False, True)  # raised already
+    assert slot_alarm(60, "reserved", 100, True) == (False, True)  # not yet below half
+    assert slot_alarm(40, "reserved", 100, True) == (False, False)  # re-armed
+    assert slot_alarm(1, "unreserved", 100, False) == (True, True)  # the server may drop its WAL

@@ -46,6 +46,19 @@ log = logging.getLogger("sluice.execution")
 #: The error of an execution that stepped down because a newer one runs the task elsewhere.
 SUPERSEDED = "superseded by a newer execution"
 #: How often a MySQL/MariaDB task's needed and oldest binlog files are looked at (seconds).
+#: the default of the task option slot_retained_alarm_bytes (PostgreSQL sources)
+SLOT_RETAINED_ALARM_BYTES = 1 << 30
+
+
+def slot_alarm(retained: int, wal_status: str, limit: int, raised: bool) -> tuple[bool, bool]:
+    """Whether to raise the `slot-wal-retained` alarm now, and whether it stays raised: once
+    past `limit` bytes or at risk of losing WAL, and not again until back under half the limit."""
+    at_risk = wal_status in ("unreserved", "lost")
+    if retained > limit or at_risk:
+        return not raised, True
+    return False, raised and retained >= limit / 2
+
+
 BINLOG_CHECK_S = 30.0
 #: A stopping execution waits this long, on one deadline, for its apply query (the micro-batch in
 #: flight) and its capture thread; past it they are left to end on their own threads (daemons),
@@ -592,6 +605,48 @@ class TaskExecution:
         }  # fmt: skip
         self.store.publish_status(self.task_id, status)  # refused if a newer execution owns it
 
+    def _slot_report(self) -> dict[str, Any]:
+        """PostgreSQL: the WAL the task's replication slot holds on the source (a paused task's
+        too), looked at every BINLOG_CHECK_S. Past the task option `slot_retained_alarm_bytes`
+        (default 1 GiB), or once the server says the slot may lose WAL it needs (`wal_status`
+        unreserved or lost), a `slot-wal-retained` alarm is raised, again only after it fell below
+        half of that."""
+        if self.spec.source.kind != "postgresql":
+            return {}
+        now = time.monotonic()
+        if now - self._binlog_checked < BINLOG_CHECK_S:
+            return self._binlog
+        self._binlog_checked = now
+        from sluice.sync.sources.postgresql import slot_state
+
+        try:
+            state = slot_state(self.spec.source, self.spec.id)
+        except Exception as exc:  # the source is out of reach: try again later
+            log.info("task %s: event=slot_check_failed error=%r", self.task_id, str(exc))
+            return self._binlog
+        self._binlog = state
+        retained = int(state.get("pg_wal_retained_bytes") or 0)
+        limit = int(self.spec.options.get("slot_retained_alarm_bytes", SLOT_RETAINED_ALARM_BYTES))
+        due, armed = slot_alarm(
+            retained, str(state.get("slot_wal_status")), limit, bool(self._binlog_alarmed)
+        )
+        self._binlog_alarmed = "slot" if armed else ""
+        if due:
+            detail = {
+                **state,
+                "limit_bytes": limit,
+                "paused": self.control.paused,
+                "execution": self.execution,
+            }
+            self.store.raise_alarm(self.task_id, "slot-wal-retained", detail)
+            log.warning(
+                "task %s: event=slot_wal_retained slot=%s retained_bytes=%d wal_status=%s: the slot holds "
+                "that much WAL on the source; resume the task (or let it catch up), or the server's disk "
+                "fills (or, with max_slot_wal_keep_size, the slot is lost and the task starts over)",
+                self.task_id, state.get("slot"), retained, state.get("slot_wal_status"),
+            )  # fmt: skip
+        return self._binlog
+
     def _binlog_report(self) -> dict[str, Any]:
         """MySQL/MariaDB: the binlog file the task needs to resume from (a paused task's too: read
         from the log once) and the oldest on the server, looked at every BINLOG_CHECK_S. A needed
@@ -644,6 +699,7 @@ class TaskExecution:
         if self.capture is not None:
             out["captured_position"] = self.capture.stats.position
         out.update(self._binlog_report())
+        out.update(self._slot_report())
         if self.query is None:
             return out
         try:

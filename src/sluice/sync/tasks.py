@@ -375,7 +375,9 @@ def _parse_target(doc: Any, stored: bool) -> tuple[str, SecretRef | None]:
 
 def _parse_source(doc: Any, stored: bool) -> SourceSpec:
     if not isinstance(doc, dict):
-        raise TaskSpecError("task.source: must be a mapping with kind (mysql, mariadb, postgresql or generator)")
+        raise TaskSpecError(
+            "task.source: must be a mapping with kind (mysql, mariadb, postgresql or generator)"
+        )
     kind = doc.get("kind")
     if kind not in SOURCE_KINDS:
         raise TaskSpecError(f"task.source.kind: must be one of {', '.join(SOURCE_KINDS)}, not {kind!r}")

@@ -987,6 +987,28 @@ def recover_position(bootstrap: str, topics: list[str], client: dict[str, str] |
     return best
 
 
+def slot_state(spec: SourceSpec, task_id: str) -> dict[str, Any]:
+    """The task's slot as the server sees it: the WAL it retains, its wal_status, whether a
+    consumer streams from it (for the task's status and its `slot-wal-retained` alarm)."""
+    slot = slot_name(spec, task_id)
+    conn = connect(spec, application=f"sluice-{task_id}-status")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8, wal_status, active, "
+                "confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
+            )
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    if row is None:
+        return {"slot": slot, "slot_wal_status": "missing"}
+    retained, wal_status, active, confirmed = row
+    return {"slot": slot, "pg_wal_retained_bytes": int(retained or 0), "slot_wal_status": str(wal_status),
+            "slot_active": bool(active), "slot_confirmed_lsn": str(confirmed or "")}  # fmt: skip
+
+
 def drop_objects(spec: SourceSpec, task_id: str, created: dict[str, str]) -> list[str]:
     """Drop the slot and publication the task created (never others); what was done, as lines."""
     import psycopg2
