@@ -127,7 +127,8 @@ def task_status(task_id: str, zookeeper: ZooKeeperOpt = None) -> None:
     console.print(f"  epoch      {t['latest_epoch']} (latest taken)")
     if t["execution"]:
         for key in ("worker", "execution", "epoch", "captured_position", "needed_binlog", "oldest_binlog",
-                    "applied_offsets", "lag_records", "lag_seconds", "updated"):  # fmt: skip
+                    "pg_wal_retained_bytes", "slot_wal_status", "applied_offsets", "lag_records",
+                    "lag_seconds", "updated"):  # fmt: skip
             if t.get(key) is not None:
                 console.print(f"  {key:<18} {t[key]}")
     if t["error"]:

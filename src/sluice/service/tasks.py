@@ -254,6 +254,9 @@ def task_detail(svc: Services, task_id: str) -> dict[str, Any]:
         # MySQL/MariaDB: the binlog file a restart needs, and the oldest the server still has
         "needed_binlog": t.status.get("needed_binlog"),
         "oldest_binlog": t.status.get("oldest_binlog"),
+        # PostgreSQL: the WAL the task's slot holds on the source, and the server's word on it
+        "pg_wal_retained_bytes": t.status.get("pg_wal_retained_bytes"),
+        "slot_wal_status": t.status.get("slot_wal_status"),
         "applied_offsets": t.status.get("applied_offsets"),
         "started": t.status.get("started"),
         "updated": t.status.get("updated"),
