@@ -366,7 +366,8 @@ class SyncFaultInjector:
         elif fault.kind.startswith("source"):
             done = self.source_fault(fault) if self.source_fault is not None else None
             if done is None:
-                self.skipped.append(Injected(fault.at_s, f"{fault.kind}: not this run's source's fault"))
+                what = "no such source in this run" if self.source_fault is None else "nothing to hit now"
+                self.skipped.append(Injected(fault.at_s, f"{fault.kind}: {what}"))
                 return
             self._note(done)
             self._hold(fault.duration_s)

@@ -169,7 +169,8 @@ class PgSeedRun(sync_run.SeedRun):
         self._wait_source_up()
 
     def _source_fault(self, fault: SyncFault) -> str | None:
-        """kill -9 of a task's walsender; what was done, or None when no walsender runs."""
+        """kill -9 of a task's walsender; what was done, or None when no task streams now (both
+        starting again after an earlier fault)."""
         with _connect(self.postgres, "postgres") as conn:
             rows = conn.execute(
                 "SELECT pid, application_name FROM pg_stat_replication "
