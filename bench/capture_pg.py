@@ -148,6 +148,10 @@ def run_sluice(
 
 
 class Debezium(mysql_bench.Debezium):
+    #: logical decoding messages (op m): the Sluice capture's heartbeats, written into the same
+    #: database while it ran, which this connector hands over as events of their own
+    ignored_ops = "m"
+
     def __init__(self, directory: Path, server: LocalPostgres) -> None:
         from types import SimpleNamespace
 

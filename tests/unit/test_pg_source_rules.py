@@ -134,6 +134,11 @@ def test_pgoutput_messages_decode_and_a_truncated_one_is_refused() -> None:
     assert pg_proto.decode(update) == pg_proto.Update(16389, None, False, (("t", b"1"), ("u", None)))
     with pytest.raises(pg_proto.ProtocolError, match="ends after"):
         pg_proto.decode(begin[:-1])
+    for cut in (1, 3, 6):
+        with pytest.raises(pg_proto.ProtocolError, match="ends after|left after|where its"):
+            pg_proto.decode(update[:-cut])
+    with pytest.raises(pg_proto.ProtocolError, match="2 bytes left after a Update"):
+        pg_proto.decode(update + b"xx")
     with pytest.raises(pg_proto.ProtocolError, match="not one of protocol version 1"):
         pg_proto.decode(b"S\x00\x00\x00\x01\x01")  # Stream Start: never asked for
     assert pg_proto.parse_lsn(pg_proto.lsn_text(0x16B374D848)) == 0x16B374D848

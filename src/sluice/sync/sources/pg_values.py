@@ -162,11 +162,12 @@ class RowReader:
     def __init__(self, types: dict[str, str]) -> None:
         self.types = dict(types)
         self.columns = list(types)
-        self._convert = [converter(types[c]) for c in self.columns]
+        #: each column's converter, in the columns' order
+        self.converters = [converter(types[c]) for c in self.columns]
 
     def image(self, texts: Sequence[str | None], columns: Sequence[str] | None = None) -> dict[str, Any]:
         names = self.columns if columns is None else columns
-        convert = self._convert if columns is None else [converter(self.types[c]) for c in names]
+        convert = self.converters if columns is None else [converter(self.types[c]) for c in names]
         return {n: (None if v is None else f(v)) for n, f, v in zip(names, convert, texts, strict=True)}
 
 

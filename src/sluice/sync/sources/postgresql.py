@@ -344,6 +344,7 @@ class PgCapture:
         self._confirmed = 0  # the highest LSN acknowledged to the server
         self._tx: Group | None = None
         self._tx_pos = 0
+        self._tx_text = ""
         self._sub = 0  # the transaction's events that ordered its later rows after them (see _bump)
         self._tx_ms = 0
         self.retained_bytes: int | None = None
@@ -794,6 +795,7 @@ class PgCapture:
         if isinstance(m, proto.Begin):
             self._tx = self._begin_tx(proto.lsn_text(m.final_lsn))
             self._tx_pos, self._tx_ms, self._sub = m.final_lsn, m.commit_ms, 0
+            self._tx_text = proto.lsn_text(m.final_lsn)
         elif isinstance(m, proto.Commit):
             if self._tx is not None:
                 self._end_tx(self._tx, proto.lsn_text(m.end_lsn))
@@ -885,7 +887,7 @@ class PgCapture:
         rel = self._relations.get(m.relation)
         if rel is None or self._tx is None:
             return
-        pos, text, ts = self._tx_pos + self._sub, proto.lsn_text(self._tx_pos), self._tx_ms
+        pos, text, ts = self._tx_pos + self._sub, self._tx_text, self._tx_ms
         emit: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
         if isinstance(m, proto.Insert):
             after = self._image(rel, m.new, None)
@@ -924,15 +926,15 @@ class PgCapture:
             raise CaptureError(
                 f"a change of {rel.table} has {len(cols)} columns, its Relation message {len(rel.columns)}"
             )
-        texts: list[str | None] = []
+        image: dict[str, Any] = {}
         unchanged: list[str] = []
-        for name, (kind, data) in zip(rel.columns, cols, strict=True):
-            if kind == "u":
-                unchanged.append(name)
-                texts.append(None)
+        for name, convert, (kind, data) in zip(rel.columns, rel.reader.converters, cols, strict=True):
+            if data is not None:
+                image[name] = convert(data.decode("utf-8"))
             else:
-                texts.append(None if data is None else data.decode("utf-8"))
-        image = rel.reader.image(texts)
+                image[name] = None
+                if kind == "u":
+                    unchanged.append(name)
         if key_only:
             return {k: image[k] for k in rel.keys}
         if unchanged:
