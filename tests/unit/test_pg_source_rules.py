@@ -135,7 +135,7 @@ def test_pgoutput_messages_decode_and_a_truncated_one_is_refused() -> None:
     with pytest.raises(pg_proto.ProtocolError, match="ends after"):
         pg_proto.decode(begin[:-1])
     for cut in (1, 3, 6):
-        with pytest.raises(pg_proto.ProtocolError, match="ends after|left after|where its"):
+        with pytest.raises(pg_proto.ProtocolError, match=r"ends after|left after|where its"):
             pg_proto.decode(update[:-cut])
     with pytest.raises(pg_proto.ProtocolError, match="2 bytes left after a Update"):
         pg_proto.decode(update + b"xx")
