@@ -229,13 +229,22 @@ def test_an_idle_databases_slot_follows_the_servers_wal_while_other_databases_wr
                 elapsed = time.monotonic() - started
                 if (elapsed >= 35 and retained["idle_control"] > 50_000_000) or elapsed > 150:
                     break
+            # Then the slot must come down to a few MB: on a loaded machine PostgreSQL's own
+            # decoding of the other database's WAL may run behind the writer (the walsender reads
+            # all of it), so while the writer runs the retained WAL measures that too.
+            during = retained
+            settle_until = time.monotonic() + 90
+            while retained["sluice_idle"] > 16_000_000 and time.monotonic() < settle_until:
+                time.sleep(1)
+                retained = retained_now()
             idle.execute("SELECT pg_drop_replication_slot('idle_control')")
     finally:
         cap.stop.set()
         th.join(60)
     print(
-        f"pg_wal_retained_bytes={retained['sluice_idle']} control_retained_bytes={retained['idle_control']}"
+        f"pg_wal_retained_bytes={retained['sluice_idle']} control_retained_bytes={retained['idle_control']} "
+        f"while_writing={during}"
     )
     assert not cap.stats.errors, cap.stats.errors
     assert retained["idle_control"] > 50_000_000  # the WAL the other database wrote
-    assert retained["sluice_idle"] < retained["idle_control"] / 2, retained
+    assert retained["sluice_idle"] <= 16_000_000, (retained, during)
