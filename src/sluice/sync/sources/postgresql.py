@@ -82,7 +82,6 @@ SUB_POSITIONS = 32
 MESSAGE_PREFIX = "sluice"
 #: how long `sluice task delete` waits for the task's walsender to let go of its slot
 DROP_WAIT_S = 30.0
-_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 def default_object_name(task_id: str) -> str:
@@ -1036,7 +1035,13 @@ def drop_objects(spec: SourceSpec, task_id: str, created: dict[str, str]) -> lis
                             break
                         except psycopg2.errors.ObjectInUse:
                             pass
-                    elif time.monotonic() > deadline:
+                    elif time.monotonic() > deadline + DROP_WAIT_S:
+                        done.append(
+                            f"slot={slot} action=left reason=in_use_by_pid_{row[0]} (stop that consumer, "
+                            f"then SELECT pg_drop_replication_slot('{slot}'))"
+                        )
+                        break
+                    elif time.monotonic() > deadline:  # the task's own capture, not yet stopped
                         cur.execute(
                             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s "
                             "AND application_name = %s", (row[0], f"sluice-{task_id}"),
@@ -1052,13 +1057,3 @@ def drop_objects(spec: SourceSpec, task_id: str, created: dict[str, str]) -> lis
     finally:
         conn.close()
     return done
-
-
-def check_names(spec: SourceSpec) -> None:
-    for what in ("slot", "publication"):
-        value = getattr(spec, what)
-        if value and not _NAME.match(value):
-            raise CaptureError(
-                f"task.source.{what}: {value!r} is not a valid name (lower-case letters, digits and _, "
-                "at most 63, not starting with a digit)"
-            )
