@@ -78,6 +78,18 @@ HEARTBEAT_S = 10.0
 #: positions a transaction may take above its commit LSN: fewer than a commit record's bytes
 #: (its record header alone is 24 bytes, its body at least 8 more, 8-byte aligned)
 SUB_POSITIONS = 32
+#: streamed transactions' xids kept for the visibility check before a read of an unchanged
+#: TOASTed value, and how long that check waits at most
+UNSEEN_KEPT = 10_000
+VISIBLE_WAIT_S = 5.0
+#: whether every xid (32 bits, as pgoutput's Begin gives it) is visible to a new snapshot
+_VISIBLE_SQL = """
+WITH cur AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS x)
+SELECT coalesce(bool_and(pg_visible_in_snapshot(
+    ((CASE WHEN (x & 4294967295) >= v THEN x >> 32 ELSE (x >> 32) - 1 END) << 32 | v)::text::xid8,
+    pg_current_snapshot())), true)
+FROM cur, unnest(%s::int8[]) AS v
+"""
 #: the prefix of the capture's own logical messages (heartbeats)
 MESSAGE_PREFIX = "sluice"
 #: how long `sluice task delete` waits for the task's walsender to let go of its slot
@@ -348,6 +360,8 @@ class PgCapture:
         self._tx_ms = 0
         self.retained_bytes: int | None = None
         self._seen = 0  # the LSN of the newest message outside a transaction (a heartbeat)
+        #: xids of streamed transactions not yet known visible to other sessions (see _wait_visible)
+        self._unseen: list[int] = []
 
     # --- producing (as the MySQL source does) ----------------------------------------------------
     def _make_producer(self) -> Any:
@@ -794,6 +808,8 @@ class PgCapture:
         if isinstance(m, proto.Begin):
             self._tx = self._begin_tx(proto.lsn_text(m.final_lsn))
             self._tx_pos, self._tx_ms, self._sub = m.final_lsn, m.commit_ms, 0
+            self._unseen.append(m.xid)
+            del self._unseen[:-UNSEEN_KEPT]
             self._tx_text = proto.lsn_text(m.final_lsn)
         elif isinstance(m, proto.Commit):
             if self._tx is not None:
@@ -853,6 +869,26 @@ class PgCapture:
             log.info(
                 "event=schema_changed table=%s changes=%s", table, [f"{c.kind}:{c.column}" for c in changes]
             )
+
+    def _wait_visible(self) -> None:
+        """Until every transaction the slot has sent is visible to a new snapshot. The slot sends
+        a transaction once its commit record is flushed, a moment before the committing session
+        ends it for the others, and not always in commit order; a read of a row before then would
+        see it as it was (an older TOASTed value, written above a newer one). Bounded: after
+        VISIBLE_WAIT_S the read goes on (logged)."""
+        if not self._unseen:
+            return
+        deadline = time.monotonic() + VISIBLE_WAIT_S
+        with self._sql.cursor() as cur:
+            while True:
+                cur.execute(_VISIBLE_SQL, (self._unseen,))
+                if cur.fetchone()[0]:
+                    self._unseen.clear()
+                    return
+                if time.monotonic() > deadline:
+                    log.warning("event=toast_read_not_visible xids=%s", self._unseen[-5:])
+                    return
+                time.sleep(0.002)
 
     def _bump(self) -> int:
         """The next position inside the transaction: for a truncate or schema change, and then
@@ -964,6 +1000,7 @@ class PgCapture:
         if old_key is not None:
             sql += f" OR {match} ORDER BY {match} DESC LIMIT 1"
             params += [old_key[k] for k in rel.keys] + keys
+        self._wait_visible()
         with text_cursor(self._sql) as cur:
             cur.execute(sql, params)
             row = cur.fetchone()
