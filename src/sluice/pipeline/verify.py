@@ -267,16 +267,26 @@ def _secret(value: Any) -> Secret | None:
 # --- the pipeline -----------------------------------------------------------------------------
 
 
-def _captured(status: dict[str, Any] | None, position: BinlogPosition, since: float) -> bool:
-    """A status written after `since` shows the capture past `position`, without an error."""
+def binlog_reached(position: BinlogPosition) -> Callable[[str], bool]:
+    """Whether a captured position (the status's text) is at or past a binlog `position`."""
+
+    def reached(captured: str) -> bool:
+        try:
+            return BinlogPosition.parse(captured) >= position
+        except CaptureError:  # not a binlog position (a task of another source)
+            return False
+
+    return reached
+
+
+def _captured(status: dict[str, Any] | None, reached: Callable[[str], bool], since: float) -> bool:
+    """A status written after `since` shows the capture past the position `reached` asks
+    about, without an error."""
     if not status or status.get("error") or not status.get("captured_position"):
         return False
     if float(status.get("updated") or 0) <= since:
         return False
-    try:
-        return BinlogPosition.parse(str(status["captured_position"])) >= position
-    except CaptureError:  # not a binlog position (a task of another source)
-        return False
+    return reached(str(status["captured_position"]))
 
 
 def _applied(status: dict[str, Any] | None, ends: dict[str, int]) -> bool:
@@ -286,11 +296,13 @@ def _applied(status: dict[str, Any] | None, ends: dict[str, int]) -> bool:
 
 def wait_passed(
     status: Callable[[], dict[str, Any] | None],
-    position: BinlogPosition,
+    reached: Callable[[str], bool],
     timeout_s: float,
     ends: Callable[[], dict[str, int]],
 ) -> bool:
-    """Until the pipeline has passed `position`: the task's status shows the capture past it,
+    """Until the pipeline has passed a source position: the task's status shows the capture
+    past it (`reached`, given the captured position's text: `binlog_reached`, or a PostgreSQL
+    source's LSN check in verify_pg.py),
     then the applied offsets reach the log's end offsets read after that (`ends`: "topic[p]" ->
     next offset), so every change up to `position` is in the target. False after `timeout_s`,
     or at once when the task has no running execution."""
@@ -301,7 +313,7 @@ def wait_passed(
         current = status()
         if current is None:
             return False  # no execution runs the task: nothing to wait for
-        if target is None and _captured(current, position, since):
+        if target is None and _captured(current, reached, since):
             time.sleep(0.5)  # the capture's last records acknowledged by the log
             target = ends()
         if target is not None and _applied(current, target):
@@ -393,7 +405,7 @@ def settle(
         if not any(suspects.values()):
             break
         rows = {table: read_keys(spec, schemas[table], keys) for table, keys in suspects.items() if keys}
-        if not wait_passed(status, source_position(spec.source), wait_s, ends):
+        if not wait_passed(status, binlog_reached(source_position(spec.source)), wait_s, ends):
             out.waited = False
         reports = [
             recheck(spec, schemas[t.table], suspects[t.table], rows[t.table])

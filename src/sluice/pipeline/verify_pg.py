@@ -14,11 +14,10 @@ A SQLite target is refused with a clear error (its values are not PostgreSQL's t
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
-from sluice.pipeline.verify import RECHECK_ROUNDS, TableReport, Verification, log_ends
+from sluice.pipeline.verify import RECHECK_ROUNDS, TableReport, Verification, log_ends, wait_passed
 from sluice.security.secrets import reveal
 from sluice.sync.sources import pg_proto
 from sluice.sync.sources.mysql_base import CaptureError
@@ -106,39 +105,16 @@ def _lsn(conn: Any) -> int:
     return pg_proto.parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
 
 
-def _captured(status: dict[str, Any] | None, lsn: int, since: float) -> bool:
-    if not status or status.get("error") or not status.get("captured_position"):
-        return False
-    if float(status.get("updated") or 0) <= since:
-        return False
-    try:
-        return pg_proto.parse_lsn(str(status["captured_position"])) >= lsn
-    except ValueError:
-        return False
+def _lsn_reached(lsn: int) -> Callable[[str], bool]:
+    """Whether a captured position (the status's text) is at or past the WAL position `lsn`."""
 
-
-def _wait_passed(
-    status: Callable[[], dict[str, Any] | None],
-    lsn: int,
-    timeout_s: float,
-    ends: Callable[[], dict[str, int]],
-) -> bool:
-    deadline = time.monotonic() + timeout_s
-    since = time.time()
-    target: dict[str, int] | None = None
-    while time.monotonic() < deadline:
-        current = status()
-        if current is None:
+    def reached(captured: str) -> bool:
+        try:
+            return pg_proto.parse_lsn(captured) >= lsn
+        except ValueError:  # not an LSN
             return False
-        if target is None and _captured(current, lsn, since):
-            time.sleep(0.5)
-            target = ends()
-        if target is not None:
-            applied = current.get("applied_offsets") or {}
-            if not current.get("error") and all(int(applied.get(tp, 0)) >= e for tp, e in target.items()):
-                return True
-        time.sleep(0.5)
-    return False
+
+    return reached
 
 
 def compare_texts(
@@ -194,7 +170,7 @@ def verify_postgres(
                 if not suspects:
                     break
                 want = _read(src, source_sql, t, suspects, t.keys)
-                if not _wait_passed(status, _lsn(src), wait_s, ends):
+                if not wait_passed(status, _lsn_reached(_lsn(src)), wait_s, ends):
                     out.waited = False
                 got = _read(
                     dst, target_sql, t, suspects, [str(mapping.target_column(table, k)) for k in t.keys]
