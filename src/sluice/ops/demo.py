@@ -27,7 +27,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +162,33 @@ def end_cluster(directory: Path, keep: bool, console: Console) -> bool:
 #: the consumer group the demo commits its applied offsets to, so the manager's console shows the
 #: apply lag over time (the target's offsets table stays the truth; this is a mirror for people)
 APPLY_GROUP = "demo-apply"
+
+
+class StepTimeout(RuntimeError):
+    """A demo step did not happen within its time."""
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise StepTimeout(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def run_verify(svc: Any, task: str, console: Console) -> bool:
+    """`sluice task verify` as a user runs it: its lines printed as they come, its exit status."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "sluice.cli", "task", "verify", task, "--zookeeper", svc.zookeeper,
+            "--bootstrap-server", svc.bootstrap]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        console.print(f"   {line}", markup=False, highlight=False, soft_wrap=True)
+    if done.returncode not in (0, 1):  # 1: they differ, said above; anything else: it failed
+        console.print(f"   verify failed (exit {done.returncode}):\n{done.stderr[-3000:]}", markup=False)
+    return done.returncode == 0
 
 
 def _start_manager(cluster: launcher.LocalCluster, console: Console):  # type: ignore[no-untyped-def]

@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 
 from sluice.ops import launcher
-from sluice.ops.demo import end_cluster, fresh_directory, signals_held
+from sluice.ops.demo import StepTimeout, end_cluster, fresh_directory, run_verify, signals_held, wait_for
 from sluice.ops.mariadb import LocalMariaDB
 
 TASK = "shop"
@@ -256,7 +256,7 @@ def _run(
         }  # fmt: skip
         task_service.create_task(svc, parse_spec(definition))
         console.print(f"[bold]3.[/] task {TASK}: customers and orders -> {target}")
-        _wait(lambda: _caught_up(svc, db), 240, "the initial snapshot to reach the target")
+        wait_for(lambda: _caught_up(svc, db), 240, "the initial snapshot to reach the target")
         note("snapshot applied; writes start")
 
         console.print(f"[bold]4.[/] writes for {duration_s:.0f} s, with schema changes, a re-snapshot, "
@@ -282,11 +282,11 @@ def _run(
             console.print(f"[bold red]FAILED[/]: {state.error}")
             return False
         note(f"writes done: {state.transactions:,} transactions")
-        _wait(lambda: _caught_up(svc, db), 240, "the target to catch up with the source")
+        wait_for(lambda: _caught_up(svc, db), 240, "the target to catch up with the source")
         note("the target has caught up")
 
         console.print(f"[bold]5.[/] sluice task verify {TASK}")
-        verified = _verify(svc, console)
+        verified = run_verify(svc, TASK, console)
         letters = _dead_letters(svc, console)
         refused = _refused_letters(svc)
         console.print(f"dead_letters={len(letters)} refused_row_in_dlq={str(bool(refused)).lower()}")
@@ -298,23 +298,11 @@ def _run(
             console.print("[bold red]FAILED[/]: " + ("source and target differ" if not verified else
                           "the refused row is not in the dead-letter topic"))  # fmt: skip
         return ok
-    except _StepTimeout as exc:
+    except StepTimeout as exc:
         console.print(f"[bold red]FAILED[/]: {exc}")
         return False
     finally:
         svc.close()
-
-
-class _StepTimeout(RuntimeError):
-    pass
-
-
-def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise _StepTimeout(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def _caught_up(svc: Any, db: LocalMariaDB) -> bool:
@@ -355,7 +343,7 @@ def _refused_row(db: LocalMariaDB, svc: Any, note: Callable[[str], None]) -> Non
     db.execute(f"INSERT INTO refunds VALUES ({REFUSED_REFUND_ID}, 1, {REFUSED_AMOUNT})", database=DATABASE)
     note(f"source: refund {REFUSED_REFUND_ID} of {REFUSED_AMOUNT} (the target allows at most "
          f"{TARGET_REFUND_LIMIT}: it refuses the row)")  # fmt: skip
-    _wait(lambda: bool(_refused_letters(svc)), 120, "the refused refund in the dead-letter topic")
+    wait_for(lambda: bool(_refused_letters(svc)), 120, "the refused refund in the dead-letter topic")
     note(
         f"refund {REFUSED_REFUND_ID} refused by the target and dead-lettered; the rest of its batch committed"
     )
@@ -364,21 +352,6 @@ def _refused_row(db: LocalMariaDB, svc: Any, note: Callable[[str], None]) -> Non
 def _correct_row(db: LocalMariaDB, note: Callable[[str], None]) -> None:
     db.execute(f"UPDATE refunds SET amount_cents = 500 WHERE id = {REFUSED_REFUND_ID}", database=DATABASE)
     note(f"source: refund {REFUSED_REFUND_ID} corrected to 500 (the newer change applies)")
-
-
-def _verify(svc: Any, console: Console) -> bool:
-    """`sluice task verify` as a user runs it: its lines printed as they come, its exit status."""
-    import subprocess
-    import sys
-
-    argv = [sys.executable, "-m", "sluice.cli", "task", "verify", TASK, "--zookeeper", svc.zookeeper,
-            "--bootstrap-server", svc.bootstrap]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True)
-    for line in done.stdout.splitlines():
-        console.print(f"   {line}", markup=False, highlight=False, soft_wrap=True)
-    if done.returncode not in (0, 1):  # 1: they differ, said above; anything else: it failed
-        console.print(f"   verify failed (exit {done.returncode}):\n{done.stderr[-3000:]}", markup=False)
-    return done.returncode == 0
 
 
 def _refused_letters(svc: Any) -> list[dict[str, Any]]:

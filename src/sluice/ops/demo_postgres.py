@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 
 from sluice.ops import launcher
-from sluice.ops.demo import end_cluster, fresh_directory, signals_held
+from sluice.ops.demo import StepTimeout, end_cluster, fresh_directory, run_verify, signals_held, wait_for
 from sluice.ops.postgres import LocalPostgres
 
 TASK = "shop"
@@ -227,7 +227,7 @@ def _run(
         }  # fmt: skip
         task_service.create_task(svc, parse_spec(definition))
         console.print(f"[bold]3.[/] task {TASK}: customers and orders -> {target}")
-        _wait(_caught_up(svc, source_url), 240, "the initial snapshot to reach the target")
+        wait_for(_caught_up(svc, source_url), 240, "the initial snapshot to reach the target")
         note("snapshot applied (slot sluice_shop, publication sluice_shop); writes start")
 
         console.print(f"[bold]4.[/] writes for {duration_s:.0f} s, with a primary-key change, an ALTER "
@@ -240,11 +240,11 @@ def _run(
             console.print(f"[bold red]FAILED[/]: {state.error or 'the writer did not finish'}")
             return False
         note(f"writes done: {state.transactions:,} transactions")
-        _wait(_caught_up(svc, source_url), 240, "the target to catch up with the source")
+        wait_for(_caught_up(svc, source_url), 240, "the target to catch up with the source")
         note("the target has caught up")
 
         console.print(f"[bold]5.[/] sluice task verify {TASK}")
-        verified = _verify(svc, console)
+        verified = run_verify(svc, TASK, console)
         kept = _toast_kept(source_url, target)
         console.print(f"toast_kept={str(kept).lower()} (customer {TOAST_CUSTOMER}'s profile in the target "
                       "is the source's)")  # fmt: skip
@@ -255,23 +255,11 @@ def _run(
         console.print("[bold green]OK[/]: source and target are equal through every change" if ok else
                       "[bold red]FAILED[/]: source and target differ")  # fmt: skip
         return ok
-    except _StepTimeout as exc:
+    except StepTimeout as exc:
         console.print(f"[bold red]FAILED[/]: {exc}")
         return False
     finally:
         svc.close()
-
-
-class _StepTimeout(RuntimeError):
-    pass
-
-
-def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise _StepTimeout(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def _caught_up(svc: Any, source_url: str) -> Callable[[], bool]:
@@ -292,20 +280,6 @@ def _caught_up(svc: Any, source_url: str) -> Callable[[], bool]:
         return parse_lsn(str(captured)) >= now
 
     return done
-
-
-def _verify(svc: Any, console: Console) -> bool:
-    import subprocess
-    import sys
-
-    argv = [sys.executable, "-m", "sluice.cli", "task", "verify", TASK, "--zookeeper", svc.zookeeper,
-            "--bootstrap-server", svc.bootstrap]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True)
-    for line in done.stdout.splitlines():
-        console.print(f"   {line}", markup=False, highlight=False, soft_wrap=True)
-    if done.returncode not in (0, 1):
-        console.print(f"   verify failed (exit {done.returncode}):\n{done.stderr[-3000:]}", markup=False)
-    return done.returncode == 0
 
 
 def _toast_kept(source_url: str, target_url: str) -> bool:
