@@ -151,22 +151,13 @@ class PgSeedRun(sync_run.SeedRun):
             sync_run.log.warning("event=drop_source_failed database=%s error=%r", self.source_db, exc)
 
     # -- the workload and the source's own fault ------------------------------------------------------
+    def _start_workload(self) -> PgWorkloadRunner:
+        return PgWorkloadRunner(lambda: _connect(self.postgres, self.source_db), self.pg_workload).start()
+
     def _workload_and_faults(self, injector: Any) -> None:
         injector.source_fault = self._source_fault
-        runner = PgWorkloadRunner(lambda: _connect(self.postgres, self.source_db), self.pg_workload).start()
-        injector.start(self.report.schedule)
-        try:
-            runner.stop.wait(self.duration_s)
-        finally:
-            self.report.workload = runner.finish()
-            injector.finish()
-            self.report.injected = injector.injected
-            self.report.skipped = injector.skipped
-        if self.report.workload.error:
-            self.report.problems.append(self.report.workload.error)
-        if injector.error:
-            self.report.problems.append(injector.error)
-        self._wait_source_up()
+        super()._workload_and_faults(injector)
+        self._wait_source_up()  # a walsender killed at the end: the server recovers first
 
     def _source_fault(self, fault: SyncFault) -> str | None:
         """kill -9 of a task's walsender; what was done, or None when no task streams now (both

@@ -543,8 +543,12 @@ class SeedRun:
     def _source_position(self) -> Any:
         return _master_position(self.mariadb)
 
+    def _start_workload(self) -> Any:
+        """The workload's runner, started (its `stop` event, and `finish()` for its stats)."""
+        return WorkloadRunner(lambda: _connect(self.mariadb, self.database), self.workload).start()
+
     def _workload_and_faults(self, injector: SyncFaultInjector) -> None:
-        runner = WorkloadRunner(lambda: _connect(self.mariadb, self.database), self.workload).start()
+        runner = self._start_workload()
         injector.start(self.report.schedule)
         try:
             runner.stop.wait(self.duration_s)
