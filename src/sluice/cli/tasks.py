@@ -287,9 +287,6 @@ def task_verify(
         if stored.source.kind not in ("mysql", "mariadb", "postgresql"):
             raise fail(f"task {task_id} has a {stored.source.kind} source: verify compares mysql, mariadb "
                        "and postgresql sources with their targets", 2)  # fmt: skip
-        if stored.source.kind == "postgresql" and repair:
-            raise fail("--repair: not yet for a postgresql source (restart the task from a new snapshot, "
-                       f"`sluice task restart {task_id} --from-position snapshot`)", 2)  # fmt: skip
         unknown = [t for t in table or [] if t not in stored.tables]
         if unknown:
             raise fail(f"--table {', '.join(unknown)}: not among task {task_id}'s tables "
@@ -338,6 +335,13 @@ def task_verify(
             def pending() -> list[str]:
                 return [str(r.get("id")) for r in svc.tasks.control(task_id).snapshots]
 
+            recheck = None
+            if spec.source.kind == "postgresql":
+                from sluice.pipeline.verify_pg import recheck_postgres
+
+                def recheck(suspects: list[Any], out: Any) -> list[Any]:
+                    return recheck_postgres(spec, suspects, status=status, ends=ends, wait_s=wait, out=out)
+
             try:
                 result = v.repair(
                     spec,
@@ -347,6 +351,7 @@ def task_verify(
                     status=status,
                     ends=ends,
                     wait_s=max(wait, 120),
+                    recheck=recheck,
                 )
             except TimeoutError as exc:
                 raise fail(str(exc), 1) from None

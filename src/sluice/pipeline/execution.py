@@ -276,6 +276,7 @@ class TaskExecution:
             target = self.capture.run
         elif spec.source.kind == "postgresql":
             from sluice.sync.sources.postgresql import HEARTBEAT_S as PG_HEARTBEAT_S
+            from sluice.sync.sources.postgresql import RESNAPSHOT_CHUNK_ROWS as PG_CHUNK_ROWS
             from sluice.sync.sources.postgresql import PgCapture
             from sluice.sync.sources.postgresql import recover_position as pg_recover
 
@@ -290,6 +291,9 @@ class TaskExecution:
                 heartbeat_s=parse_duration(str(opts.get("heartbeat_interval", PG_HEARTBEAT_S))),
                 on_created=lambda objects: self.store.record_source_objects(task_id, objects),
                 created=lambda: self.store.source_objects(task_id),
+                snapshot_requests=lambda: self.store.control(task_id).snapshots,
+                snapshot_done=lambda request: self.store.snapshot_done(task_id, request),
+                snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", PG_CHUNK_ROWS)),
             )  # fmt: skip
             target = self.capture.run
         else:

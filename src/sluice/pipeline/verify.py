@@ -438,9 +438,11 @@ def repair(
     status: Callable[[], dict[str, Any] | None],
     ends: Callable[[], dict[str, int]],
     wait_s: float = 120.0,
+    recheck: Callable[[list[TableReport], Verification], list[TableReport]] | None = None,
 ) -> Verification:
     """Re-snapshot the differing keys of each table (delete_absent: keys the source lacks are
-    deleted), wait until the requests are served and applied, and check those keys again."""
+    deleted), wait until the requests are served and applied, and check those keys again (with
+    `recheck(suspects, out)` when the source is not MySQL's: verify_pg.recheck_postgres)."""
     asked = {t.table: request(t.table, _unique(t.keys)) for t in found.tables if t.keys}
     deadline = time.monotonic() + wait_s
     while set(pending()) & set(asked.values()):
@@ -451,9 +453,12 @@ def repair(
             )
         time.sleep(0.5)
     after = Verification([], waited=found.waited)
-    schemas = {t.table: source_schema(spec.source, t.table) for t in found.tables if t.keys}
     suspects = [TableReport(t.table, t.rows, different=_unique(t.keys)) for t in found.tables]
-    after.tables = settle(spec, schemas, suspects, status, ends, wait_s, after)
+    if recheck is not None:
+        after.tables = recheck(suspects, after)
+    else:
+        schemas = {t.table: source_schema(spec.source, t.table) for t in found.tables if t.keys}
+        after.tables = settle(spec, schemas, suspects, status, ends, wait_s, after)
     after.repaired = sum(len(_unique(t.keys)) for t in found.tables) - sum(len(t.keys) for t in after.tables)
     return after
 

@@ -27,7 +27,7 @@ from sluice.sync.targets.base import ColumnMapping
 from sluice.sync.tasks import TaskSpec
 from sluice.sync.types import parse_type, postgres_type
 
-__all__ = ["log_ends", "verify_postgres"]
+__all__ = ["log_ends", "recheck_postgres", "verify_postgres"]
 
 Rows = dict[tuple[str, ...], tuple[str | None, ...]]
 
@@ -133,6 +133,56 @@ def compare_texts(
     return want, got, t.columns
 
 
+def _sessions(spec: TaskSpec) -> tuple[Any, Any]:
+    from sluice.sync.sources.postgresql import dsn
+
+    if not spec.target.startswith(("postgresql://", "postgres://")):
+        raise CaptureError(
+            f"task {spec.id}: verify of a postgresql source compares it with a PostgreSQL target "
+            f"(this task's is {spec.target.split(':', 1)[0]})"
+        )
+    target_password = reveal(spec.target_password) if spec.target_password is not None else None
+    src = _connect(dsn(spec.source, application="sluice-verify"))
+    try:
+        return src, _connect(spec.target, target_password)
+    except BaseException:
+        src.close()
+        raise
+
+
+def _settle(
+    src: Any,
+    dst: Any,
+    t: _Table,
+    mapping: ColumnMapping,
+    report: TableReport,
+    status: Callable[[], dict[str, Any] | None],
+    ends: Callable[[], dict[str, int]],
+    wait_s: float,
+    out: Verification,
+) -> TableReport:
+    """The report's keys compared again once the pipeline passed the source's WAL position read
+    after their source rows, in rounds while some of them settle: what still differs."""
+    source_sql = f"SELECT {t.source_select} FROM {t.source_name}"
+    target_sql = f"SELECT {t.target_select} FROM {t.target_name}"
+    target_keys = [str(mapping.target_column(t.table, k)) for k in t.keys]
+    for _ in range(RECHECK_ROUNDS):
+        suspects = list(dict.fromkeys(tuple(str(k[c]) for c in t.keys) for k in report.keys))
+        if not suspects:
+            break
+        want = _read(src, source_sql, t, suspects, t.keys)
+        if not wait_passed(status, _lsn_reached(_lsn(src)), wait_s, ends):
+            out.waited = False
+        got = _read(dst, target_sql, t, suspects, target_keys)
+        again = TableReport(t.table, report.rows)
+        _diff(t, want, got, again)
+        settled = len(report.keys) - len(again.keys)
+        report = again
+        if not settled:
+            break
+    return report
+
+
 def verify_postgres(
     spec: TaskSpec,
     *,
@@ -142,44 +192,40 @@ def verify_postgres(
     wait_s: float = 60.0,
 ) -> Verification:
     """Compare a resolved task's (`tasks.resolved`) PostgreSQL source with its PostgreSQL target."""
-    from sluice.sync.sources.postgresql import dsn
-
-    if not spec.target.startswith(("postgresql://", "postgres://")):
-        raise CaptureError(
-            f"task {spec.id}: verify of a postgresql source compares it with a PostgreSQL target "
-            f"(this task's is {spec.target.split(':', 1)[0]})"
-        )
     mapping = ColumnMapping.from_config(spec.mapping)
-    target_password = reveal(spec.target_password) if spec.target_password is not None else None
     out = Verification([])
-    with _connect(dsn(spec.source, application="sluice-verify")) as src, _connect(
-        spec.target, target_password
-    ) as dst:  # fmt: skip
+    src, dst = _sessions(spec)
+    with src, dst:
         with src.cursor() as cur:
             schemas = {table: _Table(spec, table, mapping, cur) for table in tables or spec.tables}
         for table, t in schemas.items():
             report = TableReport(table)
-            source_sql = f"SELECT {t.source_select} FROM {t.source_name}"
-            target_sql = f"SELECT {t.target_select} FROM {t.target_name}"
-            want = _read(src, source_sql, t, None, t.keys)
-            got = _read(dst, target_sql, t, None, [str(mapping.target_column(table, k)) for k in t.keys])
+            want = _read(src, f"SELECT {t.source_select} FROM {t.source_name}", t, None, t.keys)
+            target_keys = [str(mapping.target_column(table, k)) for k in t.keys]
+            got = _read(dst, f"SELECT {t.target_select} FROM {t.target_name}", t, None, target_keys)
             report.rows = len(want)
             _diff(t, want, got, report)
-            for _ in range(RECHECK_ROUNDS):
-                suspects = [tuple(str(k[c]) for c in t.keys) for k in report.keys]
-                if not suspects:
-                    break
-                want = _read(src, source_sql, t, suspects, t.keys)
-                if not wait_passed(status, _lsn_reached(_lsn(src)), wait_s, ends):
-                    out.waited = False
-                got = _read(
-                    dst, target_sql, t, suspects, [str(mapping.target_column(table, k)) for k in t.keys]
-                )
-                again = TableReport(table, report.rows)
-                _diff(t, want, got, again)
-                settled = len(report.keys) - len(again.keys)
-                report = again
-                if not settled:
-                    break
-            out.tables.append(report)
+            out.tables.append(_settle(src, dst, t, mapping, report, status, ends, wait_s, out))
     return out
+
+
+def recheck_postgres(
+    spec: TaskSpec,
+    suspects: list[TableReport],
+    *,
+    status: Callable[[], dict[str, Any] | None],
+    ends: Callable[[], dict[str, int]],
+    wait_s: float,
+    out: Verification,
+) -> list[TableReport]:
+    """`suspects`' keys (each table's report) compared again, as verify_postgres settles its own
+    (verify.repair's check after the re-snapshot)."""
+    mapping = ColumnMapping.from_config(spec.mapping)
+    reports = []
+    src, dst = _sessions(spec)
+    with src, dst:
+        for found in suspects:
+            with src.cursor() as cur:
+                t = _Table(spec, found.table, mapping, cur)
+            reports.append(_settle(src, dst, t, mapping, found, status, ends, wait_s, out))
+    return reports

@@ -12,6 +12,7 @@ from typing import Any
 from sluice.service.context import Services
 from sluice.service.errors import ConflictError, InvalidError, NotFoundError
 from sluice.sync.tasks import (
+    DATABASE_SOURCES,
     Control,
     TaskNotFoundError,
     TaskSpec,
@@ -103,15 +104,16 @@ def update_task(svc: Services, spec: TaskSpec, task_id: str | None = None) -> di
     check_secret_scope(svc, spec)
     try:
         before = svc.tasks.get(spec.id)
-        added = [t for t in spec.tables if t not in before.tables] if _captures_binlog(spec) else []
+        added = [t for t in spec.tables if t not in before.tables] if _resnapshots(spec) else []
         svc.tasks.update(spec, [new_request(t) for t in added])
     except TaskNotFoundError:
         raise NotFoundError(f"no task {spec.id!r}: create it first") from None
     return task_summary(svc, spec.id)
 
 
-def _captures_binlog(spec: TaskSpec) -> bool:
-    return spec.source.kind in ("mysql", "mariadb")
+def _resnapshots(spec: TaskSpec) -> bool:
+    """Whether the task's capture serves re-snapshot requests (a database source's does)."""
+    return spec.source.kind in DATABASE_SOURCES
 
 
 def request_snapshot(
@@ -129,9 +131,9 @@ def request_snapshot(
     from sluice.sync.sources.resnapshot import new_request
 
     spec = _spec(svc, task_id)
-    if not _captures_binlog(spec):
-        raise InvalidError(f"task {task_id!r} has a {spec.source.kind} source: only mysql and mariadb "
-                           "tasks can re-snapshot a table", field="table")  # fmt: skip
+    if not _resnapshots(spec):
+        raise InvalidError(f"task {task_id!r} has a {spec.source.kind} source: only mysql, mariadb and "
+                           "postgresql tasks can re-snapshot a table", field="table")  # fmt: skip
     if table not in spec.tables:
         raise InvalidError(
             f"table: {table!r} is not one of task {task_id!r}'s tables ({', '.join(spec.tables)}); "

@@ -68,6 +68,7 @@ from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.sources import pg_proto as proto
 from sluice.sync.sources.mysql_base import SNAPSHOT, CaptureError, producer_config, types_fragment
 from sluice.sync.sources.pg_values import SESSION_OPTIONS, RowReader, describe, table_columns
+from sluice.sync.sources.resnapshot import BadRequestError, ChunkRead, Resnapshots, chunk_query
 from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
 from sluice.sync.tasks import SourceSpec
 
@@ -90,6 +91,9 @@ SELECT coalesce(bool_and(pg_visible_in_snapshot(
     pg_current_snapshot())), true)
 FROM cur, unnest(%s::int8[]) AS v
 """
+#: Default of the task option snapshot_chunk_rows for re-snapshots (rows per chunk, read between
+#: transactions of the stream)
+RESNAPSHOT_CHUNK_ROWS = 10_000
 #: the prefix of the capture's own logical messages (heartbeats)
 MESSAGE_PREFIX = "sluice"
 #: how long `sluice task delete` waits for the task's walsender to let go of its slot
@@ -320,6 +324,9 @@ class PgCapture:
         heartbeat_s: float = HEARTBEAT_S,
         on_created: Callable[[dict[str, str]], Any] | None = None,
         created: Callable[[], dict[str, str]] | None = None,
+        snapshot_requests: Callable[[], list[dict[str, Any]]] | None = None,
+        snapshot_done: Callable[[str], Any] | None = None,
+        snapshot_chunk_rows: int = RESNAPSHOT_CHUNK_ROWS,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -360,8 +367,20 @@ class PgCapture:
         self._tx_ms = 0
         self.retained_bytes: int | None = None
         self._seen = 0  # the LSN of the newest message outside a transaction (a heartbeat)
+        #: every transaction committed below this LSN has been read from the slot (0: none yet)
+        self._passed = 0
         #: xids of streamed transactions not yet known visible to other sessions (see _wait_visible)
         self._unseen: list[int] = []
+        # Re-snapshot requests (resnapshot.py), served between transactions of the stream.
+        self.resnapshots: Resnapshots | None = None
+        if snapshot_requests is not None and snapshot_done is not None:
+            self.resnapshots = Resnapshots(
+                self,
+                snapshot_requests,
+                snapshot_done,
+                chunk_rows=snapshot_chunk_rows,
+                read=self._resnapshot_chunk,
+            )
 
     # --- producing (as the MySQL source does) ----------------------------------------------------
     def _make_producer(self) -> Any:
@@ -758,6 +777,8 @@ class PgCapture:
                 self._handle(producer, msg)
             producer.poll(0)
             self._acknowledge(cur)
+            if self.resnapshots is not None and self._tx is None and self._passed:
+                self._serve_resnapshots(producer)
             self._publish_cut(producer)
             self._heartbeat(producer, cur)
             if self.stats.errors:
@@ -777,6 +798,7 @@ class PgCapture:
             # Everything the server sent up to its last report was read (the stream is in order)
             # and is in the log: the capture has passed it, captured or not.
             lsn = max(lsn, int(cur.wal_end or 0), self._seen)
+            self._passed = max(self._passed, lsn)
             if lsn and (not self.stats.position or lsn > proto.parse_lsn(self.stats.position)):
                 self.stats.position = proto.lsn_text(lsn)
         if lsn > self._confirmed:
@@ -817,6 +839,7 @@ class PgCapture:
                 self.stats.transactions += 1
             self._tx = None
             self.stats.position = proto.lsn_text(m.end_lsn)
+            self._passed = max(self._passed, m.end_lsn)
             self.stats.position_ts_ms = m.commit_ms
         elif isinstance(m, proto.Relation):
             self._relation(producer, m)
@@ -870,25 +893,130 @@ class PgCapture:
                 "event=schema_changed table=%s changes=%s", table, [f"{c.kind}:{c.column}" for c in changes]
             )
 
-    def _wait_visible(self) -> None:
-        """Until every transaction the slot has sent is visible to a new snapshot. The slot sends
-        a transaction once its commit record is flushed, a moment before the committing session
-        ends it for the others, and not always in commit order; a read of a row before then would
-        see it as it was (an older TOASTed value, written above a newer one). Bounded: after
-        VISIBLE_WAIT_S the read goes on (logged)."""
+    def _wait_visible(self, wait_s: float = VISIBLE_WAIT_S) -> bool:
+        """Until every transaction the slot has sent is visible to a new snapshot (True), or
+        `wait_s` passed (False, logged). The slot sends a transaction once its commit record is
+        flushed, a moment before the committing session ends it for the others, and not always
+        in commit order; a read of a row before then would see it as it was."""
         if not self._unseen:
-            return
-        deadline = time.monotonic() + VISIBLE_WAIT_S
+            return True
+        deadline = time.monotonic() + wait_s
         with self._sql.cursor() as cur:
             while True:
                 cur.execute(_VISIBLE_SQL, (self._unseen,))
                 if cur.fetchone()[0]:
                     self._unseen.clear()
-                    return
+                    return True
                 if time.monotonic() > deadline:
-                    log.warning("event=toast_read_not_visible xids=%s", self._unseen[-5:])
-                    return
+                    log.warning("event=streamed_not_visible xids=%s", self._unseen[-5:])
+                    return False
                 time.sleep(0.002)
+
+    # --- re-snapshots while streaming (resnapshot.py) ---------------------------------------------
+    def _serve_resnapshots(self, producer: Any) -> None:
+        """A few chunks of pending re-snapshot requests, between two transactions of the stream.
+
+        A chunk is one SELECT (one snapshot), taken once every transaction the slot has sent is
+        visible to other sessions. Its rows carry `_passed - 1` as their position: every
+        transaction that committed below it is in the rows (sent, so seen visible), and every
+        one the rows may hold besides commits at or above `_passed`, so the slot sends it again
+        after them, at a higher position, and the target's version guard keeps its values. The
+        position is above the last streamed transaction's own (its commit record's end is past
+        its sub-positions, see `_bump`) and below any later commit: no tie either way."""
+        assert self.resnapshots is not None
+        if not self._wait_visible(0.5):
+            return  # served once they are (the next pass)
+        self.resnapshots.serve(producer, self._keys, self._passed)
+
+    def _resnapshot_chunk(
+        self,
+        producer: Any,
+        table: str,
+        key_cols: list[str],
+        request: dict[str, Any],
+        wanted: list[dict[str, Any]] | None,
+        last: tuple[Any, ...] | None,
+        limit: int,
+        passed: int,
+    ) -> ChunkRead:
+        """One chunk of a request (resnapshot.py's ChunkReader). Listed keys are matched by their
+        text (`col::text`, as `sluice task verify` reports them); with `delete_absent` a listed
+        key the table lacks becomes a delete."""
+        import psycopg2
+
+        schema, name = split_table(self.spec, table)
+        source = f"{quote(schema)}.{quote(name)}"
+        with self._sql.cursor() as cur:
+            cols = table_columns(cur, schema, name)
+            types = describe(cur, cols)
+            cur.execute(
+                "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+                (source,),
+            )
+            sql_types = {str(n): str(t) for n, t in cur.fetchall()}
+        reader = RowReader(types)
+        fragment = types_fragment(types)
+        names = [c for c, _, _ in cols]
+        where = request.get("where")
+        select = ", ".join(f"t.{quote(c)}" for c in names)
+        if wanted is not None:
+            # (n, k1, k2, ...) per listed key; the key as its column's type (the server's own text
+            # of it, for a delete), then the row, if the table holds it
+            one = "(" + ", ".join(["%s"] * (1 + len(key_cols))) + ")"
+            listed = ", ".join([one] * len(wanted))
+            params: list[Any] = [v for i, w in enumerate(wanted) for v in (i, *(str(w[k]) for k in key_cols))]
+            ks = list(enumerate(key_cols))
+            typed = ", ".join(f'CAST(w."k{i}" AS {sql_types[k]})' for i, k in ks)
+            match = " AND ".join(f't.{quote(k)}::text = w."k{i}"' for i, k in ks)
+            alias = ", ".join(f'"k{i}"' for i, _ in ks)
+            text = (
+                f"SELECT {typed}, t.ctid IS NOT NULL, {select} FROM (VALUES {listed}) AS w(n, {alias}) "
+                f"LEFT JOIN {source} AS t ON {match}" + (f" AND ({where})" if where else "") + " ORDER BY w.n"
+            )
+        else:
+            text, params = chunk_query(
+                table, key_cols, where=where, last=last, limit=limit, columns=select, q=quote,
+                quoted_table=f"{source} AS t",
+            )  # fmt: skip
+        pos = passed - 1
+        at = proto.lsn_text(passed)
+        now = int(time.time() * 1000)
+        tx = self._begin_tx(at)
+        rows = deletes = 0
+        last_read: tuple[Any, ...] | None = None
+        try:
+            with text_cursor(self._sql) as cur:
+                try:
+                    cur.execute(text, params)
+                except (psycopg2.ProgrammingError, psycopg2.DataError) as exc:
+                    raise BadRequestError(
+                        f"the source refused its query ({(exc.pgerror or str(exc)).strip()}): check its "
+                        f"--where condition {where!r} and ask again with `sluice task snapshot`"
+                    ) from None
+                fetched = cur.fetchall()
+            for raw in fetched:
+                if wanted is not None:
+                    n = len(key_cols)
+                    key_texts, present, raw = raw[:n], raw[n] == "t", raw[n + 1 :]
+                    if not present:
+                        if request.get("delete_absent"):
+                            gone = reader.image(list(key_texts), key_cols)
+                            env = self._envelope("d", table, gone, None, None, pos, now, at)
+                            self._emit(producer, table, env, tx)
+                            deletes += 1
+                        continue
+                row = reader.image(list(raw))
+                last_read = tuple(raw[names.index(k)] for k in key_cols)
+                key = {k: row[k] for k in key_cols}
+                env = self._envelope("r", table, key, None, row, pos, now, at, fragment)
+                self._emit(producer, table, env, tx)
+                rows += 1
+                if rows % 5000 == 0:
+                    producer.poll(0)
+        finally:
+            self._end_tx(tx, at)
+        return ChunkRead(rows, deletes, last_read, at)
 
     def _bump(self) -> int:
         """The next position inside the transaction: for a truncate or schema change, and then

@@ -81,24 +81,28 @@ def new_request(
 
 
 def quote(name: str) -> str:
+    """A MySQL identifier (the default quoting of the builders below; PostgreSQL passes its own)."""
     return "`" + name.replace("`", "``") + "`"
 
 
-def after(keys: list[str], last: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
+Quote = Callable[[str], str]
+
+
+def after(keys: list[str], last: tuple[Any, ...] | None, q: Quote = quote) -> tuple[str, list[Any]]:
     """The keyset condition `(k1, k2) > last` (empty before the first chunk). For a composite
     key the first column is also bounded on its own, so the server scans from there."""
     if last is None:
         return "", []
     if len(keys) == 1:
-        return f"{quote(keys[0])} > %s", [last[0]]
-    cols = ", ".join(quote(k) for k in keys)
+        return f"{q(keys[0])} > %s", [last[0]]
+    cols = ", ".join(q(k) for k in keys)
     marks = ", ".join(["%s"] * len(keys))
-    return f"{quote(keys[0])} >= %s AND ({cols}) > ({marks})", [last[0], *last]
+    return f"{q(keys[0])} >= %s AND ({cols}) > ({marks})", [last[0], *last]
 
 
-def among(keys: list[str], wanted: list[dict[str, Any]]) -> tuple[str, list[Any]]:
+def among(keys: list[str], wanted: list[dict[str, Any]], q: Quote = quote) -> tuple[str, list[Any]]:
     """The condition `(k1, k2) IN ((...), ...)` for the listed key dicts."""
-    cols = ", ".join(quote(k) for k in keys)
+    cols = ", ".join(q(k) for k in keys)
     one = "(" + ", ".join(["%s"] * len(keys)) + ")"
     return f"({cols}) IN ({', '.join([one] * len(wanted))})", [w[k] for w in wanted for k in keys]
 
@@ -111,20 +115,22 @@ def chunk_query(
     last: tuple[Any, ...] | None,
     limit: int,
     columns: str = "*",
+    q: Quote = quote,
+    quoted_table: str | None = None,
 ) -> tuple[str, list[Any]]:
     """The SELECT of `columns` in one keyset chunk of `table` (after `last`, at most `limit` rows,
     in key order)."""
     conds, params = [], []
     if where:
         conds.append(f"({where})")
-    cond, values = after(keys, last)
+    cond, values = after(keys, last, q)
     if cond:
         conds.append(cond)
         params.extend(values)
-    text = f"SELECT {columns} FROM {quote(table)}"
+    text = f"SELECT {columns} FROM {quoted_table or q(table)}"
     if conds:
         text += " WHERE " + " AND ".join(conds)
-    return text + f" ORDER BY {', '.join(quote(k) for k in keys)} LIMIT {int(limit)}", params
+    return text + f" ORDER BY {', '.join(q(k) for k in keys)} LIMIT {int(limit)}", params
 
 
 class BadRequestError(ValueError):
@@ -143,6 +149,22 @@ class _Progress:
     chunks: int = 0
 
 
+@dataclass
+class ChunkRead:
+    """What a source's chunk reader put into the log."""
+
+    rows: int
+    deletes: int
+    last: tuple[Any, ...] | None  # the last key read (the server's own values of it)
+    position: str  # the source position the chunk's rows carry, as text
+
+
+#: A source's reader of one chunk: (producer, table, key columns, request, the listed keys of
+#: this chunk or None, the last key read before it, its row limit, where the stream reads on
+#: from) -> what it emitted, grouped as one transaction resuming there.
+ChunkReader = Callable[..., ChunkRead]
+
+
 class Resnapshots:
     """Serves a capture's re-snapshot requests; `serve` is called once per binlog pass."""
 
@@ -154,8 +176,10 @@ class Resnapshots:
         *,
         chunk_rows: int,
         chunks_per_pass: int = CHUNKS_PER_PASS,
+        read: ChunkReader | None = None,
     ) -> None:
         self.capture = capture
+        self.read: ChunkReader = read or (lambda *args: mysql_chunk(capture, *args))
         self.requests = requests
         self.done = done
         self.chunk_rows = chunk_rows
@@ -180,7 +204,7 @@ class Resnapshots:
         ours = [r for r in pending if r.get("table") in self.capture.tables]
         return _Progress(ours[0]) if ours else None
 
-    def serve(self, producer: Any, keys: dict[str, list[str]], stream_at: BinlogPosition) -> None:
+    def serve(self, producer: Any, keys: dict[str, list[str]], stream_at: Any) -> None:
         """Read up to `chunks_per_pass` chunks of pending requests into the log, each a group
         resuming at `stream_at` (where the stream reads on from)."""
         for _ in range(self.chunks_per_pass):
@@ -225,83 +249,100 @@ class Resnapshots:
                  request["id"], request["table"], progress.rows, progress.chunks)  # fmt: skip
 
     def _chunk(
-        self, producer: Any, table: str, key_cols: list[str], progress: _Progress, stream_at: BinlogPosition
+        self, producer: Any, table: str, key_cols: list[str], progress: _Progress, stream_at: Any
     ) -> bool:
         """Read and emit the next chunk of `progress`; True when the request is complete."""
-        import pymysql
-
-        cap = self.capture
-        types = column_types(cap.spec, [table]).get(table, {})
-        columns = select_list(types) or "*"
-        convert = row_converter(types, cap.zero_dates)
-        fragment = types_fragment(types)
         request = progress.request
-        where = request.get("where")
         listed: list[dict[str, Any]] | None = request.get("keys")
+        wanted: list[dict[str, Any]] | None = None
         if listed is not None:
             wanted = listed[progress.index : progress.index + min(self.chunk_rows, KEYS_PER_CHUNK)]
             if not wanted:
                 return True
             if any(not isinstance(w, dict) or not set(key_cols) <= set(w) for w in wanted):
                 raise BadRequestError(f"its keys must each name every key column of {table}: {key_cols}")
-            cond, params = among(key_cols, wanted)
-            text = f"SELECT {columns} FROM {quote(table)} WHERE {cond}" + (f" AND ({where})" if where else "")
-        else:
-            text, params = chunk_query(
-                table, key_cols, where=where, last=progress.last, limit=self.chunk_rows, columns=columns
-            )
-        conn = connect_snapshot(cap.spec)
-        tx = cap._begin_tx(stream_at.text())
-        rows, last = 0, None
-        seen: set[str] = set()
-        try:
-            with conn.cursor() as cur:
-                position = begin_chunk_snapshot(cur, cap.is_mariadb)
-                pos = cap.encoded(position)
-                now = int(time.time() * 1000)
-                try:
-                    cur.execute(text, params)
-                except pymysql.err.MySQLError as exc:
-                    # a server error about the statement (1xxx), not a lost connection (2xxx)
-                    if not (exc.args and isinstance(exc.args[0], int) and exc.args[0] < 2000):
-                        raise
-                    raise BadRequestError(
-                        f"the source refused its query ({exc.args[-1]}): check its --where condition "
-                        f"{where!r} and ask again with `sluice task snapshot`"
-                    ) from None
-                for raw in cur:
-                    # the next chunk starts after the server's own text of the key, not its
-                    # canonical value (a BIT's 0/1 text or a TIMESTAMP's Z would not compare)
-                    last = tuple(raw[k] for k in key_cols)
-                    row = snapshot_row(convert, raw, table)
-                    key = {k: row[k] for k in key_cols}
-                    cap._emit(producer, table, cap._envelope("r", table, key, None, row, pos, now,
-                                                             position.text(), fragment), tx)  # fmt: skip
-                    if listed is not None:
-                        seen.add(key_text(key))
-                    rows += 1
-                    if rows % 5000 == 0:
-                        producer.poll(0)
-                cur.execute("COMMIT")
-            deletes = 0
-            if listed is not None and request.get("delete_absent"):
-                for key in wanted:
-                    if key_text({k: key[k] for k in key_cols}) not in seen:
-                        gone = {k: key[k] for k in key_cols}
-                        cap._emit(producer, table, cap._envelope("d", table, gone, None, None, pos, now,
-                                                                 position.text()), tx)  # fmt: skip
-                        deletes += 1
-        finally:
-            conn.close()
-            cap._end_tx(tx, stream_at.text())
-        progress.rows += rows
+        got = self.read(producer, table, key_cols, request, wanted, progress.last, self.chunk_rows, stream_at)
+        progress.rows += got.rows
         progress.chunks += 1
         self.chunks += 1
-        cap.stats.snapshot_rows += rows
+        self.capture.stats.snapshot_rows += got.rows
         log.info("event=resnapshot_chunk task=%s table=%s request=%s rows=%d deletes=%d position=%s",
-                 cap.name, table, request["id"], rows, deletes, position.text())  # fmt: skip
+                 self.capture.name, table, request["id"], got.rows, got.deletes, got.position)  # fmt: skip
         if listed is not None:
+            assert wanted is not None
             progress.index += len(wanted)
             return progress.index >= len(listed)
-        progress.last = last
-        return rows < self.chunk_rows
+        progress.last = got.last
+        return got.rows < self.chunk_rows
+
+
+def mysql_chunk(
+    cap: Any,
+    producer: Any,
+    table: str,
+    key_cols: list[str],
+    request: dict[str, Any],
+    wanted: list[dict[str, Any]] | None,
+    last: tuple[Any, ...] | None,
+    limit: int,
+    stream_at: BinlogPosition,
+) -> ChunkRead:
+    """A MySQL/MariaDB capture's chunk: read in a consistent snapshot of its own, its rows at
+    that snapshot's binlog position (a lower bound of it, see the module's docstring)."""
+    import pymysql
+
+    types = column_types(cap.spec, [table]).get(table, {})
+    columns = select_list(types) or "*"
+    convert = row_converter(types, cap.zero_dates)
+    fragment = types_fragment(types)
+    where = request.get("where")
+    if wanted is not None:
+        cond, params = among(key_cols, wanted)
+        text = f"SELECT {columns} FROM {quote(table)} WHERE {cond}" + (f" AND ({where})" if where else "")
+    else:
+        text, params = chunk_query(table, key_cols, where=where, last=last, limit=limit, columns=columns)
+    conn = connect_snapshot(cap.spec)
+    tx = cap._begin_tx(stream_at.text())
+    rows, last = 0, None
+    seen: set[str] = set()
+    deletes = 0
+    try:
+        with conn.cursor() as cur:
+            position = begin_chunk_snapshot(cur, cap.is_mariadb)
+            pos = cap.encoded(position)
+            now = int(time.time() * 1000)
+            try:
+                cur.execute(text, params)
+            except pymysql.err.MySQLError as exc:
+                # a server error about the statement (1xxx), not a lost connection (2xxx)
+                if not (exc.args and isinstance(exc.args[0], int) and exc.args[0] < 2000):
+                    raise
+                raise BadRequestError(
+                    f"the source refused its query ({exc.args[-1]}): check its --where condition "
+                    f"{where!r} and ask again with `sluice task snapshot`"
+                ) from None
+            for raw in cur:
+                # the next chunk starts after the server's own text of the key, not its
+                # canonical value (a BIT's 0/1 text or a TIMESTAMP's Z would not compare)
+                last = tuple(raw[k] for k in key_cols)
+                row = snapshot_row(convert, raw, table)
+                key = {k: row[k] for k in key_cols}
+                cap._emit(producer, table, cap._envelope("r", table, key, None, row, pos, now,
+                                                         position.text(), fragment), tx)  # fmt: skip
+                if wanted is not None:
+                    seen.add(key_text(key))
+                rows += 1
+                if rows % 5000 == 0:
+                    producer.poll(0)
+            cur.execute("COMMIT")
+        if wanted is not None and request.get("delete_absent"):
+            for key in wanted:
+                if key_text({k: key[k] for k in key_cols}) not in seen:
+                    gone = {k: key[k] for k in key_cols}
+                    cap._emit(producer, table, cap._envelope("d", table, gone, None, None, pos, now,
+                                                             position.text()), tx)  # fmt: skip
+                    deletes += 1
+    finally:
+        conn.close()
+        cap._end_tx(tx, stream_at.text())
+    return ChunkRead(rows, deletes, last, position.text())
