@@ -4,17 +4,22 @@ table lacks deleted (`sluice task verify --repair`'s request), each ending equal
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 
 from sluice.ops.postgres import LocalPostgres
 from sluice.sync.sources.pg_proto import parse_lsn
-from sluice.sync.sources.postgresql import PgCapture
+from sluice.sync.sources.postgresql import PgCapture, drop_objects, publication_name, slot_name
 from sluice.sync.sources.resnapshot import new_request
+from sluice.sync.tasks import SourceSpec
 from tests.integration.test_mysql_capture import read_all
 from tests.integration.test_pg_capture import (
     apply_all,
@@ -26,8 +31,15 @@ from tests.integration.test_pg_capture import (
 )
 from tests.integration.test_pipeline import create_topic
 from tests.integration.test_resnapshot import Requests
+from tests.integration.test_workers import create_task, start_worker, stop_worker
 from tests.support.cluster import TestCluster, wait_until
 from tests.support.pg_source import KEYS, Writer, connect, create_source
+
+
+def drop_slot(spec: SourceSpec, name: str) -> None:
+    """The capture's slot and publication dropped (slots are the server's: one left behind would
+    hold WAL for the rest of the run)."""
+    drop_objects(spec, name, {"slot": slot_name(spec, name), "publication": publication_name(spec, name)})
 
 
 def envelopes(bootstrap: str) -> list[dict[str, Any]]:
@@ -52,13 +64,14 @@ def test_a_table_read_again_while_every_statement_kind_commits_ends_equal_to_the
         kept = conn.execute("SELECT account, seq FROM ledger ORDER BY seq LIMIT 1").fetchone()
     requests = Requests()
     cap = PgCapture(
-        spec, list(KEYS), lambda _t: "shop.changes", cluster.bootstrap, name="shop", heartbeat_s=1.0,
+        spec, list(KEYS), lambda _t: "shop.changes", cluster.bootstrap, name="resnap1", heartbeat_s=1.0,
         snapshot_requests=requests, snapshot_done=requests.done, snapshot_chunk_rows=37,
     )  # fmt: skip
     thread = start(cap)
     writer = Writer(source_url, transactions=500, truncate_every=170, seed=3)
     try:
-        wait_until(lambda: bool(cap.stats.position) and cap.stats.snapshot_rows >= 600, 120, "the snapshot")
+        wait_until(lambda: bool(cap.stats.position or cap.stats.errors), 120, "the snapshot")
+        assert not cap.stats.errors and cap.stats.snapshot_rows >= 600, cap.stats
         initial = cap.stats.snapshot_rows
         writer.start()
         wait_until(lambda: writer.done >= 50, 60, "the writer under way")
@@ -82,6 +95,7 @@ def test_a_table_read_again_while_every_statement_kind_commits_ends_equal_to_the
         writer.join(5)
         cap.stop.set()
         thread.join(60)
+        drop_slot(spec, "resnap1")
     assert not cap.stats.errors, cap.stats.errors
     assert cap.stats.snapshot_rows > initial
 
@@ -108,12 +122,13 @@ def test_a_chunk_waits_for_the_stream_and_takes_the_position_below_the_next_comm
     spec = source_spec(postgres, "pgresnap2")
     requests = Requests()
     cap = PgCapture(
-        spec, list(KEYS), lambda _t: "shop.changes", cluster.bootstrap, name="shop", heartbeat_s=1.0,
+        spec, list(KEYS), lambda _t: "shop.changes", cluster.bootstrap, name="resnap2", heartbeat_s=1.0,
         snapshot_requests=requests, snapshot_done=requests.done,
     )  # fmt: skip
     thread = start(cap)
     try:
-        wait_until(lambda: bool(cap.stats.position), 120, "the snapshot")
+        wait_until(lambda: bool(cap.stats.position or cap.stats.errors), 120, "the snapshot")
+        assert not cap.stats.errors, cap.stats.errors
         with connect(source_url) as conn:
             conn.execute("UPDATE items SET name = 'before' WHERE id = 1")
         before = server_lsn(source_url)
@@ -128,6 +143,7 @@ def test_a_chunk_waits_for_the_stream_and_takes_the_position_below_the_next_comm
     finally:
         cap.stop.set()
         thread.join(60)
+        drop_slot(spec, "resnap2")
     assert not cap.stats.errors, cap.stats.errors
     docs = [d for d in envelopes(cluster.bootstrap) if d["table"] == "items" and d["key"] == {"id": 1}]
     ops = [(d["op"], d["after"]["name"]) for d in docs]
@@ -135,3 +151,98 @@ def test_a_chunk_waits_for_the_stream_and_takes_the_position_below_the_next_comm
     streamed, chunk, later = (d["source"]["pos"] for d in docs[-3:])
     assert streamed < chunk < later, (streamed, chunk, later)
     assert parse_lsn(docs[-2]["source"]["position"]) == chunk + 1
+
+
+TASK = """
+id: pgvfy
+source: {{kind: postgresql, host: 127.0.0.1, port: {port}, user: postgres, database: pgvfy}}
+tables: [items, ledger]
+topic: "pgvfy.changes"
+target: {target}
+options: {{trigger: 500ms, partitions: 2, replication_factor: 1, heartbeat_interval: 2s}}
+"""
+
+FOUND = [
+    "verify table=items rows=200 missing=1 extra=1 different=1",
+    '  missing items {"id": "2"}',
+    '  extra items {"id": "99999"}',
+    '  different items {"id": "1"}',
+    "verify table=ledger rows=100 missing=0 extra=0 different=1",
+    '  different ledger {"account": "acct-3", "seq": "3"}',
+]
+
+
+@pytest.mark.timeout(600)
+def test_verify_repair_and_a_table_snapshot_of_a_postgresql_task_run_by_a_worker(
+    postgres: LocalPostgres, make_cluster: Callable[..., TestCluster], postgres_url: str, tmp_path: Path
+) -> None:
+    """`sluice task verify` finds rows changed, deleted and inserted in the target behind the
+    pipeline's back while the source keeps changing other rows; `--repair` re-snapshots exactly
+    those keys through the running capture (the stray row deleted), repaired=4 verified=true;
+    `sluice task snapshot --table items` reads the table again and it stays equal."""
+    cluster = make_cluster(1)
+    source_url = postgres.create_database("pgvfy")
+    create_source(source_url, rows=200)
+    zk, store = create_task(TASK.format(port=postgres.port, target=postgres_url), tmp_path, cluster.zookeeper)
+    worker = start_worker("wpv1", cluster.bootstrap, cluster.zookeeper, tmp_path)
+    stop = threading.Event()
+
+    def write() -> None:
+        # other rows change all along, each every 10 s: the pipeline is always a little behind
+        with connect(source_url) as conn:
+            n = 0
+            while not stop.wait(0.1):
+                n += 1
+                conn.execute("UPDATE items SET amount = amount + 1 WHERE id = %s", [100 + n % 100])
+
+    writer = threading.Thread(target=write, daemon=True)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sluice.cli", "task", *args, "--zookeeper", cluster.zookeeper,
+             *(["-b", cluster.bootstrap] if args[0] == "verify" else [])],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    def target_rows() -> int:
+        try:
+            with connect(postgres_url) as conn:
+                return int(conn.execute("SELECT count(*) FROM items").fetchone()[0])
+        except psycopg.errors.UndefinedTable:
+            return 0
+
+    try:
+        wait_until(lambda: target_rows() == 200, 240, "the task's snapshot applied")
+        writer.start()
+        with connect(postgres_url) as conn:
+            conn.execute("UPDATE items SET name = 'tampered' WHERE id = 1")
+            conn.execute("DELETE FROM items WHERE id = 2")
+            conn.execute("INSERT INTO items (id, name, _sluice_pos) VALUES (99999, 'stray', 1)")
+            conn.execute("UPDATE ledger SET note = 'tampered' WHERE account = 'acct-3' AND seq = 3")
+
+        found = cli("verify", "pgvfy")
+        assert found.returncode == 1, found.stdout + found.stderr
+        assert found.stdout.splitlines() == [*FOUND, "verified=false"], found.stdout
+
+        repaired = cli("verify", "pgvfy", "--repair")
+        assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+        assert repaired.stdout.splitlines() == [*FOUND, "repaired=4", "verified=true"], repaired.stdout
+
+        asked = cli("snapshot", "pgvfy", "--table", "items")
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        assert asked.stdout.startswith("snapshot="), asked.stdout
+        wait_until(lambda: not store.control("pgvfy").snapshots, 120, "the table snapshot served")
+        stop.set()
+        writer.join(10)
+        again = cli("verify", "pgvfy")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert again.stdout.splitlines() == [
+            "verify table=items rows=200 missing=0 extra=0 different=0",
+            "verify table=ledger rows=100 missing=0 extra=0 different=0",
+            "verified=true",
+        ], again.stdout
+    finally:
+        stop.set()
+        stop_worker(worker)
+        zk.stop()
+        drop_slot(source_spec(postgres, "pgvfy"), "pgvfy")

@@ -117,6 +117,31 @@ class LocalPostgres:
                     raise
                 time.sleep(0.2)
 
+    def start_standby_of(self, primary: LocalPostgres, timeout_s: float = 120) -> LocalPostgres:
+        """This server as a streaming standby of `primary` (a base backup of it, with
+        standby.signal and the connection to it: `pg_basebackup -R`), started."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self._as_user:
+            pw = pwd.getpwnam("postgres")
+            self.server_dir.mkdir(mode=0o700, exist_ok=True)
+            os.chown(self.server_dir, pw.pw_uid, pw.pw_gid)
+        result = self._run(
+            str(self.bin / "pg_basebackup"), "-D", str(self.data_dir), "-h", "127.0.0.1", "-p",
+            str(primary.port), "-U", "postgres", "-R", "-X", "stream", "-c", "fast", check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"pg_basebackup failed: {result.stderr.strip() or result.stdout.strip()}")
+        return self.start(timeout_s)
+
+    def promote(self, timeout_s: float = 60) -> None:
+        """A standby made a primary (`pg_ctl promote`, waiting until it accepts writes)."""
+        result = self._run(
+            str(self.bin / "pg_ctl"), "-D", str(self.data_dir), "-w", "-t", str(int(timeout_s)), "promote",
+            check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"pg_ctl promote failed: {result.stderr.strip() or result.stdout.strip()}")
+
     def create_database(self, name: str) -> str:
         import psycopg
 

@@ -294,6 +294,7 @@ class TaskExecution:
                 snapshot_requests=lambda: self.store.control(task_id).snapshots,
                 snapshot_done=lambda request: self.store.snapshot_done(task_id, request),
                 snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", PG_CHUNK_ROWS)),
+                on_history_change=self._on_history_change,
             )  # fmt: skip
             target = self.capture.run
         else:
@@ -373,22 +374,26 @@ class TaskExecution:
                         "error=%r", self.task_id, kind, self.execution, exc)  # fmt: skip
 
     def _on_history_change(self, info: dict[str, Any]) -> None:
-        """On the capture's thread: the source's binlog history changed under the task (RESET
-        MASTER, a promoted replica) and the capture went on in the new one; the alarm says
-        where, and whether it could prove that no change was missed."""
+        """On the capture's thread: the source's history changed under the task (RESET MASTER, a
+        promoted replica; a PostgreSQL slot gone or lost) and the capture went on in the new one;
+        the alarm says where, and whether it could prove that no change was missed."""
         from sluice.sync.sources.binlog_history import HISTORY_CHANGED
 
-        what = (
-            "the capture went on from its GTID state: no change was missed"
-            if info["continuous"]
-            else "the server did not have the capture's GTID state, so changes made between the last one "
-            f"captured and the change of history may be missing from the target; run `sluice task verify "
-            f"{self.task_id} --repair`"
-        )
+        if "what" in info:  # the source said what happened (PostgreSQL)
+            detail = (f"{info['what']}; rows deleted in between may remain in the target: run `sluice "
+                      f"task verify {self.task_id} --repair`")  # fmt: skip
+        else:
+            what = (
+                "the capture went on from its GTID state: no change was missed"
+                if info["continuous"]
+                else "the server did not have the capture's GTID state, so changes made between the last "
+                "one captured and the change of history may be missing from the target; run `sluice task "
+                f"verify {self.task_id} --repair`"
+            )
+            detail = f"the source's binlog history changed at {info['left_at']}; {what}"
         self.store.raise_alarm(
             self.task_id, HISTORY_CHANGED,
-            {**info, "execution": self.execution, "detail": f"the source's binlog history changed at "
-             f"{info['left_at']}; {what} (reading on at {info['went_on_at']})"},
+            {**info, "execution": self.execution, "detail": f"{detail} (reading on at {info['went_on_at']})"},
         )  # fmt: skip
 
     def _on_commit_error(self, exc: BaseException) -> None:

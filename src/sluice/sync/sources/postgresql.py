@@ -327,6 +327,7 @@ class PgCapture:
         snapshot_requests: Callable[[], list[dict[str, Any]]] | None = None,
         snapshot_done: Callable[[str], Any] | None = None,
         snapshot_chunk_rows: int = RESNAPSHOT_CHUNK_ROWS,
+        on_history_change: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -369,6 +370,11 @@ class PgCapture:
         self._seen = 0  # the LSN of the newest message outside a transaction (a heartbeat)
         #: every transaction committed below this LSN has been read from the slot (0: none yet)
         self._passed = 0
+        #: added to every LSN-based position: 0 until the slot was lost once (see _snapshot)
+        self._base = 0
+        #: the highest position emitted (recovered from the log at start)
+        self._high = 0
+        self.on_history_change = on_history_change or (lambda _info: None)
         #: xids of streamed transactions not yet known visible to other sessions (see _wait_visible)
         self._unseen: list[int] = []
         # Re-snapshot requests (resnapshot.py), served between transactions of the stream.
@@ -444,11 +450,16 @@ class PgCapture:
                   ts_ms: int, position: str, types: Any = None) -> dict[str, Any]:  # fmt: skip
         with self._lock:
             resume = self._txs.resume
+        pos += self._base  # the history's base (see _snapshot)
+        self._high = max(self._high, pos)
         source = {
             "connector": "postgresql", "name": self.name, "db": self.spec.database, "pos": pos,
             "position": position, "resume": resume, "ts_ms": ts_ms, "epoch": self.epoch,
             "execution": self.execution, "schema": self._schema_pos.get(table, 0), "slot": self.slot,
+            "high": self._high,
         }  # fmt: skip
+        if self._base:
+            source["base"] = self._base
         env: dict[str, Any] = {"op": op, "table": table, "key": key, "before": before, "after": after}
         binary = binary_columns(key, before, after)
         if binary:
@@ -485,10 +496,16 @@ class PgCapture:
             self._ensure_publication()
             start = str(self.start_at or SNAPSHOT)
             fresh = start == SNAPSHOT or start.startswith(SNAPSHOT + "@")
+            self._base, self._high = recover_base(self.bootstrap, self._topics(), self._producer_config)
+            gone = None if fresh else self._slot_gone()
+            if gone is not None:
+                fresh = True
+                log.warning("event=slot_gone task=%s slot=%s reason=%s left_at=%s action=new_snapshot",
+                            self.name, self.slot, gone, start)  # fmt: skip
             self._start_cut(fresh)
             repl = connect_replication(self.spec, application=f"sluice-{self.name}")
             if fresh:
-                self._snapshot(producer, repl)
+                self._snapshot(producer, repl, gone=gone, left_at=start)
             else:
                 self._check_slot()
             self._stream(producer, repl)
@@ -595,6 +612,16 @@ class PgCapture:
                      "confirmed_flush_lsn", "wal_status", "retained_bytes")  # fmt: skip
             return dict(zip(names, row, strict=True))
 
+    def _slot_gone(self) -> str | None:
+        """Why the task's slot cannot go on (it is missing: dropped, or the server is a promoted
+        standby that never had it; or lost: the server removed WAL it needed), else None."""
+        slot = self._slot_row()
+        if not slot:
+            return "missing"
+        if slot.get("wal_status") == "lost":
+            return "lost"
+        return None
+
     def _check_slot(self) -> dict[str, Any]:
         """The slot to go on from, checked: it exists, is this database's pgoutput slot, is not
         lost, and nobody else streams from it."""
@@ -677,8 +704,14 @@ class PgCapture:
         return proto.parse_lsn(consistent), str(snapshot)
 
     # --- the snapshot ----------------------------------------------------------------------------
-    def _snapshot(self, producer: Any, repl: Any) -> None:
+    def _snapshot(self, producer: Any, repl: Any, *, gone: str | None = None, left_at: str = "") -> None:
         consistent, snapshot = self._create_slot(repl)
+        old_base = self._base
+        if self._high >= self._base + consistent - 1:
+            # The log holds positions at or above this snapshot's (a promoted standby's WAL that
+            # forked below what the old primary had sent): a new base puts every position of the
+            # new history above them, or the targets' version guard would keep the old rows.
+            self._base = self._high + 1
         pos = consistent - 1  # below every transaction the slot sends (they commit at or after it)
         text = proto.lsn_text(consistent)
         conn = connect(self.spec, application=f"sluice-{self.name}-snapshot")
@@ -704,6 +737,14 @@ class PgCapture:
             with self._lock:
                 self._txs.raise_to(ends, text)
         self._mark(producer, consistent)
+        if gone is not None:
+            self.on_history_change({
+                "left_at": left_at, "went_on_at": text, "continuous": False, "base": self._base,
+                "old_base": old_base, "detail": f"replication slot {self.slot} was {gone}",
+                "what": f"replication slot {self.slot} was {gone} (dropped, lost, or a promoted standby "
+                        "without it), so the changes between the last one captured and the new snapshot "
+                        "could not be read; the capture took a new snapshot",
+            })  # fmt: skip
 
     def _emit_table(self, conn: Any, producer: Any, table: str, pos: int, text: str, tx: Group) -> None:
         schema, name = split_table(self.spec, table)
@@ -1152,6 +1193,20 @@ def recover_position(bootstrap: str, topics: list[str], client: dict[str, str] |
     except LogTailError as exc:
         raise CaptureError(str(exc)) from None
     return best
+
+
+def recover_base(bootstrap: str, topics: list[str], client: dict[str, str] | None = None) -> tuple[int, int]:
+    """The base of the history the log's newest positions are in, and the highest position
+    emitted (each envelope carries the highest so far; the newest in each partition count)."""
+    base = high = 0
+    try:
+        for doc in last_envelopes(bootstrap, topics, client):
+            source = doc.get("source", {})
+            base = max(base, int(source.get("base", 0)))
+            high = max(high, int(source.get("high", source.get("pos", 0))))
+    except LogTailError as exc:
+        raise CaptureError(str(exc)) from None
+    return base, high
 
 
 def slot_state(spec: SourceSpec, task_id: str) -> dict[str, Any]:
