@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from sluice.ops.postgres import LocalPostgres
@@ -53,11 +52,12 @@ def caught_up(cap: PgCapture, lsn: int) -> bool:
 
 
 def apply_all(bootstrap: str, target_url: str) -> None:
+    """Every record of the log applied in one batch: a batch of the pipeline holds whole source
+    transactions (its cuts), and one transaction's changes share a position."""
     records = read_all(bootstrap, "shop.changes")
     with open_target(target_url) as t:
         e = t.claim("shop")
-        for batch in records.to_batches(max_chunksize=500):
-            t.apply("shop", e, pa.Table.from_batches([batch]))
+        t.apply("shop", e, records)
 
 
 def assert_same(source_url: str, target_url: str) -> None:

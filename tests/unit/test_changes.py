@@ -105,3 +105,18 @@ def test_drop_applied_filters_per_partition() -> None:
     assert sorted(zip(kept["partition"].to_pylist(), kept["offset"].to_pylist(), strict=True)) == [
         (0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4)
     ]  # fmt: skip
+
+
+def test_changes_sharing_a_position_collapse_to_the_last_in_the_log() -> None:
+    """A PostgreSQL transaction's changes share its commit position: an insert, an update and a
+    delete of one row in one transaction end as the delete; an insert then an update, as the
+    update. Both collapses (the executors' and the driver's) agree."""
+    evs = [event("c", 7, 1, v="a"), event("u", 7, 1, v="b"), event("d", 7, 1),
+           event("c", 7, 2, v="x"), event("u", 7, 2, v="y")]  # fmt: skip
+    for out in (
+        collapse(pa.Table.from_batches([to_changes(records(evs))])),
+        collapse(pa.Table.from_batches(list(map_to_changes(records(evs).to_batches())))),
+    ):
+        rows = {r["key"]: r for r in out.to_pylist()}
+        assert rows['{"id":1}']["op"] == "d" and rows['{"id":1}']["after"] is None
+        assert orjson.loads(rows['{"id":2}']["after"])["v"] == "y"

@@ -139,8 +139,19 @@ def test_pgoutput_messages_decode_and_a_truncated_one_is_refused() -> None:
             pg_proto.decode(update[:-cut])
     with pytest.raises(pg_proto.ProtocolError, match="2 bytes left after a Update"):
         pg_proto.decode(update + b"xx")
-    with pytest.raises(pg_proto.ProtocolError, match="not one of protocol version 1"):
-        pg_proto.decode(b"S\x00\x00\x00\x01\x01")  # Stream Start: never asked for
+    with pytest.raises(pg_proto.ProtocolError, match="not one of protocol version 2"):
+        pg_proto.decode(b"P\x00\x00\x00\x01")  # Prepare: two-phase commit, never asked for
+    # version 2's stream messages, and the xid a change carries inside a stream block
+    assert pg_proto.decode(b"S\x00\x00\x02\xe1\x01") == pg_proto.StreamStart(737, True)
+    assert pg_proto.decode(b"E") == pg_proto.StreamStop()
+    commit = b"c" + struct.pack(">IbQQq", 737, 0, 0x1969E40, 0x1969E78, 1000)
+    ms = pg_proto.PG_EPOCH_MS + 1
+    assert pg_proto.decode(commit) == pg_proto.StreamCommit(737, 0x1969E40, 0x1969E78, ms)
+    assert pg_proto.decode(b"A" + struct.pack(">II", 737, 740)) == pg_proto.StreamAbort(737, 740)
+    xid, inner = pg_proto.streamed(update[:1] + struct.pack(">I", 740) + update[1:])
+    assert (xid, pg_proto.decode(inner)) == (740, pg_proto.decode(update))
+    with pytest.raises(pg_proto.ProtocolError, match="inside a stream block carries no xid"):
+        pg_proto.streamed(begin)
     assert pg_proto.parse_lsn(pg_proto.lsn_text(0x16B374D848)) == 0x16B374D848
     assert pg_proto.lsn_text(0x16B374D848) == "16/B374D848"
 

@@ -295,6 +295,7 @@ class TaskExecution:
                 snapshot_done=lambda request: self.store.snapshot_done(task_id, request),
                 snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", PG_CHUNK_ROWS)),
                 on_history_change=self._on_history_change,
+                decoding_work_mem=opts.get("logical_decoding_work_mem"),
             )  # fmt: skip
             target = self.capture.run
         else:

@@ -124,7 +124,8 @@ class ChangeBuilder:
                 self.newest[row] = len(rows)
                 self.count[row] = 1
             else:
-                if pos > rows[best][6]:
+                # on a tie the later record: a PostgreSQL transaction's changes share its position
+                if pos >= rows[best][6]:
                     self.newest[row] = len(rows)
                 self.count[row] += 1
         rows.append((topic, partition, offset, ts_ms, table, kt, pos, op, after, binary or None))

@@ -272,6 +272,10 @@ _OPTIONS = {
     # MySQL/MariaDB: zero and invalid dates (0000-00-00, 2024-02-30): null, or stop the capture
     # (sync/sources/mysql_values.py)
     "zero_dates": str,
+    # PostgreSQL: the slot session's logical_decoding_work_mem (e.g. 64MB; default the server's):
+    # a transaction in progress past it is streamed to the capture in blocks, not spilled on the
+    # primary's disk (sync/sources/postgresql.py)
+    "logical_decoding_work_mem": str,
 }
 #: the values an enum option may take (the first is its default)
 _OPTION_VALUES: dict[str, tuple[str, ...]] = {
@@ -326,6 +330,8 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
             raise TaskSpecError(
                 f"task.options.{name}: must be one of {', '.join(_OPTION_VALUES[name])}, not {value!r}"
             )
+        if name == "logical_decoding_work_mem" and not re.fullmatch(r"[1-9][0-9]*(kB|MB|GB)", str(value)):
+            raise TaskSpecError(f"task.options.{name}: must be a size like 64MB or 512kB, not {value!r}")
         if name in ("trigger", "heartbeat_interval"):
             try:
                 parse_duration(str(value))

@@ -1,9 +1,16 @@
 """pgoutput, PostgreSQL's logical replication output: its messages decoded from their bytes.
 
 The layouts are PostgreSQL's ("Logical Replication Message Formats" in the protocol chapter of
-its documentation), for protocol version 1 with `messages` on, which the PostgreSQL source asks
-for (sync/sources/postgresql.py): one message per XLogData payload, big-endian integers,
-NUL-terminated strings, LSNs as 64-bit integers, times as microseconds since 2000-01-01 UTC.
+its documentation), for protocol version 2 with `messages` and `streaming` on, which the
+PostgreSQL source asks for (sync/sources/postgresql.py): one message per XLogData payload,
+big-endian integers, NUL-terminated strings, LSNs as 64-bit integers, times as microseconds
+since 2000-01-01 UTC.
+
+Version 2 adds the streaming of transactions still in progress: a transaction larger than the
+server's logical_decoding_work_mem comes in blocks (Stream Start ... Stream Stop) between other
+transactions, and ends with Stream Commit or Stream Abort. Inside a block, each Relation, Type,
+Insert, Update, Delete, Truncate and Message has the (sub)transaction's xid after its type
+byte (`streamed` takes it off: the rest is the version 1 message).
 
 Only what the source needs is kept of each message. A message this module does not know (a
 newer protocol's) is an error, never skipped: a skipped message could be a change.
@@ -106,7 +113,38 @@ class Origin:
     name: str
 
 
-Decoded = Begin | Commit | Relation | TypeInfo | Insert | Update | Delete | Truncate | Message | Origin
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    xid: int  # the top-level transaction's
+    first: bool  # its first block
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCommit:
+    xid: int
+    commit_lsn: int
+    end_lsn: int
+    commit_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAbort:
+    xid: int  # the top-level transaction
+    subxid: int  # the (sub)transaction aborted: all of it when equal to xid
+
+
+Decoded = (
+    Begin | Commit | Relation | TypeInfo | Insert | Update | Delete | Truncate | Message | Origin
+    | StreamStart | StreamStop | StreamCommit | StreamAbort
+)  # fmt: skip
+
+#: the message types that carry an xid inside a stream block
+_STREAMED_KINDS = frozenset(b"RYIUDTM")
 
 
 class _Reader:
@@ -245,8 +283,17 @@ def to_unix_ms(pg_us: int) -> int:
     return PG_EPOCH_MS + pg_us // 1000
 
 
+def streamed(payload: bytes) -> tuple[int, bytes]:
+    """A message inside a stream block: its (sub)transaction's xid, and the message without it."""
+    if len(payload) < 5 or payload[0] not in _STREAMED_KINDS:
+        kind = chr(payload[0]) if payload else "nothing"
+        raise ProtocolError(f"message type {kind!r} inside a stream block carries no xid")
+    (xid,) = _U32.unpack_from(payload, 1)
+    return xid, payload[:1] + payload[5:]
+
+
 def decode(payload: bytes) -> Decoded:
-    """One pgoutput message (protocol version 1)."""
+    """One pgoutput message (protocol version 2, outside a stream block: see `streamed`)."""
     if not payload:
         raise ProtocolError("an empty message")
     if payload[0] in (73, 85, 68):  # I, U, D
@@ -307,8 +354,19 @@ def decode(payload: bytes) -> Decoded:
         out = Message(bool(flags & 1), lsn, prefix, r.take(r.int32()))
     elif kind == "O":
         out = Origin(r.uint64(), r.string())
+    elif kind == "S":
+        out = StreamStart(r.uint32(), r.int8() == 1)
+    elif kind == "E":
+        out = StreamStop()
+    elif kind == "c":
+        xid = r.uint32()
+        r.int8()  # flags, unused
+        commit_lsn, end_lsn, ts = r.uint64(), r.uint64(), r.int64()
+        out = StreamCommit(xid, commit_lsn, end_lsn, to_unix_ms(ts))
+    elif kind == "A":
+        out = StreamAbort(r.uint32(), r.uint32())
     else:
-        raise ProtocolError(f"message type {kind!r} is not one of protocol version 1's")
+        raise ProtocolError(f"message type {kind!r} is not one of protocol version 2's")
     r.end(type(out).__name__)
     return out
 

@@ -46,7 +46,7 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,8 @@ FROM cur, unnest(%s::int8[]) AS v
 #: Default of the task option snapshot_chunk_rows for re-snapshots (rows per chunk, read between
 #: transactions of the stream)
 RESNAPSHOT_CHUNK_ROWS = 10_000
+#: a streamed transaction's messages kept in memory up to this many bytes, then in a file
+SPOOL_MEMORY = 64 * 1024 * 1024
 #: the prefix of the capture's own logical messages (heartbeats)
 MESSAGE_PREFIX = "sluice"
 #: how long `sluice task delete` waits for the task's walsender to let go of its slot
@@ -114,13 +116,13 @@ def publication_name(spec: SourceSpec, task_id: str) -> str:
     return spec.publication or default_object_name(task_id)
 
 
-def dsn(spec: SourceSpec, *, application: str = "sluice") -> str:
+def dsn(spec: SourceSpec, *, application: str = "sluice", settings: str = "") -> str:
     from psycopg2.extensions import make_dsn
 
     password = reveal(spec.password) if spec.password is not None else None
     return make_dsn(
         host=spec.host, port=spec.port, user=spec.user, dbname=spec.database, password=password,
-        options=SESSION_OPTIONS, application_name=application, connect_timeout=15,
+        options=f"{SESSION_OPTIONS} {settings}".strip(), application_name=application, connect_timeout=15,
     )  # fmt: skip
 
 
@@ -155,15 +157,17 @@ def wait(conn: Any, timeout_s: float = 60.0) -> None:
             select.select([], [conn.fileno()], [], min(left, 1.0))
 
 
-def connect_replication(spec: SourceSpec, *, application: str) -> Any:
+def connect_replication(spec: SourceSpec, *, application: str, settings: str = "") -> Any:
     """An asynchronous replication connection (psycopg2 reads the stream without blocking only
-    on those)."""
+    on those); `settings`: more `-c name=value` for its session."""
     import psycopg2
     from psycopg2.extras import LogicalReplicationConnection
 
     try:
         conn = psycopg2.connect(
-            dsn(spec, application=application), connection_factory=LogicalReplicationConnection, async_=True
+            dsn(spec, application=application, settings=settings),
+            connection_factory=LogicalReplicationConnection,
+            async_=True,
         )
         wait(conn)
         return conn
@@ -282,6 +286,8 @@ class CaptureStats:
     snapshot_rows: int = 0
     changes: int = 0
     transactions: int = 0
+    #: stream blocks of transactions in progress received (see _handle)
+    streamed_blocks: int = 0
     position: str = ""
     position_ts_ms: int = 0
     errors: list[str] = field(default_factory=list)
@@ -298,6 +304,32 @@ class _Relation:
     identity: str
     reader: RowReader
     fragment: Any
+
+
+class _Spool:
+    """A streamed transaction's messages until it commits: in memory up to SPOOL_MEMORY bytes,
+    then in a temporary file (the server streams a transaction because it is large)."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.file = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY)  # noqa: SIM115 (closed by close)
+        self.index: list[tuple[int, int]] = []  # (subtransaction xid, length) per message
+        self.aborted: set[int] = set()  # subtransactions rolled back: their messages are skipped
+
+    def add(self, sub: int, message: bytes) -> None:
+        self.file.write(message)
+        self.index.append((sub, len(message)))
+
+    def messages(self) -> Iterator[bytes]:
+        self.file.seek(0)
+        for sub, size in self.index:
+            message = self.file.read(size)
+            if sub not in self.aborted:
+                yield message
+
+    def close(self) -> None:
+        self.file.close()
 
 
 class PgCapture:
@@ -328,6 +360,7 @@ class PgCapture:
         snapshot_done: Callable[[str], Any] | None = None,
         snapshot_chunk_rows: int = RESNAPSHOT_CHUNK_ROWS,
         on_history_change: Callable[[dict[str, Any]], Any] | None = None,
+        decoding_work_mem: str | None = None,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -375,6 +408,11 @@ class PgCapture:
         #: the highest position emitted (recovered from the log at start)
         self._high = 0
         self.on_history_change = on_history_change or (lambda _info: None)
+        #: the server's logical_decoding_work_mem for this slot's session (None: the server's
+        #: setting): past it, a transaction in progress is streamed in blocks
+        self.decoding_work_mem = decoding_work_mem
+        self._streams: dict[int, _Spool] = {}  # top-level xid -> its streamed messages so far
+        self._in_block: int | None = None  # inside a stream block: its transaction's xid
         #: xids of streamed transactions not yet known visible to other sessions (see _wait_visible)
         self._unseen: list[int] = []
         # Re-snapshot requests (resnapshot.py), served between transactions of the stream.
@@ -503,7 +541,10 @@ class PgCapture:
                 log.warning("event=slot_gone task=%s slot=%s reason=%s left_at=%s action=new_snapshot",
                             self.name, self.slot, gone, start)  # fmt: skip
             self._start_cut(fresh)
-            repl = connect_replication(self.spec, application=f"sluice-{self.name}")
+            settings = (
+                f"-c logical_decoding_work_mem={self.decoding_work_mem}" if self.decoding_work_mem else ""
+            )
+            repl = connect_replication(self.spec, application=f"sluice-{self.name}", settings=settings)
             if fresh:
                 self._snapshot(producer, repl, gone=gone, left_at=start)
             else:
@@ -792,7 +833,9 @@ class PgCapture:
         import psycopg2
 
         cur = repl.cursor()
-        options = {"proto_version": "1", "publication_names": self.publication, "messages": "true"}
+        # version 2: transactions in progress streamed in blocks past logical_decoding_work_mem
+        options = {"proto_version": "2", "streaming": "on", "publication_names": self.publication,
+                   "messages": "true"}  # fmt: skip
         try:
             cur.start_replication(slot_name=self.slot, decode=False, options=options, status_interval=1)
             wait(repl)
@@ -867,7 +910,43 @@ class PgCapture:
                   slot.get("confirmed_flush_lsn"), self.retained_bytes)  # fmt: skip
 
     def _handle(self, producer: Any, msg: Any) -> None:
-        m = proto.decode(msg.payload)
+        payload = msg.payload
+        if self._in_block is not None:
+            if payload[:1] == b"E":  # Stream Stop
+                self._in_block = None
+                return
+            sub, message = proto.streamed(payload)
+            self._streams[self._in_block].add(sub, message)
+            return
+        m = proto.decode(payload)
+        if isinstance(m, proto.StreamStart):
+            self._in_block = m.xid
+            self._streams.setdefault(m.xid, _Spool())
+            self.stats.streamed_blocks += 1
+        elif isinstance(m, proto.StreamAbort):
+            spool = self._streams.get(m.xid)
+            if spool is not None and m.subxid == m.xid:
+                self._streams.pop(m.xid).close()
+            elif spool is not None:
+                spool.aborted.add(m.subxid)
+        elif isinstance(m, proto.StreamCommit):
+            self._streamed_commit(producer, m)
+        else:
+            self._dispatch(producer, m)
+
+    def _streamed_commit(self, producer: Any, m: proto.StreamCommit) -> None:
+        """A streamed transaction committed: its messages, kept since its blocks came, handled as
+        one transaction at its commit position (as if sent whole, the way version 1 sends it)."""
+        spool = self._streams.pop(m.xid, None) or _Spool()
+        try:
+            self._dispatch(producer, proto.Begin(m.commit_lsn, m.commit_ms, m.xid))
+            for message in spool.messages():
+                self._dispatch(producer, proto.decode(message))
+            self._dispatch(producer, proto.Commit(m.commit_lsn, m.end_lsn, m.commit_ms))
+        finally:
+            spool.close()
+
+    def _dispatch(self, producer: Any, m: proto.Decoded) -> None:
         if isinstance(m, proto.Begin):
             self._tx = self._begin_tx(proto.lsn_text(m.final_lsn))
             self._tx_pos, self._tx_ms, self._sub = m.final_lsn, m.commit_ms, 0
