@@ -6,7 +6,10 @@ stored out of line (TOAST) that most updates leave alone.
 Statement kinds (`PG_STATEMENT_KINDS`): insert, multi-insert, update, update-key (a primary-key
 change), update-toast (the TOASTed column itself), update-other (anything but the TOASTed column:
 PostgreSQL does not send it), delete, truncate, alter (ADD COLUMN, then a change to the table so
-the next Relation message carries it), rollback (a transaction that writes, then rolls back).
+the next Relation message carries it), rollback (a transaction that writes, then rolls back),
+tx-same-row (one transaction changing rows more than once: a new row inserted then updated twice,
+an existing one updated then deleted, and a savepoint's insert rolled back; its changes share
+the transaction's position, so the last must win).
 A step is one transaction; its kind and values depend only on the seed and the step's number
 (which rows it touches, on the server's random()).
 """
@@ -67,7 +70,7 @@ PG_CATALOG: dict[str, tuple[str, list[str]]] = {
 PG_TYPE_NAMES = tuple(PG_CATALOG)
 PG_STATEMENT_KINDS = (
     "insert", "multi-insert", "update", "update-key", "update-toast", "update-other", "delete", "truncate",
-    "alter", "rollback",
+    "alter", "rollback", "tx-same-row",
 )  # fmt: skip
 #: tables a task captures, and their keys
 PG_KEYS = {"accounts": ["id"], "entries": ["account", "seq"], "catalog": ["id"]}
@@ -206,6 +209,22 @@ class PgWorkload:
                 conn.execute("DELETE FROM accounts")
                 statements += 1
                 raise psycopg.Rollback()  # nothing of it may reach a target
+            elif kind == "tx-same-row":
+                self.next_id += 1
+                conn.execute("INSERT INTO accounts (id, name, balance, big) VALUES (%s, 'new', 1, %s)",
+                             [self.next_id, _big(rng)])  # fmt: skip
+                conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = %s", [self.next_id])
+                conn.execute(
+                    "UPDATE accounts SET name = 'twice', big = %s WHERE id = %s", [_big(rng), self.next_id]
+                )
+                conn.execute("UPDATE accounts SET name = 'doomed' WHERE id = %s", [pick])
+                conn.execute("DELETE FROM accounts WHERE id = %s", [pick])
+                with conn.transaction():  # a savepoint
+                    conn.execute(
+                        "INSERT INTO accounts (id, name) VALUES (%s, 'rolled back')", [self.next_id + 1]
+                    )
+                    raise psycopg.Rollback()
+                statements += 6
         return kind, statements
 
 

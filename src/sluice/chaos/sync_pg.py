@@ -102,7 +102,10 @@ class PgSeedRun(sync_run.SeedRun):
             "tables": list(PG_KEYS),
             "topic": "{task}.changes",
             "target": target,
-            "options": {"trigger": sync_run.TRIGGER, "partitions": 3, "heartbeat_interval": "2s"},
+            # a small logical_decoding_work_mem: the server streams the larger transactions in
+            # progress (protocol version 2's blocks), so the run meets that path too
+            "options": {"trigger": sync_run.TRIGGER, "partitions": 3, "heartbeat_interval": "2s",
+                        "logical_decoding_work_mem": "64kB"},
         }  # fmt: skip
 
     def _source_position(self) -> Lsn:
