@@ -28,6 +28,23 @@ of WAL as the keepalives report it, and at each heartbeat it writes a non-transa
 message in the captured database: a slot on a database nobody writes to moves with the server's
 WAL instead of holding it (the retained WAL is `pg_wal_retained_bytes` in the task's status).
 
+Large transactions. The slot is read with pgoutput's protocol version 2 and `streaming` on: a
+transaction past the session's logical_decoding_work_mem comes in blocks while in progress, and
+is kept in a spool (`_Spool`: memory, then a temporary file) until its Stream Commit, then handled
+as if sent whole at its commit; a Stream Abort drops it (or a rolled-back subtransaction's part).
+
+Re-snapshots (resnapshot.py's requests) are served between transactions of the stream, one
+SELECT per chunk once every streamed transaction is visible; the rows carry the position just
+below the next commit (`_serve_resnapshots`).
+
+Histories. A slot that is gone (a promoted standby without it, or dropped) or lost means the
+changes since the task's position cannot be read: the capture takes a new snapshot from a new
+slot, and when the log holds positions at or above the new ones (a standby's WAL forks below
+what the old primary sent) every position from then on gets a base above them all
+(`source.base`; each envelope carries the highest position so far as `source.high`). The task
+raises `source-history-changed`; `sluice task verify --repair` removes what only the old
+primary had.
+
 Statements. INSERT, UPDATE and DELETE under REPLICA IDENTITY DEFAULT, FULL and USING INDEX; an
 UPDATE that changes the key is a delete of the old key and an insert of the new; TRUNCATE is a
 truncate event in every partition of the table's topic. A column whose TOASTed value an UPDATE

@@ -1,5 +1,7 @@
 """Re-snapshots while streaming: a table (or some of its rows, or some keys) read again by the
-running MySQL/MariaDB capture, in key-range chunks, between passes over the binlog.
+running capture, in key-range chunks, between passes over the binlog (MySQL/MariaDB, below) or
+between transactions of a PostgreSQL slot's stream (`Resnapshots` keeps the requests; each
+source reads its chunks: `mysql_chunk` here, PgCapture._resnapshot_chunk for PostgreSQL).
 
 Requests. `sluice task snapshot ID --table T [--where SQL]`, the manager's
 `POST /api/v1/tasks/{id}/snapshot`, `sluice task update` adding a table, and
