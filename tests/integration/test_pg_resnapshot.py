@@ -33,7 +33,7 @@ from tests.integration.test_pipeline import create_topic
 from tests.integration.test_resnapshot import Requests
 from tests.integration.test_workers import create_task, start_worker, stop_worker
 from tests.support.cluster import TestCluster, wait_until
-from tests.support.pg_source import KEYS, Writer, connect, create_source
+from tests.support.pg_source import KEYS, Writer, connect, create_source, text_rows
 
 
 def drop_slot(spec: SourceSpec, name: str) -> None:
@@ -246,3 +246,57 @@ def test_verify_repair_and_a_table_snapshot_of_a_postgresql_task_run_by_a_worker
         stop_worker(worker)
         zk.stop()
         drop_slot(source_spec(postgres, "pgvfy"), "pgvfy")
+
+
+def test_a_column_added_with_a_default_or_retyped_is_read_again_for_rows_no_change_carried(
+    postgres: LocalPostgres, make_cluster: Callable[..., TestCluster], postgres_url: str
+) -> None:
+    """ADD COLUMN ... DEFAULT fills every row in without a row change in the WAL, and a type
+    change rewrites values the same way: the capture asks for a re-snapshot of the table after
+    either (not after a column added without a default), and the target ends equal."""
+    cluster = make_cluster(1)
+    create_topic(cluster.bootstrap, "shop.changes", 3, 1)
+    source_url = postgres.create_database("pgreread")
+    create_source(source_url, rows=60)
+    spec = source_spec(postgres, "pgreread")
+    requests = Requests()
+    asked: list[str] = []
+
+    def ask(table: str) -> None:
+        asked.append(table)
+        with requests.lock:
+            requests.pending.append(new_request(table))
+
+    cap = PgCapture(
+        spec, list(KEYS), lambda _t: "shop.changes", cluster.bootstrap, name="reread", heartbeat_s=1.0,
+        snapshot_requests=requests, snapshot_done=requests.done, ask_snapshot=ask,
+    )  # fmt: skip
+    thread = start(cap)
+    try:
+        wait_until(lambda: bool(cap.stats.position or cap.stats.errors), 120, "the snapshot")
+        assert not cap.stats.errors, cap.stats.errors
+        with connect(source_url) as conn:
+            conn.execute("ALTER TABLE items ADD COLUMN plain text")  # NULL everywhere: nothing to read
+            conn.execute("UPDATE items SET name = 'after plain' WHERE id = 1")
+            conn.execute("ALTER TABLE items ADD COLUMN tier text DEFAULT 'gold'")
+            conn.execute("UPDATE items SET name = 'after tier' WHERE id = 1")
+            conn.execute("ALTER TABLE items ALTER COLUMN amount TYPE numeric(12, 0)")  # values rounded
+            conn.execute("UPDATE items SET name = 'after retype' WHERE id = 1")
+        end = server_lsn(source_url)
+
+        def served() -> bool:
+            return (caught_up(cap, end) and len(asked) == 2 and not requests()) or bool(cap.stats.errors)
+
+        wait_until(served, 120, "the re-reads served")
+    finally:
+        cap.stop.set()
+        thread.join(60)
+        drop_slot(spec, "reread")
+    assert not cap.stats.errors, cap.stats.errors
+    assert asked == ["items", "items"]
+    apply_all(cluster.bootstrap, postgres_url)
+    columns = ["id", "name", "amount", "plain", "tier"]
+    want = text_rows(source_url, "items", columns, ["id"])
+    got = text_rows(postgres_url, "items", columns, ["id"])
+    assert {k for k in want if want[k] != got.get(k)} == set(), "the target differs from the source"
+    assert {v[4] for v in got.values()} == {"gold"}

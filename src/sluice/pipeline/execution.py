@@ -279,6 +279,7 @@ class TaskExecution:
             from sluice.sync.sources.postgresql import RESNAPSHOT_CHUNK_ROWS as PG_CHUNK_ROWS
             from sluice.sync.sources.postgresql import PgCapture
             from sluice.sync.sources.postgresql import recover_position as pg_recover
+            from sluice.sync.sources.resnapshot import new_request
 
             client = self.security.confluent_config()
             start = self.control.from_position or pg_recover(self.bootstrap, spec.topics(), client)
@@ -296,6 +297,7 @@ class TaskExecution:
                 snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", PG_CHUNK_ROWS)),
                 on_history_change=self._on_history_change,
                 decoding_work_mem=opts.get("logical_decoding_work_mem"),
+                ask_snapshot=lambda table: self.store.add_snapshots(task_id, [new_request(table)]),
             )  # fmt: skip
             target = self.capture.run
         else:

@@ -52,7 +52,8 @@ left untouched is not sent by PostgreSQL (`u`): it is taken from the old row und
 IDENTITY FULL, and otherwise read from the table by key (the value committed now, at least as
 new as the change; a later change to it comes after in the stream). It is never written as a
 placeholder. Schema changes arrive as a new Relation message before the table's next change:
-added, dropped and retyped columns become schema change events (op `s`).
+added, dropped and retyped columns become schema change events (op `s`); a column added with a
+default, or retyped, has its values read again by a re-snapshot (`_reread`).
 """
 
 from __future__ import annotations
@@ -378,6 +379,7 @@ class PgCapture:
         snapshot_chunk_rows: int = RESNAPSHOT_CHUNK_ROWS,
         on_history_change: Callable[[dict[str, Any]], Any] | None = None,
         decoding_work_mem: str | None = None,
+        ask_snapshot: Callable[[str], Any] | None = None,
     ) -> None:
         self.spec = spec
         self.tables = tables
@@ -428,6 +430,9 @@ class PgCapture:
         #: the server's logical_decoding_work_mem for this slot's session (None: the server's
         #: setting): past it, a transaction in progress is streamed in blocks
         self.decoding_work_mem = decoding_work_mem
+        #: queues a re-snapshot of a table (the task's control znode): after a schema change that
+        #: filled in or rewrote values without row changes (see _reread)
+        self.ask_snapshot = ask_snapshot
         self._streams: dict[int, _Spool] = {}  # top-level xid -> its streamed messages so far
         self._in_block: int | None = None  # inside a stream block: its transaction's xid
         #: xids of streamed transactions not yet known visible to other sessions (see _wait_visible)
@@ -1029,6 +1034,32 @@ class PgCapture:
             log.info(
                 "event=schema_changed table=%s changes=%s", table, [f"{c.kind}:{c.column}" for c in changes]
             )
+            self._reread(table, changes)
+
+    def _reread(self, table: str, changes: list[sc.SchemaChange]) -> None:
+        """Ask for a re-snapshot of `table` when a schema change gave its rows values that no row
+        change carries: a column added with a default (or as an identity or generated column),
+        whose values PostgreSQL fills in without logging them, or a retyped column (a rewrite).
+        The request is served after this transaction (its chunks' positions are above it)."""
+        if self.ask_snapshot is None:
+            return
+        added = [c.column for c in changes if c.kind == sc.ADD_COLUMN]
+        filled: list[str] = []
+        if added:
+            schema, name = split_table(self.spec, table)
+            with self._sql.cursor() as cur:
+                cur.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attname = ANY(%s) "
+                    "AND (atthasdef OR attidentity <> '' OR attgenerated <> '')",
+                    (f"{quote(schema)}.{quote(name)}", added),
+                )
+                filled = [str(r[0]) for r in cur.fetchall()]
+        retyped = [c.column for c in changes if c.kind == sc.CHANGE_TYPE]
+        if not (filled or retyped):
+            return
+        self.ask_snapshot(table)
+        log.info("event=resnapshot_asked table=%s reason=schema_change filled=%s retyped=%s", table, filled,
+                 retyped)  # fmt: skip
 
     def _wait_visible(self, wait_s: float = VISIBLE_WAIT_S) -> bool:
         """Until every transaction the slot has sent is visible to a new snapshot (True), or
