@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from sluice.ops.postgres import LocalPostgres
@@ -248,3 +250,52 @@ def test_an_idle_databases_slot_follows_the_servers_wal_while_other_databases_wr
     assert not cap.stats.errors, cap.stats.errors
     assert retained["idle_control"] > 50_000_000  # the WAL the other database wrote
     assert retained["sluice_idle"] <= 16_000_000, (retained, during)
+
+
+def test_a_large_table_is_snapshotted_in_key_ranges_by_spark_tasks_under_the_slots_snapshot(
+    postgres: LocalPostgres, make_cluster: Callable[..., TestCluster], postgres_url: str, spark: Any
+) -> None:
+    """`items` (one integer key, over snapshot_parallel_rows) is read in ranges of 70 rows by
+    Spark tasks, each under the slot's exported snapshot, while a writer commits every
+    statement kind; `ledger` (a composite key) is read whole by the capture. The target then
+    equals the source, and the ranges' rows carry the snapshot's one position."""
+    from sluice.pipeline.snapshot import run_snapshot_chunks
+    from sluice.sync.sources.pg_snapshot import read_pg_chunk
+
+    cluster = make_cluster(1)
+    create_topic(cluster.bootstrap, "shop.changes", 3, 1)
+    source_url = postgres.create_database("pgranges")
+    create_source(source_url, rows=400)
+    with connect(source_url) as conn:
+        conn.execute("ANALYZE items")  # the server's row estimate decides which tables are split
+    spec = source_spec(postgres, "pgranges")
+    ran: list[int] = []
+
+    def runner(chunks: list[Any]) -> list[Any]:
+        ran.append(len(chunks))
+        return run_snapshot_chunks(spark, chunks, read=read_pg_chunk)
+
+    writer = Writer(source_url, transactions=300, truncate_every=100, seed=5)
+    writer.start()
+    cap = PgCapture(
+        spec, list(KEYS), lambda _t: "shop.changes", cluster.bootstrap, name="ranges", heartbeat_s=1.0,
+        snapshot_runner=runner, snapshot_parallel_rows=100, snapshot_chunk_rows=70,
+    )  # fmt: skip
+    thread = start(cap)
+    try:
+        writer.join(180)
+        assert writer.error is None, writer.error
+        end = server_lsn(source_url)
+        wait_until(lambda: caught_up(cap, end) or bool(cap.stats.errors), 180, "catch up")
+    finally:
+        cap.stop.set()
+        thread.join(60)
+        drop_objects(spec, "ranges", {"slot": cap.slot, "publication": cap.publication})
+    assert not cap.stats.errors, cap.stats.errors
+    assert ran and ran[0] >= 5, ran  # items in at least 5 ranges, by Spark tasks
+    docs = [orjson.loads(v) for v in read_all(cluster.bootstrap, "shop.changes").column("value").to_pylist()]
+    snapshot = {d["source"]["pos"] for d in docs if d["op"] == "r"}
+    assert len(snapshot) == 1, snapshot  # ranges and the capture's own read: one position
+    assert len({d["key"]["id"] for d in docs if d["op"] == "r" and d["table"] == "items"}) >= 400
+    apply_all(cluster.bootstrap, postgres_url)
+    assert_same(source_url, postgres_url)

@@ -275,14 +275,24 @@ class TaskExecution:
             )  # fmt: skip
             target = self.capture.run
         elif spec.source.kind == "postgresql":
+            from sluice.sync.sources.mysql_base import PARALLEL_SNAPSHOT_ROWS, SNAPSHOT_CHUNK_ROWS
             from sluice.sync.sources.postgresql import HEARTBEAT_S as PG_HEARTBEAT_S
-            from sluice.sync.sources.postgresql import RESNAPSHOT_CHUNK_ROWS as PG_CHUNK_ROWS
             from sluice.sync.sources.postgresql import PgCapture
             from sluice.sync.sources.postgresql import recover_position as pg_recover
             from sluice.sync.sources.resnapshot import new_request
 
             client = self.security.confluent_config()
             start = self.control.from_position or pg_recover(self.bootstrap, spec.topics(), client)
+            pg_runner = None
+            if self.spark is not None:
+                from sluice.pipeline.snapshot import run_snapshot_chunks
+                from sluice.sync.sources.pg_snapshot import read_pg_chunk
+
+                spark, stop = self.spark, self.stop_event
+
+                def pg_runner(chunks: list[Any]) -> list[Any]:
+                    return run_snapshot_chunks(spark, chunks, stop=stop, read=read_pg_chunk)
+
             task_id = self.task_id
             self.capture = PgCapture(
                 spec.source, spec.tables, spec.topic_for, self.bootstrap, name=spec.id, epoch=self.epoch,
@@ -294,7 +304,9 @@ class TaskExecution:
                 created=lambda: self.store.source_objects(task_id),
                 snapshot_requests=lambda: self.store.control(task_id).snapshots,
                 snapshot_done=lambda request: self.store.snapshot_done(task_id, request),
-                snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", PG_CHUNK_ROWS)),
+                snapshot_chunk_rows=int(opts.get("snapshot_chunk_rows", SNAPSHOT_CHUNK_ROWS)),
+                snapshot_parallel_rows=int(opts.get("snapshot_parallel_rows", PARALLEL_SNAPSHOT_ROWS)),
+                snapshot_runner=pg_runner,
                 on_history_change=self._on_history_change,
                 decoding_work_mem=opts.get("logical_decoding_work_mem"),
                 ask_snapshot=lambda table: self.store.add_snapshots(task_id, [new_request(table)]),

@@ -63,7 +63,9 @@ from sluice.sync.sources.binlog_history import (
 )
 from sluice.sync.sources.binlog_rows import RowDecodeError, RowDecoder
 from sluice.sync.sources.mysql_base import (
+    PARALLEL_SNAPSHOT_ROWS,
     SNAPSHOT,
+    SNAPSHOT_CHUNK_ROWS,
     BinlogPosition,
     CaptureError,
     as_text,
@@ -88,9 +90,6 @@ from sluice.sync.tasks import SourceSpec
 
 log = logging.getLogger("sluice.capture")
 
-#: Defaults of the task options snapshot_parallel_rows and snapshot_chunk_rows.
-PARALLEL_SNAPSHOT_ROWS = 200_000
-SNAPSHOT_CHUNK_ROWS = 50_000
 #: Default of the task option heartbeat_interval: how often an idle capture writes its position.
 HEARTBEAT_S = 10.0
 

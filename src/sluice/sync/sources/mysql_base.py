@@ -20,6 +20,11 @@ from sluice.sync.tasks import SourceSpec
 from sluice.sync.types import parse_type
 
 SNAPSHOT = "snapshot"
+#: Defaults of the task options snapshot_parallel_rows and snapshot_chunk_rows (both database
+#: sources): tables this large are snapshotted in key ranges of this many rows by Spark, and
+#: re-snapshots read chunks of this many rows.
+PARALLEL_SNAPSHOT_ROWS = 200_000
+SNAPSHOT_CHUNK_ROWS = 50_000
 
 
 def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:

@@ -84,7 +84,14 @@ from sluice.sync.envelope import (
 )
 from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.sources import pg_proto as proto
-from sluice.sync.sources.mysql_base import SNAPSHOT, CaptureError, producer_config, types_fragment
+from sluice.sync.sources.mysql_base import (
+    PARALLEL_SNAPSHOT_ROWS,
+    SNAPSHOT,
+    SNAPSHOT_CHUNK_ROWS,
+    CaptureError,
+    producer_config,
+    types_fragment,
+)
 from sluice.sync.sources.pg_values import SESSION_OPTIONS, RowReader, describe, table_columns
 from sluice.sync.sources.resnapshot import BadRequestError, ChunkRead, Resnapshots, chunk_query
 from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
@@ -109,9 +116,6 @@ SELECT coalesce(bool_and(pg_visible_in_snapshot(
     pg_current_snapshot())), true)
 FROM cur, unnest(%s::int8[]) AS v
 """
-#: Default of the task option snapshot_chunk_rows for re-snapshots (rows per chunk, read between
-#: transactions of the stream)
-RESNAPSHOT_CHUNK_ROWS = 10_000
 #: a streamed transaction's messages kept in memory up to this many bytes, then in a file
 SPOOL_MEMORY = 64 * 1024 * 1024
 #: the prefix of the capture's own logical messages (heartbeats)
@@ -376,7 +380,9 @@ class PgCapture:
         created: Callable[[], dict[str, str]] | None = None,
         snapshot_requests: Callable[[], list[dict[str, Any]]] | None = None,
         snapshot_done: Callable[[str], Any] | None = None,
-        snapshot_chunk_rows: int = RESNAPSHOT_CHUNK_ROWS,
+        snapshot_chunk_rows: int = SNAPSHOT_CHUNK_ROWS,
+        snapshot_parallel_rows: int = PARALLEL_SNAPSHOT_ROWS,
+        snapshot_runner: Callable[[list[Any]], list[Any]] | None = None,
         on_history_change: Callable[[dict[str, Any]], Any] | None = None,
         decoding_work_mem: str | None = None,
         ask_snapshot: Callable[[str], Any] | None = None,
@@ -433,6 +439,10 @@ class PgCapture:
         #: queues a re-snapshot of a table (the task's control znode): after a schema change that
         #: filled in or rewrote values without row changes (see _reread)
         self.ask_snapshot = ask_snapshot
+        #: runs the initial snapshot's key ranges of large tables (Spark tasks; pg_snapshot.py)
+        self.snapshot_runner = snapshot_runner
+        self.snapshot_parallel_rows = snapshot_parallel_rows
+        self.snapshot_chunk_rows = snapshot_chunk_rows
         self._streams: dict[int, _Spool] = {}  # top-level xid -> its streamed messages so far
         self._in_block: int | None = None  # inside a stream block: its transaction's xid
         #: xids of streamed transactions not yet known visible to other sessions (see _wait_visible)
@@ -784,8 +794,21 @@ class PgCapture:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
                 tx = self._begin_tx(SNAPSHOT)
+                chunks = []
                 for table in self.tables:
-                    self._emit_table(conn, producer, table, pos, text, tx)
+                    ranges = self._ranges(cur, table)
+                    if ranges:
+                        chunks += self._chunks(conn, table, ranges, snapshot, pos, text)
+                    else:
+                        self._emit_table(conn, producer, table, pos, text, tx)
+            if chunks:
+                assert self.snapshot_runner is not None
+                # while the exported snapshot lives: the replication connection waits, unused
+                results = self.snapshot_runner(chunks)
+                self.stats.snapshot_rows += sum(r.rows for r in results)
+                tables = sorted({c.table for c in chunks})
+                log.info("event=snapshot_ranges_read tables=%s ranges=%d rows=%d", tables, len(chunks),
+                         sum(r.rows for r in results))  # fmt: skip
             conn.rollback()
         finally:
             conn.close()
@@ -808,6 +831,47 @@ class PgCapture:
                         "without it), so the changes between the last one captured and the new snapshot "
                         "could not be read; the capture took a new snapshot",
             })  # fmt: skip
+
+    def _ranges(self, cur: Any, table: str) -> list[tuple[Any, Any]]:
+        """Key ranges to read `table` in by Spark tasks ([]: the capture reads it whole)."""
+        if self.snapshot_runner is None:
+            return []
+        from sluice.sync.sources.pg_snapshot import plan_ranges
+
+        schema, name = split_table(self.spec, table)
+        relation = f"{quote(schema)}.{quote(name)}"
+        return plan_ranges(
+            cur, relation, self._keys[table], min_rows=self.snapshot_parallel_rows,
+            chunk_rows=self.snapshot_chunk_rows,
+        )  # fmt: skip
+
+    def _chunks(
+        self, conn: Any, table: str, ranges: list[tuple[Any, Any]], snapshot: str, pos: int, text: str
+    ) -> list[Any]:
+        from sluice.sync.sources.pg_snapshot import PgSnapshotChunk
+
+        schema, name = split_table(self.spec, table)
+        with conn.cursor() as cur:
+            types = describe(cur, table_columns(cur, schema, name))
+        source = self._envelope("r", table, {}, None, None, pos, int(time.time() * 1000), text)["source"]
+        return [
+            PgSnapshotChunk(
+                spec=self.spec,
+                table=table,
+                relation=f"{quote(schema)}.{quote(name)}",
+                keys=tuple(self._keys[table]),
+                lo=lo,
+                hi=hi,
+                topic=self.topic_for(table),
+                bootstrap=self.bootstrap,
+                snapshot=snapshot,
+                source=tuple(source.items()),
+                types=tuple(types.items()),
+                fragment=orjson.dumps(types).decode(),
+                producer_config=tuple(self._producer_config.items()),
+            )
+            for lo, hi in ranges
+        ]
 
     def _emit_table(self, conn: Any, producer: Any, table: str, pos: int, text: str, tx: Group) -> None:
         schema, name = split_table(self.spec, table)
