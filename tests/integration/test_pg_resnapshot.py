@@ -300,3 +300,55 @@ def test_a_column_added_with_a_default_or_retyped_is_read_again_for_rows_no_chan
     got = text_rows(postgres_url, "items", columns, ["id"])
     assert {k for k in want if want[k] != got.get(k)} == set(), "the target differs from the source"
     assert {v[4] for v in got.values()} == {"gold"}
+
+
+def _alter_with(
+    postgres: LocalPostgres, bootstrap: str, trigger: bool
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """A capture (with or without the DDL trigger) passes an ALTER TABLE that no row change
+    follows: the schema events of its database in the log, and what drop_objects did."""
+    database, name = f"pgddl{int(trigger)}", f"ddl{int(trigger)}"
+    source_url = postgres.create_database(database)
+    create_source(source_url, rows=10)
+    spec = source_spec(postgres, database, ddl_trigger=trigger)
+    created: dict[str, str] = {}
+    cap = PgCapture(
+        spec, list(KEYS), lambda _t: "shop.changes", bootstrap, name=name, heartbeat_s=1.0,
+        on_created=created.update, created=lambda: dict(created),
+    )  # fmt: skip
+    thread = start(cap)
+    try:
+        wait_until(lambda: bool(cap.stats.position or cap.stats.errors), 120, "the snapshot")
+        with connect(source_url) as conn:
+            conn.execute("ALTER TABLE items ADD COLUMN added text")
+            (at,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        end = parse_lsn(at)
+        wait_until(lambda: caught_up(cap, end) or bool(cap.stats.errors), 60, "the ALTER passed")
+    finally:
+        cap.stop.set()
+        thread.join(60)
+        done = drop_objects(spec, name, created)
+    assert not cap.stats.errors, cap.stats.errors
+    if trigger:
+        with connect(source_url) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_event_trigger").fetchone() == (0,)
+    events = [d for d in envelopes(bootstrap) if d["op"] == "s" and d["source"]["db"] == database]
+    return events, done
+
+
+def test_with_the_ddl_trigger_an_alter_reaches_the_log_when_it_commits(
+    postgres: LocalPostgres, make_cluster: Callable[..., TestCluster]
+) -> None:
+    """source.ddl_trigger: the capture installs an event trigger, and an ALTER TABLE with no row
+    change after it is a schema change event in the log; without the trigger it is not (pgoutput
+    carries it only with the table's next change). drop_objects (`sluice task delete`) removes
+    the trigger and its function."""
+    cluster = make_cluster(1)
+    create_topic(cluster.bootstrap, "shop.changes", 3, 1)
+    without, _ = _alter_with(postgres, cluster.bootstrap, False)
+    assert without == []
+    events, done = _alter_with(postgres, cluster.bootstrap, True)
+    assert "ddl_trigger=sluice_ddl_ddl1 action=dropped" in done, done
+    assert {(d["table"], d["schema"]["change"], d["schema"]["column"]) for d in events} == {
+        ("items", "add_column", "added")
+    }, events

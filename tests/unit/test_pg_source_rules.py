@@ -41,6 +41,20 @@ def test_only_a_postgresql_source_has_a_slot() -> None:
         parse_spec(doc)
 
 
+def test_the_ddl_trigger_and_decoding_memory_settings_are_checked() -> None:
+    assert parse_spec(spec(ddl_trigger=True)).source.ddl_trigger is True
+    with pytest.raises(TaskSpecError, match=r"task\.source\.ddl_trigger: true or false"):
+        parse_spec(spec(ddl_trigger="yes"))
+    mariadb = {"id": "m", "source": {"kind": "mariadb", "database": "shop", "ddl_trigger": True},
+               "tables": ["t"], "target": "sqlite:///t.db"}  # fmt: skip
+    with pytest.raises(TaskSpecError, match="only a postgresql source has one"):
+        parse_spec(mariadb)
+    assert parse_spec({**spec(), "options": {"logical_decoding_work_mem": "64kB"}}).options
+    for bad in ("64", "1 GB", "0MB", "64mb"):
+        with pytest.raises(TaskSpecError, match=r"task\.options\.logical_decoding_work_mem: must be a size"):
+            parse_spec({**spec(), "options": {"logical_decoding_work_mem": bad}})
+
+
 def test_a_postgresql_source_needs_its_database_and_tables() -> None:
     with pytest.raises(TaskSpecError, match="needs the database name"):
         parse_spec({"id": "p", "source": {"kind": "postgresql"}, "tables": ["t"], "target": "sqlite:///t.db"})

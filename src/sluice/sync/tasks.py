@@ -123,6 +123,9 @@ class SourceSpec:
     publication: str = ""
     slot: str = ""
     schema: str = ""
+    # postgresql: install a DDL event trigger (needs a superuser) so an ALTER TABLE reaches the
+    # capture when it commits, not at the table's next change
+    ddl_trigger: bool = False
     # generator
     rate: float = 1000.0
     skew: float = 2.0
@@ -412,6 +415,8 @@ def _parse_source(doc: Any, stored: bool) -> SourceSpec:
                 f"task.source.{name}: only a postgresql source has one, and it must be 1-63 lower-case "
                 "letters, digits and _, not starting with a digit"
             )
+    if not isinstance(spec.ddl_trigger, bool) or (spec.ddl_trigger and kind != "postgresql"):
+        raise TaskSpecError("task.source.ddl_trigger: true or false, and only a postgresql source has one")
     sid = spec.server_id
     if sid is not None and (not isinstance(sid, int) or not 1 <= sid < 2**32):
         raise TaskSpecError("task.source.server_id: must be an integer in 1..4294967295")

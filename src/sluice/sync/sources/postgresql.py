@@ -118,6 +118,27 @@ FROM cur, unnest(%s::int8[]) AS v
 """
 #: a streamed transaction's messages kept in memory up to this many bytes, then in a file
 SPOOL_MEMORY = 64 * 1024 * 1024
+#: the prefix of the DDL event trigger's logical messages (source.ddl_trigger)
+DDL_PREFIX = "sluice-ddl"
+#: The DDL event trigger: at the end of each ALTER TABLE, a transactional logical message per
+#: table altered with its columns as pgoutput's Relation message lists them (not dropped, not
+#: generated), in the ALTER's transaction. Created in the source database by the capture.
+DDL_TRIGGER_SQL = """
+CREATE OR REPLACE FUNCTION {name}() RETURNS event_trigger LANGUAGE plpgsql AS $fn$
+DECLARE r record;
+BEGIN
+  FOR r IN SELECT c.oid, n.nspname, c.relname FROM pg_event_trigger_ddl_commands() d
+           JOIN pg_class c ON c.oid = d.objid JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p') LOOP
+    PERFORM pg_logical_emit_message(true, '{prefix}', jsonb_build_object(
+      'oid', r.oid, 'schema', r.nspname, 'table', r.relname,
+      'columns', (SELECT jsonb_agg(jsonb_build_array(a.attname, a.atttypid, a.atttypmod) ORDER BY a.attnum)
+                  FROM pg_attribute a WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped
+                  AND a.attgenerated = ''))::text);
+  END LOOP;
+END $fn$;
+CREATE EVENT TRIGGER {name} ON ddl_command_end WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION {name}();
+"""
 #: the prefix of the capture's own logical messages (heartbeats)
 MESSAGE_PREFIX = "sluice"
 #: how long `sluice task delete` waits for the task's walsender to let go of its slot
@@ -132,6 +153,11 @@ def default_object_name(task_id: str) -> str:
 
 def slot_name(spec: SourceSpec, task_id: str) -> str:
     return spec.slot or default_object_name(task_id)
+
+
+def ddl_trigger_name(task_id: str) -> str:
+    """The DDL event trigger (and its function) of a task: `sluice_ddl_<task>`."""
+    return ("sluice_ddl_" + re.sub(r"[^a-z0-9_]", "_", task_id.lower()))[:63]
 
 
 def publication_name(spec: SourceSpec, task_id: str) -> str:
@@ -564,6 +590,8 @@ class PgCapture:
                     )
                 self._by_name[split_table(self.spec, table)] = table
             self._ensure_publication()
+            if self.spec.ddl_trigger:
+                self._ensure_ddl_trigger()
             start = str(self.start_at or SNAPSHOT)
             fresh = start == SNAPSHOT or start.startswith(SNAPSHOT + "@")
             self._base, self._high = recover_base(self.bootstrap, self._topics(), self._producer_config)
@@ -665,6 +693,47 @@ class PgCapture:
                 )
             cur.execute(f"ALTER PUBLICATION {quote(self.publication)} ADD TABLE {listed}")
             log.info("event=publication_extended publication=%s added=%s", self.publication, listed)
+
+    def _ensure_ddl_trigger(self) -> None:
+        """The task's DDL event trigger (source.ddl_trigger): created when missing, recorded so
+        `sluice task delete` drops it."""
+        import psycopg2
+
+        name = ddl_trigger_name(self.name)
+        with self._sql.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_event_trigger WHERE evtname = %s", (name,))
+            if cur.fetchone() is not None:
+                return
+            try:
+                cur.execute(DDL_TRIGGER_SQL.format(name=quote(name), prefix=DDL_PREFIX))
+            except psycopg2.Error as exc:
+                raise CaptureError(
+                    f"cannot create the DDL event trigger {name} ({(exc.pgerror or str(exc)).strip()}): "
+                    "event triggers need a superuser. Create it as one (the SQL is DDL_TRIGGER_SQL in "
+                    "sluice/sync/sources/postgresql.py), or set source.ddl_trigger to false"
+                ) from None
+        self._record_created(ddl_trigger=name)
+        log.info("event=ddl_trigger_created trigger=%s", name)
+
+    def _ddl_message(self, producer: Any, m: proto.Message) -> None:
+        """A table's columns as the DDL event trigger logged them in the ALTER's own transaction:
+        handled as that table's Relation message, so the schema change goes out at the ALTER's
+        position even when no row of the table changes after it."""
+        try:
+            doc = orjson.loads(m.content)
+            key = (str(doc["schema"]), str(doc["table"]))
+            columns = tuple(
+                proto.RelationColumn(str(n), int(t), int(mod), False) for n, t, mod in doc["columns"]
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("event=ddl_message_unreadable error=%r", str(exc))
+            return
+        table = self._by_name.get(key)
+        if table is None:
+            return
+        before = next((r for r in self._relations.values() if r.table == table), None)
+        identity = before.identity if before is not None else "d"
+        self._relation(producer, proto.Relation(int(doc["oid"]), key[0], key[1], identity, columns))
 
     def _record_created(self, **objects: str) -> None:
         self.on_created({**self.created(), **objects})
@@ -796,6 +865,7 @@ class PgCapture:
                 tx = self._begin_tx(SNAPSHOT)
                 chunks = []
                 for table in self.tables:
+                    self._baseline(cur, table)
                     ranges = self._ranges(cur, table)
                     if ranges:
                         chunks += self._chunks(conn, table, ranges, snapshot, pos, text)
@@ -831,6 +901,30 @@ class PgCapture:
                         "without it), so the changes between the last one captured and the new snapshot "
                         "could not be read; the capture took a new snapshot",
             })  # fmt: skip
+
+    def _baseline(self, cur: Any, table: str) -> None:
+        """The table's columns as of the snapshot (the catalog under the exported snapshot): what
+        the first Relation message, or a DDL trigger's message, is compared with."""
+        schema, name = split_table(self.spec, table)
+        cur.execute(
+            "SELECT c.oid, c.relreplident FROM pg_class c WHERE c.oid = %s::regclass",
+            (f"{quote(schema)}.{quote(name)}",),
+        )
+        oid, identity = cur.fetchone()
+        cols = [c for c in table_columns(cur, schema, name)]
+        cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attgenerated <> ''", (oid,))
+        generated = {str(r[0]) for r in cur.fetchall()}  # pgoutput does not send them
+        cols = [c for c in cols if c[0] not in generated]
+        types = describe(cur, cols)
+        self._relations[int(oid)] = _Relation(
+            table,
+            [c for c, _, _ in cols],
+            types,
+            self._keys[table],
+            str(identity),
+            RowReader(types),
+            types_fragment(types),
+        )
 
     def _ranges(self, cur: Any, table: str) -> list[tuple[Any, Any]]:
         """Key ranges to read `table` in by Spark tasks ([]: the capture reads it whole)."""
@@ -1059,6 +1153,8 @@ class PgCapture:
             self._bump()  # rows after it in the transaction are newer than the truncate
         elif isinstance(m, proto.Message) and not m.transactional:
             self._seen = max(self._seen, m.lsn)
+        elif isinstance(m, proto.Message) and m.prefix == DDL_PREFIX and self._tx is not None:
+            self._ddl_message(producer, m)
         # Type (non-built-in types are resolved from the catalog) and Origin need nothing
 
     def _relation(self, producer: Any, m: proto.Relation) -> None:
@@ -1460,6 +1556,11 @@ def drop_objects(spec: SourceSpec, task_id: str, created: dict[str, str]) -> lis
                     time.sleep(0.2)
             elif slot:
                 done.append(f"slot={slot} action=kept reason=not_created_by_task")
+            trigger = created.get("ddl_trigger")
+            if trigger and trigger == ddl_trigger_name(task_id):
+                cur.execute(f"DROP EVENT TRIGGER IF EXISTS {quote(trigger)}")
+                cur.execute(f"DROP FUNCTION IF EXISTS {quote(trigger)}()")
+                done.append(f"ddl_trigger={trigger} action=dropped")
             if created.get("publication") == publication:
                 cur.execute(f"DROP PUBLICATION IF EXISTS {quote(publication)}")
                 done.append(f"publication={publication} action=dropped")
