@@ -352,3 +352,35 @@ def test_with_the_ddl_trigger_an_alter_reaches_the_log_when_it_commits(
     assert {(d["table"], d["schema"]["change"], d["schema"]["column"]) for d in events} == {
         ("items", "add_column", "added")
     }, events
+
+
+def test_a_publication_with_a_column_list_raises_no_schema_change(
+    postgres: LocalPostgres, make_cluster: Callable[..., TestCluster]
+) -> None:
+    """A publication the user made with a column list (PostgreSQL 15+): pgoutput's Relation
+    messages list only those columns, and the snapshot's columns compared with them are the
+    published ones too, so an update is not mistaken for dropped columns."""
+    cluster = make_cluster(1)
+    create_topic(cluster.bootstrap, "shop.changes", 3, 1)
+    source_url = postgres.create_database("pgcollist")
+    create_source(source_url, rows=10)
+    with connect(source_url) as conn:
+        conn.execute("CREATE PUBLICATION collist FOR TABLE items (id, name, amount), ledger")
+    spec = source_spec(postgres, "pgcollist", publication="collist")
+    cap = PgCapture(
+        spec, list(KEYS), lambda _t: "shop.changes", cluster.bootstrap, name="collist", heartbeat_s=1.0
+    )
+    thread = start(cap)
+    try:
+        wait_until(lambda: bool(cap.stats.position or cap.stats.errors), 120, "the snapshot")
+        with connect(source_url) as conn:
+            conn.execute("UPDATE items SET name = 'listed' WHERE id = 1")
+        end = server_lsn(source_url)
+        wait_until(lambda: caught_up(cap, end) or bool(cap.stats.errors), 60, "the update")
+    finally:
+        cap.stop.set()
+        thread.join(60)
+        drop_objects(spec, "collist", {"slot": cap.slot})
+    assert not cap.stats.errors, cap.stats.errors
+    docs = [d for d in envelopes(cluster.bootstrap) if d["source"]["db"] == "pgcollist"]
+    assert [d["op"] for d in docs if d["op"] in ("s", "u")] == ["u"], [d for d in docs if d["op"] == "s"]

@@ -915,6 +915,15 @@ class PgCapture:
         cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attgenerated <> ''", (oid,))
         generated = {str(r[0]) for r in cur.fetchall()}  # pgoutput does not send them
         cols = [c for c in cols if c[0] not in generated]
+        if int(cur.connection.server_version) >= 150000:  # a publication's column list (15+)
+            cur.execute(
+                "SELECT attnames::text[] FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s "
+                "AND tablename = %s", (self.publication, schema, name),
+            )  # fmt: skip
+            row = cur.fetchone()
+            if row is not None and row[0] is not None:
+                published = set(row[0])
+                cols = [c for c in cols if c[0] in published]
         types = describe(cur, cols)
         self._relations[int(oid)] = _Relation(
             table,
