@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from sluice.ops.launcher import pid_alive
 from tests.support.cluster import TestCluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -212,22 +213,36 @@ def test_kill_9_in_the_middle_of_a_clean_loses_nothing(cluster: TestCluster) -> 
     step of the swap (tests/unit/test_cleaner.py)."""
     _compacted(cluster, "crash")
     directory = _partition_dir(cluster, "crash")
-    last = _produce(cluster, ["crash"])
+    broker = cluster.broker(1)
+    session = os.getsid(broker.pid)
 
     def cleaning() -> list[str]:
         return [p.name for p in directory.glob("*.cleaned")]
 
-    caught = wait_until(
-        cleaning, 60, "the cleaner to be writing crash-0's cleaned segments", interval_s=0.005
-    )
-    broker = cluster.broker(1)
-    session = os.getsid(broker.pid)
-    cluster.kill(1, signal.SIGKILL)
-    # The cleaner process dies with the broker: nothing writes into the log while it is down.
-    wait_until(lambda: not _session_processes(session), 2.0, "the broker's cleaner process to be gone")
-    assert cleaning(), f"the kill came after the clean's files were in place (saw {caught})"
-
-    cluster.restart(1)
+    # The cleaner process writes the .cleaned segments; the broker's event loop then swaps them
+    # in. The broker is stopped (SIGSTOP) the moment they appear, so the swap cannot happen
+    # while the test looks; on a loaded machine the swap may already be done by then, and the
+    # round is let go on with more writes, so the kill always lands with the files in place.
+    try:
+        caught: list[str] = []
+        for _round in range(20):
+            last = _produce(cluster, ["crash"])
+            wait_until(cleaning, 60, "the cleaner to be writing crash-0's cleaned segments", interval_s=0.005)
+            os.kill(broker.pid, signal.SIGSTOP)
+            caught = cleaning()
+            if caught:
+                break
+            os.kill(broker.pid, signal.SIGCONT)  # the swap came first: another round
+        assert caught, "the broker never stopped with crash-0's clean half done in 20 rounds"
+        cluster.kill(1, signal.SIGKILL)
+        # The cleaner process dies with the broker: nothing writes into the log while it is down.
+        wait_until(lambda: not _session_processes(session), 2.0, "the broker's cleaner process to be gone")
+        assert cleaning(), f"the clean's files went while the broker was stopped (saw {caught})"
+    finally:  # the broker back for the module's next tests, whatever happened
+        if pid_alive(cluster.broker(1).pid):
+            os.kill(cluster.broker(1).pid, signal.SIGCONT)
+        else:
+            cluster.restart(1)
     wait_until(
         lambda: _compacted_as_expected(cluster, "crash", last), 90, "the log to be compacted after restart"
     )
