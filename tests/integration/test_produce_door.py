@@ -360,7 +360,17 @@ def test_a_transaction_that_added_the_partition_writes_and_commits(default: Test
         assert offsets(default, topic) == (3, 0)
         assert end_txn(default, txn_id, pid, epoch, True) == ErrorCode.NONE
         wait_until(lambda t=topic: offsets(default, t) == (4, 4), 30, "the COMMIT marker to close it")  # type: ignore[misc]
-        late = produce(default, topic, txn_batch(pid, epoch, b"d", seq=3), txn_id=txn_id)
+
+        # Until the coordinator has written CompleteCommit (after the marker), it cannot verify and
+        # answers CONCURRENT_TRANSACTIONS, which a leader passes on as the retriable
+        # NOT_ENOUGH_REPLICAS (Kafka's words too): a producer retries, and so does this test,
+        # until the answer is final. Nothing is written meanwhile.
+        def final_answer(t: str = topic, batch: bytes = txn_batch(pid, epoch, b"d", seq=3),
+                         tid: str = txn_id) -> dict[str, Any] | None:  # fmt: skip
+            answer = produce(default, t, batch, txn_id=tid)
+            return None if answer["error_code"] == ErrorCode.NOT_ENOUGH_REPLICAS else answer
+
+        late = wait_until(final_answer, 30, "a final answer to the ended transaction's batch")
         assert late["error_code"] == ErrorCode.INVALID_TXN_STATE, late
         assert offsets(default, topic) == (4, 4)
 
