@@ -51,7 +51,6 @@ from sluice.sync.envelope import (
     SCHEMA,
     TRUNCATE,
     binary_columns,
-    encode_value,
     record_key,
 )
 from sluice.sync.sources import LogTailError, last_envelopes
@@ -74,7 +73,6 @@ from sluice.sync.sources.mysql_base import (
     connect_snapshot,
     encode_position,
     primary_keys,
-    producer_config,
     snapshot_row,
     types_fragment,
 )
@@ -85,6 +83,7 @@ from sluice.sync.sources.mysql_values import (
     row_converter,
     select_list,
 )
+from sluice.sync.sources.producing import LogProducing
 from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
 from sluice.sync.tasks import SourceSpec
 
@@ -255,7 +254,7 @@ class CaptureStats:
     errors: list[str] = field(default_factory=list)
 
 
-class MySqlCapture:
+class MySqlCapture(LogProducing):
     """Captures `tables` of a MySQL/MariaDB database into Sluice topics, from `start` (a binlog
     position, or None / "snapshot" for a snapshot first). Runs until `stop` is set."""
 
@@ -349,56 +348,6 @@ class MySqlCapture:
             )
 
     # --- the producer and the resume position ----------------------------------------------------
-    def _make_producer(self) -> Any:
-        from confluent_kafka import Producer
-
-        def on_error(err: Any) -> None:
-            if err.fatal():
-                self.stats.errors.append(f"fatal producer error: {err}")
-
-        return Producer(producer_config(self.bootstrap, **{"error_cb": on_error, **self._producer_config}))
-
-    def _emit(
-        self, producer: Any, table: str, env: dict[str, Any], tx: Group, partition: int | None = None
-    ) -> None:
-        test_switches.pause_point(self.switches, "capture-produce")
-        key = record_key(table, env["key"])
-        value = orjson.dumps(env, default=encode_value)
-        acked = self._delivery(tx)
-        where = {} if partition is None else {"partition": partition}
-        while True:
-            try:
-                producer.produce(self.topic_for(table), value, key, on_delivery=acked,
-                                 timestamp=env["source"]["ts_ms"], **where)  # fmt: skip
-                return
-            except BufferError:
-                producer.poll(0.05)
-
-    def _delivery(self, tx: Group) -> Callable[[Any, Any], None]:
-        """Counts a record about to be produced in `tx`; the delivery report it returns records
-        the offset the record got (for the cut) and advances the resume position."""
-        with self._lock:
-            self._txs.produced(tx)
-
-        def acked(err: Any, msg: Any) -> None:
-            if err is not None:
-                self.stats.errors.append(f"delivery failed: {err}")
-                return
-            with self._lock:
-                self._txs.acked(tx, msg.topic(), msg.partition(), msg.offset())
-
-        return acked
-
-    def _begin_tx(self, start: str, gtid: str = "") -> Group:
-        """A group of records from `start`; its id (transaction metadata) is its GTID, if known,
-        else `start`."""
-        with self._lock:
-            return self._txs.begin(start, gtid)
-
-    def _end_tx(self, tx: Group, end: str) -> None:
-        with self._lock:
-            self._txs.finish(tx, end)
-
     def _publish_cut(self, producer: Any, *, force: bool = False) -> None:
         """Write the cut to the transactions topic if it moved (at most one per interval unless
         `force`); held back until a restarted capture has passed `_hold` (see run)."""
@@ -454,11 +403,6 @@ class MySqlCapture:
         if held is None:
             held = self._types_json[table] = types_fragment(self._column_types.get(table, {}))
         return held
-
-    def resume_position(self) -> str:
-        """Where a restart would resume now ("snapshot" while the snapshot runs)."""
-        with self._lock:
-            return self._txs.resume
 
     def encoded(self, position: BinlogPosition) -> int:
         """`source.pos` of a binlog position of the history being read (its base added)."""

@@ -79,8 +79,6 @@ from sluice.sync.envelope import (
     SCHEMA,
     TRUNCATE,
     binary_columns,
-    encode_value,
-    record_key,
 )
 from sluice.sync.sources import LogTailError, last_envelopes
 from sluice.sync.sources import pg_proto as proto
@@ -89,10 +87,10 @@ from sluice.sync.sources.mysql_base import (
     SNAPSHOT,
     SNAPSHOT_CHUNK_ROWS,
     CaptureError,
-    producer_config,
     types_fragment,
 )
 from sluice.sync.sources.pg_values import SESSION_OPTIONS, RowReader, describe, table_columns
+from sluice.sync.sources.producing import LogProducing
 from sluice.sync.sources.resnapshot import BadRequestError, ChunkRead, Resnapshots, chunk_query
 from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
 from sluice.sync.tasks import SourceSpec
@@ -380,7 +378,7 @@ class _Spool:
         self.file.close()
 
 
-class PgCapture:
+class PgCapture(LogProducing):
     """Captures `tables` of a PostgreSQL database into Sluice topics. `start`: None or "snapshot"
     for a new slot and a snapshot first, anything else to go on from the slot. Runs until `stop`."""
 
@@ -484,50 +482,6 @@ class PgCapture:
                 read=self._resnapshot_chunk,
             )
 
-    # --- producing (as the MySQL source does) ----------------------------------------------------
-    def _make_producer(self) -> Any:
-        from confluent_kafka import Producer
-
-        def on_error(err: Any) -> None:
-            if err.fatal():
-                self.stats.errors.append(f"fatal producer error: {err}")
-
-        return Producer(producer_config(self.bootstrap, **{"error_cb": on_error, **self._producer_config}))
-
-    def _emit(
-        self, producer: Any, table: str, env: dict[str, Any], tx: Group, partition: int | None = None,
-        topic: str | None = None,
-    ) -> None:  # fmt: skip
-        test_switches.pause_point(self.switches, "capture-produce")
-        key = record_key(table, env["key"])
-        value = orjson.dumps(env, default=encode_value)
-        with self._lock:
-            self._txs.produced(tx)
-
-        def acked(err: Any, msg: Any) -> None:
-            if err is not None:
-                self.stats.errors.append(f"delivery failed: {err}")
-                return
-            with self._lock:
-                self._txs.acked(tx, msg.topic(), msg.partition(), msg.offset())
-
-        where = {} if partition is None else {"partition": partition}
-        while True:
-            try:
-                producer.produce(topic or self.topic_for(table), value, key, on_delivery=acked,
-                                 timestamp=env["source"]["ts_ms"], **where)  # fmt: skip
-                return
-            except BufferError:
-                producer.poll(0.05)
-
-    def _begin_tx(self, start: str) -> Group:
-        with self._lock:
-            return self._txs.begin(start)
-
-    def _end_tx(self, tx: Group, end: str) -> None:
-        with self._lock:
-            self._txs.finish(tx, end)
-
     def _publish_cut(self, producer: Any, *, force: bool = False) -> None:
         if self._txlog is None or not (force or self._txlog.due()):
             return
@@ -565,10 +519,6 @@ class PgCapture:
         env["source"] = source
         env["ts_ms"] = int(time.time() * 1000)
         return env
-
-    def resume_position(self) -> str:
-        with self._lock:
-            return self._txs.resume
 
     def _topics(self) -> list[str]:
         return sorted({self.topic_for(t) for t in self.tables})
