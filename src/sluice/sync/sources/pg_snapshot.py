@@ -88,7 +88,7 @@ def read_pg_chunk(chunk: PgSnapshotChunk) -> ChunkResult:
     writes the same rows at the same position again."""
     from confluent_kafka import Producer
 
-    from sluice.sync.sources.postgresql import connect, text_cursor
+    from sluice.sync.sources.pg_connect import connect, text_cursor
 
     errors: list[str] = []
 

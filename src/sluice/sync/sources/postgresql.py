@@ -71,7 +71,6 @@ from typing import Any
 import orjson
 
 from sluice import test_switches
-from sluice.security.secrets import reveal
 from sluice.sync import schema as sc
 from sluice.sync.envelope import (
     MARKER,
@@ -89,7 +88,8 @@ from sluice.sync.sources.mysql_base import (
     CaptureError,
     types_fragment,
 )
-from sluice.sync.sources.pg_values import SESSION_OPTIONS, RowReader, describe, table_columns
+from sluice.sync.sources.pg_connect import connect, dsn, quote, text_cursor
+from sluice.sync.sources.pg_values import RowReader, describe, table_columns
 from sluice.sync.sources.producing import LogProducing
 from sluice.sync.sources.resnapshot import BadRequestError, ChunkRead, Resnapshots, chunk_query
 from sluice.sync.sources.transactions import Group, TransactionLog, Transactions, high_watermarks, steps
@@ -162,29 +162,6 @@ def publication_name(spec: SourceSpec, task_id: str) -> str:
     return spec.publication or default_object_name(task_id)
 
 
-def dsn(spec: SourceSpec, *, application: str = "sluice", settings: str = "") -> str:
-    from psycopg2.extensions import make_dsn
-
-    password = reveal(spec.password) if spec.password is not None else None
-    return make_dsn(
-        host=spec.host, port=spec.port, user=spec.user, dbname=spec.database, password=password,
-        options=f"{SESSION_OPTIONS} {settings}".strip(), application_name=application, connect_timeout=15,
-    )  # fmt: skip
-
-
-def connect(spec: SourceSpec, *, application: str = "sluice") -> Any:
-    import psycopg2
-
-    try:
-        conn = psycopg2.connect(dsn(spec, application=application))
-    except psycopg2.OperationalError as exc:
-        raise CaptureError(
-            f"cannot connect to PostgreSQL at {spec.host}:{spec.port}: {str(exc).strip()}"
-        ) from None
-    conn.autocommit = True
-    return conn
-
-
 def wait(conn: Any, timeout_s: float = 60.0) -> None:
     """Until an asynchronous connection's command (or connection) is done."""
     import psycopg2.extensions as ext
@@ -229,26 +206,6 @@ def connect_replication(spec: SourceSpec, *, application: str, settings: str = "
         raise CaptureError(
             f"cannot open a replication connection to {spec.host}:{spec.port}: {text}"
         ) from None
-
-
-def text_cursor(conn: Any, name: str | None = None) -> Any:
-    """A cursor whose values are the server's text output of them, as pgoutput sends them (not
-    `col::text`: a few casts to text differ from the output function, e.g. boolean's `true` for
-    `t`, inet's always-shown netmask, char(n)'s trimmed padding)."""
-    import psycopg2.extensions as ext
-
-    oids = getattr(conn, "_sluice_oids", None)
-    if oids is None:
-        with conn.cursor() as cur:
-            cur.execute("SELECT oid FROM pg_type")
-            oids = tuple(r[0] for r in cur.fetchall())
-    cur = conn.cursor(name) if name else conn.cursor()
-    ext.register_type(ext.new_type(oids, "SLUICE_TEXT", lambda value, _cur: value), cur)
-    return cur
-
-
-def quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def split_table(spec: SourceSpec, table: str) -> tuple[str, str]:
