@@ -235,6 +235,14 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMariaDB]:
         server.remove()
 
 
+@pytest.fixture
+def mysql_url(mariadb: LocalMariaDB) -> str:
+    """A new database on the session's MariaDB, as a MySQL target's URL."""
+    name = f"t{next(_databases)}_{os.getpid()}"
+    mariadb.execute(f"CREATE DATABASE {name}")
+    return f"mysql://root@127.0.0.1:{mariadb.port}/{name}"
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local Spark session for the tests that run Spark jobs in this process."""

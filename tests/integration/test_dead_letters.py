@@ -6,6 +6,7 @@ commits nothing; `sluice dlq replay` applies them after a fix, once, and never o
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from tests.integration import test_targets
 from tests.support.changes import event, records
 from tests.support.cluster import TestCluster
 
-#: each target test runs against SQLite and a real PostgreSQL (the fixtures of test_targets)
+#: each target test runs against SQLite, a real PostgreSQL and a real MariaDB (test_targets' fixtures)
 target, target_url = test_targets.target, test_targets.target_url
 
 TASK = "shop"
@@ -35,7 +36,11 @@ TOPIC = dead_letters.dead_letter_topic(TASK)
 
 def execute(t: Target, sql: str) -> None:
     """DDL on the target outside the pipeline (what a DBA does)."""
-    t.conn.execute(sql)  # type: ignore[attr-defined]
+    if t.url.startswith("mysql"):
+        with t.conn.cursor() as cur:  # type: ignore[attr-defined]
+            cur.execute(sql)
+    else:
+        t.conn.execute(sql)  # type: ignore[attr-defined]
     if not t.url.startswith("sqlite"):
         t.conn.commit()  # type: ignore[attr-defined]
 
@@ -74,7 +79,7 @@ def test_refused_changes_go_to_the_sink_and_the_rest_commits(target: Target) -> 
     assert (result.records, result.changes, result.refused) == (11, 10, 3)
     refused = {int(orjson.loads(r.change["key"])["id"]): r for r in got}
     assert sorted(refused) == [4, 7, 9]
-    assert "check" in refused[4].error.lower()
+    assert re.search("check|constraint", refused[4].error.lower())
     assert refused[7].error  # SQLite STRICT: cannot store TEXT; PostgreSQL: invalid input syntax
     assert "null" in refused[9].error.lower()
     nine = refused[9].change
@@ -88,7 +93,7 @@ def test_refused_changes_go_to_the_sink_and_the_rest_commits(target: Target) -> 
 def test_on_refused_stop_fails_the_batch_and_commits_nothing(target: Target) -> None:
     make_table(target)
     epoch = target.claim(TASK)
-    with pytest.raises(Exception, match=r"(?i)check|null|integer|text"):
+    with pytest.raises(Exception, match=r"(?i)check|constraint|null|integer|text"):
         target.apply(TASK, epoch, records(bad_batch(), topic="shop.changes"))
     assert rows(target) == {}
     assert target.applied_offsets(TASK) == {}
@@ -210,6 +215,10 @@ def test_dead_letters_are_kept_replayed_once_and_never_over_newer_rows(
         execute(target, "CREATE TABLE acct (id INTEGER PRIMARY KEY, qty INTEGER, note TEXT, "
                         "_sluice_pos INTEGER NOT NULL) STRICT")  # fmt: skip
         execute(target, "INSERT INTO acct SELECT * FROM acct_old")
+    elif target.url.startswith("mysql"):
+        execute(
+            target, "ALTER TABLE acct MODIFY COLUMN qty INTEGER, MODIFY COLUMN note TEXT NULL"
+        )  # a column CHECK goes with its definition
     else:
         execute(target, "ALTER TABLE acct DROP CONSTRAINT acct_qty_check, ALTER COLUMN note DROP NOT NULL")
     first = replay(target, entries, TOPIC, dlq, "r1")
@@ -261,7 +270,7 @@ def test_apply_query_stops_or_dead_letters_and_the_execution_raises_the_alarm(
     )
     stopping = ApplyQuery(spark, stop_config)
     stopping.start()
-    with pytest.raises(Exception, match=r"(?i)check|null|integer|text"):
+    with pytest.raises(Exception, match=r"(?i)check|constraint|null|integer|text"):
         stopping.await_termination(120)
     stopping.stop()
     with open_target(stop_url) as t:

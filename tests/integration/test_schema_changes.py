@@ -159,13 +159,13 @@ def source_log(
 
 #: "postgresql-staged": PostgreSQL, each batch staged by the executors' function and committed
 #: from the staging (the Spark pipeline's path: sync/targets/staging.py)
-KINDS = ["sqlite", "postgresql", "postgresql-staged"]
+KINDS = ["sqlite", "postgresql", "postgresql-staged", "mysql"]
 
 
 def target_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    return (
-        f"sqlite:///{tmp_path / 'target.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
-    )
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'target.db'}"
+    return str(request.getfixturevalue("mysql_url" if kind == "mysql" else "postgres_url"))
 
 
 @dataclass
@@ -284,6 +284,10 @@ def test_ignore_keeps_the_first_shape_and_rows_keep_flowing(
 def table_names(target: Any) -> set[str]:
     if hasattr(target, "path"):
         return {r[0] for r in target.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if target.url.startswith("mysql"):
+        with target.conn.cursor() as cur:
+            cur.execute("SHOW TABLES")
+            return {r[0] for r in cur.fetchall()}
     return {r[0] for r in target.conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
 
 

@@ -1,5 +1,5 @@
-"""Targets, each run against SQLite and a real PostgreSQL: fencing, the version guard,
-tombstones, replays, schema changes, column mapping and bad input."""
+"""Targets, each run against SQLite, a real PostgreSQL and a real MariaDB (the MySQL target):
+fencing, the version guard, tombstones, replays, schema changes, column mapping and bad input."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from sluice.test_switches import Switches
 from tests.support.changes import event, records
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
 def target_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'target.db'}"
-    return str(request.getfixturevalue("postgres_url"))
+    return str(request.getfixturevalue(f"{request.param}_url"))
 
 
 @pytest.fixture
@@ -175,7 +175,7 @@ def test_a_tasks_apply_query_refuses_tables_outside_the_tasks_definition(tmp_pat
 
 def test_a_key_with_nul_is_refused_by_postgresql_and_kept_by_sqlite(target_url: str) -> None:
     """PostgreSQL text cannot hold U+0000, and dropping it from a key would make 'a\\0b' and 'ab'
-    one row: that batch is refused with the record named. SQLite keeps both rows."""
+    one row: that batch is refused with the record named. SQLite and MySQL keep both rows."""
     with open_target(target_url) as t:
         e = t.claim("p")
         batch = records([event("c", 1, {"id": "a\x00b"}, v="nul"), event("c", 2, {"id": "ab"}, v="plain")])
@@ -239,12 +239,15 @@ ops = st.lists(
 )
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "mysql"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     ops=ops, cuts=st.lists(st.integers(1, 40), max_size=6), replays=st.lists(st.integers(0, 6), max_size=4)
 )
 def test_any_batching_and_replay_ends_equal_to_the_source(
     tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+    kind: str,
     ops: list[tuple[str, int, int]],
     cuts: list[int],
     replays: list[int],
@@ -272,7 +275,11 @@ def test_any_batching_and_replay_ends_equal_to_the_source(
             batches.append(records(mine[lo:hi], start=lo, partition=p))
     # Replays: after batch i, an already applied batch (j <= i) is applied again, as Spark
     # does with the last batch when the driver died after the target committed.
-    url = f"sqlite:///{tmp_path_factory.mktemp('prop') / 't.db'}"
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('prop') / 't.db'}"
+    else:  # a database of its own per example, on the session's MariaDB
+        url = str(request.getfixturevalue("mysql_url"))
+        url = url.rsplit("/", 1)[0] + "/" + _new_database(request, url)
     with open_target(url) as t:
         e = t.claim("p")
         for i, b in enumerate(batches):
@@ -282,3 +289,12 @@ def test_any_batching_and_replay_ends_equal_to_the_source(
                     t.apply("p", e, batches[r % (i + 1)])
         got = {int(k.split(":")[1].rstrip("}")): r["v"] for k, r in t.read_rows("acct").items()}
     assert got == state
+
+
+_examples = itertools.count()
+
+
+def _new_database(request: pytest.FixtureRequest, url: str) -> str:
+    name = f"{url.rsplit('/', 1)[1]}_{next(_examples)}"
+    request.getfixturevalue("mariadb").execute(f"CREATE DATABASE {name}")
+    return name

@@ -123,7 +123,7 @@ def source_reference(spec: SourceSpec) -> dict[str, tuple[TableSchema, list[dict
 def target_rows(url: str, table: str) -> list[dict[str, Any]]:
     """A target table's rows as its driver gives them; PostgreSQL's jsonb as its text (the
     driver would read JSON null and SQL NULL both as None)."""
-    if url.startswith("sqlite"):
+    if url.startswith(("sqlite", "mysql")):
         with open_target(url) as t:
             return list(t.read_rows(table).values())
     with psycopg.connect(url) as conn:
@@ -164,7 +164,7 @@ def check(url: str, spec: SourceSpec) -> list[str]:
     """Every table of the target against the source's own answers, and the snapshot's rows
     against the binlog's, exactly; the problems found."""
     source = source_reference(spec)
-    dialect = "sqlite" if url.startswith("sqlite") else "postgresql"
+    dialect = url.split(":", 1)[0]
     problems: list[str] = []
     got = {table: target_rows(url, table) for table in TABLES}
     for table in TABLES:
@@ -188,7 +188,7 @@ def _lines(result: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("first", [("snap",), ("ins", "upd")], ids=["snapshot-first", "binlog-first"])
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "postgresql-staged"])
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "postgresql-staged", "mysql"])
 def test_every_type_arrives_as_the_source_holds_it_by_snapshot_and_by_binlog(
     captured: tuple[SourceSpec, TestCluster, pa.Table],
     tmp_path: Path,
@@ -197,9 +197,10 @@ def test_every_type_arrives_as_the_source_holds_it_by_snapshot_and_by_binlog(
     first: tuple[str, ...],
 ) -> None:
     spec, _, records = captured
-    url = (
-        f"sqlite:///{tmp_path / 'matrix.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
-    )
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'matrix.db'}"
+    else:
+        url = request.getfixturevalue("mysql_url" if kind == "mysql" else "postgres_url")
     with open_target(url) as target:
         apply_in_order(target, records, first, staged=kind == "postgresql-staged")
     problems = check(url, spec)
@@ -241,3 +242,29 @@ def test_the_target_columns_take_the_mappings_types_whatever_the_first_rows_hold
             want = {c: postgres_type(t) for c, t in types.items()}
         assert have.pop("_sluice_pos", None) is not None or url.startswith("postgres")
         assert have == want
+
+
+def test_mysql_to_mysql_keeps_each_columns_type(
+    captured: tuple[SourceSpec, TestCluster, pa.Table],
+    zoned_mariadb: LocalMariaDB,
+    mysql_url: str,
+    mariadb: LocalMariaDB,
+) -> None:
+    """MariaDB to the MySQL target: each column of a table the target created has the source
+    column's own type (an integer's display width aside, which MySQL 8 dropped), read from both
+    servers' information_schema."""
+    import re
+
+    spec, _, records = captured
+    with open_target(mysql_url) as target:
+        apply_in_order(target, records, ("snap",), staged=False)
+    query = (
+        "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{db}' "
+        "AND TABLE_NAME = 'snap' AND COLUMN_NAME <> '_sluice_pos'"
+    )
+    width = re.compile(r"^((?:tiny|small|medium|big)?int)\(\d+\)")
+    source = {c: width.sub(r"\1", str(t)) for c, t in zoned_mariadb.execute(query.format(db=spec.database))}
+    target = {
+        c: width.sub(r"\1", str(t)) for c, t in mariadb.execute(query.format(db=mysql_url.rsplit("/", 1)[1]))
+    }
+    assert len(source) > 30 and target == source

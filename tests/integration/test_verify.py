@@ -85,6 +85,8 @@ def tamper(mariadb: LocalMariaDB, db: str, target_url: str) -> None:
             for sql in TAMPER:
                 target.execute(sql)
         target.close()
+    elif target_url.startswith("mysql"):
+        mariadb.execute(*(sql.replace('"', "`") for sql in TAMPER), database=target_url.rsplit("/", 1)[1])
     else:
         import psycopg
 
@@ -112,7 +114,7 @@ def target_counts(url: str) -> tuple[int, int]:
         return len(t.read_rows("items")), len(t.read_rows("stock"))
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mysql"])
 def test_verify_and_repair_in_key_ranges_while_the_source_changes(
     mariadb: LocalMariaDB,
     make_cluster: Callable[..., TestCluster],
@@ -131,9 +133,10 @@ def test_verify_and_repair_in_key_ranges_while_the_source_changes(
     db = f"vfq{kind[0]}"
     vfy_database(mariadb, db)
     create_topic(cluster.bootstrap, f"{db}.changes", 2, 1)
-    url = (
-        f"sqlite:///{tmp_path / 'target.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
-    )
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'target.db'}"
+    else:
+        url = str(request.getfixturevalue(f"{kind}_url"))
     spec = parse_spec(yaml.safe_load(TASK.format(db=db, port=mariadb.port, target=url)))
     requests = Requests()
     cap = MySqlCapture(spec.source, spec.tables, spec.topic_for, cluster.bootstrap, name=db,

@@ -129,6 +129,12 @@ def source_position(spec: SourceSpec) -> BinlogPosition:
 # --- the target -------------------------------------------------------------------------------
 
 
+def target_dialect(url: str) -> str:
+    """sqlite, postgresql or mysql: the kind of target a URL names."""
+    scheme = url.split(":", 1)[0]
+    return {"postgres": "postgresql", "mariadb": "mysql"}.get(scheme, scheme)
+
+
 class TargetSide:
     """Reads a target's rows of one table by key range or by keys, renamed back to the source's
     column names through the task's mapping (columns the mapping drops are left out)."""
@@ -138,7 +144,8 @@ class TargetSide:
 
         self.mapping = ColumnMapping.from_config(mapping)
         self.target: Any = open_target(url, self.mapping, password=password)
-        self.sqlite = url.startswith("sqlite")
+        self.dialect = target_dialect(url)
+        self.sqlite = self.dialect == "sqlite"
         self.schema = schema
         self.table = self.mapping.target_table(schema.name)
         self.columns = {
@@ -151,9 +158,13 @@ class TargetSide:
         return TableSchema(self.schema.name, kept, self.schema.key)
 
     def read(self, cond_of: Callable[[list[str], str], tuple[str, list[Any]]]) -> list[dict[str, Any]]:
-        keys = [quote(self.columns[k]) for k in self.schema.key]
+        q = mysql_quote if self.dialect == "mysql" else quote
+        keys = [q(self.columns[k]) for k in self.schema.key]
         cond, params = cond_of(keys, "?" if self.sqlite else "%s")
         names = list(self.columns)
+        if self.dialect == "mysql":  # its own reading of each type (FLOAT, BIT)
+            rows = self.target.select(self.table, [self.columns[c] for c in names], cond, params)
+            return [dict(zip(names, r, strict=True)) for r in rows]
         sql = (
             f"SELECT {', '.join(quote(self.columns[c]) for c in names)} FROM {quote(self.table)} WHERE {cond}"
         )
@@ -218,7 +229,7 @@ def compare_range(job: RangeJob) -> RangeResult:
         target = side.read(lambda keys, mark: range_condition(keys, job.lo, job.hi, mark))
     finally:
         side.close()
-    dialect = "sqlite" if job.target.startswith("sqlite") else "postgresql"
+    dialect = target_dialect(job.target)
     same = checksum(schema, source, lambda k, v: source_value(k, v, dialect)) == checksum(
         schema, target, target_value
     )
@@ -248,7 +259,7 @@ def recheck(
         target = side.read(lambda cols, mark: key_condition(cols, tuples, mark))
     finally:
         side.close()
-    dialect = "sqlite" if spec.target.startswith("sqlite") else "postgresql"
+    dialect = target_dialect(spec.target)
     report.missing, report.extra, report.different = _differences(compared, source_rows, target, dialect)
     report.rows = len(source_rows)
     return report

@@ -348,28 +348,43 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
 
 
 _TARGET_FORMS = (
-    "task.target: must be sqlite:///path, postgresql://user@host:port/db, or "
-    "{url: postgresql://user@host:port/db, password: {env: SLUICE_SECRET_SHOP_PG}}"
+    "task.target: must be sqlite:///path, postgresql://user@host:port/db, mysql://user@host:port/db, "
+    "or {url: postgresql://user@host:port/db, password: {env: SLUICE_SECRET_SHOP_PG}} "
+    "(`type: postgresql|mysql|sqlite` may name the kind)"
 )
+#: target kinds and the URL schemes each takes
+TARGET_SCHEMES = {
+    "sqlite": ("sqlite:///",),
+    "postgresql": ("postgresql://", "postgres://"),
+    "mysql": ("mysql://", "mariadb://"),
+}
 
 
 def _parse_target(doc: Any, stored: bool) -> tuple[str, SecretRef | None]:
     """The target URL and its password's reference: a URL, or `{url: ..., password: {env: ...}}`.
     A password inside the URL is refused (it would be stored and shown with the URL)."""
     password: SecretRef | None = None
+    kind = None
     if isinstance(doc, dict):
-        unknown = set(doc) - {"url", "password"}
+        unknown = set(doc) - {"type", "url", "password"}
         if unknown:
             raise TaskSpecError(
-                f"task.target: unknown field(s) {', '.join(sorted(unknown))} (known: url, password)"
+                f"task.target: unknown field(s) {', '.join(sorted(unknown))} (known: type, url, password)"
             )
+        kind = doc.get("type")
+        if kind is not None and kind not in TARGET_SCHEMES:
+            raise TaskSpecError(f"task.target.type: one of {', '.join(TARGET_SCHEMES)}, not {kind!r}")
         try:
             password = parse_ref(doc.get("password"), "task.target.password", stored=stored)
         except SecretRefError as exc:
             raise TaskSpecError(str(exc)) from None
         doc = doc.get("url")
-    if not isinstance(doc, str) or not doc.startswith(("sqlite:///", "postgresql://", "postgres://")):
+    if not isinstance(doc, str) or not doc.startswith(sum(TARGET_SCHEMES.values(), ())):
         raise TaskSpecError(_TARGET_FORMS)
+    if kind is not None and not doc.startswith(TARGET_SCHEMES[kind]):
+        raise TaskSpecError(
+            f"task.target.url: a {kind} target's URL starts with {' or '.join(TARGET_SCHEMES[kind])}"
+        )
     if password is not None and doc.startswith("sqlite:"):
         raise TaskSpecError("task.target.password: a sqlite target has no password: remove it")
     if not stored and url_has_password(doc):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # --- source types ------------------------------------------------------------------------------------
 _INT_BYTES = {"tinyint": 1, "smallint": 2, "mediumint": 3, "int": 4, "integer": 4, "bigint": 8}
@@ -32,7 +32,15 @@ _TYPE = re.compile(
     r"^\s*([a-z]+(?:\s+precision)?)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*(.*)$",
     re.IGNORECASE | re.DOTALL,
 )
-_MEMBER = re.compile(r"'((?:[^']|'')*)'")
+#: an ENUM/SET member in COLUMN_TYPE: quoted, `'` doubled, backslash escapes as SHOW prints them
+_MEMBER = re.compile(r"'((?:[^'\\]|''|\\.)*)'", re.DOTALL)
+_MEMBER_ESCAPES = {"0": "\0", "n": "\n", "r": "\r", "Z": "\x1a", "t": "\t", "b": "\b"}
+
+
+def _member(text: str) -> str:
+    """A member's label from its quoted text (without the quotes)."""
+    text = text.replace("''", "'")
+    return re.sub(r"\\(.)", lambda m: _MEMBER_ESCAPES.get(m[1], m[1]), text, flags=re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +153,7 @@ def parse_type(text: str) -> SourceType:
         fsp = n if n is not None and name not in ("year", "date") else 0
         return SourceType("temporal", scale=fsp, name=name)
     if name in ("enum", "set"):
-        members = tuple(v.replace("''", "'") for v in _MEMBER.findall(rest))
+        members = tuple(_member(v) for v in _MEMBER.findall(rest))
         return SourceType(name, len(members), name=name, members=members)
     if name == "json":
         return SourceType("json", name=name)
@@ -168,6 +176,10 @@ class TypeMapping:
     sqlite: Callable[[SourceType], str]
     sqlite_doc: str
     note: str = ""
+    #: the MySQL/MariaDB target's column type (targets/mysql.py); a key column whose type cannot
+    #: be indexed whole (TEXT, BLOB) becomes VARCHAR / VARBINARY there (`mysql_key_type`)
+    mysql: Callable[[SourceType], str] = field(default=lambda _t: "longtext")
+    mysql_doc: str = "longtext"
 
 
 def _is(family: str, *names: str) -> Callable[[SourceType], bool]:
@@ -203,6 +215,61 @@ def _mysql(rule: Callable[[SourceType], bool]) -> Callable[[SourceType], bool]:
     return lambda t: t.dialect == "mysql" and rule(t)
 
 
+def _my_int(t: SourceType) -> str:
+    name = "int" if t.name == "integer" else t.name
+    return name + (" unsigned" if t.unsigned else "")
+
+
+def _my_decimal(t: SourceType) -> str:
+    return f"decimal({t.size},{t.scale})" + (" unsigned" if t.unsigned else "")
+
+
+def _my_float(t: SourceType) -> str:
+    return "float" if t.size == 4 else "double"
+
+
+def _my_string(t: SourceType) -> str:
+    # rebuilt from the parsed type, never the text a record carries
+    return f"{t.name}({t.size})" if t.name in ("char", "varchar", "binary", "varbinary") else t.name
+
+
+def _my_members(t: SourceType) -> str:
+    quoted = ",".join("'" + m.replace("\\", "\\\\").replace("'", "''") + "'" for m in t.members)
+    return f"{t.name}({quoted})"
+
+
+def _my_geometry(t: SourceType) -> str:
+    return "geometrycollection" if t.name == "geomcollection" else t.name
+
+
+def _my_pg_int(t: SourceType) -> str:
+    return {2: "smallint", 4: "int"}.get(t.size, "bigint")
+
+
+def _my_pg_decimal(t: SourceType) -> str:
+    if 0 < t.size <= 65 and t.scale <= 30:
+        return f"decimal({t.size},{t.scale})"
+    return "longtext"
+
+
+def _my_pg_string(t: SourceType) -> str:
+    if t.name in ("character varying", "character") and 0 < t.size <= 255:
+        return f"{'varchar' if t.name == 'character varying' else 'char'}({t.size})"
+    return "longtext"
+
+
+def _my_datetime(t: SourceType) -> str:
+    return f"datetime({min(t.scale, 6)})"
+
+
+def _my_pg_temporal(t: SourceType) -> str:
+    if t.name == "date":
+        return "date"
+    if t.name == "time":
+        return f"time({min(t.scale, 6)})"
+    return "longtext"
+
+
 # fmt: off
 #: PostgreSQL sources (sync/sources/pg_values.py): a PostgreSQL target gets the source's own type
 #: wherever PostgreSQL has it built in, and the value as PostgreSQL prints it, so PostgreSQL to
@@ -211,6 +278,7 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
     TypeMapping(
         "PostgreSQL smallint, integer, bigint, oid", _pg("int"), "JSON integer",
         _pg_same, "the same type", _const("INTEGER"), "INTEGER",
+        mysql=_my_pg_int, mysql_doc='smallint, int or bigint (oid: bigint)',
     ),
     TypeMapping(
         "PostgreSQL real, double precision", _pg("float"),
@@ -218,11 +286,14 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         "`-0` as JSON strings (JSON has no such numbers; a target reading JSON numbers as numeric "
         "would make -0 zero)",
         _pg_same, "the same type", _const("REAL"), "REAL (the three specials as TEXT)",
+        mysql=_my_float, mysql_doc='float or double (`NaN`, `Infinity`: refused, MySQL has none)',
     ),
     TypeMapping(
         "PostgreSQL numeric(p,s), numeric", _pg("decimal"),
         "JSON string: the exact value as PostgreSQL prints it, `NaN`, `Infinity`, `-Infinity` included",
         _pg_same, "the same type", _const("TEXT"), "TEXT (the exact text)",
+        mysql=_my_pg_decimal,
+        mysql_doc="decimal(p,s) up to decimal(65,30); wider or unconstrained: longtext (the exact text)",
     ),
     TypeMapping(
         "PostgreSQL money", _pg("money"),
@@ -230,62 +301,74 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         "read with lc_monetary=C)",
         _const("numeric(19,2)"), "numeric(19,2) (money's range, free of the target's locale)",
         _const("TEXT"), "TEXT",
+        mysql=_const("decimal(19,2)"), mysql_doc='decimal(19,2)',
     ),
     TypeMapping(
         "PostgreSQL boolean", _pg("bool"), "JSON true / false",
         _const("boolean"), "boolean", _const("INTEGER"), "INTEGER (1 / 0)",
+        mysql=_const("tinyint(1)"), mysql_doc='tinyint(1) (1 / 0)',
     ),
     TypeMapping(
         "PostgreSQL text, varchar(n), char(n), name", _pg("string"),
         "JSON string (char(n) padded to n, as PostgreSQL prints it)",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
+        mysql=_my_pg_string, mysql_doc='varchar(n), char(n) (n up to 255), else longtext',
     ),
     TypeMapping(
         "PostgreSQL bytea", _pg("binary"), "base64 JSON string of every byte (listed in `binary`)",
         _const("bytea"), "bytea", _const("BLOB"), "BLOB",
+        mysql=_const("longblob"), mysql_doc='longblob',
     ),
     TypeMapping(
         "PostgreSQL json, jsonb", _pg("json"),
         "JSON string: the document's text (json: as written; jsonb: normalised)",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
+        mysql=_const("json"), mysql_doc='json',
     ),
     TypeMapping(
         "PostgreSQL timestamp(p)", _pg("temporal", "timestamp"),
         "JSON string `YYYY-MM-DDTHH:MM:SS[.ffffff]` (` BC` after a year before 1), or `infinity`, "
         "`-infinity`",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
+        mysql=_my_datetime, mysql_doc='datetime(p) (years 1000..9999; BC and infinity refused)',
     ),
     TypeMapping(
         "PostgreSQL timestamptz(p)", _pg("temporal", "timestamptz"),
         "JSON string in UTC `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`, or `infinity`, `-infinity`",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
+        mysql=_my_datetime, mysql_doc='datetime(p) in UTC (TIMESTAMP would end in 2038)',
     ),
     TypeMapping(
         "PostgreSQL date, time, timetz, interval", _pg("temporal"),
         "JSON string as PostgreSQL prints it (DateStyle ISO, IntervalStyle postgres: `1 year 2 mons "
         "3 days 04:05:06`), date `infinity` included",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
+        mysql=_my_pg_temporal, mysql_doc='date, time(p); timetz and interval: longtext',
     ),
     TypeMapping(
         "PostgreSQL enum types", _pg("enum"), "JSON string: the label",
         _const("text"), "text", _const("TEXT"), "TEXT",
+        mysql=_const("longtext"), mysql_doc='longtext',
     ),
     TypeMapping(
         "PostgreSQL arrays", _pg("array"),
         "JSON string: PostgreSQL's array literal (`{1,2,NULL}`, `{{1,2},{3,4}}`)",
         lambda t: "text[]" if t.text == "enum[]" else t.text, "the same array type (an enum's: text[])",
         _const("TEXT"), "TEXT",
+        mysql=_const("longtext"), mysql_doc='longtext',
     ),
     TypeMapping(
         "PostgreSQL uuid, inet, cidr, macaddr(8), bit(n), varbit, ranges and multiranges, point, "
         "line, lseg, box, path, polygon, circle, xml, tsvector, tsquery, pg_lsn",
         _pg("native"), "JSON string as PostgreSQL prints it",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
+        mysql=_const("longtext"), mysql_doc='longtext',
     ),
     TypeMapping(
         "PostgreSQL: anything else (hstore, citext, an extension's or a composite type)",
         lambda t: t.dialect == "pg", "JSON string as PostgreSQL prints it",
         _const("text"), "text", _const("TEXT"), "TEXT",
+        mysql=_const("longtext"), mysql_doc='longtext',
     ),
 )
 
@@ -298,6 +381,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "(INT UNSIGNED -> bigint)",
         _const("INTEGER"), "INTEGER",
         "UNSIGNED variants included; BOOL is TINYINT(1): an integer, as stored (-128..127)",
+        mysql=_my_int, mysql_doc='the same type',
     ),
     TypeMapping(
         "BIGINT UNSIGNED",
@@ -306,6 +390,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("numeric(20,0)"), "numeric(20,0)",
         _const("TEXT"), "TEXT (decimal digits)",
         "SQLite's integers are signed 64-bit: above 2^63 - 1 it could hold only a lossy REAL",
+        mysql=_my_int, mysql_doc='bigint unsigned',
     ),
     TypeMapping(
         "DECIMAL(p,s), NUMERIC",
@@ -315,6 +400,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         lambda t: f"numeric({t.size},{t.scale})", "numeric(p,s)",
         _const("TEXT"), "TEXT (the exact text)",
         "SQLite's NUMERIC affinity would round to a 64-bit float",
+        mysql=_my_decimal, mysql_doc='decimal(p,s)',
     ),
     TypeMapping(
         "FLOAT",
@@ -323,6 +409,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "`1.100000023841858`)",
         _const("real"), "real (float4)",
         _const("REAL"), "REAL",
+        mysql=_const("float"), mysql_doc='float',
     ),
     TypeMapping(
         "DOUBLE, REAL",
@@ -330,6 +417,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "JSON number (the shortest decimal that reads back as the same double)",
         _const("double precision"), "double precision",
         _const("REAL"), "REAL",
+        mysql=_const("double"), mysql_doc='double',
     ),
     TypeMapping(
         "BIT(n)",
@@ -337,6 +425,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "JSON string of n `0`/`1` characters, most significant first (`b'101'` in BIT(5) is `00101`)",
         lambda t: f"bit({t.size})", "bit(n)",
         _const("TEXT"), "TEXT (the n characters)",
+        mysql=lambda t: f"bit({t.size})", mysql_doc='bit(n)',
     ),
     TypeMapping(
         "DATE",
@@ -344,6 +433,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "JSON string `YYYY-MM-DD`; zero and invalid dates by the task's `zero_dates` option",
         _const("date"), "date",
         _const("TEXT"), "TEXT (`YYYY-MM-DD`)",
+        mysql=_const("date"), mysql_doc='date',
     ),
     TypeMapping(
         "DATETIME(fsp)",
@@ -352,6 +442,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "no time zone (the server's wall clock, as stored); zero and invalid dates by `zero_dates`",
         _pg_timestamp("without"), "timestamp(fsp) without time zone",
         _const("TEXT"), "TEXT (ISO 8601)",
+        mysql=lambda t: f"datetime({t.scale})", mysql_doc='datetime(fsp)',
     ),
     TypeMapping(
         "TIMESTAMP(fsp)",
@@ -360,6 +451,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "time zone; the zero timestamp by `zero_dates`",
         _pg_timestamp("with"), "timestamp(fsp) with time zone",
         _const("TEXT"), "TEXT (ISO 8601, UTC, with Z)",
+        mysql=lambda t: f"timestamp({t.scale})", mysql_doc='timestamp(fsp) (written and read in UTC)',
     ),
     TypeMapping(
         "TIME(fsp)",
@@ -368,6 +460,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "-838:59:59 .. 838:59:59 (a duration, not a time of day)",
         _const("interval"), "interval",
         _const("TEXT"), "TEXT (`-838:59:59.000000`)",
+        mysql=lambda t: f"time({t.scale})", mysql_doc='time(fsp)',
     ),
     TypeMapping(
         "YEAR",
@@ -375,6 +468,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "JSON integer: 0 (the zero year `0000`) or 1901..2155",
         _const("smallint"), "smallint",
         _const("INTEGER"), "INTEGER",
+        mysql=_const("year"), mysql_doc='year',
     ),
     TypeMapping(
         "CHAR, VARCHAR, TINYTEXT .. LONGTEXT (a character set)",
@@ -384,6 +478,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "off); VARCHAR and TEXT keep them",
         _const("text"), "text (U+0000 cannot be stored: dropped, counted and logged)",
         _const("TEXT"), "TEXT",
+        mysql=_my_string, mysql_doc='the same type, in utf8mb4 with a binary no-pad collation',
     ),
     TypeMapping(
         "BINARY(n), VARBINARY, TINYBLOB .. LONGBLOB",
@@ -392,6 +487,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "padded with 0x00 to n bytes, as stored",
         _const("bytea"), "bytea",
         _const("BLOB"), "BLOB",
+        mysql=_my_string, mysql_doc='the same type',
     ),
     TypeMapping(
         "ENUM",
@@ -399,6 +495,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "JSON string: the label (`''` for the error value 0)",
         _const("text"), "text",
         _const("TEXT"), "TEXT",
+        mysql=_my_members, mysql_doc='the same ENUM',
     ),
     TypeMapping(
         "SET",
@@ -407,6 +504,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "(`a,b`; `''` for the empty set)",
         _const("text"), "text",
         _const("TEXT"), "TEXT",
+        mysql=_my_members, mysql_doc='the same SET',
     ),
     TypeMapping(
         "JSON (MySQL); MariaDB's JSON (LONGTEXT with CHECK (json_valid(col)))",
@@ -417,6 +515,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("jsonb"), "jsonb (the same document; key order, spacing and duplicate keys "
         "are jsonb's)",
         _const("TEXT"), "TEXT (the document's text)",
+        mysql=_const("json"), mysql_doc='json',
     ),
     TypeMapping(
         "GEOMETRY, POINT, LINESTRING, POLYGON, MULTI*, GEOMETRYCOLLECTION",
@@ -425,6 +524,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "(`ST_GeomFromWKB(SUBSTRING(v, 5), srid)` reads it back)",
         _const("bytea"), "bytea",
         _const("BLOB"), "BLOB",
+        mysql=_my_geometry, mysql_doc='the same type',
     ),
 )
 # fmt: on
@@ -439,6 +539,8 @@ MAPPINGS = (
             m.sqlite,
             m.sqlite_doc,
             m.note,
+            m.mysql,
+            m.mysql_doc,
         )
         for m in MAPPINGS
     )
@@ -465,6 +567,12 @@ def postgres_type(source_type: str) -> str:
     return mapping_for(t).postgresql(t)
 
 
+def mysql_type(source_type: str) -> str:
+    """The MySQL/MariaDB target's column type of a source type (targets/mysql.py)."""
+    t = parse_type(source_type)
+    return mapping_for(t).mysql(t)
+
+
 def sqlite_type(source_type: str) -> str:
     t = parse_type(source_type)
     return mapping_for(t).sqlite(t)
@@ -473,10 +581,10 @@ def sqlite_type(source_type: str) -> str:
 def markdown_table() -> str:
     """The mapping as the Markdown table docs/TYPES.md shows."""
     lines = [
-        "| source type | envelope value | PostgreSQL | SQLite | note |",
-        "|---|---|---|---|---|",
+        "| source type | envelope value | PostgreSQL | SQLite | MySQL/MariaDB | note |",
+        "|---|---|---|---|---|---|",
     ]
     for row in MAPPINGS:
-        cells = (row.source, row.envelope, row.postgresql_doc, row.sqlite_doc, row.note)
+        cells = (row.source, row.envelope, row.postgresql_doc, row.sqlite_doc, row.mysql_doc, row.note)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -1,8 +1,9 @@
 """Targets: where change events are applied, one transaction per batch, exactly once in effect.
 
-`open_target(url)` picks the implementation from the URL scheme: `sqlite:///path` or
-`postgresql://user@host:port/db`; a PostgreSQL target's password comes apart from the URL, as a
-resolved `Secret` (security/secrets.py), or from libpq's PGPASSWORD or ~/.pgpass.
+`open_target(url)` picks the implementation from the URL scheme: `sqlite:///path`,
+`postgresql://user@host:port/db` or `mysql://user@host:port/db` (`mariadb://` too); a database
+target's password comes apart from the URL, as a resolved `Secret` (security/secrets.py), or for
+PostgreSQL from libpq's PGPASSWORD or ~/.pgpass.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sluice.sync.targets.mapping import ColumnMapping
 def open_target(
     url: str, mapping: ColumnMapping | None = None, *, password: Secret | None = None, **options: Any
 ) -> Target:
-    """The target `url` names; `password` (a resolved Secret, or None) only for PostgreSQL."""
+    """The target `url` names; `password` (a resolved Secret, or None) not for SQLite."""
     if url.startswith("sqlite://"):
         assert password is None, "a sqlite target has no password"
         from sluice.sync.targets.sqlite import SqliteTarget
@@ -32,8 +33,13 @@ def open_target(
         from sluice.sync.targets.postgres import PostgresTarget
 
         return PostgresTarget(url, mapping, password=password, **options)
+    if url.startswith(("mysql://", "mariadb://")):
+        from sluice.sync.targets.mysql import MySqlTarget
+
+        return MySqlTarget(url, mapping, password=password, **options)
     raise BadTargetUrlError(
-        f"unsupported target {url!r}: use sqlite:///path/to/file.db or postgresql://user@host:port/db"
+        f"unsupported target {url!r}: use sqlite:///path/to/file.db, postgresql://user@host:port/db "
+        "or mysql://user@host:port/db"
     )
 
 

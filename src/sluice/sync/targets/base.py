@@ -458,18 +458,30 @@ def infer_type(values: list[Any], dialect: str) -> str:
     for v in values:
         if v is None:
             continue
+        kind = _INFERRED[dialect]
         if isinstance(v, (bytes, bytearray)):
-            return "BYTEA" if dialect == "postgresql" else "BLOB"
+            return kind["bytes"]
         if isinstance(v, bool):
-            return "BOOLEAN" if dialect == "postgresql" else "INTEGER"
+            return kind["bool"]
         if isinstance(v, int):
-            return "BIGINT" if dialect == "postgresql" else "INTEGER"
+            return kind["int"]
         if isinstance(v, float):
-            return "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
+            return kind["float"]
         if isinstance(v, (dict, list)):
-            return "JSONB" if dialect == "postgresql" else "TEXT"
-        return "TEXT"
-    return "TEXT"
+            return kind["json"]
+        return kind["text"]
+    return _INFERRED[dialect]["text"]
+
+
+#: Column types for JSON values of a source that names no types, per target dialect.
+_INFERRED = {
+    "postgresql": {"bytes": "BYTEA", "bool": "BOOLEAN", "int": "BIGINT", "float": "DOUBLE PRECISION",
+                   "json": "JSONB", "text": "TEXT"},
+    "sqlite": {"bytes": "BLOB", "bool": "INTEGER", "int": "INTEGER", "float": "REAL", "json": "TEXT",
+               "text": "TEXT"},
+    "mysql": {"bytes": "LONGBLOB", "bool": "TINYINT(1)", "int": "BIGINT", "float": "DOUBLE", "json": "JSON",
+              "text": "LONGTEXT"},
+}  # fmt: skip
 
 
 def quote(name: str) -> str:

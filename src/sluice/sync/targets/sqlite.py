@@ -5,20 +5,18 @@ Collapsed changes are written with `executemany` upserts carrying the version gu
 
 from __future__ import annotations
 
-import base64
 import logging
 import sqlite3
 import time
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
-from sluice.sync.changes import TypesVariants, types_variants
+from sluice.sync.changes import TypesVariants
 from sluice.sync.envelope import key_text
 from sluice.sync.schema import Recorded
 from sluice.sync.targets.base import (
@@ -30,6 +28,7 @@ from sluice.sync.targets.base import (
 )
 from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
 from sluice.sync.targets.mapping import ColumnMapping, MappingError
+from sluice.sync.targets.rows import Change, changes_by_table, key_targets, source_columns
 from sluice.sync.types import sqlite_type
 from sluice.test_switches import OFF, Switches
 
@@ -151,30 +150,9 @@ class SqliteTarget(Target):
 
     # --- rows ------------------------------------------------------------------------------------
     def _apply_changes(self, tx: sqlite3.Connection, changes: pa.Table, guard: bool) -> int:
-        by_table: dict[str, list[_Change]] = {}
-        types: dict[str, set[str]] = {}  # per table, the `types` texts of its changes
-        for table, kt, pos, after, binary, typed in zip(
-            changes.column("table").to_pylist(),
-            changes.column("key").to_pylist(),
-            changes.column("pos").to_pylist(),
-            changes.column("after").to_pylist(),
-            changes.column("binary").to_pylist(),
-            changes.column("types").to_pylist(),
-            strict=True,
-        ):
-            if typed is not None:
-                types.setdefault(table, set()).add(typed)
-            key = orjson.loads(kt)
-            image = None if after is None else orjson.loads(after)
-            if binary is not None:  # base64 text back to bytes, stored as BLOB
-                for col in orjson.loads(binary):
-                    for part in (key, image):
-                        if part is not None and isinstance(part.get(col), str):
-                            part[col] = base64.b64decode(part[col])
-            by_table.setdefault(table, []).append(_Change(kt, key, pos, image))
         return sum(
-            self._write_table(tx, table, rows, guard, types_variants(types.get(table, ())))
-            for table, rows in by_table.items()
+            self._write_table(tx, table, rows, guard, types)
+            for table, (rows, types) in changes_by_table(changes).items()
         )
 
     def _apply_truncates(self, tx: sqlite3.Connection, truncates: Mapping[str, int], guard: bool) -> int:
@@ -256,7 +234,7 @@ class SqliteTarget(Target):
         return cols
 
     def _ensure_table(
-        self, tx: sqlite3.Connection, table: str, events: list[_Change], types: TypesVariants
+        self, tx: sqlite3.Connection, table: str, events: list[Change], types: TypesVariants
     ) -> str:
         """Create the target table, or add the columns this batch brings: typed by the source's
         column `types` through the mapping (sync/types.py), or, for a source that names none,
@@ -286,7 +264,7 @@ class SqliteTarget(Target):
                 if (
                     dst in tm.casts
                     or any(v is not None for v in vals)
-                    or dst in _key_targets(m, table, events)
+                    or dst in key_targets(m, table, events)
                 ):
                     wanted[dst] = tm.casts.get(dst) or infer_type(vals, "sqlite")
         if not existing:
@@ -328,13 +306,13 @@ class SqliteTarget(Target):
                 )  # fmt: skip
 
     def _write_table(
-        self, tx: sqlite3.Connection, table: str, events: list[_Change], guard: bool, types: TypesVariants
+        self, tx: sqlite3.Connection, table: str, events: list[Change], guard: bool, types: TypesVariants
     ) -> int:
         m = self.mapping
         tm = m.for_table(table)
         name = self._ensure_table(tx, table, events, types)
         data_cols = [c for c in self._table_columns(tx, name) if c != POS_COLUMN]
-        source_of = {m.target_column(table, c) or "": c for c in _source_columns(events)}
+        source_of = {m.target_column(table, c) or "": c for c in source_columns(events)}
         key_src = list(events[0].key)
         key_dst = [m.target_column(table, c) or c for c in key_src]
         q = quote(name)
@@ -396,21 +374,6 @@ class SqliteTarget(Target):
         return out
 
 
-@dataclass(slots=True)
-class _Change:
-    kt: str
-    key: dict[str, Any]
-    pos: int
-    after: dict[str, Any] | None
-
-
-def _source_columns(events: list[_Change]) -> set[str]:
-    cols: set[str] = set()
-    for ev in events:
-        cols.update(ev.after or ev.key)
-    return cols
-
-
 def _affinity(declared: str) -> str:
     """SQLite's type affinity of a declared column type (its documented rules, in order)."""
     d = declared.upper()
@@ -423,10 +386,6 @@ def _affinity(declared: str) -> str:
     if any(t in d for t in ("REAL", "FLOA", "DOUB")):
         return "REAL"
     return "NUMERIC"
-
-
-def _key_targets(m: ColumnMapping, table: str, events: list[_Change]) -> set[str]:
-    return {dst for c in events[0].key if (dst := m.target_column(table, c)) is not None}
 
 
 _INT64 = range(-(2**63), 2**63)
