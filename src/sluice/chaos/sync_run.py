@@ -80,6 +80,9 @@ log = logging.getLogger("sluice.chaos.sync")
 GROUP = "chaos-sync-workers"
 PG_TASK = "chaos-pg"
 SQLITE_TASK = "chaos-sqlite"
+MYSQL_TASK = "chaos-mysql"
+#: `--target`: what the task beside the PostgreSQL one writes to
+SECOND_TARGETS = ("sqlite", "mysql")
 WORKERS = ("w1", "w2")
 SPARK_MASTER = "local[1]"
 TRIGGER = "500ms"
@@ -312,8 +315,10 @@ class SeedRun:
         types: tuple[str, ...] = TYPE_NAMES,
         catch_up_timeout_s: float = 240.0,
         stall_s: float = STALL_S,
+        second_target: str = "sqlite",
     ) -> None:
         self.directory = directory
+        self.second_target = second_target
         self.seed = seed
         self.duration_s = duration_s
         self.fault_kinds = fault_kinds
@@ -536,7 +541,13 @@ class SeedRun:
         return f"statements: {','.join(self.workload.kinds)}; values: {values}; column types: {types}"
 
     def _second_task(self, sqlite_path: Path) -> _Task:
-        """The task beside the PostgreSQL one: into SQLite."""
+        """The task beside the PostgreSQL one: into SQLite, or (`--target mysql`) into a database
+        of its own on the MariaDB server."""
+        if self.second_target == "mysql":
+            name = f"{self.database}_target"
+            self.mariadb.execute(f"DROP DATABASE IF EXISTS `{name}`", f"CREATE DATABASE `{name}`")
+            url = f"mysql://root@127.0.0.1:{self.mariadb.port}/{name}"
+            return _Task(MYSQL_TASK, url, url, "mysql")
         sqlite_url = f"sqlite:///{sqlite_path}"
         return _Task(SQLITE_TASK, sqlite_url, sqlite_url, "sqlite")
 
@@ -650,7 +661,10 @@ class SeedRun:
 
     def _drop_source(self) -> None:
         try:
-            self.mariadb.execute(f"DROP DATABASE IF EXISTS `{self.database}`")
+            self.mariadb.execute(
+                f"DROP DATABASE IF EXISTS `{self.database}`",
+                f"DROP DATABASE IF EXISTS `{self.database}_target`",
+            )
         except Exception as exc:
             log.warning("event=drop_source_failed database=%s error=%r", self.database, exc)
 
@@ -698,6 +712,7 @@ def run_sync_chaos(
     out: Out = print,
     keep: bool = False,
     catch_up_timeout_s: float = 240.0,
+    second_target: str = "sqlite",
 ) -> list[SeedReport]:
     """Every seed in turn (servers shared, everything else fresh per seed); prints as it goes,
     ending with `verdict_line`. Directories are removed afterwards unless `keep`."""
@@ -714,7 +729,7 @@ def run_sync_chaos(
                 run = SeedRun(
                     directory / f"seed-{seed}", seed, duration_s=duration_s, fault_kinds=fault_kinds,
                     statement_kinds=statement_kinds, value_kinds=value_kinds, mariadb=db, postgres=pg,
-                    out=out, catch_up_timeout_s=catch_up_timeout_s, types=types,
+                    out=out, catch_up_timeout_s=catch_up_timeout_s, types=types, second_target=second_target,
                 )  # fmt: skip
                 try:
                     reports.append(run.run())

@@ -391,16 +391,27 @@ def chaos_sync(
             "source-walsender-kill"
         ),
     ] = "mariadb",
+    target: Annotated[
+        str,
+        typer.Option(
+            help="The target of the task beside the PostgreSQL one (MariaDB source): sqlite, or mysql "
+            "(a database of its own on the MariaDB server; the fault target-sqlite-lock is left out)"
+        ),
+    ] = "sqlite",
 ) -> None:
     """MariaDB under a seeded workload, captured by two tasks (SQLite and PostgreSQL targets) on two
     workers through seeded faults; then quiescence and a row-by-row comparison of the source with
     each target. Same seed, same statements and fault schedule. Exits 1 unless every row matches."""
     from sluice.chaos.sync_faults import SYNC_FAULT_KINDS
-    from sluice.chaos.sync_run import run_sync_chaos
+    from sluice.chaos.sync_run import SECOND_TARGETS, run_sync_chaos
     from sluice.chaos.sync_workload import STATEMENT_KINDS, VALUE_KINDS, parse_kinds
     from sluice.chaos.workload_values import TYPE_NAMES
 
     seeds = _seed_range(seed)
+    if source == "postgresql" and target != "sqlite":
+        raise fail(
+            "--target applies to the MariaDB source (a PostgreSQL source's run has two PostgreSQL targets)", 2
+        )
     if source == "postgresql":
         from sluice.chaos.pg_workload import PG_STATEMENT_KINDS
         from sluice.chaos.sync_pg import PG_SOURCE_FAULT_KINDS, run_pg_sync_chaos
@@ -427,10 +438,14 @@ def chaos_sync(
         type_names = parse_kinds(types, TYPE_NAMES, "column type")
     except ValueError as exc:
         raise fail(str(exc), 2) from None
+    if target not in SECOND_TARGETS:
+        raise fail(f"--target must be one of {', '.join(SECOND_TARGETS)}, not {target!r}", 2)
+    if target != "sqlite":
+        fault_kinds = tuple(k for k in fault_kinds if k != "target-sqlite-lock")
     _drill_logging()
     reports = run_sync_chaos(
         directory, seeds, duration_s=duration, fault_kinds=fault_kinds, statement_kinds=statement_kinds,
         value_kinds=value_kinds, types=type_names, keep=keep, catch_up_timeout_s=catch_up_timeout,
-        out=lambda line: print(line, flush=True),
+        out=lambda line: print(line, flush=True), second_target=target,
     )  # fmt: skip
     raise typer.Exit(0 if reports and all(r.ok for r in reports) else 1)
