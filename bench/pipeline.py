@@ -1,4 +1,6 @@
-"""End-to-end pipeline throughput and freshness: generator -> Sluice log -> Spark -> PostgreSQL.
+"""End-to-end pipeline throughput and freshness: generator -> Sluice log -> Spark -> PostgreSQL
+(or, with `--target mysql`, a MySQL target on a private MariaDB, whose baseline is PyMySQL on
+one connection, one guarded statement per change).
 
 Runs on a local 3-broker cluster (RF=3, min.insync.replicas 2) and a private PostgreSQL, and
 prints:
@@ -16,7 +18,7 @@ prints:
 5. one line per run (per source with two):
 
    pipeline rows_s=N baseline_rows_s=N ratio=R freshness_rate=N freshness_p50_s=X
-            freshness_p99_s=X driver_result_bytes_max=N
+            freshness_p99_s=X driver_result_bytes_max=N target=postgresql|mysql
 
    where the last is the most bytes of result the driver received for one batch (the Arrow
    table it collected: with PostgreSQL, the executors' staging summaries, a few rows per task;
@@ -207,6 +209,84 @@ def baseline(url: str, events: int, seed: int) -> float:
     return time.monotonic() - t0
 
 
+def baseline_mysql(url: str, events: int, seed: int) -> float:
+    """Hand-written PyMySQL upserts of the same changes on one connection: one guarded statement
+    per change, in source order, a transaction per 10,000 changes (what a plain sync job does)."""
+    import pymysql
+
+    from sluice.sync.targets.mysql import parse_url
+
+    gen = ChangeGenerator(GeneratorConfig(seed=seed))
+    changes = []
+    while len(changes) < events:
+        changes.extend(gen.transaction())
+    changes = changes[:events]
+    ddl = {
+        "customers": "id bigint PRIMARY KEY, name longtext, email longtext, tier longtext, balance double, "
+        "active tinyint(1), updated_at longtext, pos bigint",
+        "orders": "id bigint PRIMARY KEY, customer_id bigint, amount_cents bigint, status longtext, "
+        "note longtext, updated_at longtext, pos bigint",
+        "inventory": "sku varchar(255), warehouse bigint, qty bigint, price double, pos bigint, "
+        "PRIMARY KEY (sku, warehouse)",
+    }
+    keys = {"customers": ["id"], "orders": ["id"], "inventory": ["sku", "warehouse"]}
+    conn = pymysql.connect(**parse_url(url), autocommit=True, charset="utf8mb4")
+    try:
+        with conn.cursor() as cur:
+            for table, cols in ddl.items():
+                cur.execute(f"DROP TABLE IF EXISTS {table}")
+                cur.execute(f"CREATE TABLE {table} ({cols}) ENGINE=InnoDB")
+        cols_of = {t: list(next(c.after for c in changes if c.table == t and c.after)) for t in ddl}
+        upsert, delete = {}, {}
+        for table, cols in cols_of.items():
+            sets = ", ".join(
+                f"{c} = IF(pos < VALUES(pos), VALUES({c}), {c})" for c in cols if c not in keys[table]
+            )
+            upsert[table] = (
+                f"INSERT INTO {table} ({', '.join(cols)}, pos) "
+                f"VALUES ({', '.join(['%s'] * (len(cols) + 1))}) "
+                f"ON DUPLICATE KEY UPDATE {sets}, pos = GREATEST(pos, VALUES(pos))"
+            )
+            delete[table] = (
+                f"DELETE FROM {table} WHERE {' AND '.join(f'{k} = %s' for k in keys[table])} AND pos < %s"
+            )
+        conn.autocommit(False)
+        t0 = time.monotonic()
+        with conn.cursor() as cur:
+            for i in range(0, len(changes), 10_000):
+                for c in changes[i : i + 10_000]:
+                    if c.after is None:
+                        cur.execute(delete[c.table], [*(c.key[k] for k in keys[c.table]), c.pos])
+                    else:
+                        cur.execute(upsert[c.table], [*(c.after[k] for k in cols_of[c.table]), c.pos])
+                conn.commit()
+        return time.monotonic() - t0
+    finally:
+        conn.close()
+
+
+class MySqlServer:
+    """The MySQL target's server for the bench (a private MariaDB), with PostgreSQL's
+    `create_database(name) -> URL` and `remove()`."""
+
+    def __init__(self, directory: Path) -> None:
+        from sluice.ops.mariadb import LocalMariaDB
+
+        # no binlog needed for a target, and the buffer pool of a small production server
+        self.server = LocalMariaDB(directory, extra_args=("--skip-log-bin", "--innodb-buffer-pool-size=1G"))
+
+    def start(self) -> MySqlServer:
+        self.server.start()
+        return self
+
+    def create_database(self, name: str) -> str:
+        self.server.execute(f"DROP DATABASE IF EXISTS `{name}`", f"CREATE DATABASE `{name}`")
+        return f"mysql://root@127.0.0.1:{self.server.port}/{name}"
+
+    def remove(self) -> None:
+        self.server.remove()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -231,6 +311,12 @@ def main() -> int:
         default="sluice",
         help="comma-separated sources to measure: sluice (Sluice's own), kafka (Spark's own)",
     )
+    ap.add_argument(
+        "--target",
+        default="postgresql",
+        choices=("postgresql", "mysql"),
+        help="the target: postgresql, or mysql (a private MariaDB; its baseline is one PyMySQL connection)",
+    )
     args = ap.parse_args()
     formats = [f.strip() for f in args.source_format.split(",") if f.strip()]
     if not formats or any(f not in ("sluice", "kafka") for f in formats) or len(set(formats)) != len(formats):
@@ -246,7 +332,9 @@ def main() -> int:
         os.environ.update(standalone.driver_env())
         print(f"standalone: {args.master} with {args.standalone_workers} workers")
     cluster = launcher.cluster_up(work / "cluster", brokers=3)
-    pg = LocalPostgres(work / "pg").start()
+    pg: Any = (
+        MySqlServer(work / "mysql").start() if args.target == "mysql" else LocalPostgres(work / "pg").start()
+    )
     bootstrap = cluster.bootstrap_servers
     try:
         spark = spark_session(args.master, app="bench-pipeline", kafka_connector="kafka" in formats)
@@ -288,10 +376,15 @@ def main() -> int:
                 f"({written:,} target rows written after collapsing; target equals truth: {cmp.ok})"
             )
 
-        base_s = baseline(pg.create_database("baseline"), args.events, args.seed)
+        if args.target == "mysql":
+            base_s = baseline_mysql(pg.create_database("baseline"), args.events, args.seed)
+            how = "PyMySQL on one connection, one guarded upsert/delete per change"
+        else:
+            base_s = baseline(pg.create_database("baseline"), args.events, args.seed)
+            how = "psycopg, one guarded upsert/delete per change, pipeline mode"
         print(
             f"baseline:  {args.events:,} changes in {base_s:.1f} s = {args.events / base_s:,.0f} rows/s "
-            f"(psycopg, one guarded upsert/delete per change, pipeline mode)"
+            f"({how})"
         )
         for fmt in formats:
             print(f"ratio:     pipeline {fmt} / baseline = {rows_s[fmt] / (args.events / base_s):.2f}")
@@ -311,7 +404,8 @@ def main() -> int:
                 f"pipeline rows_s={rows_s[fmt]:.0f} baseline_rows_s={base_rows_s:.0f} "
                 f"ratio={rows_s[fmt] / base_rows_s:.2f} freshness_rate={args.rate:.0f} "
                 f"freshness_p50_s={p50:.2f} freshness_p99_s={p99:.2f} "
-                f"driver_result_bytes_max={max(result_bytes[fmt], fresh_bytes[fmt])}{source}",
+                f"driver_result_bytes_max={max(result_bytes[fmt], fresh_bytes[fmt])} "
+                f"target={args.target}{source}",
                 flush=True,
             )
 
@@ -334,7 +428,7 @@ def main() -> int:
 
 
 def freshness(
-    spark: object, bootstrap: str, pg: LocalPostgres, work: Path, args: argparse.Namespace, fmt: str
+    spark: object, bootstrap: str, pg: Any, work: Path, args: argparse.Namespace, fmt: str
 ) -> tuple[float, float, int]:
     """The generator at a steady rate while a query on `fmt` applies: p50 and p99 (s)
     of source commit to target commit, per applied row, and the most result bytes the driver

@@ -102,6 +102,19 @@ def test_zombie_task_passes_from_the_cli(tmp_path: Path) -> None:
     assert "the zombie's stale commit was refused by the target" in done.stdout
 
 
+@pytest.mark.slow  # the MySQL target's fence and guard are also in test_targets.py, in the default suite
+@pytest.mark.parametrize("switches", [None, "disable_target_fence"])
+def test_zombie_task_with_a_mysql_target(tmp_path: Path, switches: str | None) -> None:
+    """`--target mysql`: the same drill applying to the MySQL target; with its fence off, the
+    zombie's commit lands."""
+    off = Switches(**({switches: True} if switches else {}))
+    result = run_incident("zombie-task", tmp_path / "zombie-task", switches=off, target="mysql")
+    if switches is None:
+        assert result.ok, failed(result)
+    else:
+        assert failed(result) == ["phase 2: the zombie's stale commit was refused by the target"]
+
+
 @pytest.mark.slow  # the guard alone is also shown failing in test_targets.py, in the default suite
 def test_zombie_task_fails_without_the_version_guard(tmp_path: Path) -> None:
     """The zombie's capture writes S2 into the log after the new execution wrote S3: without the

@@ -581,6 +581,7 @@ def run_incident(
     zookeeper_nodes: int | None = None,
     switches: test_switches.Switches = test_switches.OFF,
     security: str = "none",
+    target: str = "sqlite",
 ) -> IncidentResult:
     """Run one drill on a fresh 3-broker cluster. ``hosts="netns"``: every broker and ZooKeeper
     member in its own network namespace (a 3-member ensemble unless told otherwise), and
@@ -595,7 +596,8 @@ def run_incident(
         directory, 3, session_timeout_s=session_timeout_s, hosts=hosts, zookeeper_nodes=nodes,
         switches=switches, security=security,
     ) as dc:  # fmt: skip
-        result = drill(dc, random.Random(seed))
+        # the zombie drill's task applies to the target asked for; the others have no target
+        result = drill(dc, random.Random(seed), **({"target": target} if target != "sqlite" else {}))
         if hosts != "local":
             result.name = f"{result.name} hosts={hosts}"
         return result

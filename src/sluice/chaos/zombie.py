@@ -142,15 +142,24 @@ class _Worker:
         self._armed.close()
 
 
+#: `--target`: where the drill's task applies (sqlite, or mysql: a database on the drill's MariaDB)
+TARGETS = ("sqlite", "mysql")
+MYSQL_TARGET_DB = "zombie_target"
+
+
 class _Drill:
-    def __init__(self, dc: DrillCluster, db: LocalMariaDB, root: Path) -> None:
+    def __init__(self, dc: DrillCluster, db: LocalMariaDB, root: Path, target: str = "sqlite") -> None:
         assert dc.store is not None and dc.zk is not None
         self.dc = dc
         self.db = db
         self.root = root
         self.store = TaskStore(dc.store.client)
         self.zookeeper = f"{dc.zk.connect_string}{CHROOT}"
-        self.target_url = f"sqlite:///{root / 'target.db'}"
+        self.target = target
+        if target == "mysql":
+            self.target_url = f"mysql://root@127.0.0.1:{db.port}/{MYSQL_TARGET_DB}"
+        else:
+            self.target_url = f"sqlite:///{root / 'target.db'}"
         self.topic = f"{TASK}.changes"
         self.workers: dict[str, _Worker] = {}
         self.result = IncidentResult("zombie-task")
@@ -196,6 +205,20 @@ class _Drill:
     def create_target(self) -> None:
         import sqlite3
 
+        if self.target == "mysql":
+            self.db.execute(
+                f"DROP DATABASE IF EXISTS {MYSQL_TARGET_DB}", f"CREATE DATABASE {MYSQL_TARGET_DB}"
+            )
+            open_target(self.target_url).close()  # the _sluice_* tables
+            self.db.execute(
+                "CREATE TABLE audit_offsets_backwards (topic VARCHAR(255), `partition` INT, old BIGINT, "
+                "new BIGINT)",
+                "CREATE TRIGGER audit_offsets BEFORE UPDATE ON _sluice_offsets FOR EACH ROW BEGIN "
+                "IF NEW.next_offset < OLD.next_offset THEN INSERT INTO audit_offsets_backwards VALUES "
+                "(OLD.topic, OLD.`partition`, OLD.next_offset, NEW.next_offset); END IF; END",
+                database=MYSQL_TARGET_DB,
+            )
+            return
         open_target(self.target_url).close()  # the _sluice_* tables
         conn = sqlite3.connect(self.target_url[len("sqlite:///") :])
         conn.executescript(
@@ -217,6 +240,9 @@ class _Drill:
 
     def offsets_went_backwards(self) -> list[tuple[Any, ...]]:
         import sqlite3
+
+        if self.target == "mysql":
+            return self.db.execute("SELECT * FROM audit_offsets_backwards", database=MYSQL_TARGET_DB)
 
         conn = sqlite3.connect(self.target_url[len("sqlite:///") :])
         try:
@@ -422,11 +448,13 @@ def _wait_for_value(produce: Callable[[], list[Any]], timeout_s: float) -> list[
     return value
 
 
-def zombie_task(dc: DrillCluster, rng: random.Random) -> IncidentResult:
+def zombie_task(dc: DrillCluster, rng: random.Random, target: str = "sqlite") -> IncidentResult:
     root = dc.directory / "zombie"
     root.mkdir(parents=True, exist_ok=True)
     db = LocalMariaDB(root / "mariadb").start()
-    drill = _Drill(dc, db, root)
+    drill = _Drill(dc, db, root, target)
+    if target != "sqlite":
+        drill.result.name = f"zombie-task target={target}"
     try:
         return drill.run()
     except DrillStepError as exc:

@@ -124,15 +124,24 @@ def incident_run(
             help="--against connect: how many times the drill runs (a stop lands mid-batch by chance)"
         ),
     ] = 3,
+    target: Annotated[
+        str,
+        typer.Option(
+            help="zombie-task: where its task applies, sqlite or mysql (a database on the drill's MariaDB)"
+        ),
+    ] = "sqlite",
 ) -> None:
     """Replay an incident and print the checker's rows and the verdict; exits 1 if a guarantee broke."""
     from sluice.chaos.incidents import INCIDENTS, run_incident
+    from sluice.chaos.zombie import TARGETS
 
     name = ALIASES.get(name, name)
     if name not in INCIDENTS:
         raise fail(f"unknown incident {name!r}; `sluice incident list` shows them")
     if against not in AGAINST:
         raise fail(f"--against must be one of {', '.join(AGAINST)}, not {against!r}", 2)
+    if target not in TARGETS or (target != "sqlite" and (name != "zombie-task" or against != "sluice")):
+        raise fail(f"--target ({', '.join(TARGETS)}) is the zombie-task drill's target, on Sluice", 2)
     if against == "connect":
         if name != "zombie-task" or hosts != "local" or security != "none" or bootstrap is not None:
             raise fail(
@@ -158,7 +167,9 @@ def incident_run(
         )
     _drill_logging()
     try:
-        result = run_incident(name, directory / name, seed=seed, hosts=hosts, security=security)
+        result = run_incident(
+            name, directory / name, seed=seed, hosts=hosts, security=security, target=target
+        )
     except ValueError as exc:
         raise fail(str(exc)) from None
     raise typer.Exit(0 if _print_result(result) else 1)
