@@ -88,9 +88,8 @@ LAX_SQL_MODE = "NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO"
 #: on_refused: dlq), not "the target failed": NOT NULL, duplicate and foreign keys, values out of
 #: range, too long, of the wrong kind, bad dates, bad geometry, invalid JSON, CHECK constraints.
 REFUSAL_CODES = frozenset(
-    {1048, 1062, 1264, 1265, 1292, 1366, 1367, 1406, 1411, 1416, 1451, 1452, 1690, 3140, 3819, 4025,
-     1101, 1138, 1054}
-)  # fmt: skip
+    {1048, 1062, 1138, 1264, 1265, 1292, 1366, 1367, 1406, 1411, 1416, 1451, 1452, 1690, 3140, 3819, 4025}
+)
 
 #: Bytes of one multi-row statement (below every server's max_allowed_packet default).
 CHUNK_BYTES = 4 << 20
