@@ -84,9 +84,11 @@ def test_definitions_with_plain_text_secrets_are_refused_naming_the_field() -> N
     plain_query = {**DEFINITION, "target": "postgresql://sync@db:5432/shop?password=opensesame"}
     plain_target = {**DEFINITION, "target": {"url": "postgresql://sync@db/shop", "password": "opensesame"}}
     sqlite_password = {**DEFINITION, "target": {"url": "sqlite:///x.db", "password": {"env": "X"}}}
+    mysql_url = {**DEFINITION, "target": {"type": "mysql", "url": "mysql://sync:opensesame@db:3306/shop"}}
     cases = [
         (plain_source, "task.source.password"),
         (plain_url, "task.target"),
+        (mysql_url, "task.target"),
         (plain_query, "task.target"),
         (plain_target, "task.target.password"),
         (sqlite_password, "task.target.password"),
@@ -348,3 +350,16 @@ def test_the_worker_settings_give_the_scope() -> None:
     for key, value in (("secrets.dir", "/"), ("secrets.dir", "secrets"), ("secrets.env.prefix", "S")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             WorkerConfig.from_properties({**base, key: value})
+
+
+def test_a_mysql_target_is_a_url_or_typed_and_the_type_agrees_with_the_url() -> None:
+    typed = {"type": "mysql", "url": "mysql://sync@db:3306/copy", "password": {"env": "SLUICE_SECRET_COPY"}}
+    spec = parse_spec({**DEFINITION, "target": typed})
+    assert spec.target == "mysql://sync@db:3306/copy" and spec.target_password is not None
+    assert parse_spec({**DEFINITION, "target": "mariadb://sync@db/copy"}).target == "mariadb://sync@db/copy"
+    with pytest.raises(TaskSpecError, match=r"task.target.url: a postgresql target's URL starts with"):
+        parse_spec({**DEFINITION, "target": {"type": "postgresql", "url": "mysql://sync@db/copy"}})
+    with pytest.raises(
+        TaskSpecError, match=r"task.target.type: one of sqlite, postgresql, mysql, not 'oracle'"
+    ):
+        parse_spec({**DEFINITION, "target": {"type": "oracle", "url": "mysql://sync@db/copy"}})
