@@ -544,11 +544,11 @@ def single_replica_shutdown(dc: DrillCluster, rng: random.Random) -> IncidentRes
     return result
 
 
-def zombie_task(dc: DrillCluster, rng: random.Random) -> IncidentResult:
+def zombie_task(dc: DrillCluster, rng: random.Random, target: str = "sqlite") -> IncidentResult:
     """D: see `sluice.chaos.zombie` (imported here when run: it builds on this module)."""
     from sluice.chaos.zombie import zombie_task as drill
 
-    return drill(dc, rng)
+    return drill(dc, rng, target)
 
 
 INCIDENTS: dict[str, tuple[str, Callable[[DrillCluster, random.Random], IncidentResult]]] = {
@@ -596,8 +596,12 @@ def run_incident(
         directory, 3, session_timeout_s=session_timeout_s, hosts=hosts, zookeeper_nodes=nodes,
         switches=switches, security=security,
     ) as dc:  # fmt: skip
-        # the zombie drill's task applies to the target asked for; the others have no target
-        result = drill(dc, random.Random(seed), **({"target": target} if target != "sqlite" else {}))
+        if target == "sqlite":
+            result = drill(dc, random.Random(seed))
+        elif name == "zombie-task":  # the one drill with a sync task: it applies where asked
+            result = zombie_task(dc, random.Random(seed), target)
+        else:
+            raise ValueError(f"{name} has no sync task, so no --target: only zombie-task takes one")
         if hosts != "local":
             result.name = f"{result.name} hosts={hosts}"
         return result
