@@ -8,6 +8,8 @@
 #                               pinned pyspark) into .peers/spark-kafka-<version>/jars: the pipeline
 #                               (`sluice apply --source-format kafka`) loads them from there, so
 #                               Spark fetches nothing at run time
+#   bench/peers/delta/pom.xml   Delta Lake's jars for the pinned pyspark into .peers/delta-<version>/jars:
+#                               every Spark session loads them (the Delta target, sync/targets/delta.py)
 #   bench/peers/connect/pom.xml Kafka Connect (distributed worker) and Debezium's MySQL connector
 #                               (deploy/debezium/, tests/integration/test_connect_debezium.py)
 #   bench/peers/connect-jdbc/pom.xml Debezium's JDBC sink connector and the PostgreSQL driver, a
@@ -61,6 +63,8 @@ fetch() {
 fetch bench/peers/pom.xml kafka "kafka_2.13 (ZooKeeper mode)"
 fetch bench/peers/kafka4/pom.xml kafka "kafka_2.13 (KRaft)"
 fetch bench/peers/spark-kafka/pom.xml spark-kafka "spark-sql-kafka-0-10_2.13" =jars
+# Delta Lake for the pinned pyspark (the Delta target; pipeline/session.py loads them)
+fetch bench/peers/delta/pom.xml delta "delta-spark_4.2_2.13" =jars
 # Kafka Connect's distributed worker into libs/, Debezium's MySQL connector into its own plugin
 # directory (the worker's plugin.path)
 fetch bench/peers/connect/pom.xml connect "connect-runtime with Debezium's MySQL connector" \

@@ -18,11 +18,15 @@ from sluice.test_switches import Switches
 from tests.support.changes import event, records
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+#: Delta: every statement is a Spark job (1-3 minutes a test here): in the slow suite
+@pytest.fixture(params=["sqlite", "postgresql", "mysql", pytest.param("delta", marks=pytest.mark.slow)])
 def target_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'target.db'}"
-    return str(request.getfixturevalue(f"{request.param}_url"))
+    if request.param == "delta":
+        request.getfixturevalue("spark")  # the session with Delta's jars, made first
+        return f"delta://{tmp_path / 'lake'}"
+    return str(request.getfixturevalue("mysql_url" if request.param == "mysql" else "postgres_url"))
 
 
 @pytest.fixture

@@ -136,7 +136,7 @@ def test_verify_and_repair_in_key_ranges_while_the_source_changes(
     if kind == "sqlite":
         url = f"sqlite:///{tmp_path / 'target.db'}"
     else:
-        url = str(request.getfixturevalue(f"{kind}_url"))
+        url = str(request.getfixturevalue("mysql_url" if kind == "mysql" else "postgres_url"))
     spec = parse_spec(yaml.safe_load(TASK.format(db=db, port=mariadb.port, target=url)))
     requests = Requests()
     cap = MySqlCapture(spec.source, spec.tables, spec.topic_for, cluster.bootstrap, name=db,

@@ -360,6 +360,6 @@ def test_a_mysql_target_is_a_url_or_typed_and_the_type_agrees_with_the_url() -> 
     with pytest.raises(TaskSpecError, match=r"task.target.url: a postgresql target's URL starts with"):
         parse_spec({**DEFINITION, "target": {"type": "postgresql", "url": "mysql://sync@db/copy"}})
     with pytest.raises(
-        TaskSpecError, match=r"task.target.type: one of sqlite, postgresql, mysql, not 'oracle'"
+        TaskSpecError, match=r"task.target.type: one of sqlite, postgresql, mysql, delta, not 'oracle'"
     ):
         parse_spec({**DEFINITION, "target": {"type": "oracle", "url": "mysql://sync@db/copy"}})

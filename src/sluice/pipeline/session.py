@@ -2,7 +2,9 @@
 
 With ``kafka_connector=True`` the session also has Spark's own Kafka source and sink
 (``format("kafka")``, spark-sql-kafka-0-10), loaded from the jars ``scripts/peers.sh``
-copied into ``.peers/spark-kafka-<pyspark version>/jars``: nothing is fetched at run time."""
+copied into ``.peers/spark-kafka-<pyspark version>/jars``: nothing is fetched at run time. When
+``scripts/peers.sh`` has fetched Delta Lake's jars (``.peers/delta-<version>/jars``), every
+session has Delta's SQL extension and catalog, for the Delta target."""
 
 from __future__ import annotations
 
@@ -49,6 +51,21 @@ def kafka_connector_jars() -> list[Path]:
     chosen = sorted(j for j in jars.glob("*.jar") if _artifact(j.name) not in shipped)
     assert any(j.name.startswith(KAFKA_CONNECTOR) for j in chosen), f"{jars} lacks {KAFKA_CONNECTOR}"
     return chosen
+
+
+#: Delta Lake for pyspark 4.2 (bench/peers/delta/pom.xml; the Delta target, sync/targets/delta.py)
+DELTA_VERSION = "4.4.0"
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+
+
+def delta_jars() -> list[Path]:
+    """Delta Lake's jars (`scripts/peers.sh` puts them in ``.peers/delta-<version>/jars``), or
+    none when they are not fetched: then a session has no Delta, and a Delta target says so."""
+    base = Path(os.environ.get("SLUICE_PEERS_DIR") or Path(__file__).resolve().parents[3] / ".peers")
+    jars = base / f"delta-{DELTA_VERSION}" / "jars"
+    if not (jars.parent / ".complete").is_file():
+        return []
+    return sorted(jars.glob("*.jar"))
 
 
 _JAR_NAME = re.compile(r"^(.+?)-(\d+(?:\.\d+)+.*)\.jar$")
@@ -125,8 +142,15 @@ def spark_session(
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.executor.extraJavaOptions", java_opts)
     )
-    if kafka_connector:
-        builder = builder.config("spark.jars", ",".join(str(j) for j in kafka_connector_jars()))
+    jars = kafka_connector_jars() if kafka_connector else []
+    delta = delta_jars()
+    if delta:  # every session can write Delta tables when Delta's jars are fetched
+        jars += delta
+        builder = builder.config("spark.sql.extensions", DELTA_EXTENSION).config(
+            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -350,13 +350,14 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
 _TARGET_FORMS = (
     "task.target: must be sqlite:///path, postgresql://user@host:port/db, mysql://user@host:port/db, "
     "or {url: postgresql://user@host:port/db, password: {env: SLUICE_SECRET_SHOP_PG}} "
-    "(`type: postgresql|mysql|sqlite` may name the kind)"
+    "delta:///path/to/lake (`type: postgresql|mysql|sqlite|delta` may name the kind)"
 )
 #: target kinds and the URL schemes each takes
 TARGET_SCHEMES = {
     "sqlite": ("sqlite:///",),
     "postgresql": ("postgresql://", "postgres://"),
     "mysql": ("mysql://", "mariadb://"),
+    "delta": ("delta:",),
 }
 
 
@@ -385,8 +386,10 @@ def _parse_target(doc: Any, stored: bool) -> tuple[str, SecretRef | None]:
         raise TaskSpecError(
             f"task.target.url: a {kind} target's URL starts with {' or '.join(TARGET_SCHEMES[kind])}"
         )
-    if password is not None and doc.startswith("sqlite:"):
-        raise TaskSpecError("task.target.password: a sqlite target has no password: remove it")
+    if password is not None and doc.startswith(("sqlite:", "delta:")):
+        raise TaskSpecError(
+            f"task.target.password: a {doc.split(':', 1)[0]} target has no password: remove it"
+        )
     if not stored and url_has_password(doc):
         raise TaskSpecError(
             "task.target: a password in the URL is refused (it would be stored in ZooKeeper in plain "

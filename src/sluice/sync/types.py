@@ -180,6 +180,9 @@ class TypeMapping:
     #: be indexed whole (TEXT, BLOB) becomes VARCHAR / VARBINARY there (`mysql_key_type`)
     mysql: Callable[[SourceType], str] = field(default=lambda _t: "longtext")
     mysql_doc: str = "longtext"
+    #: the Delta target's Spark SQL column type (targets/delta.py)
+    spark: Callable[[SourceType], str] = field(default=lambda _t: "STRING")
+    spark_doc: str = "STRING"
 
 
 def _is(family: str, *names: str) -> Callable[[SourceType], bool]:
@@ -270,6 +273,26 @@ def _my_pg_temporal(t: SourceType) -> str:
     return "longtext"
 
 
+def _spark_int(t: SourceType) -> str:
+    bits = t.size * 8 + (1 if t.unsigned else 0)
+    for name, most in (("TINYINT", 8), ("SMALLINT", 16), ("INT", 32), ("BIGINT", 64)):
+        if bits <= most:
+            return name
+    return "DECIMAL(20,0)"
+
+
+def _spark_pg_int(t: SourceType) -> str:
+    return {2: "SMALLINT", 4: "INT"}.get(t.size, "BIGINT")
+
+
+def _spark_float(t: SourceType) -> str:
+    return "FLOAT" if t.size == 4 else "DOUBLE"
+
+
+def _spark_decimal(t: SourceType) -> str:
+    return f"DECIMAL({t.size},{t.scale})" if 0 < t.size <= 38 else "STRING"
+
+
 # fmt: off
 #: PostgreSQL sources (sync/sources/pg_values.py): a PostgreSQL target gets the source's own type
 #: wherever PostgreSQL has it built in, and the value as PostgreSQL prints it, so PostgreSQL to
@@ -279,6 +302,7 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         "PostgreSQL smallint, integer, bigint, oid", _pg("int"), "JSON integer",
         _pg_same, "the same type", _const("INTEGER"), "INTEGER",
         mysql=_my_pg_int, mysql_doc='smallint, int or bigint (oid: bigint)',
+        spark=_spark_pg_int, spark_doc='SMALLINT, INT or BIGINT',
     ),
     TypeMapping(
         "PostgreSQL real, double precision", _pg("float"),
@@ -287,6 +311,7 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         "would make -0 zero)",
         _pg_same, "the same type", _const("REAL"), "REAL (the three specials as TEXT)",
         mysql=_my_float, mysql_doc='float or double (`NaN`, `Infinity`: refused, MySQL has none)',
+        spark=_spark_float, spark_doc='FLOAT or DOUBLE (NaN, the infinities and -0 too)',
     ),
     TypeMapping(
         "PostgreSQL numeric(p,s), numeric", _pg("decimal"),
@@ -294,6 +319,7 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         _pg_same, "the same type", _const("TEXT"), "TEXT (the exact text)",
         mysql=_my_pg_decimal,
         mysql_doc="decimal(p,s) up to decimal(65,30); wider or unconstrained: longtext (the exact text)",
+        spark=_spark_decimal, spark_doc='DECIMAL(p,s) up to precision 38; wider or unconstrained: STRING',
     ),
     TypeMapping(
         "PostgreSQL money", _pg("money"),
@@ -302,28 +328,33 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         _const("numeric(19,2)"), "numeric(19,2) (money's range, free of the target's locale)",
         _const("TEXT"), "TEXT",
         mysql=_const("decimal(19,2)"), mysql_doc='decimal(19,2)',
+        spark=_const("DECIMAL(19,2)"), spark_doc='DECIMAL(19,2)',
     ),
     TypeMapping(
         "PostgreSQL boolean", _pg("bool"), "JSON true / false",
         _const("boolean"), "boolean", _const("INTEGER"), "INTEGER (1 / 0)",
         mysql=_const("tinyint(1)"), mysql_doc='tinyint(1) (1 / 0)',
+        spark=_const("BOOLEAN"), spark_doc='BOOLEAN',
     ),
     TypeMapping(
         "PostgreSQL text, varchar(n), char(n), name", _pg("string"),
         "JSON string (char(n) padded to n, as PostgreSQL prints it)",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
         mysql=_my_pg_string, mysql_doc='varchar(n), char(n) (n up to 255), else longtext',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "PostgreSQL bytea", _pg("binary"), "base64 JSON string of every byte (listed in `binary`)",
         _const("bytea"), "bytea", _const("BLOB"), "BLOB",
         mysql=_const("longblob"), mysql_doc='longblob',
+        spark=_const("BINARY"), spark_doc='BINARY',
     ),
     TypeMapping(
         "PostgreSQL json, jsonb", _pg("json"),
         "JSON string: the document's text (json: as written; jsonb: normalised)",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
         mysql=_const("json"), mysql_doc='json',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "PostgreSQL timestamp(p)", _pg("temporal", "timestamp"),
@@ -331,12 +362,14 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         "`-infinity`",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
         mysql=_my_datetime, mysql_doc='datetime(p) (years 1000..9999; BC and infinity refused)',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "PostgreSQL timestamptz(p)", _pg("temporal", "timestamptz"),
         "JSON string in UTC `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`, or `infinity`, `-infinity`",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
         mysql=_my_datetime, mysql_doc='datetime(p) in UTC (TIMESTAMP would end in 2038)',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "PostgreSQL date, time, timetz, interval", _pg("temporal"),
@@ -344,11 +377,13 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         "3 days 04:05:06`), date `infinity` included",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
         mysql=_my_pg_temporal, mysql_doc='date, time(p); timetz and interval: longtext',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "PostgreSQL enum types", _pg("enum"), "JSON string: the label",
         _const("text"), "text", _const("TEXT"), "TEXT",
         mysql=_const("longtext"), mysql_doc='longtext',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "PostgreSQL arrays", _pg("array"),
@@ -356,6 +391,7 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         lambda t: "text[]" if t.text == "enum[]" else t.text, "the same array type (an enum's: text[])",
         _const("TEXT"), "TEXT",
         mysql=_const("longtext"), mysql_doc='longtext',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "PostgreSQL uuid, inet, cidr, macaddr(8), bit(n), varbit, ranges and multiranges, point, "
@@ -363,12 +399,14 @@ PG_MAPPINGS: tuple[TypeMapping, ...] = (
         _pg("native"), "JSON string as PostgreSQL prints it",
         _pg_same, "the same type", _const("TEXT"), "TEXT",
         mysql=_const("longtext"), mysql_doc='longtext',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "PostgreSQL: anything else (hstore, citext, an extension's or a composite type)",
         lambda t: t.dialect == "pg", "JSON string as PostgreSQL prints it",
         _const("text"), "text", _const("TEXT"), "TEXT",
         mysql=_const("longtext"), mysql_doc='longtext',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
 )
 
@@ -382,6 +420,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("INTEGER"), "INTEGER",
         "UNSIGNED variants included; BOOL is TINYINT(1): an integer, as stored (-128..127)",
         mysql=_my_int, mysql_doc='the same type',
+        spark=_spark_int, spark_doc='TINYINT .. BIGINT: the smallest that holds the range',
     ),
     TypeMapping(
         "BIGINT UNSIGNED",
@@ -391,6 +430,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("TEXT"), "TEXT (decimal digits)",
         "SQLite's integers are signed 64-bit: above 2^63 - 1 it could hold only a lossy REAL",
         mysql=_my_int, mysql_doc='bigint unsigned',
+        spark=_const("DECIMAL(20,0)"), spark_doc='DECIMAL(20,0)',
     ),
     TypeMapping(
         "DECIMAL(p,s), NUMERIC",
@@ -401,6 +441,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("TEXT"), "TEXT (the exact text)",
         "SQLite's NUMERIC affinity would round to a 64-bit float",
         mysql=_my_decimal, mysql_doc='decimal(p,s)',
+        spark=_spark_decimal, spark_doc='DECIMAL(p,s) up to precision 38; wider: STRING (the exact text)',
     ),
     TypeMapping(
         "FLOAT",
@@ -410,6 +451,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("real"), "real (float4)",
         _const("REAL"), "REAL",
         mysql=_const("float"), mysql_doc='float',
+        spark=_const("FLOAT"), spark_doc='FLOAT',
     ),
     TypeMapping(
         "DOUBLE, REAL",
@@ -418,6 +460,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("double precision"), "double precision",
         _const("REAL"), "REAL",
         mysql=_const("double"), mysql_doc='double',
+        spark=_const("DOUBLE"), spark_doc='DOUBLE',
     ),
     TypeMapping(
         "BIT(n)",
@@ -426,6 +469,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         lambda t: f"bit({t.size})", "bit(n)",
         _const("TEXT"), "TEXT (the n characters)",
         mysql=lambda t: f"bit({t.size})", mysql_doc='bit(n)',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "DATE",
@@ -434,6 +478,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("date"), "date",
         _const("TEXT"), "TEXT (`YYYY-MM-DD`)",
         mysql=_const("date"), mysql_doc='date',
+        spark=_const("DATE"), spark_doc='DATE',
     ),
     TypeMapping(
         "DATETIME(fsp)",
@@ -443,6 +488,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _pg_timestamp("without"), "timestamp(fsp) without time zone",
         _const("TEXT"), "TEXT (ISO 8601)",
         mysql=lambda t: f"datetime({t.scale})", mysql_doc='datetime(fsp)',
+        spark=_const("TIMESTAMP_NTZ"), spark_doc='TIMESTAMP_NTZ',
     ),
     TypeMapping(
         "TIMESTAMP(fsp)",
@@ -452,6 +498,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _pg_timestamp("with"), "timestamp(fsp) with time zone",
         _const("TEXT"), "TEXT (ISO 8601, UTC, with Z)",
         mysql=lambda t: f"timestamp({t.scale})", mysql_doc='timestamp(fsp) (written and read in UTC)',
+        spark=_const("TIMESTAMP"), spark_doc='TIMESTAMP (UTC)',
     ),
     TypeMapping(
         "TIME(fsp)",
@@ -461,6 +508,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("interval"), "interval",
         _const("TEXT"), "TEXT (`-838:59:59.000000`)",
         mysql=lambda t: f"time({t.scale})", mysql_doc='time(fsp)',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "YEAR",
@@ -469,6 +517,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("smallint"), "smallint",
         _const("INTEGER"), "INTEGER",
         mysql=_const("year"), mysql_doc='year',
+        spark=_const("SMALLINT"), spark_doc='SMALLINT',
     ),
     TypeMapping(
         "CHAR, VARCHAR, TINYTEXT .. LONGTEXT (a character set)",
@@ -479,6 +528,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("text"), "text (U+0000 cannot be stored: dropped, counted and logged)",
         _const("TEXT"), "TEXT",
         mysql=_my_string, mysql_doc='the same type, in utf8mb4 with a binary no-pad collation',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "BINARY(n), VARBINARY, TINYBLOB .. LONGBLOB",
@@ -488,6 +538,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("bytea"), "bytea",
         _const("BLOB"), "BLOB",
         mysql=_my_string, mysql_doc='the same type',
+        spark=_const("BINARY"), spark_doc='BINARY',
     ),
     TypeMapping(
         "ENUM",
@@ -496,6 +547,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("text"), "text",
         _const("TEXT"), "TEXT",
         mysql=_my_members, mysql_doc='the same ENUM',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "SET",
@@ -505,6 +557,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("text"), "text",
         _const("TEXT"), "TEXT",
         mysql=_my_members, mysql_doc='the same SET',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "JSON (MySQL); MariaDB's JSON (LONGTEXT with CHECK (json_valid(col)))",
@@ -516,6 +569,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         "are jsonb's)",
         _const("TEXT"), "TEXT (the document's text)",
         mysql=_const("json"), mysql_doc='json',
+        spark=_const("STRING"), spark_doc='STRING',
     ),
     TypeMapping(
         "GEOMETRY, POINT, LINESTRING, POLYGON, MULTI*, GEOMETRYCOLLECTION",
@@ -525,6 +579,7 @@ MAPPINGS: tuple[TypeMapping, ...] = (
         _const("bytea"), "bytea",
         _const("BLOB"), "BLOB",
         mysql=_my_geometry, mysql_doc='the same type',
+        spark=_const("BINARY"), spark_doc='BINARY',
     ),
 )
 # fmt: on
@@ -541,6 +596,8 @@ MAPPINGS = (
             m.note,
             m.mysql,
             m.mysql_doc,
+            m.spark,
+            m.spark_doc,
         )
         for m in MAPPINGS
     )
@@ -573,6 +630,12 @@ def mysql_type(source_type: str) -> str:
     return mapping_for(t).mysql(t)
 
 
+def spark_type(source_type: str) -> str:
+    """The Delta target's Spark SQL column type of a source type (targets/delta.py)."""
+    t = parse_type(source_type)
+    return mapping_for(t).spark(t)
+
+
 def sqlite_type(source_type: str) -> str:
     t = parse_type(source_type)
     return mapping_for(t).sqlite(t)
@@ -581,10 +644,11 @@ def sqlite_type(source_type: str) -> str:
 def markdown_table() -> str:
     """The mapping as the Markdown table docs/TYPES.md shows."""
     lines = [
-        "| source type | envelope value | PostgreSQL | SQLite | MySQL/MariaDB | note |",
-        "|---|---|---|---|---|---|",
+        "| source type | envelope value | PostgreSQL | SQLite | MySQL/MariaDB | Delta (Spark) | note |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in MAPPINGS:
-        cells = (row.source, row.envelope, row.postgresql_doc, row.sqlite_doc, row.mysql_doc, row.note)
+        cells = (row.source, row.envelope, row.postgresql_doc, row.sqlite_doc, row.mysql_doc, row.spark_doc,
+                 row.note)  # fmt: skip
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"

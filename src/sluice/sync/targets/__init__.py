@@ -1,7 +1,8 @@
 """Targets: where change events are applied, one transaction per batch, exactly once in effect.
 
 `open_target(url)` picks the implementation from the URL scheme: `sqlite:///path`,
-`postgresql://user@host:port/db` or `mysql://user@host:port/db` (`mariadb://` too); a database
+`postgresql://user@host:port/db`, `mysql://user@host:port/db` (`mariadb://` too) or
+`delta:///path/to/lake` (Delta tables written by Spark, `delta:<Hadoop URI>` too); a database
 target's password comes apart from the URL, as a resolved `Secret` (security/secrets.py), or for
 PostgreSQL from libpq's PGPASSWORD or ~/.pgpass.
 """
@@ -33,13 +34,17 @@ def open_target(
         from sluice.sync.targets.postgres import PostgresTarget
 
         return PostgresTarget(url, mapping, password=password, **options)
+    if url.startswith("delta:"):
+        from sluice.sync.targets.delta import DeltaTarget
+
+        return DeltaTarget(url, mapping, password=password, **options)
     if url.startswith(("mysql://", "mariadb://")):
         from sluice.sync.targets.mysql import MySqlTarget
 
         return MySqlTarget(url, mapping, password=password, **options)
     raise BadTargetUrlError(
         f"unsupported target {url!r}: use sqlite:///path/to/file.db, postgresql://user@host:port/db "
-        "or mysql://user@host:port/db"
+        "mysql://user@host:port/db or delta:///path/to/lake"
     )
 
 

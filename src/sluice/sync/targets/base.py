@@ -305,6 +305,7 @@ class Target(ABC):
         with self._transaction() as tx:
             self._check_fence(tx, pipeline, epoch)
             applied = self._read_offsets(tx, pipeline)
+            self._batch_begins(tx, pipeline, epoch, applied, batch_next_offsets(records))
             fresh = drop_applied(records, applied)
             if fresh.num_rows and "op" in fresh.column_names:
                 fresh = fresh.filter(pc.not_equal(fresh["op"], MARKER))  # position markers: no rows
@@ -319,6 +320,18 @@ class Target(ABC):
         test_switches.crash_point(self.switches, "after-commit")
         result.offsets = nested_offsets(merged)
         return result
+
+    def _batch_begins(
+        self,
+        tx: Any,
+        pipeline: str,
+        epoch: int,
+        applied: Mapping[tuple[str, int], int],
+        new: Mapping[tuple[str, int], int],
+    ) -> None:
+        """After the fence and the stored offsets are read, before anything is written (a target
+        whose commits carry the batch's identity takes it here: targets/delta.py)."""
+        return None
 
     def _check_fence(self, tx: Any, pipeline: str, epoch: int) -> None:
         """Lock the pipeline's fence row; refuse a commit under an older epoch (I8), take a
@@ -339,9 +352,7 @@ class Target(ABC):
         new: Mapping[tuple[str, int], int],
     ) -> dict[tuple[str, int], int]:
         """Store the batch's next offsets (never lower than stored) and return all of them."""
-        merged = dict(applied)
-        for tp, nxt in new.items():
-            merged[tp] = max(nxt, merged.get(tp, 0))
+        merged = merge_offsets(applied, new)
         self._write_offsets(tx, pipeline, epoch, {tp: merged[tp] for tp in new})
         return merged
 
@@ -436,6 +447,16 @@ class Target(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def merge_offsets(
+    applied: Mapping[tuple[str, int], int], new: Mapping[tuple[str, int], int]
+) -> dict[tuple[str, int], int]:
+    """The stored next offsets with a batch's, each the larger (offsets never go back)."""
+    merged = dict(applied)
+    for tp, nxt in new.items():
+        merged[tp] = max(nxt, merged.get(tp, 0))
+    return merged
 
 
 def nested_offsets(offsets: Mapping[tuple[str, int], int]) -> dict[str, dict[int, int]]:
