@@ -43,7 +43,7 @@ def sluice(*args: str, zk: str) -> subprocess.CompletedProcess[str]:
         (("id: shop-to-pg", "id: Bad Id"), "task.id"),
         (("port: 3306", "port: 99999"), "task.source.port"),
         (("kind: mariadb", "kind: oracle"), "task.source.kind"),
-        (("target: postgresql", "target: mysql"), "task.target"),
+        (("target: postgresql", "target: oracle"), "task.target"),
         (("tables: [customers, orders]", "tables: []"), "task.tables"),
         (("trigger: 1s", "trigger: 1s, colour: red"), "task.options.colour"),
         (("trigger: 1s", "trigger: soon"), "task.options.trigger"),

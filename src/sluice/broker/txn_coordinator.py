@@ -150,6 +150,17 @@ class TransactionCoordinator:
                 -1,
             )
         leader = brokers[current[0].leader]
+        if leader.broker_id == self.broker.config.broker_id and self.owned.get(p) is None:
+            # The metadata names this broker the leader before this broker has taken the
+            # partition: pointed here now, the client's next request would be answered
+            # NOT_COORDINATOR, which clients (librdkafka's committed()) pass up as an error.
+            return (
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"{TRANSACTION_STATE_TOPIC}-{p}: this broker is taking its leadership",
+                -1,
+                "",
+                -1,
+            )
         return ErrorCode.NONE, None, leader.broker_id, leader.host, leader.port
 
     def _ensure_topic(self) -> None:
