@@ -162,13 +162,22 @@ class DriverMemory:
         return f"python rss {fig(self.python)}, jvm heap used {fig(self.heap)} ({len(self.python)} samples)"
 
 
-def baseline(url: str, events: int, seed: int) -> float:
-    """Hand-written psycopg upserts of the same changes (regenerated from the same seed)."""
+#: the generator's tables' primary keys, for the baselines' hand-written statements
+BASELINE_KEYS = {"customers": ["id"], "orders": ["id"], "inventory": ["sku", "warehouse"]}
+
+
+def generated_changes(events: int, seed: int) -> list[Any]:
+    """The generator's first `events` changes from `seed`: what the pipeline drained, again."""
     gen = ChangeGenerator(GeneratorConfig(seed=seed))
-    changes = []
+    changes: list[Any] = []
     while len(changes) < events:
         changes.extend(gen.transaction())
-    changes = changes[:events]
+    return changes[:events]
+
+
+def baseline(url: str, events: int, seed: int) -> float:
+    """Hand-written psycopg upserts of the same changes (regenerated from the same seed)."""
+    changes = generated_changes(events, seed)
     ddl = {
         "customers": "id bigint PRIMARY KEY, name text, email text, tier text, balance double precision, "
         "active boolean, updated_at text, pos bigint",
@@ -177,7 +186,7 @@ def baseline(url: str, events: int, seed: int) -> float:
         "inventory": "sku text, warehouse bigint, qty bigint, price double precision, pos bigint, "
         "PRIMARY KEY (sku, warehouse)",
     }
-    keys = {"customers": ["id"], "orders": ["id"], "inventory": ["sku", "warehouse"]}
+    keys = BASELINE_KEYS
     with psycopg.connect(url, autocommit=True) as conn:
         for table, cols in ddl.items():
             conn.execute(f"DROP TABLE IF EXISTS {table}")
@@ -216,11 +225,7 @@ def baseline_mysql(url: str, events: int, seed: int) -> float:
 
     from sluice.sync.targets.mysql import parse_url
 
-    gen = ChangeGenerator(GeneratorConfig(seed=seed))
-    changes = []
-    while len(changes) < events:
-        changes.extend(gen.transaction())
-    changes = changes[:events]
+    changes = generated_changes(events, seed)
     ddl = {
         "customers": "id bigint PRIMARY KEY, name longtext, email longtext, tier longtext, balance double, "
         "active tinyint(1), updated_at longtext, pos bigint",
@@ -229,7 +234,7 @@ def baseline_mysql(url: str, events: int, seed: int) -> float:
         "inventory": "sku varchar(255), warehouse bigint, qty bigint, price double, pos bigint, "
         "PRIMARY KEY (sku, warehouse)",
     }
-    keys = {"customers": ["id"], "orders": ["id"], "inventory": ["sku", "warehouse"]}
+    keys = BASELINE_KEYS
     conn = pymysql.connect(**parse_url(url), autocommit=True, charset="utf8mb4")
     try:
         with conn.cursor() as cur:
