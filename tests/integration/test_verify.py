@@ -5,6 +5,7 @@ position), and `--repair` re-snapshots exactly those keys through the running ca
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -85,6 +86,15 @@ def tamper(mariadb: LocalMariaDB, db: str, target_url: str) -> None:
             for sql in TAMPER:
                 target.execute(sql)
         target.close()
+    elif target_url.startswith("delta:"):
+        from pyspark.sql import SparkSession
+
+        from sluice.sync.targets.delta import delta_root
+
+        spark = SparkSession.builder.getOrCreate()
+        for sql in TAMPER:  # each table is a Delta table under the root
+            spark.sql(re.sub(r"^(UPDATE|DELETE FROM|INSERT INTO) (\w+)",
+                             lambda m: f"{m[1]} delta.`{delta_root(target_url)}/{m[2]}`", sql))  # fmt: skip
     elif target_url.startswith("mysql"):
         mariadb.execute(*(sql.replace('"', "`") for sql in TAMPER), database=target_url.rsplit("/", 1)[1])
     else:
@@ -114,7 +124,9 @@ def target_counts(url: str) -> tuple[int, int]:
         return len(t.read_rows("items")), len(t.read_rows("stock"))
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mysql"])
+@pytest.mark.parametrize(
+    "kind", ["sqlite", "postgresql", "mysql", pytest.param("delta", marks=pytest.mark.slow)]
+)
 def test_verify_and_repair_in_key_ranges_while_the_source_changes(
     mariadb: LocalMariaDB,
     make_cluster: Callable[..., TestCluster],
@@ -135,6 +147,8 @@ def test_verify_and_repair_in_key_ranges_while_the_source_changes(
     create_topic(cluster.bootstrap, f"{db}.changes", 2, 1)
     if kind == "sqlite":
         url = f"sqlite:///{tmp_path / 'target.db'}"
+    elif kind == "delta":
+        url = f"delta://{tmp_path / 'lake'}"
     else:
         url = str(request.getfixturevalue("mysql_url" if kind == "mysql" else "postgres_url"))
     spec = parse_spec(yaml.safe_load(TASK.format(db=db, port=mariadb.port, target=url)))

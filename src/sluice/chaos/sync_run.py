@@ -81,8 +81,9 @@ GROUP = "chaos-sync-workers"
 PG_TASK = "chaos-pg"
 SQLITE_TASK = "chaos-sqlite"
 MYSQL_TASK = "chaos-mysql"
+DELTA_TASK = "chaos-delta"
 #: `--target`: what the task beside the PostgreSQL one writes to
-SECOND_TARGETS = ("sqlite", "mysql")
+SECOND_TARGETS = ("sqlite", "mysql", "delta")
 WORKERS = ("w1", "w2")
 SPARK_MASTER = "local[1]"
 TRIGGER = "500ms"
@@ -548,6 +549,9 @@ class SeedRun:
             self.mariadb.execute(f"DROP DATABASE IF EXISTS `{name}`", f"CREATE DATABASE `{name}`")
             url = f"mysql://root@127.0.0.1:{self.mariadb.port}/{name}"
             return _Task(MYSQL_TASK, url, url, "mysql")
+        if self.second_target == "delta":  # Delta tables under the seed's directory
+            url = f"delta://{self.directory / 'lake'}"
+            return _Task(DELTA_TASK, url, url, "delta")
         sqlite_url = f"sqlite:///{sqlite_path}"
         return _Task(SQLITE_TASK, sqlite_url, sqlite_url, "sqlite")
 
@@ -720,6 +724,10 @@ def run_sync_chaos(
         make_sync_schedule(0, 0, (kind,))
     SyncWorkload(0, statement_kinds, value_kinds, types)
     reports: list[SeedReport] = []
+    if second_target == "delta":  # the harness reads the Delta target with a Spark of its own
+        from sluice.pipeline.session import spark_session
+
+        spark_session("local[1]", app="chaos-sync-harness")
     directory = directory.resolve()
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)

@@ -405,8 +405,9 @@ def chaos_sync(
     target: Annotated[
         str,
         typer.Option(
-            help="The target of the task beside the PostgreSQL one (MariaDB source): sqlite, or mysql "
-            "(a database of its own on the MariaDB server; the fault target-sqlite-lock is left out)"
+            help="The target of the task beside the PostgreSQL one (MariaDB source): sqlite, mysql "
+            "(a database of its own on the MariaDB server) or delta (Delta tables under the seed's "
+            "directory, written by the workers' Spark); the fault target-sqlite-lock is only for sqlite"
         ),
     ] = "sqlite",
 ) -> None:

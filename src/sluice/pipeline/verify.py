@@ -130,7 +130,7 @@ def source_position(spec: SourceSpec) -> BinlogPosition:
 
 
 def target_dialect(url: str) -> str:
-    """sqlite, postgresql or mysql: the kind of target a URL names."""
+    """sqlite, postgresql, mysql or delta: the kind of target a URL names."""
     scheme = url.split(":", 1)[0]
     return {"postgres": "postgresql", "mariadb": "mysql"}.get(scheme, scheme)
 
@@ -158,11 +158,12 @@ class TargetSide:
         return TableSchema(self.schema.name, kept, self.schema.key)
 
     def read(self, cond_of: Callable[[list[str], str], tuple[str, list[Any]]]) -> list[dict[str, Any]]:
-        q = mysql_quote if self.dialect == "mysql" else quote
+        q = quote if self.dialect in ("sqlite", "postgresql") else mysql_quote  # Spark's are MySQL's
         keys = [q(self.columns[k]) for k in self.schema.key]
-        cond, params = cond_of(keys, "?" if self.sqlite else "%s")
+        mark = {"sqlite": "?", "delta": getattr(self.target, "MARK", "")}.get(self.dialect, "%s")
+        cond, params = cond_of(keys, mark)
         names = list(self.columns)
-        if self.dialect == "mysql":  # its own reading of each type (FLOAT, BIT)
+        if self.dialect in ("mysql", "delta"):  # their own reading of each type
             rows = self.target.select(self.table, [self.columns[c] for c in names], cond, params)
             return [dict(zip(names, r, strict=True)) for r in rows]
         sql = (
@@ -385,7 +386,11 @@ def verify(
         for lo, hi in plan_ranges(spec.source, table, list(schema.key), chunk_rows)
     ]
     spark.sparkContext.setJobGroup(f"sluice-verify-{spec.id}", f"verify {spec.id} in {len(jobs)} key ranges")
-    results: list[RangeResult] = spark.sparkContext.parallelize(jobs, len(jobs)).map(compare_range).collect()
+    results: list[RangeResult]
+    if target_dialect(spec.target) == "delta":  # read with Spark, which only the driver has
+        results = [compare_range(job) for job in jobs]
+    else:
+        results = spark.sparkContext.parallelize(jobs, len(jobs)).map(compare_range).collect()
     found = {table: TableReport(table) for table in schemas}
     for r in results:
         t = found[r.table]

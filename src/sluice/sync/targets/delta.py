@@ -118,7 +118,8 @@ class _Batch:
     """What one `apply` has decided so far: its transaction identity and the writes it holds
     until their one commit per table."""
 
-    def __init__(self) -> None:
+    def __init__(self, reading: bool = False) -> None:
+        self.reading = reading  # a status read: nothing cached, nothing created
         self.app = ""
         self.version = 0
         self.stones: list[tuple[str, str, int]] = []
@@ -150,10 +151,18 @@ class DeltaTarget(Target):
             )
         self.spark = base.newSession()  # its own SQL conf: the transaction identifiers
         self.spark.conf.set("spark.sql.session.timeZone", "UTC")
+        # A table's state is rebuilt from its log by a Spark job of this many tasks after every
+        # commit; Delta's default of 50 made reading a four-row table take about 4 s here.
+        self.spark.conf.set("spark.databricks.delta.snapshotPartitions", "1")
         self._schemas: dict[str, dict[str, str]] = {}  # Delta table -> column -> Spark type
         self._keys: dict[str, list[str]] = {}
         self._batch = _Batch()
         self._made: set[str] = set()
+        # What only this pipeline's executions write, kept between batches: each batch's fence
+        # read shows whether another execution has taken over (then the batch fails and these
+        # are forgotten, as after any failed batch)
+        self._offsets: dict[str, dict[tuple[str, int], int]] = {}
+        self._history: dict[str, list[tuple[str, int, str, bool]]] = {}
 
     def close(self) -> None:
         pass  # the session is the worker's
@@ -162,10 +171,10 @@ class DeltaTarget(Target):
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"
 
-    def _meta(self, pipeline: str, kind: str) -> str:
+    def _meta(self, pipeline: str, kind: str, create: bool = True) -> str:
         tag = hashlib.sha256(pipeline.encode()).hexdigest()[:12]
         path = f"{self.root}/_sluice/{tag}/{kind}"
-        if path not in self._made:
+        if create and path not in self._made:
             self._sql(f"CREATE TABLE IF NOT EXISTS delta.{_q(path)} ({_META[kind]}) USING delta")
             self._made.add(path)
         return path
@@ -202,16 +211,34 @@ class DeltaTarget(Target):
         except BaseException:
             self._schemas.clear()
             self._keys.clear()
+            self._offsets.clear()
+            self._history.clear()
+            raise
+
+    @contextmanager
+    def _read_transaction(self) -> Iterator[Any]:
+        yield _Batch(reading=True)
+
+    def _read_meta(self, tx: Any, pipeline: str, kind: str, query: str) -> list[Any]:
+        """Rows of `query` on a meta table (`{table}` in it); for a status read, none when the
+        table is not made yet (a reader never creates the writer's tables)."""
+        from pyspark.errors import AnalysisException
+
+        path = self._meta(pipeline, kind, create=not tx.reading)
+        try:
+            return list(self._sql(query.replace("{table}", f"delta.{_q(path)}", 1)).collect())
+        except AnalysisException:
+            if tx.reading:
+                return []
             raise
 
     def _lock_epoch(self, tx: Any, pipeline: str) -> int | None:
         return self._peek_epoch(tx, pipeline)
 
     def _peek_epoch(self, tx: Any, pipeline: str) -> int | None:
-        rows = self._sql(
-            f"SELECT max(epoch) FROM delta.{_q(self._meta(pipeline, 'fence'))} "
-            f"WHERE pipeline = {_lit(pipeline)}"
-        ).collect()
+        rows = self._read_meta(
+            tx, pipeline, "fence", f"SELECT max(epoch) FROM {{table}} WHERE pipeline = {_lit(pipeline)}"
+        )
         value = rows[0][0] if rows else None
         return None if value is None or value == 0 else int(value)
 
@@ -226,11 +253,16 @@ class DeltaTarget(Target):
         )
 
     def _read_offsets(self, tx: Any, pipeline: str) -> dict[tuple[str, int], int]:
-        rows = self._sql(
-            f"SELECT topic, `partition`, next_offset FROM delta.{_q(self._meta(pipeline, 'offsets'))} "
-            f"WHERE pipeline = {_lit(pipeline)}"
-        ).collect()
-        return {(str(t), int(p)): int(o) for t, p, o in rows}
+        if tx.reading or pipeline not in self._offsets:
+            rows = self._read_meta(
+                tx, pipeline, "offsets", "SELECT topic, `partition`, max(next_offset) FROM {table} "
+                f"WHERE pipeline = {_lit(pipeline)} GROUP BY topic, `partition`",
+            )  # fmt: skip
+            offsets = {(str(t), int(p)): int(o) for t, p, o in rows}
+            if tx.reading:
+                return offsets
+            self._offsets[pipeline] = offsets
+        return dict(self._offsets[pipeline])
 
     def _batch_begins(
         self,
@@ -260,15 +292,11 @@ class DeltaTarget(Target):
             f"({_lit(pipeline)}, {_lit(t)}, {int(p)}, CAST({int(o)} AS BIGINT), CAST({int(epoch)} AS BIGINT))"
             for (t, p), o in offsets.items()
         )
+        # appended (a MERGE took three times as long), read back as each partition's largest
         with self._txn(pipeline):
-            self._sql(
-                f"MERGE INTO delta.{_q(self._meta(pipeline, 'offsets'))} t "
-                f"USING (SELECT * FROM VALUES {values} "
-                "AS s(pipeline, topic, `partition`, next_offset, epoch)) s ON t.pipeline = s.pipeline AND "
-                "t.topic = s.topic AND t.`partition` = s.`partition` "
-                "WHEN MATCHED AND t.next_offset < s.next_offset THEN UPDATE SET next_offset = s.next_offset, "
-                "epoch = s.epoch WHEN NOT MATCHED THEN INSERT *"
-            )
+            self._sql(f"INSERT INTO delta.{_q(self._meta(pipeline, 'offsets'))} VALUES {values}")
+        if pipeline in self._offsets:
+            self._offsets[pipeline] = merge_offsets(self._offsets[pipeline], offsets)
 
     def _flush_meta(self, tx: Any, pipeline: str) -> None:
         """The batch's tombstones and schema records, one commit each."""
@@ -296,6 +324,9 @@ class DeltaTarget(Target):
                     f"MERGE INTO delta.{_q(self._meta(pipeline, 'schema'))} t USING _sluice_schema_new s "
                     "ON t.tbl = s.tbl AND t.pos = s.pos WHEN NOT MATCHED THEN INSERT *"
                 )
+            for row in tx.schema:
+                if row[0] in self._history:
+                    self._history[row[0]].append(row)
 
     # --- refusals: Delta has no savepoints ------------------------------------------------------
     def _write_isolating(
@@ -477,12 +508,18 @@ class DeltaTarget(Target):
         pipeline = getattr(tx, "pipeline", None)
         if not tables or pipeline is None:
             return {}
-        names = ", ".join(_lit(t) for t in tables)
-        rows = self._sql(
-            f"SELECT tbl, pos, change, applied FROM delta.{_q(self._meta(pipeline, 'schema'))} "
-            f"WHERE tbl IN ({names}) ORDER BY pos"
-        ).collect()
-        recorded = [(str(t), int(p), str(c), bool(a)) for t, p, c, a in rows]
+        unread = [t for t in tables if t not in self._history]
+        if unread:
+            names = ", ".join(_lit(t) for t in unread)
+            rows = self._sql(
+                f"SELECT tbl, pos, change, applied FROM delta.{_q(self._meta(pipeline, 'schema'))} "
+                f"WHERE tbl IN ({names})"
+            ).collect()
+            for t in unread:
+                self._history[t] = []
+            for t, p, c, a in rows:
+                self._history[str(t)].append((str(t), int(p), str(c), bool(a)))
+        recorded = [r for t in tables for r in self._history[t]]
         recorded += [r for r in tx.schema if r[0] in tables]
         return history_from_rows(sorted(recorded, key=lambda r: r[1]))
 
@@ -525,20 +562,35 @@ class DeltaTarget(Target):
         self._forget(name)
 
     # --- reading back and upkeep -------------------------------------------------------------------
+    #: the parameter mark `select` takes (a NUL cannot be in a column name or in SQL text)
+    MARK = "\x00?\x00"
+
+    def select(self, name: str, columns: list[str], where: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        """Rows of `columns` of a Delta table matching `where` (each `MARK` a parameter, put in
+        as a Spark SQL literal), each value as `read_rows` reads it; none when the table does not
+        exist yet (verify's reads, from the driver)."""
+        schema = self._load(name)
+        if not schema:
+            return []
+        pieces = where.split(self.MARK)
+        if len(pieces) != len(params) + 1:
+            raise ValueError(f"{len(pieces) - 1} parameter marks for {len(params)} parameters")
+        cond = pieces[0] + "".join(_literal(v) + rest for v, rest in zip(params, pieces[1:], strict=True))
+        exprs = ", ".join(_read_expr(c, schema.get(c, "")) for c in columns)
+        rows = self._sql(f"SELECT {exprs} FROM delta.{_q(self._path(name))} WHERE {cond}").collect()
+        return [tuple(bytes(v) if isinstance(v, bytearray) else v for v in r) for r in rows]
+
     def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
+        """Every row; a TIMESTAMP as its UTC text, `YYYY-MM-DDTHH:MM:SS.ffffffZ`."""
         name = self.mapping.target_table(table)
         schema = self._load(name)
         if not schema:
             return {}
         keys = self._keys.get(name) or []
         data = [c for c in schema if c != POS_COLUMN]
-        exprs = [
-            f"date_format({_q(c)}, \"yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'\") AS {_q(c)}"
-            if schema[c] == "TIMESTAMP"
-            else _q(c)
-            for c in data
-        ]
-        rows = self._sql(f"SELECT {', '.join(exprs)} FROM delta.{_q(self._path(name))}").collect()
+        rows = self._sql(
+            f"SELECT {', '.join(_read_expr(c, schema[c]) for c in data)} FROM delta.{_q(self._path(name))}"
+        ).collect()
         out = {}
         for r in rows:
             row = {c: (bytes(v) if isinstance(v, bytearray) else v) for c, v in zip(data, r, strict=True)}
@@ -548,6 +600,36 @@ class DeltaTarget(Target):
     def optimize(self, table: str) -> None:
         """Compact a table's small files (`OPTIMIZE`): `sluice task optimize`, or a schedule."""
         self._sql(f"OPTIMIZE delta.{_q(self._path(self.mapping.target_table(table)))}")
+
+
+def _read_expr(column: str, spark_type_name: str) -> str:
+    """How a column is read back: a TIMESTAMP as its UTC text (Spark gives a Python datetime in
+    the reading process's own zone), any other value as Spark gives it (a TIMESTAMP_NTZ as its
+    naive datetime)."""
+    if spark_type_name == "TIMESTAMP":
+        return f"date_format({_q(column)}, \"yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'\") AS {_q(column)}"
+    return _q(column)
+
+
+def _literal(value: Any) -> str:
+    """A Python value as a Spark SQL literal (verify's key ranges and keys)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value) if -(2**63) <= value < 2**63 else f"{value}BD"
+    if isinstance(value, decimal.Decimal):
+        return f"{value}BD"
+    if isinstance(value, float):
+        return f"CAST({_lit(repr(value))} AS DOUBLE)"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"X'{bytes(value).hex()}'"
+    if isinstance(value, dt.datetime):
+        return f"TIMESTAMP {_lit(value.isoformat(sep=' '))}"
+    if isinstance(value, dt.date):
+        return f"DATE {_lit(value.isoformat())}"
+    return _lit(str(value))
 
 
 def _inferred(values: list[Any]) -> str:
