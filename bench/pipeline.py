@@ -1,6 +1,7 @@
 """End-to-end pipeline throughput and freshness: generator -> Sluice log -> Spark -> PostgreSQL
 (or, with `--target mysql`, a MySQL target on a private MariaDB, whose baseline is PyMySQL on
-one connection, one guarded statement per change).
+one connection, one guarded statement per change; with `--target delta`, Delta tables in the
+bench's directory, with no baseline: the line says `baseline_rows_s=none ratio=none`).
 
 Runs on a local 3-broker cluster (RF=3, min.insync.replicas 2) and a private PostgreSQL, and
 prints:
@@ -18,7 +19,7 @@ prints:
 5. one line per run (per source with two):
 
    pipeline rows_s=N baseline_rows_s=N ratio=R freshness_rate=N freshness_p50_s=X
-            freshness_p99_s=X driver_result_bytes_max=N target=postgresql|mysql
+            freshness_p99_s=X driver_result_bytes_max=N target=postgresql|mysql|delta
 
    where the last is the most bytes of result the driver received for one batch (the Arrow
    table it collected: with PostgreSQL, the executors' staging summaries, a few rows per task;
@@ -292,6 +293,25 @@ class MySqlServer:
         self.server.remove()
 
 
+class DeltaLake:
+    """The Delta target's "server": a directory of lakes, one per `create_database(name)`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def start(self) -> DeltaLake:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def create_database(self, name: str) -> str:
+        return f"delta://{self.directory / name}"
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -319,8 +339,9 @@ def main() -> int:
     ap.add_argument(
         "--target",
         default="postgresql",
-        choices=("postgresql", "mysql"),
-        help="the target: postgresql, or mysql (a private MariaDB; its baseline is one PyMySQL connection)",
+        choices=("postgresql", "mysql", "delta"),
+        help="the target: postgresql, mysql (a private MariaDB; its baseline is one PyMySQL connection) or "
+        "delta (Delta tables in the bench's directory; no baseline)",
     )
     args = ap.parse_args()
     formats = [f.strip() for f in args.source_format.split(",") if f.strip()]
@@ -337,9 +358,8 @@ def main() -> int:
         os.environ.update(standalone.driver_env())
         print(f"standalone: {args.master} with {args.standalone_workers} workers")
     cluster = launcher.cluster_up(work / "cluster", brokers=3)
-    pg: Any = (
-        MySqlServer(work / "mysql").start() if args.target == "mysql" else LocalPostgres(work / "pg").start()
-    )
+    servers = {"mysql": MySqlServer, "delta": DeltaLake, "postgresql": LocalPostgres}
+    pg: Any = servers[args.target](work / args.target).start()
     bootstrap = cluster.bootstrap_servers
     try:
         spark = spark_session(args.master, app="bench-pipeline", kafka_connector="kafka" in formats)
@@ -381,18 +401,18 @@ def main() -> int:
                 f"({written:,} target rows written after collapsing; target equals truth: {cmp.ok})"
             )
 
+        base_rows_s: float | None = None
         if args.target == "mysql":
             base_s = baseline_mysql(pg.create_database("baseline"), args.events, args.seed)
             how = "PyMySQL on one connection, one guarded upsert/delete per change"
-        else:
+        elif args.target == "postgresql":
             base_s = baseline(pg.create_database("baseline"), args.events, args.seed)
             how = "psycopg, one guarded upsert/delete per change, pipeline mode"
-        print(
-            f"baseline:  {args.events:,} changes in {base_s:.1f} s = {args.events / base_s:,.0f} rows/s "
-            f"({how})"
-        )
-        for fmt in formats:
-            print(f"ratio:     pipeline {fmt} / baseline = {rows_s[fmt] / (args.events / base_s):.2f}")
+        if args.target != "delta":  # a lake has no one-statement-per-change applier to compare
+            base_rows_s = args.events / base_s
+            print(f"baseline:  {args.events:,} changes in {base_s:.1f} s = {base_rows_s:,.0f} rows/s ({how})")
+            for fmt in formats:
+                print(f"ratio:     pipeline {fmt} / baseline = {rows_s[fmt] / base_rows_s:.2f}")
 
         # Freshness at a steady rate, each source on a topic of its own.
         fresh_p: dict[str, tuple[float, float]] = {}
@@ -401,13 +421,16 @@ def main() -> int:
             p50, p99, fresh_bytes[fmt] = freshness(spark, bootstrap, pg, work, args, fmt)
             fresh_p[fmt] = (p50, p99)
 
-        base_rows_s = args.events / base_s
         for fmt in formats:
             p50, p99 = fresh_p[fmt]
             source = f" source={fmt}" if len(formats) > 1 else ""
+            base = (
+                f"baseline_rows_s={base_rows_s:.0f} ratio={rows_s[fmt] / base_rows_s:.2f}"
+                if base_rows_s
+                else "baseline_rows_s=none ratio=none"
+            )
             print(
-                f"pipeline rows_s={rows_s[fmt]:.0f} baseline_rows_s={base_rows_s:.0f} "
-                f"ratio={rows_s[fmt] / base_rows_s:.2f} freshness_rate={args.rate:.0f} "
+                f"pipeline rows_s={rows_s[fmt]:.0f} {base} freshness_rate={args.rate:.0f} "
                 f"freshness_p50_s={p50:.2f} freshness_p99_s={p99:.2f} "
                 f"driver_result_bytes_max={max(result_bytes[fmt], fresh_bytes[fmt])} "
                 f"target={args.target}{source}",

@@ -142,8 +142,9 @@ class _Worker:
         self._armed.close()
 
 
-#: `--target`: where the drill's task applies (sqlite, or mysql: a database on the drill's MariaDB)
-TARGETS = ("sqlite", "mysql")
+#: `--target`: where the drill's task applies (sqlite; mysql: a database on the drill's MariaDB;
+#: delta: Delta tables under the drill's directory, read here with a Spark of the drill's own)
+TARGETS = ("sqlite", "mysql", "delta")
 MYSQL_TARGET_DB = "zombie_target"
 
 
@@ -158,6 +159,8 @@ class _Drill:
         self.target = target
         if target == "mysql":
             self.target_url = f"mysql://root@127.0.0.1:{db.port}/{MYSQL_TARGET_DB}"
+        elif target == "delta":
+            self.target_url = f"delta://{root / 'lake'}"
         else:
             self.target_url = f"sqlite:///{root / 'target.db'}"
         self.topic = f"{TASK}.changes"
@@ -205,6 +208,11 @@ class _Drill:
     def create_target(self) -> None:
         import sqlite3
 
+        if self.target == "delta":  # the worker makes its tables; offsets_went_backwards reads them
+            from sluice.pipeline.session import spark_session
+
+            spark_session("local[1]", app="zombie-drill")
+            return
         if self.target == "mysql":
             self.db.execute(
                 f"DROP DATABASE IF EXISTS {MYSQL_TARGET_DB}", f"CREATE DATABASE {MYSQL_TARGET_DB}"
@@ -243,6 +251,20 @@ class _Drill:
 
         if self.target == "mysql":
             return self.db.execute("SELECT * FROM audit_offsets_backwards", database=MYSQL_TARGET_DB)
+        if self.target == "delta":  # its offsets are appended: every row in commit order
+            from sluice.sync.targets.delta import DeltaTarget
+
+            with open_target(self.target_url) as t:
+                assert isinstance(t, DeltaTarget)
+                appended = t.offsets_log(TASK)
+            back: list[tuple[Any, ...]] = []
+            newest_epoch, highest = 0, dict[tuple[str, int], int]()
+            for version, topic, partition, next_offset, epoch in appended:
+                if epoch < newest_epoch or next_offset < highest.get((topic, partition), -1):
+                    back.append((version, topic, partition, next_offset, epoch))
+                newest_epoch = max(newest_epoch, epoch)
+                highest[(topic, partition)] = max(next_offset, highest.get((topic, partition), -1))
+            return back
 
         conn = sqlite3.connect(self.target_url[len("sqlite:///") :])
         try:

@@ -127,7 +127,8 @@ def incident_run(
     target: Annotated[
         str,
         typer.Option(
-            help="zombie-task: where its task applies, sqlite or mysql (a database on the drill's MariaDB)"
+            help="zombie-task: where its task applies: sqlite, mysql (a database on the drill's MariaDB) "
+            "or delta (Delta tables under the drill's directory)"
         ),
     ] = "sqlite",
 ) -> None:

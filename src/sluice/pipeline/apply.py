@@ -82,6 +82,8 @@ class ApplyConfig:
     execution: str = ""
     #: the task's schema_change_policy: evolve, ignore or stop (sync/targets/evolution.py)
     schema_change_policy: str = "evolve"
+    #: a Delta target's compaction: OPTIMIZE every this many batches (None: the target's default)
+    optimize_every: int | None = None
     #: the capture's transactions topic: each micro-batch ends on a source transaction boundary
     #: in every partition (the source's option transactionTopic), so the target, committing a
     #: batch in one transaction, never shows part of a source transaction. None: batches end
@@ -149,6 +151,7 @@ class ApplyQuery:
             password=config.target_password,
             switches=config.switches,
             schema_change_policy=config.schema_change_policy,
+            **({"optimize_every": config.optimize_every} if config.optimize_every else {}),
         )
         self.epoch = self.target.claim(self.pipeline, config.epoch)
         #: where the read tasks stage the changes, once started (a target that stages in

@@ -788,6 +788,7 @@ def apply_config(
         on_refused=spec.options.get("on_refused", "stop"), dead_letter_topic=spec.dlq_topic(),
         execution=execution,
         schema_change_policy=str(spec.options.get("schema_change_policy", "evolve")),
+        optimize_every=spec.options.get("optimize_every"),
         transaction_topic=spec.transactions_topic() if spec.source.kind in DATABASE_SOURCES else None,
     )  # fmt: skip
 

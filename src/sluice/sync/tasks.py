@@ -279,6 +279,9 @@ _OPTIONS = {
     # a transaction in progress past it is streamed to the capture in blocks, not spilled on the
     # primary's disk (sync/sources/postgresql.py)
     "logical_decoding_work_mem": str,
+    # Delta target: compact each table's small files (OPTIMIZE) every this many batches
+    # (sync/targets/delta.py; default 100)
+    "optimize_every": int,
 }
 #: the values an enum option may take (the first is its default)
 _OPTION_VALUES: dict[str, tuple[str, ...]] = {
@@ -335,6 +338,8 @@ def parse_spec(doc: Any, *, stored: bool = False) -> TaskSpec:
             )
         if name == "logical_decoding_work_mem" and not re.fullmatch(r"[1-9][0-9]*(kB|MB|GB)", str(value)):
             raise TaskSpecError(f"task.options.{name}: must be a size like 64MB or 512kB, not {value!r}")
+        if name == "optimize_every" and not target.startswith("delta:"):
+            raise TaskSpecError(f"task.options.{name}: compacts a Delta target's files; this target is none")
         if name in ("trigger", "heartbeat_interval"):
             try:
                 parse_duration(str(value))

@@ -67,6 +67,8 @@ from sluice.test_switches import OFF, Switches
 log = logging.getLogger("sluice.target")
 
 SCHEME = "delta:"
+#: batches between two compactions of a pipeline's tables (the task option optimize_every)
+OPTIMIZE_EVERY = 100
 #: how many bits of a transaction version the offsets take (the epoch is above them)
 OFFSET_BITS = 40
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
@@ -136,6 +138,7 @@ class DeltaTarget(Target):
         switches: Switches = OFF,
         schema_change_policy: str = "evolve",
         spark: Any = None,
+        optimize_every: int = OPTIMIZE_EVERY,
     ) -> None:
         from pyspark.sql import SparkSession
 
@@ -163,6 +166,9 @@ class DeltaTarget(Target):
         # are forgotten, as after any failed batch)
         self._offsets: dict[str, dict[tuple[str, int], int]] = {}
         self._history: dict[str, list[tuple[str, int, str, bool]]] = {}
+        self.optimize_every = optimize_every
+        self._batches = 0  # committed by this instance: every optimize_every-th compacts
+        self._written: set[str] = set()  # Delta tables written since the last compaction
 
     def close(self) -> None:
         pass  # the session is the worker's
@@ -297,6 +303,28 @@ class DeltaTarget(Target):
             self._sql(f"INSERT INTO delta.{_q(self._meta(pipeline, 'offsets'))} VALUES {values}")
         if pipeline in self._offsets:
             self._offsets[pipeline] = merge_offsets(self._offsets[pipeline], offsets)
+        self._batches += 1
+        if self.optimize_every and self._batches % self.optimize_every == 0:
+            self.compact(pipeline)
+
+    def compact(self, pipeline: str) -> None:
+        """Small files into larger ones (Delta's OPTIMIZE) in the tables written since the last
+        time and in the pipeline's own; the offsets each batch appended first cut to each
+        partition's newest. Commits of their own, without the batch's transaction identity: they
+        change no row's value (a zombie's write is still skipped by the identities the batches
+        left)."""
+        offsets = _q(self._meta(pipeline, "offsets"))
+        self._sql(
+            f"MERGE INTO delta.{offsets} o USING (SELECT pipeline, topic, `partition`, "
+            f"max(next_offset) AS top FROM delta.{offsets} WHERE pipeline = {_lit(pipeline)} "
+            "GROUP BY pipeline, topic, `partition`) n "
+            "ON o.pipeline = n.pipeline AND o.topic = n.topic AND o.`partition` = n.`partition` "
+            "AND o.next_offset < n.top WHEN MATCHED THEN DELETE"
+        )
+        for path in sorted({self._path(n) for n in self._written} | {self._meta(pipeline, k) for k in _META}):
+            self._sql(f"OPTIMIZE delta.{_q(path)}")
+        log.info("event=delta_compacted pipeline=%s tables=%d", pipeline, len(self._written))
+        self._written.clear()
 
     def _flush_meta(self, tx: Any, pipeline: str) -> None:
         """The batch's tombstones and schema records, one commit each."""
@@ -420,6 +448,7 @@ class DeltaTarget(Target):
         )
         cols = ", ".join([*(_q(c) for c in data), POS_COLUMN])
         vals = ", ".join([*(f"s.{_q(c)}" for c in data), "s._s_pos"])
+        self._written.add(name)
         with self._txn(pipeline):
             out = self._sql(
                 f"MERGE INTO delta.{_q(self._path(name))} t USING _sluice_rows s ON {on} "
@@ -597,9 +626,31 @@ class DeltaTarget(Target):
             out[key_text({k: row[k] for k in keys})] = row
         return out
 
-    def optimize(self, table: str) -> None:
-        """Compact a table's small files (`OPTIMIZE`): `sluice task optimize`, or a schedule."""
-        self._sql(f"OPTIMIZE delta.{_q(self._path(self.mapping.target_table(table)))}")
+    def offsets_log(self, pipeline: str) -> list[tuple[int, str, int, int, int]]:
+        """Every row ever appended to the pipeline's offsets, with the table version that
+        appended it, in commit order: (version, topic, partition, next_offset, epoch). A row of an
+        older epoch, or a lower offset, after a newer one is a commit that should never have
+        landed (drills; the log's JSON commits, kept 30 days after a checkpoint)."""
+        from pyspark.sql import functions as F
+
+        path = self._meta(pipeline, "offsets", create=False)
+        log_ = self.spark.read.json(f"{path}/_delta_log/*.json")
+        if "add" not in log_.columns:
+            return []
+        adds = log_.where("add IS NOT NULL").select(
+            F.regexp_extract(F.input_file_name(), r"(\d+)\.json$", 1).cast("bigint").alias("version"),
+            F.regexp_extract("add.path", r"([^/]+)$", 1).alias("file"),
+        )
+        rows = (
+            self.spark.read.format("delta")
+            .load(path)
+            .where(F.col("pipeline") == pipeline)
+            .select("topic", "partition", "next_offset", "epoch", F.col("_metadata.file_name").alias("file"))
+        )
+        found = rows.join(adds, "file").orderBy("version").collect()
+        return [
+            (int(r.version), str(r.topic), int(r.partition), int(r.next_offset), int(r.epoch)) for r in found
+        ]
 
 
 def _read_expr(column: str, spark_type_name: str) -> str:
