@@ -225,15 +225,17 @@ def test_chaos_sync_with_a_postgresql_source_targets_equal_the_source(tmp_path: 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_chaos_sync_with_a_mysql_target_from_the_cli(tmp_path: Path) -> None:
-    """`sluice chaos sync --target mysql --duration 120 --seed 1..3`: the MySQL task beside the
-    PostgreSQL one, through the same workload and faults (the SQLite lock left out)."""
+@pytest.mark.parametrize("target", ["mysql", "delta"])
+def test_chaos_sync_with_a_mysql_or_delta_target_from_the_cli(tmp_path: Path, target: str) -> None:
+    """`sluice chaos sync --target mysql|delta --duration 120 --seed 1..3`: the MySQL or Delta
+    task beside the PostgreSQL one, through the same workload and faults (the SQLite lock left
+    out)."""
     done = run_command(
-        [sys.executable, "-m", "sluice.cli", "chaos", "sync", "--target", "mysql", "--duration", "120",
-         "--seed", "1..3", "--dir", str(tmp_path / "chaos-sync-mysql")],
+        [sys.executable, "-m", "sluice.cli", "chaos", "sync", "--target", target, "--duration", "120",
+         "--seed", "1..3", "--dir", str(tmp_path / f"chaos-sync-{target}")],
         3500, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     assert done.returncode == 0 and last == PASS, done.stdout[-6000:] + done.stderr[-2000:]
-    assert done.stdout.count("target mysql (chaos-mysql)") == 3
+    assert done.stdout.count(f"target {target} (chaos-{target})") == 3
     assert "target-sqlite-lock" not in done.stdout

@@ -363,3 +363,12 @@ def test_a_mysql_target_is_a_url_or_typed_and_the_type_agrees_with_the_url() -> 
         TaskSpecError, match=r"task.target.type: one of sqlite, postgresql, mysql, delta, not 'oracle'"
     ):
         parse_spec({**DEFINITION, "target": {"type": "oracle", "url": "mysql://sync@db/copy"}})
+
+
+def test_optimize_every_is_an_option_of_a_delta_target_only() -> None:
+    spec = parse_spec({**DEFINITION, "target": "delta:///var/lib/lake", "options": {"optimize_every": 10}})
+    assert spec.options["optimize_every"] == 10
+    with pytest.raises(TaskSpecError, match=r"task.options.optimize_every: compacts a Delta target's files"):
+        parse_spec({**DEFINITION, "target": "mysql://sync@db/copy", "options": {"optimize_every": 10}})
+    with pytest.raises(TaskSpecError, match=r"task.options.optimize_every: must be a positive integer"):
+        parse_spec({**DEFINITION, "target": "delta:///var/lib/lake", "options": {"optimize_every": 0}})

@@ -158,6 +158,8 @@ class TaskExecution:
         # Status reads use their own target connection: the apply query's is busy on the batch
         # thread, and one connection cannot hold two transactions at once.
         self._status_target: Any = None
+        #: the offsets after this execution's last commit (`Target.status_from_commits`)
+        self._committed: dict[tuple[str, int], int] | None = None
         try:
             self._start()
         except BaseException as exc:
@@ -359,6 +361,7 @@ class TaskExecution:
         """On the batch thread, after each micro-batch's commit (never raises: it would fail the
         batch)."""
         self.batches_committed += 1  # one writer, this thread; the worker only reads it
+        self._committed = {(t, p): o for t, parts in report.result.offsets.items() for p, o in parts.items()}
         try:
             metrics.TASK_APPLY_BATCH_SECONDS.labels(self.task_id).observe(report.commit_s)
         except Exception:
@@ -727,7 +730,11 @@ class TaskExecution:
         if self.query is None:
             return out
         try:
-            applied = self._target().applied_offsets(self.spec.id)
+            committed = self._committed
+            if committed is not None and self._target().status_from_commits:
+                applied = dict(committed)  # no Spark job each tick beside the batches'
+            else:
+                applied = self._target().applied_offsets(self.spec.id)
         except Exception:
             # The connection is gone (the target restarted, a network cut): a new one next time.
             target, self._status_target = self._status_target, None

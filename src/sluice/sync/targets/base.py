@@ -127,6 +127,9 @@ class Target(ABC):
     #: Executors can stage a batch's rows in this target (staging.py) for the driver to commit
     #: with `apply_staged`; otherwise the driver applies rows it holds (`apply`).
     stages_in_executors = False
+    #: Reading the fence or the offsets is a job of the worker's own Spark (Delta): a running
+    #: execution reports the offsets of its own last commit instead of reading them each tick.
+    status_from_commits = False
 
     def __init__(
         self,

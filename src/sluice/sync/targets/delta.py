@@ -19,11 +19,16 @@ appId: the truncates' deletes (appId `<pipeline>:truncate`), then one MERGE per 
 upserts and deletes, then the tombstones, the truncate watermarks, the schema records, and last
 the offsets (appId `<pipeline>`).
 
-Before writing, the fence table's epoch is read: a newer one than the batch's raises
-StaleEpochError. A zombie that read the fence before the new execution claimed it can still
-land a commit on a table the new one has not written yet: its rows are the log's, and the
-version guard (`_sluice_pos`, tombstones, truncate watermarks) keeps them from replacing anything
-newer, as every target's guard does.
+Before writing, the fence table's epoch is read (every batch): a newer one than the batch's raises
+StaleEpochError. What only this pipeline's executions write (its offsets, appended and read as
+each partition's largest; truncate watermarks; schema records) is read once per execution and
+kept as it commits, forgotten after any failed batch; a status read (`applied_offsets`,
+`fence_epoch`) always reads the tables and never creates them.
+
+A zombie that read the fence before the new execution claimed it can still land a commit on a
+table the new one has not written yet: its rows are the log's, and the version guard
+(`_sluice_pos`, tombstones, truncate watermarks) keeps them from replacing anything newer, as
+every target's guard does.
 
 Rows go through the driver: the batch's collapsed changes become a DataFrame with the Delta
 table's schema, MERGEd by key with the guard as the MERGE's conditions. Tables are created with
@@ -129,6 +134,8 @@ class _Batch:
 
 
 class DeltaTarget(Target):
+    status_from_commits = True
+
     def __init__(
         self,
         url: str,
@@ -166,6 +173,7 @@ class DeltaTarget(Target):
         # are forgotten, as after any failed batch)
         self._offsets: dict[str, dict[tuple[str, int], int]] = {}
         self._history: dict[str, list[tuple[str, int, str, bool]]] = {}
+        self._truncated: dict[str, dict[str, int]] = {}
         self.optimize_every = optimize_every
         self._batches = 0  # committed by this instance: every optimize_every-th compacts
         self._written: set[str] = set()  # Delta tables written since the last compaction
@@ -219,6 +227,7 @@ class DeltaTarget(Target):
             self._keys.clear()
             self._offsets.clear()
             self._history.clear()
+            self._truncated.clear()
             raise
 
     @contextmanager
@@ -387,6 +396,9 @@ class DeltaTarget(Target):
                 deleted += int(rows[0][0]) if rows and rows[0][0] is not None else 0
         if guard and truncates:
             names = {self.mapping.target_table(t): p for t, p in truncates.items()}
+            floors = self._floors(pipeline)
+            for n, p in names.items():
+                floors[n] = max(p, floors.get(n, -1))
             values = ", ".join(f"({_lit(n)}, CAST({int(p)} AS BIGINT))" for n, p in sorted(names.items()))
             with self._txn(pipeline):
                 self._sql(
@@ -398,6 +410,16 @@ class DeltaTarget(Target):
             with self._txn(f"{pipeline}:truncate"):
                 self._sql(f"DELETE FROM delta.{_q(self._meta(pipeline, 'tombstones'))} WHERE {covered}")
         return deleted
+
+    def _floors(self, pipeline: str) -> dict[str, int]:
+        """Each table's truncate watermark, read once per execution (only this pipeline's
+        executions write them; `_apply_truncates` keeps them)."""
+        if pipeline not in self._truncated:
+            rows = self._sql(
+                f"SELECT tbl, max(pos) FROM delta.{_q(self._meta(pipeline, 'truncates'))} GROUP BY tbl"
+            ).collect()
+            self._truncated[pipeline] = {str(t): int(p) for t, p in rows}
+        return self._truncated[pipeline]
 
     def _apply_changes(self, tx: Any, changes: pa.Table, guard: bool) -> int:
         return sum(
@@ -433,10 +455,7 @@ class DeltaTarget(Target):
         if guard:
             stones = self.spark.read.format("delta").load(self._meta(pipeline, "tombstones"))
             stones = stones.where(stones.tbl == name).selectExpr("key AS _t_key", "pos AS _t_pos")
-            floor = self._sql(
-                f"SELECT max(pos) FROM delta.{_q(self._meta(pipeline, 'truncates'))} WHERE tbl = {_lit(name)}"
-            ).collect()[0][0]
-            floor = -1 if floor is None else int(floor)
+            floor = self._floors(pipeline).get(name, -1)
             df = df.join(stones, df["_s_key"] == stones["_t_key"], "left").where(
                 f"_s_op = 'd' OR ((_t_pos IS NULL OR _t_pos < _s_pos) AND _s_pos > {floor})"
             )
