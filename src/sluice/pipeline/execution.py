@@ -361,9 +361,10 @@ class TaskExecution:
         """On the batch thread, after each micro-batch's commit (never raises: it would fail the
         batch)."""
         self.batches_committed += 1  # one writer, this thread; the worker only reads it
-        self._committed = {(t, p): o for t, parts in report.result.offsets.items() for p, o in parts.items()}
         try:
             metrics.TASK_APPLY_BATCH_SECONDS.labels(self.task_id).observe(report.commit_s)
+            offsets = report.result.offsets
+            self._committed = {(t, p): o for t, parts in offsets.items() for p, o in parts.items()}
         except Exception:
             log.warning("task %s: recording the batch's metrics failed", self.task_id, exc_info=True)
 
