@@ -139,7 +139,11 @@ def spark_session(
         # cluster.
         .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.log.level", "ERROR")
-        .config("spark.driver.extraJavaOptions", java_opts)
+        # A streaming query's foreachBatch runs the target's statements on the query's own
+        # thread (py4j calls back on the calling thread), under the streaming and callback
+        # frames; a Delta MERGE there overflowed the JVM's default 1 MB thread stack (a
+        # StackOverflowError in java.util.regex, the query's thread dead) in a chaos run.
+        .config("spark.driver.extraJavaOptions", f"{java_opts} -Xss8m")
         .config("spark.executor.extraJavaOptions", java_opts)
     )
     jars = kafka_connector_jars() if kafka_connector else []
