@@ -108,20 +108,22 @@ def test_a_zombies_commit_to_a_table_the_newer_execution_wrote_is_skipped(lake: 
     assert heir.applied_offsets("p") == {("t", 0): 2}
 
 
-def test_compaction_every_n_batches_keeps_rows_and_offsets(lake: str) -> None:
+def test_compaction_every_n_batches_keeps_rows_offsets_and_tombstones(lake: str) -> None:
     t = open_target(lake, optimize_every=3)
     assert isinstance(t, DeltaTarget)
     e = t.claim("p")
-    for b in range(3):
-        t.apply(
-            "p", e, records([event("c", 10 * b + i, 10 * b + i, v=f"b{b}") for i in range(5)], start=5 * b)
-        )
+    for b in range(3):  # each batch five new rows and a delete of key 99 (absent: a tombstone)
+        changes = [event("c", 10 * b + i, 10 * b + i, v=f"b{b}") for i in range(5)]
+        t.apply("p", e, records([*changes, event("d", 10 * b + 9, 99)], start=6 * b))
     detail = t.spark.sql(f"DESCRIBE DETAIL delta.`{t.root}/acct`").collect()[0]
     assert detail["numFiles"] == 1  # three batches' files in one
     offsets = t.spark.read.format("delta").load(t._meta("p", "offsets")).collect()
-    assert [(r.topic, r.partition, r.next_offset) for r in offsets] == [("t", 0, 15)]  # the newest only
-    assert t.applied_offsets("p") == {("t", 0): 15}
+    assert [(r.topic, r.partition, r.next_offset) for r in offsets] == [("t", 0, 18)]  # the newest only
+    stones = t.spark.read.format("delta").load(t._meta("p", "tombstones")).collect()
+    assert [(r.key, r.pos) for r in stones] == [('{"id":99}', 29)]  # the newest only
+    assert t.applied_offsets("p") == {("t", 0): 18}
     assert len(t.read_rows("acct")) == 15
-    t.apply("p", e, records([event("u", 100, 0, v="after")], start=15))
+    t.apply("p", e, records([event("u", 100, 0, v="after"), event("c", 28, 99, v="older")], start=18))
     assert t.read_rows("acct")['{"id":0}']["v"] == "after"
-    assert t.applied_offsets("p") == {("t", 0): 16}
+    assert '{"id":99}' not in t.read_rows("acct")  # its tombstone (29) is newer than the change (28)
+    assert t.applied_offsets("p") == {("t", 0): 20}

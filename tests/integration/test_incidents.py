@@ -113,8 +113,18 @@ def test_zombie_task_with_a_mysql_or_delta_target(tmp_path: Path, switches: str 
     result = run_incident("zombie-task", tmp_path / "zombie-task", switches=off, target=target)
     if switches is None:
         assert result.ok, failed(result)
-    else:
+    elif target == "mysql":
         assert failed(result) == ["phase 2: the zombie's stale commit was refused by the target"]
+    else:
+        # Not refused, and the rows and offsets hold all the same. Whether the zombie itself also
+        # reports the duplicate execution is a race on Delta: its commit, Spark jobs that are
+        # skipped, takes seconds, and its group rebalance (which stops it without the alarm)
+        # can come before its next tick, which would raise it.
+        assert "phase 2: the zombie's stale commit was refused by the target" in failed(result)
+        assert set(failed(result)) <= {
+            "phase 2: the zombie's stale commit was refused by the target",
+            "phase 2: the duplicate execution was detected",
+        }, failed(result)
 
 
 @pytest.mark.slow  # the guard alone is also shown failing in test_targets.py, in the default suite

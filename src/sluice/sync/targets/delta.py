@@ -23,7 +23,8 @@ Before writing, the fence table's epoch is read (every batch): a newer one than 
 StaleEpochError. What only this pipeline's executions write (its offsets, appended and read as
 each partition's largest; truncate watermarks; schema records) is read once per execution and
 kept as it commits, forgotten after any failed batch; a status read (`applied_offsets`,
-`fence_epoch`) always reads the tables and never creates them.
+`fence_epoch`) always reads the tables and never creates them. Tombstones are appended too and
+read as each key's largest position.
 
 A zombie that read the fence before the new execution claimed it can still land a commit on a
 table the new one has not written yet: its rows are the log's, and the version guard
@@ -318,10 +319,16 @@ class DeltaTarget(Target):
 
     def compact(self, pipeline: str) -> None:
         """Small files into larger ones (Delta's OPTIMIZE) in the tables written since the last
-        time and in the pipeline's own; the offsets each batch appended first cut to each
-        partition's newest. Commits of their own, without the batch's transaction identity: they
-        change no row's value (a zombie's write is still skipped by the identities the batches
-        left)."""
+        time and in the pipeline's own; the offsets and tombstones the batches appended first cut to
+        each partition's and key's newest. Commits of their own, without the batch's transaction
+        identity: they change no row's value (a zombie's write is still skipped by the identities
+        the batches left)."""
+        stones = _q(self._meta(pipeline, "tombstones"))
+        self._sql(
+            f"MERGE INTO delta.{stones} o USING (SELECT tbl, key, max(pos) AS top FROM delta.{stones} "
+            "GROUP BY tbl, key) n ON o.tbl = n.tbl AND o.key = n.key AND o.pos < n.top "
+            "WHEN MATCHED THEN DELETE"
+        )
         offsets = _q(self._meta(pipeline, "offsets"))
         self._sql(
             f"MERGE INTO delta.{offsets} o USING (SELECT pipeline, topic, `partition`, "
@@ -344,13 +351,11 @@ class DeltaTarget(Target):
             df = self.spark.createDataFrame(
                 [(t, k, p) for (t, k), p in newest.items()], "tbl STRING, key STRING, pos BIGINT"
             )
+            # appended (a MERGE took several times as long), read as each key's largest
             df.createOrReplaceTempView("_sluice_stones")
             with self._txn(pipeline):
-                self._sql(
-                    f"MERGE INTO delta.{_q(self._meta(pipeline, 'tombstones'))} t USING _sluice_stones s "
-                    "ON t.tbl = s.tbl AND t.key = s.key WHEN MATCHED AND t.pos < s.pos "
-                    "THEN UPDATE SET pos = s.pos WHEN NOT MATCHED THEN INSERT *"
-                )
+                stones = _q(self._meta(pipeline, "tombstones"))
+                self._sql(f"INSERT INTO delta.{stones} SELECT * FROM _sluice_stones")
         if tx.schema:
             df = self.spark.createDataFrame(
                 tx.schema, "tbl STRING, pos BIGINT, change STRING, applied BOOLEAN"
@@ -454,7 +459,7 @@ class DeltaTarget(Target):
         df = self.spark.createDataFrame(rows, f"{ddl}, _s_pos BIGINT, _s_op STRING, _s_key STRING")
         if guard:
             stones = self.spark.read.format("delta").load(self._meta(pipeline, "tombstones"))
-            stones = stones.where(stones.tbl == name).selectExpr("key AS _t_key", "pos AS _t_pos")
+            stones = stones.where(stones.tbl == name).groupBy("key").max("pos").toDF("_t_key", "_t_pos")
             floor = self._floors(pipeline).get(name, -1)
             df = df.join(stones, df["_s_key"] == stones["_t_key"], "left").where(
                 f"_s_op = 'd' OR ((_t_pos IS NULL OR _t_pos < _s_pos) AND _s_pos > {floor})"
