@@ -39,3 +39,14 @@ def test_a_delta_url_names_a_local_directory_or_any_hadoop_uri() -> None:
 )
 def test_a_key_value_becomes_the_spark_sql_literal_of_its_type(value: object, literal: str) -> None:
     assert _literal(value) == literal
+
+
+def test_the_zombie_drills_audit_finds_an_appended_offset_an_earlier_commit_went_past() -> None:
+    from sluice.chaos.zombie import appended_out_of_order
+
+    fine = [(1, "t", 0, 5, 1), (1, "t", 1, 3, 1), (2, "t", 0, 9, 2), (3, "t", 1, 4, 1)]
+    # one commit may hold rows of two epochs (a compaction leaves each partition's newest)
+    assert appended_out_of_order([*fine[:2], (2, "t", 1, 3, 2), (2, "t", 0, 9, 1)]) == []
+    assert appended_out_of_order(fine[:3]) == []
+    assert appended_out_of_order(fine) == [(3, "t", 1, 4, 1)]  # epoch 1 after epoch 2's commit
+    assert appended_out_of_order([(1, "t", 0, 5, 1), (2, "t", 0, 4, 1)]) == [(2, "t", 0, 4, 1)]

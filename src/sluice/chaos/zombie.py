@@ -256,15 +256,7 @@ class _Drill:
 
             with open_target(self.target_url) as t:
                 assert isinstance(t, DeltaTarget)
-                appended = t.offsets_log(TASK)
-            back: list[tuple[Any, ...]] = []
-            newest_epoch, highest = 0, dict[tuple[str, int], int]()
-            for version, topic, partition, next_offset, epoch in appended:
-                if epoch < newest_epoch or next_offset < highest.get((topic, partition), -1):
-                    back.append((version, topic, partition, next_offset, epoch))
-                newest_epoch = max(newest_epoch, epoch)
-                highest[(topic, partition)] = max(next_offset, highest.get((topic, partition), -1))
-            return back
+                return appended_out_of_order(t.offsets_log(TASK))
 
         conn = sqlite3.connect(self.target_url[len("sqlite:///") :])
         try:
@@ -453,6 +445,28 @@ class _Drill:
             Check("the applied offsets never went backwards", not backwards, f"{len(backwards)} went back")
         )
         return self.result
+
+
+Appended = tuple[int, str, int, int, int]  # version, topic, partition, next_offset, epoch
+
+
+def appended_out_of_order(appended: list[Appended]) -> list[Appended]:
+    """Of offsets appended in commit order, (version, topic, partition, next_offset, epoch), the
+    rows an earlier commit had gone past: an older epoch than one committed before, or a lower
+    offset than the partition's before (what a zombie's commit would leave)."""
+    back = []
+    highest: dict[tuple[str, int], int] = {}
+    newest_epoch, before = 0, 0  # the newest epoch of all rows so far, of the earlier commits'
+    last_version = -1
+    for row in appended:
+        version, topic, partition, next_offset, epoch = row
+        if version != last_version:
+            before, last_version = newest_epoch, version
+        if epoch < before or next_offset < highest.get((topic, partition), -1):
+            back.append(row)
+        newest_epoch = max(newest_epoch, epoch)
+        highest[(topic, partition)] = max(next_offset, highest.get((topic, partition), -1))
+    return back
 
 
 def _wait_for_value(produce: Callable[[], list[Any]], timeout_s: float) -> list[Any]:

@@ -654,7 +654,8 @@ class DeltaTarget(Target):
         """Every row ever appended to the pipeline's offsets, with the table version that
         appended it, in commit order: (version, topic, partition, next_offset, epoch). A row of an
         older epoch, or a lower offset, after a newer one is a commit that should never have
-        landed (drills; the log's JSON commits, kept 30 days after a checkpoint)."""
+        landed (drills; the log's JSON commits, kept 30 days after a checkpoint; a compaction
+        leaves each partition's newest row, in its own commit)."""
         from pyspark.sql import functions as F
 
         path = self._meta(pipeline, "offsets", create=False)
