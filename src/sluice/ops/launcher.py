@@ -358,21 +358,16 @@ def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
             umask=PRIVATE_UMASK,
         )
     b.pid = proc.pid
-    # Kept until reaped: a Popen dropped while its process runs joins subprocess's list of
-    # orphans, which every later Popen in this process reaps, taking the exit status that
-    # `wait_broker_ready` reads (a start-up on a taken port then looked like any other failure).
-    _CHILDREN[proc.pid] = proc
-
-
-#: Brokers this process started and has not reaped yet, by pid.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def restart_broker(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 60.0) -> None:
     """Start a stopped broker of the cluster again, with its data, and wait until it is ready."""
     if pid_alive(b.pid):
         raise RuntimeError(f"broker {b.broker_id} is still running (pid {b.pid})")
-    _exit_status(b.pid)  # reap it if it was our child; it is dead, so this returns at once
+    try:
+        os.waitpid(b.pid, 0)  # reap it if it was our child; it is dead, so this returns at once
+    except ChildProcessError:
+        pass
     start_broker_process(cluster, b)
     cluster.save()
     wait_broker_ready(cluster, b, timeout_s=timeout_s)
@@ -384,12 +379,6 @@ class AddressTakenError(RuntimeError):
 
 def _exit_status(pid: int) -> int | None:
     """The exit status of ``pid`` if it is an exited child of this process (reaping it)."""
-    proc = _CHILDREN.get(pid)
-    if proc is not None:
-        code = proc.poll()
-        if code is not None:
-            del _CHILDREN[pid]
-        return code
     try:
         reaped, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
@@ -847,7 +836,10 @@ def stop_processes(pids: list[int], timeout_s: float = 20.0, sig: int = signal.S
                 outcome[pid] = Stopped(True)
                 waiting.remove(pid)
                 continue
-            _exit_status(pid)  # reap it if it is our exited child (it then reads as not alive)
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
         if waiting:
             time.sleep(0.05)
     for pid in waiting:
