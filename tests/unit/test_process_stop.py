@@ -84,3 +84,20 @@ def test_cluster_down_stops_the_workers_at_once_and_names_one_it_had_to_kill(
     assert killed.startswith(f"worker worker-1 (pid {stuck.pid}, killed: still running"), killed
     assert workers[0].log_file in killed, killed
     assert stopped == f"worker worker-2 (pid {stopping.pid})"
+
+
+def test_a_started_process_exit_status_is_left_for_the_launcher_to_read(tmp_path: Path) -> None:
+    """A broker that exits at once on a taken port is told from any other failure by its exit
+    status: no later Popen in this process (another thread's start) may reap it first."""
+    import time
+
+    from sluice.ops.processes import pid_alive, spawn_detached
+
+    with open(tmp_path / "log", "w") as log:
+        pid = spawn_detached([sys.executable, "-c", "import sys; sys.exit(7)"], log, 0o077)
+    deadline = time.monotonic() + 30
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not pid_alive(pid)  # exited, not reaped yet
+    subprocess.run([sys.executable, "-c", "pass"], check=True)  # a later Popen reaps subprocess's orphans
+    assert launcher._exit_status(pid) == 7

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -37,7 +36,7 @@ from sluice.cluster.zkstore import ZkAuth, close, connect
 from sluice.ops.netns import HostNetwork, namespace_exec_prefix
 from sluice.ops.ports import ADDRESS_IN_USE_EXIT, free_ports, port_open
 from sluice.ops.private_files import PRIVATE_UMASK, open_private_log, private_dir
-from sluice.ops.processes import pid_alive
+from sluice.ops.processes import pid_alive, spawn_detached
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
 from sluice.security.client import PLAINTEXT, ClientSecurity
 
@@ -349,15 +348,7 @@ def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
         )
     )  # fmt: skip
     with open_private_log(b.log_file) as logf:
-        proc = subprocess.Popen(
-            broker_command(b, config_file),
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            umask=PRIVATE_UMASK,
-        )
-    b.pid = proc.pid
+        b.pid = spawn_detached(broker_command(b, config_file), logf, PRIVATE_UMASK)
 
 
 def restart_broker(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 60.0) -> None:
@@ -734,11 +725,7 @@ def start_worker_process(cluster: LocalCluster, w: WorkerProcess) -> None:
         "--config", str(config_file),
     ]  # fmt: skip
     with open_private_log(w.log_file) as logf:
-        proc = subprocess.Popen(
-            argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            umask=PRIVATE_UMASK,
-        )  # fmt: skip
-    w.pid = proc.pid
+        w.pid = spawn_detached(argv, logf, PRIVATE_UMASK)
 
 
 def ensure_chroot(zookeeper: str, auth: ZkAuth | None = None) -> None:

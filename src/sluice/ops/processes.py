@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Sequence
+from typing import IO, Any
 
 
 def pid_alive(pid: int) -> bool:
@@ -21,3 +24,20 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def spawn_detached(argv: Sequence[str], log: IO[Any], umask: int) -> int:
+    """Start ``argv`` in a session of its own, its output to ``log``, and return its pid. This
+    process's own waits reap it (``os.waitpid``), and only they: the exit status is what tells a
+    broker that found its port taken from one that failed otherwise.
+
+    A ``Popen`` dropped while its process runs goes on subprocess's list of orphans, and every
+    later ``Popen`` in this process reaps that list (any thread's), taking the exit status before
+    the launcher reads it. The object is dropped here as one whose child subprocess need not wait
+    for (``_child_created``: CPython's flag for exactly that)."""
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        umask=umask,
+    )  # fmt: skip
+    proc._child_created = False  # type: ignore[attr-defined]
+    return proc.pid
