@@ -22,8 +22,13 @@ import pytest
 from sluice.sync.envelope import BadEventError, ChangeEvent, key_text
 from sluice.sync.targets import StaleEpochError, Target, open_target
 from sluice.sync.targets.base import Refusal
-from sluice.sync.targets.postgres import StagingLostError
-from sluice.sync.targets.staging import StageSpec, parse_staging_table, stage_changes, staging_table
+from sluice.sync.targets.staging import (
+    StageSpec,
+    StagingLostError,
+    parse_staging_table,
+    stage_changes,
+    staging_table,
+)
 from tests.support.changes import event, records
 from tests.support.staging import apply_staged, stage, staged
 

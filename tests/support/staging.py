@@ -5,6 +5,7 @@ batch."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -12,15 +13,16 @@ import pyarrow.compute as pc
 
 from sluice.sync.changes import to_changes
 from sluice.sync.targets.base import ApplyResult, RefusalSink, Target
-from sluice.sync.targets.staging import StageSpec, stage_changes, staging_table
+from sluice.sync.targets.staging import StageSpec, is_mysql, stage_changes, staging_table
 
 _batches = itertools.count(1)
 
 
 def stage(url: str, table: str, records: pa.Table, tasks_per_partition: int = 2) -> pa.Table:
     """Stage log records as the executors would: each partition's records split over
-    `tasks_per_partition` tasks, each collapsed (as the source's `decode=envelope`) and COPYed
-    under a token of its own. Returns the tasks' summaries, as the driver collects them."""
+    `tasks_per_partition` tasks, each collapsed (as the source's `decode=envelope`) and written
+    (COPY; INSERTs on MySQL) under a token of its own. Returns the tasks' summaries, as the
+    driver collects them."""
     summaries = []
     where = zip(records["topic"].to_pylist(), records["partition"].to_pylist(), strict=True)
     for topic, partition in sorted(set(where)):
@@ -49,9 +51,7 @@ def apply_staged(
     query's start does), the executors' COPY, the driver's commit."""
     batch = next(_batches) if batch is None else batch
     table = staging_table(pipeline, epoch)
-    with psycopg.connect(target.url) as conn:
-        made = conn.execute("SELECT to_regclass(%s)", (f'"{table}"',)).fetchone()[0] is not None
-    if not made:
+    if table not in staged(target.url):
         target.prepare_staging(pipeline, epoch)
     summaries = stage(target.url, table, records)
     return target.apply_staged(pipeline, epoch, batch, summaries, on_refused=on_refused)
@@ -59,6 +59,21 @@ def apply_staged(
 
 def staged(url: str) -> dict[str, int]:
     """Every staging table in the database at `url`, with the rows it holds."""
+    if is_mysql(url):
+        conn = _mysql(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+                    "AND TABLE_NAME LIKE '\\_sluice\\_staged\\_%'"
+                )
+                out = {}
+                for (name,) in cur.fetchall():
+                    cur.execute(f"SELECT COUNT(*) FROM `{name}`")
+                    out[name] = cur.fetchone()[0]
+                return out
+        finally:
+            conn.close()
     with psycopg.connect(url) as conn:
         return {n: conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in _staging_tables(conn)}
 
@@ -69,6 +84,12 @@ def staged_tokens(url: str) -> set[int]:
         return {
             r[0] for n in _staging_tables(conn) for r in conn.execute(f'SELECT DISTINCT token FROM "{n}"')
         }
+
+
+def _mysql(url: str) -> Any:
+    from sluice.sync.targets.mysql_stage import connect
+
+    return connect(url, None)
 
 
 def _staging_tables(conn: psycopg.Connection) -> list[str]:

@@ -33,17 +33,21 @@ import logging
 import math
 import struct
 import urllib.parse
+from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from sluice import test_switches
 from sluice.security.secrets import Secret
-from sluice.sync.changes import TypesVariants
-from sluice.sync.envelope import key_text
-from sluice.sync.schema import Recorded
+from sluice.sync.changes import TypesVariants, types_variants
+from sluice.sync.envelope import MAX_POS, SCHEMA, TRUNCATE, key_text
+from sluice.sync.schema import DROP_COLUMN, DROP_TABLE, RENAME_COLUMN, Recorded
 from sluice.sync.targets.base import (
     POS_COLUMN,
     ApplyResult,
@@ -51,10 +55,22 @@ from sluice.sync.targets.base import (
     RefusalSink,
     Target,
     infer_type,
+    nested_offsets,
 )
 from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
 from sluice.sync.targets.mapping import ColumnMapping, MappingError
+from sluice.sync.targets.mysql_stage import STAGED_DDL, exception_sql, json_path, value_sql
 from sluice.sync.targets.rows import Change, changes_by_table, key_targets, source_columns
+from sluice.sync.targets.staging import (
+    StagingLostError,
+    binary_columns,
+    changes_table,
+    next_offsets,
+    parse_staging_table,
+    staged_counts,
+    staging_pattern,
+    staging_table,
+)
 from sluice.sync.types import mysql_type, parse_type
 from sluice.test_switches import OFF, Switches
 
@@ -165,6 +181,8 @@ class MySqlTarget(Target):
         self._keys: dict[str, list[str]] = {}
         self._fence: tuple[str, int] | None = None  # the batch's pipeline and epoch, for `_ddl`
         self._unflushed: list[tuple[str, int, str, bool]] = []  # schema records not committed
+        #: Tables of staged batches merged in SQL ("sql"), or from the driver, by why (`_sql_plan`).
+        self.merges: Counter[str] = Counter()
 
     def _one(self, sql: str, args: Any = None) -> Any:
         with self.conn.cursor() as cur:
@@ -324,17 +342,8 @@ class MySqlTarget(Target):
         deletes = [ev for ev in events if ev.after is None]
         q = quote(name)
         if upserts:
-            if guard:
-                newer = f"{POS_COLUMN} < VALUES({POS_COLUMN})"
-                sets = [
-                    f"{quote(c)} = IF({newer}, VALUES({quote(c)}), {quote(c)})" for c in data if c not in keys
-                ]
-                sets.append(f"{POS_COLUMN} = GREATEST({POS_COLUMN}, VALUES({POS_COLUMN}))")
-            else:
-                sets = [f"{quote(c)} = VALUES({quote(c)})" for c in data if c not in keys]
-                sets.append(f"{POS_COLUMN} = VALUES({POS_COLUMN})")
             head = f"INSERT INTO {q} ({', '.join(quote(c) for c in data)}, {POS_COLUMN}) VALUES "
-            tail = " ON DUPLICATE KEY UPDATE " + ", ".join(sets)
+            tail = _upsert_tail(data, keys, guard)
             rows = [
                 (*(convert[c](after.get(source_of.get(c, c))) for c in data), ev.pos)
                 for ev in upserts
@@ -589,6 +598,352 @@ class MySqlTarget(Target):
         self._ddl(tx, f"DROP TABLE IF EXISTS {quote(name)}")
         self._forget(name)
 
+    # --- batches staged by the executors (mysql_stage.py) ------------------------------------------
+    stages_in_executors = True
+
+    def prepare_staging(self, pipeline: str, epoch: int) -> str:
+        """Create the staging table of this execution (empty), drop older executions' tables
+        (`drop_staging`), and return its name."""
+        self.drop_staging(pipeline, epoch - 1)
+        name = staging_table(pipeline, epoch)
+        options = _TABLE_OPTIONS.format(collation=self.collation)
+        with self.conn.cursor() as cur:
+            # a task of this epoch's earlier query still writing holds the table: fail the start
+            # rather than wait on it for good
+            cur.execute("SET SESSION lock_wait_timeout = 30")
+            try:
+                cur.execute(f"DROP TABLE IF EXISTS {quote(name)}")
+                cur.execute(f"CREATE TABLE {quote(name)} ({STAGED_DDL}) {options}")
+            finally:
+                cur.execute("SET SESSION lock_wait_timeout = DEFAULT")
+        self.conn.commit()
+        return name
+
+    def drop_staging(self, pipeline: str, epoch: int) -> list[str]:
+        """Drop every staging table of `pipeline` from `epoch` or an older one; return their
+        names. One a task still writing holds is left for the next execution; it is never read."""
+        names = [
+            str(name)
+            for (name,) in self._rows(
+                "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+                "AND TABLE_NAME LIKE %s",
+                (staging_pattern(pipeline),),
+            )
+        ]
+        dropped = []
+        for name in names:
+            tag = parse_staging_table(name, pipeline)
+            if tag is None or tag > epoch:
+                continue
+            if self._staging_ddl(f"DROP TABLE IF EXISTS {quote(name)}", name, "a later start drops it"):
+                dropped.append(name)
+        return dropped
+
+    def _rows(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+        with self.conn.cursor() as cur:
+            cur.execute(sql, args)
+            rows = list(cur.fetchall())
+        self.conn.commit()
+        return rows
+
+    def _staging_ddl(self, statement: str, table: str, later: str) -> bool:
+        """Run one statement that drops or empties a staging table, unless a task still writing
+        to it holds it for 2 s (or it is gone): then leave it to `later`. Returns whether it ran."""
+        import pymysql
+
+        with self.conn.cursor() as cur:
+            cur.execute("SET SESSION lock_wait_timeout = 2")
+            try:
+                cur.execute(statement)
+                return True
+            except pymysql.err.MySQLError as exc:
+                if not (exc.args and exc.args[0] in (1146, 1205)):  # no such table, lock wait
+                    raise
+                log.info("event=staging_kept table=%s reason=%r", table, f"{exc.args[1]}: {later}")
+                return False
+            finally:
+                cur.execute("SET SESSION lock_wait_timeout = DEFAULT")
+                self.conn.commit()
+
+    def apply_staged(
+        self,
+        pipeline: str,
+        epoch: int,
+        batch: int,
+        summaries: pa.Table,
+        on_refused: RefusalSink | None = None,
+    ) -> ApplyResult:
+        """Commit one batch the executors staged (`mysql_stage.insert_staged`), in one
+        transaction: the fence, the offsets, then the rows staged under the summaries' tokens,
+        collapsed to the newest change per row and merged with the version guard as `apply`
+        writes them: in SQL, or for the tables `mysql_stage` names, read into the driver.
+        Rows another attempt, batch or execution staged are never read."""
+        stage = staging_table(pipeline, epoch)
+        expected = staged_counts(summaries)
+        records = int(pc.sum(summaries["records"]).as_py() or 0) if summaries.num_rows else 0
+        result = ApplyResult(records=records)
+        test_switches.pause_point(self.switches, "apply-commit")
+        with self._transaction() as tx:
+            self._check_fence(tx, pipeline, epoch)
+            applied = self._read_offsets(tx, pipeline)
+            if expected:
+                rows = _Staged(stage, pipeline, list(expected))
+                fresh = self._check_staged(tx, rows, expected)
+                result.skipped = records - fresh
+                if fresh:
+                    result.written += self._merge_staged(tx, pipeline, rows, on_refused, result)
+            merged = self._advance_offsets(tx, pipeline, epoch, applied, next_offsets(summaries))
+            test_switches.crash_point(self.switches, "before-commit", count=True)
+        test_switches.crash_point(self.switches, "after-commit")
+        result.offsets = nested_offsets(merged)
+        if expected:  # every row of a committed batch's table: its own, and a failed attempt's
+            self._staging_ddl(f"TRUNCATE TABLE {quote(stage)}", stage, "a later commit empties it")
+        return result
+
+    def _check_staged(self, tx: Any, rows: _Staged, expected: Mapping[int, int]) -> int:
+        """Every listed token's rows are in the staging table, all of them (a dropped table is
+        gone): else fail the batch. Returns the records the rows not applied yet stand for."""
+        tx.execute(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+            "AND TABLE_NAME = %s",
+            (rows.stage,),
+        )
+        found: dict[int, tuple[int, int]] = {}
+        if tx.fetchone()[0]:
+            tx.execute(
+                f"SELECT s.token, COUNT(*), COALESCE(SUM(IF({_NOT_APPLIED}, s.records, 0)), 0) "
+                f"{rows.of_tokens} GROUP BY s.token",
+                rows.params,
+            )
+            found = {int(t): (int(n), int(fresh)) for t, n, fresh in tx.fetchall()}
+        missing = {t: n for t, n in expected.items() if found.get(t, (0, 0))[0] != n}
+        if missing:
+            token, n = next(iter(missing.items()))
+            raise StagingLostError(
+                f"the executors staged rows for this batch in {rows.stage}, but {len(missing)} of "
+                f"its {len(expected)} tasks' rows are not all there (token {token}: "
+                f"{found.get(token, (0, 0))[0]} of {n} rows; was the table dropped?). Nothing of the "
+                "batch was committed; the query stops, and run again it stages the batch anew"
+            )
+        return sum(fresh for _, fresh in found.values())
+
+    def _merge_staged(
+        self, tx: Any, pipeline: str, rows: _Staged, on_refused: RefusalSink | None, result: ApplyResult
+    ) -> int:
+        """Write the batch's staged changes not applied yet: each table in SQL when
+        `_sql_plan` has a plan for it, from the driver otherwise."""
+        params = {**rows.params, "truncate": TRUNCATE, "schema": SCHEMA}
+        tx.execute(
+            "SELECT s.tbl, MAX(IF(s.op = %(truncate)s, s.pos, NULL)), MAX(s.op = %(schema)s), MIN(s.plain) "
+            f"{rows.fresh} GROUP BY s.tbl ORDER BY s.tbl",
+            params,
+        )
+        shape = {str(t): (trunc, bool(schema), bool(plain)) for t, trunc, schema, plain in tx.fetchall()}
+        self._refuse_tables(list(shape), lambda table: rows.first(tx, "s.tbl = %(tbl)s", {"tbl": table}))
+        tx.execute(
+            f"SELECT DISTINCT s.tbl, s.`binary`, s.types {rows.fresh} "
+            "AND s.op NOT IN (%(truncate)s, %(schema)s)",
+            params,
+        )
+        variants: dict[str, list[tuple[str | None, str | None]]] = {}
+        for table, binary, types in tx.fetchall():
+            variants.setdefault(str(table), []).append((binary, types))
+        history = self._read_schema_history(tx, list(shape))
+        plans: dict[str, _Plan] = {}
+        for table, (_, schema, plain) in shape.items():
+            plan: _Plan | str = "schema" if schema else "not-plain"
+            if plain and not schema:
+                plan = self._sql_plan(tx, rows, table, variants.get(table, []), history.get(table, []))
+            if isinstance(plan, _Plan):
+                plans[table] = plan
+            self.merges[plan if isinstance(plan, str) else "sql"] += 1
+        guard = not self.switches.disable_version_guard
+        # the tables applied from the driver first: their DDL commits what came before it
+        others = [t for t in shape if t not in plans]
+        written = self._from_driver(tx, pipeline, rows, others, on_refused, result)
+        refused = []
+        for table, plan in sorted(plans.items()):
+            truncate = shape[table][0]
+            if on_refused is None:
+                written += self._merge_table(tx, rows, table, plan, truncate, guard, result)
+                continue
+            self._savepoint(tx)
+            try:
+                written += self._merge_table(tx, rows, table, plan, truncate, guard, result)
+            except Exception as exc:
+                if not self._is_refusal(exc):
+                    raise
+                self._rollback_to(tx)
+                log.info("event=staged_batch_refused pipeline=%s table=%s reason=%r action=%r", pipeline,
+                         table, str(exc)[:200], "isolating the refused changes in the driver")  # fmt: skip
+                refused.append(table)
+                self.merges["refused"] += 1
+            self._release(tx)
+        if refused:
+            written += self._from_driver(tx, pipeline, rows, refused, on_refused, result)
+        return written
+
+    def _from_driver(
+        self,
+        tx: Any,
+        pipeline: str,
+        rows: _Staged,
+        tables: list[str],
+        on_refused: RefusalSink | None,
+        result: ApplyResult,
+    ) -> int:
+        """The fresh changes of `tables` read into the driver and applied as `apply` does."""
+        if not tables:
+            return 0
+        collapsed = rows.read(tx, tables)
+        result.changes += collapsed.num_rows
+        return self._apply_collapsed(tx, pipeline, collapsed, on_refused, result)
+
+    def _sql_plan(
+        self, tx: Any, rows: _Staged, table: str, variants: list[tuple[str | None, str | None]],
+        history: list[Recorded],
+    ) -> _Plan | str:  # fmt: skip
+        """How to merge a table's staged changes in SQL, or why they go through the driver
+        (see mysql_stage.py): the key `merges` counts."""
+        m = self.mapping
+        texts = [types for _, types in variants]
+        if not texts or any(t is None for t in texts):
+            return "untyped"  # a source that names no types: the driver infers them
+        if self.schema_change_policy == "ignore" and any(not r.applied for r in history):
+            return "schema-ignored"
+        try:
+            name = m.target_table(table)
+        except MappingError:
+            return "mapping"
+        cols = self._load(tx, name)
+        keys = self._keys.get(name) or []
+        typed = merged_types(types_variants(texts))
+        sources: dict[str, str] = {}
+        for src in typed:
+            dst = _column_or_none(m, table, src)
+            if dst is None and src not in m.for_table(table).drop:
+                return "mapping"  # a column the mapping cannot name: refused row by row
+            if dst is not None:
+                if dst not in cols:
+                    return "ddl"  # the table is made or widened first
+                sources[dst] = src
+        data = [c for c in cols if c != POS_COLUMN]
+        if not keys or any(c.startswith("_sluice_") or "%" in c for c in data) or "%" in name + table:
+            return "names"
+        if self._needs_translation(tx, rows, table, history):
+            return "translation"
+        binary = binary_columns(b for b, _ in variants)
+        values = _value_plan("v", data, cols, sources, binary)
+        key_values = _value_plan("k", keys, cols, sources, binary)
+        if values is None or key_values is None:
+            return "column-types"
+        exceptions = [
+            cond
+            for c, path, _ in values
+            if (cond := exception_sql(f"JSON_EXTRACT(`after`, {path})", cols[c])) is not None
+        ]
+        return _Plan(name, keys, values, key_values, " OR ".join(exceptions))
+
+    def _needs_translation(self, tx: Any, rows: _Staged, table: str, history: list[Recorded]) -> bool:
+        """Whether rows of the batch are ones `evolution.translate_rows` would change: older than
+        an applied rename, drop or table drop, or at or after a rename the target did not take."""
+        moves = (RENAME_COLUMN, DROP_COLUMN, DROP_TABLE)
+        older = [r.pos for r in history if r.applied and r.change.kind in moves]
+        later = [r.pos for r in history if not r.applied and r.change.kind == RENAME_COLUMN]
+        if not older and not later:
+            return False
+        tx.execute(
+            f"SELECT 1 {rows.fresh} AND s.tbl = %(tbl)s AND (s.pos < %(older)s OR s.pos >= %(later)s) "
+            "LIMIT 1",
+            {**rows.params, "tbl": table, "older": max(older, default=-1),
+             "later": min(later, default=MAX_POS + 1)},
+        )  # fmt: skip
+        return tx.fetchone() is not None
+
+    def _merge_table(
+        self, tx: Any, rows: _Staged, table: str, plan: _Plan, truncate: int | None, guard: bool,
+        result: ApplyResult,
+    ) -> int:  # fmt: skip
+        """One table's staged changes merged in SQL: its truncate, the newest change per key,
+        guarded upserts, guarded deletes and their tombstones. Returns rows written."""
+        written = 0
+        if truncate is not None:
+            written += self._apply_truncates(tx, {table: int(truncate)}, guard)
+            result.changes += 1
+        tx.execute("DROP TEMPORARY TABLE IF EXISTS _sluice_newest")
+        tx.execute(
+            f"CREATE TEMPORARY TABLE _sluice_newest ENGINE=InnoDB SELECT {_STAGED_CHANGE}, r.kh FROM "
+            f"(SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.kh ORDER BY s.pos DESC, s.`offset` DESC) "
+            f"AS _sluice_rn {rows.fresh} AND s.tbl = %(tbl)s AND s.op NOT IN (%(truncate)s, %(schema)s)) r "
+            "WHERE r._sluice_rn = 1",
+            {**rows.params, "tbl": table, "truncate": TRUNCATE, "schema": SCHEMA},
+        )
+        tx.execute("SELECT COALESCE(SUM(op <> 'd'), 0), COALESCE(SUM(op = 'd'), 0) FROM _sluice_newest")
+        upserts, deletes = (int(n) for n in tx.fetchone())
+        result.changes += upserts + deletes
+        if upserts and plan.exceptions:  # those changes through the driver, the others in SQL
+            odd = f"op <> 'd' AND COALESCE({plan.exceptions}, FALSE)"
+            tx.execute(f"SELECT {_STAGED_CHANGE} FROM _sluice_newest r WHERE {odd} ORDER BY pos")
+            changes = changes_table(list(tx.fetchall()))
+            if changes.num_rows:
+                tx.execute(f"DELETE FROM _sluice_newest WHERE {odd}")
+                upserts -= changes.num_rows
+                written += self._apply_changes(tx, changes, guard)
+                self.merges["driver-rows"] += changes.num_rows
+        q = quote(plan.name)
+        if upserts:
+            extracts = _extracts("n.`after`", plan.values)
+            unburied = ""
+            args: dict[str, Any] = {"name": plan.name}
+            if guard:
+                tx.execute("SELECT pos FROM _sluice_truncates WHERE tbl = %s", (plan.name,))
+                floor = tx.fetchone()
+                args["floor"] = -1 if floor is None else int(floor[0])
+                unburied = (
+                    " AND n.pos > %(floor)s AND NOT EXISTS (SELECT 1 FROM _sluice_tombstones b "
+                    "WHERE b.tbl = %(name)s AND b.kh = n.kh AND b.pos >= n.pos)"
+                )
+            tx.execute("DROP TEMPORARY TABLE IF EXISTS _sluice_values")
+            tx.execute(
+                f"CREATE TEMPORARY TABLE _sluice_values ENGINE=InnoDB SELECT n.pos AS _sluice_p, {extracts} "
+                f"FROM _sluice_newest n WHERE n.op <> 'd'{unburied}",
+                args,
+            )
+            data = [c for c, _, _ in plan.values]
+            n = tx.execute(
+                f"INSERT INTO {q} ({', '.join(quote(c) for c in data)}, {POS_COLUMN}) SELECT "
+                f"{', '.join(expr for _, _, expr in plan.values)}, v._sluice_p FROM _sluice_values v "
+                + _upsert_tail(data, plan.keys, guard)
+            )
+            written += _upserted(int(n), tx._result.message if tx._result is not None else b"")
+            tx.execute("DROP TEMPORARY TABLE _sluice_values")
+        if deletes:
+            keys = ", ".join(quote(k) for k in plan.keys)
+            tx.execute("DROP TEMPORARY TABLE IF EXISTS _sluice_deletes")
+            tx.execute(
+                f"CREATE TEMPORARY TABLE _sluice_deletes ENGINE=InnoDB SELECT {keys}, {POS_COLUMN} "
+                f"FROM {q} WHERE 1 = 0"
+            )
+            extracts = _extracts("n.`key`", plan.key_values)
+            tx.execute(
+                f"INSERT INTO _sluice_deletes ({keys}, {POS_COLUMN}) SELECT "
+                f"{', '.join(expr for _, _, expr in plan.key_values)}, k._sluice_p FROM "
+                f"(SELECT n.pos AS _sluice_p, {extracts} FROM _sluice_newest n WHERE n.op = 'd') k"
+            )
+            match = " AND ".join(f"t.{quote(k)} = d.{quote(k)}" for k in plan.keys)
+            older = f" WHERE t.{POS_COLUMN} < d.{POS_COLUMN}" if guard else ""
+            written += tx.execute(f"DELETE t FROM {q} t JOIN _sluice_deletes d ON {match}{older}")
+            tx.execute("DROP TEMPORARY TABLE _sluice_deletes")
+            tx.execute(
+                "INSERT INTO _sluice_tombstones (tbl, kh, `key`, pos) SELECT * FROM (SELECT %s AS _sluice_t, "
+                "n.kh AS _sluice_h, n.`key` AS _sluice_k, n.pos AS _sluice_p FROM _sluice_newest n "
+                "WHERE n.op = 'd') x "
+                "ON DUPLICATE KEY UPDATE `key` = VALUES(`key`), pos = GREATEST(pos, VALUES(pos))",
+                (plan.name,),
+            )
+        tx.execute("DROP TEMPORARY TABLE _sluice_newest")
+        return written
+
     # --- reading back ----------------------------------------------------------------------------
     def select(self, name: str, columns: list[str], where: str, params: Any) -> list[tuple[Any, ...]]:
         """Rows of `columns` of a target table matching `where` (`%s` marks), each value as
@@ -618,6 +973,110 @@ class MySqlTarget(Target):
             row = dict(zip(data, values, strict=True))
             out[key_text({k: row[k] for k in keys})] = row
         return out
+
+
+#: A staged row an earlier commit has not applied (`a`: the stored offsets, joined by partition).
+_NOT_APPLIED = "s.`offset` >= COALESCE(a.next_offset, 0)"
+
+
+#: A staged change's columns as `staging.changes_table` reads them (`r`: the staged row).
+_STAGED_CHANGE = (
+    "r.topic, r.`partition`, r.`offset`, r.ts, r.tbl, r.`key`, r.pos, r.op, r.`after`, r.records, "
+    "r.`binary`, r.types"
+)
+
+
+class _Staged:
+    """The SQL that selects one staged batch's rows: those of the summaries' tokens (`of_tokens`)
+    and, of those, the ones not applied yet (`fresh`), with their parameters."""
+
+    def __init__(self, stage: str, pipeline: str, tokens: list[int]) -> None:
+        self.stage = stage
+        self.params: dict[str, Any] = {"pipeline": pipeline}
+        listed = ", ".join(str(int(t)) for t in tokens)
+        self.of_tokens = (
+            f"FROM {quote(stage)} s LEFT JOIN _sluice_offsets a ON a.pipeline = %(pipeline)s "
+            f"AND a.topic = s.topic AND a.`partition` = s.`partition` WHERE s.token IN ({listed})"
+        )
+        self.fresh = f"{self.of_tokens} AND {_NOT_APPLIED}"
+
+    def first(self, tx: Any, where: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The batch's first fresh change matching `where` (for an error naming it)."""
+        tx.execute(
+            f"SELECT s.topic, s.`partition`, s.`offset`, s.tbl, s.`key` {self.fresh} AND {where} "
+            "ORDER BY s.topic, s.`partition`, s.`offset` LIMIT 1",
+            {**self.params, **params},
+        )
+        return dict(zip(("topic", "partition", "offset", "table", "key"), tx.fetchone(), strict=True))
+
+    def read(self, tx: Any, tables: list[str]) -> pa.Table:
+        """The fresh changes of `tables`, newest per row, in the driver (`changes.CHANGE_SCHEMA`)."""
+        marks = ", ".join(f"%(t{i})s" for i in range(len(tables)))
+        tx.execute(
+            f"SELECT {_STAGED_CHANGE} FROM (SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.kh, s.tbl "
+            f"ORDER BY s.pos DESC, s.`offset` DESC) AS _sluice_rn {self.fresh} AND s.tbl IN ({marks})) r "
+            "WHERE r._sluice_rn = 1 ORDER BY r.topic, r.`partition`, r.`offset`",
+            {**self.params, **{f"t{i}": t for i, t in enumerate(tables)}},
+        )
+        return changes_table(list(tx.fetchall()))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one table's staged changes are merged in SQL: the target table, its key, and per
+    column (data, and key for deletes) its name, JSON path and value SQL (`mysql_stage.value_sql`);
+    changes holding a value the SQL would not write as the driver does go through the driver."""
+
+    name: str
+    keys: list[str]
+    values: list[tuple[str, str, str]]
+    key_values: list[tuple[str, str, str]]
+    #: A condition on a staged change's `after` for values the driver writes (`exception_sql`).
+    exceptions: str = ""
+
+
+def _upsert_tail(data: list[str], keys: list[str], guard: bool) -> str:
+    """The ON DUPLICATE KEY UPDATE of an upsert: with the guard, each column (the position
+    last, so each IF sees the row's old one) takes the new value only from a newer change."""
+    if guard:
+        newer = f"{POS_COLUMN} < VALUES({POS_COLUMN})"
+        sets = [f"{quote(c)} = IF({newer}, VALUES({quote(c)}), {quote(c)})" for c in data if c not in keys]
+        sets.append(f"{POS_COLUMN} = GREATEST({POS_COLUMN}, VALUES({POS_COLUMN}))")
+    else:
+        sets = [f"{quote(c)} = VALUES({quote(c)})" for c in data if c not in keys]
+        sets.append(f"{POS_COLUMN} = VALUES({POS_COLUMN})")
+    return " ON DUPLICATE KEY UPDATE " + ", ".join(sets)
+
+
+def _value_plan(
+    alias: str, columns: list[str], cols: Mapping[str, str], sources: Mapping[str, str], binary: set[str]
+) -> list[tuple[str, str, str]] | None:
+    """Each column's (name, JSON path of its source column, value SQL over `alias._sluice_j<i>`),
+    or None when one has no exact SQL (`mysql_stage.value_sql`)."""
+    out = []
+    for i, c in enumerate(columns):
+        src = sources.get(c, c)
+        path = json_path(src)
+        expr = None if path is None else value_sql(f"{alias}._sluice_j{i}", cols[c], src in binary)
+        if path is None or expr is None:
+            return None
+        out.append((c, path, expr))
+    return out
+
+
+def _extracts(doc: str, plan: list[tuple[str, str, str]]) -> str:
+    """The JSON_EXTRACTs `_value_plan`'s SQL reads, each member taken out of `doc` once."""
+    return ", ".join(f"JSON_EXTRACT({doc}, {path}) AS _sluice_j{i}" for i, (_, path, _) in enumerate(plan))
+
+
+def _upserted(affected: int, info: bytes | str | None) -> int:
+    """Rows an `INSERT ... ON DUPLICATE KEY UPDATE` wrote, from its affected rows and its info
+    ("Records: N  Duplicates: D"): an inserted row counts 1, an updated one 2, an unchanged 0."""
+    records, dup = _info_number(info, b"Records"), _info_number(info, b"Duplicates")
+    if records is None or dup is None:
+        return affected
+    inserted = records - dup
+    return inserted + max(affected - inserted, 0) // 2
 
 
 def _column_or_none(m: ColumnMapping, table: str, column: str) -> str | None:

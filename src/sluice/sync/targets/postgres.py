@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from sluice import test_switches
 from sluice.security.secrets import Secret
-from sluice.sync.changes import CHANGE_SCHEMA, TypesVariants, types_variants
+from sluice.sync.changes import TypesVariants, types_variants
 from sluice.sync.envelope import MAX_POS, SCHEMA, TRUNCATE, key_text
 from sluice.sync.schema import DROP_COLUMN, DROP_TABLE, RENAME_COLUMN, Recorded
 from sluice.sync.targets.base import (
@@ -41,6 +41,9 @@ from sluice.sync.targets.mapping import ColumnMapping, MappingError
 from sluice.sync.targets.pg_copy import NUL_ESCAPE, copy_payloads, nul_key_error, strip_nul
 from sluice.sync.targets.staging import (
     STAGED_DDL,
+    StagingLostError,
+    binary_columns,
+    changes_table,
     next_offsets,
     parse_staging_table,
     staged_counts,
@@ -75,10 +78,6 @@ CREATE TEMP TABLE IF NOT EXISTS _sluice_stage (
 
 #: JSON value kinds to column types for tables created from events.
 _TYPES = {"string": "text", "boolean": "boolean", "object": "jsonb", "array": "jsonb"}
-
-
-class StagingLostError(RuntimeError):
-    """Rows the executors staged for a batch are not (all) in its staging table."""
 
 
 #: A staged row an earlier commit has not applied (`a`: the stored offsets, joined by partition).
@@ -122,19 +121,7 @@ class _BatchRows:
             'ORDER BY s.tbl, s.key, s.pos DESC, s."offset" DESC) b ORDER BY topic, partition, "offset"',
             self.params,
         ).fetchall()
-        cols = list(zip(*rows, strict=True)) if rows else [()] * len(CHANGE_SCHEMA)
-        types = [pa.int64() if f.name == "timestamp" else f.type for f in CHANGE_SCHEMA]
-        arrays = [pa.array(c, t) for c, t in zip(cols, types, strict=True)]
-        arrays[3] = arrays[3].cast(pa.timestamp("ms")).cast(CHANGE_SCHEMA.field("timestamp").type)
-        return pa.Table.from_arrays(arrays, schema=CHANGE_SCHEMA)
-
-
-def _binary_columns(texts: list[str] | None) -> set[str]:
-    """The columns holding bytes, from the distinct `binary` lists of a table's changes."""
-    out: set[str] = set()
-    for text in texts or []:
-        out.update(orjson.loads(text))
-    return out
+        return changes_table(rows)
 
 
 class PostgresTarget(Target):
@@ -695,7 +682,7 @@ class PostgresTarget(Target):
         guard = not self.switches.disable_version_guard
         truncates = {table: pos for table, pos, *_ in shape if pos is not None}
         tables_of = {
-            table: (_binary_columns(texts), types_variants(types or []))
+            table: (binary_columns(texts), types_variants(types or []))
             for table, _, _, _, texts, types in shape
         }
         if on_refused is None:

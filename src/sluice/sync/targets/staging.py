@@ -50,6 +50,11 @@ import pyarrow.compute as pc
 from sluice.sync.envelope import MARKER
 from sluice.sync.targets.pg_copy import copy_payloads, strip_nul
 
+
+class StagingLostError(RuntimeError):
+    """Rows the executors staged for a batch are not (all) in its staging table."""
+
+
 #: What each task returns to the driver (Spark DDL): one row per topic-partition it read.
 #: `staged` and `nul_stripped` are the task's totals, on each of its rows; the freshness
 #: histogram (source timestamps in buckets of `ts_bucket_ms`) is on its first row only.
@@ -126,24 +131,43 @@ _connections: dict[tuple[str, str | None], Any] = {}
 _connections_lock = threading.Lock()
 
 
-def _connection(spec: StageSpec) -> Any:
-    """This Python worker's connection to the target (made once, made again when broken)."""
+def is_mysql(url: str) -> bool:
+    return url.startswith(("mysql://", "mariadb://"))
+
+
+def _open(spec: StageSpec) -> Any:
+    if is_mysql(spec.url):
+        from sluice.sync.targets.mysql_stage import connect
+
+        return connect(spec.url, spec.password)
     import psycopg
 
+    extra: dict[str, Any] = {} if spec.password is None else {"password": spec.password}
+    return psycopg.connect(spec.url, autocommit=True, **extra)
+
+
+def _usable(conn: Any) -> bool:
+    if hasattr(conn, "broken"):  # psycopg
+        return not (conn.closed or conn.broken)
+    return bool(conn.open)  # PyMySQL
+
+
+def connection(spec: StageSpec) -> Any:
+    """This Python worker's connection to the target (made once, made again when broken)."""
     key = (spec.url, spec.password)
     with _connections_lock:
         conn = _connections.get(key)
-        if conn is not None and (conn.closed or conn.broken):
+        if conn is not None and not _usable(conn):
             _connections.pop(key, None)
             conn = None
         if conn is None:
-            extra: dict[str, Any] = {} if spec.password is None else {"password": spec.password}
-            conn = psycopg.connect(spec.url, autocommit=True, **extra)
+            conn = _open(spec)
             _connections[key] = conn
         return conn
 
 
-def _forget(spec: StageSpec) -> None:
+def forget(spec: StageSpec) -> None:
+    """Close and drop this worker's connection (a task failed on it: it may be in any state)."""
     with _connections_lock:
         conn = _connections.pop((spec.url, spec.password), None)
     if conn is not None:
@@ -155,29 +179,40 @@ def _forget(spec: StageSpec) -> None:
 
 def stage_changes(spec: StageSpec) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """What a task runs after its parse and collapse: changes (`sync.changes.CHANGE_SCHEMA`) in,
-    the task's summary rows (`SUMMARY_DDL`) out, its rows COPYed into `spec.table` under its
-    token."""
+    the task's summary rows (`SUMMARY_DDL`) out, its rows written into `spec.table` under its
+    token (COPY on PostgreSQL, multi-row INSERTs on MySQL: `mysql_stage.insert_staged`), in one
+    transaction of the task's own."""
+    if is_mysql(spec.url):
+        from sluice.sync.targets.mysql_stage import insert_staged as write
+    else:
+        write = _copy_staged
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        task = _Task(secrets.randbits(63))
-        conn = _connection(spec)
-        columns = ", ".join(f'"{c}"' for c in STAGED_COLUMNS)
+        task = Task(secrets.randbits(63))
         try:
-            with (
-                conn.transaction(),
-                conn.cursor() as cur,
-                cur.copy(f'COPY "{spec.table}" ({columns}) FROM STDIN') as copy,
-            ):
-                for batch in batches:
-                    for payload in task.add(batch):
-                        copy.write(payload)
+            write(connection(spec), spec.table, task, batches)
         except BaseException:
-            _forget(spec)
+            forget(spec)
             raise
         if task.ends:
             yield summary(task.token, task.ends, task.counts, task.staged, task.stripped, task.stamps)
 
     return run
+
+
+def _copy_staged(conn: Any, table: str, task: Task, batches: Iterable[pa.RecordBatch]) -> None:
+    """COPY a task's rows into a PostgreSQL staging table (U+0000 dropped from values: text
+    there cannot hold it; counted in the summary)."""
+    columns = ", ".join(f'"{c}"' for c in STAGED_COLUMNS)
+    with conn.transaction(), conn.cursor() as cur, cur.copy(f'COPY "{table}" ({columns}) FROM STDIN') as copy:
+        for batch in batches:
+            rows = task.add(batch)
+            if rows is None:
+                continue
+            rows, n = strip_nul(rows, check_keys=False)
+            task.stripped += n
+            for payload in copy_payloads(rows, STAGED_COLUMNS):
+                copy.write(payload)
 
 
 def map_and_stage(spec: StageSpec) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -193,7 +228,7 @@ def map_and_stage(spec: StageSpec) -> Callable[[Iterable[pa.RecordBatch]], Itera
 
 
 @dataclass
-class _Task:
+class Task:
     """What one task has staged so far."""
 
     token: int
@@ -203,24 +238,24 @@ class _Task:
     staged: int = 0
     stripped: int = 0
 
-    def add(self, batch: pa.RecordBatch) -> Iterator[memoryview]:
-        """Count a batch of changes and return its rows' COPY payloads (none: nothing to stage)."""
+    def add(self, batch: pa.RecordBatch) -> pa.Table | None:
+        """Count a batch of changes and return its rows to stage (the staged columns but
+        `binary`, `types` and the target's own: `tbl` for the change's table, the task's token,
+        `ts` in ms), or None when it holds nothing to stage."""
         if not batch.num_rows:
-            return iter(())
+            return None
         rows = pa.Table.from_batches([batch])
         _count_offsets(rows, self.ends, self.counts)
         rows = rows.filter(pc.not_equal(rows["op"], MARKER))  # position markers: offsets only
         if not rows.num_rows:
-            return iter(())
-        rows, n = strip_nul(rows, check_keys=False)
-        self.stripped += n
+            return None
         ms = pc.cast(pc.cast(rows["timestamp"], pa.timestamp("ms", tz="UTC")), pa.int64()).combine_chunks()
         self.stamps.append(ms)
         rows = rows.append_column("token", pa.repeat(pa.scalar(self.token, pa.int64()), rows.num_rows))
         rows = rows.append_column("ts", ms)
         rows = rows.rename_columns(["tbl" if c == "table" else c for c in rows.column_names])
         self.staged += rows.num_rows
-        return copy_payloads(rows, STAGED_COLUMNS)
+        return rows
 
 
 def _count_offsets(
@@ -274,6 +309,29 @@ def summary(
             "ts_count": pa.array([hits] + [[]] * (n - 1), pa.list_(pa.int64())),
         }
     )
+
+
+def binary_columns(texts: Iterable[str | None] | None) -> set[str]:
+    """The columns holding bytes, from the distinct `binary` lists of a table's changes."""
+    import orjson
+
+    out: set[str] = set()
+    for text in texts or []:
+        if text is not None:
+            out.update(orjson.loads(text))
+    return out
+
+
+def changes_table(rows: list[tuple[Any, ...]]) -> pa.Table:
+    """Staged rows read back into the driver, each (topic, partition, offset, ts ms, tbl, key,
+    pos, op, after text, records, binary, types), as changes (`sync.changes.CHANGE_SCHEMA`)."""
+    from sluice.sync.changes import CHANGE_SCHEMA
+
+    cols = list(zip(*rows, strict=True)) if rows else [()] * len(CHANGE_SCHEMA)
+    types = [pa.int64() if f.name == "timestamp" else f.type for f in CHANGE_SCHEMA]
+    arrays = [pa.array(c, t) for c, t in zip(cols, types, strict=True)]
+    arrays[3] = arrays[3].cast(pa.timestamp("ms")).cast(CHANGE_SCHEMA.field("timestamp").type)
+    return pa.Table.from_arrays(arrays, schema=CHANGE_SCHEMA)
 
 
 def staged_counts(summaries: pa.Table) -> dict[int, int]:

@@ -1,0 +1,165 @@
+"""Executors stage a micro-batch's changes in the MySQL/MariaDB target; the driver merges them in SQL.
+
+The design is PostgreSQL's (staging.py): each execution of a pipeline has an InnoDB staging
+table (`staging.staging_table`), each Spark task writes its collapsed changes into it under a
+random token in one transaction of its own (`insert_staged`: multi-row INSERTs, a few MB each),
+and returns only its summary; the driver's one commit (`MySqlTarget.apply_staged`) merges the
+rows of the summaries' tokens. What makes a failed attempt's, an earlier batch's or a zombie's
+staged rows unread is the same: tokens, one table per execution, the fence.
+
+What the driver merges in SQL, per table (`MySqlTarget._merge_table`): the newest change per key
+of the batch's fresh rows (ROW_NUMBER over the key's hash), then one `INSERT ... SELECT ... ON
+DUPLICATE KEY UPDATE` with the version guard, one delete by a join and one tombstone upsert, each
+value taken out of the staged JSON by `value_sql`. That SQL gives exactly what the driver's
+Python conversion (`mysql._converter`) gives for the column types in `SQL_SAFE`; a table with any
+other column (FLOAT, BIT, spatial types), a table the batch must create or widen, a batch with
+schema changes, rows a rename or drop must translate, a row whose values are not all strings,
+numbers or nulls (`plain`), a value `exception_sql` names (an ENUM's error value, a BIT that is
+not its `0`/`1` text), or rows the target refuses under
+`on_refused: dlq`: those tables' changes are read back into the driver and applied as `apply`
+does. Either way every staged row is merged in the driver's one transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+#: The staged rows' columns: the change's, plus the key's SHA-256 (`kh`, as the tombstones'
+#: index holds it) and whether every key and after value is a string, a number or null (`plain`).
+STAGED_COLUMNS = ("token", "topic", "partition", "offset", "ts", "tbl", "key", "kh", "pos", "op",
+                  "after", "records", "binary", "types", "plain")  # fmt: skip
+STAGED_DDL = (
+    "token BIGINT NOT NULL, topic VARCHAR(255) NOT NULL, `partition` INT NOT NULL, `offset` BIGINT NOT "
+    "NULL, ts BIGINT NULL, tbl LONGTEXT NOT NULL, `key` LONGTEXT NOT NULL, kh BINARY(32) NOT NULL, "
+    "pos BIGINT NOT NULL, op VARCHAR(8) NOT NULL, `after` LONGTEXT NULL, records INT NOT NULL, "
+    "`binary` LONGTEXT NULL, types LONGTEXT NULL, plain TINYINT NOT NULL, KEY (token)"
+)
+
+#: Bytes of one multi-row INSERT a task sends (below every server's max_allowed_packet default).
+CHUNK_BYTES = 4 << 20
+
+#: Column types (their base name) whose values `value_sql` converts in SQL exactly as the
+#: driver's Python does; a table with a column of any other type is merged from the driver.
+_STAMPS = frozenset({"datetime", "timestamp"})
+_BYTES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "geometry", "point",
+                    "linestring", "polygon", "multipoint", "multilinestring", "multipolygon",
+                    "geometrycollection"})  # fmt: skip
+SQL_SAFE = _STAMPS | _BYTES | frozenset(
+    {"tinyint", "smallint", "mediumint", "int", "integer", "bigint", "decimal", "numeric", "double",
+     "real", "float", "bit", "char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum",
+     "set", "date", "time", "year", "json"}
+)  # fmt: skip
+#: FLT_MAX as the double it is, and the least double that rounds past it to infinity as a float32:
+#: a value between them (FLT_MAX's shortest text, 3.4028235e38, is one) is FLT_MAX in a FLOAT.
+_FLT_MAX = "3.4028234663852886e38"
+_FLT_OVER = "3.4028235677973366e38"
+
+
+def connect(url: str, password: str | None) -> Any:
+    """A task's connection to the target (PyMySQL), outside any transaction between tasks."""
+    import pymysql
+
+    from sluice.sync.targets.mysql import parse_url
+
+    args = parse_url(url)
+    if password is not None:
+        args["password"] = password
+    return pymysql.connect(**args, charset="utf8mb4", autocommit=True, connect_timeout=30)
+
+
+def _plain(doc: Any) -> bool:
+    return type(doc) is dict and all(v is None or type(v) in (str, int, float) for v in doc.values())
+
+
+def staged_values(rows: pa.Table) -> Iterable[tuple[Any, ...]]:
+    """One task's rows (`staging.Task.add`) as the staging table's values, in STAGED_COLUMNS order."""
+    cols = {c: rows[c].to_pylist() for c in STAGED_COLUMNS if c not in ("kh", "plain")}
+    loads = orjson.loads
+    for i in range(rows.num_rows):
+        key, after = cols["key"][i], cols["after"][i]
+        plain = _plain(loads(key)) and (after is None or _plain(loads(after)))
+        yield (
+            cols["token"][i], cols["topic"][i], cols["partition"][i], cols["offset"][i], cols["ts"][i],
+            cols["tbl"][i], key, hashlib.sha256(key.encode()).digest(), cols["pos"][i], cols["op"][i],
+            after, cols["records"][i], cols["binary"][i], cols["types"][i], int(plain),
+        )  # fmt: skip
+
+
+def insert_staged(conn: Any, table: str, task: Any, batches: Iterable[pa.RecordBatch]) -> None:
+    """Write a task's rows (`staging.Task`) into the staging table, in one transaction."""
+    head = f"INSERT INTO `{table}` ({', '.join(f'`{c}`' for c in STAGED_COLUMNS)}) VALUES "
+    escape = conn.escape
+    conn.begin()
+    with conn.cursor() as cur:
+        parts: list[str] = []
+        size = 0
+        for batch in batches:
+            rows = task.add(batch)
+            if rows is None:
+                continue
+            for values in staged_values(rows):
+                text = escape(values)
+                parts.append(text)
+                size += len(text)
+                if size >= CHUNK_BYTES:
+                    cur.execute(head + ",".join(parts))
+                    parts, size = [], 0
+        if parts:
+            cur.execute(head + ",".join(parts))
+    conn.commit()
+
+
+def json_path(column: str) -> str | None:
+    """The JSON path of a top-level member as an SQL literal, or None for a name a path cannot
+    quote plainly (its table is merged from the driver)."""
+    if any(ch in column for ch in "\"\\'%") or any(ord(ch) < 0x20 for ch in column):
+        return None
+    return f"'$.\"{column}\"'"
+
+
+def value_sql(extracted: str, column_type: str, base64: bool) -> str | None:
+    """SQL giving what the driver writes (`mysql._converter`) into a column of `column_type`,
+    from `extracted`: a column holding the member's JSON_EXTRACT (SQL NULL when absent). None
+    when no SQL here is known to give exactly that (the table is merged from the driver)."""
+    base = column_type.lower().split("(", 1)[0].split(" ", 1)[0]
+    if base not in SQL_SAFE:
+        return None
+    text = f"IF(JSON_TYPE({extracted}) = 'NULL', NULL, JSON_UNQUOTE({extracted}))"
+    if base in _STAMPS:  # the envelope's 2024-01-02T03:04:05.123456Z: first T a space, no Z
+        spaced = f"IF(LOCATE('T', {text}) > 0, INSERT({text}, LOCATE('T', {text}), 1, ' '), {text})"
+        return f"IF(RIGHT({spaced}, 1) = 'Z', LEFT({spaced}, CHAR_LENGTH({spaced}) - 1), {spaced})"
+    if base in _BYTES and base64:
+        return f"FROM_BASE64({text})"
+    if base == "year":  # a number (`exception_sql`): 0 is the year 0000, where the text '0' is 2000
+        return f"({text} + 0)"
+    if base == "bit":  # `0101` (`exception_sql` sends any other value to the driver)
+        return f"CAST(CONV({text}, 2, 10) AS UNSIGNED)"
+    if base == "float":  # as `mysql._float32` rounds it: the server refuses a double past FLT_MAX
+        return (
+            f"IF(ABS({text}) > {_FLT_MAX} AND ABS({text}) < {_FLT_OVER}, "
+            f"CONCAT(IF({text} < 0, '-', ''), '{_FLT_MAX}'), {text})"
+        )
+    return text
+
+
+def exception_sql(extracted: str, column_type: str) -> str | None:
+    """A condition on a member's JSON_EXTRACT that holds for a value `value_sql` would not write
+    as the driver does (a batch with one merges the table from the driver), or None."""
+    from sluice.sync.types import parse_type
+
+    base = column_type.lower().split("(", 1)[0].split(" ", 1)[0]
+    if base == "enum" and "" not in parse_type(column_type).members:
+        return f"JSON_UNQUOTE({extracted}) = ''"  # ENUM's error value: `mysql._write_lax`
+    if base == "year":
+        return f"JSON_TYPE({extracted}) NOT IN ('NULL', 'INTEGER')"
+    if base == "bit":
+        return (
+            f"(JSON_TYPE({extracted}) <> 'NULL' AND (JSON_TYPE({extracted}) <> 'STRING' "
+            f"OR JSON_UNQUOTE({extracted}) NOT REGEXP '^[01]+$'))"
+        )
+    return None
