@@ -1,7 +1,8 @@
-"""Batches staged by the executors and committed by the driver (sync/targets/staging.py), on a
-real PostgreSQL: the same outcome as the driver path under a seeded randomized workload, and
-staged rows that must never be merged (a failed task attempt's, a zombie execution's, a batch
-whose staging was lost) never are, and are gone after the next commit.
+"""Batches staged by the executors and committed by the driver (sync/targets/staging.py): on a
+real PostgreSQL the same outcome as the driver path under a seeded randomized workload; on
+PostgreSQL and on MariaDB as a MySQL target, staged rows that must never be merged (a failed task
+attempt's, a zombie execution's, a batch whose staging was lost) never are, and are gone after
+the next commit. MySQL's randomized workload is test_mysql_staging.py.
 
 The executors' side runs in this process (tests/support/staging.py), the same function Spark's
 read tasks run; the Spark-level kills are in test_pipeline.py and test_spark_standalone.py.
@@ -15,7 +16,6 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pytest
 
@@ -30,11 +30,19 @@ from sluice.sync.targets.staging import (
     staging_table,
 )
 from tests.support.changes import event, records
-from tests.support.staging import apply_staged, stage, staged
+from tests.support.staging import apply_staged, execute, stage, staged
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def target(request: pytest.FixtureRequest) -> Iterator[Target]:
+    """A PostgreSQL target, and a MySQL/MariaDB one: both stage in the executors."""
+    t = open_target(request.getfixturevalue("mysql_url" if request.param == "mysql" else "postgres_url"))
+    yield t
+    t.close()
 
 
 @pytest.fixture
-def target(postgres_url: str) -> Iterator[Target]:
+def pg_target(postgres_url: str) -> Iterator[Target]:
     t = open_target(postgres_url)
     yield t
     t.close()
@@ -200,8 +208,7 @@ def test_a_batch_whose_staged_rows_are_gone_commits_nothing(target: Target) -> N
     summaries = stage(
         target.url, table, records([event("u", 2, 1, v="S2"), event("c", 3, 2, v="x")], start=1)
     )
-    with psycopg.connect(target.url, autocommit=True) as conn:  # as a restart empties UNLOGGED tables
-        conn.execute(f'DELETE FROM "{table}" WHERE pos = 3')
+    execute(target.url, f"DELETE FROM {table} WHERE pos = 3")  # as a restart empties UNLOGGED tables
     with pytest.raises(StagingLostError, match="not all there"):
         target.apply_staged("p", epoch, 50, summaries)
     assert target.applied_offsets("p") == offsets
@@ -213,7 +220,9 @@ def test_a_batch_whose_staged_rows_are_gone_commits_nothing(target: Target) -> N
     assert staged(target.url) == {table: 0}
 
 
-def test_a_staged_key_with_nul_is_refused_and_nul_in_values_dropped(target: Target) -> None:
+def test_a_staged_key_with_nul_is_refused_and_nul_in_values_dropped(pg_target: Target) -> None:
+    """PostgreSQL's text cannot hold U+0000 (MySQL's can: test_mysql_staging.py)."""
+    target = pg_target
     epoch = target.claim("p")
     apply_staged(target, "p", epoch, records([event("c", 1, 1, v="a\x00b")]))
     assert value(target) == "ab"

@@ -86,6 +86,20 @@ def staged_tokens(url: str) -> set[int]:
         }
 
 
+def execute(url: str, statement: str) -> None:
+    """One statement on the target at `url`, committed (names unquoted: plain ones only)."""
+    if is_mysql(url):
+        conn = _mysql(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement)
+        finally:
+            conn.close()
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(statement)  # type: ignore[arg-type]
+
+
 def _mysql(url: str) -> Any:
     from sluice.sync.targets.mysql_stage import connect
 

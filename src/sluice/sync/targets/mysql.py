@@ -181,7 +181,8 @@ class MySqlTarget(Target):
         self._keys: dict[str, list[str]] = {}
         self._fence: tuple[str, int] | None = None  # the batch's pipeline and epoch, for `_ddl`
         self._unflushed: list[tuple[str, int, str, bool]] = []  # schema records not committed
-        #: Tables of staged batches merged in SQL ("sql"), or from the driver, by why (`_sql_plan`).
+        #: Tables of staged batches merged in SQL ("sql"), or from the driver, by why (`_sql_plan`);
+        #: the changes merged in SQL ("sql-rows") and from the driver in an SQL table ("driver-rows").
         self.merges: Counter[str] = Counter()
 
     def _one(self, sql: str, args: Any = None) -> Any:
@@ -890,6 +891,7 @@ class MySqlTarget(Target):
                 upserts -= changes.num_rows
                 written += self._apply_changes(tx, changes, guard)
                 self.merges["driver-rows"] += changes.num_rows
+        self.merges["sql-rows"] += upserts + deletes
         q = quote(plan.name)
         if upserts:
             extracts = _extracts("n.`after`", plan.values)

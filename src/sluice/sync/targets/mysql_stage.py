@@ -13,8 +13,8 @@ DUPLICATE KEY UPDATE` with the version guard, one delete by a join and one tombs
 value taken out of the staged JSON by `value_sql`. That SQL gives exactly what the driver's
 Python conversion (`mysql._converter`) gives for the column types in `SQL_SAFE`; a table with any
 other column (FLOAT, BIT, spatial types), a table the batch must create or widen, a batch with
-schema changes, rows a rename or drop must translate, a row whose values are not all strings,
-numbers or nulls (`plain`), a value `exception_sql` names (an ENUM's error value, a BIT that is
+schema changes, rows a rename or drop must translate, a row holding a JSON object or array
+(`plain`), a value `exception_sql` names (an ENUM's error value, a BIT that is
 not its `0`/`1` text), or rows the target refuses under
 `on_refused: dlq`: those tables' changes are read back into the driver and applied as `apply`
 does. Either way every staged row is merged in the driver's one transaction.
@@ -30,7 +30,7 @@ import orjson
 import pyarrow as pa
 
 #: The staged rows' columns: the change's, plus the key's SHA-256 (`kh`, as the tombstones'
-#: index holds it) and whether every key and after value is a string, a number or null (`plain`).
+#: index holds it) and whether every key and after value is a scalar (`plain`).
 STAGED_COLUMNS = ("token", "topic", "partition", "offset", "ts", "tbl", "key", "kh", "pos", "op",
                   "after", "records", "binary", "types", "plain")  # fmt: skip
 STAGED_DDL = (
@@ -73,7 +73,9 @@ def connect(url: str, password: str | None) -> Any:
 
 
 def _plain(doc: Any) -> bool:
-    return type(doc) is dict and all(v is None or type(v) in (str, int, float) for v in doc.values())
+    """Whether every member is a string, a number, a boolean or null (no object or array: the
+    driver writes those as orjson's compact text, which SQL here does not give)."""
+    return type(doc) is dict and all(v is None or type(v) in (str, int, float, bool) for v in doc.values())
 
 
 def staged_values(rows: pa.Table) -> Iterable[tuple[Any, ...]]:
@@ -129,7 +131,11 @@ def value_sql(extracted: str, column_type: str, base64: bool) -> str | None:
     base = column_type.lower().split("(", 1)[0].split(" ", 1)[0]
     if base not in SQL_SAFE:
         return None
-    text = f"IF(JSON_TYPE({extracted}) = 'NULL', NULL, JSON_UNQUOTE({extracted}))"
+    # JSON null is NULL; true and false are 1 and 0, as PyMySQL writes Python's True and False
+    text = (
+        f"CASE JSON_TYPE({extracted}) WHEN 'NULL' THEN NULL WHEN 'BOOLEAN' THEN "
+        f"IF(JSON_UNQUOTE({extracted}) = 'true', '1', '0') ELSE JSON_UNQUOTE({extracted}) END"
+    )
     if base in _STAMPS:  # the envelope's 2024-01-02T03:04:05.123456Z: first T a space, no Z
         spaced = f"IF(LOCATE('T', {text}) > 0, INSERT({text}, LOCATE('T', {text}), 1, ' '), {text})"
         return f"IF(RIGHT({spaced}, 1) = 'Z', LEFT({spaced}, CHAR_LENGTH({spaced}) - 1), {spaced})"
