@@ -157,15 +157,15 @@ def source_log(
         cluster.down()
 
 
-#: "postgresql-staged": PostgreSQL, each batch staged by the executors' function and committed
-#: from the staging (the Spark pipeline's path: sync/targets/staging.py)
-KINDS = ["sqlite", "postgresql", "postgresql-staged", "mysql"]
+#: "postgresql-staged", "mysql-staged": each batch staged by the executors' function and
+#: committed from the staging (the Spark pipeline's path: sync/targets/staging.py)
+KINDS = ["sqlite", "postgresql", "postgresql-staged", "mysql", "mysql-staged"]
 
 
 def target_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'target.db'}"
-    return str(request.getfixturevalue("mysql_url" if kind == "mysql" else "postgres_url"))
+    return str(request.getfixturevalue("mysql_url" if kind.startswith("mysql") else "postgres_url"))
 
 
 @dataclass
