@@ -127,3 +127,20 @@ def test_compaction_every_n_batches_keeps_rows_offsets_and_tombstones(lake: str)
     assert t.read_rows("acct")['{"id":0}']["v"] == "after"
     assert '{"id":99}' not in t.read_rows("acct")  # its tombstone (29) is newer than the change (28)
     assert t.applied_offsets("p") == {("t", 0): 20}
+
+
+def test_a_failed_compaction_does_not_fail_the_batch_that_landed(
+    lake: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = open_target(lake, optimize_every=1)
+    assert isinstance(t, DeltaTarget)
+
+    def broken(pipeline: str) -> None:
+        raise RuntimeError("OPTIMIZE failed")
+
+    monkeypatch.setattr(t, "compact", broken)
+    e = t.claim("p")
+    with caplog.at_level("WARNING", logger="sluice.target"):
+        result = t.apply("p", e, records([event("c", 1, 1, v="S1")]))
+    assert result.offsets == {"t": {0: 1}} and t.read_rows("acct")['{"id":1}']["v"] == "S1"
+    assert "event=delta_compact_failed pipeline=p" in caplog.text

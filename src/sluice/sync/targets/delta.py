@@ -130,8 +130,10 @@ class _Batch:
         self.reading = reading  # a status read: nothing cached, nothing created
         self.app = ""
         self.version = 0
+        self.pipeline = ""
         self.stones: list[tuple[str, str, int]] = []
         self.schema: list[tuple[str, int, str, bool]] = []
+        self.compact = False  # compaction is due once the batch's commits are done
 
 
 class DeltaTarget(Target):
@@ -220,9 +222,9 @@ class DeltaTarget(Target):
     # --- the transaction: Delta commits each statement; the batch holds its identity -------------
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
-        self._batch = _Batch()
+        batch = self._batch = _Batch()
         try:
-            yield self._batch
+            yield batch
         except BaseException:
             self._schemas.clear()
             self._keys.clear()
@@ -230,6 +232,13 @@ class DeltaTarget(Target):
             self._history.clear()
             self._truncated.clear()
             raise
+        if batch.compact:
+            try:
+                self.compact(batch.pipeline)
+            except Exception as exc:  # the batch landed: a failed OPTIMIZE must not fail it
+                log.warning("event=delta_compact_failed pipeline=%s reason=%r action=%r", batch.pipeline,
+                            f"{type(exc).__name__}: {str(exc)[:300]}",
+                            f"tried again after {self.optimize_every} more batches")  # fmt: skip
 
     @contextmanager
     def _read_transaction(self) -> Iterator[Any]:
@@ -315,7 +324,7 @@ class DeltaTarget(Target):
             self._offsets[pipeline] = merge_offsets(self._offsets[pipeline], offsets)
         self._batches += 1
         if self.optimize_every and self._batches % self.optimize_every == 0:
-            self.compact(pipeline)
+            tx.compact = True  # once the batch's commits are done (`_transaction`)
 
     def compact(self, pipeline: str) -> None:
         """Small files into larger ones (Delta's OPTIMIZE) in the tables written since the last
@@ -323,24 +332,25 @@ class DeltaTarget(Target):
         each partition's and key's newest. Commits of their own, without the batch's transaction
         identity: they change no row's value (a zombie's write is still skipped by the identities
         the batches left)."""
-        stones = _q(self._meta(pipeline, "tombstones"))
-        self._sql(
-            f"MERGE INTO delta.{stones} o USING (SELECT tbl, key, max(pos) AS top FROM delta.{stones} "
-            "GROUP BY tbl, key) n ON o.tbl = n.tbl AND o.key = n.key AND o.pos < n.top "
-            "WHEN MATCHED THEN DELETE"
-        )
-        offsets = _q(self._meta(pipeline, "offsets"))
-        self._sql(
-            f"MERGE INTO delta.{offsets} o USING (SELECT pipeline, topic, `partition`, "
-            f"max(next_offset) AS top FROM delta.{offsets} WHERE pipeline = {_lit(pipeline)} "
-            "GROUP BY pipeline, topic, `partition`) n "
-            "ON o.pipeline = n.pipeline AND o.topic = n.topic AND o.`partition` = n.`partition` "
-            "AND o.next_offset < n.top WHEN MATCHED THEN DELETE"
+        self._keep_newest(self._meta(pipeline, "tombstones"), ["tbl", "key"], "pos")
+        offsets = self._meta(pipeline, "offsets")
+        self._keep_newest(
+            offsets, ["pipeline", "topic", "`partition`"], "next_offset", f"pipeline = {_lit(pipeline)}"
         )
         for path in sorted({self._path(n) for n in self._written} | {self._meta(pipeline, k) for k in _META}):
             self._sql(f"OPTIMIZE delta.{_q(path)}")
         log.info("event=delta_compacted pipeline=%s tables=%d", pipeline, len(self._written))
         self._written.clear()
+
+    def _keep_newest(self, path: str, group: list[str], value: str, where: str = "TRUE") -> None:
+        """Delete every appended row of a meta table but each group's largest `value`."""
+        table = f"delta.{_q(path)}"
+        on = " AND ".join(f"o.{c} = n.{c}" for c in group)
+        self._sql(
+            f"MERGE INTO {table} o USING (SELECT {', '.join(group)}, max({value}) AS top FROM {table} "
+            f"WHERE {where} GROUP BY {', '.join(group)}) n ON {on} AND o.{value} < n.top "
+            "WHEN MATCHED THEN DELETE"
+        )
 
     def _flush_meta(self, tx: Any, pipeline: str) -> None:
         """The batch's tombstones and schema records, one commit each."""
@@ -401,7 +411,7 @@ class DeltaTarget(Target):
                 deleted += int(rows[0][0]) if rows and rows[0][0] is not None else 0
         if guard and truncates:
             names = {self.mapping.target_table(t): p for t, p in truncates.items()}
-            floors = self._floors(pipeline)
+            floors = self._floors(tx, pipeline)
             for n, p in names.items():
                 floors[n] = max(p, floors.get(n, -1))
             values = ", ".join(f"({_lit(n)}, CAST({int(p)} AS BIGINT))" for n, p in sorted(names.items()))
@@ -416,13 +426,13 @@ class DeltaTarget(Target):
                 self._sql(f"DELETE FROM delta.{_q(self._meta(pipeline, 'tombstones'))} WHERE {covered}")
         return deleted
 
-    def _floors(self, pipeline: str) -> dict[str, int]:
+    def _floors(self, tx: Any, pipeline: str) -> dict[str, int]:
         """Each table's truncate watermark, read once per execution (only this pipeline's
         executions write them; `_apply_truncates` keeps them)."""
         if pipeline not in self._truncated:
-            rows = self._sql(
-                f"SELECT tbl, max(pos) FROM delta.{_q(self._meta(pipeline, 'truncates'))} GROUP BY tbl"
-            ).collect()
+            rows = self._read_meta(
+                tx, pipeline, "truncates", "SELECT tbl, max(pos) FROM {table} GROUP BY tbl"
+            )
             self._truncated[pipeline] = {str(t): int(p) for t, p in rows}
         return self._truncated[pipeline]
 
@@ -460,7 +470,7 @@ class DeltaTarget(Target):
         if guard:
             stones = self.spark.read.format("delta").load(self._meta(pipeline, "tombstones"))
             stones = stones.where(stones.tbl == name).groupBy("key").max("pos").toDF("_t_key", "_t_pos")
-            floor = self._floors(pipeline).get(name, -1)
+            floor = self._floors(tx, pipeline).get(name, -1)
             df = df.join(stones, df["_s_key"] == stones["_t_key"], "left").where(
                 f"_s_op = 'd' OR ((_t_pos IS NULL OR _t_pos < _s_pos) AND _s_pos > {floor})"
             )
@@ -558,16 +568,18 @@ class DeltaTarget(Target):
 
     # --- schema changes (targets/evolution.py) ---------------------------------------------------
     def _read_schema_history(self, tx: Any, tables: list[str]) -> dict[str, list[Recorded]]:
-        pipeline = getattr(tx, "pipeline", None)
-        if not tables or pipeline is None:
+        pipeline = tx.pipeline
+        if not tables or not pipeline:
             return {}
         unread = [t for t in tables if t not in self._history]
         if unread:
             names = ", ".join(_lit(t) for t in unread)
-            rows = self._sql(
-                f"SELECT tbl, pos, change, applied FROM delta.{_q(self._meta(pipeline, 'schema'))} "
-                f"WHERE tbl IN ({names})"
-            ).collect()
+            rows = self._read_meta(
+                tx,
+                pipeline,
+                "schema",
+                f"SELECT tbl, pos, change, applied FROM {{table}} WHERE tbl IN ({names})",
+            )
             for t in unread:
                 self._history[t] = []
             for t, p, c, a in rows:
