@@ -751,17 +751,24 @@ class MySqlTarget(Target):
             variants.setdefault(str(table), []).append((binary, types))
         history = self._read_schema_history(tx, list(shape))
         plans: dict[str, _Plan] = {}
-        for table, (_, schema, plain) in shape.items():
+        guard = not self.switches.disable_version_guard
+        written = 0
+        for table, (truncate, schema, plain) in list(shape.items()):
+            if table not in variants and not schema:  # a truncate and nothing else
+                written += self._apply_truncates(tx, {table: int(truncate)}, guard)
+                result.changes += 1
+                self.merges["sql"] += 1
+                del shape[table]
+                continue
             plan: _Plan | str = "schema" if schema else "not-plain"
             if plain and not schema:
                 plan = self._sql_plan(tx, rows, table, variants.get(table, []), history.get(table, []))
             if isinstance(plan, _Plan):
                 plans[table] = plan
             self.merges[plan if isinstance(plan, str) else "sql"] += 1
-        guard = not self.switches.disable_version_guard
         # the tables applied from the driver first: their DDL commits what came before it
         others = [t for t in shape if t not in plans]
-        written = self._from_driver(tx, pipeline, rows, others, on_refused, result)
+        written += self._from_driver(tx, pipeline, rows, others, on_refused, result)
         refused = []
         for table, plan in sorted(plans.items()):
             truncate = shape[table][0]
@@ -769,12 +776,14 @@ class MySqlTarget(Target):
                 written += self._merge_table(tx, rows, table, plan, truncate, guard, result)
                 continue
             self._savepoint(tx)
+            counted = result.changes
             try:
                 written += self._merge_table(tx, rows, table, plan, truncate, guard, result)
             except Exception as exc:
                 if not self._is_refusal(exc):
                     raise
                 self._rollback_to(tx)
+                result.changes = counted
                 log.info("event=staged_batch_refused pipeline=%s table=%s reason=%r action=%r", pipeline,
                          table, str(exc)[:200], "isolating the refused changes in the driver")  # fmt: skip
                 refused.append(table)
