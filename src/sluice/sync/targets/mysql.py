@@ -765,6 +765,10 @@ class MySqlTarget(Target):
                 plan = self._sql_plan(tx, rows, table, variants.get(table, []), history.get(table, []))
             if isinstance(plan, _Plan):
                 plans[table] = plan
+            else:
+                log.info(
+                    "event=staged_table_from_driver pipeline=%s table=%s reason=%s", pipeline, table, plan
+                )
             self.merges[plan if isinstance(plan, str) else "sql"] += 1
         # the tables applied from the driver first: their DDL commits what came before it
         others = [t for t in shape if t not in plans]
