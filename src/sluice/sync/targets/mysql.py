@@ -820,9 +820,7 @@ class MySqlTarget(Target):
         """How to merge a table's staged changes in SQL, or why they go through the driver
         (see mysql_stage.py): the key `merges` counts."""
         m = self.mapping
-        texts = [types for _, types in variants]
-        if not texts or any(t is None for t in texts):
-            return "untyped"  # a source that names no types: the driver infers them
+        texts = [types for _, types in variants if types is not None]
         if self.schema_change_policy == "ignore" and any(not r.applied for r in history):
             return "schema-ignored"
         try:
@@ -831,9 +829,17 @@ class MySqlTarget(Target):
             return "mapping"
         cols = self._load(tx, name)
         keys = self._keys.get(name) or []
-        typed = merged_types(types_variants(texts))
+        named = set(merged_types(types_variants(texts)))
+        if len(texts) < len(variants):  # rows of a source that names no types: the columns they hold
+            tx.execute(
+                f"SELECT DISTINCT JSON_KEYS(s.`after`) {rows.fresh} AND s.tbl = %(tbl)s AND s.op <> 'd' "
+                "AND s.`after` IS NOT NULL",
+                {**rows.params, "tbl": table},
+            )
+            for (members,) in tx.fetchall():
+                named.update(orjson.loads(members) if members else [])
         sources: dict[str, str] = {}
-        for src in typed:
+        for src in sorted(named):
             dst = _column_or_none(m, table, src)
             if dst is None and src not in m.for_table(table).drop:
                 return "mapping"  # a column the mapping cannot name: refused row by row
