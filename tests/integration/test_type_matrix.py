@@ -204,10 +204,8 @@ def test_every_type_arrives_as_the_source_holds_it_by_snapshot_and_by_binlog(
     with open_target(url) as target:
         apply_in_order(target, records, first, staged=kind.endswith("-staged"))
         merges = dict(getattr(target, "merges", {}))
-    if kind == "mysql-staged":  # in SQL, but where a table is made, and ENUM's '' from the driver
-        assert (
-            set(merges) <= {"sql", "sql-rows", "ddl", "driver-rows"} and merges["sql"] > 2 * merges["ddl"]
-        ), merges
+    if kind == "mysql-staged":  # in SQL, but ENUM's '' from the driver
+        assert set(merges) <= {"sql", "sql-rows", "driver-rows"} and merges["sql-rows"], merges
     problems = check(url, spec)
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:60])
 

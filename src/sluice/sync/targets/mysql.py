@@ -763,6 +763,9 @@ class MySqlTarget(Target):
             plan: _Plan | str = "schema" if schema else "not-plain"
             if plain and not schema:
                 plan = self._sql_plan(tx, rows, table, variants.get(table, []), history.get(table, []))
+                if plan == "ddl":  # made or widened here (MySQL commits), then merged in SQL
+                    self._prepare_table(tx, rows, table, variants[table])
+                    plan = self._sql_plan(tx, rows, table, variants[table], history.get(table, []))
             if isinstance(plan, _Plan):
                 plans[table] = plan
             else:
@@ -827,6 +830,8 @@ class MySqlTarget(Target):
             name = m.target_table(table)
         except MappingError:
             return "mapping"
+        if self._needs_translation(tx, rows, table, history):
+            return "translation"  # before any DDL: rows older than a table's drop must not make it again
         cols = self._load(tx, name)
         keys = self._keys.get(name) or []
         named = set(merged_types(types_variants(texts)))
@@ -850,8 +855,6 @@ class MySqlTarget(Target):
         data = [c for c in cols if c != POS_COLUMN]
         if not keys or any(c.startswith("_sluice_") or "%" in c for c in data) or "%" in name + table:
             return "names"
-        if self._needs_translation(tx, rows, table, history):
-            return "translation"
         binary = binary_columns(b for b, _ in variants)
         values = _value_plan("v", data, cols, sources, binary)
         key_values = _value_plan("k", keys, cols, sources, binary)
@@ -863,6 +866,19 @@ class MySqlTarget(Target):
             if (cond := exception_sql(f"JSON_EXTRACT(`after`, {path})", cols[c])) is not None
         ]
         return _Plan(name, keys, values, key_values, " OR ".join(exceptions))
+
+    def _prepare_table(
+        self, tx: Any, rows: _Staged, table: str, variants: list[tuple[str | None, str | None]]
+    ) -> None:
+        """Create the table, or add the columns the batch brings, as the driver path would
+        (`_ensure_table`): from the source's types and one change's key, or, for a source that
+        names no types, from every change of the batch (its types are inferred from them all)."""
+        texts = [t for _, t in variants if t is not None]
+        untyped = len(texts) < len(variants)
+        changes = rows.read(tx, [table], rows_only=True, limit=None if untyped else 1)
+        if changes.num_rows:
+            events, _ = changes_by_table(changes)[table]
+            self._ensure_table(tx, table, events, types_variants(texts))
 
     def _needs_translation(self, tx: Any, rows: _Staged, table: str, history: list[Recorded]) -> bool:
         """Whether rows of the batch are ones `evolution.translate_rows` would change: older than
@@ -1030,13 +1046,16 @@ class _Staged:
         )
         return dict(zip(("topic", "partition", "offset", "table", "key"), tx.fetchone(), strict=True))
 
-    def read(self, tx: Any, tables: list[str]) -> pa.Table:
-        """The fresh changes of `tables`, newest per row, in the driver (`changes.CHANGE_SCHEMA`)."""
+    def read(self, tx: Any, tables: list[str], rows_only: bool = False, limit: int | None = None) -> pa.Table:
+        """The fresh changes of `tables`, newest per row, in the driver (`changes.CHANGE_SCHEMA`);
+        with `rows_only`, their row changes (no truncate or schema change), at most `limit`."""
         marks = ", ".join(f"%(t{i})s" for i in range(len(tables)))
+        only = f" AND r.op NOT IN ('{TRUNCATE}', '{SCHEMA}')" if rows_only else ""
         tx.execute(
             f"SELECT {_STAGED_CHANGE} FROM (SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.kh, s.tbl "
             f"ORDER BY s.pos DESC, s.`offset` DESC) AS _sluice_rn {self.fresh} AND s.tbl IN ({marks})) r "
-            "WHERE r._sluice_rn = 1 ORDER BY r.topic, r.`partition`, r.`offset`",
+            f"WHERE r._sluice_rn = 1{only} ORDER BY r.topic, r.`partition`, r.`offset`"
+            + ("" if limit is None else f" LIMIT {int(limit)}"),
             {**self.params, **{f"t{i}": t for i, t in enumerate(tables)}},
         )
         return changes_table(list(tx.fetchall()))
