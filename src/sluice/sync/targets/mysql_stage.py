@@ -11,13 +11,14 @@ What the driver merges in SQL, per table (`MySqlTarget._merge_table`): the newes
 of the batch's fresh rows (ROW_NUMBER over the key's hash), then one `INSERT ... SELECT ... ON
 DUPLICATE KEY UPDATE` with the version guard, one delete by a join and one tombstone upsert, each
 value taken out of the staged JSON by `value_sql`. That SQL gives exactly what the driver's
-Python conversion (`mysql._converter`) gives for the column types in `SQL_SAFE`; a table with any
-other column (FLOAT, BIT, spatial types), a table the batch must create or widen, a batch with
-schema changes, rows a rename or drop must translate, a row holding a JSON object or array
-(`plain`), a value `exception_sql` names (an ENUM's error value, a BIT that is
-not its `0`/`1` text), or rows the target refuses under
-`on_refused: dlq`: those tables' changes are read back into the driver and applied as `apply`
-does. Either way every staged row is merged in the driver's one transaction.
+Python conversion (`mysql._converter`) gives for every column type the target creates
+(`SQL_SAFE`). A table the batch must create or widen is made from the driver first, then merged
+in SQL. A table with a column of another type, a batch with schema changes, rows a rename or
+drop must translate, a row holding a JSON object or array (`plain`), or rows the target refuses
+under `on_refused: dlq`: those tables' changes are read back into the driver and applied as
+`apply` does; a value `exception_sql` names (an ENUM's error value, a BIT that is not its
+`0`/`1` text, a YEAR that is not a number) goes through the driver row by row. Either way every
+staged row is merged in the driver's one transaction.
 """
 
 from __future__ import annotations
