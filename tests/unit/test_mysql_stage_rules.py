@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sluice.sync.targets.mysql_stage import exception_sql, json_path, staged_values, value_sql
+from sluice.sync.targets.mysql_stage import STAGED_COLUMNS, exception_sql, json_path, staged_values, value_sql
 from sluice.sync.types import mysql_type
 
 
@@ -44,7 +44,9 @@ def test_a_staged_row_is_plain_unless_it_holds_an_object_or_an_array() -> None:
         "after": ['{"id":1,"v":true,"f":1.5,"s":null}', '{"id":2,"v":{"a":1}}', None],
         "records": [1] * 3, "binary": [None] * 3, "types": [None] * 3,
     })  # fmt: skip
-    plain = [row[-1] for row in staged_values(rows)]
-    assert plain == [1, 0, 1]
-    kh = [row[7] for row in staged_values(rows)]
-    assert len(set(kh)) == 3 and all(len(h) == 32 for h in kh)
+    staged = [dict(zip(STAGED_COLUMNS, row, strict=True)) for row in staged_values(rows)]
+    assert [r["plain"] for r in staged] == [1, 0, 1]
+    assert len({r["kh"] for r in staged}) == 3 and all(len(r["kh"]) == 32 for r in staged)
+    assert [r["cols"] for r in staged] == ['["f","id","s","v"]', '["id","v"]', None]
+    # rows of one table with the same members, types and bytes share a shape
+    assert staged[0]["shape"] != staged[1]["shape"] and len(staged[0]["shape"]) == 32

@@ -36,7 +36,7 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -733,39 +733,25 @@ class MySqlTarget(Target):
     ) -> int:
         """Write the batch's staged changes not applied yet: each table in SQL when
         `_sql_plan` has a plan for it, from the driver otherwise."""
-        params = {**rows.params, "truncate": TRUNCATE, "schema": SCHEMA}
-        tx.execute(
-            "SELECT s.tbl, MAX(IF(s.op = %(truncate)s, s.pos, NULL)), MAX(s.op = %(schema)s), MIN(s.plain) "
-            f"{rows.fresh} GROUP BY s.tbl ORDER BY s.tbl",
-            params,
-        )
-        shape = {str(t): (trunc, bool(schema), bool(plain)) for t, trunc, schema, plain in tx.fetchall()}
-        self._refuse_tables(list(shape), lambda table: rows.first(tx, "s.tbl = %(tbl)s", {"tbl": table}))
-        tx.execute(
-            f"SELECT DISTINCT s.tbl, s.`binary`, s.types {rows.fresh} "
-            "AND s.op NOT IN (%(truncate)s, %(schema)s)",
-            params,
-        )
-        variants: dict[str, list[tuple[str | None, str | None]]] = {}
-        for table, binary, types in tx.fetchall():
-            variants.setdefault(str(table), []).append((binary, types))
-        history = self._read_schema_history(tx, list(shape))
+        tables = self._shapes(tx, rows)
+        self._refuse_tables(list(tables), lambda table: rows.first(tx, "s.tbl = %(tbl)s", {"tbl": table}))
+        history = self._read_schema_history(tx, list(tables))
         plans: dict[str, _Plan] = {}
         guard = not self.switches.disable_version_guard
         written = 0
-        for table, (truncate, schema, plain) in list(shape.items()):
-            if table not in variants and not schema:  # a truncate and nothing else
-                written += self._apply_truncates(tx, {table: int(truncate)}, guard)
+        for table, ts in list(tables.items()):
+            if not ts.variants and not ts.schema and ts.truncate is not None:  # a truncate, nothing else
+                written += self._apply_truncates(tx, {table: ts.truncate}, guard)
                 result.changes += 1
                 self.merges["sql"] += 1
-                del shape[table]
+                del tables[table]
                 continue
-            plan: _Plan | str = "schema" if schema else "not-plain"
-            if plain and not schema:
-                plan = self._sql_plan(tx, rows, table, variants.get(table, []), history.get(table, []))
+            plan: _Plan | str = "schema" if ts.schema else "not-plain"
+            if ts.plain and not ts.schema:
+                plan = self._sql_plan(tx, rows, table, ts, history.get(table, []))
                 if plan == "ddl":  # made or widened here (MySQL commits), then merged in SQL
-                    self._prepare_table(tx, rows, table, variants[table])
-                    plan = self._sql_plan(tx, rows, table, variants[table], history.get(table, []))
+                    self._prepare_table(tx, rows, table, ts)
+                    plan = self._sql_plan(tx, rows, table, ts, history.get(table, []))
             if isinstance(plan, _Plan):
                 plans[table] = plan
             else:
@@ -774,11 +760,11 @@ class MySqlTarget(Target):
                 )
             self.merges[plan if isinstance(plan, str) else "sql"] += 1
         # the tables applied from the driver first: their DDL commits what came before it
-        others = [t for t in shape if t not in plans]
+        others = [t for t in tables if t not in plans]
         written += self._from_driver(tx, pipeline, rows, others, on_refused, result)
         refused = []
         for table, plan in sorted(plans.items()):
-            truncate = shape[table][0]
+            truncate = tables[table].truncate
             if on_refused is None:
                 written += self._merge_table(tx, rows, table, plan, truncate, guard, result)
                 continue
@@ -800,6 +786,36 @@ class MySqlTarget(Target):
             written += self._from_driver(tx, pipeline, rows, refused, on_refused, result)
         return written
 
+    def _shapes(self, tx: Any, rows: _Staged) -> dict[str, _Shape]:
+        """What decides how each table of the batch is merged, from one pass over its fresh rows
+        grouped by their `shape` hash (mysql_stage.staged_values), then one row of each shape."""
+        tx.execute(
+            "SELECT MIN(s.id), MAX(IF(s.op = %(truncate)s, s.pos, NULL)), MIN(s.plain) "
+            f"{rows.fresh} GROUP BY s.shape",
+            {**rows.params, "truncate": TRUNCATE},
+        )
+        groups = {int(first): (truncate, bool(plain)) for first, truncate, plain in tx.fetchall()}
+        if not groups:
+            return {}
+        tx.execute(
+            f"SELECT id, tbl, `binary`, types, cols, op FROM {quote(rows.stage)} "
+            f"WHERE id IN ({', '.join(str(i) for i in groups)}) ORDER BY id"
+        )
+        out: dict[str, _Shape] = {}
+        for first, table, binary, types, cols, op in tx.fetchall():
+            ts = out.setdefault(str(table), _Shape())
+            truncate, plain = groups[int(first)]
+            if op == TRUNCATE:
+                ts.truncate = max(int(truncate), -1 if ts.truncate is None else ts.truncate)
+            elif op == SCHEMA:
+                ts.schema = True
+            else:
+                ts.plain = ts.plain and plain
+                ts.variants.append((binary, types))
+                if types is None and cols is not None:
+                    ts.members.update(orjson.loads(cols))
+        return out
+
     def _from_driver(
         self,
         tx: Any,
@@ -817,12 +833,12 @@ class MySqlTarget(Target):
         return self._apply_collapsed(tx, pipeline, collapsed, on_refused, result)
 
     def _sql_plan(
-        self, tx: Any, rows: _Staged, table: str, variants: list[tuple[str | None, str | None]],
-        history: list[Recorded],
-    ) -> _Plan | str:  # fmt: skip
+        self, tx: Any, rows: _Staged, table: str, shape: _Shape, history: list[Recorded]
+    ) -> _Plan | str:
         """How to merge a table's staged changes in SQL, or why they go through the driver
         (see mysql_stage.py): the key `merges` counts."""
         m = self.mapping
+        variants = shape.variants
         texts = [types for _, types in variants if types is not None]
         if self.schema_change_policy == "ignore" and any(not r.applied for r in history):
             return "schema-ignored"
@@ -834,15 +850,8 @@ class MySqlTarget(Target):
             return "translation"  # before any DDL: rows older than a table's drop must not make it again
         cols = self._load(tx, name)
         keys = self._keys.get(name) or []
-        named = set(merged_types(types_variants(texts)))
-        if len(texts) < len(variants):  # rows of a source that names no types: the columns they hold
-            tx.execute(
-                f"SELECT DISTINCT JSON_KEYS(s.`after`) {rows.fresh} AND s.tbl = %(tbl)s AND s.op <> 'd' "
-                "AND s.`after` IS NOT NULL",
-                {**rows.params, "tbl": table},
-            )
-            for (members,) in tx.fetchall():
-                named.update(orjson.loads(members) if members else [])
+        # the columns: as the source's types name them, and those rows without types hold
+        named = set(merged_types(types_variants(texts))) | shape.members
         sources: dict[str, str] = {}
         for src in sorted(named):
             dst = _column_or_none(m, table, src)
@@ -867,14 +876,12 @@ class MySqlTarget(Target):
         ]
         return _Plan(name, keys, values, key_values, " OR ".join(exceptions))
 
-    def _prepare_table(
-        self, tx: Any, rows: _Staged, table: str, variants: list[tuple[str | None, str | None]]
-    ) -> None:
+    def _prepare_table(self, tx: Any, rows: _Staged, table: str, shape: _Shape) -> None:
         """Create the table, or add the columns the batch brings, as the driver path would
         (`_ensure_table`): from the source's types and one change's key, or, for a source that
         names no types, from every change of the batch (its types are inferred from them all)."""
-        texts = [t for _, t in variants if t is not None]
-        untyped = len(texts) < len(variants)
+        texts = [t for _, t in shape.variants if t is not None]
+        untyped = len(texts) < len(shape.variants)
         changes = rows.read(tx, [table], rows_only=True, limit=None if untyped else 1)
         if changes.num_rows:
             events, _ = changes_by_table(changes)[table]
@@ -907,11 +914,12 @@ class MySqlTarget(Target):
             written += self._apply_truncates(tx, {table: int(truncate)}, guard)
             result.changes += 1
         tx.execute("DROP TEMPORARY TABLE IF EXISTS _sluice_newest")
+        # the newest per key chosen over narrow columns, then the rows fetched by id
         tx.execute(
             f"CREATE TEMPORARY TABLE _sluice_newest ENGINE=InnoDB SELECT {_STAGED_CHANGE}, r.kh FROM "
-            f"(SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.kh ORDER BY s.pos DESC, s.`offset` DESC) "
-            f"AS _sluice_rn {rows.fresh} AND s.tbl = %(tbl)s AND s.op NOT IN (%(truncate)s, %(schema)s)) r "
-            "WHERE r._sluice_rn = 1",
+            f"{quote(rows.stage)} r JOIN (SELECT w.id FROM (SELECT s.id, ROW_NUMBER() OVER (PARTITION BY "
+            f"s.kh ORDER BY s.pos DESC, s.`offset` DESC) AS _sluice_rn {rows.fresh} AND s.tbl = %(tbl)s "
+            "AND s.op NOT IN (%(truncate)s, %(schema)s)) w WHERE w._sluice_rn = 1) k ON r.id = k.id",
             {**rows.params, "tbl": table, "truncate": TRUNCATE, "schema": SCHEMA},
         )
         tx.execute("SELECT COALESCE(SUM(op <> 'd'), 0), COALESCE(SUM(op = 'd'), 0) FROM _sluice_newest")
@@ -1050,15 +1058,28 @@ class _Staged:
         """The fresh changes of `tables`, newest per row, in the driver (`changes.CHANGE_SCHEMA`);
         with `rows_only`, their row changes (no truncate or schema change), at most `limit`."""
         marks = ", ".join(f"%(t{i})s" for i in range(len(tables)))
-        only = f" AND r.op NOT IN ('{TRUNCATE}', '{SCHEMA}')" if rows_only else ""
+        only = f" WHERE r.op NOT IN ('{TRUNCATE}', '{SCHEMA}')" if rows_only else ""
         tx.execute(
-            f"SELECT {_STAGED_CHANGE} FROM (SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.kh, s.tbl "
-            f"ORDER BY s.pos DESC, s.`offset` DESC) AS _sluice_rn {self.fresh} AND s.tbl IN ({marks})) r "
-            f"WHERE r._sluice_rn = 1{only} ORDER BY r.topic, r.`partition`, r.`offset`"
-            + ("" if limit is None else f" LIMIT {int(limit)}"),
+            f"SELECT {_STAGED_CHANGE} FROM {quote(self.stage)} r JOIN (SELECT w.id FROM (SELECT s.id, "
+            "ROW_NUMBER() OVER (PARTITION BY s.kh, s.tbl ORDER BY s.pos DESC, s.`offset` DESC) AS _sluice_rn "
+            f"{self.fresh} AND s.tbl IN ({marks})) w WHERE w._sluice_rn = 1) k ON r.id = k.id{only} "
+            "ORDER BY r.topic, r.`partition`, r.`offset`" + ("" if limit is None else f" LIMIT {int(limit)}"),
             {**self.params, **{f"t{i}": t for i, t in enumerate(tables)}},
         )
         return changes_table(list(tx.fetchall()))
+
+
+@dataclass
+class _Shape:
+    """One table's part of a staged batch: its truncate, whether it has schema changes, whether
+    all its rows are `plain`, its rows' (binary, types) variants, and the members of its rows
+    that name no types."""
+
+    truncate: int | None = None
+    schema: bool = False
+    plain: bool = True
+    variants: list[tuple[str | None, str | None]] = field(default_factory=list)
+    members: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)

@@ -31,14 +31,17 @@ import orjson
 import pyarrow as pa
 
 #: The staged rows' columns: the change's, plus the key's SHA-256 (`kh`, as the tombstones'
-#: index holds it) and whether every key and after value is a scalar (`plain`).
+#: index holds it), the after image's members (`cols`: a sorted JSON list; null for a delete),
+#: whether every key and after value is a scalar (`plain`), and a hash of what decides how its
+#: table is merged (`shape`: table, binary, types, cols, op kind), which the driver groups by.
 STAGED_COLUMNS = ("token", "topic", "partition", "offset", "ts", "tbl", "key", "kh", "pos", "op",
-                  "after", "records", "binary", "types", "plain")  # fmt: skip
+                  "after", "records", "binary", "types", "cols", "plain", "shape")  # fmt: skip
 STAGED_DDL = (
-    "token BIGINT NOT NULL, topic VARCHAR(255) NOT NULL, `partition` INT NOT NULL, `offset` BIGINT NOT "
-    "NULL, ts BIGINT NULL, tbl LONGTEXT NOT NULL, `key` LONGTEXT NOT NULL, kh BINARY(32) NOT NULL, "
-    "pos BIGINT NOT NULL, op VARCHAR(8) NOT NULL, `after` LONGTEXT NULL, records INT NOT NULL, "
-    "`binary` LONGTEXT NULL, types LONGTEXT NULL, plain TINYINT NOT NULL, KEY (token)"
+    "id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, token BIGINT NOT NULL, topic VARCHAR(255) NOT NULL, "
+    "`partition` INT NOT NULL, `offset` BIGINT NOT NULL, ts BIGINT NULL, tbl LONGTEXT NOT NULL, "
+    "`key` LONGTEXT NOT NULL, kh BINARY(32) NOT NULL, pos BIGINT NOT NULL, op VARCHAR(8) NOT NULL, "
+    "`after` LONGTEXT NULL, records INT NOT NULL, `binary` LONGTEXT NULL, types LONGTEXT NULL, "
+    "cols LONGTEXT NULL, plain TINYINT NOT NULL, shape BINARY(32) NOT NULL, KEY (token)"
 )
 
 #: Bytes of one multi-row INSERT a task sends (below every server's max_allowed_packet default).
@@ -81,15 +84,22 @@ def _plain(doc: Any) -> bool:
 
 def staged_values(rows: pa.Table) -> Iterable[tuple[Any, ...]]:
     """One task's rows (`staging.Task.add`) as the staging table's values, in STAGED_COLUMNS order."""
-    cols = {c: rows[c].to_pylist() for c in STAGED_COLUMNS if c not in ("kh", "plain")}
-    loads = orjson.loads
+    from sluice.sync.envelope import SCHEMA, TRUNCATE
+
+    cols = {c: rows[c].to_pylist() for c in STAGED_COLUMNS if c not in ("kh", "cols", "plain", "shape")}
+    loads, dumps, sha = orjson.loads, orjson.dumps, hashlib.sha256
     for i in range(rows.num_rows):
-        key, after = cols["key"][i], cols["after"][i]
-        plain = _plain(loads(key)) and (after is None or _plain(loads(after)))
+        key, after, op = cols["key"][i], cols["after"][i], cols["op"][i]
+        image = None if after is None else loads(after)
+        plain = _plain(loads(key)) and (image is None or _plain(image))
+        members = None if type(image) is not dict else dumps(sorted(image)).decode()
+        table, binary, types = cols["tbl"][i], cols["binary"][i], cols["types"][i]
+        kind = op if op in (TRUNCATE, SCHEMA) else "row"
+        shape = dumps([table, binary, types, members, kind])
         yield (
             cols["token"][i], cols["topic"][i], cols["partition"][i], cols["offset"][i], cols["ts"][i],
-            cols["tbl"][i], key, hashlib.sha256(key.encode()).digest(), cols["pos"][i], cols["op"][i],
-            after, cols["records"][i], cols["binary"][i], cols["types"][i], int(plain),
+            table, key, sha(key.encode()).digest(), cols["pos"][i], op, after, cols["records"][i], binary,
+            types, members, int(plain), sha(shape).digest(),
         )  # fmt: skip
 
 
