@@ -914,12 +914,11 @@ class MySqlTarget(Target):
             written += self._apply_truncates(tx, {table: int(truncate)}, guard)
             result.changes += 1
         tx.execute("DROP TEMPORARY TABLE IF EXISTS _sluice_newest")
-        # the newest per key chosen over narrow columns, then the rows fetched by id
         tx.execute(
             f"CREATE TEMPORARY TABLE _sluice_newest ENGINE=InnoDB SELECT {_STAGED_CHANGE}, r.kh FROM "
-            f"{quote(rows.stage)} r JOIN (SELECT w.id FROM (SELECT s.id, ROW_NUMBER() OVER (PARTITION BY "
-            f"s.kh ORDER BY s.pos DESC, s.`offset` DESC) AS _sluice_rn {rows.fresh} AND s.tbl = %(tbl)s "
-            "AND s.op NOT IN (%(truncate)s, %(schema)s)) w WHERE w._sluice_rn = 1) k ON r.id = k.id",
+            f"(SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.kh ORDER BY s.pos DESC, s.`offset` DESC) "
+            f"AS _sluice_rn {rows.fresh} AND s.tbl = %(tbl)s AND s.op NOT IN (%(truncate)s, %(schema)s)) r "
+            "WHERE r._sluice_rn = 1",
             {**rows.params, "tbl": table, "truncate": TRUNCATE, "schema": SCHEMA},
         )
         tx.execute("SELECT COALESCE(SUM(op <> 'd'), 0), COALESCE(SUM(op = 'd'), 0) FROM _sluice_newest")
@@ -1058,12 +1057,12 @@ class _Staged:
         """The fresh changes of `tables`, newest per row, in the driver (`changes.CHANGE_SCHEMA`);
         with `rows_only`, their row changes (no truncate or schema change), at most `limit`."""
         marks = ", ".join(f"%(t{i})s" for i in range(len(tables)))
-        only = f" WHERE r.op NOT IN ('{TRUNCATE}', '{SCHEMA}')" if rows_only else ""
+        only = f" AND r.op NOT IN ('{TRUNCATE}', '{SCHEMA}')" if rows_only else ""
         tx.execute(
-            f"SELECT {_STAGED_CHANGE} FROM {quote(self.stage)} r JOIN (SELECT w.id FROM (SELECT s.id, "
-            "ROW_NUMBER() OVER (PARTITION BY s.kh, s.tbl ORDER BY s.pos DESC, s.`offset` DESC) AS _sluice_rn "
-            f"{self.fresh} AND s.tbl IN ({marks})) w WHERE w._sluice_rn = 1) k ON r.id = k.id{only} "
-            "ORDER BY r.topic, r.`partition`, r.`offset`" + ("" if limit is None else f" LIMIT {int(limit)}"),
+            f"SELECT {_STAGED_CHANGE} FROM (SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.kh, s.tbl "
+            f"ORDER BY s.pos DESC, s.`offset` DESC) AS _sluice_rn {self.fresh} AND s.tbl IN ({marks})) r "
+            f"WHERE r._sluice_rn = 1{only} ORDER BY r.topic, r.`partition`, r.`offset`"
+            + ("" if limit is None else f" LIMIT {int(limit)}"),
             {**self.params, **{f"t{i}": t for i, t in enumerate(tables)}},
         )
         return changes_table(list(tx.fetchall()))
