@@ -1,5 +1,8 @@
 """Executors stage a micro-batch's changes in the PostgreSQL target; the driver commits them.
 
+(The MySQL/MariaDB target stages the same way, with the same tokens, summaries and checks:
+sync/targets/mysql_stage.py says where it differs.)
+
 The rows of a batch never pass through the Spark driver. When an execution of a pipeline starts,
 the driver creates its UNLOGGED staging table (`staging_table`: named by the pipeline and the
 fencing epoch) and removes older executions' tables. Each Spark task reads its ranges, parses and
@@ -239,9 +242,9 @@ class Task:
     stripped: int = 0
 
     def add(self, batch: pa.RecordBatch) -> pa.Table | None:
-        """Count a batch of changes and return its rows to stage (the staged columns but
-        `binary`, `types` and the target's own: `tbl` for the change's table, the task's token,
-        `ts` in ms), or None when it holds nothing to stage."""
+        """Count a batch of changes and return its rows to stage: the change's columns (`table`
+        named `tbl`), the task's token and `ts` (the source timestamp in ms); None when it holds
+        nothing to stage (position markers count for the offsets only)."""
         if not batch.num_rows:
             return None
         rows = pa.Table.from_batches([batch])
