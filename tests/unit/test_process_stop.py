@@ -101,3 +101,27 @@ def test_a_started_process_exit_status_is_left_for_the_launcher_to_read(tmp_path
     assert not pid_alive(pid)  # exited, not reaped yet
     subprocess.run([sys.executable, "-c", "pass"], check=True)  # a later Popen reaps subprocess's orphans
     assert launcher._exit_status(pid) == 7
+
+
+def test_a_stopped_process_is_reaped_not_left_a_zombie(tmp_path: Path) -> None:
+    """Nothing else reaps a process `spawn_detached` started: the stop does, whether it ended
+    on SIGTERM or had to be killed."""
+    import os
+
+    from sluice.ops.processes import spawn_detached
+
+    with open(tmp_path / "log", "w") as log:
+        gentle = spawn_detached([sys.executable, "-c", "import time; time.sleep(60)"], log, 0o077)
+        stubborn = spawn_detached(
+            [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "time.sleep(60)"], log, 0o077,
+        )  # fmt: skip
+    import time
+
+    time.sleep(0.5)  # the second has its handler
+    outcome = launcher.stop_processes([gentle, stubborn], timeout_s=2)
+    assert outcome[gentle].was_running and not outcome[gentle].killed
+    assert outcome[stubborn].killed
+    for pid in (gentle, stubborn):
+        with pytest.raises(ProcessLookupError):  # gone from the process table: reaped
+            os.kill(pid, 0)

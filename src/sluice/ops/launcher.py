@@ -36,7 +36,7 @@ from sluice.cluster.zkstore import ZkAuth, close, connect
 from sluice.ops.netns import HostNetwork, namespace_exec_prefix
 from sluice.ops.ports import ADDRESS_IN_USE_EXIT, free_ports, port_open
 from sluice.ops.private_files import PRIVATE_UMASK, open_private_log, private_dir
-from sluice.ops.processes import pid_alive, spawn_detached
+from sluice.ops.processes import forget_detached, pid_alive, reap, spawn_detached
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
 from sluice.security.client import PLAINTEXT, ClientSecurity
 
@@ -355,10 +355,7 @@ def restart_broker(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 6
     """Start a stopped broker of the cluster again, with its data, and wait until it is ready."""
     if pid_alive(b.pid):
         raise RuntimeError(f"broker {b.broker_id} is still running (pid {b.pid})")
-    try:
-        os.waitpid(b.pid, 0)  # reap it if it was our child; it is dead, so this returns at once
-    except ChildProcessError:
-        pass
+    reap(b.pid)  # if this process started it and it exited, collect it
     start_broker_process(cluster, b)
     cluster.save()
     wait_broker_ready(cluster, b, timeout_s=timeout_s)
@@ -374,7 +371,10 @@ def _exit_status(pid: int) -> int | None:
         reaped, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         return None
-    return os.waitstatus_to_exitcode(status) if reaped == pid else None
+    if reaped != pid:
+        return None
+    forget_detached(pid)
+    return os.waitstatus_to_exitcode(status)
 
 
 def wait_broker_ready(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 60.0) -> None:
@@ -819,14 +819,10 @@ def stop_processes(pids: list[int], timeout_s: float = 20.0, sig: int = signal.S
     deadline = time.monotonic() + timeout_s
     while waiting and time.monotonic() < deadline:
         for pid in list(waiting):
+            reap(pid)  # our child that exited: collected here, so it reads as gone
             if not pid_alive(pid):
                 outcome[pid] = Stopped(True)
                 waiting.remove(pid)
-                continue
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
         if waiting:
             time.sleep(0.05)
     for pid in waiting:
@@ -836,6 +832,11 @@ def stop_processes(pids: list[int], timeout_s: float = 20.0, sig: int = signal.S
             outcome[pid] = Stopped(True)
             continue
         outcome[pid] = Stopped(True, killed=True)
+    killed = time.monotonic() + 2.0
+    while any(pid_alive(p) for p in waiting) and time.monotonic() < killed:
+        time.sleep(0.02)
+    for pid in waiting:
+        reap(pid)
     return outcome
 
 

@@ -26,6 +26,29 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+#: Processes `spawn_detached` started and nothing has reaped yet: only these does `reap` collect
+#: (a child someone holds a Popen for is theirs to wait for, with its exit status).
+_DETACHED: set[int] = set()
+
+
+def reap(pid: int) -> None:
+    """Collect the exit status of a process `spawn_detached` started, if it exited (a zombie
+    holds a process-table slot until then); nothing for any other process."""
+    if pid not in _DETACHED:
+        return
+    try:
+        reaped, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        reaped = pid
+    if reaped == pid:
+        _DETACHED.discard(pid)
+
+
+def forget_detached(pid: int) -> None:
+    """``pid`` was reaped elsewhere (its exit status read): not one `reap` collects any more."""
+    _DETACHED.discard(pid)
+
+
 def spawn_detached(argv: Sequence[str], log: IO[Any], umask: int) -> int:
     """Start ``argv`` in a session of its own, its output to ``log``, and return its pid. This
     process's own waits reap it (``os.waitpid``), and only they: the exit status is what tells a
@@ -34,10 +57,11 @@ def spawn_detached(argv: Sequence[str], log: IO[Any], umask: int) -> int:
     A ``Popen`` dropped while its process runs goes on subprocess's list of orphans, and every
     later ``Popen`` in this process reaps that list (any thread's), taking the exit status before
     the launcher reads it. The object is dropped here as one whose child subprocess need not wait
-    for (``_child_created``: CPython's flag for exactly that)."""
+    for (``_child_created``: CPython's flag for exactly that); the launcher's stops `reap` it."""
     proc = subprocess.Popen(
         argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         umask=umask,
     )  # fmt: skip
     proc._child_created = False  # type: ignore[attr-defined]
+    _DETACHED.add(proc.pid)
     return proc.pid
