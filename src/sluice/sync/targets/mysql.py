@@ -32,7 +32,6 @@ import hashlib
 import logging
 import math
 import struct
-import urllib.parse
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
@@ -51,7 +50,6 @@ from sluice.sync.schema import DROP_COLUMN, DROP_TABLE, RENAME_COLUMN, Recorded
 from sluice.sync.targets.base import (
     POS_COLUMN,
     ApplyResult,
-    BadTargetUrlError,
     RefusalSink,
     Target,
     infer_type,
@@ -59,7 +57,13 @@ from sluice.sync.targets.base import (
 )
 from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
 from sluice.sync.targets.mapping import ColumnMapping, MappingError
-from sluice.sync.targets.mysql_stage import STAGED_DDL, exception_sql, json_path, value_sql
+from sluice.sync.targets.mysql_stage import (
+    STAGED_DDL,
+    exception_sql,
+    json_path,
+    parse_url,
+    value_sql,
+)
 from sluice.sync.targets.rows import Change, changes_by_table, key_targets, source_columns
 from sluice.sync.targets.staging import (
     StagingLostError,
@@ -75,8 +79,6 @@ from sluice.sync.types import mysql_type, parse_type
 from sluice.test_switches import OFF, Switches
 
 log = logging.getLogger("sluice.target")
-
-SCHEMES = ("mysql://", "mariadb://")
 
 _TABLE_OPTIONS = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation}"
 META = (
@@ -120,27 +122,6 @@ _BYTE_TYPES = _BLOB_TYPES | _GEOMETRY_TYPES | {"binary", "varbinary"}
 
 def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
-
-
-def parse_url(url: str) -> dict[str, Any]:
-    """PyMySQL's connect arguments from `mysql://user@host:port/db` (no password in it)."""
-    if not url.startswith(SCHEMES):
-        raise BadTargetUrlError(f"a MySQL target URL looks like mysql://user@host:3306/db, not {url!r}")
-    parts = urllib.parse.urlsplit(url)
-    db = urllib.parse.unquote(parts.path.lstrip("/"))
-    if not parts.hostname or not db or "/" in db:
-        raise BadTargetUrlError(
-            f"a MySQL target URL names a host and a database: mysql://user@host:3306/db, not {url!r}"
-        )
-    args: dict[str, Any] = {
-        "host": parts.hostname,
-        "port": parts.port or 3306,
-        "user": urllib.parse.unquote(parts.username or "root"),
-        "database": db,
-    }
-    if parts.password is not None:
-        args["password"] = urllib.parse.unquote(parts.password)
-    return args
 
 
 class MySqlTarget(Target):

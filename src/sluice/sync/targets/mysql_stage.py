@@ -24,11 +24,14 @@ staged row is merged in the driver's one transaction.
 from __future__ import annotations
 
 import hashlib
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
 import orjson
 import pyarrow as pa
+
+from sluice.sync.targets.base import BadTargetUrlError
 
 #: The staged rows' columns: the change's, plus the key's SHA-256 (`kh`, as the tombstones'
 #: index holds it), the after image's members (`cols`: a sorted JSON list; null for a delete),
@@ -64,11 +67,35 @@ _FLT_MAX = "3.4028234663852886e38"
 _FLT_OVER = "3.4028235677973366e38"
 
 
+#: A MySQL/MariaDB target's URL schemes; `parse_url` reads the rest (here, below mysql.py, as
+#: the executors' connections need it too).
+SCHEMES = ("mysql://", "mariadb://")
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """PyMySQL's connect arguments from `mysql://user@host:port/db` (no password in it)."""
+    if not url.startswith(SCHEMES):
+        raise BadTargetUrlError(f"a MySQL target URL looks like mysql://user@host:3306/db, not {url!r}")
+    parts = urllib.parse.urlsplit(url)
+    db = urllib.parse.unquote(parts.path.lstrip("/"))
+    if not parts.hostname or not db or "/" in db:
+        raise BadTargetUrlError(
+            f"a MySQL target URL names a host and a database: mysql://user@host:3306/db, not {url!r}"
+        )
+    args: dict[str, Any] = {
+        "host": parts.hostname,
+        "port": parts.port or 3306,
+        "user": urllib.parse.unquote(parts.username or "root"),
+        "database": db,
+    }
+    if parts.password is not None:
+        args["password"] = urllib.parse.unquote(parts.password)
+    return args
+
+
 def connect(url: str, password: str | None) -> Any:
     """A task's connection to the target (PyMySQL), outside any transaction between tasks."""
     import pymysql
-
-    from sluice.sync.targets.mysql import parse_url
 
     args = parse_url(url)
     if password is not None:

@@ -135,7 +135,9 @@ _connections_lock = threading.Lock()
 
 
 def is_mysql(url: str) -> bool:
-    return url.startswith(("mysql://", "mariadb://"))
+    from sluice.sync.targets.mysql_stage import SCHEMES
+
+    return url.startswith(SCHEMES)
 
 
 def _open(spec: StageSpec) -> Any:
