@@ -13,14 +13,13 @@ import random
 import zlib
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from sluice.sync.envelope import ChangeEvent, key_text
 from sluice.sync.targets import open_target
 from sluice.sync.targets.base import Refusal
 from tests.support.changes import records
-from tests.support.staging import apply_staged, staged
+from tests.support.staging import apply_staged, batches_of, staged
 
 TEXTS = ["plain", "tab\there", "line\nbreak", "back\\slash", "nul\x00inside", "é ü 漢 😀", "", "\\N", "'q\"",
          "trailing  ", "null", "true", "2024-01-02T03:04:05Z"]  # fmt: skip
@@ -99,21 +98,6 @@ def typed_log(seed: int, count: int) -> list[list[ChangeEvent]]:
         live[(table, key_text(key))] = op != "d"
         parts[zlib.crc32(key_text(key).encode()) % 2].append(ev)
     return parts
-
-
-def batches_of(parts: list[list[ChangeEvent]], rng: random.Random) -> list[pa.Table]:
-    out = []
-    starts = [0, 0]
-    while any(starts[p] < len(parts[p]) for p in (0, 1)):
-        chunk = []
-        for p in (0, 1):
-            n = rng.randint(0, 250)
-            if n and starts[p] < len(parts[p]):
-                chunk.append(records(parts[p][starts[p] : starts[p] + n], start=starts[p], partition=p))
-                starts[p] += n
-        if chunk:
-            out.append(pa.concat_tables(chunk))
-    return out
 
 
 @pytest.mark.parametrize("seed", [1, 2])

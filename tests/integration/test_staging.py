@@ -17,7 +17,6 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from sluice.sync.envelope import BadEventError, ChangeEvent, key_text
@@ -31,7 +30,7 @@ from sluice.sync.targets.staging import (
     staging_table,
 )
 from tests.support.changes import event, records
-from tests.support.staging import apply_staged, execute, stage, staged
+from tests.support.staging import apply_staged, batches_of, execute, stage, staged
 
 
 @pytest.fixture(params=["postgresql", "mysql"])
@@ -130,17 +129,7 @@ def test_staged_batches_end_equal_to_the_driver_path(
         driver_url, staged_url = (
             f"mysql://root@127.0.0.1:{mariadb.port}/staged_{w}_{seed}" for w in ("driver", "exec")
         )
-    batches = []
-    starts = [0, 0]
-    while any(starts[p] < len(parts[p]) for p in (0, 1)):
-        chunk = []
-        for p in (0, 1):
-            n = rng.randint(0, 250)
-            if n and starts[p] < len(parts[p]):
-                chunk.append(records(parts[p][starts[p] : starts[p] + n], start=starts[p], partition=p))
-                starts[p] += n
-        if chunk:
-            batches.append(pa.concat_tables(chunk))
+    batches = batches_of(parts, rng)
     with open_target(driver_url) as by_driver, open_target(staged_url) as by_executors:
         e1, e2 = by_driver.claim("p"), by_executors.claim("p")
         replays = 0

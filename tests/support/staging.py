@@ -5,6 +5,7 @@ batch."""
 from __future__ import annotations
 
 import itertools
+import random
 from typing import Any
 
 import psycopg
@@ -12,8 +13,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.sync.changes import to_changes
+from sluice.sync.envelope import ChangeEvent
 from sluice.sync.targets.base import ApplyResult, RefusalSink, Target
 from sluice.sync.targets.staging import StageSpec, is_mysql, stage_changes, staging_table
+from tests.support.changes import records
 
 _batches = itertools.count(1)
 
@@ -36,6 +39,23 @@ def stage(url: str, table: str, records: pa.Table, tasks_per_partition: int = 2)
     if not summaries:
         return pa.Table.from_batches([], schema=_empty_summary_schema())
     return pa.Table.from_batches(summaries)
+
+
+def batches_of(parts: list[list[ChangeEvent]], rng: random.Random) -> list[pa.Table]:
+    """Two partitions' changes as log records, cut into batches of up to 250 records of each
+    partition at random (a seeded workload's batching)."""
+    out = []
+    starts = [0, 0]
+    while any(starts[p] < len(parts[p]) for p in (0, 1)):
+        chunk = []
+        for p in (0, 1):
+            n = rng.randint(0, 250)
+            if n and starts[p] < len(parts[p]):
+                chunk.append(records(parts[p][starts[p] : starts[p] + n], start=starts[p], partition=p))
+                starts[p] += n
+        if chunk:
+            out.append(pa.concat_tables(chunk))
+    return out
 
 
 def apply_staged(
