@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,3 +224,41 @@ def test_cluster_up_starts_a_broker_again_on_new_ports_when_another_server_took_
             launcher.cluster_down(tmp_path / "c")
     finally:
         taken.close()
+
+
+def test_a_restarted_broker_whose_metrics_or_internal_port_was_taken_comes_back_on_new_ones(
+    tmp_path: Path,
+) -> None:
+    """While a broker is down another server may bind one of its picked ports (ops.ports). Its
+    restart keeps the listener's port (clients know it) and picks new inter-broker and metrics
+    ports; a taken listener port is said, naming it."""
+    cluster = launcher.cluster_up(tmp_path / "c", 1)
+    try:
+        (b,) = cluster.brokers
+        listener, old_internal, old_metrics = b.port, b.internal_port, b.metrics_port
+        assert old_internal is not None and old_metrics is not None
+        launcher.stop_pid(b.pid, sig=signal.SIGKILL)
+        with (
+            socket.create_server(("127.0.0.1", old_metrics)),
+            socket.create_server(("127.0.0.1", old_internal)),
+        ):
+            launcher.restart_broker(cluster, b)
+        assert b.port == listener and old_metrics != b.metrics_port and old_internal != b.internal_port
+        saved = launcher.LocalCluster.load(tmp_path / "c").broker(1)
+        assert (saved.metrics_port, saved.internal_port) == (b.metrics_port, b.internal_port)
+        assert b.metrics_url is not None
+        with urllib.request.urlopen(b.metrics_url, timeout=10) as answer:
+            assert b"sluice_" in answer.read()
+
+        launcher.stop_pid(b.pid, sig=signal.SIGKILL)
+        with (
+            socket.create_server(("127.0.0.1", listener)),
+            pytest.raises(
+                launcher.AddressTakenError, match=f"its listener port 127.0.0.1:{listener} is taken"
+            ),
+        ):
+            launcher.restart_broker(cluster, b, timeout_s=30)
+        launcher.restart_broker(cluster, b)  # freed: it comes back on its port
+        assert b.port == listener and launcher.port_open(b.host, b.port)
+    finally:
+        launcher.cluster_down(tmp_path / "c")

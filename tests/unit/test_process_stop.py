@@ -125,3 +125,29 @@ def test_a_stopped_process_is_reaped_not_left_a_zombie(tmp_path: Path) -> None:
     for pid in (gentle, stubborn):
         with pytest.raises(ProcessLookupError):  # gone from the process table: reaped
             os.kill(pid, 0)
+
+
+#: A process whose first thread ends (it reads as a zombie) a second before its last thread
+#: exits 98: exit_group under load, seen at a broker's start-up exit in a suite run.
+FIRST_THREAD_ENDS_FIRST = (
+    "import ctypes, os, threading, time\n"
+    "threading.Thread(target=lambda: (time.sleep(1.0), os._exit(98))).start()\n"
+    "ctypes.CDLL(None).pthread_exit(None)\n"
+)
+
+
+def test_the_exit_status_is_read_once_the_last_thread_of_an_exiting_process_ends(tmp_path: Path) -> None:
+    """pid_alive says gone when the first thread is a zombie; the status can be collected only
+    when every thread has ended. The launcher waits for it: a broker's taken port is then told
+    from any other failure (its restart picks new ports only on ADDRESS_IN_USE_EXIT)."""
+    import time
+
+    from sluice.ops.processes import pid_alive, spawn_detached
+
+    with open(tmp_path / "log", "w") as log:
+        pid = spawn_detached([sys.executable, "-c", FIRST_THREAD_ENDS_FIRST], log, 0o077)
+    deadline = time.monotonic() + 30
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not pid_alive(pid)
+    assert launcher._exit_status(pid) == 98, (tmp_path / "log").read_text()

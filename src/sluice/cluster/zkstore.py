@@ -347,6 +347,16 @@ class ZnodeContentionError(RuntimeError):
     """A compare-and-set lost to other writers more times than its bound allows."""
 
 
+def registered_broker(client: KazooClient, broker_id: int) -> layout.BrokerRegistration | None:
+    """The registration at ``/brokers/ids/{broker_id}`` on ``client``'s chroot, None when absent
+    (a launcher's readiness check: it names the pid of the broker that wrote it)."""
+    try:
+        data, _ = client.get(layout.broker_path(broker_id))
+    except NoNodeError:
+        return None
+    return layout.BrokerRegistration.decode(broker_id, data)
+
+
 def compare_and_set(
     client: KazooClient,
     path: str,

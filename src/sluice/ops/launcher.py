@@ -21,6 +21,7 @@ namespace. ``cluster.json`` keeps the ports and :meth:`LocalCluster.metrics_urls
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -32,9 +33,9 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from sluice.cluster.zkstore import ZkAuth, close, connect
+from sluice.cluster.zkstore import ZkAuth, close, connect, registered_broker
 from sluice.ops.netns import HostNetwork, namespace_exec_prefix
-from sluice.ops.ports import ADDRESS_IN_USE_EXIT, free_ports, port_open
+from sluice.ops.ports import ADDRESS_IN_USE_EXIT, bind_error, free_ports, port_open
 from sluice.ops.private_files import PRIVATE_UMASK, open_private_log, private_dir
 from sluice.ops.processes import forget_detached, pid_alive, reap, spawn_detached
 from sluice.ops.zookeeper import EnsembleMember, LocalZooKeeper, ZooKeeperEnsemble
@@ -42,6 +43,8 @@ from sluice.security.client import PLAINTEXT, ClientSecurity
 
 if TYPE_CHECKING:
     from sluice.security.acl import AclBinding
+
+log = logging.getLogger("sluice.launcher")
 
 STATE_FILE = "cluster.json"
 NETWORK_FILE = "network.json"
@@ -352,29 +355,77 @@ def start_broker_process(cluster: LocalCluster, b: BrokerProcess) -> None:
 
 
 def restart_broker(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 60.0) -> None:
-    """Start a stopped broker of the cluster again, with its data, and wait until it is ready."""
+    """Start a stopped broker of the cluster again, with its data, and wait until it is ready.
+
+    Its listener keeps its port: clients and the cluster's bootstrap list know it. The
+    inter-broker and metrics ports are read from ZooKeeper and the cluster file, so when another
+    server took one of them while the broker was down (`ops.ports`: a picked port is reserved by
+    nobody), new ones are picked and it is started again."""
     if pid_alive(b.pid):
         raise RuntimeError(f"broker {b.broker_id} is still running (pid {b.pid})")
     reap(b.pid)  # if this process started it and it exited, collect it
-    start_broker_process(cluster, b)
-    cluster.save()
-    wait_broker_ready(cluster, b, timeout_s=timeout_s)
+    for attempt in range(1, PICKED_PORT_TRIES + 1):
+        start_broker_process(cluster, b)
+        cluster.save()
+        try:
+            wait_broker_ready(cluster, b, timeout_s=timeout_s)
+            return
+        except AddressTakenError as exc:
+            if attempt == PICKED_PORT_TRIES:
+                raise
+            _pick_side_ports_again(b, exc)
+
+
+def _pick_side_ports_again(b: BrokerProcess, exc: AddressTakenError) -> None:
+    """New inter-broker and metrics ports for a broker whose restart found a port taken; raises
+    ``exc`` when it is the listener's (which a restart keeps) or cannot be told from here."""
+    if b.namespace is not None:  # its ports are bound in its own namespace, not this one's
+        raise exc
+    taken = bind_error(b.host, b.port)
+    if taken is not None:
+        raise AddressTakenError(
+            f"broker {b.broker_id} cannot be restarted: its listener port {b.host}:{b.port} is taken "
+            f"by another process ({taken.strerror}); stop that process (`ss -ltnp 'sport = :{b.port}'` "
+            "names it) and restart the broker"
+        ) from exc
+    old = (b.internal_port, b.metrics_port)
+    internal, metrics_port = free_ports(2, host=b.host)
+    if b.internal_port is not None:  # None: a cluster saved before brokers had one
+        b.internal_port = internal
+    if b.metrics_port is not None:  # None: a cluster saved before metrics
+        b.metrics_port = metrics_port
+    log.warning(
+        "event=broker_ports_repicked broker=%d internal_port=%s->%s metrics_port=%s->%s reason='a port "
+        "was taken while the broker was down'",
+        b.broker_id, old[0], b.internal_port, old[1], b.metrics_port,
+    )  # fmt: skip
 
 
 class AddressTakenError(RuntimeError):
     """A broker exited at start-up because one of its addresses was taken (ADDRESS_IN_USE_EXIT)."""
 
 
+#: Seconds `_exit_status` waits for an exited process to become collectable: a multithreaded
+#: process's first thread shows as a zombie while exit_group still ends its other threads, and
+#: only then can it be collected (a broker that exited at start-up under load read as a status
+#: unknown, and its taken port as any failure).
+EXIT_COLLECT_S = 5.0
+
+
 def _exit_status(pid: int) -> int | None:
     """The exit status of ``pid`` if it is an exited child of this process (reaping it)."""
-    try:
-        reaped, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None
-    if reaped != pid:
-        return None
-    forget_detached(pid)
-    return os.waitstatus_to_exitcode(status)
+    deadline = time.monotonic() + EXIT_COLLECT_S
+    while True:
+        try:
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if reaped == pid:
+            forget_detached(pid)
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
 
 
 def wait_broker_ready(cluster: LocalCluster, b: BrokerProcess, timeout_s: float = 60.0) -> None:
@@ -387,7 +438,10 @@ def wait_broker_ready(cluster: LocalCluster, b: BrokerProcess, timeout_s: float 
                 raise error(
                     f"broker {b.broker_id} exited during start-up; see {b.log_file}:\n{tail(b.log_file)}"
                 )
-            if zk.exists(f"/brokers/ids/{b.broker_id}") and port_open(b.host, b.port):
+            # the registration of this start, not the one a killed broker's session still holds
+            # (until it expires) while anything else may listen on its port
+            registered = registered_broker(zk, b.broker_id)
+            if registered is not None and registered.pid == b.pid and port_open(b.host, b.port):
                 return
             time.sleep(0.1)
     finally:

@@ -17,7 +17,7 @@ import random
 import socket
 from contextlib import ExitStack
 
-__all__ = ["ADDRESS_IN_USE_EXIT", "free_port", "free_ports", "port_open"]
+__all__ = ["ADDRESS_IN_USE_EXIT", "bind_error", "free_port", "free_ports", "port_open"]
 
 #: The exit status of a server whose address was taken (errno EADDRINUSE's number on Linux):
 #: ``sluice broker start`` exits with it, and the launcher, which picked the port, picks another.
@@ -98,6 +98,19 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     with ExitStack() as stack:
         socks = [stack.enter_context(_bind_free(host)) for _ in range(n)]
         return [int(s.getsockname()[1]) for s in socks]
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why a server could not bind ``host:port`` now (None: it could). SO_REUSEADDR is set, as
+    asyncio's, http.server's and the JVM's server sockets set it: a port whose old connections
+    are in TIME_WAIT is free; one another server listens on is not."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc
+    return None
 
 
 def port_open(host: str, port: int) -> bool:

@@ -10,7 +10,11 @@ from typing import IO, Any
 
 def pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs: it exists and is not a zombie (an exited child not yet reaped, which
-    still answers kill(0) but holds nothing any more)."""
+    still answers kill(0) but holds nothing any more).
+
+    A process whose first thread is a zombie while other threads still end (exit_group under
+    load, or a first thread that ended alone) still runs: it holds its sockets and files until
+    its last thread has ended, and its exit status cannot be collected before."""
     if pid <= 0:
         return False
     try:
@@ -21,7 +25,9 @@ def pid_alive(pid: int) -> bool:
         return True
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
+            if f.read().split(")")[-1].split()[0] != "Z":
+                return True
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
     except OSError:
         return False
 

@@ -59,6 +59,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from sluice.ops.ports import bind_error, free_ports
 from sluice.ops.private_files import PRIVATE_UMASK, open_private_log, private_dir
 
 __all__ = [
@@ -842,8 +843,6 @@ class ZooKeeperEnsemble:
     @classmethod
     def local(cls, base_dir: Path, size: int, host: str = "127.0.0.1", **options: Any) -> ZooKeeperEnsemble:
         """Return an ensemble of ``size`` members all on ``host``, on free ports."""
-        from sluice.ops.ports import free_ports
-
         ports = free_ports(3 * size, host)
         members = [
             EnsembleMember(i + 1, host, ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(size)
@@ -997,15 +996,10 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def _check_port_free(host: str, port: int) -> None:
     """Raise RuntimeError when ``host:port`` cannot be bound (as the server would bind it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        # The JVM sets SO_REUSEADDR on server sockets, so a port in TIME_WAIT is usable.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            reason = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc}"
-            raise RuntimeError(f"cannot start ZooKeeper: port {port} on {host} {reason}") from exc
+    exc = bind_error(host, port)
+    if exc is not None:
+        reason = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc}"
+        raise RuntimeError(f"cannot start ZooKeeper: port {port} on {host} {reason}") from exc
 
 
 def _live_server_pid(data_dir: Path) -> int | None:
