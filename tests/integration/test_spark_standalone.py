@@ -30,11 +30,11 @@ whose Python worker runs that COPY, and releases the lock. The task's rows are t
 the staging table while its result can never reach the driver; that worker is killed with
 SIGKILL, the batch runs again on the other worker under new tokens and commits. The target must
 equal the truth, its offsets never go back, the stopped task's staged rows are gone once a later
-batch has committed, and no staging is left after the stop. Able to fail: with the emptying after
-a commit off (`PostgresTarget._empty_staging` not called), it fails "timed out ... waiting for the
-stopped task's staged rows to go". That the stopped task's token is never merged is shown by
-tests/integration/test_staging.py, where a merged token changes the result; here its rows equal
-the rerun's.
+batch has committed, and no staging is left after the stop. Able to fail: with the emptying
+after a commit off (`StagingTarget.apply_staged` not calling `_staging_ddl`), it fails "timed
+out ... waiting for the stopped task's staged rows to go". That the stopped task's token is never
+merged is shown by tests/integration/test_staging.py, where a merged token changes the result;
+here its rows equal the rerun's.
 
 Able to fail: with no new worker (`test_without_a_new_worker_the_target_never_catches_up`, slow
 suite) the same run fails its check, "timed out ... waiting for the target to reach the end of
@@ -312,7 +312,12 @@ def run_with_worker_killed(
     launched = " ".join(p.read_text(errors="replace") for p in survivor.work_dir.glob("app-*/*/stderr"))
     driver_url = re.search(r'"--driver-url" "spark://CoarseGrainedScheduler@([^:"]+):', launched)
     assert driver_url is not None and driver_url[1] in ("localhost", "127.0.0.1"), launched[:3000]
-    assert interpreters == {sys.executable}, interpreters
+    # the same venv's interpreter however its path is spelled (pip writes `python` or `python3.11`
+    # into the launchers' shebangs, as it was run)
+    here = Path(sys.executable)
+    assert {(Path(c).parent, Path(c).resolve()) for c in interpreters} == {(here.parent, here.resolve())}, (
+        interpreters
+    )
 
     truth = Truth.load(truth_path)
     assert truth.events == stats.events == EVENTS

@@ -124,8 +124,8 @@ class Target(ABC):
     """A database that change events are applied to. Subclasses supply the SQL."""
 
     url: str
-    #: Executors can stage a batch's rows in this target (staging.py) for the driver to commit
-    #: with `apply_staged`; otherwise the driver applies rows it holds (`apply`).
+    #: Executors can stage a batch's rows in this target for the driver to commit with
+    #: `apply_staged` (a `staging.StagingTarget`); otherwise the driver applies rows it holds.
     stages_in_executors = False
     #: Reading the fence or the offsets is a job of the worker's own Spark (Delta): a running
     #: execution reports the offsets of its own last commit instead of reading them each tick.
@@ -240,7 +240,7 @@ class Target(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    # Batches the executors staged (staging.py), for targets with `stages_in_executors`.
+    # Batches the executors staged: `staging.StagingTarget` does these; other targets refuse.
     def _applies_from_the_driver(self) -> NotImplementedError:
         return NotImplementedError(f"{type(self).__name__} applies batches from the driver (Target.apply)")
 

@@ -40,9 +40,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from sluice import test_switches
 from sluice.security.secrets import Secret
 from sluice.sync.changes import TypesVariants, types_variants
 from sluice.sync.envelope import MAX_POS, SCHEMA, TRUNCATE, key_text
@@ -51,9 +49,7 @@ from sluice.sync.targets.base import (
     POS_COLUMN,
     ApplyResult,
     RefusalSink,
-    Target,
     infer_type,
-    nested_offsets,
 )
 from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
 from sluice.sync.targets.mapping import ColumnMapping, MappingError
@@ -66,14 +62,9 @@ from sluice.sync.targets.mysql_stage import (
 )
 from sluice.sync.targets.rows import Change, changes_by_table, key_targets, source_columns
 from sluice.sync.targets.staging import (
-    StagingLostError,
+    StagingTarget,
     binary_columns,
     changes_table,
-    next_offsets,
-    parse_staging_table,
-    staged_counts,
-    staging_pattern,
-    staging_table,
 )
 from sluice.sync.types import mysql_type, parse_type
 from sluice.test_switches import OFF, Switches
@@ -124,7 +115,7 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-class MySqlTarget(Target):
+class MySqlTarget(StagingTarget):
     def __init__(
         self,
         url: str,
@@ -581,17 +572,9 @@ class MySqlTarget(Target):
         self._forget(name)
 
     # --- batches staged by the executors (mysql_stage.py) ------------------------------------------
-    stages_in_executors = True
-
-    def prepare_staging(self, pipeline: str, epoch: int) -> str:
-        """Create the staging table of this execution (empty), drop older executions' tables
-        (`drop_staging`), and return its name."""
-        self.drop_staging(pipeline, epoch - 1)
-        name = staging_table(pipeline, epoch)
+    def _create_staging_table(self, name: str) -> None:
         options = _TABLE_OPTIONS.format(collation=self.collation)
         with self.conn.cursor() as cur:
-            # a task of this epoch's earlier query still writing holds the table: fail the start
-            # rather than wait on it for good
             cur.execute("SET SESSION lock_wait_timeout = 30")
             try:
                 cur.execute(f"DROP TABLE IF EXISTS {quote(name)}")
@@ -599,27 +582,16 @@ class MySqlTarget(Target):
             finally:
                 cur.execute("SET SESSION lock_wait_timeout = DEFAULT")
         self.conn.commit()
-        return name
 
-    def drop_staging(self, pipeline: str, epoch: int) -> list[str]:
-        """Drop every staging table of `pipeline` from `epoch` or an older one; return their
-        names. One a task still writing holds is left for the next execution; it is never read."""
-        names = [
+    def _staging_tables(self, pattern: str) -> list[str]:
+        return [
             str(name)
             for (name,) in self._rows(
                 "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
                 "AND TABLE_NAME LIKE %s",
-                (staging_pattern(pipeline),),
+                (pattern,),
             )
         ]
-        dropped = []
-        for name in names:
-            tag = parse_staging_table(name, pipeline)
-            if tag is None or tag > epoch:
-                continue
-            if self._staging_ddl(f"DROP TABLE IF EXISTS {quote(name)}", name, "a later start drops it"):
-                dropped.append(name)
-        return dropped
 
     def _rows(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
         with self.conn.cursor() as cur:
@@ -628,86 +600,41 @@ class MySqlTarget(Target):
         self.conn.commit()
         return rows
 
-    def _staging_ddl(self, statement: str, table: str, later: str) -> bool:
-        """Run one statement that drops or empties a staging table, unless a task still writing
-        to it holds it for 2 s (or it is gone): then leave it to `later`. Returns whether it ran."""
+    def _try_staging_ddl(self, verb: str, table: str) -> str | None:
         import pymysql
 
         with self.conn.cursor() as cur:
             cur.execute("SET SESSION lock_wait_timeout = 2")
             try:
-                cur.execute(statement)
-                return True
+                cur.execute(f"{verb} {quote(table)}")
+                return None
             except pymysql.err.MySQLError as exc:
                 if not (exc.args and exc.args[0] in (1146, 1205)):  # no such table, lock wait
                     raise
-                log.info("event=staging_kept table=%s reason=%r", table, f"{exc.args[1]}: {later}")
-                return False
+                return str(exc.args[1])
             finally:
                 cur.execute("SET SESSION lock_wait_timeout = DEFAULT")
                 self.conn.commit()
 
-    def apply_staged(
-        self,
-        pipeline: str,
-        epoch: int,
-        batch: int,
-        summaries: pa.Table,
-        on_refused: RefusalSink | None = None,
-    ) -> ApplyResult:
-        """Commit one batch the executors staged (`mysql_stage.insert_staged`), in one
-        transaction: the fence, the offsets, then the rows staged under the summaries' tokens,
-        collapsed to the newest change per row and merged with the version guard as `apply`
-        writes them: in SQL, or for the tables `mysql_stage` names, read into the driver.
-        Rows another attempt, batch or execution staged are never read."""
-        stage = staging_table(pipeline, epoch)
-        expected = staged_counts(summaries)
-        records = int(pc.sum(summaries["records"]).as_py() or 0) if summaries.num_rows else 0
-        result = ApplyResult(records=records)
-        test_switches.pause_point(self.switches, "apply-commit")
-        with self._transaction() as tx:
-            self._check_fence(tx, pipeline, epoch)
-            applied = self._read_offsets(tx, pipeline)
-            if expected:
-                rows = _Staged(stage, pipeline, list(expected))
-                fresh = self._check_staged(tx, rows, expected)
-                result.skipped = records - fresh
-                if fresh:
-                    result.written += self._merge_staged(tx, pipeline, rows, on_refused, result)
-            merged = self._advance_offsets(tx, pipeline, epoch, applied, next_offsets(summaries))
-            test_switches.crash_point(self.switches, "before-commit", count=True)
-        test_switches.crash_point(self.switches, "after-commit")
-        result.offsets = nested_offsets(merged)
-        if expected:  # every row of a committed batch's table: its own, and a failed attempt's
-            self._staging_ddl(f"TRUNCATE TABLE {quote(stage)}", stage, "a later commit empties it")
-        return result
+    def _staged_rows(
+        self, stage: str, pipeline: str, applied: Mapping[tuple[str, int], int], tokens: list[int]
+    ) -> _Staged:
+        return _Staged(stage, pipeline, tokens)
 
-    def _check_staged(self, tx: Any, rows: _Staged, expected: Mapping[int, int]) -> int:
-        """Every listed token's rows are in the staging table, all of them (a dropped table is
-        gone): else fail the batch. Returns the records the rows not applied yet stand for."""
+    def _staged_per_token(self, tx: Any, rows: _Staged) -> dict[int, tuple[int, int]]:
         tx.execute(
             "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
             "AND TABLE_NAME = %s",
             (rows.stage,),
         )
-        found: dict[int, tuple[int, int]] = {}
-        if tx.fetchone()[0]:
-            tx.execute(
-                f"SELECT s.token, COUNT(*), COALESCE(SUM(IF({_NOT_APPLIED}, s.records, 0)), 0) "
-                f"{rows.of_tokens} GROUP BY s.token",
-                rows.params,
-            )
-            found = {int(t): (int(n), int(fresh)) for t, n, fresh in tx.fetchall()}
-        missing = {t: n for t, n in expected.items() if found.get(t, (0, 0))[0] != n}
-        if missing:
-            token, n = next(iter(missing.items()))
-            raise StagingLostError(
-                f"the executors staged rows for this batch in {rows.stage}, but {len(missing)} of "
-                f"its {len(expected)} tasks' rows are not all there (token {token}: "
-                f"{found.get(token, (0, 0))[0]} of {n} rows; was the table dropped?). Nothing of the "
-                "batch was committed; the query stops, and run again it stages the batch anew"
-            )
-        return sum(fresh for _, fresh in found.values())
+        if not tx.fetchone()[0]:
+            return {}
+        tx.execute(
+            f"SELECT s.token, COUNT(*), COALESCE(SUM(IF({_NOT_APPLIED}, s.records, 0)), 0) "
+            f"{rows.of_tokens} GROUP BY s.token",
+            rows.params,
+        )
+        return {int(t): (int(n), int(fresh)) for t, n, fresh in tx.fetchall()}
 
     def _merge_staged(
         self, tx: Any, pipeline: str, rows: _Staged, on_refused: RefusalSink | None, result: ApplyResult

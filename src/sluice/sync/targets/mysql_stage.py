@@ -3,7 +3,7 @@
 The design is PostgreSQL's (staging.py): each execution of a pipeline has an InnoDB staging
 table (`staging.staging_table`), each Spark task writes its collapsed changes into it under a
 random token in one transaction of its own (`insert_staged`: multi-row INSERTs, a few MB each),
-and returns only its summary; the driver's one commit (`MySqlTarget.apply_staged`) merges the
+and returns only its summary; the driver's one commit (`StagingTarget.apply_staged`) merges the
 rows of the summaries' tokens. What makes a failed attempt's, an earlier batch's or a zombie's
 staged rows unread is the same: tokens, one table per execution, the fence.
 

@@ -23,7 +23,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice import test_switches
 from sluice.security.secrets import Secret
 from sluice.sync.changes import TypesVariants, types_variants
 from sluice.sync.envelope import MAX_POS, SCHEMA, TRUNCATE, key_text
@@ -32,8 +31,6 @@ from sluice.sync.targets.base import (
     POS_COLUMN,
     ApplyResult,
     RefusalSink,
-    Target,
-    nested_offsets,
     quote,
 )
 from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
@@ -41,14 +38,9 @@ from sluice.sync.targets.mapping import ColumnMapping, MappingError
 from sluice.sync.targets.pg_copy import NUL_ESCAPE, copy_payloads, nul_key_error, strip_nul
 from sluice.sync.targets.staging import (
     STAGED_DDL,
-    StagingLostError,
+    StagingTarget,
     binary_columns,
     changes_table,
-    next_offsets,
-    parse_staging_table,
-    staged_counts,
-    staging_pattern,
-    staging_table,
 )
 from sluice.sync.types import postgres_type
 from sluice.test_switches import OFF, Switches
@@ -124,9 +116,7 @@ class _BatchRows:
         return changes_table(rows)
 
 
-class PostgresTarget(Target):
-    stages_in_executors = True
-
+class PostgresTarget(StagingTarget):
     def __init__(
         self,
         url: str,
@@ -552,111 +542,55 @@ class PostgresTarget(Target):
         return written
 
     # --- batches staged by the executors (staging.py) ---------------------------------------------
-    def prepare_staging(self, pipeline: str, epoch: int) -> str:
-        """Create the staging table of this execution (empty), drop older executions' tables
-        (`drop_staging`), and return its name."""
-        self.drop_staging(pipeline, epoch - 1)
-        name = staging_table(pipeline, epoch)
+    def _create_staging_table(self, name: str) -> None:
         with self.conn.transaction():
-            # a task of this epoch's earlier query still writing holds the table: fail the start
-            # rather than wait on it for good
             self.conn.execute("SET LOCAL lock_timeout = '30s'")
             self.conn.execute(f"DROP TABLE IF EXISTS {quote(name)}")
             self.conn.execute(f"CREATE UNLOGGED TABLE {quote(name)} ({STAGED_DDL})")
         self.conn.commit()
-        return name
 
-    def apply_staged(
-        self,
-        pipeline: str,
-        epoch: int,
-        batch: int,
-        summaries: pa.Table,
-        on_refused: RefusalSink | None = None,
-    ) -> ApplyResult:
-        """Commit one batch the executors staged (`staging.stage_changes`), in one transaction:
-        the fence, the offsets, then the rows staged under the summaries' tokens, collapsed to
-        the newest change per row and merged with the version guard as `apply` writes them.
+    def _staging_tables(self, pattern: str) -> list[str]:
+        rows = self.conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE %s", (pattern,)
+        ).fetchall()
+        self.conn.commit()
+        return [str(name) for (name,) in rows]
 
-        Rows another attempt, batch or execution staged are never read. A batch that brings
-        schema changes, whose rows need translating to renamed or dropped columns, or whose rows
-        the target refuses under `on_refused`, is read into the driver and applied as `apply`
-        does (schema changes are rare and refusals few; every other batch stays in SQL)."""
-        stage = staging_table(pipeline, epoch)
-        expected = staged_counts(summaries)
-        records = int(pc.sum(summaries["records"]).as_py() or 0) if summaries.num_rows else 0
-        result = ApplyResult(records=records)
-        test_switches.pause_point(self.switches, "apply-commit")
-        with self._transaction() as tx:
-            self._check_fence(tx, pipeline, epoch)
-            applied = self._read_offsets(tx, pipeline)
-            if expected:
-                batch_rows = _BatchRows(stage, applied, list(expected))
-                fresh = self._check_staged(tx, batch_rows, expected)
-                result.skipped = records - fresh
-                if fresh:
-                    result.written += self._merge_staged(tx, pipeline, batch_rows, on_refused, result)
-            merged = self._advance_offsets(tx, pipeline, epoch, applied, next_offsets(summaries))
-            test_switches.crash_point(self.switches, "before-commit", count=True)
-        test_switches.crash_point(self.switches, "after-commit")
-        result.offsets = nested_offsets(merged)
-        stripped = int(pc.max(summaries["nul_stripped"]).as_py() or 0) if summaries.num_rows else 0
-        if stripped:
-            log.warning("event=nul_characters_dropped pipeline=%s batch=%d rows=%d reason=%r",
-                        pipeline, batch, stripped, "PostgreSQL text cannot hold U+0000")  # fmt: skip
-        if expected:
-            self._empty_staging(stage)
-        return result
-
-    def _empty_staging(self, stage: str) -> None:
-        """Remove every row of a committed batch's staging table: its own, merged now, and any a
-        failed task attempt left. A table a task of a zombie attempt still writes to is left
-        for a later commit; nothing in it is ever read."""
-        self._staging_ddl(f"TRUNCATE {quote(stage)}", stage, "a later commit empties it")
-
-    def _staging_ddl(self, statement: str, table: str, later: str) -> bool:
-        """Run one statement that drops or empties a staging table, in a transaction of its
-        own, unless a task still writing to the table holds it for 2 s (or the table is gone):
-        then leave it to `later`. Returns whether it ran."""
+    def _try_staging_ddl(self, verb: str, table: str) -> str | None:
         import psycopg
 
         try:
             with self.conn.transaction():
                 self.conn.execute("SET LOCAL lock_timeout = '2s'")
-                self.conn.execute(statement)
-            return True
+                self.conn.execute(f"{verb} {quote(table)}")
+            return None
         except (psycopg.errors.LockNotAvailable, psycopg.errors.UndefinedTable) as exc:
-            log.info("event=staging_kept table=%s reason=%r", table, f"{type(exc).__name__}: {later}")
-            return False
+            return type(exc).__name__
         finally:
             self.conn.commit()
 
-    def _check_staged(self, tx: Any, rows: _BatchRows, expected: Mapping[int, int]) -> int:
-        """Every listed token's rows are in the staging table, all of them (a restarted
-        PostgreSQL empties UNLOGGED tables; a dropped table is gone): else fail the batch.
-        Returns the records the batch's rows not applied yet stand for."""
+    def _staged_rows(
+        self, stage: str, pipeline: str, applied: Mapping[tuple[str, int], int], tokens: list[int]
+    ) -> _BatchRows:
+        return _BatchRows(stage, applied, tokens)
+
+    def _staged_per_token(self, tx: Any, rows: _BatchRows) -> dict[int, tuple[int, int]]:
         if tx.execute("SELECT to_regclass(%s)", (quote(rows.stage),)).fetchone()[0] is None:
-            found: dict[int, tuple[int, int]] = {}
-        else:
-            found = {
-                int(token): (int(n), int(fresh))
-                for token, n, fresh in tx.execute(
-                    "SELECT s.token, count(*), coalesce(sum(s.records) FILTER (WHERE "
-                    f"{_NOT_APPLIED}), 0) {rows.of_tokens} GROUP BY s.token",
-                    rows.params,
-                ).fetchall()
-            }
-        missing = {t: n for t, n in expected.items() if found.get(t, (0, 0))[0] != n}
-        if missing:
-            token, n = next(iter(missing.items()))
-            raise StagingLostError(
-                f"the executors staged rows for this batch in {rows.stage}, but {len(missing)} of "
-                f"its {len(expected)} tasks' rows are not all there (token {token}: "
-                f"{found.get(token, (0, 0))[0]} of {n} rows; was the target restarted, or the table "
-                "dropped?). Nothing of the batch was committed; the query stops, and run again it "
-                "stages the batch anew"
-            )
-        return sum(fresh for _, fresh in found.values())
+            return {}
+        return {
+            int(token): (int(n), int(fresh))
+            for token, n, fresh in tx.execute(
+                "SELECT s.token, count(*), coalesce(sum(s.records) FILTER (WHERE "
+                f"{_NOT_APPLIED}), 0) {rows.of_tokens} GROUP BY s.token",
+                rows.params,
+            ).fetchall()
+        }
+
+    def _after_staged_commit(self, pipeline: str, batch: int, summaries: pa.Table) -> None:
+        stripped = int(pc.max(summaries["nul_stripped"]).as_py() or 0) if summaries.num_rows else 0
+        if stripped:
+            log.warning("event=nul_characters_dropped pipeline=%s batch=%d rows=%d reason=%r",
+                        pipeline, batch, stripped, "PostgreSQL text cannot hold U+0000")  # fmt: skip
 
     def _merge_staged(
         self, tx: Any, pipeline: str, rows: _BatchRows, on_refused: RefusalSink | None, result: ApplyResult
@@ -762,24 +696,6 @@ class PostgresTarget(Target):
             if hit is not None:
                 return True
         return False
-
-    def drop_staging(self, pipeline: str, epoch: int) -> list[str]:
-        """Drop every staging table of `pipeline` from `epoch` or an older one (a dead driver's,
-        a zombie's, this execution's when it stops); return their names. A table still locked (a
-        task of a zombie still writing) is left for the next execution; it is never read."""
-        rows = self.conn.execute(
-            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname LIKE %s",
-            (staging_pattern(pipeline),),
-        ).fetchall()
-        self.conn.commit()
-        dropped = []
-        for (name,) in rows:
-            tag = parse_staging_table(name, pipeline)
-            if tag is None or tag > epoch:
-                continue
-            if self._staging_ddl(f"DROP TABLE IF EXISTS {quote(name)}", name, "a later start drops it"):
-                dropped.append(name)
-        return dropped
 
     def read_rows(self, table: str) -> dict[str, dict[str, Any]]:
         name = self.mapping.target_table(table)

@@ -12,7 +12,7 @@ random 63-bit token and COPYs the collapsed changes into that table tagged with 
 transaction of its own. The task returns a few summary rows (`SUMMARY_DDL`): its token, how many
 rows it staged, and per topic-partition the next offset and the records read. The driver collects
 only those (bytes per task, not per change) and commits the batch in one target transaction
-(`PostgresTarget.apply_staged`): fence, offsets, the version guard and the merge of the rows
+(`StagingTarget.apply_staged`): fence, offsets, the version guard and the merge of the rows
 staged under the summaries' tokens, nothing else. After the commit it empties the table.
 
 Why staged rows that must not be merged never are:
@@ -30,7 +30,7 @@ Why staged rows that must not be merged never are:
   fails and is run again, it never commits part of itself.
 - After each commit the driver truncates its table (a task of a zombie attempt still writing
   holds it: then a later commit does), when an execution starts it drops every older
-  execution's table, and when it stops it drops its own (`PostgresTarget.drop_staging`).
+  execution's table, and when it stops it drops its own (`StagingTarget.drop_staging`).
 
 The executors reach the target with the pipeline's URL and password (shipped in the task, as the
 source's broker credentials are). A Python worker keeps one connection per target and reuses it
@@ -40,18 +40,24 @@ across batches (Spark reuses its Python workers): no per-batch connection set-up
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice import test_switches
 from sluice.sync.envelope import MARKER
+from sluice.sync.targets.base import ApplyResult, RefusalSink, Target, nested_offsets
 from sluice.sync.targets.pg_copy import copy_payloads, strip_nul
+
+log = logging.getLogger("sluice.target")
 
 
 class StagingLostError(RuntimeError):
@@ -373,3 +379,131 @@ def freshness_ms(summaries: pa.Table, committed_ms: int) -> list[int]:
         for start, count in zip(starts or [], hits or [], strict=True):
             out.extend([committed_ms - (start + width // 2)] * count)
     return out
+
+
+class StagingTarget(Target):
+    """A target the executors stage batches in (this module) and whose driver commits them: the
+    steps every such target takes, in one place; each target's SQL in the hooks below."""
+
+    stages_in_executors = True
+
+    def prepare_staging(self, pipeline: str, epoch: int) -> str:
+        """Create the staging table of this execution (empty), drop older executions' tables
+        (`drop_staging`), and return its name."""
+        self.drop_staging(pipeline, epoch - 1)
+        name = staging_table(pipeline, epoch)
+        self._create_staging_table(name)
+        return name
+
+    def drop_staging(self, pipeline: str, epoch: int) -> list[str]:
+        """Drop every staging table of `pipeline` from `epoch` or an older one (a dead driver's,
+        a zombie's, this execution's when it stops); return their names. A table still locked (a
+        task of a zombie still writing) is left for the next execution; it is never read."""
+        dropped = []
+        for name in self._staging_tables(staging_pattern(pipeline)):
+            tag = parse_staging_table(name, pipeline)
+            if tag is None or tag > epoch:
+                continue
+            if self._staging_ddl("DROP TABLE IF EXISTS", name, "a later start drops it"):
+                dropped.append(name)
+        return dropped
+
+    def _staging_ddl(self, verb: str, table: str, later: str) -> bool:
+        """Drop or empty a staging table (`verb` then its name) in a transaction of its own,
+        unless a task still writing to it holds it for 2 s or it is gone: then leave it to
+        `later`. Returns whether it ran."""
+        kept = self._try_staging_ddl(verb, table)
+        if kept is not None:
+            log.info("event=staging_kept table=%s reason=%r", table, f"{kept}: {later}")
+        return kept is None
+
+    def apply_staged(
+        self,
+        pipeline: str,
+        epoch: int,
+        batch: int,
+        summaries: pa.Table,
+        on_refused: RefusalSink | None = None,
+    ) -> ApplyResult:
+        """Commit one batch the executors staged (`stage_changes`), in one transaction: the
+        fence, the offsets, then the rows staged under the summaries' tokens, collapsed to the
+        newest change per row and merged with the version guard as `apply` writes them
+        (`_merge_staged`: in SQL, or read into the driver where the target's SQL cannot).
+
+        Rows another attempt, batch or execution staged are never read. After the commit the
+        table is emptied: the batch's rows, merged now, and any a failed attempt left."""
+        stage = staging_table(pipeline, epoch)
+        expected = staged_counts(summaries)
+        records = int(pc.sum(summaries["records"]).as_py() or 0) if summaries.num_rows else 0
+        result = ApplyResult(records=records)
+        test_switches.pause_point(self.switches, "apply-commit")
+        with self._transaction() as tx:
+            self._check_fence(tx, pipeline, epoch)
+            applied = self._read_offsets(tx, pipeline)
+            if expected:
+                rows = self._staged_rows(stage, pipeline, applied, list(expected))
+                fresh = self._check_staged(tx, rows, stage, expected)
+                result.skipped = records - fresh
+                if fresh:
+                    result.written += self._merge_staged(tx, pipeline, rows, on_refused, result)
+            merged = self._advance_offsets(tx, pipeline, epoch, applied, next_offsets(summaries))
+            test_switches.crash_point(self.switches, "before-commit", count=True)
+        test_switches.crash_point(self.switches, "after-commit")
+        result.offsets = nested_offsets(merged)
+        self._after_staged_commit(pipeline, batch, summaries)
+        if expected:
+            self._staging_ddl("TRUNCATE TABLE", stage, "a later commit empties it")
+        return result
+
+    def _check_staged(self, tx: Any, rows: Any, stage: str, expected: Mapping[int, int]) -> int:
+        """Every listed token's rows are in the staging table, all of them (a restarted
+        PostgreSQL empties UNLOGGED tables; a dropped table is gone): else fail the batch.
+        Returns the records the batch's rows not applied yet stand for."""
+        found = self._staged_per_token(tx, rows)
+        missing = {t: n for t, n in expected.items() if found.get(t, (0, 0))[0] != n}
+        if missing:
+            token, n = next(iter(missing.items()))
+            raise StagingLostError(
+                f"the executors staged rows for this batch in {stage}, but {len(missing)} of "
+                f"its {len(expected)} tasks' rows are not all there (token {token}: "
+                f"{found.get(token, (0, 0))[0]} of {n} rows; was the target restarted, or the table "
+                "dropped?). Nothing of the batch was committed; the query stops, and run again it "
+                "stages the batch anew"
+            )
+        return sum(fresh for _, fresh in found.values())
+
+    def _after_staged_commit(self, pipeline: str, batch: int, summaries: pa.Table) -> None:
+        """What a target says once a staged batch committed (nothing by default)."""
+
+    # -- each target's SQL --------------------------------------------------------------------------
+    @abstractmethod
+    def _create_staging_table(self, name: str) -> None:
+        """(Re)create one execution's staging table, empty; fail rather than wait for good on a
+        task of an earlier query still writing to it."""
+
+    @abstractmethod
+    def _staging_tables(self, pattern: str) -> list[str]:
+        """The names of the tables matching the LIKE `pattern` (`staging_pattern`)."""
+
+    @abstractmethod
+    def _try_staging_ddl(self, verb: str, table: str) -> str | None:
+        """Run `verb` on `table` in a transaction of its own, waiting at most 2 s for its lock;
+        None when it ran, else why it was left (the lock was held, the table is gone)."""
+
+    @abstractmethod
+    def _staged_rows(
+        self, stage: str, pipeline: str, applied: Mapping[tuple[str, int], int], tokens: list[int]
+    ) -> Any:
+        """The target's handle on the batch's staged rows: those of `tokens` in `stage`."""
+
+    @abstractmethod
+    def _staged_per_token(self, tx: Any, rows: Any) -> dict[int, tuple[int, int]]:
+        """Per token of the batch: its rows in the staging table and the records its rows not
+        applied yet stand for (empty when the table is gone)."""
+
+    @abstractmethod
+    def _merge_staged(
+        self, tx: Any, pipeline: str, rows: Any, on_refused: RefusalSink | None, result: ApplyResult
+    ) -> int:
+        """Write the batch's staged changes not applied yet into the target; return the rows
+        written."""
