@@ -174,3 +174,44 @@ def test_a_staged_batch_of_only_a_truncate_merges_in_sql(mysql_url: str) -> None
         apply_staged(target, "p", epoch, records([ev("u", 2, 2)], start=3))
         assert target.read_rows("acct") == {}
         assert dict(target.merges)["sql"] == 3  # type: ignore[attr-defined]
+
+
+def test_a_fraction_for_an_integer_column_is_refused_on_both_paths_never_rounded(mariadb: Any) -> None:
+    """A number with a fraction sent to an INT column (as a JSON float or text) is refused, not
+    rounded into the row as MariaDB rounds it even in strict mode (1.5 to 2, '0.25' to 0, from a
+    literal or text alike); a whole float is the integer. The staged path sends such a table
+    through the driver (`mysql_stage.exception_sql`), so both paths end alike; without a sink
+    the batch fails on both."""
+    values = [1.5, 2.0, -0.5, 7, "8", 1e3, 2.5e9, "0.25", "-3"]
+
+    def ev(pos: int, v: Any) -> ChangeEvent:
+        return ChangeEvent("c", "acct", {"id": pos}, None, {"id": pos, "v": v}, pos, 1_700_000_000_000 + pos,
+                           types={"id": "bigint(20)", "v": "int(11)"})  # fmt: skip
+
+    outcomes = []
+    for name, staged_path in (("mfrac_driver", False), ("mfrac_exec", True)):
+        mariadb.execute(f"DROP DATABASE IF EXISTS {name}", f"CREATE DATABASE {name}")
+        with open_target(f"mysql://root@127.0.0.1:{mariadb.port}/{name}") as target:
+            epoch = target.claim("p")
+            refused: list[Refusal] = []
+            # the table made by a first batch, so the second merges its own way (SQL when staged)
+            second = records([ev(i + 1, v) for i, v in enumerate(values)], start=1)
+            for batch in (records([ev(100, 0)]), second):
+                if staged_path:
+                    apply_staged(target, "p", epoch, batch, refused.extend)
+                else:
+                    target.apply("p", epoch, batch, on_refused=refused.extend)
+            rows = {k: r["v"] for k, r in target.read_rows("acct").items()}
+            outcomes.append((sorted(r.change["key"] for r in refused), rows))
+            third = records([ev(50, 0.25)], start=1 + len(values))
+            with pytest.raises(Exception, match="has a fraction; an integer column cannot hold it"):
+                if staged_path:
+                    apply_staged(target, "p", epoch, third)
+                else:
+                    target.apply("p", epoch, third)
+    assert outcomes[0] == outcomes[1]
+    refused_keys, rows = outcomes[0]
+    assert refused_keys == ['{"id":1}', '{"id":3}', '{"id":7}', '{"id":8}'], outcomes  # 2.5e9: beyond INT
+    assert {k: v for k, v in rows.items() if k != '{"id":100}'} == {
+        '{"id":2}': 2, '{"id":4}': 7, '{"id":5}': 8, '{"id":6}': 1000, '{"id":9}': -3
+    }, rows  # fmt: skip

@@ -28,6 +28,7 @@ replay of its batch.
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import logging
 import math
@@ -54,6 +55,7 @@ from sluice.sync.targets.base import (
 from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
 from sluice.sync.targets.mapping import ColumnMapping, MappingError
 from sluice.sync.targets.mysql_stage import (
+    INTEGER_TYPES,
     STAGED_DDL,
     exception_sql,
     json_path,
@@ -1097,6 +1099,8 @@ def _converter(column_type: str) -> Any:
         return _json_text
     if base in _BYTE_TYPES:
         return _bytes
+    if base in INTEGER_TYPES:
+        return _integer
     return _plain
 
 
@@ -1104,6 +1108,25 @@ def _plain(v: Any) -> Any:
     if isinstance(v, (dict, list)):
         return orjson.dumps(v).decode()
     return v
+
+
+def _integer(v: Any) -> Any:
+    """An integer column's value. A number with a fraction is refused, not rounded as the server
+    rounds it (1.5 to 2, '0.25' to 0, even in strict mode): the row would hold another value
+    than the source's. A whole float is written as the integer it is (1e3: 1000)."""
+    if isinstance(v, float):
+        if not v.is_integer():
+            raise MappingError(f"{v!r} has a fraction; an integer column cannot hold it")
+        return int(v)
+    if isinstance(v, str):
+        try:
+            number = decimal.Decimal(v.strip())
+        except decimal.InvalidOperation:
+            return v  # not a number: the server refuses it (strict mode)
+        if number.is_finite() and number != number.to_integral_value():
+            raise MappingError(f"{v!r} has a fraction; an integer column cannot hold it")
+        return v
+    return _plain(v)
 
 
 def _float32(v: Any) -> Any:

@@ -56,10 +56,11 @@ _STAMPS = frozenset({"datetime", "timestamp"})
 _BYTES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "geometry", "point",
                     "linestring", "polygon", "multipoint", "multilinestring", "multipolygon",
                     "geometrycollection"})  # fmt: skip
-SQL_SAFE = _STAMPS | _BYTES | frozenset(
-    {"tinyint", "smallint", "mediumint", "int", "integer", "bigint", "decimal", "numeric", "double",
-     "real", "float", "bit", "char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum",
-     "set", "date", "time", "year", "json"}
+#: The integer column types (a value with a fraction is refused: `mysql._integer`).
+INTEGER_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "bigint"})
+SQL_SAFE = _STAMPS | _BYTES | INTEGER_TYPES | frozenset(
+    {"decimal", "numeric", "double", "real", "float", "bit", "char", "varchar", "tinytext", "text",
+     "mediumtext", "longtext", "enum", "set", "date", "time", "year", "json"}
 )  # fmt: skip
 #: FLT_MAX as the double it is, and the least double that rounds past it to infinity as a float32:
 #: a value between them (FLT_MAX's shortest text, 3.4028235e38, is one) is FLT_MAX in a FLOAT.
@@ -201,6 +202,11 @@ def exception_sql(extracted: str, column_type: str) -> str | None:
         return f"JSON_UNQUOTE({extracted}) = ''"  # ENUM's error value: `mysql._write_lax`
     if base == "year":
         return f"JSON_TYPE({extracted}) NOT IN ('NULL', 'INTEGER')"
+    if base in INTEGER_TYPES:  # the server rounds a fraction; `mysql._integer` refuses it
+        return (
+            f"(JSON_TYPE({extracted}) = 'DOUBLE' OR (JSON_TYPE({extracted}) = 'STRING' "
+            f"AND JSON_UNQUOTE({extracted}) NOT REGEXP '^-?[0-9]+$'))"
+        )
     if base == "bit":
         return (
             f"(JSON_TYPE({extracted}) <> 'NULL' AND (JSON_TYPE({extracted}) <> 'STRING' "
