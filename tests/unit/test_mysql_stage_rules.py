@@ -31,8 +31,8 @@ def test_values_the_sql_would_write_otherwise_are_named() -> None:
     assert exception_sql("x", "enum('a','')") is None  # '' is a member: no error value
     assert exception_sql("x", "bit(5)") is not None
     assert exception_sql("x", "year") is not None
-    assert "'DOUBLE'" in (exception_sql("x", "int(11)") or "")  # a fraction: refused, not rounded
-    assert exception_sql("x", "double") is None
+    assert exception_sql("x", "int(11)") is None  # a fraction: refused in the SQL (value_sql)
+    assert "has a fraction" in (value_sql("x", "int(11)", False) or "")
     assert "FROM_BASE64" in (value_sql("x", "blob", True) or "")
     assert "FROM_BASE64" not in (value_sql("x", "blob", False) or "")
 

@@ -28,10 +28,10 @@ replay of its batch.
 
 from __future__ import annotations
 
-import decimal
 import hashlib
 import logging
 import math
+import re
 import struct
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
@@ -55,6 +55,7 @@ from sluice.sync.targets.base import (
 from sluice.sync.targets.evolution import history_from_rows, merged_types, target_types
 from sluice.sync.targets.mapping import ColumnMapping, MappingError
 from sluice.sync.targets.mysql_stage import (
+    INTEGER_TEXT,
     INTEGER_TYPES,
     STAGED_DDL,
     exception_sql,
@@ -672,12 +673,13 @@ class MySqlTarget(StagingTarget):
         # the tables applied from the driver first: their DDL commits what came before it
         others = [t for t in tables if t not in plans]
         written += self._from_driver(tx, pipeline, rows, others, on_refused, result)
+        # A table the server refuses is applied again from the driver: under dlq that isolates
+        # the refused changes; without a sink the driver's error names the change and why (the
+        # server's says only "Data truncated for column 'v' at row 1")
         refused = []
+        action = "isolating the refused changes in the driver" if on_refused else "naming the refused change"
         for table, plan in sorted(plans.items()):
             truncate = tables[table].truncate
-            if on_refused is None:
-                written += self._merge_table(tx, rows, table, plan, truncate, guard, result)
-                continue
             self._savepoint(tx)
             counted = result.changes
             try:
@@ -688,7 +690,7 @@ class MySqlTarget(StagingTarget):
                 self._rollback_to(tx)
                 result.changes = counted
                 log.info("event=staged_batch_refused pipeline=%s table=%s reason=%r action=%r", pipeline,
-                         table, str(exc)[:200], "isolating the refused changes in the driver")  # fmt: skip
+                         table, str(exc)[:200], action)  # fmt: skip
                 refused.append(table)
                 self.merges["refused"] += 1
             self._release(tx)
@@ -1113,19 +1115,15 @@ def _plain(v: Any) -> Any:
 def _integer(v: Any) -> Any:
     """An integer column's value. A number with a fraction is refused, not rounded as the server
     rounds it (1.5 to 2, '0.25' to 0, even in strict mode): the row would hold another value
-    than the source's. A whole float is written as the integer it is (1e3: 1000)."""
+    than the source's. A whole float is the integer it is (1e3: 1000); a string must be an
+    integer's text (`mysql_stage.INTEGER_TEXT`). The staged path's SQL does the same
+    (`mysql_stage.value_sql`)."""
     if isinstance(v, float):
         if not v.is_integer():
             raise MappingError(f"{v!r} has a fraction; an integer column cannot hold it")
         return int(v)
-    if isinstance(v, str):
-        try:
-            number = decimal.Decimal(v.strip())
-        except decimal.InvalidOperation:
-            return v  # not a number: the server refuses it (strict mode)
-        if number.is_finite() and number != number.to_integral_value():
-            raise MappingError(f"{v!r} has a fraction; an integer column cannot hold it")
-        return v
+    if isinstance(v, str) and not re.match(INTEGER_TEXT, v):
+        raise MappingError(f"{v!r} is not an integer; an integer column cannot hold it")
     return _plain(v)
 
 
