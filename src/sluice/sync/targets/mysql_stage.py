@@ -172,22 +172,21 @@ def value_sql(extracted: str, column_type: str, base64: bool) -> str | None:
     base = column_type.lower().split("(", 1)[0].split(" ", 1)[0]
     if base not in SQL_SAFE:
         return None
+    raw = f"JSON_UNQUOTE({extracted})"
+    # As `mysql._integer`: in an integer column a fraction or other text is made a value the
+    # server refuses (strict mode), never rounded as it would round '1.5'; a refusal under dlq
+    # isolates the row through the driver, which refuses it the same way.
+    integer = (
+        f"WHEN 'DOUBLE' THEN IF({raw} + 0 = FLOOR({raw} + 0), {raw}, CONCAT({raw}, ' has a fraction')) "
+        f"WHEN 'STRING' THEN IF({raw} REGEXP '{INTEGER_TEXT}', {raw}, CONCAT({raw}, ' is not an integer')) "
+        if base in INTEGER_TYPES
+        else ""
+    )
     # JSON null is NULL; true and false are 1 and 0, as PyMySQL writes Python's True and False
     text = (
         f"CASE JSON_TYPE({extracted}) WHEN 'NULL' THEN NULL WHEN 'BOOLEAN' THEN "
-        f"IF(JSON_UNQUOTE({extracted}) = 'true', '1', '0') ELSE JSON_UNQUOTE({extracted}) END"
+        f"IF({raw} = 'true', '1', '0') {integer}ELSE {raw} END"
     )
-    if base in INTEGER_TYPES:  # as `mysql._integer`: a fraction or other text made a value the
-        # server refuses (strict mode), never rounded as it would round '1.5'; a refusal under
-        # dlq isolates the row through the driver, which refuses it the same way
-        raw = f"JSON_UNQUOTE({extracted})"
-        return (
-            f"CASE JSON_TYPE({extracted}) WHEN 'NULL' THEN NULL "
-            f"WHEN 'BOOLEAN' THEN IF({raw} = 'true', '1', '0') "
-            f"WHEN 'DOUBLE' THEN IF({raw} + 0 = FLOOR({raw} + 0), {raw}, CONCAT({raw}, ' has a fraction')) "
-            f"WHEN 'STRING' THEN IF({raw} REGEXP '{INTEGER_TEXT}', {raw}, "
-            f"CONCAT({raw}, ' is not an integer')) ELSE {raw} END"
-        )
     if base in _STAMPS:  # the envelope's 2024-01-02T03:04:05.123456Z: first T a space, no Z
         spaced = f"IF(LOCATE('T', {text}) > 0, INSERT({text}, LOCATE('T', {text}), 1, ' '), {text})"
         return f"IF(RIGHT({spaced}, 1) = 'Z', LEFT({spaced}, CHAR_LENGTH({spaced}) - 1), {spaced})"
